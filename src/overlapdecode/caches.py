@@ -1,0 +1,169 @@
+"""The KV-cache choices of the brief, and the only module that knows Hugging Face cache classes.
+
+Each cache kind turns "decode step j" into the keyword arguments of one model forward. Step 0 is the
+prefill (the whole prompt); step j >= 1 feeds token j-1 and yields the logits of token j.
+
+Hugging Face 5.17 quirks handled here:
+- there is no `cache_position` argument any more: the query offset is `cache.get_seq_length()`, and
+  `StaticCache` writes at its own device counter (`layer.cumulative_length`), so a late-stop extra step
+  advances it and a cache reused across calls must be `reset()`;
+- `StaticCache` sizes the attention mask to `max_cache_len`, and pads a shorter 2D mask with zeros, so the
+  2D mask we pass covers the whole cache: the prompt's mask, then ones (causality hides the future);
+- `StaticCache` allocates lazily, on the first update (the prefill), on the prefill's stream.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from transformers import DynamicCache, StaticCache
+
+CACHE_KINDS = ("none", "dynamic", "static")
+
+# Static caches (and so compiled graphs, whose guards hold their tensors) are kept per model and shape,
+# so that a second call of the same shape neither reallocates nor recompiles. A few shapes are kept.
+_KEEP_STATIC = 4
+
+# Round the static cache length up, so that nearby prompt lengths share one compiled graph.
+STATIC_ROUND = 64
+
+
+def static_cache_len(prompt_len: int, max_new_tokens: int) -> int:
+    """Cache slots for a call: every position that any step (also a late-stop extra step) writes."""
+    need = prompt_len + max_new_tokens
+    return -(-need // STATIC_ROUND) * STATIC_ROUND
+
+
+def position_ids_for_prompt(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, P) positions as Hugging Face generate makes them: count of real tokens - 1, 0 on left padding."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 0)
+
+
+class NoCache:
+    """`baseline`: every step re-runs the whole sequence, read from the output buffer (O(N^2) work)."""
+
+    kind = "none"
+
+    def __init__(self, model, out: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int):
+        self.out = out  # (B, P + N): prompt, then each step's token, written by the loop
+        total = out.shape[1]
+        # Generated tokens are always attended (as Hugging Face extends the mask with ones).
+        full_mask = torch.ones_like(out)
+        full_mask[:, :prompt_len] = attention_mask
+        self.mask = full_mask
+        self.position_ids = position_ids_for_prompt(full_mask)  # (B, P + N)
+        self.prompt_len = prompt_len
+        assert self.position_ids.shape[1] == total
+
+    def model_kwargs(self, step: int, tokens: torch.Tensor | None, position_ids: torch.Tensor | None) -> dict:
+        end = self.prompt_len + step  # step j sees the prompt and tokens 0 .. j-1
+        return dict(
+            input_ids=self.out[:, :end],
+            attention_mask=self.mask[:, :end],
+            position_ids=self.position_ids[:, :end],
+            use_cache=False,
+            logits_to_keep=1,
+        )
+
+
+class _WithCache:
+    """Shared by the dynamic and static kinds: prefill the prompt, then one token per step."""
+
+    def __init__(self, cache, input_ids: torch.Tensor, full_mask: torch.Tensor, prompt_len: int):
+        self.cache = cache
+        self.input_ids = input_ids  # (B, P)
+        self.full_mask = full_mask  # (B, P + N) or (B, max_cache_len)
+        self.prompt_len = prompt_len
+
+    def mask_for_step(self, step: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def model_kwargs(self, step: int, tokens: torch.Tensor | None, position_ids: torch.Tensor | None) -> dict:
+        if step == 0:
+            return dict(
+                input_ids=self.input_ids,
+                attention_mask=self.mask_for_step(0),
+                position_ids=position_ids_for_prompt(self.full_mask[:, : self.prompt_len]),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        return dict(
+            input_ids=tokens,  # (B, 1)
+            attention_mask=self.mask_for_step(step),
+            position_ids=position_ids,  # (B, 1)
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+
+
+class DynamicKV(_WithCache):
+    """`kv`: Hugging Face `DynamicCache`, grown by concatenation every step; the mask grows with it."""
+
+    kind = "dynamic"
+
+    def __init__(self, model, input_ids, attention_mask, max_new_tokens: int):
+        B, P = input_ids.shape
+        full = torch.ones((B, P + max_new_tokens), dtype=attention_mask.dtype, device=input_ids.device)
+        full[:, :P] = attention_mask
+        super().__init__(DynamicCache(config=model.config), input_ids, full, P)
+
+    def mask_for_step(self, step: int) -> torch.Tensor:
+        return self.full_mask[:, : self.prompt_len + step]
+
+
+class StaticKV(_WithCache):
+    """`static`: Hugging Face `StaticCache` pre-allocated for prompt + max_new_tokens; one fixed-shape mask."""
+
+    kind = "static"
+
+    def __init__(self, model, input_ids, attention_mask, max_new_tokens: int):
+        B, P = input_ids.shape
+        max_cache_len = static_cache_len(P, max_new_tokens)
+        cache = _static_cache_for(model, B, max_cache_len)
+        full = torch.ones((B, max_cache_len), dtype=attention_mask.dtype, device=input_ids.device)
+        full[:, :P] = attention_mask
+        super().__init__(cache, input_ids, full, P)
+        self.max_cache_len = max_cache_len
+
+    def mask_for_step(self, step: int) -> torch.Tensor:
+        return self.full_mask  # fixed shape and address: what a CUDA graph needs
+
+
+def _static_cache_for(model, batch_size: int, max_cache_len: int) -> StaticCache:
+    """A reset `StaticCache` kept on the model per (batch, length), so compiled graphs see the same tensors."""
+    store = model.__dict__.setdefault("_overlapdecode_static_caches", OrderedDict())
+    key = (batch_size, max_cache_len, next(model.parameters()).dtype, next(model.parameters()).device)
+    cache = store.pop(key, None)
+    if cache is None:
+        cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+            raise ValueError(
+                "strategy: this model has sliding-window layers, whose Hugging Face static cache keeps a Python "
+                "counter (one recompilation per step); use strategy='kv' for it"
+            )
+    else:
+        cache.reset()  # writes restart at 0: the counter lives on the device, not in our step index
+    store[key] = cache
+    while len(store) > _KEEP_STATIC:
+        store.popitem(last=False)
+    return cache
+
+
+def drop_static_caches(model) -> None:
+    """Free the static caches kept on `model` (the benchmark calls it between configurations)."""
+    model.__dict__.pop("_overlapdecode_static_caches", None)
+
+
+def make_cache(kind: str, model, input_ids, attention_mask, out, max_new_tokens: int):
+    """The cache object for one call of `generate`."""
+    if kind == "none":
+        return NoCache(model, out, attention_mask, input_ids.shape[1])
+    if kind == "dynamic":
+        return DynamicKV(model, input_ids, attention_mask, max_new_tokens)
+    if kind == "static":
+        return StaticKV(model, input_ids, attention_mask, max_new_tokens)
+    raise ValueError(f"cache must be one of {CACHE_KINDS}, got {kind!r}")

@@ -1,0 +1,127 @@
+"""Validation of `generate()` arguments, before any GPU work.
+
+Bad input must end in a ValueError/TypeError naming the argument, never in a device-side assert (an id
+outside the vocabulary reaches an embedding lookup), a hang, or silently wrong tokens (right padding,
+positions past the model's table). The value checks read the prompt once on the host: one sync per call,
+before the loop, never on the per-step path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Request:
+    """Checked, normalised arguments of one `generate()` call."""
+
+    input_ids: torch.Tensor  # (B, P) long, on the model's device
+    attention_mask: torch.Tensor  # (B, P) long, 0 = left padding
+    max_new_tokens: int
+    eos_ids: tuple[int, ...]  # empty = never stop early
+    pad_id: int
+
+
+def model_limits(model) -> tuple[int, int | None]:
+    """(vocabulary size, maximum number of positions or None)."""
+    config = model.config.get_text_config(decoder=True)
+    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else None
+    vocab = min(v for v in (vocab, getattr(config, "vocab_size", None)) if v is not None)
+    max_pos = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    return vocab, max_pos
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _id_list(name: str, value) -> tuple[int, ...]:
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, bool) or not isinstance(value, (int, list, tuple)):
+        raise TypeError(f"{name} must be an int or a list of ints, got {type(value).__name__}")
+    ids = (value,) if isinstance(value, int) else tuple(value)
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"{name} must hold ints, got {i!r}")
+    return ids
+
+
+def default_eos(model) -> tuple[int, ...]:
+    """The model's EOS ids: generation_config first, then config, as Hugging Face does."""
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is None:
+        eos = getattr(model.config.get_text_config(decoder=True), "eos_token_id", None)
+    return () if eos is None else _id_list("eos_token_id", eos)
+
+
+def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id) -> Request:
+    """Validate the prompt, mask, length and special ids of a call; return them normalised."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2-D (batch, prompt_len), got shape {tuple(input_ids.shape)}")
+    B, P = input_ids.shape
+    if B == 0 or P == 0:
+        raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}): give at least one prompt token")
+    device = model_device(model)
+    if input_ids.device != device:
+        raise ValueError(f"input_ids is on {input_ids.device} but the model is on {device}")
+
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    vocab, max_pos = model_limits(model)
+    if max_pos is not None and P + max_new_tokens > max_pos:
+        raise ValueError(
+            f"prompt length {P} + max_new_tokens {max_new_tokens} = {P + max_new_tokens} exceeds the model's "
+            f"{max_pos} positions"
+        )
+
+    if attention_mask is None:
+        mask = torch.ones_like(input_ids, dtype=torch.long)
+    else:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask must be a torch.Tensor or None, got {type(attention_mask).__name__}")
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} does not match input_ids {tuple(input_ids.shape)}"
+            )
+        if attention_mask.device != input_ids.device:
+            raise ValueError(f"attention_mask is on {attention_mask.device} but input_ids is on {input_ids.device}")
+        if attention_mask.dtype.is_floating_point and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError("attention_mask must hold only 0 and 1")
+        mask = attention_mask.long()
+
+    eos = default_eos(model) if eos_token_id is None else _id_list("eos_token_id", eos_token_id)
+    if pad_token_id is None:
+        pad = eos[0] if eos else 0  # Hugging Face: pad defaults to the first EOS id
+    else:
+        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
+            raise TypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__}")
+        pad = pad_token_id
+    for name, ids in (("eos_token_id", eos), ("pad_token_id", (pad,))):
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"{name} {bad} outside the vocabulary [0, {vocab})")
+
+    # One host read of the prompt (host sync, once per call, before the loop).
+    lo, hi = (int(v) for v in torch.stack([input_ids.min(), input_ids.max()]).tolist())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"input_ids holds ids in [{lo}, {hi}], outside the vocabulary [0, {vocab})")
+    if attention_mask is not None:
+        mmin, mmax = (int(v) for v in torch.stack([mask.min(), mask.max()]).tolist())
+        if mmin < 0 or mmax > 1:
+            raise ValueError("attention_mask must hold only 0 and 1")
+        if bool((mask[:, -1] == 0).any()) or bool((mask.diff(dim=1) < 0).any()):
+            raise ValueError(
+                "attention_mask has right padding (a 0 after a 1, or a row ending in 0); decoder-only "
+                "generation needs left padding (tokenizer.padding_side = 'left')"
+            )
+    return Request(input_ids.long(), mask, max_new_tokens, eos, pad)

@@ -1,0 +1,115 @@
+"""Load a causal LM: a Hugging Face hub name, a local directory, or an embedded random config.
+
+The embedded configs exist so that the benchmark and the tests run with no download: `gpt2-random` is the
+GPT-2 124M architecture with random weights (the reference model of the brief), `tiny-gpt2` and
+`tiny-llama` are small enough for CPU tests. Random weights give the same time per token as trained ones;
+only the text is meaningless, which the command line says.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+EMBEDDED = ("gpt2-random", "tiny-gpt2", "tiny-llama")
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """`"bfloat16"` or `torch.bfloat16` -> `torch.bfloat16`; anything else is a ValueError naming `dtype`."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"dtype must be one of float32, float16, bfloat16, got {dtype}")
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"dtype must be one of {sorted(set(_DTYPES))}, got {dtype!r}")
+
+
+def embedded_config(name: str):
+    """The config of an embedded model name; EOS is the last vocabulary id, as in GPT-2."""
+    if name == "gpt2-random":
+        return GPT2Config()  # 124M: 12 layers, 768 wide, 12 heads, 1024 positions, 50257 tokens
+    if name == "tiny-gpt2":
+        return GPT2Config(
+            vocab_size=1000, n_positions=256, n_embd=64, n_layer=2, n_head=4, bos_token_id=999, eos_token_id=999
+        )
+    if name == "tiny-llama":
+        return LlamaConfig(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    raise ValueError(f"unknown embedded model {name!r}; embedded models are {', '.join(EMBEDDED)}")
+
+
+def load_model(
+    name_or_path: str,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+):
+    """Return a causal LM in eval mode on `device` (default: CUDA if available, else CPU).
+
+    `name_or_path` is an embedded name (see EMBEDDED; random weights drawn with `seed`), a local directory
+    or a hub name (both through `from_pretrained`; hub names need network access).
+    """
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise TypeError(f"name_or_path must be a non-empty string, got {name_or_path!r}")
+    torch_dtype = parse_dtype(dtype)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device} was asked for but CUDA is not available on this machine")
+
+    if name_or_path in EMBEDDED:
+        config = embedded_config(name_or_path)
+        config._attn_implementation = attn_implementation
+        cls = GPT2LMHeadModel if config.model_type == "gpt2" else LlamaForCausalLM
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = cls(config)
+        model.generation_config.eos_token_id = config.eos_token_id
+        model.generation_config.bos_token_id = config.bos_token_id
+        model._overlapdecode_name = name_or_path
+        model._overlapdecode_random = True
+        return model.to(device=device, dtype=torch_dtype).eval()
+
+    model = AutoModelForCausalLM.from_pretrained(
+        name_or_path, dtype=torch_dtype, attn_implementation=attn_implementation
+    )
+    model._overlapdecode_name = name_or_path
+    model._overlapdecode_random = False
+    return model.to(device).eval()
+
+
+def load_tokenizer(name_or_path: str):
+    """The tokenizer saved with a model, or None (embedded models and directories without one)."""
+    if name_or_path in EMBEDDED:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError):
+        if os.path.isdir(name_or_path):
+            return None
+        raise

@@ -1,0 +1,82 @@
+"""Choosing the next token without a host sync: greedy argmax, or temperature / top-k / top-p sampling.
+
+`torch.multinomial` on CUDA is fine too, but its use with a seeded generator inside the step is awkward and
+its draw depends on the kernel; instead each step draws `noise ~ Exponential(1)` of shape (B, V) from a
+seeded generator and picks `argmax(probs / noise)`, which samples exactly from `probs` (the exponential race,
+as in gpt-fast). Every strategy draws the same noise for the same step, so a seed gives the same tokens
+whatever the strategy. Nothing here reads a device value on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+
+def check_sampling(do_sample, temperature, top_k, top_p, seed) -> SamplingParams:
+    """Validate the sampling arguments (ValueError/TypeError naming the argument)."""
+    if not isinstance(do_sample, bool):
+        raise TypeError(f"do_sample must be a bool, got {type(do_sample).__name__}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
+    if not temperature > 0:  # also rejects NaN
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int):
+            raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
+            raise TypeError(f"top_p must be a number or None, got {type(top_p).__name__}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    return SamplingParams(do_sample, float(temperature), top_k, None if top_p is None else float(top_p))
+
+
+def make_generator(params: SamplingParams, seed: int | None, device: torch.device) -> torch.Generator | None:
+    """A generator on `device` seeded with `seed` (or from the global CPU RNG, so manual_seed governs it)."""
+    if not params.do_sample:
+        return None
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())  # CPU tensor: no device sync
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+def draw_noise(logits_shape, device, generator: torch.Generator | None) -> torch.Tensor | None:
+    """This step's (B, V) exponential noise, or None for greedy. Drawn on the current stream, no sync."""
+    if generator is None:
+        return None
+    return torch.empty(logits_shape, dtype=torch.float32, device=device).exponential_(generator=generator)
+
+
+def pick_next(logits: torch.Tensor, noise: torch.Tensor | None, params: SamplingParams) -> torch.Tensor:
+    """(B, V) logits -> (B,) token ids. Same order of warpers as Hugging Face: temperature, top-k, top-p."""
+    if noise is None:
+        return logits.argmax(dim=-1)
+    scores = logits.float() / params.temperature
+    if params.top_k is not None and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]  # (B, 1)
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p is not None and params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cum <= (1 - params.top_p)
+        drop_sorted[:, -1] = False  # always keep the most likely token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return (probs / noise).argmax(dim=-1)
