@@ -1,0 +1,98 @@
+"""Every preset returns exactly Hugging Face generate()'s tokens (greedy, CPU, float32) and the naive loop's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import overlapdecode as od
+from conftest import eos_hit_midway, hf_generate, make_batch, naive_generate
+
+N = 24
+PRESETS = list(od.PRESETS) + list(od.VARIANTS)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_matches_hf_with_eos_midway(tiny_model, preset, batch):
+    ids, mask = make_batch(batch, seed=batch)
+    # batch 1: the row stops mid-way; batch 4: rows 0 and 2 stop mid-way, rows 1 and 3 never do
+    rows = [0] if batch == 1 else [0, 2]
+    eos = eos_hit_midway(tiny_model, ids, mask, N, rows)
+    assert eos is not None, "test batch has no usable EOS; change the seed"
+    pad = 5
+    ref = hf_generate(tiny_model, ids, mask, N, eos, pad)
+    assert torch.equal(ref, naive_generate(tiny_model, ids, mask, N, eos, pad))
+    out = od.generate(tiny_model, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=eos,
+                      pad_token_id=pad)
+    assert out.shape == ref.shape
+    assert torch.equal(out, ref)
+    if batch == 1:
+        assert out.shape[1] < ids.shape[1] + N  # the stop really happened early
+    else:
+        assert (out[[0, 2], -1] == pad).all()  # stopped rows continue with pad
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_row_stops_at_a_different_step(tiny_gpt2, preset):
+    ids, mask = make_batch(4, seed=4)
+    eos = eos_hit_midway(tiny_gpt2, ids, mask, N, [0, 1, 2, 3])
+    assert eos is not None
+    ref = naive_generate(tiny_gpt2, ids, mask, N, eos, eos[0])
+    assert ref.shape[1] < ids.shape[1] + N, "the batch should stop before max_new_tokens"
+    assert torch.equal(ref, hf_generate(tiny_gpt2, ids, mask, N, eos, eos[0]))
+    out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=eos)
+    assert torch.equal(out, ref)  # pad defaults to the first EOS id, as in Hugging Face
+
+
+@pytest.mark.parametrize("preset", ["baseline", "kv", "static", "interleaved"])
+def test_eos_disabled_runs_full_length(tiny_gpt2, preset):
+    ids, mask = make_batch(4, seed=7)
+    out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=[])
+    assert out.shape == (4, ids.shape[1] + N)
+    ref = naive_generate(tiny_gpt2, ids, mask, N, [], 0)
+    assert torch.equal(out, ref)
+
+
+def test_default_eos_comes_from_the_model(tiny_gpt2):
+    ids, mask = make_batch(2, seed=3)
+    out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy="kv")
+    ref = hf_generate(tiny_gpt2, ids, mask, N, tiny_gpt2.generation_config.eos_token_id,
+                      tiny_gpt2.generation_config.eos_token_id)
+    assert torch.equal(out, ref)
+
+
+def test_mask_none_means_all_ones(tiny_gpt2):
+    ids, _ = make_batch(2, seed=11)
+    a = od.generate(tiny_gpt2, ids, max_new_tokens=8, strategy="static", eos_token_id=[])
+    b = od.generate(tiny_gpt2, ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, strategy="static",
+                    eos_token_id=[])
+    assert torch.equal(a, b)
+
+
+def test_custom_strategy_object(tiny_llama):
+    ids, mask = make_batch(4, seed=2)
+    strat = od.Strategy(cache="dynamic", stop_check="deferred", lag=2)
+    out = od.generate(tiny_llama, ids, attention_mask=mask, max_new_tokens=N, strategy=strat, eos_token_id=[])
+    assert torch.equal(out, naive_generate(tiny_llama, ids, mask, N, [], 0))
+
+
+def test_compiled_step_compiles_once_per_shape(tiny_gpt2):
+    ids, mask = make_batch(4, seed=4)
+    od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy="compiled", eos_token_id=[])
+    before = od.compile_count()
+    for preset in ("compiled", "interleaved", "compiled"):
+        od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=[])
+    assert od.compile_count() == before
+
+
+def test_streamer_receives_each_steps_tokens(tiny_gpt2):
+    ids, mask = make_batch(4, seed=4)
+    eos = eos_hit_midway(tiny_gpt2, ids, mask, N, [0, 1, 2, 3])
+    for preset in PRESETS:
+        got = []
+        out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=eos,
+                          streamer=got.append)
+        streamed = torch.stack(got, dim=1)
+        assert streamed.device.type == "cpu"
+        assert torch.equal(streamed, out[:, ids.shape[1]:]), preset

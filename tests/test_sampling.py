@@ -1,0 +1,66 @@
+"""Seeded sampling: the same tokens under every strategy, different tokens for another seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import overlapdecode as od
+from conftest import make_batch
+from overlapdecode.sampling import SamplingParams, pick_next
+
+N = 16
+SETTINGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_k=20),
+    dict(temperature=1.2, top_p=0.8),
+    dict(temperature=0.9, top_k=50, top_p=0.9),
+]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_seed_gives_the_same_tokens_for_every_eager_strategy(tiny_model, setting):
+    ids, mask = make_batch(4, seed=31)
+    kw = dict(attention_mask=mask, max_new_tokens=N, do_sample=True, eos_token_id=[], **setting)
+    outs = {p: od.generate(tiny_model, ids, strategy=p, seed=123, **kw) for p in ("baseline", "kv", "static")}
+    outs["pingpong"] = od.generate(tiny_model, ids, strategy=od.Strategy(stop_check="pingpong"), seed=123, **kw)
+    ref = outs["baseline"]
+    for name, out in outs.items():
+        assert torch.equal(out, ref), name
+    other = od.generate(tiny_model, ids, strategy="static", seed=124, **kw)
+    assert not torch.equal(other, ref)
+    greedy = od.generate(tiny_model, ids, attention_mask=mask, max_new_tokens=N, strategy="static", eos_token_id=[])
+    assert not torch.equal(greedy, ref)
+
+
+def test_seed_gives_the_same_tokens_compiled(tiny_gpt2):
+    ids, mask = make_batch(4, seed=32)
+    kw = dict(attention_mask=mask, max_new_tokens=N, do_sample=True, eos_token_id=[], temperature=0.9, top_k=50,
+              top_p=0.9, seed=7)
+    ref = od.generate(tiny_gpt2, ids, strategy="static", **kw)
+    for preset in ("compiled", "interleaved"):
+        assert torch.equal(od.generate(tiny_gpt2, ids, strategy=preset, **kw), ref), preset
+
+
+def test_global_seed_governs_seed_none(tiny_gpt2):
+    ids, mask = make_batch(2, seed=33)
+    kw = dict(attention_mask=mask, max_new_tokens=N, do_sample=True, eos_token_id=[], strategy="kv")
+    torch.manual_seed(0)
+    a = od.generate(tiny_gpt2, ids, **kw)
+    torch.manual_seed(0)
+    assert torch.equal(od.generate(tiny_gpt2, ids, **kw), a)
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    torch.manual_seed(0)
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]]).repeat(2000, 1)
+    noise = torch.empty_like(logits).exponential_()
+    top2 = pick_next(logits, noise, SamplingParams(True, 1.0, top_k=2))
+    assert set(top2.tolist()) == {0, 1}
+    # softmax of the logits: 0.636, 0.234, 0.086, ... -> top_p 0.8 keeps tokens 0 and 1 only
+    topp = pick_next(logits, noise, SamplingParams(True, 1.0, top_p=0.8))
+    assert set(topp.tolist()) == {0, 1}
+    free = pick_next(logits, noise, SamplingParams(True, 1.0))
+    assert set(free.tolist()) == {0, 1, 2, 3, 4}
+    # the exponential race samples from softmax: token 0 about 63.6% of the time
+    assert abs((free == 0).float().mean().item() - 0.636) < 0.04

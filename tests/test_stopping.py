@@ -1,0 +1,108 @@
+"""The late stop checks (ping-pong, deferred, end) return exactly what the sync loop returns.
+
+On CPU the streams and events are trivially complete, so these tests exercise the late-stop bookkeeping:
+the steps enqueued past the one where every row finished, their dropped tokens, the flags owed after the
+loop, and the streamer fed one step late.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import overlapdecode as od
+from conftest import hf_generate, make_batch, naive_generate
+from overlapdecode.stopping import mark_finished, steps_until_all_finished
+
+N = 12
+LATE = [
+    od.Strategy(cache="static", stop_check="pingpong", lag=1),
+    od.Strategy(cache="static", stop_check="pingpong", lag=3),
+    od.Strategy(cache="static", stop_check="deferred", lag=1),
+    od.Strategy(cache="dynamic", stop_check="deferred", lag=2),
+    od.Strategy(cache="none", stop_check="pingpong", lag=1),
+    od.Strategy(cache="static", stop_check="end"),
+    "interleaved",  # compiled, shares the graph of test_generate
+]
+IDS = [s if isinstance(s, str) else f"{s.cache}-{s.stop_check}-lag{s.lag}" for s in LATE]
+
+
+def free_run(model, ids, mask, n=N):
+    return naive_generate(model, ids, mask, n, [], 0)[:, ids.shape[1]:]
+
+
+def check_against_sync(model, ids, mask, n, eos, strategy, pad=0):
+    sync = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy="static", eos_token_id=eos,
+                       pad_token_id=pad)
+    assert torch.equal(sync, hf_generate(model, ids, mask, n, eos, pad))
+    got = []
+    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=eos,
+                      pad_token_id=pad, streamer=got.append)
+    assert torch.equal(out, sync)
+    assert torch.equal(torch.stack(got, 1), out[:, ids.shape[1]:])  # streamed = returned, nothing extra
+    return out
+
+
+@pytest.mark.parametrize("strategy", LATE, ids=IDS)
+def test_eos_on_the_first_generated_token(tiny_gpt2, strategy):
+    ids, mask = make_batch(4, seed=21)
+    first = free_run(tiny_gpt2, ids, mask)[:, 0]
+    out = check_against_sync(tiny_gpt2, ids, mask, N, first.unique().tolist(), strategy)
+    assert out.shape[1] == ids.shape[1] + 1
+
+
+@pytest.mark.parametrize("strategy", LATE, ids=IDS)
+def test_eos_on_the_last_allowed_token(tiny_gpt2, strategy):
+    for seed in range(100, 200):  # a prompt whose last free-run token appears nowhere before it
+        ids, mask = make_batch(1, seed=seed)
+        row = free_run(tiny_gpt2, ids, mask)[0].tolist()
+        last = [t for t in row[-1:] if t not in row[:-1]]
+        if last:
+            break
+    assert last, "no prompt found whose last token is new"
+    out = check_against_sync(tiny_gpt2, ids, mask, N, last, strategy)
+    assert out.shape[1] == ids.shape[1] + N and out[0, -1] == last[0]
+
+
+@pytest.mark.parametrize("strategy", LATE, ids=IDS)
+def test_max_new_tokens_one(tiny_gpt2, strategy):
+    ids, mask = make_batch(4, seed=23)
+    out = check_against_sync(tiny_gpt2, ids, mask, 1, [999], strategy)
+    assert out.shape[1] == ids.shape[1] + 1
+
+
+@pytest.mark.parametrize("strategy", LATE, ids=IDS)
+def test_rows_finish_at_different_steps(tiny_gpt2, strategy):
+    ids, mask = make_batch(4, seed=24)
+    free = free_run(tiny_gpt2, ids, mask)
+    # row r stops at step 2r+1 at the latest: EOS = its token there
+    eos = sorted({int(free[r, 2 * r + 1]) for r in range(4)})
+    out = check_against_sync(tiny_gpt2, ids, mask, N, eos, strategy, pad=7)
+    assert out.shape[1] < ids.shape[1] + N
+
+
+@pytest.mark.parametrize("strategy", LATE, ids=IDS)
+def test_late_stop_with_seeded_sampling(tiny_gpt2, strategy):
+    if strategy == "interleaved":
+        pytest.skip("compiled sampling is covered by test_sampling (one compile per sampling setting on CPU)")
+    ids, mask = make_batch(4, seed=25)
+    kw = dict(attention_mask=mask, max_new_tokens=N, do_sample=True, temperature=1.3, seed=5)
+    free = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=[], **kw)[:, ids.shape[1]:]
+    eos = sorted({int(free[r, r + 1]) for r in range(4)})
+    sync = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=eos, **kw)
+    assert sync.shape[1] < ids.shape[1] + N
+    assert torch.equal(od.generate(tiny_gpt2, ids, strategy=strategy, eos_token_id=eos, **kw), sync)
+
+
+def test_mark_finished_pads_after_eos():
+    fin = torch.tensor([False, True, False])
+    tok, fin2, done = mark_finished(torch.tensor([4, 4, 9]), fin, torch.tensor([9]), pad_id=0)
+    assert tok.tolist() == [4, 0, 9] and fin2.tolist() == [False, True, True] and not bool(done)
+
+
+def test_steps_until_all_finished():
+    eos = torch.tensor([9, 8])
+    gen = torch.tensor([[1, 9, 0, 0], [1, 2, 8, 0]])
+    assert steps_until_all_finished(gen, eos) == 3
+    assert steps_until_all_finished(torch.tensor([[1, 2, 3, 4], [9, 0, 0, 0]]), eos) == 4
+    assert steps_until_all_finished(torch.tensor([[9, 1, 1, 1]]), eos) == 1
