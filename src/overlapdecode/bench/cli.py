@@ -1,0 +1,176 @@
+"""The `bench`, `profile` and `report` subcommands: flags -> BenchConfig fields, checked before any work."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from ..cli import CliError, _ints, _names
+
+
+def add_commands(sub) -> None:
+    b = sub.add_parser("bench", help="measure every strategy and Hugging Face generate() side by side")
+    b.add_argument("--model", default=None, help="default: gpt2-random on CUDA, tiny-gpt2 on CPU")
+    b.add_argument("--strategies", default="baseline,kv,static,compiled,interleaved",
+                   help="presets or variants (deferred, nocheck), comma-separated")
+    b.add_argument("--peers", default="hf-dynamic,hf-static,hf-compiled", help="Hugging Face peers, or 'none'")
+    b.add_argument("--lengths", default=None, help="new tokens per sequence (default: 64,96 CUDA; 16,48 CPU)")
+    b.add_argument("--batch", default="1")
+    b.add_argument("--dtype", default="float32", help="comma-separated: float32,bfloat16,float16")
+    b.add_argument("--allocator", default="default", help="default,expandable (each in its own process)")
+    b.add_argument("--workloads", default="fixed", help="fixed (EOS disabled), eos (EOS forced per row)")
+    b.add_argument("--eos-lengths", default=None, help="lengths for the eos workload (default: the longest)")
+    b.add_argument("--prompt-len", type=int, default=None, help="default 32 on CUDA, 16 on CPU")
+    b.add_argument("--warmup", type=int, default=1)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--no-profile", action="store_true", help="skip the GPU busy-fraction profile")
+    b.add_argument("--device", default=None)
+    b.add_argument("--out", default="bench-out")
+
+    p = sub.add_parser("profile", help="profiler trace, timeline and GPU-idle summary per strategy")
+    p.add_argument("--model", default=None, help="default: gpt2-random on CUDA, tiny-gpt2 on CPU")
+    p.add_argument("--strategies", default="compiled,interleaved")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default="profile-out")
+
+    r = sub.add_parser("report", help="rebuild report.md and the plots of a bench directory from its JSON")
+    r.add_argument("dir")
+
+
+def _cuda(device) -> bool:
+    import torch
+
+    return (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+
+
+def _positive(values, flag):
+    if not values:
+        raise CliError(f"{flag} needs at least one value")
+    bad = [v for v in values if v < 1]
+    if bad:
+        raise CliError(f"{flag} values must be >= 1, got {bad}")
+    return tuple(values)
+
+
+def _check_names(names, known, flag):
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise CliError(f"{flag}: unknown {', '.join(bad)}; choose from {', '.join(known)}")
+    return tuple(names)
+
+
+def bench_config(args):
+    from ..decode import PRESETS, VARIANTS
+    from ..models import parse_dtype
+    from .peers import PEERS
+    from .runner import ALLOCATORS
+    from .worker import BenchConfig
+    from .workloads import WORKLOADS
+
+    cuda = _cuda(args.device)
+    strategies = _check_names(_names(args.strategies), list(PRESETS) + list(VARIANTS), "--strategies")
+    peers = () if args.peers.strip() == "none" else _check_names(_names(args.peers), list(PEERS), "--peers")
+    if not strategies and not peers:
+        raise CliError("--strategies and --peers are both empty: nothing to measure")
+    lengths = _positive(_ints(args.lengths, "--lengths") if args.lengths else ([64, 96] if cuda else [16, 48]),
+                        "--lengths")
+    batches = _positive(_ints(args.batch, "--batch"), "--batch")
+    dtypes = tuple(_names(args.dtype))
+    for d in dtypes:
+        try:
+            parse_dtype(d)
+        except ValueError as err:
+            raise CliError(f"--dtype: {err}") from None
+    allocators = _check_names(_names(args.allocator), list(ALLOCATORS), "--allocator")
+    if "expandable" in allocators and not cuda:
+        raise CliError("--allocator expandable needs CUDA (it configures the CUDA caching allocator)")
+    workloads = _check_names(_names(args.workloads), list(WORKLOADS), "--workloads")
+    eos_lengths = _positive(_ints(args.eos_lengths, "--eos-lengths"), "--eos-lengths") if args.eos_lengths else ()
+    prompt_len = args.prompt_len if args.prompt_len is not None else (32 if cuda else 16)
+    if prompt_len < 1:
+        raise CliError(f"--prompt-len must be >= 1, got {prompt_len}")
+    if args.warmup < 0 or args.repeats < 1:
+        raise CliError("--warmup must be >= 0 and --repeats >= 1")
+    model = args.model or ("gpt2-random" if cuda else "tiny-gpt2")
+    _check_positions(model, prompt_len, max(lengths + eos_lengths))
+    return BenchConfig(model=model, strategies=strategies, peers=peers, lengths=lengths, batches=batches,
+                       dtypes=dtypes, allocators=allocators, workloads=workloads, eos_lengths=eos_lengths,
+                       prompt_len=prompt_len, warmup=args.warmup, repeats=args.repeats, profile=not args.no_profile,
+                       device=args.device)
+
+
+def _check_positions(model: str, prompt_len: int, longest: int) -> None:
+    from ..models import EMBEDDED, embedded_config
+
+    if model in EMBEDDED:
+        cfg = embedded_config(model)
+        limit = getattr(cfg, "n_positions", None) or cfg.max_position_embeddings
+        if prompt_len + longest > limit:
+            raise CliError(f"--prompt-len {prompt_len} + longest length {longest} exceeds {model}'s {limit} positions")
+
+
+def cmd_bench(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .report import _order, series
+    from .runner import BenchError, run_bench
+
+    cfg = bench_config(args)
+    command = "overlapdecode " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        results = run_bench(cfg, args.out, command)
+    except BenchError as err:
+        raise CliError(str(err)) from None
+    console = Console()
+    for (alloc, dtype, batch), per in sorted(series(results["rows"]).items()):
+        n = max(m for pts in per.values() for m, _ in pts)
+        base = dict(per.get("baseline", [])).get(n)
+        table = Table(title=f"{cfg.model}, {dtype}, batch {batch}, allocator {alloc}, {n} new tokens")
+        for col in ("strategy", "ms/token", "tok/s", "TTFT ms", "vs baseline", "peak reserved MB"):
+            table.add_column(col, justify="right")
+        for s in _order(per):
+            r = dict(per[s]).get(n)
+            if r is None:
+                continue
+            table.add_row(s, f"{r['ms_per_token']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['ttft_ms']:.2f}",
+                          f"{base['seq_s'] / r['seq_s']:.2f}x" if base else "-",
+                          "-" if r["peak_reserved_mb"] is None else f"{r['peak_reserved_mb']:.0f}")
+        console.print(table)
+    console.print(f"report: {args.out}/report.md (results: {args.out}/results.json)")
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from ..decode import PRESETS, VARIANTS
+    from .profile import profile_strategies
+
+    strategies = _check_names(_names(args.strategies), list(PRESETS) + list(VARIANTS), "--strategies")
+    if args.batch < 1 or args.new_tokens < 1:
+        raise CliError("--batch and --new-tokens must be >= 1")
+    model = args.model or ("gpt2-random" if _cuda(args.device) else "tiny-gpt2")
+    result = profile_strategies(model, strategies, args.batch, args.new_tokens, args.out, dtype=args.dtype,
+                                prompt_len=args.prompt_len, device=args.device)
+    for name, s in result["strategies"].items():
+        busy = f"GPU busy {s['busy_fraction'] * 100:.1f}%" if s.get("available") else s["reason"]
+        print(f"{name}: {busy}; host blocked {s['host_sync_ms']:.2f} ms; {s['launches_per_step']:.1f} launch calls/step")
+    print(f"summary: {args.out}/summary.md")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import build
+
+    try:
+        path = build(args.dir)
+    except FileNotFoundError as err:
+        raise CliError(str(err)) from None
+    print(f"report: {path}")
+    return 0
+
+
+HANDLERS = {"bench": cmd_bench, "profile": cmd_profile, "report": cmd_report}

@@ -1,0 +1,359 @@
+"""Tables, plots and the check of the brief's claims, built from DIR/results.json alone.
+
+`overlapdecode report DIR` calls `build(DIR)`; the bench calls it at the end of a run. Nothing here
+measures: every figure comes from the JSON, and every claim is stated with the figures it rests on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+
+ORDER = ["baseline", "kv", "static", "compiled", "deferred", "interleaved", "nocheck", "hf-dynamic", "hf-static",
+         "hf-compiled"]
+
+
+def _order(names):
+    return sorted(set(names), key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+
+
+def load(out_dir: str) -> dict:
+    path = os.path.join(out_dir, "results.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: run `overlapdecode bench --out {out_dir}` first")
+    with open(path) as f:
+        return json.load(f)
+
+
+def timed(rows, workload="fixed"):
+    return [r for r in rows if r.get("workload") == workload and "seq_s" in r]
+
+
+def fit_exponent(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope of log(time) against log(N): about 1 for O(N), 2 for O(N^2)."""
+    pts = [(math.log(n), math.log(t)) for n, t in points if n > 0 and t > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    den = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / den if den else None
+
+
+def series(rows) -> dict:
+    """(allocator, dtype, batch) -> strategy -> sorted [(length, row)] for the fixed workload."""
+    out: dict = defaultdict(lambda: defaultdict(list))
+    for r in timed(rows):
+        out[(r["allocator"], r["dtype"], r["batch"])][r["strategy"]].append((r["max_new_tokens"], r))
+    for per in out.values():
+        for s in per:
+            per[s].sort(key=lambda p: p[0])
+    return out
+
+
+def exponents(points) -> tuple[float | None, float | None]:
+    """(over all lengths, over the two longest lengths)."""
+    xy = [(n, r["seq_s"]) for n, r in points]
+    return fit_exponent(xy), fit_exponent(xy[-2:])
+
+
+def _f(v, fmt="{:.2f}", none="-"):
+    return none if v is None else fmt.format(v)
+
+
+def _table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _at(points, n):
+    for m, r in points:
+        if m == n:
+            return r
+    return None
+
+
+def _nearest(lengths, target):
+    return min(lengths, key=lambda n: abs(n - target)) if lengths else None
+
+
+def claims(results: dict) -> list[str]:
+    """The brief's claims, each checked against this run's figures (skipped when the run lacks them)."""
+    rows = results["rows"]
+    ser = series(rows)
+    out = []
+    for (alloc, dtype, batch), per in sorted(ser.items()):
+        if alloc != "default":
+            continue
+        tag = f"{dtype}, batch {batch}"
+        lengths = sorted({n for pts in per.values() for n, _ in pts})
+        if not lengths:
+            continue
+        longest, shortest = lengths[-1], lengths[0]
+        if "baseline" in per and "kv" in per:
+            b_all, b_long = exponents(per["baseline"])
+            k_all, k_long = exponents(per["kv"])
+            out.append(
+                f"- O(N^2) vs O(N) ({tag}): time-vs-N exponent over {shortest}-{longest} tokens: baseline "
+                f"{_f(b_all)} (last two lengths {_f(b_long)}), kv {_f(k_all)} (last two {_f(k_long)})."
+            )
+        if "static" in per and "kv" in per:
+            s, k = _at(per["static"], shortest), _at(per["kv"], shortest)
+            s2, k2 = _at(per["static"], longest), _at(per["kv"], longest)
+            if s and k and s2 and k2:
+                out.append(
+                    f"- static vs dynamic cache, no compile ({tag}): static/kv time = {s['seq_s'] / k['seq_s']:.2f} at "
+                    f"{shortest} tokens, {s2['seq_s'] / k2['seq_s']:.2f} at {longest} (< 1: static faster)."
+                )
+        if "compiled" in per and "static" in per and "kv" in per:
+            c, s, k = (_at(per[x], longest) for x in ("compiled", "static", "kv"))
+            if c and s and k:
+                out.append(
+                    f"- compile ({tag}, {longest} tokens): compiled is {s['seq_s'] / c['seq_s']:.2f}x static and "
+                    f"{k['seq_s'] / c['seq_s']:.2f}x kv."
+                )
+        if "hf-compiled" in per and "hf-static" in per:
+            c, s = _at(per["hf-compiled"], longest), _at(per["hf-static"], longest)
+            if c and s:
+                out.append(f"- Hugging Face auto-compile ({tag}, {longest} tokens): hf-compiled is "
+                           f"{s['seq_s'] / c['seq_s']:.2f}x hf-static.")
+        n400 = _nearest(lengths, 400)
+        inter = _at(per.get("interleaved", []), n400)
+        if inter:
+            parts = []
+            base = _at(per.get("baseline", []), n400)
+            if base:
+                parts.append(f"{base['seq_s'] / inter['seq_s']:.2f}x baseline")
+            comp = _at(per.get("compiled", []), n400)
+            if comp:
+                parts.append(f"{comp['seq_s'] / inter['seq_s']:.2f}x compiled (sync check)")
+            upper = _at(per.get("nocheck", []), n400)
+            if upper:
+                parts.append(f"{(inter['seq_s'] / upper['seq_s'] - 1) * 100:+.1f}% vs the no-check upper bound")
+            peers = [(p, _at(per[p], n400)) for p in per if p.startswith("hf-") and _at(per[p], n400)]
+            if peers:
+                best, row = min(peers, key=lambda pr: pr[1]["seq_s"])
+                parts.append(f"{row['seq_s'] / inter['seq_s']:.2f}x the fastest Hugging Face peer ({best})")
+            out.append(f"- interleaved ({tag}, {n400} tokens, {inter['ms_per_token']:.3f} ms/token): " + ", ".join(parts) + ".")
+    # fragmentation: per strategy, default vs expandable, at the longest length
+    frag = defaultdict(dict)
+    for r in timed(rows):
+        if r.get("fragmentation") is not None:
+            key = (r["dtype"], r["batch"], r["strategy"])
+            if r["max_new_tokens"] >= frag[key].get(("n", r["allocator"]), 0):
+                frag[key][("n", r["allocator"])] = r["max_new_tokens"]
+                frag[key][r["allocator"]] = r
+    for (dtype, batch, strat), d in sorted(frag.items()):
+        if strat not in ("baseline", "kv", "static", "compiled", "interleaved"):
+            continue
+        parts = [
+            f"{a}: reserved {d[a]['peak_reserved_mb']:.0f} MB vs allocated {d[a]['peak_allocated_mb']:.0f} MB "
+            f"({d[a]['fragmentation'] * 100:.1f}%)"
+            for a in ("default", "expandable") if a in d
+        ]
+        n = max(v for k, v in d.items() if isinstance(k, tuple))
+        out.append(f"- fragmentation, {strat} ({dtype}, batch {batch}, {n} tokens): " + "; ".join(parts) + ".")
+    return out
+
+
+def build(out_dir: str) -> str:
+    """Write DIR/report.md and DIR/*.png from DIR/results.json; returns the report's path."""
+    results = load(out_dir)
+    rows = results["rows"]
+    env = results["environment"]
+    gpu_rows = [r for r in rows if r.get("device", "").startswith("cuda")]
+    md = ["# overlapdecode benchmark report", ""]
+    md.append(f"Command: `{results['command']}`")
+    md.append("")
+    md.append(
+        f"Machine: {env.get('gpu') or 'CPU only'}; torch {env['torch']}, transformers {env['transformers']}, "
+        f"CUDA {env.get('cuda')}, Python {env['python']}, commit {env['git_commit']}."
+    )
+    cfg = results["config"]
+    md.append(
+        f"Model {cfg['model']}, prompt {cfg['prompt_len']} tokens, greedy; median of {cfg['repeats']} timed calls "
+        f"after {cfg['warmup']} warm-up call(s) (plus a first call, reported apart as `first call`: compile and "
+        f"CUDA-graph recording happen there). Fragmentation = (peak reserved - peak allocated) / peak reserved."
+    )
+    errors = [r for r in rows if "error" in r]
+    if errors:
+        md += ["", "Not measured: " + "; ".join(f"{r['strategy']} {r['dtype']} b{r['batch']} n{r['max_new_tokens']} "
+                                                f"({r['allocator']}): {r['error']}" for r in errors)]
+    md += ["", "## The brief's claims, checked against this run", ""] + (claims(results) or ["- (not enough rows)"])
+
+    ser = series(rows)
+    for (alloc, dtype, batch), per in sorted(ser.items()):
+        lengths = sorted({n for pts in per.values() for n, _ in pts})
+        md += ["", f"## ms per token, fixed length (EOS disabled): {dtype}, batch {batch}, allocator {alloc}", ""]
+        body = []
+        for s in _order(per):
+            e_all, e_long = exponents(per[s])
+            cells = [_f(_at(per[s], n)["ms_per_token"], "{:.3f}") if _at(per[s], n) else "-" for n in lengths]
+            body.append([s] + cells + [_f(e_all), _f(e_long)])
+        md.append(_table(["strategy"] + [f"N={n}" for n in lengths] + ["exponent", "exponent (last two)"], body))
+        n = lengths[-1]
+        base = _at(per.get("baseline", []), n)
+        md += ["", f"At N={n}:", ""]
+        body = []
+        for s in _order(per):
+            r = _at(per[s], n)
+            if not r:
+                continue
+            body.append([
+                s, _f(r["seq_s"], "{:.3f}"), _f(r["ms_per_token"], "{:.3f}"), _f(r["tokens_per_s"], "{:.0f}"),
+                _f(r["ttft_ms"], "{:.2f}"), _f(r["first_call_s"], "{:.2f}"),
+                _f(base["seq_s"] / r["seq_s"], "{:.2f}x") if base else "-",
+                _f(r["peak_allocated_mb"], "{:.0f}"), _f(r["peak_reserved_mb"], "{:.0f}"),
+                _f(r["fragmentation"] and r["fragmentation"] * 100, "{:.1f}%"), _f(r["device_mallocs"], "{}"),
+                _f(r["alloc_requests"], "{}"),
+            ])
+        md.append(_table(["strategy", "s/seq", "ms/token", "tok/s", "TTFT ms", "first call s", "vs baseline",
+                          "peak alloc MB", "peak reserved MB", "fragmentation", "cudaMalloc calls",
+                          "alloc requests"], body))
+
+    eos = timed(rows, "eos")
+    if eos:
+        md += ["", "## EOS forced per row (early stop exercised)", ""]
+        body = [[r["allocator"], r["dtype"], r["batch"], r["max_new_tokens"], r["strategy"], r["new_tokens"],
+                 _f(r["seq_s"], "{:.3f}"), _f(r["ms_per_token"], "{:.3f}")] for r in
+                sorted(eos, key=lambda r: (r["allocator"], r["dtype"], r["batch"], _order([r["strategy"]])[0]))]
+        md.append(_table(["allocator", "dtype", "batch", "max new", "strategy", "steps run", "s/seq", "ms/token"],
+                         body))
+
+    busy = [r for r in rows if r.get("workload") == "profile"]
+    if busy:
+        md += ["", "## GPU busy fraction over the decode loop (PyTorch profiler, one call)", ""]
+        body = []
+        for r in busy:
+            b = r["busy"]
+            if b.get("available"):
+                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"], f"{b['busy_fraction'] * 100:.1f}%",
+                             f"{b['median_idle_gap_us']:.1f}", f"{b['host_sync_ms']:.2f}",
+                             f"{b['launches_per_step']:.1f}", f"{b['kernels_per_step']:.1f}"])
+            else:
+                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"], "unavailable: " + b["reason"],
+                             "-", _f(b.get("host_sync_ms")), _f(b.get("launches_per_step"), "{:.1f}"), "-"])
+        md.append(_table(["allocator", "dtype", "batch", "strategy", "GPU busy", "median idle gap us",
+                          "host blocked ms", "launch calls/step", "kernels/step"], body))
+
+    md += ["", "## Plots", ""]
+    for png, what in plots(results, out_dir):
+        md.append(f"![{what}]({png})")
+    if not gpu_rows:
+        md += ["", "No CUDA device: memory and GPU figures are unavailable, times are CPU times."]
+    path = os.path.join(out_dir, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(md) + "\n")
+    return path
+
+
+def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    ser = {k: v for k, v in series(rows).items() if k[0] == "default"} or series(rows)
+    written = []
+    if not ser:
+        return written
+    keys = sorted(ser)
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        per = ser[key]
+        for s in _order(per):
+            pts = per[s]
+            ax.loglog([n for n, _ in pts], [r["seq_s"] for _, r in pts], marker="o", label=s,
+                      linestyle="--" if s.startswith("hf-") else "-")
+        lengths = sorted({n for pts in per.values() for n, _ in pts})
+        ref = per.get("kv") or next(iter(per.values()))
+        t0 = ref[0][1]["seq_s"]
+        n0 = lengths[0]
+        ax.loglog(lengths, [t0 * (n / n0) for n in lengths], color="grey", linestyle=":", label="O(N) guide")
+        ax.loglog(lengths, [t0 * (n / n0) ** 2 for n in lengths], color="black", linestyle=":", label="O(N^2) guide")
+        ax.set_xlabel("new tokens N")
+        ax.set_ylabel("seconds per sequence")
+        ax.set_title(f"{key[1]}, batch {key[2]}, allocator {key[0]}")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "time_vs_length.png"), dpi=110)
+    plt.close(fig)
+    written.append(("time_vs_length.png", "time per sequence vs N, log-log, with O(N) and O(N^2) guides"))
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        per = ser[key]
+        lengths = sorted({n for pts in per.values() for n, _ in pts})
+        if "baseline" not in per:
+            ax.text(0.5, 0.5, "no baseline in this run", ha="center")
+            continue
+        names = [s for s in _order(per) if s != "baseline"]
+        width = 0.8 / max(len(lengths), 1)
+        for i, n in enumerate(lengths):
+            base = _at(per["baseline"], n)
+            vals = [(base["seq_s"] / _at(per[s], n)["seq_s"]) if base and _at(per[s], n) else 0 for s in names]
+            ax.bar([j + i * width for j in range(len(names))], vals, width, label=f"N={n}")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=45, ha="right", fontsize=8)
+        ax.axhline(1, color="grey", linewidth=0.8)
+        ax.set_ylabel("speed-up over baseline (x)")
+        ax.set_title(f"{key[1]}, batch {key[2]}")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "speedup.png"), dpi=110)
+    plt.close(fig)
+    written.append(("speedup.png", "speed-up over baseline per preset and peer"))
+
+    mem = [r for r in timed(rows) if r.get("peak_reserved_mb") is not None]
+    if mem:
+        mkeys = sorted({(r["dtype"], r["batch"]) for r in mem})
+        fig, axes = plt.subplots(1, len(mkeys), figsize=(6 * len(mkeys), 4.2), squeeze=False)
+        for ax, (dtype, batch) in zip(axes[0], mkeys):
+            sub = [r for r in mem if r["dtype"] == dtype and r["batch"] == batch]
+            n = max(r["max_new_tokens"] for r in sub)
+            sub = [r for r in sub if r["max_new_tokens"] == n]
+            allocs = sorted({r["allocator"] for r in sub})
+            names = _order(r["strategy"] for r in sub)
+            width = 0.8 / (2 * len(allocs))
+            for i, a in enumerate(allocs):
+                by = {r["strategy"]: r for r in sub if r["allocator"] == a}
+                xs = range(len(names))
+                ax.bar([x + (2 * i) * width for x in xs], [by[s]["peak_reserved_mb"] if s in by else 0 for s in names],
+                       width, label=f"reserved ({a})")
+                ax.bar([x + (2 * i + 1) * width for x in xs],
+                       [by[s]["peak_allocated_mb"] if s in by else 0 for s in names], width, label=f"allocated ({a})")
+            ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, rotation=45, ha="right",
+                          fontsize=8)
+            ax.set_ylabel("MB at peak")
+            ax.set_title(f"peak memory, {dtype}, batch {batch}, N={n}")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "memory.png"), dpi=110)
+        plt.close(fig)
+        written.append(("memory.png", "peak reserved vs allocated per preset and allocator"))
+
+    busy = [r for r in rows if r.get("workload") == "profile"]
+    if busy:
+        bkeys = sorted({(r["allocator"], r["dtype"], r["batch"]) for r in busy})
+        fig, axes = plt.subplots(1, len(bkeys), figsize=(5.5 * len(bkeys), 4.2), squeeze=False)
+        for ax, key in zip(axes[0], bkeys):
+            sub = {r["strategy"]: r["busy"] for r in busy if (r["allocator"], r["dtype"], r["batch"]) == key}
+            names = _order(sub)
+            vals = [sub[s]["busy_fraction"] * 100 if sub[s].get("available") else 0 for s in names]
+            ax.bar(range(len(names)), vals, color="#2ca02c")
+            for x, s in enumerate(names):
+                if not sub[s].get("available"):
+                    ax.text(x, 2, "n/a", ha="center", fontsize=7, rotation=90)
+            ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+            ax.set_ylim(0, 100)
+            ax.set_ylabel("GPU busy over the decode loop (%)")
+            ax.set_title(f"{key[1]}, batch {key[2]}, allocator {key[0]}")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "busy.png"), dpi=110)
+        plt.close(fig)
+        written.append(("busy.png", "GPU busy fraction per preset and peer"))
+    return written

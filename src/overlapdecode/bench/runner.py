@@ -1,0 +1,117 @@
+"""`overlapdecode bench`: run the sweep, one worker process per allocator setting, then write the report.
+
+DIR/results.json holds every row with the machine, versions, git commit, allocator, dtype, batch and
+length beside it, plus the command that made it; DIR/report.md and the plots are built from that file
+alone (report.py), so `overlapdecode report DIR` rebuilds them anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import asdict
+
+from .worker import BenchConfig, config_json
+
+ALLOCATORS = {"default": None, "expandable": "expandable_segments:True"}
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def git_commit() -> str:
+    """The commit of the checkout this package runs from (or of the working directory), else 'unknown'."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cwd in (here, os.getcwd()):
+        try:
+            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    return "unknown"
+
+
+def environment() -> dict:
+    """What the figures were measured on (the GPU fields come from the worker, which owns CUDA)."""
+    import torch
+    import transformers
+
+    env = dict(
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        python=platform.python_version(),
+        platform=platform.platform(),
+        cpu_count=os.cpu_count(),
+        git_commit=git_commit(),
+        cuda_available=torch.cuda.is_available(),
+    )
+    if torch.cuda.is_available():
+        env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
+    else:
+        env.update(gpu=None, cuda=None)
+    return env
+
+
+def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_line) -> None:
+    env = os.environ.copy()
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    if ALLOCATORS[allocator]:
+        env["PYTORCH_ALLOC_CONF"] = ALLOCATORS[allocator]  # before CUDA starts: a new process
+    cmd = [sys.executable, "-m", "overlapdecode.bench.worker", "--config", cfg_path, "--out", rows_path]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+        proc.wait()
+    if proc.returncode != 0:
+        with open(log_path) as f:
+            tail = f.read().strip().splitlines()[-15:]
+        raise BenchError(f"the {allocator} worker failed (exit {proc.returncode}); end of {log_path}:\n" + "\n".join(tail))
+
+
+def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True) -> dict:
+    """Run the sweep into `out_dir` and build its report; returns the results dict."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import report
+
+    os.makedirs(out_dir, exist_ok=True)
+    rows_path = os.path.join(out_dir, "rows.jsonl")
+    if os.path.exists(rows_path):
+        os.remove(rows_path)
+    cfg_path = os.path.join(out_dir, "config.json")
+    with open(cfg_path, "w") as f:
+        f.write(config_json(cfg))
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not progress, transient=False) as bar:
+        for allocator in cfg.allocators:
+            task = bar.add_task(f"[{allocator}] starting", total=None)
+
+            def on_line(line, task=task, allocator=allocator):
+                if line.startswith("PLAN "):
+                    bar.update(task, total=int(line.split()[1]), completed=0)
+                elif line.startswith("STEP "):
+                    _, i, *what = line.split()
+                    bar.update(task, completed=int(i), description=f"[{allocator}] {' '.join(what)}")
+                elif line == "DONE":
+                    bar.update(task, completed=bar.tasks[task].total, description=f"[{allocator}] done")
+
+            _worker(cfg_path, rows_path, allocator, os.path.join(out_dir, f"worker-{allocator}.log"), on_line)
+
+    with open(rows_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    results = dict(command=command, environment=environment(), config=asdict(cfg), rows=rows)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    os.remove(rows_path)
+    report.build(out_dir)
+    return results

@@ -1,0 +1,197 @@
+"""One benchmark process: one allocator setting, every dtype, batch, workload, length and strategy.
+
+The allocator setting (PYTORCH_ALLOC_CONF) is process-wide and read when CUDA starts, so the runner starts
+one of these per setting with the variable already in its environment. Rows go to a JSON-lines file as
+they are measured; progress lines go to stdout for the runner's progress bar.
+
+Per configuration: a first call (compile and CUDA-graph recording included, reported as `first_call_s`),
+`warmup` more calls, then `repeats` timed calls (host clock around a synchronised call; the median is the
+figure), `repeats` timed one-token calls for time to first token, and one call between `memory.start` and
+`memory.stop` for the allocator figures. The GPU busy fraction comes from one profiled call per strategy at
+the shortest length (timeline.analyze).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+import overlapdecode as od
+from overlapdecode.caches import drop_static_caches
+from overlapdecode.inputs import default_eos
+
+from . import memory, timeline
+from .peers import PEERS, peer_compiles, run_peer
+from .workloads import ForcedEOS, eos_steps, prompt
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str = "tiny-gpt2"
+    strategies: tuple[str, ...] = ("baseline", "kv", "static", "compiled", "interleaved")
+    peers: tuple[str, ...] = ("hf-dynamic", "hf-static", "hf-compiled")
+    lengths: tuple[int, ...] = (16, 48)
+    batches: tuple[int, ...] = (1,)
+    dtypes: tuple[str, ...] = ("float32",)
+    allocators: tuple[str, ...] = ("default",)
+    workloads: tuple[str, ...] = ("fixed",)
+    eos_lengths: tuple[int, ...] = ()  # lengths of the eos workload; empty = the longest length
+    prompt_len: int = 32
+    warmup: int = 1
+    repeats: int = 3
+    profile: bool = True
+    device: str | None = None
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # host sync: timing boundary, outside the measured region's steps
+
+
+def _timed(fn, device) -> float:
+    _sync(device)
+    t = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t
+
+
+def _runner(name, model, ids, max_new, eos, pad):
+    if name in PEERS:
+        return lambda n=max_new: run_peer(name, model, ids, torch.ones_like(ids), n, eos, pad)
+    return lambda n=max_new: od.generate(model, ids, max_new_tokens=n, strategy=name, eos_token_id=eos,
+                                         pad_token_id=pad)
+
+
+def _busy(fn, device) -> dict:
+    """Profile one call; the decode-loop summary (busy fraction etc.), or why it is unavailable."""
+    if device.type != "cuda":
+        return dict(available=False, reason="no CUDA: busy fraction unavailable")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        _sync(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return timeline.analyze(json.load(f))
+
+
+def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> dict:
+    run = _runner(name, model, ids, max_new, eos, pad)
+    first = _timed(run, device)
+    out = None
+    for _ in range(cfg.warmup):
+        _timed(run, device)
+    times = []
+    for _ in range(cfg.repeats):
+        _sync(device)
+        t = time.perf_counter()
+        out = run()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    run(1)  # warm the one-token path (a new cache shape)
+    ttft = [_timed(lambda: run(1), device) for _ in range(cfg.repeats)]
+    before = memory.start(device)
+    run()
+    mem = memory.stop(device, before)
+    B, P = ids.shape
+    n_new = out.shape[1] - P
+    med = statistics.median(times)
+    return dict(
+        strategy=name,
+        kind="peer" if name in PEERS else "overlapdecode",
+        compiled=peer_compiles(name, device) if name in PEERS else od.resolve_strategy(name).compile,
+        new_tokens=n_new,
+        seq_s=med,
+        seq_s_all=times,
+        ms_per_token=med * 1e3 / n_new,
+        tokens_per_s=B * n_new / med,
+        ttft_ms=statistics.median(ttft) * 1e3,
+        first_call_s=first,
+        **mem,
+    )
+
+
+def run_worker(cfg: BenchConfig, out_path: str) -> None:
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    allocator = memory.allocator_setting()
+    names = list(cfg.strategies) + list(cfg.peers)
+    eos_lengths = list(cfg.eos_lengths) or [max(cfg.lengths)]
+    plan = []
+    for dtype in cfg.dtypes:
+        for batch in cfg.batches:
+            for workload in cfg.workloads:
+                for n in cfg.lengths if workload == "fixed" else eos_lengths:
+                    for name in names:
+                        plan.append((dtype, batch, workload, n, name))
+            if cfg.profile:
+                plan += [(dtype, batch, "profile", min(cfg.lengths), name) for name in names]
+    print(f"PLAN {len(plan)}", flush=True)
+    model = None
+    with open(out_path, "a") as sink:
+        for i, (dtype, batch, workload, n, name) in enumerate(plan):
+            if model is None or model._bench_dtype != dtype:
+                del model
+                model = od.load_model(cfg.model, dtype=dtype, device=device, seed=cfg.seed)
+                model._bench_dtype = dtype
+                forced = {}
+            vocab = model.config.get_text_config().vocab_size
+            eos_id = (default_eos(model) or (vocab - 1,))[0]
+            ids = prompt(batch, cfg.prompt_len, vocab, device, cfg.seed)
+            print(f"STEP {i} {dtype} b{batch} {workload} n{n} {name}", flush=True)
+            base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
+                        prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload)
+            try:
+                if workload == "profile":
+                    run = _runner(name, model, ids, n, [], eos_id)
+                    run()  # same shape as the sweep's shortest length: compiled already
+                    row = dict(base, strategy=name, **{"busy": _busy(run, device)})
+                elif workload == "eos":
+                    if batch not in forced:
+                        forced[batch] = ForcedEOS(model, eos_id, cfg.prompt_len, batch, device)
+                    f = forced[batch]
+                    f.set_steps(eos_steps(batch, n))
+                    with f:
+                        row = dict(base, **measure(cfg, name, model, ids, n, [eos_id], eos_id, device))
+                    row["eos_steps"] = eos_steps(batch, n)
+                else:
+                    row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device))
+            except torch.cuda.OutOfMemoryError as err:  # a figure we could not get is recorded as such
+                row = dict(base, strategy=name, error=f"out of memory: {err}".splitlines()[0])
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+        drop_static_caches(model)
+    print("DONE", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="one benchmark process (started by `overlapdecode bench`)")
+    ap.add_argument("--config", required=True, help="BenchConfig as JSON")
+    ap.add_argument("--out", required=True, help="JSON-lines file to append rows to")
+    args = ap.parse_args(argv)
+    with open(args.config) as f:
+        raw = json.load(f)
+    cfg = BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+    run_worker(cfg, args.out)
+    return 0
+
+
+def config_json(cfg: BenchConfig) -> str:
+    return json.dumps(asdict(cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Benchmark inputs: seeded random prompts, and EOS forced per row at chosen steps.
+
+With random weights EOS comes whenever it comes, so the `eos` workload forces it: a forward hook raises the
+EOS logit of row r at the position whose next token is generated token s_r. It acts inside the model call
+(all on the device, compile- and graph-friendly), so every strategy and every Hugging Face peer meets the
+same stops, and early stopping and the late stop check are exercised at known steps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+WORKLOADS = ("fixed", "eos")
+
+
+def prompt(batch: int, prompt_len: int, vocab: int, device, seed: int = 0) -> torch.Tensor:
+    """(B, P) random ids (no padding: every row has the same length, as the reference measured)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab - 1, (batch, prompt_len), generator=g).to(device)
+
+
+def eos_steps(batch: int, max_new_tokens: int) -> list[int]:
+    """Generated-token index at which each row emits EOS: spread from 1/4 to 3/4 of the run."""
+    if batch == 1:
+        return [max(0, max_new_tokens // 2)]
+    return [round((max_new_tokens - 1) * (0.25 + 0.5 * r / (batch - 1))) for r in range(batch)]
+
+
+class ForcedEOS:
+    """Context manager: while active, row r of `model` emits `eos_id` as generated token `steps[r]`.
+
+    Registering a hook changes what a compiled step must do, so keep one instance per batch size and move
+    the stops with `set_steps` (in place: the compiled graph keeps reading the same buffer).
+    """
+
+    def __init__(self, model, eos_id: int, prompt_len: int, batch: int, device):
+        self.model = model
+        self.eos_id = eos_id
+        self.prompt_len = prompt_len
+        self.stop_pos = torch.full((batch,), -1, dtype=torch.long, device=device)  # (B,)
+        self.handle = None
+
+    def set_steps(self, steps: list[int]) -> None:
+        # the logits at position p choose the token at p + 1: generated token s comes from position P - 1 + s
+        self.stop_pos.copy_(torch.tensor(steps, dtype=torch.long) + self.prompt_len - 1)
+
+    def _hook(self, module, args, kwargs, output):
+        pos = kwargs.get("position_ids")
+        if pos is None:
+            raise RuntimeError("ForcedEOS needs position_ids passed by keyword (generate and HF generate do)")
+        hit = pos[:, -1] == self.stop_pos  # (B,)
+        logits = output.logits  # (B, T, V)
+        logits[:, -1, self.eos_id] = torch.where(hit, 1e4, logits[:, -1, self.eos_id])
+        return output
+
+    def __enter__(self):
+        self.handle = self.model.register_forward_hook(self._hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+        return False
