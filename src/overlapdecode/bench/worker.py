@@ -132,22 +132,25 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
     eos_lengths = list(cfg.eos_lengths) or [max(cfg.lengths)]
     plan = []
     for dtype in cfg.dtypes:
-        for batch in cfg.batches:
-            for workload in cfg.workloads:
-                for n in cfg.lengths if workload == "fixed" else eos_lengths:
+        # eos rows last: their hook stays registered until the model of this dtype is dropped
+        for workload in [w for w in cfg.workloads if w == "fixed"] + (["profile"] if cfg.profile else []) + [
+            w for w in cfg.workloads if w == "eos"
+        ]:
+            for batch in cfg.batches:
+                lengths = {"fixed": cfg.lengths, "profile": [min(cfg.lengths)], "eos": eos_lengths}[workload]
+                for n in lengths:
                     for name in names:
                         plan.append((dtype, batch, workload, n, name))
-            if cfg.profile:
-                plan += [(dtype, batch, "profile", min(cfg.lengths), name) for name in names]
     print(f"PLAN {len(plan)}", flush=True)
     model = None
     with open(out_path, "a") as sink:
         for i, (dtype, batch, workload, n, name) in enumerate(plan):
             if model is None or model._bench_dtype != dtype:
-                del model
+                if model is not None:
+                    drop_static_caches(model)
+                model = forced = None
                 model = od.load_model(cfg.model, dtype=dtype, device=device, seed=cfg.seed)
                 model._bench_dtype = dtype
-                forced = {}
             vocab = model.config.get_text_config().vocab_size
             eos_id = (default_eos(model) or (vocab - 1,))[0]
             ids = prompt(batch, cfg.prompt_len, vocab, device, cfg.seed)
@@ -160,12 +163,10 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                     run()  # same shape as the sweep's shortest length: compiled already
                     row = dict(base, strategy=name, **{"busy": _busy(run, device)})
                 elif workload == "eos":
-                    if batch not in forced:
-                        forced[batch] = ForcedEOS(model, eos_id, cfg.prompt_len, batch, device)
-                    f = forced[batch]
-                    f.set_steps(eos_steps(batch, n))
-                    with f:
-                        row = dict(base, **measure(cfg, name, model, ids, n, [eos_id], eos_id, device))
+                    if forced is None:  # registered once, kept: see the plan's order
+                        forced = ForcedEOS(model, eos_id, max(cfg.batches), device).__enter__()
+                    forced.set_steps(eos_steps(batch, n), [cfg.prompt_len] * batch)
+                    row = dict(base, **measure(cfg, name, model, ids, n, [eos_id], eos_id, device))
                     row["eos_steps"] = eos_steps(batch, n)
                 else:
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device))
@@ -173,7 +174,6 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 row = dict(base, strategy=name, error=f"out of memory: {err}".splitlines()[0])
             sink.write(json.dumps(row) + "\n")
             sink.flush()
-        drop_static_caches(model)
     print("DONE", flush=True)
 
 

@@ -29,26 +29,28 @@ def eos_steps(batch: int, max_new_tokens: int) -> list[int]:
 class ForcedEOS:
     """Context manager: while active, row r of `model` emits `eos_id` as generated token `steps[r]`.
 
-    Registering a hook changes what a compiled step must do, so keep one instance per batch size and move
-    the stops with `set_steps` (in place: the compiled graph keeps reading the same buffer).
+    Registering a hook changes what a compiled step must do (and dynamo guards on it), so register one
+    instance once, for batches up to `capacity`, and move the stops with `set_steps`: in place, so a
+    compiled graph keeps reading the same buffer.
     """
 
-    def __init__(self, model, eos_id: int, prompt_len: int, batch: int, device):
+    def __init__(self, model, eos_id: int, capacity: int, device):
         self.model = model
         self.eos_id = eos_id
-        self.prompt_len = prompt_len
-        self.stop_pos = torch.full((batch,), -1, dtype=torch.long, device=device)  # (B,)
+        self.stop_pos = torch.full((capacity,), -1, dtype=torch.long, device=device)  # (capacity,)
         self.handle = None
 
-    def set_steps(self, steps: list[int]) -> None:
-        # the logits at position p choose the token at p + 1: generated token s comes from position P - 1 + s
-        self.stop_pos.copy_(torch.tensor(steps, dtype=torch.long) + self.prompt_len - 1)
+    def set_steps(self, steps: list[int], prompt_lens: list[int]) -> None:
+        """Row r stops at generated token steps[r]; prompt_lens[r] = its real (unpadded) prompt length."""
+        # the logits at position p choose the token at p + 1: generated token s comes from position len - 1 + s
+        pos = [s + n - 1 for s, n in zip(steps, prompt_lens)]
+        self.stop_pos[: len(pos)].copy_(torch.tensor(pos, dtype=torch.long))
 
     def _hook(self, module, args, kwargs, output):
         pos = kwargs.get("position_ids")
         if pos is None:
             raise RuntimeError("ForcedEOS needs position_ids passed by keyword (generate and HF generate do)")
-        hit = pos[:, -1] == self.stop_pos  # (B,)
+        hit = pos[:, -1] == self.stop_pos[: pos.shape[0]]  # (B,)
         logits = output.logits  # (B, T, V)
         logits[:, -1, self.eos_id] = torch.where(hit, 1e4, logits[:, -1, self.eos_id])
         return output

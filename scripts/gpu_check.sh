@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU proof, in stages: run on a CUDA machine from the repository root, results under $OUT (default ./gpu-out).
+#   bash scripts/gpu_check.sh tests      # GPU tests, then the eager stream paths under TORCH_CUDA_SANITIZER=1
+#   bash scripts/gpu_check.sh profile    # profiler timelines for compiled and interleaved at batch 1
+#   bash scripts/gpu_check.sh bench ARGS # overlapdecode bench ARGS --out $OUT/bench
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+stage=${1:-tests}; shift || true
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
+case "$stage" in
+  tests)
+    python3 -m pytest -m cuda tests/gpu -q -x -p no:cacheprovider -s 2>&1 | tee "$OUT/gpu-tests.log" | grep -v "^$" | tail -25
+    echo "== sanitizer (eager stream paths) =="
+    TORCH_CUDA_SANITIZER=1 python3 -m pytest -m cuda tests/gpu -q -p no:cacheprovider -k "eager and not gpt2-random" \
+      2>&1 | tee "$OUT/gpu-sanitizer.log" | tail -8
+    ;;
+  profile)
+    python3 -m overlapdecode.cli profile --model gpt2-random --strategies compiled,interleaved,deferred,nocheck \
+      --batch 1 --new-tokens 64 --out "$OUT/profile" 2>&1 | tee "$OUT/profile.log" | tail -8
+    ;;
+  bench)
+    python3 -m overlapdecode.cli bench "$@" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -60
+    ;;
+esac
