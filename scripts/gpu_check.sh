@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The GPU proof, in stages: run on a CUDA machine from the repository root, results under $OUT (default ./gpu-out).
+# The GPU proof, in stages: run on a CUDA machine from the repository root; results under $WORK (default
+# ./gpu-out), and `pack` tars $WORK into $OUT/gpu-work.tgz (the device tool returns few files).
 #   bash scripts/gpu_check.sh tests      # GPU tests, then the eager stream paths under TORCH_CUDA_SANITIZER=1
 #   bash scripts/gpu_check.sh profile    # profiler timelines for compiled and interleaved at batch 1
-#   bash scripts/gpu_check.sh bench ARGS # overlapdecode bench ARGS --out $OUT/bench
+#   bash scripts/gpu_check.sh bench ARGS # overlapdecode bench ARGS --out $WORK/bench
+#   bash scripts/gpu_check.sh pack
 set -uo pipefail
-OUT=${OUT:-gpu-out}
+OUT=${WORK:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 stage=${1:-tests}; shift || true
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
+[ "$stage" = pack ] || nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+[ "$stage" = pack ] || python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
 case "$stage" in
   tests)
     python3 -m pytest -m cuda tests/gpu -q -x -p no:cacheprovider -s 2>&1 | tee "$OUT/gpu-tests.log" | grep -v "^$" | tail -25
@@ -22,6 +24,10 @@ case "$stage" in
       --batch 1 --new-tokens 64 --out "$OUT/profile" 2>&1 | tee "$OUT/profile.log" | tail -8
     ;;
   bench)
-    python3 -m overlapdecode.cli bench "$@" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -60
+    name=${BENCH_NAME:-bench}
+    python3 -m overlapdecode.cli bench "$@" --out "$OUT/$name" 2>&1 | tee "$OUT/$name.log" | tail -60
+    ;;
+  pack)
+    tar czf "${DEST:?set DEST to the folder that comes back}/gpu-work.tgz" -C "$OUT" . && ls -la "$DEST"
     ;;
 esac
