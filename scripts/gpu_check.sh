@@ -14,7 +14,7 @@ stage=${1:-tests}; shift || true
 [ "$stage" = pack ] || python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
 case "$stage" in
   tests)
-    python3 -m pytest -m cuda tests/gpu -q -x -p no:cacheprovider -s 2>&1 | tee "$OUT/gpu-tests.log" | grep -v "^$" | tail -25
+    python3 -m pytest -m cuda tests/gpu -q -p no:cacheprovider -s 2>&1 | tee "$OUT/gpu-tests.log" | grep -v "^$" | tail -25
     echo "== sanitizer (eager stream paths) =="
     TORCH_CUDA_SANITIZER=1 python3 -m pytest -m cuda tests/gpu -q -p no:cacheprovider -k "eager and not gpt2-random" \
       2>&1 | tee "$OUT/gpu-sanitizer.log" | tail -8
