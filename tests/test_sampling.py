@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import overlapdecode as od
-from conftest import make_batch
+from helpers import make_batch
 from overlapdecode.sampling import SamplingParams, pick_next
 
 N = 16

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import overlapdecode as od
-from conftest import hf_generate, make_batch, naive_generate
+from helpers import hf_generate, make_batch, naive_generate
 from overlapdecode.stopping import mark_finished, steps_until_all_finished
 
 N = 12

@@ -57,7 +57,7 @@ class NoCache:
         self.prompt_len = prompt_len
         assert self.position_ids.shape[1] == total
 
-    def model_kwargs(self, step: int, tokens: torch.Tensor | None, position_ids: torch.Tensor | None) -> dict:
+    def model_kwargs(self, step: int) -> dict:
         end = self.prompt_len + step  # step j sees the prompt and tokens 0 .. j-1
         return dict(
             input_ids=self.out[:, :end],
@@ -80,7 +80,9 @@ class _WithCache:
     def mask_for_step(self, step: int) -> torch.Tensor:
         raise NotImplementedError
 
-    def model_kwargs(self, step: int, tokens: torch.Tensor | None, position_ids: torch.Tensor | None) -> dict:
+    def model_kwargs(self, step: int) -> dict:
+        """Step 0: the prompt. Later steps: everything but the token and its position, which the decode step
+        takes from its state (so that a compiled step reads them inside its graph)."""
         if step == 0:
             return dict(
                 input_ids=self.input_ids,
@@ -90,14 +92,8 @@ class _WithCache:
                 use_cache=True,
                 logits_to_keep=1,
             )
-        return dict(
-            input_ids=tokens,  # (B, 1)
-            attention_mask=self.mask_for_step(step),
-            position_ids=position_ids,  # (B, 1)
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        return dict(attention_mask=self.mask_for_step(step), past_key_values=self.cache, use_cache=True,
+                    logits_to_keep=1)
 
 
 class DynamicKV(_WithCache):
@@ -123,8 +119,8 @@ class StaticKV(_WithCache):
     def __init__(self, model, input_ids, attention_mask, max_new_tokens: int):
         B, P = input_ids.shape
         max_cache_len = static_cache_len(P, max_new_tokens)
-        cache = _static_cache_for(model, B, max_cache_len)
-        full = torch.ones((B, max_cache_len), dtype=attention_mask.dtype, device=input_ids.device)
+        cache, full = _static_cache_for(model, B, max_cache_len)
+        full.fill_(1)
         full[:, :P] = attention_mask
         super().__init__(cache, input_ids, full, P)
         self.max_cache_len = max_cache_len
@@ -133,24 +129,32 @@ class StaticKV(_WithCache):
         return self.full_mask  # fixed shape and address: what a CUDA graph needs
 
 
-def _static_cache_for(model, batch_size: int, max_cache_len: int) -> StaticCache:
-    """A reset `StaticCache` kept on the model per (batch, length), so compiled graphs see the same tensors."""
+def _static_cache_for(model, batch_size: int, max_cache_len: int) -> tuple[StaticCache, torch.Tensor]:
+    """A reset `StaticCache` and its (B, max_cache_len) mask buffer, kept on the model per shape.
+
+    Kept so that a compiled graph sees the same tensors call after call: the cache's are marked static
+    addresses by Hugging Face, the mask's here, so neither is copied into the graph at each replay.
+    """
     store = model.__dict__.setdefault("_overlapdecode_static_caches", OrderedDict())
-    key = (batch_size, max_cache_len, next(model.parameters()).dtype, next(model.parameters()).device)
-    cache = store.pop(key, None)
-    if cache is None:
+    param = next(model.parameters())
+    key = (batch_size, max_cache_len, param.dtype, param.device)
+    entry = store.pop(key, None)
+    if entry is None:
         cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
         if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
             raise ValueError(
                 "strategy: this model has sliding-window layers, whose Hugging Face static cache keeps a Python "
                 "counter (one recompilation per step); use strategy='kv' for it"
             )
+        mask = torch.ones((batch_size, max_cache_len), dtype=torch.long, device=param.device)
+        torch._dynamo.mark_static_address(mask)
+        entry = (cache, mask)
     else:
-        cache.reset()  # writes restart at 0: the counter lives on the device, not in our step index
-    store[key] = cache
+        entry[0].reset()  # writes restart at 0: the counter lives on the device, not in our step index
+    store[key] = entry
     while len(store) > _KEEP_STATIC:
         store.popitem(last=False)
-    return cache
+    return entry
 
 
 def drop_static_caches(model) -> None:

@@ -79,16 +79,20 @@ def resolve_strategy(strategy) -> Strategy:
     raise TypeError(f"strategy must be a preset name or an overlapdecode.Strategy, got {type(strategy).__name__}")
 
 
-def decode_step(model, model_kwargs: dict, finished, eos_ids, pad_id: int, noise, params: SamplingParams):
+def decode_step(model, model_kwargs: dict, state, eos_ids, pad_id: int, noise, params: SamplingParams):
     """One forward and token choice, all on the device.
 
-    -> tokens (B,), finished (B,), all-finished flag (0-d), next position ids (B, 1).
+    `state` (B, 3) long holds, per row, the last token, its position and the finished flag. A decode step
+    (no `input_ids` in `model_kwargs`) feeds the token at its position; the prefill passes the prompt.
+    -> the new state (B, 3) and the all-finished flag (0-d bool).
     """
+    if "input_ids" not in model_kwargs:
+        model_kwargs = dict(model_kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
     logits = model(**model_kwargs).logits[:, -1, :]  # (B, V)
     tokens = pick_next(logits, noise, params)
-    tokens, finished, done = mark_finished(tokens, finished, eos_ids, pad_id)
-    next_pos = model_kwargs["position_ids"][:, -1:] + 1  # (B, 1)
-    return tokens, finished, done, next_pos
+    tokens, finished, done = mark_finished(tokens, state[:, 2].bool(), eos_ids, pad_id)
+    next_pos = model_kwargs["position_ids"][:, -1] + 1  # (B,)
+    return torch.stack([tokens, next_pos, finished.long()], dim=1), done
 
 
 @functools.cache
@@ -150,7 +154,9 @@ def _decode(model, req: Request, strat: Strategy, params: SamplingParams, seed, 
     out[:, :P] = req.input_ids
     cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N)
     eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
+    # outputs are overwritten by its next replay, so they are copied here before the next step runs.
+    state = torch.zeros((B, 3), dtype=torch.long, device=device)
     generator = make_generator(params, seed, device)
     vocab_out = model.get_output_embeddings().weight.shape[0]
     check = make_check(strat.stop_check, device, B, want_tokens=streamer is not None, lag=strat.lag)
@@ -159,19 +165,19 @@ def _decode(model, req: Request, strat: Strategy, params: SamplingParams, seed, 
 
     # 2) the loop: step j enqueues token j; the stop flag of step j - lag is read after it
     n = N
-    tokens = pos = None
     stopped = False
     for j in range(N):
         with check.step(j), markers.phase(markers.PREFILL if j == 0 else markers.DECODE_STEP, cuda):
-            kwargs = cache.model_kwargs(j, None if tokens is None else tokens[:, None], pos)
+            kwargs = cache.model_kwargs(j)
             noise = draw_noise((B, vocab_out), device, generator)
             if j == 0 or not strat.compile:
-                tokens, finished, done, pos = decode_step(model, kwargs, finished, eos_ids, req.pad_id, noise, params)
+                new_state, done = decode_step(model, kwargs, state, eos_ids, req.pad_id, noise, params)
             else:
-                torch.compiler.cudagraph_mark_step_begin()  # last step's graph outputs may be overwritten
-                tokens, finished, done, pos = step_fn(model, kwargs, finished, eos_ids, req.pad_id, noise, params)
-            out[:, P + j] = tokens  # also the copy that outlives the graph's output buffer
-            check.publish(j, done, tokens)
+                torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
+                new_state, done = step_fn(model, kwargs, state, eos_ids, req.pad_id, noise, params)
+            state.copy_(new_state)  # before the next replay overwrites new_state
+            out[:, P + j] = state[:, 0]
+            check.publish(j, done, state[:, 0])
         if isinstance(check, EndCheck) or j - lag < 0:
             continue
         with markers.phase(markers.STOP_CHECK, cuda):

@@ -1,0 +1,65 @@
+"""The two oracles (independent of the package: Hugging Face `generate()` and a naive no-cache loop written
+here from scratch) and the test batches."""
+
+from __future__ import annotations
+
+import torch
+
+P = 8  # prompt length of the shared batches; P + new tokens stays <= 64 so compiled tests share one graph
+
+
+def make_batch(batch: int, seed: int = 0, prompt_len: int = P):
+    """Random ids with left padding on every other row (pad positions hold a real id, as tokenizers do)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 990, (batch, prompt_len), generator=g)
+    mask = torch.ones_like(ids)
+    for row in range(1, batch, 2):
+        mask[row, : 1 + row % (prompt_len - 1)] = 0
+    return ids, mask
+
+
+def hf_generate(model, ids, mask, max_new_tokens, eos, pad):
+    return model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+
+
+@torch.no_grad()
+def naive_generate(model, ids, mask, max_new_tokens, eos, pad):
+    """The no-cache oracle: re-run the whole sequence each step, positions as Hugging Face makes them."""
+    eos_t = torch.tensor(eos, dtype=torch.long)
+    seq, m = ids.clone(), mask.clone()
+    finished = torch.zeros(ids.shape[0], dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        pos = (m.cumsum(-1) - 1).masked_fill(m == 0, 0)
+        logits = model(input_ids=seq, attention_mask=m, position_ids=pos).logits[:, -1]
+        tok = logits.argmax(-1)
+        tok = torch.where(finished, pad, tok)
+        finished |= torch.isin(tok, eos_t)
+        seq = torch.cat([seq, tok[:, None]], 1)
+        m = torch.cat([m, torch.ones_like(tok[:, None])], 1)
+        if finished.all():
+            break
+    return seq
+
+
+def eos_hit_midway(model, ids, mask, max_new_tokens, rows_that_stop):
+    """EOS ids chosen from a free run so that exactly the rows in `rows_that_stop` emit one mid-way.
+
+    Returns the list of EOS ids, or None when no such choice exists for this batch.
+    """
+    free = naive_generate(model, ids, mask, max_new_tokens, [], 0)[:, ids.shape[1] :]
+    others = {int(t) for r in range(free.shape[0]) if r not in rows_that_stop for t in free[r]}
+    eos = []
+    for r in rows_that_stop:
+        row = [int(t) for t in free[r]]
+        cands = [t for t in row[1 : max_new_tokens - 2] if t not in others]
+        if not cands:
+            return None
+        eos.append(cands[0])
+    return eos
