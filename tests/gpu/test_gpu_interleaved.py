@@ -134,3 +134,17 @@ def test_pingpong_does_not_raise_peak_reserved():
         peaks[preset] = torch.cuda.max_memory_reserved()
     print({k: v / 2**20 for k, v in peaks.items()})
     assert peaks["interleaved"] <= peaks["compiled"] * 1.02 + 2 * 2**20, peaks
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("TORCH_CUDA_SANITIZER"), reason="run under TORCH_CUDA_SANITIZER=1")
+def test_eager_sanitizer_catches_a_planted_race():
+    """Proof that the sanitizer run can fail: an unordered write on two streams must be reported."""
+    from torch.cuda._sanitizer import CUDASanitizerErrors
+
+    a = torch.ones(1 << 20, device=DEV)
+    side = torch.cuda.Stream()
+    with pytest.raises(CUDASanitizerErrors):
+        with torch.cuda.stream(side):
+            a.add_(1)  # written on the side stream ...
+        a.mul_(2)  # ... and on the default stream, with no event between them
+    torch.cuda.synchronize()

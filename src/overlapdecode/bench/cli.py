@@ -16,6 +16,8 @@ def add_commands(sub) -> None:
     b.add_argument("--peers", default="hf-dynamic,hf-static,hf-compiled", help="Hugging Face peers, or 'none'")
     b.add_argument("--lengths", default=None, help="new tokens per sequence (default: 64,96 CUDA; 16,48 CPU)")
     b.add_argument("--batch", default="1")
+    b.add_argument("--dtype-batch", default=None,
+                   help="dtype:batch pairs instead of every dtype x batch, e.g. float32:1,bfloat16:8")
     b.add_argument("--dtype", default="float32", help="comma-separated: float32,bfloat16,float16")
     b.add_argument("--allocator", default="default", help="default,expandable (each in its own process)")
     b.add_argument("--workloads", default="fixed", help="fixed (EOS disabled), eos (EOS forced per row)")
@@ -25,6 +27,9 @@ def add_commands(sub) -> None:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--no-profile", action="store_true", help="skip the GPU busy-fraction profile")
     b.add_argument("--device", default=None)
+    b.add_argument("--time-budget", type=float, default=None,
+                   help="seconds; configurations not started by then are recorded as not run")
+    b.add_argument("--append", action="store_true", help="add to the results already in --out")
     b.add_argument("--out", default="bench-out")
 
     p = sub.add_parser("profile", help="profiler trace, timeline and GPU-idle summary per strategy")
@@ -85,6 +90,21 @@ def bench_config(args):
             parse_dtype(d)
         except ValueError as err:
             raise CliError(f"--dtype: {err}") from None
+    pairs = ()
+    if args.dtype_batch:
+        pairs = tuple(_names(args.dtype_batch))
+        for p in pairs:
+            d, _, b = p.partition(":")
+            if not b.isdigit() or int(b) < 1:
+                raise CliError(f"--dtype-batch takes dtype:batch pairs such as bfloat16:8, got {p!r}")
+            try:
+                parse_dtype(d)
+            except ValueError as err:
+                raise CliError(f"--dtype-batch: {err}") from None
+        dtypes = tuple(dict.fromkeys(p.split(":")[0] for p in pairs))
+        batches = tuple(dict.fromkeys(int(p.split(":")[1]) for p in pairs))
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise CliError("--time-budget must be > 0 seconds")
     allocators = _check_names(_names(args.allocator), list(ALLOCATORS), "--allocator")
     if "expandable" in allocators and not cuda:
         raise CliError("--allocator expandable needs CUDA (it configures the CUDA caching allocator)")
@@ -98,7 +118,7 @@ def bench_config(args):
     model = args.model or ("gpt2-random" if cuda else "tiny-gpt2")
     _check_positions(model, prompt_len, max(lengths + eos_lengths))
     return BenchConfig(model=model, strategies=strategies, peers=peers, lengths=lengths, batches=batches,
-                       dtypes=dtypes, allocators=allocators, workloads=workloads, eos_lengths=eos_lengths,
+                       dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators, workloads=workloads, eos_lengths=eos_lengths,
                        prompt_len=prompt_len, warmup=args.warmup, repeats=args.repeats, profile=not args.no_profile,
                        device=args.device)
 
@@ -123,7 +143,7 @@ def cmd_bench(args) -> int:
     cfg = bench_config(args)
     command = "overlapdecode " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
-        results = run_bench(cfg, args.out, command)
+        results = run_bench(cfg, args.out, command, append=args.append)
     except BenchError as err:
         raise CliError(str(err)) from None
     console = Console()

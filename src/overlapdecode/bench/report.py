@@ -166,7 +166,7 @@ def build(out_dir: str) -> str:
     env = results["environment"]
     gpu_rows = [r for r in rows if r.get("device", "").startswith("cuda")]
     md = ["# overlapdecode benchmark report", ""]
-    md.append(f"Command: `{results['command']}`")
+    md.append("Made by: " + "; then ".join(f"`{c}`" for c in results["commands"]))
     md.append("")
     md.append(
         f"Machine: {env.get('gpu') or 'CPU only'}; torch {env['torch']}, transformers {env['transformers']}, "
@@ -223,7 +223,7 @@ def build(out_dir: str) -> str:
         md.append(_table(["allocator", "dtype", "batch", "max new", "strategy", "steps run", "s/seq", "ms/token"],
                          body))
 
-    busy = [r for r in rows if r.get("workload") == "profile"]
+    busy = [r for r in rows if r.get("workload") == "profile" and "busy" in r]
     if busy:
         md += ["", "## GPU busy fraction over the decode loop (PyTorch profiler, one call)", ""]
         body = []
@@ -336,7 +336,7 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
         plt.close(fig)
         written.append(("memory.png", "peak reserved vs allocated per preset and allocator"))
 
-    busy = [r for r in rows if r.get("workload") == "profile"]
+    busy = [r for r in rows if r.get("workload") == "profile" and "busy" in r]
     if busy:
         bkeys = sorted({(r["allocator"], r["dtype"], r["batch"]) for r in busy})
         fig, axes = plt.subplots(1, len(bkeys), figsize=(5.5 * len(bkeys), 4.2), squeeze=False)

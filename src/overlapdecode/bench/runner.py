@@ -77,8 +77,20 @@ def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_lin
         raise BenchError(f"the {allocator} worker failed (exit {proc.returncode}); end of {log_path}:\n" + "\n".join(tail))
 
 
-def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True) -> dict:
-    """Run the sweep into `out_dir` and build its report; returns the results dict."""
+def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, append=False) -> dict:
+    """Run the sweep into `out_dir` and build its report; returns the results dict.
+
+    `append`: add the rows to those of an earlier run in `out_dir` (same model and prompt length), so that
+    one report covers sweeps too long for one go; every command is kept.
+    """
+    earlier = None
+    if append:
+        from .report import load
+
+        earlier = load(out_dir)
+        if earlier["config"]["model"] != cfg.model or earlier["config"]["prompt_len"] != cfg.prompt_len:
+            raise BenchError(f"--append: {out_dir} holds {earlier['config']['model']} with prompt "
+                             f"{earlier['config']['prompt_len']}, not {cfg.model} with prompt {cfg.prompt_len}")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from . import report
@@ -109,7 +121,11 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True) -> di
 
     with open(rows_path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    results = dict(command=command, environment=environment(), config=asdict(cfg), rows=rows)
+    results = dict(commands=[command], environment=environment(), config=asdict(cfg), rows=rows)
+    if earlier is not None:
+        results["commands"] = earlier["commands"] + [command]
+        results["configs"] = earlier.get("configs", [earlier["config"]]) + [asdict(cfg)]
+        results["rows"] = earlier["rows"] + rows
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     os.remove(rows_path)

@@ -6,8 +6,8 @@ they are measured; progress lines go to stdout for the runner's progress bar.
 
 Per configuration: a first call (compile and CUDA-graph recording included, reported as `first_call_s`),
 `warmup` more calls, then `repeats` timed calls (host clock around a synchronised call; the median is the
-figure), `repeats` timed one-token calls for time to first token, and one call between `memory.start` and
-`memory.stop` for the allocator figures. The GPU busy fraction comes from one profiled call per strategy at
+figure; the last one starts from an emptied allocator cache and gives the allocator figures), then
+`repeats` timed one-token calls for time to first token. The GPU busy fraction comes from one profiled call per strategy at
 the shortest length (timeline.analyze).
 """
 
@@ -44,6 +44,8 @@ class BenchConfig:
     allocators: tuple[str, ...] = ("default",)
     workloads: tuple[str, ...] = ("fixed",)
     eos_lengths: tuple[int, ...] = ()  # lengths of the eos workload; empty = the longest length
+    pairs: tuple[str, ...] = ()  # "dtype:batch" pairs measured instead of dtypes x batches, e.g. bfloat16:8
+    time_budget_s: float | None = None  # stop starting new configurations after this long (rest: "not run")
     prompt_len: int = 32
     warmup: int = 1
     repeats: int = 3
@@ -96,17 +98,17 @@ def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> di
     for _ in range(cfg.warmup):
         _timed(run, device)
     times = []
-    for _ in range(cfg.repeats):
+    for i in range(cfg.repeats):
+        # the allocator figures come from the last repeat, which starts from an emptied cache
+        before = memory.start(device) if i == cfg.repeats - 1 else None
         _sync(device)
         t = time.perf_counter()
         out = run()
         _sync(device)
         times.append(time.perf_counter() - t)
+    mem = memory.stop(device, before)
     run(1)  # warm the one-token path (a new cache shape)
     ttft = [_timed(lambda: run(1), device) for _ in range(cfg.repeats)]
-    before = memory.start(device)
-    run()
-    mem = memory.stop(device, before)
     B, P = ids.shape
     n_new = out.shape[1] - P
     med = statistics.median(times)
@@ -131,20 +133,30 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
     names = list(cfg.strategies) + list(cfg.peers)
     eos_lengths = list(cfg.eos_lengths) or [max(cfg.lengths)]
     plan = []
-    for dtype in cfg.dtypes:
+    combos = [(p.split(":")[0], int(p.split(":")[1])) for p in cfg.pairs] or [
+        (d, b) for d in cfg.dtypes for b in cfg.batches
+    ]
+    for dtype in dict.fromkeys(d for d, _ in combos):
         # eos rows last: their hook stays registered until the model of this dtype is dropped
         for workload in [w for w in cfg.workloads if w == "fixed"] + (["profile"] if cfg.profile else []) + [
             w for w in cfg.workloads if w == "eos"
         ]:
-            for batch in cfg.batches:
+            for batch in [b for d, b in combos if d == dtype]:
                 lengths = {"fixed": cfg.lengths, "profile": [min(cfg.lengths)], "eos": eos_lengths}[workload]
                 for n in lengths:
                     for name in names:
                         plan.append((dtype, batch, workload, n, name))
     print(f"PLAN {len(plan)}", flush=True)
     model = None
+    started = time.perf_counter()
     with open(out_path, "a") as sink:
         for i, (dtype, batch, workload, n, name) in enumerate(plan):
+            if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
+                base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
+                            prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload, strategy=name)
+                sink.write(json.dumps(dict(base, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent"))
+                           + "\n")
+                continue
             if model is None or model._bench_dtype != dtype:
                 if model is not None:
                     drop_static_caches(model)
@@ -164,7 +176,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                     row = dict(base, strategy=name, **{"busy": _busy(run, device)})
                 elif workload == "eos":
                     if forced is None:  # registered once, kept: see the plan's order
-                        forced = ForcedEOS(model, eos_id, max(cfg.batches), device).__enter__()
+                            forced = ForcedEOS(model, eos_id, max(b for _, b in combos), device).__enter__()
                     forced.set_steps(eos_steps(batch, n), [cfg.prompt_len] * batch)
                     row = dict(base, **measure(cfg, name, model, ids, n, [eos_id], eos_id, device))
                     row["eos_steps"] = eos_steps(batch, n)
