@@ -13,15 +13,16 @@ stage=${1:-tests}; shift || true
 [ "$stage" = pack ] || nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 [ "$stage" = pack ] || python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/gpu.txt"
 case "$stage" in
-  tests)
-    python3 -m pytest -m cuda tests/gpu -q -p no:cacheprovider -s 2>&1 | tee "$OUT/gpu-tests.log" | grep -v "^$" | tail -25
+  tests)  # TESTS / SAN_K narrow the run (defaults: the whole GPU suite; eager presets and eager stream paths)
+    python3 -m pytest -m cuda ${TESTS:-tests/gpu} -q -p no:cacheprovider -s 2>&1 | tee "$OUT/gpu-tests.log" \
+      | grep -v "^$" | tail -25
     echo "== sanitizer (eager stream paths) =="
-    TORCH_CUDA_SANITIZER=1 python3 -m pytest -m cuda tests/gpu -q -p no:cacheprovider -k "eager and not gpt2-random" \
-      2>&1 | tee "$OUT/gpu-sanitizer.log" | tail -8
+    TORCH_CUDA_SANITIZER=1 python3 -m pytest -m cuda tests/gpu -q -p no:cacheprovider -rA \
+      -k "${SAN_K:-eager and not gpt2-random}" 2>&1 | tee "$OUT/gpu-sanitizer.log" | grep -E "PASS|FAIL|SKIP|passed|failed" | tail -40
     ;;
   profile)
-    python3 -m overlapdecode.cli profile --model gpt2-random --strategies compiled,interleaved,deferred,nocheck \
-      --batch 1 --new-tokens 64 --out "$OUT/profile" 2>&1 | tee "$OUT/profile.log" | tail -8
+    python3 -m overlapdecode.cli profile --model gpt2-random --strategies ${PROFILE_STRATEGIES:-compiled,interleaved} \
+      --batch 1 --new-tokens ${PROFILE_TOKENS:-400} --out "$OUT/profile" 2>&1 | tee "$OUT/profile.log" | tail -8
     ;;
   bench)
     name=${BENCH_NAME:-bench}

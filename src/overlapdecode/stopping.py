@@ -26,6 +26,17 @@ import torch
 
 STOP_CHECKS = ("sync", "pingpong", "deferred", "end")
 
+# The ping-pong streams are made once per device and reused by every call: a new stream per call would
+# give each call fresh per-stream allocator pools (and library workspaces), raising reserved memory.
+_STREAMS: dict = {}
+
+
+def _side_streams(device: torch.device, n: int) -> list:
+    key = (torch.cuda.current_device() if device.index is None else device.index, n)
+    if key not in _STREAMS:
+        _STREAMS[key] = [torch.cuda.Stream(device) for _ in range(n)]
+    return _STREAMS[key]
+
 
 def mark_finished(tokens: torch.Tensor, finished: torch.Tensor, eos_ids: torch.Tensor, pad_id: int):
     """(B,) tokens, (B,) finished -> tokens with pad on finished rows, updated finished, 0-d "all done"."""
@@ -65,7 +76,7 @@ class StopCheck:
         self.events = [torch.cuda.Event() if self.cuda else _NoEvent() for _ in range(n_slots)]
         self.main = torch.cuda.current_stream(device) if self.cuda else None
         if self.cuda and self.n_streams > 1:
-            self.streams = [torch.cuda.Stream(device) for _ in range(self.n_streams)]
+            self.streams = _side_streams(device, self.n_streams)
             # stream hand-off: every buffer made before the loop (prompt, mask, cache, output) is ready
             for s in self.streams:
                 s.wait_stream(self.main)
@@ -78,9 +89,13 @@ class StopCheck:
 
     @contextlib.contextmanager
     def step(self, j: int):
-        """Run step j's enqueueing on its stream, ordered after step j-1."""
+        """Run step j's enqueueing on its stream, ordered after step j-1.
+
+        The prefill (step 0) stays on the caller's stream, so that its activations come from the same
+        allocator pool as in the sync loop; the decode steps alternate between the side streams.
+        """
         stream = self.streams[j % len(self.streams)]
-        if stream is None or len(self.streams) == 1:
+        if stream is None or len(self.streams) == 1 or j == 0:
             yield  # one stream: program order already orders the steps
         else:
             with torch.cuda.stream(stream):

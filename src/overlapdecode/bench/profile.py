@@ -8,6 +8,7 @@ and kernels per step. Without CUDA the trace holds only host events and the GPU 
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 
@@ -40,9 +41,9 @@ def profile_strategies(model_name: str, strategies, batch: int, new_tokens: int,
             run()
             if dev.type == "cuda":
                 torch.cuda.synchronize()
-        trace_path = os.path.join(out_dir, f"trace-{name}.json")
+        trace_path = os.path.join(out_dir, f"trace-{name}.json.gz")  # Perfetto and chrome://tracing read .gz
         prof.export_chrome_trace(trace_path)
-        with open(trace_path) as f:
+        with gzip.open(trace_path, "rt") as f:
             trace = json.load(f)
         summary = timeline.analyze(trace)
         png = os.path.join(out_dir, f"timeline-{name}.png")
