@@ -112,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # argparse prints its own one-line error and exits 2
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)  # argparse prints its own usage line and error, and exits 2
+    args.argv = argv
     handlers = {"generate": cmd_generate}
     from .bench import cli as bench_cli
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 
 from ..cli import CliError, _ints, _names
 
@@ -141,7 +140,7 @@ def cmd_bench(args) -> int:
     from .runner import BenchError, run_bench
 
     cfg = bench_config(args)
-    command = "overlapdecode " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "overlapdecode " + " ".join(shlex.quote(a) for a in args.argv)
     try:
         results = run_bench(cfg, args.out, command, append=args.append)
     except BenchError as err:

@@ -229,13 +229,17 @@ def build(out_dir: str) -> str:
         body = []
         for r in busy:
             b = r["busy"]
-            if b.get("available"):
+            if b.get("available") and b.get("decode_steps") is None:  # a peer: whole call, prefill included
+                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"],
+                             f"{b['busy_fraction'] * 100:.1f}% (whole call)", "-", f"{b['host_sync_ms']:.2f}", "-",
+                             "-"])
+            elif b.get("available"):
                 body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"], f"{b['busy_fraction'] * 100:.1f}%",
                              f"{b['median_idle_gap_us']:.1f}", f"{b['host_sync_ms']:.2f}",
                              f"{b['launches_per_step']:.1f}", f"{b['kernels_per_step']:.1f}"])
             else:
                 body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"], "unavailable: " + b["reason"],
-                             "-", _f(b.get("host_sync_ms")), _f(b.get("launches_per_step"), "{:.1f}"), "-"])
+                             "-", "-", "-", "-"])
         md.append(_table(["allocator", "dtype", "batch", "strategy", "GPU busy", "median idle gap us",
                           "host blocked ms", "launch calls/step", "kernels/step"], body))
 

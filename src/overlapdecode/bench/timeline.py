@@ -64,7 +64,7 @@ def analyze(trace: dict) -> dict:
     steps = loop["steps"]
     n = len(steps)
     if n == 0:
-        return dict(available=False, reason="no decode_step range in the trace", decode_steps=0)
+        return whole_call(trace)
     loop_start = steps[0]["start"]
     loop_end = max([steps[-1]["end"]] + [e for _, e in loop["checks"]])
     sync_us = sum(
@@ -94,6 +94,23 @@ def analyze(trace: dict) -> dict:
         median_idle_gap_us=statistics.median(gaps) if gaps else 0.0,
         kernels_per_step=kernels / n,
     )
+    return summary
+
+
+def whole_call(trace: dict) -> dict:
+    """For a call without our step ranges (a Hugging Face peer): busy fraction over all its GPU work."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    gpu = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") in GPU_CATS]
+    sync_us = sum(e.get("dur", 0) for e in events if e.get("cat") in RUNTIME_CATS and "Synchronize" in e["name"])
+    summary = dict(scope="whole call (no decode_step ranges: prefill included)", decode_steps=None,
+                   host_sync_ms=sync_us / 1e3)
+    if not gpu:
+        summary.update(available=False, reason="no GPU activity in the trace (CPU run): busy fraction unavailable")
+        return summary
+    start, end = min(s for s, _ in gpu), max(e for _, e in gpu)
+    busy = _union_length(gpu)
+    summary.update(available=True, busy_fraction=busy / (end - start) if end > start else 1.0,
+                   gpu_span_ms=(end - start) / 1e3, gpu_busy_ms=busy / 1e3)
     return summary
 
 

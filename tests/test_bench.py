@@ -1,0 +1,97 @@
+"""The benchmark end to end on tiny-gpt2 (CPU): JSON schema, every requested row, report and plots.
+
+A benchmark is never a timed test: nothing here asserts a speed, only that the figures exist and are sane.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from overlapdecode.bench.report import fit_exponent
+from overlapdecode.cli import main
+
+STRATEGIES = ["baseline", "kv", "static", "interleaved", "nocheck"]
+PEERS = ["hf-dynamic", "hf-static"]
+LENGTHS = [8, 24]
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("bench"))
+    rc = main(["bench", "--model", "tiny-gpt2", "--strategies", ",".join(STRATEGIES), "--peers", ",".join(PEERS),
+               "--lengths", ",".join(map(str, LENGTHS)), "--batch", "1,2", "--prompt-len", "8", "--workloads",
+               "fixed,eos", "--warmup", "0", "--repeats", "2", "--out", out, "--device", "cpu"])
+    assert rc == 0
+    return out
+
+
+def test_results_json_schema_and_rows(bench_dir):
+    with open(os.path.join(bench_dir, "results.json")) as f:
+        res = json.load(f)
+    assert res["commands"][0].startswith("overlapdecode bench")
+    env = res["environment"]
+    for key in ("torch", "transformers", "git_commit", "gpu", "python"):
+        assert key in env
+    rows = res["rows"]
+    fixed = {(r["strategy"], r["batch"], r["max_new_tokens"]) for r in rows if r["workload"] == "fixed"}
+    assert fixed == {(s, b, n) for s in STRATEGIES + PEERS for b in (1, 2) for n in LENGTHS}
+    for r in rows:
+        assert "error" not in r, r
+        assert r["allocator"] == "default" and r["dtype"] == "float32" and r["model"] == "tiny-gpt2"
+        if r["workload"] in ("fixed", "eos"):
+            assert r["seq_s"] > 0 and r["ms_per_token"] > 0 and r["tokens_per_s"] > 0 and r["ttft_ms"] > 0
+            assert len(r["seq_s_all"]) == 2 and min(r["seq_s_all"]) <= r["seq_s"] <= max(r["seq_s_all"])
+            assert r["peak_reserved_mb"] is None  # no CUDA: not faked
+        if r["workload"] == "fixed":
+            assert r["new_tokens"] == r["max_new_tokens"]
+    eos = [r for r in rows if r["workload"] == "eos"]
+    assert {(r["strategy"], r["batch"]) for r in eos} == {(s, b) for s in STRATEGIES + PEERS for b in (1, 2)}
+    for r in eos:  # the forced EOS really stopped every row where asked, for every strategy and peer
+        assert r["new_tokens"] == max(r["eos_steps"]) + 1
+    busy = [r for r in rows if r["workload"] == "profile"]
+    assert len(busy) == len(STRATEGIES + PEERS) * 2
+    assert all(r["busy"]["available"] is False for r in busy)
+
+
+def test_report_and_plots_written_and_rebuilt(bench_dir):
+    for name in ("report.md", "time_vs_length.png", "speedup.png", "busy.png"):
+        assert os.path.getsize(os.path.join(bench_dir, name)) > 0, name
+    os.remove(os.path.join(bench_dir, "report.md"))
+    assert main(["report", bench_dir]) == 0
+    text = open(os.path.join(bench_dir, "report.md")).read()
+    assert "## The brief's claims, checked against this run" in text
+    assert "| interleaved |" in text and "| hf-dynamic |" in text
+    assert "EOS forced per row" in text
+
+
+def test_fit_exponent():
+    assert fit_exponent([(10, 1.0), (20, 2.0), (40, 4.0)]) == pytest.approx(1.0)
+    assert fit_exponent([(10, 1.0), (20, 4.0), (40, 16.0)]) == pytest.approx(2.0)
+    assert fit_exponent([(10, 1.0)]) is None
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["bench", "--lengths", "10,x"], "--lengths takes comma-separated integers"),
+        (["bench", "--lengths", "0"], "--lengths values must be >= 1"),
+        (["bench", "--strategies", "fast"], "--strategies: unknown fast"),
+        (["bench", "--peers", "vllm"], "--peers: unknown vllm"),
+        (["bench", "--dtype", "float8"], "--dtype: dtype must be one of"),
+        (["bench", "--allocator", "expandable", "--device", "cpu"], "--allocator expandable needs CUDA"),
+        (["bench", "--dtype-batch", "float32"], "--dtype-batch takes dtype:batch pairs"),
+        (["bench", "--lengths", "1000", "--device", "cpu"], "exceeds tiny-gpt2's 256 positions"),
+        (["report", "/nonexistent/dir"], "results.json not found"),
+        (["generate", "--model", "tiny-gpt2", "--prompt", "hello"], "--prompt needs a tokenizer"),
+        (["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "warp"], "unknown strategy 'warp'"),
+        (["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,5000"], "outside the vocabulary"),
+        (["profile", "--strategies", "nope"], "--strategies: unknown nope"),
+    ],
+)
+def test_bad_flags_get_one_line(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "Traceback" not in err and len(err.splitlines()) == 1, err
