@@ -95,3 +95,26 @@ def test_bad_flags_get_one_line(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_interrupted_run_is_kept_and_gathered(bench_dir, tmp_path):
+    """A run stopped early (rows.jsonl, no results.json) is turned into a report marked interrupted."""
+    import shutil
+
+    d = tmp_path / "cut"
+    d.mkdir()
+    shutil.copy(os.path.join(bench_dir, "config.json"), d / "config.json")
+    res = json.load(open(os.path.join(bench_dir, "results.json")))
+    with open(d / "rows.jsonl", "w") as f:
+        f.write(json.dumps({"meta": res["environment"]}) + "\n")
+        for r in res["rows"][:5]:
+            f.write(json.dumps(r) + "\n")
+    assert main(["report", str(d)]) == 2  # says how to keep the rows, does not guess
+    assert main(["report", str(d), "--interrupted", "overlapdecode bench --lengths 8,24"]) == 0
+    kept = json.load(open(d / "results.json"))
+    assert kept["interrupted"] and len(kept["rows"]) == 5 and kept["environment"] == res["environment"]
+    assert "Interrupted run" in open(d / "report.md").read()
+    md = tmp_path / "ALL.md"
+    assert main(["report", bench_dir, str(d), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert text.count("### The brief's claims") == 2 and "(cut/time_vs_length.png)" in text

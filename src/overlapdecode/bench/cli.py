@@ -42,7 +42,11 @@ def add_commands(sub) -> None:
     p.add_argument("--out", default="profile-out")
 
     r = sub.add_parser("report", help="rebuild report.md and the plots of a bench directory from its JSON")
-    r.add_argument("dir")
+    r.add_argument("dir", nargs="+", help="bench directories (results.json) or profile directories (summary.json)")
+    r.add_argument("--markdown", default=None,
+                   help="also write one markdown file gathering every directory's report (e.g. BENCHMARKS.md)")
+    r.add_argument("--interrupted", metavar="COMMAND", default=None,
+                   help="DIR holds rows.jsonl of a run stopped early: keep its rows, recording COMMAND as its command")
 
 
 def _cuda(device) -> bool:
@@ -182,13 +186,27 @@ def cmd_profile(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import build
+    import os
 
-    try:
-        path = build(args.dir)
-    except FileNotFoundError as err:
-        raise CliError(str(err)) from None
-    print(f"report: {path}")
+    from .report import build
+    from .runner import finalize
+
+    from .report import gather
+
+    if args.interrupted is not None:
+        if len(args.dir) != 1 or not os.path.exists(os.path.join(args.dir[0], "rows.jsonl")):
+            raise CliError("--interrupted takes one directory holding rows.jsonl")
+        finalize(args.dir[0], args.interrupted, interrupted=True)
+    for d in args.dir:
+        if os.path.exists(os.path.join(d, "summary.json")) and not os.path.exists(os.path.join(d, "results.json")):
+            continue  # a profile directory: its summary.md is already written
+        try:
+            print(f"report: {build(d)}")
+        except FileNotFoundError as err:
+            raise CliError(str(err)) from None
+    if args.markdown:
+        gather(args.dir, args.markdown, "overlapdecode " + " ".join(shlex.quote(a) for a in args.argv))
+        print(f"gathered: {args.markdown}")
     return 0
 
 

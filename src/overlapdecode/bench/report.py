@@ -22,6 +22,11 @@ def _order(names):
 def load(out_dir: str) -> dict:
     path = os.path.join(out_dir, "results.json")
     if not os.path.exists(path):
+        if os.path.exists(os.path.join(out_dir, "rows.jsonl")) and os.path.exists(os.path.join(out_dir, "config.json")):
+            raise FileNotFoundError(
+                f"{path} not found but {out_dir} holds the rows of an interrupted run: "
+                f"`overlapdecode report {out_dir} --interrupted 'THE BENCH COMMAND'` keeps them"
+            )
         raise FileNotFoundError(f"{path} not found: run `overlapdecode bench --out {out_dir}` first")
     with open(path) as f:
         return json.load(f)
@@ -168,15 +173,24 @@ def build(out_dir: str) -> str:
     md = ["# overlapdecode benchmark report", ""]
     md.append("Made by: " + "; then ".join(f"`{c}`" for c in results["commands"]))
     md.append("")
-    md.append(
-        f"Machine: {env.get('gpu') or 'CPU only'}; torch {env['torch']}, transformers {env['transformers']}, "
-        f"CUDA {env.get('cuda')}, Python {env['python']}, commit {env['git_commit']}."
-    )
+    if results.get("interrupted"):
+        md += ["**Interrupted run**: its workers were stopped before the end (a time limit); the rows below are "
+               "those measured before that, and configurations missing from the tables were not measured.", ""]
+    if env.get("recorded") is False:
+        md.append(f"Machine: not recorded in the JSON ({env.get('note')}).")
+    else:
+        md.append(
+            f"Machine: {env.get('gpu') or 'CPU only'}; torch {env['torch']}, transformers {env['transformers']}, "
+            f"CUDA {env.get('cuda')}, Python {env['python']}, commit {env['git_commit']}."
+        )
     cfg = results["config"]
     md.append(
-        f"Model {cfg['model']}, prompt {cfg['prompt_len']} tokens, greedy; median of {cfg['repeats']} timed calls "
-        f"after {cfg['warmup']} warm-up call(s) (plus a first call, reported apart as `first call`: compile and "
-        f"CUDA-graph recording happen there). Fragmentation = (peak reserved - peak allocated) / peak reserved."
+        f"Model {cfg['model']}, prompt {cfg['prompt_len']} tokens, greedy; each figure is the median of "
+        + " / ".join(sorted({f"{c['repeats']} timed calls after {c['warmup']} warm-up call(s)"
+                             for c in results.get("configs", [cfg])}))
+        + " (plus a first call, reported apart as `first call`: compile and CUDA-graph recording happen there); "
+        "`spread` is (slowest - fastest) / median of the timed calls. "
+        "Fragmentation = (peak reserved - peak allocated) / peak reserved."
     )
     errors = [r for r in rows if "error" in r]
     if errors:
@@ -204,13 +218,14 @@ def build(out_dir: str) -> str:
                 continue
             body.append([
                 s, _f(r["seq_s"], "{:.3f}"), _f(r["ms_per_token"], "{:.3f}"), _f(r["tokens_per_s"], "{:.0f}"),
+                f"{(max(r['seq_s_all']) - min(r['seq_s_all'])) / r['seq_s'] * 100:.0f}%",
                 _f(r["ttft_ms"], "{:.2f}"), _f(r["first_call_s"], "{:.2f}"),
                 _f(base["seq_s"] / r["seq_s"], "{:.2f}x") if base else "-",
                 _f(r["peak_allocated_mb"], "{:.0f}"), _f(r["peak_reserved_mb"], "{:.0f}"),
                 _f(r["fragmentation"] and r["fragmentation"] * 100, "{:.1f}%"), _f(r["device_mallocs"], "{}"),
                 _f(r["alloc_requests"], "{}"),
             ])
-        md.append(_table(["strategy", "s/seq", "ms/token", "tok/s", "TTFT ms", "first call s", "vs baseline",
+        md.append(_table(["strategy", "s/seq", "ms/token", "tok/s", "spread", "TTFT ms", "first call s", "vs baseline",
                           "peak alloc MB", "peak reserved MB", "fragmentation", "cudaMalloc calls",
                           "alloc requests"], body))
 
@@ -283,7 +298,8 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
         ax.set_xlabel("new tokens N")
         ax.set_ylabel("seconds per sequence")
         ax.set_title(f"{key[1]}, batch {key[2]}, allocator {key[0]}")
-    axes[0][0].legend(fontsize=7)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "time_vs_length.png"), dpi=110)
     plt.close(fig)
@@ -306,7 +322,8 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
         ax.axhline(1, color="grey", linewidth=0.8)
         ax.set_ylabel("speed-up over baseline (x)")
         ax.set_title(f"{key[1]}, batch {key[2]}")
-    axes[0][0].legend(fontsize=7)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "speedup.png"), dpi=110)
     plt.close(fig)
@@ -334,7 +351,8 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
                           fontsize=8)
             ax.set_ylabel("MB at peak")
             ax.set_title(f"peak memory, {dtype}, batch {batch}, N={n}")
-        axes[0][0].legend(fontsize=7)
+        if axes[0][0].get_legend_handles_labels()[0]:
+            axes[0][0].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "memory.png"), dpi=110)
         plt.close(fig)
@@ -361,3 +379,27 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
         plt.close(fig)
         written.append(("busy.png", "GPU busy fraction per preset and peer"))
     return written
+
+
+def gather(dirs: list[str], path: str, command: str) -> None:
+    """One markdown file holding every directory's report (bench) or summary (profile), links rebased."""
+    import re
+
+    base = os.path.dirname(os.path.abspath(path))
+    parts = [
+        "# Benchmarks",
+        "",
+        f"Generated by `{command}` from the JSON in each directory below; nothing here is typed by hand. "
+        "Each section names the command that measured it.",
+    ]
+    for d in dirs:
+        rel = os.path.relpath(os.path.abspath(d), base)
+        name = "report.md" if os.path.exists(os.path.join(d, "results.json")) else "summary.md"
+        with open(os.path.join(d, name)) as f:
+            text = f.read()
+        text = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", text, flags=re.M)  # one level down
+        text = re.sub(r"\]\((?!https?:)([^)]+)\)", lambda m: f"]({rel}/{m.group(1)})", text)
+        text = re.sub(r"\| (trace-[^ |]+) \|", lambda m: f"| [{m.group(1)}]({rel}/{m.group(1)}) |", text)
+        parts += ["", f"## `{rel}`", "", text]
+    with open(path, "w") as f:
+        f.write("\n".join(parts) + "\n")

@@ -24,7 +24,11 @@ class BenchError(RuntimeError):
 
 
 def git_commit() -> str:
-    """The commit of the checkout this package runs from (or of the working directory), else 'unknown'."""
+    """The commit of the checkout this package runs from (or of the working directory), else 'unknown'.
+
+    OVERLAPDECODE_COMMIT overrides it, for copies of a checkout without .git (a remote GPU machine)."""
+    if os.environ.get("OVERLAPDECODE_COMMIT"):
+        return os.environ["OVERLAPDECODE_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
     for cwd in (here, os.getcwd()):
         try:
@@ -119,15 +123,31 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
 
             _worker(cfg_path, rows_path, allocator, os.path.join(out_dir, f"worker-{allocator}.log"), on_line)
 
+    results = finalize(out_dir, command, earlier)
+    report.build(out_dir)
+    return results
+
+
+def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupted: bool = False) -> dict:
+    """Turn DIR/rows.jsonl (+ config.json) into DIR/results.json. The environment is the one the workers
+    recorded as they started (the GPU side); `interrupted` marks a run whose workers did not finish."""
+    rows_path = os.path.join(out_dir, "rows.jsonl")
     with open(rows_path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    results = dict(commands=[command], environment=environment(), config=asdict(cfg), rows=rows)
+        lines = [json.loads(line) for line in f if line.strip()]
+    metas = [r["meta"] for r in lines if "meta" in r]
+    rows = [r for r in lines if "meta" not in r]
+    with open(os.path.join(out_dir, "config.json")) as f:
+        cfg = json.load(f)
+    env = dict(metas[0]) if metas else dict(recorded=False, note="the workers of this run predate the environment "
+                                             "record; see the notes beside this directory")
+    env.pop("allocator", None)
+    results = dict(commands=[command], environment=env, config=cfg, rows=rows, interrupted=interrupted)
     if earlier is not None:
         results["commands"] = earlier["commands"] + [command]
-        results["configs"] = earlier.get("configs", [earlier["config"]]) + [asdict(cfg)]
+        results["configs"] = earlier.get("configs", [earlier["config"]]) + [cfg]
         results["rows"] = earlier["rows"] + rows
+        results["interrupted"] = interrupted or earlier.get("interrupted", False)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     os.remove(rows_path)
-    report.build(out_dir)
     return results

@@ -147,9 +147,12 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                     for name in names:
                         plan.append((dtype, batch, workload, n, name))
     print(f"PLAN {len(plan)}", flush=True)
-    model = None
+    model = forced = None
     started = time.perf_counter()
+    from .runner import environment
+
     with open(out_path, "a") as sink:
+        sink.write(json.dumps(dict(meta=dict(environment(), allocator=allocator))) + "\n")  # kept if interrupted
         for i, (dtype, batch, workload, n, name) in enumerate(plan):
             if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
                 base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
