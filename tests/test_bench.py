@@ -118,3 +118,12 @@ def test_interrupted_run_is_kept_and_gathered(bench_dir, tmp_path):
     assert main(["report", bench_dir, str(d), "--markdown", str(md)]) == 0
     text = md.read_text()
     assert text.count("### The brief's claims") == 2 and "(cut/time_vs_length.png)" in text
+
+
+@pytest.mark.parametrize("argv", [["bench", "--bogus"], ["bench", "--repeats", "x"], ["frobnicate"], []])
+def test_argparse_errors_are_one_line_too(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "error:" in err, err

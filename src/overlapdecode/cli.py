@@ -16,6 +16,14 @@ class CliError(Exception):
     """A user error to print as one line."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag ends in one line (no usage block) and exit status 2."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def _ints(text: str, flag: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip() != ""]
@@ -101,7 +109,7 @@ def cmd_generate(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="overlapdecode", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="overlapdecode", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     from .bench import cli as bench_cli
@@ -113,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)  # argparse prints its own usage line and error, and exits 2
+    args = parser.parse_args(argv)  # a bad flag: one line on stderr, exit 2
     args.argv = argv
     handlers = {"generate": cmd_generate}
     from .bench import cli as bench_cli

@@ -66,7 +66,9 @@ class StopCheck:
     lag = 0
     n_streams = 1  # 0 = the caller's current stream
 
-    def __init__(self, device: torch.device, batch_size: int, want_tokens: bool):
+    def __init__(self, device: torch.device, batch_size: int, want_tokens: bool, lag: int | None = None):
+        if lag is not None:
+            self.lag = lag
         self.cuda = device.type == "cuda"
         self.want_tokens = want_tokens
         n_slots = self.lag + 1
@@ -147,22 +149,16 @@ class PingPongCheck(StopCheck):
     """Two streams in ping-pong; the flag of step j-lag is read while step j is queued."""
 
     name = "pingpong"
+    lag = 1
     n_streams = 2
-
-    def __init__(self, device, batch_size, want_tokens, lag: int = 1):
-        self.lag = lag
-        super().__init__(device, batch_size, want_tokens)
 
 
 class DeferredCheck(StopCheck):
     """One stream; the flag of step j-lag is read while steps j-lag+1 .. j are queued."""
 
     name = "deferred"
+    lag = 1
     n_streams = 1
-
-    def __init__(self, device, batch_size, want_tokens, lag: int = 1):
-        self.lag = lag
-        super().__init__(device, batch_size, want_tokens)
 
 
 class EndCheck(StopCheck):

@@ -269,6 +269,16 @@ def build(out_dir: str) -> str:
     return path
 
 
+def _save(fig, axes, out_dir: str, name: str) -> None:
+    import matplotlib.pyplot as plt
+
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, name), dpi=110)
+    plt.close(fig)
+
+
 def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
     import matplotlib
 
@@ -298,11 +308,7 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
         ax.set_xlabel("new tokens N")
         ax.set_ylabel("seconds per sequence")
         ax.set_title(f"{key[1]}, batch {key[2]}, allocator {key[0]}")
-    if axes[0][0].get_legend_handles_labels()[0]:
-        axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "time_vs_length.png"), dpi=110)
-    plt.close(fig)
+    _save(fig, axes, out_dir, "time_vs_length.png")
     written.append(("time_vs_length.png", "time per sequence vs N, log-log, with O(N) and O(N^2) guides"))
 
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
@@ -322,11 +328,7 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
         ax.axhline(1, color="grey", linewidth=0.8)
         ax.set_ylabel("speed-up over baseline (x)")
         ax.set_title(f"{key[1]}, batch {key[2]}")
-    if axes[0][0].get_legend_handles_labels()[0]:
-        axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "speedup.png"), dpi=110)
-    plt.close(fig)
+    _save(fig, axes, out_dir, "speedup.png")
     written.append(("speedup.png", "speed-up over baseline per preset and peer"))
 
     mem = [r for r in timed(rows) if r.get("peak_reserved_mb") is not None]
@@ -351,11 +353,7 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
                           fontsize=8)
             ax.set_ylabel("MB at peak")
             ax.set_title(f"peak memory, {dtype}, batch {batch}, N={n}")
-        if axes[0][0].get_legend_handles_labels()[0]:
-            axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "memory.png"), dpi=110)
-        plt.close(fig)
+        _save(fig, axes, out_dir, "memory.png")
         written.append(("memory.png", "peak reserved vs allocated per preset and allocator"))
 
     busy = [r for r in rows if r.get("workload") == "profile" and "busy" in r]
@@ -374,9 +372,7 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
             ax.set_ylim(0, 100)
             ax.set_ylabel("GPU busy over the decode loop (%)")
             ax.set_title(f"{key[1]}, batch {key[2]}, allocator {key[0]}")
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "busy.png"), dpi=110)
-        plt.close(fig)
+        _save(fig, axes, out_dir, "busy.png")
         written.append(("busy.png", "GPU busy fraction per preset and peer"))
     return written
 
