@@ -116,10 +116,15 @@ class StaticKV(_WithCache):
 
     kind = "static"
 
-    def __init__(self, model, input_ids, attention_mask, max_new_tokens: int):
+    def __init__(self, model, input_ids, attention_mask, max_new_tokens: int, compiled: bool = False):
         B, P = input_ids.shape
         max_cache_len = static_cache_len(P, max_new_tokens)
         cache, full = _static_cache_for(model, B, max_cache_len)
+        if compiled and any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+            raise ValueError(
+                "strategy: this model has sliding-window layers, whose Hugging Face static cache keeps a Python "
+                "counter (a recompilation every step when compiled); use strategy='static' or 'kv' for it"
+            )
         full.fill_(1)
         full[:, :P] = attention_mask
         super().__init__(cache, input_ids, full, P)
@@ -141,11 +146,6 @@ def _static_cache_for(model, batch_size: int, max_cache_len: int) -> tuple[Stati
     entry = store.pop(key, None)
     if entry is None:
         cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
-        if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
-            raise ValueError(
-                "strategy: this model has sliding-window layers, whose Hugging Face static cache keeps a Python "
-                "counter (one recompilation per step); use strategy='kv' for it"
-            )
         mask = torch.ones((batch_size, max_cache_len), dtype=torch.long, device=param.device)
         torch._dynamo.mark_static_address(mask)
         entry = (cache, mask)
@@ -162,12 +162,12 @@ def drop_static_caches(model) -> None:
     model.__dict__.pop("_overlapdecode_static_caches", None)
 
 
-def make_cache(kind: str, model, input_ids, attention_mask, out, max_new_tokens: int):
+def make_cache(kind: str, model, input_ids, attention_mask, out, max_new_tokens: int, compiled: bool = False):
     """The cache object for one call of `generate`."""
     if kind == "none":
         return NoCache(model, out, attention_mask, input_ids.shape[1])
     if kind == "dynamic":
         return DynamicKV(model, input_ids, attention_mask, max_new_tokens)
     if kind == "static":
-        return StaticKV(model, input_ids, attention_mask, max_new_tokens)
+        return StaticKV(model, input_ids, attention_mask, max_new_tokens, compiled)
     raise ValueError(f"cache must be one of {CACHE_KINDS}, got {kind!r}")

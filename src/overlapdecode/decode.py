@@ -152,7 +152,7 @@ def _decode(model, req: Request, strat: Strategy, params: SamplingParams, seed, 
     # 1) buffers made once on the caller's stream, before the loop
     out = torch.empty((B, P + N), dtype=torch.long, device=device)  # (B, P + N)
     out[:, :P] = req.input_ids
-    cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N)
+    cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N, strat.compile)
     eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
     # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
     # outputs are overwritten by its next replay, so they are copied here before the next step runs.
