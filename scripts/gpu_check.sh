@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU proof, in stages: run on a CUDA machine from the repository root; results under $WORK (default
 # ./gpu-out), and `pack` tars $WORK into $OUT/gpu-work.tgz (the device tool returns few files).
-#   bash scripts/gpu_check.sh tests      # GPU tests, then the eager stream paths under TORCH_CUDA_SANITIZER=1
+# A copy of the checkout without .git records `commit unknown`: pass OVERLAPDECODE_COMMIT=<hash> along.
+#   bash scripts/gpu_check.sh tests      # GPU tests (TESTS= narrows them)
+#   bash scripts/gpu_check.sh sanitize   # eager presets and eager stream paths under TORCH_CUDA_SANITIZER=1
+#                                        # (SAN_K= narrows; includes a planted race that must be caught)
 #   bash scripts/gpu_check.sh profile    # profiler timelines for compiled and interleaved at batch 1
 #   bash scripts/gpu_check.sh bench ARGS # overlapdecode bench ARGS --out $WORK/bench
 #   bash scripts/gpu_check.sh pack
@@ -16,7 +19,8 @@ case "$stage" in
   tests)  # TESTS / SAN_K narrow the run (defaults: the whole GPU suite; eager presets and eager stream paths)
     python3 -m pytest -m cuda ${TESTS:-tests/gpu} -q -p no:cacheprovider -s 2>&1 | tee "$OUT/gpu-tests.log" \
       | grep -v "^$" | tail -25
-    echo "== sanitizer (eager stream paths) =="
+    ;;
+  sanitize)
     TORCH_CUDA_SANITIZER=1 python3 -m pytest -m cuda tests/gpu -q -p no:cacheprovider -rA \
       -k "${SAN_K:-eager and not gpt2-random}" 2>&1 | tee "$OUT/gpu-sanitizer.log" | grep -E "PASS|FAIL|SKIP|passed|failed" | tail -40
     ;;
