@@ -96,3 +96,14 @@ def test_streamer_receives_each_steps_tokens(tiny_gpt2):
         streamed = torch.stack(got, dim=1)
         assert streamed.device.type == "cpu"
         assert torch.equal(streamed, out[:, ids.shape[1]:]), preset
+
+
+def test_inference_mode_then_plain_call(tiny_gpt2):
+    """A kept static cache made under inference_mode must not break a later plain call (and vice versa)."""
+    ids, mask = make_batch(2, seed=12)
+    ref = naive_generate(tiny_gpt2, ids, mask, 10, [], 0)
+    with torch.inference_mode():
+        a = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=10, strategy="static", eos_token_id=[])
+    b = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=10, strategy="static", eos_token_id=[])
+    b[0, 0] = b[0, 0]  # an ordinary tensor: in-place works
+    assert torch.equal(a, ref) and torch.equal(b, ref)

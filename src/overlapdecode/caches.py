@@ -142,7 +142,8 @@ def _static_cache_for(model, batch_size: int, max_cache_len: int) -> tuple[Stati
     """
     store = model.__dict__.setdefault("_overlapdecode_static_caches", OrderedDict())
     param = next(model.parameters())
-    key = (batch_size, max_cache_len, param.dtype, param.device)
+    # a cache made under inference_mode holds inference tensors, which cannot be reset outside it
+    key = (batch_size, max_cache_len, param.dtype, param.device, torch.is_inference_mode_enabled())
     entry = store.pop(key, None)
     if entry is None:
         cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
