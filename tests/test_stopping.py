@@ -106,3 +106,16 @@ def test_steps_until_all_finished():
     assert steps_until_all_finished(gen, eos) == 3
     assert steps_until_all_finished(torch.tensor([[1, 2, 3, 4], [9, 0, 0, 0]]), eos) == 4
     assert steps_until_all_finished(torch.tensor([[9, 1, 1, 1]]), eos) == 1
+
+
+@pytest.mark.parametrize("strategy", LATE[:3], ids=IDS[:3])
+def test_streamer_error_propagates_and_the_next_call_is_clean(tiny_gpt2, strategy):
+    ids, mask = make_batch(2, seed=26)
+
+    def boom(tokens):
+        raise KeyError("client went away")
+
+    with pytest.raises(KeyError, match="client went away"):
+        od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, streamer=boom)
+    out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, eos_token_id=[])
+    assert torch.equal(out, naive_generate(tiny_gpt2, ids, mask, N, [], 0))

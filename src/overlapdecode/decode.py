@@ -163,42 +163,44 @@ def _decode(model, req: Request, strat: Strategy, params: SamplingParams, seed, 
     lag = strat.check_lag
     step_fn = compiled_decode_step() if strat.compile else decode_step
 
-    # 2) the loop: step j enqueues token j; the stop flag of step j - lag is read after it
-    n = N
-    stopped = False
-    for j in range(N):
-        with check.step(j), markers.phase(markers.PREFILL if j == 0 else markers.DECODE_STEP, cuda):
-            kwargs = cache.model_kwargs(j)
-            noise = draw_noise((B, vocab_out), device, generator)
-            if j == 0 or not strat.compile:
-                new_state, done = decode_step(model, kwargs, state, eos_ids, req.pad_id, noise, params)
-            else:
-                torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
-                new_state, done = step_fn(model, kwargs, state, eos_ids, req.pad_id, noise, params)
-            state.copy_(new_state)  # before the next replay overwrites new_state
-            out[:, P + j] = state[:, 0]
-            check.publish(j, done, state[:, 0])
-        if isinstance(check, EndCheck) or j - lag < 0:
-            continue
-        with markers.phase(markers.STOP_CHECK, cuda):
-            flag, host_tokens = check.poll(j - lag)
-        if streamer is not None:
-            streamer(host_tokens)
-        if flag:
-            n, stopped = j - lag + 1, True  # steps j-lag+1 .. j ran late: their tokens are dropped below
-            break
-
-    # 3) late checks still owe the flags of the last `lag` steps
-    if not stopped and not isinstance(check, EndCheck):
-        for k in range(max(N - lag, 0), N):
+    try:
+        # 2) the loop: step j enqueues token j; the stop flag of step j - lag is read after it
+        n = N
+        stopped = False
+        for j in range(N):
+            with check.step(j), markers.phase(markers.PREFILL if j == 0 else markers.DECODE_STEP, cuda):
+                kwargs = cache.model_kwargs(j)
+                noise = draw_noise((B, vocab_out), device, generator)
+                if j == 0 or not strat.compile:
+                    new_state, done = decode_step(model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                else:
+                    torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
+                    new_state, done = step_fn(model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                state.copy_(new_state)  # before the next replay overwrites new_state
+                out[:, P + j] = state[:, 0]
+                check.publish(j, done, state[:, 0])
+            if isinstance(check, EndCheck) or j - lag < 0:
+                continue
             with markers.phase(markers.STOP_CHECK, cuda):
-                flag, host_tokens = check.poll(k)
+                flag, host_tokens = check.poll(j - lag)
             if streamer is not None:
                 streamer(host_tokens)
             if flag:
-                n = k + 1
+                n, stopped = j - lag + 1, True  # steps j-lag+1 .. j ran late: their tokens are dropped below
                 break
-    check.finish()  # the caller's stream now waits for every step enqueued
+
+        # 3) late checks still owe the flags of the last `lag` steps
+        if not stopped and not isinstance(check, EndCheck):
+            for k in range(max(N - lag, 0), N):
+                with markers.phase(markers.STOP_CHECK, cuda):
+                    flag, host_tokens = check.poll(k)
+                if streamer is not None:
+                    streamer(host_tokens)
+                if flag:
+                    n = k + 1
+                    break
+    finally:
+        check.finish()  # the caller's stream waits for every step enqueued, also if a streamer raised
 
     if isinstance(check, EndCheck):
         n = steps_until_all_finished(out[:, P:], eos_ids) if len(req.eos_ids) else N
