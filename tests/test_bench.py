@@ -127,3 +127,24 @@ def test_argparse_errors_are_one_line_too(argv, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "error:" in err, err
+
+
+def test_claims_from_known_rows():
+    """The claims section states what synthetic figures imply: exponents, ratios, fragmentation per allocator."""
+    from overlapdecode.bench.report import claims
+
+    def row(strategy, n, seq_s, allocator="default", reserved=None, allocated=None):
+        frag = None if reserved is None else (reserved - allocated) / reserved
+        return dict(workload="fixed", allocator=allocator, dtype="float32", batch=1, strategy=strategy,
+                    max_new_tokens=n, seq_s=seq_s, ms_per_token=seq_s * 1e3 / n, peak_reserved_mb=reserved,
+                    peak_allocated_mb=allocated, fragmentation=frag)
+
+    rows = [row("baseline", n, (n / 100) ** 2) for n in (100, 200, 400)]
+    rows += [row("kv", n, n / 100) for n in (100, 200, 400)]
+    rows += [row("interleaved", 400, 0.5), row("nocheck", 400, 0.49), row("compiled", 400, 0.7)]
+    rows += [row("kv", 400, 4.0, "default", 800, 600), row("kv", 400, 4.0, "expandable", 640, 600)]
+    text = "\n".join(claims({"rows": rows}))
+    assert "baseline 2.00 (last two lengths 2.00), kv 1.00" in text
+    assert "interleaved (float32, batch 1, 400 tokens, 1.250 ms/token): 32.00x baseline, 1.40x compiled" in text
+    assert "+2.0% vs the no-check upper bound" in text
+    assert "default: reserved 800 MB vs allocated 600 MB (25.0%); expandable: reserved 640 MB" in text

@@ -143,24 +143,22 @@ def claims(results: dict) -> list[str]:
                 best, row = min(peers, key=lambda pr: pr[1]["seq_s"])
                 parts.append(f"{row['seq_s'] / inter['seq_s']:.2f}x the fastest Hugging Face peer ({best})")
             out.append(f"- interleaved ({tag}, {n400} tokens, {inter['ms_per_token']:.3f} ms/token): " + ", ".join(parts) + ".")
-    # fragmentation: per strategy, default vs expandable, at the longest length
-    frag = defaultdict(dict)
-    for r in timed(rows):
-        if r.get("fragmentation") is not None:
-            key = (r["dtype"], r["batch"], r["strategy"])
-            if r["max_new_tokens"] >= frag[key].get(("n", r["allocator"]), 0):
-                frag[key][("n", r["allocator"])] = r["max_new_tokens"]
-                frag[key][r["allocator"]] = r
-    for (dtype, batch, strat), d in sorted(frag.items()):
-        if strat not in ("baseline", "kv", "static", "compiled", "interleaved"):
+    # fragmentation: per strategy and allocator, at the one length where most of them were measured
+    mem = [r for r in timed(rows) if r.get("fragmentation") is not None]
+    presets = ("baseline", "kv", "static", "compiled", "interleaved")
+    for dtype, batch in sorted({(r["dtype"], r["batch"]) for r in mem}):
+        sub = [r for r in mem if (r["dtype"], r["batch"]) == (dtype, batch) and r["strategy"] in presets]
+        if not sub:
             continue
-        parts = [
-            f"{a}: reserved {d[a]['peak_reserved_mb']:.0f} MB vs allocated {d[a]['peak_allocated_mb']:.0f} MB "
-            f"({d[a]['fragmentation'] * 100:.1f}%)"
-            for a in ("default", "expandable") if a in d
-        ]
-        n = max(v for k, v in d.items() if isinstance(k, tuple))
-        out.append(f"- fragmentation, {strat} ({dtype}, batch {batch}, {n} tokens): " + "; ".join(parts) + ".")
+        n = max({r["max_new_tokens"] for r in sub}, key=lambda m: (sum(r["max_new_tokens"] == m for r in sub), m))
+        for strat in presets:
+            parts = [
+                f"{r['allocator']}: reserved {r['peak_reserved_mb']:.0f} MB vs allocated {r['peak_allocated_mb']:.0f} MB "
+                f"({r['fragmentation'] * 100:.1f}%)"
+                for r in sorted(sub, key=lambda r: r["allocator"]) if r["strategy"] == strat and r["max_new_tokens"] == n
+            ]
+            if parts:
+                out.append(f"- fragmentation, {strat} ({dtype}, batch {batch}, {n} tokens): " + "; ".join(parts) + ".")
     return out
 
 
