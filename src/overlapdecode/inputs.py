@@ -95,9 +95,9 @@ def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id
             )
         if attention_mask.device != input_ids.device:
             raise ValueError(f"attention_mask is on {attention_mask.device} but input_ids is on {input_ids.device}")
-        if attention_mask.dtype.is_floating_point and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-            raise ValueError("attention_mask must hold only 0 and 1")
-        mask = attention_mask.long()
+        if attention_mask.dtype.is_complex:
+            raise TypeError(f"attention_mask must hold 0 and 1, got dtype {attention_mask.dtype}")
+        mask = attention_mask
 
     eos = default_eos(model) if eos_token_id is None else _id_list("eos_token_id", eos_token_id)
     if pad_token_id is None:
@@ -111,17 +111,19 @@ def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id
         if bad:
             raise ValueError(f"{name} {bad} outside the vocabulary [0, {vocab})")
 
-    # One host read of the prompt (host sync, once per call, before the loop).
-    lo, hi = (int(v) for v in torch.stack([input_ids.min(), input_ids.max()]).tolist())
+    # One host read of the prompt and mask: host sync, once per call, before the loop.
+    not_binary = ((mask != 0) & (mask != 1)).any()
+    right_pad = (mask[:, -1] == 0).any() | (mask.long().diff(dim=1) < 0).any()
+    lo, hi, bad_mask, bad_pad = torch.stack(
+        [input_ids.min().long(), input_ids.max().long(), not_binary.long(), right_pad.long()]
+    ).tolist()
     if lo < 0 or hi >= vocab:
         raise ValueError(f"input_ids holds ids in [{lo}, {hi}], outside the vocabulary [0, {vocab})")
-    if attention_mask is not None:
-        mmin, mmax = (int(v) for v in torch.stack([mask.min(), mask.max()]).tolist())
-        if mmin < 0 or mmax > 1:
-            raise ValueError("attention_mask must hold only 0 and 1")
-        if bool((mask[:, -1] == 0).any()) or bool((mask.diff(dim=1) < 0).any()):
-            raise ValueError(
-                "attention_mask has right padding (a 0 after a 1, or a row ending in 0); decoder-only "
-                "generation needs left padding (tokenizer.padding_side = 'left')"
-            )
-    return Request(input_ids.long(), mask, max_new_tokens, eos, pad)
+    if bad_mask:
+        raise ValueError("attention_mask must hold only 0 and 1")
+    if bad_pad:
+        raise ValueError(
+            "attention_mask has right padding (a 0 after a 1, or a row ending in 0); decoder-only "
+            "generation needs left padding (tokenizer.padding_side = 'left')"
+        )
+    return Request(input_ids.long(), mask.long(), max_new_tokens, eos, pad)

@@ -120,7 +120,7 @@ class StopCheck:
         s = self.slot(j)
         self.events[s].synchronize()  # host sync on step j only; later steps stay queued
         toks = self.tokens[s].clone() if self.want_tokens else None
-        return bool(self.flags[s]), toks
+        return bool(self.flags[s]), toks  # pinned host memory, complete after the event: no further sync
 
     def finish(self) -> None:
         """Stream hand-off back to the caller: its stream waits for the last step enqueued."""
