@@ -12,7 +12,6 @@ import os
 import platform
 import subprocess
 import sys
-from dataclasses import asdict
 
 from .worker import BenchConfig, config_json
 

@@ -127,38 +127,46 @@ def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> di
     )
 
 
-def run_worker(cfg: BenchConfig, out_path: str) -> None:
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    allocator = memory.allocator_setting()
-    names = list(cfg.strategies) + list(cfg.peers)
-    eos_lengths = list(cfg.eos_lengths) or [max(cfg.lengths)]
-    plan = []
+def plan(cfg: BenchConfig) -> tuple[list[tuple[str, int]], list[tuple]]:
+    """(dtype, batch) pairs, and the (dtype, batch, workload, length, strategy) rows to measure, in order.
+
+    Per dtype (one model load): the fixed workload, then the profiles, then the eos rows last, since the
+    forced-EOS hook stays registered until that dtype's model is dropped.
+    """
     combos = [(p.split(":")[0], int(p.split(":")[1])) for p in cfg.pairs] or [
         (d, b) for d in cfg.dtypes for b in cfg.batches
     ]
-    for dtype in dict.fromkeys(d for d, _ in combos):
-        # eos rows last: their hook stays registered until the model of this dtype is dropped
-        for workload in [w for w in cfg.workloads if w == "fixed"] + (["profile"] if cfg.profile else []) + [
-            w for w in cfg.workloads if w == "eos"
-        ]:
-            for batch in [b for d, b in combos if d == dtype]:
-                lengths = {"fixed": cfg.lengths, "profile": [min(cfg.lengths)], "eos": eos_lengths}[workload]
-                for n in lengths:
-                    for name in names:
-                        plan.append((dtype, batch, workload, n, name))
-    print(f"PLAN {len(plan)}", flush=True)
-    model = forced = None
-    started = time.perf_counter()
+    eos_lengths = list(cfg.eos_lengths) or [max(cfg.lengths)]
+    lengths = {"fixed": list(cfg.lengths), "profile": [min(cfg.lengths)], "eos": eos_lengths}
+    workloads = [w for w in ("fixed", "profile", "eos") if w in cfg.workloads or (w == "profile" and cfg.profile)]
+    rows = [
+        (dtype, batch, workload, n, name)
+        for dtype in dict.fromkeys(d for d, _ in combos)
+        for workload in workloads
+        for batch in [b for d, b in combos if d == dtype]
+        for n in lengths[workload]
+        for name in list(cfg.strategies) + list(cfg.peers)
+    ]
+    return combos, rows
+
+
+def run_worker(cfg: BenchConfig, out_path: str) -> None:
     from .runner import environment
 
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    allocator = memory.allocator_setting()
+    combos, rows = plan(cfg)
+    print(f"PLAN {len(rows)}", flush=True)
+    model = forced = None
+    started = time.perf_counter()
     with open(out_path, "a") as sink:
         sink.write(json.dumps(dict(meta=dict(environment(), allocator=allocator))) + "\n")  # kept if interrupted
-        for i, (dtype, batch, workload, n, name) in enumerate(plan):
+        for i, (dtype, batch, workload, n, name) in enumerate(rows):
+            base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
+                        prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload)
             if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
-                base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
-                            prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload, strategy=name)
-                sink.write(json.dumps(dict(base, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent"))
-                           + "\n")
+                row = dict(base, strategy=name, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent")
+                sink.write(json.dumps(row) + "\n")
                 continue
             if model is None or model._bench_dtype != dtype:
                 if model is not None:
@@ -170,19 +178,17 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
             eos_id = (default_eos(model) or (vocab - 1,))[0]
             ids = prompt(batch, cfg.prompt_len, vocab, device, cfg.seed)
             print(f"STEP {i} {dtype} b{batch} {workload} n{n} {name}", flush=True)
-            base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
-                        prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload)
             try:
                 if workload == "profile":
                     run = _runner(name, model, ids, n, [], eos_id)
                     run()  # same shape as the sweep's shortest length: compiled already
-                    row = dict(base, strategy=name, **{"busy": _busy(run, device)})
+                    row = dict(base, strategy=name, busy=_busy(run, device))
                 elif workload == "eos":
-                    if forced is None:  # registered once, kept: see the plan's order
-                            forced = ForcedEOS(model, eos_id, max(b for _, b in combos), device).__enter__()
+                    if forced is None:  # registered once, kept: see plan()
+                        forced = ForcedEOS(model, eos_id, max(b for _, b in combos), device).__enter__()
                     forced.set_steps(eos_steps(batch, n), [cfg.prompt_len] * batch)
-                    row = dict(base, **measure(cfg, name, model, ids, n, [eos_id], eos_id, device))
-                    row["eos_steps"] = eos_steps(batch, n)
+                    row = dict(base, **measure(cfg, name, model, ids, n, [eos_id], eos_id, device),
+                               eos_steps=eos_steps(batch, n))
                 else:
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device))
             except torch.cuda.OutOfMemoryError as err:  # a figure we could not get is recorded as such
