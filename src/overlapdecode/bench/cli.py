@@ -121,9 +121,9 @@ def bench_config(args):
     model = args.model or ("gpt2-random" if cuda else "tiny-gpt2")
     _check_positions(model, prompt_len, max(lengths + eos_lengths))
     return BenchConfig(model=model, strategies=strategies, peers=peers, lengths=lengths, batches=batches,
-                       dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators, workloads=workloads, eos_lengths=eos_lengths,
-                       prompt_len=prompt_len, warmup=args.warmup, repeats=args.repeats, profile=not args.no_profile,
-                       device=args.device)
+                       dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
+                       workloads=workloads, eos_lengths=eos_lengths, prompt_len=prompt_len, warmup=args.warmup,
+                       repeats=args.repeats, profile=not args.no_profile, device=args.device)
 
 
 def _check_positions(model: str, prompt_len: int, longest: int) -> None:
