@@ -78,7 +78,8 @@ def test_fit_exponent():
     [
         (["bench", "--lengths", "10,x"], "--lengths takes comma-separated integers"),
         (["bench", "--lengths", "0"], "--lengths values must be >= 1"),
-        (["bench", "--strategies", "fast"], "--strategies: unknown fast"),
+        (["bench", "--strategies", "fast"], "--strategies: unknown strategy 'fast'"),
+        (["bench", "--strategies", "kv:2"], "applies to interleaved and deferred only"),
         (["bench", "--peers", "vllm"], "--peers: unknown vllm"),
         (["bench", "--dtype", "float8"], "--dtype: dtype must be one of"),
         (["bench", "--allocator", "expandable", "--device", "cpu"], "--allocator expandable needs CUDA"),
@@ -88,7 +89,7 @@ def test_fit_exponent():
         (["generate", "--model", "tiny-gpt2", "--prompt", "hello"], "--prompt needs a tokenizer"),
         (["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "warp"], "unknown strategy 'warp'"),
         (["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,5000"], "outside the vocabulary"),
-        (["profile", "--strategies", "nope"], "--strategies: unknown nope"),
+        (["profile", "--strategies", "nope"], "--strategies: unknown strategy 'nope'"),
     ],
 )
 def test_bad_flags_get_one_line(argv, words, capsys):

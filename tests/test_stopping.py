@@ -119,3 +119,16 @@ def test_streamer_error_propagates_and_the_next_call_is_clean(tiny_gpt2, strateg
         od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, streamer=boom)
     out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, eos_token_id=[])
     assert torch.equal(out, naive_generate(tiny_gpt2, ids, mask, N, [], 0))
+
+
+def test_lag_by_name(tiny_gpt2):
+    assert od.resolve_strategy("interleaved:3") == od.Strategy(cache="static", compile=True, stop_check="pingpong",
+                                                               lag=3)
+    assert od.resolve_strategy("deferred:2").lag == 2
+    for bad in ("kv:2", "interleaved:0", "interleaved:x", "nope:2"):
+        with pytest.raises(ValueError):
+            od.resolve_strategy(bad)
+    ids, mask = make_batch(4, seed=27)
+    free = free_run(tiny_gpt2, ids, mask)
+    eos = sorted({int(free[r, r + 2]) for r in range(4)})
+    check_against_sync(tiny_gpt2, ids, mask, N, eos, "interleaved:3")

@@ -9,6 +9,7 @@ Face `generate()` and with the no-cache loop.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -66,16 +67,22 @@ VARIANTS: dict[str, Strategy] = {
 
 
 def resolve_strategy(strategy) -> Strategy:
+    """A Strategy, a preset or variant name, or `NAME:K` for a late-check one read K steps late
+    (`interleaved:2`, `deferred:3`), so that the command line can ask for any lag."""
     if isinstance(strategy, Strategy):
         return strategy
     if isinstance(strategy, str):
-        if strategy in PRESETS:
-            return PRESETS[strategy]
-        if strategy in VARIANTS:
-            return VARIANTS[strategy]
-        raise ValueError(
-            f"unknown strategy {strategy!r}; presets: {', '.join(PRESETS)}; variants: {', '.join(VARIANTS)}"
-        )
+        name, _, lag = strategy.partition(":")
+        known = PRESETS.get(name) or VARIANTS.get(name)
+        if known is None:
+            raise ValueError(
+                f"unknown strategy {strategy!r}; presets: {', '.join(PRESETS)}; variants: {', '.join(VARIANTS)}"
+            )
+        if not lag:
+            return known
+        if known.check_lag == 0 or not lag.isdigit() or int(lag) < 1:
+            raise ValueError(f"strategy {strategy!r}: ':K' (K >= 1) applies to interleaved and deferred only")
+        return dataclasses.replace(known, lag=int(lag))
     raise TypeError(f"strategy must be a preset name or an overlapdecode.Strategy, got {type(strategy).__name__}")
 
 

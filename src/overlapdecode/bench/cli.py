@@ -71,8 +71,20 @@ def _check_names(names, known, flag):
     return tuple(names)
 
 
+def _check_strategies(text: str) -> tuple[str, ...]:
+    """Preset or variant names, `NAME:K` for a lag of K (interleaved:2)."""
+    from ..decode import resolve_strategy
+
+    names = _names(text)
+    for n in names:
+        try:
+            resolve_strategy(n)
+        except ValueError as err:
+            raise CliError(f"--strategies: {err}") from None
+    return tuple(names)
+
+
 def bench_config(args):
-    from ..decode import PRESETS, VARIANTS
     from ..models import parse_dtype
     from .peers import PEERS
     from .runner import ALLOCATORS
@@ -80,7 +92,7 @@ def bench_config(args):
     from .workloads import WORKLOADS
 
     cuda = _cuda(args.device)
-    strategies = _check_names(_names(args.strategies), list(PRESETS) + list(VARIANTS), "--strategies")
+    strategies = _check_strategies(args.strategies)
     peers = () if args.peers.strip() == "none" else _check_names(_names(args.peers), list(PEERS), "--peers")
     if not strategies and not peers:
         raise CliError("--strategies and --peers are both empty: nothing to measure")
@@ -169,10 +181,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from ..decode import PRESETS, VARIANTS
     from .profile import profile_strategies
 
-    strategies = _check_names(_names(args.strategies), list(PRESETS) + list(VARIANTS), "--strategies")
+    strategies = _check_strategies(args.strategies)
     if args.batch < 1 or args.new_tokens < 1:
         raise CliError("--batch and --new-tokens must be >= 1")
     model = args.model or ("gpt2-random" if _cuda(args.device) else "tiny-gpt2")
