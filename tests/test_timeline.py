@@ -15,8 +15,8 @@ def X(name, cat, ts, dur, corr=None):
 
 
 def trace():
-    """Two decode steps: host launches at 10 and 110, each GPU step 80 us long, the second starting 20 us
-    after the first ends (an idle gap), and one 30 us stream synchronize in the stop check."""
+    """Two decode steps: host launches at 10 and 110; step 1's graph runs two kernels 5 us apart, step 2
+    starts 20 us after step 1 ends (waiting for its launch); one 30 us stream synchronize in the stop check."""
     return {"traceEvents": [
         X("decode_step", "user_annotation", 0, 50),
         X("cudaGraphLaunch", "cuda_runtime", 10, 5, corr=1),
@@ -26,7 +26,7 @@ def trace():
         X("decode_step", "user_annotation", 100, 50),
         X("cudaGraphLaunch", "cuda_runtime", 110, 5, corr=3),
         X("k1", "kernel", 20, 50, corr=1),
-        X("k2", "kernel", 70, 30, corr=1),
+        X("k2", "kernel", 75, 25, corr=1),  # 5 us after k1, same graph launch: the GPU's own gap
         X("copy", "gpu_memcpy", 100, 0, corr=2),
         X("k3", "kernel", 120, 80, corr=3),
         X("unrelated", "kernel", 500, 10, corr=99),  # outside the loop: ignored
@@ -36,7 +36,10 @@ def trace():
 def test_analyze_known_trace():
     s = analyze(trace())
     assert s["available"] and s["decode_steps"] == 2
-    assert s["busy_fraction"] == pytest.approx(160 / 180)  # span 20..200, idle 100..120
+    assert s["busy_fraction"] == pytest.approx(155 / 180)  # span 20..200, idle 70..75 and 100..120
+    assert s["idle_in_launch_ms"] == pytest.approx(0.005)
+    assert s["idle_between_launches_ms"] == pytest.approx(0.020)
+    assert s["fed_fraction"] == pytest.approx(1 - 20 / 180)
     assert s["median_idle_gap_us"] == pytest.approx(20)
     assert s["host_sync_ms"] == pytest.approx(0.030)
     assert s["launches_per_step"] == pytest.approx(1.5)  # 2 graph launches + 1 copy over 2 steps

@@ -190,7 +190,8 @@ def cmd_profile(args) -> int:
     result = profile_strategies(model, strategies, args.batch, args.new_tokens, args.out, dtype=args.dtype,
                                 prompt_len=args.prompt_len, device=args.device)
     for name, s in result["strategies"].items():
-        busy = f"GPU busy {s['busy_fraction'] * 100:.1f}%" if s.get("available") else s["reason"]
+        busy = (f"GPU busy {s['busy_fraction'] * 100:.1f}%, fed {s['fed_fraction'] * 100:.1f}%" if s.get("available")
+                else s["reason"])
         print(f"{name}: {busy}; host blocked {s['host_sync_ms']:.2f} ms; {s['launches_per_step']:.1f} launch calls/step")
     print(f"summary: {args.out}/summary.md")
     return 0
@@ -208,9 +209,13 @@ def cmd_report(args) -> int:
         if len(args.dir) != 1 or not os.path.exists(os.path.join(args.dir[0], "rows.jsonl")):
             raise CliError("--interrupted takes one directory holding rows.jsonl")
         finalize(args.dir[0], args.interrupted, interrupted=True)
+    from .profile import rebuild
+
     for d in args.dir:
         if os.path.exists(os.path.join(d, "summary.json")) and not os.path.exists(os.path.join(d, "results.json")):
-            continue  # a profile directory: its summary.md is already written
+            rebuild(d)  # a profile directory: analyse its saved traces again
+            print(f"profile summary: {os.path.join(d, 'summary.md')}")
+            continue
         try:
             print(f"report: {build(d)}")
         except FileNotFoundError as err:

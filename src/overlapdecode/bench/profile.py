@@ -43,23 +43,38 @@ def profile_strategies(model_name: str, strategies, batch: int, new_tokens: int,
                 torch.cuda.synchronize()
         trace_path = os.path.join(out_dir, f"trace-{name}.json.gz")  # Perfetto and chrome://tracing read .gz
         prof.export_chrome_trace(trace_path)
-        with gzip.open(trace_path, "rt") as f:
-            trace = json.load(f)
-        summary = timeline.analyze(trace)
-        png = os.path.join(out_dir, f"timeline-{name}.png")
-        busy = f"GPU busy {summary['busy_fraction'] * 100:.1f}%" if summary.get("available") else "no GPU trace"
-        timeline.plot_timeline(trace, png, f"{name}: {model_name}, {dtype}, batch {batch} ({busy})")
-        summary.update(trace=os.path.basename(trace_path), timeline=os.path.basename(png))
-        summaries[name] = summary
+        summaries[name] = dict(trace=os.path.basename(trace_path))
     from .runner import environment
 
     result = dict(model=model_name, dtype=dtype, batch=batch, new_tokens=new_tokens, prompt_len=prompt_len,
                   environment=environment(), strategies=summaries)
+    return write_summary(out_dir, result)
+
+
+def write_summary(out_dir: str, result: dict) -> dict:
+    """Analyse each strategy's trace, draw its timeline, write summary.json and summary.md. The bench
+    directory's `overlapdecode report` calls it again on the saved traces (a new analysis, same data)."""
+    for name, entry in result["strategies"].items():
+        with gzip.open(os.path.join(out_dir, entry["trace"]), "rt") as f:
+            trace = json.load(f)
+        summary = timeline.analyze(trace)
+        png = f"timeline-{name}.png"
+        busy = (f"GPU busy {summary['busy_fraction'] * 100:.1f}%, fed {summary['fed_fraction'] * 100:.1f}%"
+                if summary.get("available") else "no GPU trace")
+        timeline.plot_timeline(trace, os.path.join(out_dir, png),
+                               f"{name}: {result['model']}, {result['dtype']}, batch {result['batch']} ({busy})")
+        summary.update(trace=entry["trace"], timeline=png)
+        result["strategies"][name] = summary
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(summary_markdown(result))
     return result
+
+
+def rebuild(out_dir: str) -> dict:
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        return write_summary(out_dir, json.load(f))
 
 
 def summary_markdown(result: dict) -> str:
@@ -70,15 +85,25 @@ def summary_markdown(result: dict) -> str:
         f"Machine: {env.get('gpu') or 'CPU only'}; torch {env['torch']}, transformers {env['transformers']}, "
         f"commit {env['git_commit']}.",
         "",
-        "| strategy | GPU busy | median idle gap between steps (us) | host blocked in sync (ms) | launch calls/step "
-        "| GPU kernels/step | trace | timeline |",
-        "|---|---|---|---|---|---|---|---|",
+        "`GPU busy`: time covered by GPU work over the decode loop's span. The idle rest splits into gaps between "
+        "kernels of one launch (one CUDA graph: the GPU's own launch latency, the same whatever the stop check) "
+        "and gaps before the next launch's work (nothing was queued: the GPU waited for the host, or a stream "
+        "hand-off). `GPU fed` = "
+        "1 - the latter / span: the share of the loop in which the GPU had work queued.",
+        "",
+        "| strategy | GPU busy | GPU fed | idle in a launch (ms) | idle waiting for a launch (ms) "
+        "| median idle gap between steps (us) | host blocked in sync (ms) | launch calls/step | GPU kernels/step "
+        "| trace | timeline |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in result["strategies"].items():
         if s.get("available"):
-            busy, gap, kern = f"{s['busy_fraction'] * 100:.1f}%", f"{s['median_idle_gap_us']:.1f}", f"{s['kernels_per_step']:.1f}"
+            cells = [f"{s['busy_fraction'] * 100:.1f}%", f"{s['fed_fraction'] * 100:.1f}%",
+                     f"{s['idle_in_launch_ms']:.1f}", f"{s['idle_between_launches_ms']:.1f}",
+                     f"{s['median_idle_gap_us']:.1f}"]
+            kern = f"{s['kernels_per_step']:.1f}"
         else:
-            busy, gap, kern = f"unavailable ({s['reason']})", "-", "-"
-        lines.append(f"| {name} | {busy} | {gap} | {s['host_sync_ms']:.2f} | {s['launches_per_step']:.1f} | {kern} | "
-                     f"{s['trace']} | ![]({s['timeline']}) |")
+            cells, kern = [f"unavailable ({s['reason']})", "-", "-", "-", "-"], "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {s['host_sync_ms']:.2f} | "
+                     f"{s['launches_per_step']:.1f} | {kern} | {s['trace']} | ![]({s['timeline']}) |")
     return "\n".join(lines) + "\n"

@@ -247,7 +247,9 @@ def build(out_dir: str) -> str:
                              f"{b['busy_fraction'] * 100:.1f}% (whole call)", "-", f"{b['host_sync_ms']:.2f}", "-",
                              "-"])
             elif b.get("available"):
-                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"], f"{b['busy_fraction'] * 100:.1f}%",
+                fed = f" (fed {b['fed_fraction'] * 100:.1f}%)" if "fed_fraction" in b else ""
+                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"],
+                             f"{b['busy_fraction'] * 100:.1f}%{fed}",
                              f"{b['median_idle_gap_us']:.1f}", f"{b['host_sync_ms']:.2f}",
                              f"{b['launches_per_step']:.1f}", f"{b['kernels_per_step']:.1f}"])
             else:

@@ -5,6 +5,10 @@ call made inside one (kernel launch, graph launch, copy) is tied by its correlat
 caused, so a step's GPU work is known even when it runs long after the host has moved on. From that:
 
 - busy fraction: time covered by GPU work / span from the first to the last GPU work of the loop;
+- the idle time split in two: gaps between kernels of one launch (one CUDA graph: the GPU's own launch
+  latency, the same for every stop check) and gaps before the work of the next launch (the GPU had nothing
+  submitted: it waited for the host or a stream hand-off). `fed_fraction` = 1 - the latter / span is the
+  share of the loop in which the GPU had work queued: what a stop check can change;
 - idle gap between steps: first GPU work of step k+1 minus last GPU work of step k (0 when they overlap);
 - host time blocked: runtime calls named *Synchronize* (`.item()` ends in one) during the loop;
 - launches per step: runtime calls that launch work; kernels per step: GPU kernels (graph kernels counted).
@@ -28,6 +32,23 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
         total += e - max(s, end)
         end = e
     return total
+
+
+def _idle_split(work: list[tuple[float, float, int | None]]) -> tuple[float, float]:
+    """Idle GPU time (us) inside one launch (same correlation id as the work before the gap) and between
+    launches (the work after the gap came from another runtime call)."""
+    work = sorted(work)
+    end, corr = work[0][1], work[0][2]
+    inside = between = 0.0
+    for s, e, c in work[1:]:
+        if s > end:
+            if c is not None and c == corr:
+                inside += s - end
+            else:
+                between += s - end
+        if e >= end:
+            end, corr = e, c
+    return inside, between
 
 
 def _ranges(events, name):
@@ -79,6 +100,9 @@ def analyze(trace: dict) -> dict:
     span_start = min(s for s, _ in gpu)
     span_end = max(e for _, e in gpu)
     busy = _union_length(gpu)
+    in_launch, between = _idle_split(
+        [(g["ts"], g["ts"] + g.get("dur", 0), g.get("args", {}).get("correlation")) for st in steps for g in st["gpu"]]
+    )
     gaps = []
     bounds = [
         (min(g["ts"] for g in st["gpu"]), max(g["ts"] + g.get("dur", 0) for g in st["gpu"])) for st in steps if st["gpu"]
@@ -86,9 +110,13 @@ def analyze(trace: dict) -> dict:
     for (_, prev_end), (next_start, _) in zip(bounds, bounds[1:]):
         gaps.append(max(0.0, next_start - prev_end))
     kernels = sum(1 for st in steps for g in st["gpu"] if g.get("cat") == "kernel")
+    span = span_end - span_start
     summary.update(
         available=True,
-        busy_fraction=busy / (span_end - span_start) if span_end > span_start else 1.0,
+        busy_fraction=busy / span if span > 0 else 1.0,
+        fed_fraction=1 - between / span if span > 0 else 1.0,
+        idle_in_launch_ms=in_launch / 1e3,
+        idle_between_launches_ms=between / 1e3,
         gpu_span_ms=(span_end - span_start) / 1e3,
         gpu_busy_ms=busy / 1e3,
         median_idle_gap_us=statistics.median(gaps) if gaps else 0.0,
