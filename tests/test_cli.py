@@ -46,4 +46,5 @@ def test_profile_writes_trace_and_summary_without_faking_gpu_figures(tmp_path, c
         assert os.path.getsize(os.path.join(out, s["timeline"])) > 0
         assert s["available"] is False and "busy_fraction" not in s  # unavailable without CUDA, not faked
         assert s["decode_steps"] == 5  # the NVTX/record_function ranges were found: 6 tokens = prefill + 5
-    assert "unavailable" in open(os.path.join(out, "summary.md")).read()
+    text = open(os.path.join(out, "summary.md")).read()
+    assert "unavailable" in text and "Made by `overlapdecode profile --model tiny-gpt2" in text

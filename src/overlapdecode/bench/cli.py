@@ -188,7 +188,8 @@ def cmd_profile(args) -> int:
         raise CliError("--batch and --new-tokens must be >= 1")
     model = args.model or ("gpt2-random" if _cuda(args.device) else "tiny-gpt2")
     result = profile_strategies(model, strategies, args.batch, args.new_tokens, args.out, dtype=args.dtype,
-                                prompt_len=args.prompt_len, device=args.device)
+                                prompt_len=args.prompt_len, device=args.device,
+                                command="overlapdecode " + " ".join(shlex.quote(a) for a in args.argv))
     for name, s in result["strategies"].items():
         busy = (f"GPU busy {s['busy_fraction'] * 100:.1f}%, fed {s['fed_fraction'] * 100:.1f}%" if s.get("available")
                 else s["reason"])

@@ -21,7 +21,7 @@ from .workloads import prompt
 
 
 def profile_strategies(model_name: str, strategies, batch: int, new_tokens: int, out_dir: str, dtype="float32",
-                       prompt_len: int = 32, warmup: int = 2, device=None) -> dict:
+                       prompt_len: int = 32, warmup: int = 2, device=None, command: str | None = None) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     model = od.load_model(model_name, dtype=dtype, device=device)
     dev = next(model.parameters()).device
@@ -47,7 +47,7 @@ def profile_strategies(model_name: str, strategies, batch: int, new_tokens: int,
     from .runner import environment
 
     result = dict(model=model_name, dtype=dtype, batch=batch, new_tokens=new_tokens, prompt_len=prompt_len,
-                  environment=environment(), strategies=summaries)
+                  environment=environment(), command=command, strategies=summaries)
     return write_summary(out_dir, result)
 
 
@@ -83,7 +83,7 @@ def summary_markdown(result: dict) -> str:
         f"# Profile: {result['model']}, {result['dtype']}, batch {result['batch']}, {result['new_tokens']} new tokens",
         "",
         f"Machine: {env.get('gpu') or 'CPU only'}; torch {env['torch']}, transformers {env['transformers']}, "
-        f"commit {env['git_commit']}.",
+        f"commit {env['git_commit']}." + (f" Made by `{result['command']}`." if result.get("command") else ""),
         "",
         "`GPU busy`: time covered by GPU work over the decode loop's span. The idle rest splits into gaps between "
         "kernels of one launch (one CUDA graph: the GPU's own launch latency, the same whatever the stop check) "
