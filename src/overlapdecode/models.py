@@ -90,14 +90,12 @@ def load_model(
             model = cls(config)
         model.generation_config.eos_token_id = config.eos_token_id
         model.generation_config.bos_token_id = config.bos_token_id
-        model._overlapdecode_name = name_or_path
         model._overlapdecode_random = True
         return model.to(device=device, dtype=torch_dtype).eval()
 
     model = AutoModelForCausalLM.from_pretrained(
         name_or_path, dtype=torch_dtype, attn_implementation=attn_implementation
     )
-    model._overlapdecode_name = name_or_path
     model._overlapdecode_random = False
     return model.to(device).eval()
 

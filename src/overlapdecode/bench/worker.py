@@ -20,7 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -52,7 +52,6 @@ class BenchConfig:
     profile: bool = True
     device: str | None = None
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def _sync(device):
