@@ -36,11 +36,12 @@ def test_generate_prints_text_with_a_tokenizer(tmp_path, capsys):
 
 def test_profile_writes_trace_and_summary_without_faking_gpu_figures(tmp_path, capsys):
     out = str(tmp_path / "prof")
-    assert main(["profile", "--model", "tiny-gpt2", "--strategies", "static,interleaved", "--new-tokens", "6",
+    assert main(["profile", "--model", "tiny-gpt2", "--strategies", "static,interleaved:2", "--new-tokens", "6",
                  "--prompt-len", "8", "--out", out, "--device", "cpu"]) == 0
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
-    for name in ("static", "interleaved"):
+    assert summary["strategies"]["interleaved:2"]["trace"] == "trace-interleaved-lag2.json.gz"  # a safe file name
+    for name in ("static", "interleaved:2"):
         s = summary["strategies"][name]
         assert os.path.getsize(os.path.join(out, s["trace"])) > 0
         assert os.path.getsize(os.path.join(out, s["timeline"])) > 0

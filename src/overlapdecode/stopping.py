@@ -64,7 +64,7 @@ class StopCheck:
 
     name = "base"
     lag = 0
-    n_streams = 1  # 0 = the caller's current stream
+    n_streams = 1  # 1: everything on the caller's current stream
 
     def __init__(self, device: torch.device, batch_size: int, want_tokens: bool, lag: int | None = None):
         if lag is not None:
@@ -98,7 +98,7 @@ class StopCheck:
         """
         stream = self.streams[j % len(self.streams)]
         if stream is None or len(self.streams) == 1 or j == 0:
-            yield  # one stream: program order already orders the steps
+            yield  # one stream, or the prefill: program order on the caller's stream orders it
         else:
             with torch.cuda.stream(stream):
                 if j > 0:

@@ -12,7 +12,6 @@ import gzip
 import json
 import os
 
-import torch
 
 import overlapdecode as od
 
@@ -27,23 +26,14 @@ def profile_strategies(model_name: str, strategies, batch: int, new_tokens: int,
     dev = next(model.parameters()).device
     vocab = model.config.get_text_config().vocab_size
     ids = prompt(batch, prompt_len, vocab, dev)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if dev.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
     summaries = {}
     for name in strategies:
         run = lambda: od.generate(model, ids, max_new_tokens=new_tokens, strategy=name, eos_token_id=[])  # noqa: E731
         for _ in range(warmup):
             run()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()  # host sync: keep warm-up work out of the trace
-        with torch.profiler.profile(activities=activities) as prof:
-            run()
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-        trace_path = os.path.join(out_dir, f"trace-{name}.json.gz")  # Perfetto and chrome://tracing read .gz
-        prof.export_chrome_trace(trace_path)
-        summaries[name] = dict(trace=os.path.basename(trace_path))
+        trace = f"trace-{name.replace(':', '-lag')}.json.gz"  # interleaved:2 -> trace-interleaved-lag2.json.gz
+        timeline.trace_call(run, dev, os.path.join(out_dir, trace))
+        summaries[name] = dict(trace=trace)
     from .runner import environment
 
     result = dict(model=model_name, dtype=dtype, batch=batch, new_tokens=new_tokens, prompt_len=prompt_len,
@@ -58,7 +48,7 @@ def write_summary(out_dir: str, result: dict) -> dict:
         with gzip.open(os.path.join(out_dir, entry["trace"]), "rt") as f:
             trace = json.load(f)
         summary = timeline.analyze(trace)
-        png = f"timeline-{name}.png"
+        png = f"timeline-{name.replace(':', '-lag')}.png"
         busy = (f"GPU busy {summary['busy_fraction'] * 100:.1f}%, fed {summary['fed_fraction'] * 100:.1f}%"
                 if summary.get("available") else "no GPU trace")
         timeline.plot_timeline(trace, os.path.join(out_dir, png),

@@ -18,6 +18,7 @@ The bench and the profile command both use `analyze`; neither fakes a figure wit
 
 from __future__ import annotations
 
+import json
 import statistics
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -57,6 +58,26 @@ def _ranges(events, name):
         for e in events
         if e.get("ph") == "X" and e.get("name") == name and e.get("cat") in ("user_annotation", "cpu_op")
     )
+
+
+def trace_call(fn, device, path: str) -> dict:
+    """Run `fn()` once under the PyTorch profiler (CPU, and CUDA when there), write its Chrome trace to `path`
+    (gzipped if it ends in .gz: Perfetto reads that) and return the trace. Used by the bench and by profile."""
+    import gzip
+
+    import torch
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()  # host sync: earlier work stays out of the trace
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()  # host sync: the traced call's GPU work ends inside the trace
+    prof.export_chrome_trace(path)
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        return json.load(f)
 
 
 def loop_events(trace: dict) -> dict:

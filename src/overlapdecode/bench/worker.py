@@ -59,12 +59,13 @@ def _sync(device):
         torch.cuda.synchronize(device)  # host sync: timing boundary, outside the measured region's steps
 
 
-def _timed(fn, device) -> float:
+def _timed(fn, device):
+    """(seconds, result) of one synchronised call."""
     _sync(device)
     t = time.perf_counter()
-    fn()
+    result = fn()
     _sync(device)
-    return time.perf_counter() - t
+    return time.perf_counter() - t, result
 
 
 def _runner(name, model, ids, max_new, eos, pad):
@@ -78,36 +79,24 @@ def _busy(fn, device) -> dict:
     """Profile one call; the decode-loop summary (busy fraction etc.), or why it is unavailable."""
     if device.type != "cuda":
         return dict(available=False, reason="no CUDA: busy fraction unavailable")
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        _sync(device)
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            return timeline.analyze(json.load(f))
+        return timeline.analyze(timeline.trace_call(fn, device, os.path.join(tmp, "trace.json")))
 
 
 def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> dict:
     run = _runner(name, model, ids, max_new, eos, pad)
-    first = _timed(run, device)
-    out = None
+    first, _ = _timed(run, device)
     for _ in range(cfg.warmup):
         _timed(run, device)
     times = []
     for i in range(cfg.repeats):
         # the allocator figures come from the last repeat, which starts from an emptied cache
         before = memory.start(device) if i == cfg.repeats - 1 else None
-        _sync(device)
-        t = time.perf_counter()
-        out = run()
-        _sync(device)
-        times.append(time.perf_counter() - t)
+        seconds, out = _timed(run, device)
+        times.append(seconds)
     mem = memory.stop(device, before)
     run(1)  # warm the one-token path (a new cache shape)
-    ttft = [_timed(lambda: run(1), device) for _ in range(cfg.repeats)]
+    ttft = [_timed(lambda: run(1), device)[0] for _ in range(cfg.repeats)]
     B, P = ids.shape
     n_new = out.shape[1] - P
     med = statistics.median(times)
