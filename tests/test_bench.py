@@ -85,6 +85,8 @@ def test_fit_exponent():
         (["bench", "--allocator", "expandable", "--device", "cpu"], "--allocator expandable needs CUDA"),
         (["bench", "--dtype-batch", "float32"], "--dtype-batch takes dtype:batch pairs"),
         (["bench", "--lengths", "1000", "--device", "cpu"], "exceeds tiny-gpt2's 256 positions"),
+        (["bench", "--gpus", "0"], "--gpus needs CUDA devices"),
+        (["bench", "--gpus", "0,0", "--device", "cpu"], "--gpus and --device exclude each other"),
         (["report", "/nonexistent/dir"], "results.json not found"),
         (["generate", "--model", "tiny-gpt2", "--prompt", "hello"], "--prompt needs a tokenizer"),
         (["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "warp"], "unknown strategy 'warp'"),
@@ -119,6 +121,33 @@ def test_interrupted_run_is_kept_and_gathered(bench_dir, tmp_path):
     assert main(["report", bench_dir, str(d), "--markdown", str(md)]) == 0
     text = md.read_text()
     assert text.count("### The brief's claims") == 2 and "(cut/time_vs_length.png)" in text
+
+
+def test_units_split_over_gpus_and_merged(tmp_path):
+    """--gpus: one worker per allocator x dtype:batch unit, pinned by CUDA_VISIBLE_DEVICES, rows merged.
+
+    On CPU the pinning is inert, but the split, the scheduling over two slots and the merge are the real ones."""
+    from overlapdecode.bench.runner import run_bench, work_units
+    from overlapdecode.bench.worker import BenchConfig
+
+    cfg = BenchConfig(model="tiny-gpt2", strategies=("kv", "interleaved"), peers=("hf-dynamic",), lengths=(6,),
+                      pairs=("float32:1", "float32:2", "bfloat16:1"), prompt_len=4, warmup=0, repeats=1,
+                      profile=False, device="cpu", gpus=(0, 1))
+    units = work_units(cfg)
+    assert [label for label, _ in units] == ["default-float32-b1", "default-float32-b2", "default-bfloat16-b1"]
+    assert all(u.gpus == () and len(u.pairs) == 1 for _, u in units)
+    assert [label for label, _ in work_units(BenchConfig(allocators=("default", "expandable")))] == [
+        "default", "expandable"]
+    res = run_bench(cfg, str(tmp_path), "overlapdecode bench --gpus 0,1", progress=False)
+    got = sorted((r["dtype"], r["batch"], r["strategy"], r["visible_devices"]) for r in res["rows"])
+    want = [(d, b, s) for d, b in (("bfloat16", 1), ("float32", 1), ("float32", 2))
+            for s in ("hf-dynamic", "interleaved", "kv")]
+    assert [g[:3] for g in got] == want and all("error" not in r for r in res["rows"])
+    assert {g[3] for g in got} <= {"0", "1"} and res["environment"]["gpus_used"]
+    assert res["config"]["gpus"] == [0, 1]
+    left = sorted(os.listdir(tmp_path))
+    assert not [f for f in left if f.startswith("rows") or f.startswith("config-")], left
+    assert {f"worker-{label}.log" for label, _ in units} <= set(left) and "report.md" in left
 
 
 @pytest.mark.parametrize("argv", [["bench", "--bogus"], ["bench", "--repeats", "x"], ["frobnicate"], []])

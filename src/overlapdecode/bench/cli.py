@@ -26,6 +26,9 @@ def add_commands(sub) -> None:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--no-profile", action="store_true", help="skip the GPU busy-fraction profile")
     b.add_argument("--device", default=None)
+    b.add_argument("--gpus", default=None,
+                   help="CUDA device indices, e.g. 0,1,2,3: spread the allocator x dtype:batch units over them, "
+                        "one process per GPU at a time")
     b.add_argument("--time-budget", type=float, default=None,
                    help="seconds; configurations not started by then are recorded as not run")
     b.add_argument("--append", action="store_true", help="add to the results already in --out")
@@ -132,10 +135,27 @@ def bench_config(args):
         raise CliError("--warmup must be >= 0 and --repeats >= 1")
     model = args.model or ("gpt2-random" if cuda else "tiny-gpt2")
     _check_positions(model, prompt_len, max(lengths + eos_lengths))
-    return BenchConfig(model=model, strategies=strategies, peers=peers, lengths=lengths, batches=batches,
+    gpus = _check_gpus(args.gpus, args.device) if args.gpus else ()
+    return BenchConfig(gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths, batches=batches,
                        dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
                        workloads=workloads, eos_lengths=eos_lengths, prompt_len=prompt_len, warmup=args.warmup,
                        repeats=args.repeats, profile=not args.no_profile, device=args.device)
+
+
+def _check_gpus(text: str, device) -> tuple[int, ...]:
+    import torch
+
+    if device is not None:
+        raise CliError("--gpus and --device exclude each other: --gpus pins each worker to one GPU itself")
+    gpus = _ints(text, "--gpus")
+    if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
+        raise CliError(f"--gpus takes distinct CUDA device indices such as 0,1,2,3, got {text!r}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise CliError("--gpus needs CUDA devices; this machine has none")
+    if max(gpus) >= count:
+        raise CliError(f"--gpus {text}: this machine has {count} CUDA device(s), indices 0-{count - 1}")
+    return tuple(gpus)
 
 
 def _check_positions(model: str, prompt_len: int, longest: int) -> None:
@@ -207,8 +227,10 @@ def cmd_report(args) -> int:
     from .report import gather
 
     if args.interrupted is not None:
-        if len(args.dir) != 1 or not os.path.exists(os.path.join(args.dir[0], "rows.jsonl")):
-            raise CliError("--interrupted takes one directory holding rows.jsonl")
+        from .runner import rows_files
+
+        if len(args.dir) != 1 or not rows_files(args.dir[0]):
+            raise CliError("--interrupted takes one directory holding the rows*.jsonl of a stopped run")
         finalize(args.dir[0], args.interrupted, interrupted=True)
     from .profile import rebuild
 

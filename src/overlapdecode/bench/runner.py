@@ -1,5 +1,9 @@
 """`overlapdecode bench`: run the sweep, one worker process per allocator setting, then write the report.
 
+With `gpus` (several GPUs of one host) the sweep is cut into units of one allocator and one dtype:batch
+pair, each a worker pinned to one GPU by CUDA_VISIBLE_DEVICES, at most one per GPU at a time: every figure
+is still measured by a process that has its GPU to itself, and the rows are merged into one results.json.
+
 DIR/results.json holds every row with the machine, versions, git commit, allocator, dtype, batch and
 length beside it, plus the command that made it; DIR/report.md and the plots are built from that file
 alone (report.py), so `overlapdecode report DIR` rebuilds them anywhere.
@@ -7,11 +11,17 @@ alone (report.py), so `overlapdecode report DIR` rebuilds them anywhere.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
+import queue
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from .worker import BenchConfig, config_json
 
@@ -62,12 +72,14 @@ def environment() -> dict:
     return env
 
 
-def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_line) -> None:
+def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_line, gpu: int | None = None) -> None:
     env = os.environ.copy()
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("PYTORCH_ALLOC_CONF", None)
     if ALLOCATORS[allocator]:
         env["PYTORCH_ALLOC_CONF"] = ALLOCATORS[allocator]  # before CUDA starts: a new process
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)  # the worker sees this one GPU as cuda:0
     cmd = [sys.executable, "-m", "overlapdecode.bench.worker", "--config", cfg_path, "--out", rows_path]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -78,6 +90,18 @@ def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_lin
         with open(log_path) as f:
             tail = f.read().strip().splitlines()[-15:]
         raise BenchError(f"the {allocator} worker failed (exit {proc.returncode}); end of {log_path}:\n" + "\n".join(tail))
+
+
+def work_units(cfg: BenchConfig) -> list[tuple[str, BenchConfig]]:
+    """(label, config) per worker process: one per allocator; with `gpus`, one per allocator and dtype:batch
+    pair, so that the units can run side by side on separate GPUs."""
+    if not cfg.gpus:
+        return [(a, replace(cfg, allocators=(a,))) for a in cfg.allocators]
+    from .worker import plan
+
+    combos, _ = plan(cfg)
+    return [(f"{a}-{d}-b{b}", replace(cfg, allocators=(a,), pairs=(f"{d}:{b}",), gpus=()))
+            for a in cfg.allocators for d, b in combos]
 
 
 def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, append=False) -> dict:
@@ -99,40 +123,63 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
     from . import report
 
     os.makedirs(out_dir, exist_ok=True)
-    rows_path = os.path.join(out_dir, "rows.jsonl")
-    if os.path.exists(rows_path):
-        os.remove(rows_path)
-    cfg_path = os.path.join(out_dir, "config.json")
-    with open(cfg_path, "w") as f:
+    for stale in glob.glob(os.path.join(out_dir, "rows*.jsonl")):
+        os.remove(stale)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
         f.write(config_json(cfg))
-
+    units = work_units(cfg)
+    started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not progress, transient=False) as bar:
-        for allocator in cfg.allocators:
-            task = bar.add_task(f"[{allocator}] starting", total=None)
+        tasks = {label: bar.add_task(f"[{label}] waiting", total=None) for label, _ in units}
+        free = queue.Queue()
+        for gpu in cfg.gpus or [None]:
+            free.put(gpu)
 
-            def on_line(line, task=task, allocator=allocator):
-                if line.startswith("PLAN "):
-                    bar.update(task, total=int(line.split()[1]), completed=0)
-                elif line.startswith("STEP "):
-                    _, i, *what = line.split()
-                    bar.update(task, completed=int(i), description=f"[{allocator}] {' '.join(what)}")
-                elif line == "DONE":
-                    bar.update(task, completed=bar.tasks[task].total, description=f"[{allocator}] done")
+        def run_unit(label, unit_cfg):
+            task = tasks[label]
+            gpu = free.get()  # a unit waits for a GPU no other unit is measuring on
+            try:
+                if unit_cfg.time_budget_s is not None:  # the budget counts from the start of the whole bench
+                    unit_cfg = replace(unit_cfg, time_budget_s=max(0.0, unit_cfg.time_budget_s
+                                                                   - (time.perf_counter() - started)))
+                cfg_path = os.path.join(out_dir, f"config-{label}.json")
+                with open(cfg_path, "w") as f:
+                    f.write(config_json(unit_cfg))
 
-            _worker(cfg_path, rows_path, allocator, os.path.join(out_dir, f"worker-{allocator}.log"), on_line)
+                def on_line(line):
+                    if line.startswith("PLAN "):
+                        bar.update(task, total=int(line.split()[1]), completed=0)
+                    elif line.startswith("STEP "):
+                        _, i, *what = line.split()
+                        bar.update(task, completed=int(i), description=f"[{label}] {' '.join(what)}")
+                    elif line == "DONE":
+                        bar.update(task, completed=bar.tasks[task].total, description=f"[{label}] done")
 
+                _worker(cfg_path, os.path.join(out_dir, f"rows-{label}.jsonl"), unit_cfg.allocators[0],
+                        os.path.join(out_dir, f"worker-{label}.log"), on_line, gpu)
+                os.remove(cfg_path)
+            finally:
+                free.put(gpu)
+
+        with ThreadPoolExecutor(max_workers=len(cfg.gpus) or 1) as pool:
+            futures = [pool.submit(run_unit, label, unit_cfg) for label, unit_cfg in units]
+            errors = [str(f.exception()) for f in futures if f.exception() is not None]
+    if errors:
+        raise BenchError("\n".join(errors))
     results = finalize(out_dir, command, earlier)
     report.build(out_dir)
     return results
 
 
 def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupted: bool = False) -> dict:
-    """Turn DIR/rows.jsonl (+ config.json) into DIR/results.json. The environment is the one the workers
-    recorded as they started (the GPU side); `interrupted` marks a run whose workers did not finish."""
-    rows_path = os.path.join(out_dir, "rows.jsonl")
-    with open(rows_path) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
+    """Turn DIR/rows*.jsonl (one per worker; + config.json) into DIR/results.json. The environment is the one
+    the workers recorded as they started (the GPU side); `interrupted` marks a run whose workers did not finish."""
+    rows_paths = rows_files(out_dir)
+    lines = []
+    for path in rows_paths:
+        with open(path) as f:
+            lines += [json.loads(line) for line in f if line.strip()]
     metas = [r["meta"] for r in lines if "meta" in r]
     rows = [r for r in lines if "meta" not in r]
     with open(os.path.join(out_dir, "config.json")) as f:
@@ -140,6 +187,10 @@ def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupte
     env = dict(metas[0]) if metas else dict(recorded=False, note="the workers of this run predate the environment "
                                              "record; see the notes beside this directory")
     env.pop("allocator", None)
+    env.pop("cuda_visible_devices", None)
+    gpus = sorted({m["cuda_visible_devices"] for m in metas if m.get("cuda_visible_devices") is not None})
+    if gpus:
+        env["gpus_used"] = gpus  # one worker per GPU at a time (CUDA_VISIBLE_DEVICES of each worker)
     results = dict(commands=[command], environment=env, config=cfg, rows=rows, interrupted=interrupted)
     if earlier is not None:
         results["commands"] = earlier["commands"] + [command]
@@ -148,5 +199,11 @@ def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupte
         results["interrupted"] = interrupted or earlier.get("interrupted", False)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    os.remove(rows_path)
+    for path in rows_paths:
+        os.remove(path)
     return results
+
+
+def rows_files(out_dir: str) -> list[str]:
+    """The JSON-lines files the workers of a run wrote into `out_dir` (rows.jsonl before the split per unit)."""
+    return sorted(glob.glob(os.path.join(out_dir, "rows*.jsonl")))

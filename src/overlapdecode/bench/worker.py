@@ -1,4 +1,4 @@
-"""One benchmark process: one allocator setting, every dtype, batch, workload, length and strategy.
+"""One benchmark process: one allocator setting, every dtype, batch, workload, length and strategy asked of it.
 
 The allocator setting (PYTORCH_ALLOC_CONF) is process-wide and read when CUDA starts, so the runner starts
 one of these per setting with the variable already in its environment. Rows go to a JSON-lines file as
@@ -46,6 +46,7 @@ class BenchConfig:
     eos_lengths: tuple[int, ...] = ()  # lengths of the eos workload; empty = the longest length
     pairs: tuple[str, ...] = ()  # "dtype:batch" pairs measured instead of dtypes x batches, e.g. bfloat16:8
     time_budget_s: float | None = None  # stop starting new configurations after this long (rest: "not run")
+    gpus: tuple[int, ...] = ()  # CUDA devices to spread the units over (runner.work_units); empty: one device
     prompt_len: int = 32
     warmup: int = 1
     repeats: int = 3
@@ -148,10 +149,12 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
     model = forced = None
     started = time.perf_counter()
     with open(out_path, "a") as sink:
-        sink.write(json.dumps(dict(meta=dict(environment(), allocator=allocator))) + "\n")  # kept if interrupted
+        meta = dict(environment(), allocator=allocator, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        sink.write(json.dumps(dict(meta=meta)) + "\n")  # kept if interrupted
         for i, (dtype, batch, workload, n, name) in enumerate(rows):
             base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
-                        prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload)
+                        prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload,
+                        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
             if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
                 row = dict(base, strategy=name, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent")
                 sink.write(json.dumps(row) + "\n")
