@@ -18,7 +18,6 @@ import platform
 import queue
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
