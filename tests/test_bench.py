@@ -145,6 +145,10 @@ def test_units_split_over_gpus_and_merged(tmp_path):
     assert [g[:3] for g in got] == want and all("error" not in r for r in res["rows"])
     assert {g[3] for g in got} <= {"0", "1"} and res["environment"]["gpus_used"]
     assert res["config"]["gpus"] == [0, 1]
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:  # each GPU's worker ran on its own half of the cores
+        halves = [set(map(int, s.split(","))) for s in res["environment"]["cpu_shares"]]
+        assert len(halves) == 2 and not halves[0] & halves[1] and halves[0] | halves[1] <= set(cores)
     left = sorted(os.listdir(tmp_path))
     assert not [f for f in left if f.startswith("rows") or f.startswith("config-")], left
     assert {f"worker-{label}.log" for label, _ in units} <= set(left) and "report.md" in left
@@ -178,3 +182,19 @@ def test_claims_from_known_rows():
     assert "interleaved (float32, batch 1, 400 tokens, 1.250 ms/token): 32.00x baseline, 1.40x compiled" in text
     assert "+2.0% vs the no-check upper bound" in text
     assert "default: reserved 800 MB vs allocated 600 MB (25.0%); expandable: reserved 640 MB" in text
+
+
+def test_latest_rows_measured_beats_not_run():
+    """An --append run's measured row replaces the earlier "not run" one; a "not run" never hides a figure."""
+    from overlapdecode.bench.report import latest_rows
+
+    def row(strategy, n, **kw):
+        return dict(model="m", allocator="default", dtype="float32", batch=1, prompt_len=32, workload="eos",
+                    max_new_tokens=n, strategy=strategy, **kw)
+
+    rows = [row("kv", 200, error="not run: time budget of 490 s spent"), row("static", 200, seq_s=1.0),
+            row("kv", 400, seq_s=2.0), row("kv", 200, seq_s=0.5), row("static", 200, error="not run: budget"),
+            row("kv", 400, seq_s=3.0)]
+    got = latest_rows(rows)
+    assert [(r["strategy"], r["max_new_tokens"], r.get("seq_s")) for r in got] == [
+        ("kv", 200, 0.5), ("static", 200, 1.0), ("kv", 400, 3.0)]

@@ -3,6 +3,9 @@
 With `gpus` (several GPUs of one host) the sweep is cut into units of one allocator and one dtype:batch
 pair, each a worker pinned to one GPU by CUDA_VISIBLE_DEVICES, at most one per GPU at a time: every figure
 is still measured by a process that has its GPU to itself, and the rows are merged into one results.json.
+Most of these loops are bound by the host (Python and kernel launches), so each GPU's worker also gets its own
+share of the CPU cores (affinity, OpenMP and inductor compile threads): without that, one unit compiling
+on every core disturbs the timing of the others.
 
 DIR/results.json holds every row with the machine, versions, git commit, allocator, dtype, batch and
 length beside it, plus the command that made it; DIR/report.md and the plots are built from that file
@@ -22,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from .report import latest_rows
 from .worker import BenchConfig, config_json
 
 ALLOCATORS = {"default": None, "expandable": "expandable_segments:True"}
@@ -71,7 +75,17 @@ def environment() -> dict:
     return env
 
 
-def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_line, gpu: int | None = None) -> None:
+def cpu_shares(slots: int) -> list[list[int]]:
+    """Disjoint sets of the CPU cores this process may use, one per GPU slot (all of them for one slot)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if slots <= 1:
+        return [cpus]
+    k = max(1, len(cpus) // slots)
+    return [cpus[i * k:(i + 1) * k] or cpus for i in range(slots)]
+
+
+def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_line, gpu: int | None = None,
+            cpus: list[int] | None = None) -> None:
     env = os.environ.copy()
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("PYTORCH_ALLOC_CONF", None)
@@ -79,6 +93,9 @@ def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_lin
         env["PYTORCH_ALLOC_CONF"] = ALLOCATORS[allocator]  # before CUDA starts: a new process
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)  # the worker sees this one GPU as cuda:0
+    if cpus is not None:  # the worker pins itself (worker.main) before any thread starts
+        env["OVERLAPDECODE_CPUS"] = ",".join(map(str, cpus))
+        env["OMP_NUM_THREADS"] = env["TORCHINDUCTOR_COMPILE_THREADS"] = str(len(cpus))
     cmd = [sys.executable, "-m", "overlapdecode.bench.worker", "--config", cfg_path, "--out", rows_path]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -132,12 +149,13 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
                   disable=not progress, transient=False) as bar:
         tasks = {label: bar.add_task(f"[{label}] waiting", total=None) for label, _ in units}
         free = queue.Queue()
-        for gpu in cfg.gpus or [None]:
-            free.put(gpu)
+        shares = cpu_shares(len(cfg.gpus))
+        for i, gpu in enumerate(cfg.gpus or [None]):
+            free.put((gpu, shares[i] if len(cfg.gpus) > 1 else None))
 
         def run_unit(label, unit_cfg):
             task = tasks[label]
-            gpu = free.get()  # a unit waits for a GPU no other unit is measuring on
+            slot = free.get()  # a unit waits for a GPU (and its CPU share) no other unit is measuring on
             try:
                 if unit_cfg.time_budget_s is not None:  # the budget counts from the start of the whole bench
                     unit_cfg = replace(unit_cfg, time_budget_s=max(0.0, unit_cfg.time_budget_s
@@ -156,10 +174,10 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
                         bar.update(task, completed=bar.tasks[task].total, description=f"[{label}] done")
 
                 _worker(cfg_path, os.path.join(out_dir, f"rows-{label}.jsonl"), unit_cfg.allocators[0],
-                        os.path.join(out_dir, f"worker-{label}.log"), on_line, gpu)
+                        os.path.join(out_dir, f"worker-{label}.log"), on_line, *slot)
                 os.remove(cfg_path)
             finally:
-                free.put(gpu)
+                free.put(slot)
 
         with ThreadPoolExecutor(max_workers=len(cfg.gpus) or 1) as pool:
             futures = [pool.submit(run_unit, label, unit_cfg) for label, unit_cfg in units]
@@ -187,6 +205,10 @@ def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupte
                                              "record; see the notes beside this directory")
     env.pop("allocator", None)
     env.pop("cuda_visible_devices", None)
+    env.pop("cpus", None)
+    shares = sorted({m["cpus"] for m in metas if m.get("cpus")})
+    if shares:
+        env["cpu_shares"] = shares  # the cores each GPU's worker was pinned to
     gpus = sorted({m["cuda_visible_devices"] for m in metas if m.get("cuda_visible_devices") is not None})
     if gpus:
         env["gpus_used"] = gpus  # one worker per GPU at a time (CUDA_VISIBLE_DEVICES of each worker)
@@ -194,7 +216,7 @@ def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupte
     if earlier is not None:
         results["commands"] = earlier["commands"] + [command]
         results["configs"] = earlier.get("configs", [earlier["config"]]) + [cfg]
-        results["rows"] = earlier["rows"] + rows
+        results["rows"] = latest_rows(earlier["rows"] + rows)  # a row measured now replaces a "not run" one
         results["interrupted"] = interrupted or earlier.get("interrupted", False)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -149,7 +149,9 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
     model = forced = None
     started = time.perf_counter()
     with open(out_path, "a") as sink:
-        meta = dict(environment(), allocator=allocator, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        meta = dict(environment(), allocator=allocator, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    cpus=",".join(map(str, sorted(os.sched_getaffinity(0)))) if os.environ.get("OVERLAPDECODE_CPUS")
+                    else None)  # the cores this process really runs on
         sink.write(json.dumps(dict(meta=meta)) + "\n")  # kept if interrupted
         for i, (dtype, batch, workload, n, name) in enumerate(rows):
             base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
@@ -190,6 +192,8 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
 
 
 def main(argv=None) -> int:
+    if os.environ.get("OVERLAPDECODE_CPUS"):  # this GPU's share of the host's cores (runner.cpu_shares)
+        os.sched_setaffinity(0, {int(c) for c in os.environ["OVERLAPDECODE_CPUS"].split(",")})
     ap = argparse.ArgumentParser(description="one benchmark process (started by `overlapdecode bench`)")
     ap.add_argument("--config", required=True, help="BenchConfig as JSON")
     ap.add_argument("--out", required=True, help="JSON-lines file to append rows to")
