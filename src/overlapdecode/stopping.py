@@ -96,14 +96,13 @@ class StopCheck:
         The prefill (step 0) stays on the caller's stream, so that its activations come from the same
         allocator pool as in the sync loop; the decode steps alternate between the side streams.
         """
-        stream = self.streams[j % len(self.streams)]
-        if stream is None or len(self.streams) == 1 or j == 0:
-            yield  # one stream, or the prefill: program order on the caller's stream orders it
+        if len(self.streams) == 1 or j == 0:
+            yield  # one stream (the caller's; None on CPU), or the prefill: program order orders it
         else:
+            stream = self.streams[j % len(self.streams)]
             with torch.cuda.stream(stream):
-                if j > 0:
-                    # stream hand-off: step j reads step j-1's token, position, finished mask and cache
-                    stream.wait_event(self.events[self.slot(j - 1)])
+                # stream hand-off: step j reads step j-1's token, position, finished mask and cache
+                stream.wait_event(self.events[self.slot(j - 1)])
                 yield
 
     def publish(self, j: int, done: torch.Tensor, tokens: torch.Tensor) -> None:

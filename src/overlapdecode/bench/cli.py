@@ -221,19 +221,14 @@ def cmd_profile(args) -> int:
 def cmd_report(args) -> int:
     import os
 
-    from .report import build
-    from .runner import finalize
-
-    from .report import gather
+    from .profile import rebuild
+    from .report import build, gather
+    from .runner import finalize, rows_files
 
     if args.interrupted is not None:
-        from .runner import rows_files
-
         if len(args.dir) != 1 or not rows_files(args.dir[0]):
             raise CliError("--interrupted takes one directory holding the rows*.jsonl of a stopped run")
         finalize(args.dir[0], args.interrupted, interrupted=True)
-    from .profile import rebuild
-
     for d in args.dir:
         if os.path.exists(os.path.join(d, "summary.json")) and not os.path.exists(os.path.join(d, "results.json")):
             rebuild(d)  # a profile directory: analyse its saved traces again

@@ -75,11 +75,12 @@ def environment() -> dict:
     return env
 
 
-def cpu_shares(slots: int) -> list[list[int]]:
-    """Disjoint sets of the CPU cores this process may use, one per GPU slot (all of them for one slot)."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    if slots <= 1:
-        return [cpus]
+def cpu_shares(slots: int) -> list[list[int] | None]:
+    """Disjoint sets of the CPU cores this process may use, one per GPU slot; None (no pinning) for a single
+    slot or where the OS cannot pin (no sched_setaffinity)."""
+    if slots <= 1 or not hasattr(os, "sched_setaffinity"):
+        return [None] * max(slots, 1)
+    cpus = sorted(os.sched_getaffinity(0))
     k = max(1, len(cpus) // slots)
     return [cpus[i * k:(i + 1) * k] or cpus for i in range(slots)]
 
@@ -139,7 +140,7 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
     from . import report
 
     os.makedirs(out_dir, exist_ok=True)
-    for stale in glob.glob(os.path.join(out_dir, "rows*.jsonl")):
+    for stale in rows_files(out_dir):
         os.remove(stale)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         f.write(config_json(cfg))
@@ -149,9 +150,9 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
                   disable=not progress, transient=False) as bar:
         tasks = {label: bar.add_task(f"[{label}] waiting", total=None) for label, _ in units}
         free = queue.Queue()
-        shares = cpu_shares(len(cfg.gpus))
-        for i, gpu in enumerate(cfg.gpus or [None]):
-            free.put((gpu, shares[i] if len(cfg.gpus) > 1 else None))
+        gpus = cfg.gpus or (None,)
+        for slot in zip(gpus, cpu_shares(len(gpus))):
+            free.put(slot)
 
         def run_unit(label, unit_cfg):
             task = tasks[label]
@@ -179,7 +180,7 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
             finally:
                 free.put(slot)
 
-        with ThreadPoolExecutor(max_workers=len(cfg.gpus) or 1) as pool:
+        with ThreadPoolExecutor(max_workers=len(gpus)) as pool:
             futures = [pool.submit(run_unit, label, unit_cfg) for label, unit_cfg in units]
             errors = [str(f.exception()) for f in futures if f.exception() is not None]
     if errors:
