@@ -8,12 +8,23 @@ only the text is meaningless, which the command line says.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-EMBEDDED = ("gpt2-random", "tiny-gpt2", "tiny-llama")
+EMBEDDED = ("gpt2-random", "llama-1b-random", "llama-8b-random", "llama-70b-random", "tiny-gpt2", "tiny-llama")
+
+# Real-size Llama shapes: (hidden, layers, heads, kv heads, intermediate, tied embeddings, rope theta, rope
+# scaling). Llama-3.2-1B, Llama-3-8B, Llama-3-70B; vocabulary 128256. Random weights, made on the device.
+_LLAMA_SHAPES = {
+    "llama-1b-random": (2048, 16, 32, 8, 8192, True, 500000.0,
+                        dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=8192)),
+    "llama-8b-random": (4096, 32, 32, 8, 14336, False, 500000.0, None),
+    "llama-70b-random": (8192, 80, 64, 8, 28672, False, 500000.0, None),
+}
 
 _DTYPES = {
     "float32": torch.float32,
@@ -40,6 +51,15 @@ def embedded_config(name: str):
     """The config of an embedded model name; EOS is the last vocabulary id, as in GPT-2."""
     if name == "gpt2-random":
         return GPT2Config()  # 124M: 12 layers, 768 wide, 12 heads, 1024 positions, 50257 tokens
+    if name in _LLAMA_SHAPES:
+        hidden, layers, heads, kv_heads, inter, tied, theta, scaling = _LLAMA_SHAPES[name]
+        rope = dict(rope_type="default", rope_theta=theta) if scaling is None else dict(scaling, rope_theta=theta)
+        return LlamaConfig(
+            vocab_size=128256, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            num_key_value_heads=kv_heads, intermediate_size=inter, tie_word_embeddings=tied,
+            max_position_embeddings=131072 if scaling else 8192, rms_norm_eps=1e-5, rope_parameters=rope,
+            bos_token_id=128000, eos_token_id=128001,
+        )
     if name == "tiny-gpt2":
         return GPT2Config(
             vocab_size=1000, n_positions=256, n_embd=64, n_layer=2, n_head=4, bos_token_id=999, eos_token_id=999,
@@ -58,6 +78,16 @@ def embedded_config(name: str):
             eos_token_id=2,
         )
     raise ValueError(f"unknown embedded model {name!r}; embedded models are {', '.join(EMBEDDED)}")
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def load_model(
@@ -85,7 +115,10 @@ def load_model(
         config = embedded_config(name_or_path)
         config._attn_implementation = attn_implementation
         cls = GPT2LMHeadModel if config.model_type == "gpt2" else LlamaForCausalLM
-        with torch.random.fork_rng(devices=[]):
+        # Made directly on the device in the asked dtype: an 8B shape never takes a 16 GB detour through
+        # host memory. The seed fixes the weights for a given device (CPU and CUDA generators differ).
+        fork = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=fork, device_type=device.type), _default_dtype(torch_dtype), device:
             torch.manual_seed(seed)
             model = cls(config)
         model.generation_config.eos_token_id = config.eos_token_id
