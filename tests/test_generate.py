@@ -99,11 +99,17 @@ def test_streamer_receives_each_steps_tokens(tiny_gpt2):
 
 
 def test_inference_mode_then_plain_call(tiny_gpt2):
-    """A kept static cache made under inference_mode must not break a later plain call (and vice versa)."""
+    """A kept static cache made under inference_mode holds inference tensors, which cannot be reset outside it:
+    the decoder keeps one per mode, and each mode's later calls reuse their own."""
     ids, mask = make_batch(2, seed=12)
     ref = naive_generate(tiny_gpt2, ids, mask, 10, [], 0)
+    dec = od.Decoder(tiny_gpt2)
+    kw = dict(attention_mask=mask, max_new_tokens=10, strategy="static", eos_token_id=[])
     with torch.inference_mode():
-        a = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=10, strategy="static", eos_token_id=[])
-    b = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=10, strategy="static", eos_token_id=[])
-    b[0, 0] = b[0, 0]  # an ordinary tensor: in-place works
-    assert torch.equal(a, ref) and torch.equal(b, ref)
+        a = dec.generate(ids, **kw)
+    b = dec.generate(ids, **kw)  # would raise if it reset the inference-mode cache
+    with torch.inference_mode():
+        c = dec.generate(ids, **kw)
+    d = dec.generate(ids, **kw)
+    assert all(torch.equal(x, ref) for x in (a, b, c, d))
+    assert len(dec.static_caches) == 2  # one per mode, reused, not one per call

@@ -33,13 +33,20 @@ def test_seed_gives_the_same_tokens_for_every_eager_strategy(tiny_model, setting
     assert not torch.equal(greedy, ref)
 
 
-def test_seed_gives_the_same_tokens_compiled(tiny_gpt2):
+def test_seed_gives_the_same_tokens_compiled_with_a_late_stop(tiny_gpt2):
+    """Compiled sampling (one graph for compiled and interleaved) and the late stop of the ping-pong: the rows
+    stop at different steps, chosen from a free sampled run, and interleaved drops the tokens of its late step."""
     ids, mask = make_batch(4, seed=32)
-    kw = dict(attention_mask=mask, max_new_tokens=N, do_sample=True, eos_token_id=[], temperature=0.9, top_k=50,
-              top_p=0.9, seed=7)
-    ref = od.generate(tiny_gpt2, ids, strategy="static", **kw)
+    kw = dict(attention_mask=mask, max_new_tokens=N, do_sample=True, temperature=0.9, top_k=50, top_p=0.9, seed=7)
+    free = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=[], **kw)[:, ids.shape[1]:]
+    eos = sorted({int(free[r, 2 * r + 2]) for r in range(4)})  # row r stops at step 2r+2 at the latest
+    ref = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=eos, **kw)
+    assert ref.shape[1] < ids.shape[1] + N, "the batch should stop before max_new_tokens"
     for preset in ("compiled", "interleaved"):
-        assert torch.equal(od.generate(tiny_gpt2, ids, strategy=preset, **kw), ref), preset
+        got = []
+        out = od.generate(tiny_gpt2, ids, strategy=preset, eos_token_id=eos, streamer=got.append, **kw)
+        assert torch.equal(out, ref), preset
+        assert torch.equal(torch.stack(got, 1), out[:, ids.shape[1]:]), preset  # no late token streamed
 
 
 def test_global_seed_governs_seed_none(tiny_gpt2):

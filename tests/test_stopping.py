@@ -7,12 +7,14 @@ loop, and the streamer fed one step late.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import overlapdecode as od
 from helpers import hf_generate, make_batch, naive_generate
-from overlapdecode.stopping import mark_finished, steps_until_all_finished
+from overlapdecode.stopping import Slots, make_check, mark_finished, steps_until_all_finished
 
 N = 12
 LATE = [
@@ -67,6 +69,10 @@ def test_eos_on_the_last_allowed_token(tiny_gpt2, strategy):
 @pytest.mark.parametrize("strategy", LATE, ids=IDS)
 def test_max_new_tokens_one(tiny_gpt2, strategy):
     ids, mask = make_batch(4, seed=23)
+    if not isinstance(strategy, str) and strategy.stop_check in ("pingpong", "deferred") and strategy.lag > 1:
+        with pytest.raises(ValueError, match=f"strategy: a stop check {strategy.lag} steps late"):  # a lag beyond the steps
+            od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=1, strategy=strategy)
+        strategy = dataclasses.replace(strategy, lag=1)
     out = check_against_sync(tiny_gpt2, ids, mask, 1, [999], strategy)
     assert out.shape[1] == ids.shape[1] + 1
 
@@ -132,3 +138,38 @@ def test_lag_by_name(tiny_gpt2):
     free = free_run(tiny_gpt2, ids, mask)
     eos = sorted({int(free[r, r + 2]) for r in range(4)})
     check_against_sync(tiny_gpt2, ids, mask, N, eos, "interleaved:3")
+
+
+def run_protocol(check, n_steps, stop_at):
+    """Drive a check as the decode loop does, with step j's flag = (j >= stop_at) and its token = j."""
+    for j in range(n_steps):
+        with check.step(j):
+            check.publish(j, torch.tensor(j >= stop_at), torch.tensor([j]))
+        n = check.after_step(j)
+        if n is not None:
+            return n, j
+    return check.drain(), None
+
+
+@pytest.mark.parametrize("name,lag", [("sync", 0), ("pingpong", 1), ("pingpong", 3), ("deferred", 2)])
+def test_the_stop_protocol_reads_each_flag_lag_steps_late(name, lag):
+    n_steps = 6
+    for stop_at in range(n_steps + 1):  # n_steps: never
+        got = []
+        check = make_check(name, lag, n_steps, None, None, Slots(lag + 1, 1, torch.device("cpu")),
+                           torch.zeros(1, n_steps, dtype=torch.long), torch.tensor([9]), got.append)
+        n, broke_at = run_protocol(check, n_steps, stop_at)
+        assert n == min(stop_at + 1, n_steps)  # what the sync loop runs
+        # the loop stops enqueuing `lag` steps after the stop, or drains the owed flags at the end
+        assert broke_at == (stop_at + lag if stop_at + lag < n_steps else None)
+        assert [int(t) for t in got] == list(range(n))  # tokens of the kept steps only, in order
+        check.finish()
+
+
+def test_end_check_finds_the_stop_after_the_loop():
+    generated = torch.tensor([[1, 9, 0, 0, 0], [1, 2, 3, 9, 0]])  # row 0 stops at step 1, row 1 at step 3
+    got = []
+    check = make_check("end", 1, 5, None, None, None, generated, torch.tensor([9]), got.append)
+    n, broke_at = run_protocol(check, 5, stop_at=3)
+    assert (n, broke_at) == (4, None)
+    assert torch.equal(torch.stack(got, 1), generated[:, :4])

@@ -5,15 +5,18 @@
     out = od.generate(model, input_ids, max_new_tokens=32, strategy="interleaved")
 """
 
-from .decode import PRESETS, VARIANTS, Strategy, compile_count, generate, resolve_strategy
+from .decode import Decoder, compile_count, decoder_for, generate
+from .strategy import PRESETS, VARIANTS, Strategy, resolve_strategy
 from .models import EMBEDDED, load_model, load_tokenizer
 
 __all__ = [
+    "Decoder",
     "EMBEDDED",
     "PRESETS",
     "VARIANTS",
     "Strategy",
     "compile_count",
+    "decoder_for",
     "generate",
     "load_model",
     "load_tokenizer",

@@ -19,11 +19,8 @@ from collections import OrderedDict
 import torch
 from transformers import DynamicCache, StaticCache
 
-CACHE_KINDS = ("none", "dynamic", "static")
+from .strategy import CACHE_KINDS
 
-# Static caches (and so compiled graphs, whose guards hold their tensors) are kept per model and shape,
-# so that a second call of the same shape neither reallocates nor recompiles. A few shapes are kept.
-_KEEP_STATIC = 4
 
 # Round the static cache length up, so that nearby prompt lengths share one compiled graph.
 STATIC_ROUND = 64
@@ -45,6 +42,9 @@ class NoCache:
     """`baseline`: every step re-runs the whole sequence, read from the output buffer (O(N^2) work)."""
 
     kind = "none"
+
+    def used_on(self, streams: list) -> None:
+        """Nothing made by the prefill is freed during the loop."""
 
     def __init__(self, model, out: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int):
         self.out = out  # (B, P + N): prompt, then each step's token, written by the loop
@@ -80,6 +80,10 @@ class _WithCache:
     def mask_for_step(self, step: int) -> torch.Tensor:
         raise NotImplementedError
 
+    def used_on(self, streams: list) -> None:
+        """The prefill's cache tensors (made on the caller's stream) are read, and freed, by later steps on
+        `streams`: tell the allocator, so that their blocks are not reused before those steps ran."""
+
     def model_kwargs(self, step: int) -> dict:
         """Step 0: the prompt. Later steps: everything but the token and its position, which the decode step
         takes from its state (so that a compiled step reads them inside its graph)."""
@@ -110,16 +114,27 @@ class DynamicKV(_WithCache):
     def mask_for_step(self, step: int) -> torch.Tensor:
         return self.full_mask[:, : self.prompt_len + step]
 
+    def used_on(self, streams: list) -> None:
+        # Each step concatenates a new key/value block and drops the old one, on its own side stream;
+        # the prefill's blocks come from the caller's stream's pool, which does not wait for the side
+        # streams until the loop ends (a streamer may allocate on it meanwhile).
+        for layer in self.cache.layers:
+            for t in (layer.keys, layer.values):
+                if isinstance(t, torch.Tensor):
+                    for s in streams:
+                        t.record_stream(s)  # stream hand-off: freed blocks wait for this stream's work
+
 
 class StaticKV(_WithCache):
     """`static`: Hugging Face `StaticCache` pre-allocated for prompt + max_new_tokens; one fixed-shape mask."""
 
     kind = "static"
 
-    def __init__(self, model, input_ids, attention_mask, max_new_tokens: int, compiled: bool = False):
+    def __init__(self, model, input_ids, attention_mask, max_new_tokens: int, store: "StaticCaches",
+                 compiled: bool = False):
         B, P = input_ids.shape
         max_cache_len = static_cache_len(P, max_new_tokens)
-        cache, full = _static_cache_for(model, B, max_cache_len)
+        cache, full = store.get(model, B, max_cache_len)
         if compiled and any(getattr(layer, "is_sliding", False) for layer in cache.layers):
             raise ValueError(
                 "strategy: this model has sliding-window layers, whose Hugging Face static cache keeps a Python "
@@ -134,41 +149,51 @@ class StaticKV(_WithCache):
         return self.full_mask  # fixed shape and address: what a CUDA graph needs
 
 
-def _static_cache_for(model, batch_size: int, max_cache_len: int) -> tuple[StaticCache, torch.Tensor]:
-    """A reset `StaticCache` and its (B, max_cache_len) mask buffer, kept on the model per shape.
+class StaticCaches:
+    """The static caches (and their masks) kept by one decoder, a few shapes, most recently used last.
 
-    Kept so that a compiled graph sees the same tensors call after call: the cache's are marked static
-    addresses by Hugging Face, the mask's here, so neither is copied into the graph at each replay.
+    Kept so that a second call of the same shape neither reallocates nor recompiles: a compiled graph sees
+    the same tensors call after call (the cache's are marked static addresses by Hugging Face, the mask's
+    here, so neither is copied into the graph at each replay). Evicting a shape frees its tensors; a graph
+    recorded on them is then re-recorded for new ones (tested under CUDA graphs in tests/gpu).
     """
-    store = model.__dict__.setdefault("_overlapdecode_static_caches", OrderedDict())
-    param = next(model.parameters())
-    # a cache made under inference_mode holds inference tensors, which cannot be reset outside it
-    key = (batch_size, max_cache_len, param.dtype, param.device, torch.is_inference_mode_enabled())
-    entry = store.pop(key, None)
-    if entry is None:
-        cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
-        mask = torch.ones((batch_size, max_cache_len), dtype=torch.long, device=param.device)
-        torch._dynamo.mark_static_address(mask)
-        entry = (cache, mask)
-    else:
-        entry[0].reset()  # writes restart at 0: the counter lives on the device, not in our step index
-    store[key] = entry
-    while len(store) > _KEEP_STATIC:
-        store.popitem(last=False)
-    return entry
+
+    def __init__(self, keep: int = 4):
+        self.keep = keep
+        self._entries: OrderedDict = OrderedDict()
+
+    def get(self, model, batch_size: int, max_cache_len: int) -> tuple[StaticCache, torch.Tensor]:
+        """A reset `StaticCache` and its (B, max_cache_len) mask buffer for this shape."""
+        param = next(model.parameters())
+        # a cache made under inference_mode holds inference tensors, which cannot be reset outside it
+        key = (batch_size, max_cache_len, param.dtype, param.device, torch.is_inference_mode_enabled())
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+            mask = torch.ones((batch_size, max_cache_len), dtype=torch.long, device=param.device)
+            torch._dynamo.mark_static_address(mask)
+            entry = (cache, mask)
+        else:
+            entry[0].reset()  # writes restart at 0: the counter lives on the device, not in our step index
+        self._entries[key] = entry
+        while len(self._entries) > self.keep:
+            self._entries.popitem(last=False)
+        return entry
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
-def drop_static_caches(model) -> None:
-    """Free the static caches kept on `model` (the benchmark calls it between configurations)."""
-    model.__dict__.pop("_overlapdecode_static_caches", None)
-
-
-def make_cache(kind: str, model, input_ids, attention_mask, out, max_new_tokens: int, compiled: bool = False):
-    """The cache object for one call of `generate`."""
+def make_cache(kind: str, model, input_ids, attention_mask, out, max_new_tokens: int, store: StaticCaches,
+               compiled: bool = False):
+    """The cache object for one call of `generate`; static caches come from the decoder's `store`."""
     if kind == "none":
         return NoCache(model, out, attention_mask, input_ids.shape[1])
     if kind == "dynamic":
         return DynamicKV(model, input_ids, attention_mask, max_new_tokens)
     if kind == "static":
-        return StaticKV(model, input_ids, attention_mask, max_new_tokens, compiled)
+        return StaticKV(model, input_ids, attention_mask, max_new_tokens, store, compiled)
     raise ValueError(f"cache must be one of {CACHE_KINDS}, got {kind!r}")

@@ -1,89 +1,28 @@
-"""The decode loop, the `Strategy` that configures it, and the presets of the brief.
+"""The decode loop and the `Decoder` that owns its state; `generate` uses one decoder kept per model.
 
 One loop serves every strategy: step 0 is the (eager) prefill, step j >= 1 feeds token j-1 through one
 model forward, picks token j, replaces it by pad on finished rows and updates the finished mask, all on the
-device. A strategy chooses the cache (caches.py), whether the one-token step is compiled, and the stop
-check (stopping.py). The tokens do not depend on the strategy: the tests compare every preset with Hugging
-Face `generate()` and with the no-cache loop.
+device. A strategy (strategy.py) chooses the cache (caches.py), whether the one-token step is compiled, and
+the stop check (stopping.py). The tokens do not depend on the strategy: the tests compare every preset with
+Hugging Face `generate()` and with the no-cache loop.
+
+A `Decoder` owns what outlives one call: the kept static caches, the two side streams, the pinned stop-flag
+slots, the compiled step, and the event that marks the end of its last call. It runs one call at a time.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from dataclasses import dataclass
+import threading
+import weakref
 
 import torch
 
 from . import caches, markers
 from .inputs import Request, check_request, model_device
 from .sampling import SamplingParams, check_sampling, draw_noise, make_generator, pick_next
-from .stopping import STOP_CHECKS, EndCheck, make_check, mark_finished, steps_until_all_finished
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """How to decode. `cache`: none | dynamic | static; `compile`: torch.compile the one-token step
-    (mode="reduce-overhead": CUDA graphs on CUDA), static cache only; `stop_check`: sync | pingpong |
-    deferred | end; `lag`: how many steps late pingpong/deferred read the stop flag."""
-
-    cache: str = "static"
-    compile: bool = False
-    stop_check: str = "sync"
-    lag: int = 1
-
-    def __post_init__(self):
-        if self.cache not in caches.CACHE_KINDS:
-            raise ValueError(f"strategy.cache must be one of {caches.CACHE_KINDS}, got {self.cache!r}")
-        if not isinstance(self.compile, bool):
-            raise TypeError(f"strategy.compile must be a bool, got {type(self.compile).__name__}")
-        if self.compile and self.cache != "static":
-            raise ValueError(
-                "strategy.compile needs cache='static': with a growing cache every step has a new shape"
-            )
-        if self.stop_check not in STOP_CHECKS:
-            raise ValueError(f"strategy.stop_check must be one of {STOP_CHECKS}, got {self.stop_check!r}")
-        if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 1:
-            raise ValueError(f"strategy.lag must be an int >= 1, got {self.lag!r}")
-
-    @property
-    def check_lag(self) -> int:
-        return self.lag if self.stop_check in ("pingpong", "deferred") else 0
-
-
-PRESETS: dict[str, Strategy] = {
-    "baseline": Strategy(cache="none", compile=False, stop_check="sync"),
-    "kv": Strategy(cache="dynamic", compile=False, stop_check="sync"),
-    "static": Strategy(cache="static", compile=False, stop_check="sync"),
-    "compiled": Strategy(cache="static", compile=True, stop_check="sync"),
-    "interleaved": Strategy(cache="static", compile=True, stop_check="pingpong", lag=1),
-}
-
-# Not presets of the brief, but named so the benchmark and the command line can ask for them.
-VARIANTS: dict[str, Strategy] = {
-    "deferred": Strategy(cache="static", compile=True, stop_check="deferred", lag=1),
-    "nocheck": Strategy(cache="static", compile=True, stop_check="end"),  # upper bound: no per-step read
-}
-
-
-def resolve_strategy(strategy) -> Strategy:
-    """A Strategy, a preset or variant name, or `NAME:K` for a late-check one read K steps late
-    (`interleaved:2`, `deferred:3`), so that the command line can ask for any lag."""
-    if isinstance(strategy, Strategy):
-        return strategy
-    if isinstance(strategy, str):
-        name, _, lag = strategy.partition(":")
-        known = PRESETS.get(name) or VARIANTS.get(name)
-        if known is None:
-            raise ValueError(
-                f"unknown strategy {strategy!r}; presets: {', '.join(PRESETS)}; variants: {', '.join(VARIANTS)}"
-            )
-        if not lag:
-            return known
-        if known.check_lag == 0 or not lag.isdigit() or int(lag) < 1:
-            raise ValueError(f"strategy {strategy!r}: ':K' (K >= 1) applies to interleaved and deferred only")
-        return dataclasses.replace(known, lag=int(lag))
-    raise TypeError(f"strategy must be a preset name or an overlapdecode.Strategy, got {type(strategy).__name__}")
+from .stopping import Slots, make_check, mark_finished
+from .strategy import Strategy, resolve_strategy
 
 
 def decode_step(model, model_kwargs: dict, state, eos_ids, pad_id: int, noise, params: SamplingParams):
@@ -121,6 +60,221 @@ def compile_count() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
+class Decoder:
+    """Generation for one model, with the state that outlives a call owned here, not on the model.
+
+        dec = od.Decoder(model)
+        out = dec.generate(input_ids, max_new_tokens=64, strategy="interleaved")   # as od.generate
+
+    One call at a time: a second call that overlaps a running one (from another thread, or from a streamer
+    of the running call) raises RuntimeError at once; it never waits and never shares the running call's
+    cache. A server that shares a model between requests serialises them with a lock around `generate`
+    (or gives each worker its own model and decoder).
+
+    Between calls: a call ends with its last step's completion recorded as an event on the caller's stream,
+    and the next call's stream waits on that event before it resets a kept cache or reuses a pinned slot,
+    so steps still running after a late stop can never see the next call's writes, whatever stream the next
+    call runs on.
+    """
+
+    def __init__(self, model, keep_static: int = 4):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module (a Hugging Face causal LM), got {type(model).__name__}")
+        self.model = model
+        self.static_caches = caches.StaticCaches(keep_static)
+        self._lock = threading.Lock()
+        self._side_streams: dict = {}  # device -> two streams, made once: new streams per call would each
+        # get their own allocator pool (and library workspaces), raising reserved memory
+        self._slots: dict = {}  # (slots, batch, device) -> Slots, pinned host memory reused call after call
+        self._end_event: torch.cuda.Event | None = None  # the last call's last step, on its caller's stream
+
+    def clear(self) -> None:
+        """Free the kept static caches and pinned slots (the benchmark calls it between configurations)."""
+        with self._guard():
+            self.static_caches.clear()
+            self._slots.clear()
+
+    def generate(
+        self,
+        input_ids,
+        attention_mask=None,
+        max_new_tokens: int = 64,
+        strategy="interleaved",
+        eos_token_id=None,
+        pad_token_id=None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        streamer=None,
+    ) -> torch.Tensor:
+        """Generate up to `max_new_tokens` tokens after each prompt (the arguments of `od.generate`).
+
+        Returns (B, P + n) ids: the prompt, then the generated tokens (pad after a row's EOS); n is the
+        number of steps until every row emitted EOS, or max_new_tokens.
+        """
+        strat = resolve_strategy(strategy)
+        req = check_request(self.model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
+        params = check_sampling(do_sample, temperature, top_k, top_p, seed)
+        if strat.lag > req.max_new_tokens and strat.stop_check in ("pingpong", "deferred"):
+            raise ValueError(
+                f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
+                f"{req.max_new_tokens}; use a lag <= max_new_tokens"
+            )
+        sink = _token_sink(streamer)
+        with self._guard(), torch.no_grad():
+            return self._decode(req, strat, params, seed, sink)
+
+    def _guard(self):
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(
+                "this model's Decoder is already generating (another thread, or a streamer calling generate "
+                "again): one call at a time per decoder; serialise calls with a lock, or give each worker its "
+                "own model and od.Decoder"
+            )
+        return _Release(self._lock)
+
+    def _streams_for(self, device: torch.device) -> list:
+        if device not in self._side_streams:
+            self._side_streams[device] = [torch.cuda.Stream(device) for _ in range(2)]
+        return self._side_streams[device]
+
+    def _slots_for(self, n: int, batch: int, device: torch.device) -> Slots:
+        key = (n, batch, device)
+        if key not in self._slots:
+            while len(self._slots) >= 4:
+                self._slots.pop(next(iter(self._slots)))
+            self._slots[key] = Slots(n, batch, device)
+        return self._slots[key]
+
+    def _decode(self, req: Request, strat: Strategy, params: SamplingParams, seed, sink) -> torch.Tensor:
+        model = self.model
+        device = model_device(model)
+        cuda = device.type == "cuda"
+        main = torch.cuda.current_stream(device) if cuda else None
+        B, P = req.input_ids.shape
+        N = req.max_new_tokens
+        if self._end_event is not None:
+            # stream hand-off: the last call's late steps are done before this call resets what they used
+            main.wait_event(self._end_event)
+
+        # 1) buffers made once on the caller's stream, before the loop
+        out = torch.empty((B, P + N), dtype=torch.long, device=device)  # (B, P + N)
+        out[:, :P] = req.input_ids
+        cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N,
+                                  self.static_caches, strat.compile)
+        eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
+        # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
+        # outputs are overwritten by its next replay, so they are copied here before the next step runs.
+        state = torch.zeros((B, 3), dtype=torch.long, device=device)
+        generator = make_generator(params, seed, device)
+        vocab_out = model.get_output_embeddings().weight.shape[0]
+        side = self._streams_for(device) if cuda and strat.stop_check == "pingpong" else None
+        slots = self._slots_for(strat.lag + 1, B, device) if strat.stop_check in ("pingpong", "deferred") else None
+        if sink is not None:
+            sink.start(req.input_ids)
+        check = make_check(strat.stop_check, strat.lag, N, main, side, slots, out[:, P:], eos_ids,
+                           sink.put if sink is not None else None)
+        step_fn = compiled_decode_step() if strat.compile else decode_step
+
+        try:
+            # 2) the loop: step j enqueues token j; the check reads the flag it owes after each step
+            for j in range(N):
+                with check.step(j), markers.phase(markers.PREFILL if j == 0 else markers.DECODE_STEP, cuda):
+                    kwargs = cache.model_kwargs(j)
+                    noise = draw_noise((B, vocab_out), device, generator)
+                    if j == 0 or not strat.compile:
+                        new_state, done = decode_step(model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                    else:
+                        torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
+                        new_state, done = step_fn(model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                    state.copy_(new_state)  # before the next replay overwrites new_state
+                    out[:, P + j] = state[:, 0]
+                    check.publish(j, done, state[:, 0])
+                if j == 0 and side is not None:
+                    cache.used_on(side)
+                with markers.phase(markers.STOP_CHECK, cuda):
+                    n = check.after_step(j)
+                if n is not None:
+                    break  # steps n .. j ran late: their tokens are dropped below
+            else:
+                # 3) a late check still owes the flags of the last `lag` steps
+                with markers.phase(markers.STOP_CHECK, cuda):
+                    n = check.drain()
+        finally:
+            check.finish()  # the caller's stream waits for every step enqueued, also if a streamer raised
+            if cuda:
+                self._end_event = torch.cuda.Event()
+                self._end_event.record(main)  # on the caller's stream, after every step of this call
+            if sink is not None:
+                sink.end()  # also on error: an iterator streamer's reader must not wait for ever
+        return out if n == N else out[:, : P + n].clone()
+
+
+class _Release:
+    def __init__(self, lock):
+        self.lock = lock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+class _TokenSink:
+    """A streamer seen through one interface: a callable of (B,) host tokens, or a Hugging Face streamer
+    object (`put`/`end`: `TextStreamer`, `TextIteratorStreamer`), which first receives the prompt, as from
+    Hugging Face `generate()`."""
+
+    def __init__(self, streamer):
+        self.streamer = streamer
+        self.hf = hasattr(streamer, "put") and hasattr(streamer, "end")
+
+    def start(self, input_ids: torch.Tensor) -> None:
+        if self.hf:
+            self.streamer.put(input_ids.cpu())  # host sync (once, before the loop), as Hugging Face does
+
+    def put(self, tokens: torch.Tensor) -> None:
+        if self.hf:
+            self.streamer.put(tokens)
+        else:
+            self.streamer(tokens)
+
+    def end(self) -> None:
+        if self.hf:
+            self.streamer.end()
+
+
+def _token_sink(streamer) -> _TokenSink | None:
+    if streamer is None:
+        return None
+    if not (callable(streamer) or (hasattr(streamer, "put") and hasattr(streamer, "end"))):
+        raise TypeError(
+            "streamer must be callable (given each step's (B,) host tokens), a Hugging Face streamer (put/end) or None, got "
+            f"{type(streamer).__name__}"
+        )
+    return _TokenSink(streamer)
+
+
+# `od.generate` keeps one decoder per model, so that its caches and compiled graphs are reused call after
+# call; weakly keyed, so that a model that is no longer used is freed with its decoder.
+_DECODERS: "weakref.WeakKeyDictionary[torch.nn.Module, Decoder]" = weakref.WeakKeyDictionary()
+_DECODERS_LOCK = threading.Lock()
+
+
+def decoder_for(model) -> Decoder:
+    """The decoder `od.generate` keeps for `model` (made on first use)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a Hugging Face causal LM), got {type(model).__name__}")
+    with _DECODERS_LOCK:
+        dec = _DECODERS.get(model)
+        if dec is None:
+            dec = _DECODERS[model] = Decoder(model)
+        return dec
+
+
 def generate(
     model,
     input_ids,
@@ -136,82 +290,14 @@ def generate(
     seed: int | None = None,
     streamer=None,
 ) -> torch.Tensor:
-    """Generate up to `max_new_tokens` tokens after each prompt; see DESIGN.md for the contract.
+    """Generate up to `max_new_tokens` tokens after each prompt with the decoder kept for `model`.
 
-    Returns (B, P + n) ids: the prompt, then the generated tokens (pad after a row's EOS); n is the number
-    of steps until every row emitted EOS, or max_new_tokens.
+    The contract (arguments, output, errors, stop-check semantics) is in docs/DESIGN.md. Returns (B, P + n)
+    ids: the prompt, then the generated tokens (pad after a row's EOS); n is the number of steps until every
+    row emitted EOS, or max_new_tokens. One call at a time per model (RuntimeError otherwise).
     """
-    strat = resolve_strategy(strategy)
-    req = check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
-    params = check_sampling(do_sample, temperature, top_k, top_p, seed)
-    if streamer is not None and not callable(streamer):
-        raise TypeError(f"streamer must be callable or None, got {type(streamer).__name__}")
-    with torch.no_grad():
-        return _decode(model, req, strat, params, seed, streamer)
-
-
-def _decode(model, req: Request, strat: Strategy, params: SamplingParams, seed, streamer) -> torch.Tensor:
-    device = model_device(model)
-    cuda = device.type == "cuda"
-    B, P = req.input_ids.shape
-    N = req.max_new_tokens
-
-    # 1) buffers made once on the caller's stream, before the loop
-    out = torch.empty((B, P + N), dtype=torch.long, device=device)  # (B, P + N)
-    out[:, :P] = req.input_ids
-    cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N, strat.compile)
-    eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
-    # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
-    # outputs are overwritten by its next replay, so they are copied here before the next step runs.
-    state = torch.zeros((B, 3), dtype=torch.long, device=device)
-    generator = make_generator(params, seed, device)
-    vocab_out = model.get_output_embeddings().weight.shape[0]
-    check = make_check(strat.stop_check, device, B, want_tokens=streamer is not None, lag=strat.lag)
-    lag = strat.check_lag
-    step_fn = compiled_decode_step() if strat.compile else decode_step
-
-    try:
-        # 2) the loop: step j enqueues token j; the stop flag of step j - lag is read after it
-        n = N
-        stopped = False
-        for j in range(N):
-            with check.step(j), markers.phase(markers.PREFILL if j == 0 else markers.DECODE_STEP, cuda):
-                kwargs = cache.model_kwargs(j)
-                noise = draw_noise((B, vocab_out), device, generator)
-                if j == 0 or not strat.compile:
-                    new_state, done = decode_step(model, kwargs, state, eos_ids, req.pad_id, noise, params)
-                else:
-                    torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
-                    new_state, done = step_fn(model, kwargs, state, eos_ids, req.pad_id, noise, params)
-                state.copy_(new_state)  # before the next replay overwrites new_state
-                out[:, P + j] = state[:, 0]
-                check.publish(j, done, state[:, 0])
-            if isinstance(check, EndCheck) or j - lag < 0:
-                continue
-            with markers.phase(markers.STOP_CHECK, cuda):
-                flag, host_tokens = check.poll(j - lag)
-            if streamer is not None:
-                streamer(host_tokens)
-            if flag:
-                n, stopped = j - lag + 1, True  # steps j-lag+1 .. j ran late: their tokens are dropped below
-                break
-
-        # 3) late checks still owe the flags of the last `lag` steps
-        if not stopped and not isinstance(check, EndCheck):
-            for k in range(max(N - lag, 0), N):
-                with markers.phase(markers.STOP_CHECK, cuda):
-                    flag, host_tokens = check.poll(k)
-                if streamer is not None:
-                    streamer(host_tokens)
-                if flag:
-                    n = k + 1
-                    break
-    finally:
-        check.finish()  # the caller's stream waits for every step enqueued, also if a streamer raised
-
-    if isinstance(check, EndCheck):
-        n = steps_until_all_finished(out[:, P:], eos_ids) if len(req.eos_ids) else N
-        if streamer is not None:
-            for row in out[:, P : P + n].T.cpu():  # host sync (once, after the loop)
-                streamer(row.clone())
-    return out if n == N else out[:, : P + n].clone()
+    return decoder_for(model).generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, strategy=strategy,
+        eos_token_id=eos_token_id, pad_token_id=pad_token_id, do_sample=do_sample, temperature=temperature,
+        top_k=top_k, top_p=top_p, seed=seed, streamer=streamer,
+    )

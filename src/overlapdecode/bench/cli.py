@@ -76,7 +76,7 @@ def _check_names(names, known, flag):
 
 def _check_strategies(text: str) -> tuple[str, ...]:
     """Preset or variant names, `NAME:K` for a lag of K (interleaved:2)."""
-    from ..decode import resolve_strategy
+    from ..strategy import resolve_strategy
 
     names = _names(text)
     for n in names:

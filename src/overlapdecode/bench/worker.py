@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 import torch
 
 import overlapdecode as od
-from overlapdecode.caches import drop_static_caches
 from overlapdecode.inputs import default_eos
 
 from . import memory, timeline
@@ -163,7 +162,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 continue
             if model is None or model._bench_dtype != dtype:
                 if model is not None:
-                    drop_static_caches(model)
+                    od.decoder_for(model).clear()
                 model = forced = None
                 model = od.load_model(cfg.model, dtype=dtype, device=device, seed=cfg.seed)
                 model._bench_dtype = dtype

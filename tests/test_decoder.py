@@ -1,0 +1,153 @@
+"""`od.Decoder`: state owned by the decoder, one call at a time, streamers of both kinds, kept caches."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+import overlapdecode as od
+from helpers import eos_hit_midway, make_batch, naive_generate
+
+N = 12
+
+
+def test_a_second_thread_is_refused_at_once(tiny_gpt2):
+    dec = od.Decoder(tiny_gpt2)
+    ids, mask = make_batch(2, seed=50)
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(tokens):  # the first call parks in its streamer until the second call has been refused
+        inside.set()
+        assert release.wait(timeout=30)
+
+    first = {}
+
+    def run_first():
+        first["out"] = dec.generate(ids, attention_mask=mask, max_new_tokens=N, strategy="static",
+                                    eos_token_id=[], streamer=hold)
+
+    t = threading.Thread(target=run_first)
+    t.start()
+    try:
+        assert inside.wait(timeout=30)
+        with pytest.raises(RuntimeError, match="already generating"):
+            dec.generate(ids, attention_mask=mask, max_new_tokens=N, strategy="static", eos_token_id=[])
+    finally:
+        release.set()
+        t.join(timeout=60)
+    assert not t.is_alive()
+    ref = naive_generate(tiny_gpt2, ids, mask, N, [], 0)
+    assert torch.equal(first["out"], ref)  # the refused call did not disturb the running one
+    assert torch.equal(dec.generate(ids, attention_mask=mask, max_new_tokens=N, strategy="static",
+                                    eos_token_id=[]), ref)  # and the decoder is free again
+
+
+@pytest.mark.parametrize("strategy", ["static", od.Strategy(cache="static", stop_check="pingpong")])
+def test_a_streamer_calling_generate_again_is_refused(tiny_gpt2, strategy):
+    ids, mask = make_batch(2, seed=51)
+
+    def reenter(tokens):
+        od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=2, strategy=strategy)
+
+    with pytest.raises(RuntimeError, match="already generating"):
+        od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, streamer=reenter)
+    out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, eos_token_id=[])
+    assert torch.equal(out, naive_generate(tiny_gpt2, ids, mask, N, [], 0))
+
+
+def test_a_server_shares_one_model_with_a_lock(tiny_llama):
+    """The README's recipe: threads serve requests on one model, serialised by a lock; every answer is right."""
+    dec, lock = od.Decoder(tiny_llama), threading.Lock()
+    batches = [make_batch(1 + i % 3, seed=60 + i) for i in range(6)]
+    results, errors = {}, []
+
+    def serve(i):
+        ids, mask = batches[i]
+        try:
+            with lock:
+                results[i] = dec.generate(ids, attention_mask=mask, max_new_tokens=N,
+                                          strategy=od.Strategy(cache="static", stop_check="pingpong"),
+                                          eos_token_id=[])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    for i, (ids, mask) in enumerate(batches):
+        assert torch.equal(results[i], naive_generate(tiny_llama, ids, mask, N, [], 0)), i
+
+
+def test_state_lives_on_the_decoder_not_the_model(tiny_gpt2):
+    ids, mask = make_batch(2, seed=52)
+    before = set(vars(tiny_gpt2))
+    a, b = od.Decoder(tiny_gpt2), od.Decoder(tiny_gpt2)
+    a.generate(ids, attention_mask=mask, max_new_tokens=N, strategy="static", eos_token_id=[])
+    assert set(vars(tiny_gpt2)) == before  # nothing stuck on the model
+    assert len(a.static_caches) == 1 and len(b.static_caches) == 0
+    a.clear()
+    assert len(a.static_caches) == 0
+    assert od.decoder_for(tiny_gpt2) is od.decoder_for(tiny_gpt2)
+
+
+def test_evicted_shapes_are_rebuilt_right(tiny_gpt2):
+    """With one kept shape, alternating shapes evicts and re-creates the static cache every call."""
+    dec = od.Decoder(tiny_gpt2, keep_static=1)
+    cases = [make_batch(2, seed=53), make_batch(3, seed=54)]
+    refs = [naive_generate(tiny_gpt2, ids, mask, N, [], 0) for ids, mask in cases]
+    for _ in range(2):
+        for (ids, mask), ref in zip(cases, refs):
+            out = dec.generate(ids, attention_mask=mask, max_new_tokens=N, strategy="static", eos_token_id=[])
+            assert torch.equal(out, ref)
+            assert len(dec.static_caches) == 1
+
+
+class Recorder(BaseStreamer):
+    """A Hugging Face streamer object (put/end), as TextStreamer and TextIteratorStreamer are."""
+
+    def __init__(self, fail_after=None):
+        self.puts, self.ends, self.fail_after = [], 0, fail_after
+
+    def put(self, value):
+        self.puts.append(value.clone())
+        if self.fail_after is not None and len(self.puts) > self.fail_after:
+            raise KeyError("client went away")
+
+    def end(self):
+        self.ends += 1
+
+
+@pytest.mark.parametrize("strategy", ["static", od.Strategy(cache="static", stop_check="pingpong", lag=2),
+                                      od.Strategy(cache="static", stop_check="end")])
+def test_hugging_face_streamer_objects(tiny_gpt2, strategy):
+    ids, mask = make_batch(2, seed=55)
+    eos = eos_hit_midway(tiny_gpt2, ids, mask, N, [0, 1])
+    rec = Recorder()
+    out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, eos_token_id=eos,
+                      streamer=rec)
+    assert out.shape[1] < ids.shape[1] + N
+    assert torch.equal(rec.puts[0], ids)  # the prompt first, as from Hugging Face generate()
+    assert torch.equal(torch.stack(rec.puts[1:], 1), out[:, ids.shape[1]:])  # then each kept step's tokens
+    assert rec.ends == 1
+
+
+def test_streamer_end_is_called_when_the_call_fails(tiny_gpt2):
+    """An iterator streamer's reader waits for end(): a failing call must still send it, or the reader hangs."""
+    ids, mask = make_batch(1, seed=56)
+    rec = Recorder(fail_after=3)
+    with pytest.raises(KeyError):
+        od.generate(tiny_gpt2, ids, max_new_tokens=N, strategy="static", streamer=rec)
+    assert rec.ends == 1
+
+
+def test_streamer_that_is_neither_callable_nor_a_streamer():
+    model = od.load_model("tiny-gpt2", device="cpu")
+    ids, _ = make_batch(1, seed=57)
+    with pytest.raises(TypeError, match="streamer must be callable"):
+        od.generate(model, ids, max_new_tokens=2, streamer=42)
