@@ -96,7 +96,7 @@ def test_max_new_tokens_one(model, name):
     assert run_pair(model, name, ids, mask, 1, [5, 5]).shape[1] == P + 1
 
 
-@pytest.mark.parametrize("name", ["eager-pingpong", "eager-deferred"])
+@pytest.mark.parametrize("name", ["eager-pingpong", "eager-deferred", "interleaved", "deferred"])
 def test_seeded_sampling_with_late_stop(model, name):
     ids, mask = prompt(4, seed=2)
     run_pair(model, name, ids, mask, 25, [4, 9, 13, 6], do_sample=True, temperature=1.1, top_p=0.9, seed=3)
