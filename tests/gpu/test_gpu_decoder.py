@@ -28,7 +28,7 @@ def prompt(B, P=16, seed=0, vocab=50000, pad=True):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (B, P), generator=g)
     mask = torch.ones_like(ids)
-    for r in range(1, B, 2 if pad else B):
+    for r in range(1, B, 2) if pad else ():
         mask[r, : 1 + r % (P - 1)] = 0
     return ids.to(DEV), mask.to(DEV)
 
