@@ -88,7 +88,6 @@ def test_fit_exponent():
         (["bench", "--gpus", "0"], "--gpus needs CUDA devices"),
         (["bench", "--gpus", "0,0", "--device", "cpu"], "--gpus and --device exclude each other"),
         (["report", "/nonexistent/dir"], "results.json not found"),
-        (["generate", "--model", "tiny-gpt2", "--prompt", "hello"], "--prompt needs a tokenizer"),
         (["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "warp"], "unknown strategy 'warp'"),
         (["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,5000"], "outside the vocabulary"),
         (["profile", "--strategies", "nope"], "--strategies: unknown strategy 'nope'"),
@@ -128,7 +127,7 @@ def test_units_split_over_gpus_and_merged(tmp_path):
 
     On CPU the pinning is inert, but the split, the scheduling over two slots and the merge are the real ones."""
     from overlapdecode.bench.runner import run_bench, work_units
-    from overlapdecode.bench.worker import BenchConfig
+    from overlapdecode.bench.config import BenchConfig
 
     cfg = BenchConfig(model="tiny-gpt2", strategies=("kv", "interleaved"), peers=("hf-dynamic",), lengths=(6,),
                       pairs=("float32:1", "float32:2", "bfloat16:1"), prompt_len=4, warmup=0, repeats=1,
@@ -189,7 +188,7 @@ def test_claims_from_known_rows():
 
 def test_latest_rows_measured_beats_not_run():
     """An --append run's measured row replaces the earlier "not run" one; a "not run" never hides a figure."""
-    from overlapdecode.bench.report import latest_rows
+    from overlapdecode.bench.results import latest_rows
 
     def row(strategy, n, **kw):
         return dict(model="m", allocator="default", dtype="float32", batch=1, prompt_len=32, workload="eos",

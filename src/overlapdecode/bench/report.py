@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections import defaultdict
+
+from .results import load
 
 ORDER = ["baseline", "kv", "static", "compiled", "deferred", "interleaved", "nocheck", "hf-dynamic", "hf-static",
          "hf-compiled"]
@@ -17,38 +20,6 @@ ORDER = ["baseline", "kv", "static", "compiled", "deferred", "interleaved", "noc
 
 def _order(names):
     return sorted(set(names), key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
-
-
-def latest_rows(rows: list[dict]) -> list[dict]:
-    """One row per configuration: a later row (from an --append run) replaces an earlier one of the same
-    configuration, except that a row that could not be measured ("not run", out of memory) never replaces a
-    measured one. Keeps the order of first appearance."""
-    keep: dict = {}  # key -> (position of first appearance, row)
-    for i, r in enumerate(rows):
-        key = tuple(r.get(k) for k in ("model", "allocator", "dtype", "batch", "prompt_len", "workload",
-                                       "max_new_tokens", "strategy"))
-        if key in keep and "error" in r and "error" not in keep[key][1]:
-            continue
-        keep[key] = (keep[key][0] if key in keep else i, r)
-    return [r for _, r in sorted(keep.values(), key=lambda p: p[0])]
-
-
-def load(out_dir: str) -> dict:
-    """DIR/results.json, its rows reduced to the latest per configuration (latest_rows)."""
-    from .runner import rows_files
-
-    path = os.path.join(out_dir, "results.json")
-    if not os.path.exists(path):
-        if rows_files(out_dir) and os.path.exists(os.path.join(out_dir, "config.json")):
-            raise FileNotFoundError(
-                f"{path} not found but {out_dir} holds the rows of an interrupted run: "
-                f"`overlapdecode report {out_dir} --interrupted 'THE BENCH COMMAND'` keeps them"
-            )
-        raise FileNotFoundError(f"{path} not found: run `overlapdecode bench --out {out_dir}` first")
-    with open(path) as f:
-        results = json.load(f)
-    results["rows"] = latest_rows(results["rows"])
-    return results
 
 
 def timed(rows, workload="fixed"):
@@ -409,8 +380,6 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
 
 def gather(dirs: list[str], path: str, command: str) -> None:
     """One markdown file holding every directory's report (bench) or summary (profile), links rebased."""
-    import re
-
     base = os.path.dirname(os.path.abspath(path))
     parts = [
         "# Benchmarks",
