@@ -150,3 +150,13 @@ def test_bad_sampling_arguments_are_named(tiny_gpt2, kw, exc, words):
 
 def test_the_largest_seed_a_generator_takes_is_accepted(tiny_gpt2):
     assert call(tiny_gpt2, do_sample=True, seed=2**64 - 1, eos_token_id=[]).shape == (1, 7)
+
+
+def test_the_shared_batch_builder_pads_odd_rows_on_the_left():
+    from helpers import make_batch
+
+    ids, mask = make_batch(4, seed=1, prompt_len=5, low=0, high=7)
+    assert ids.shape == (4, 5) and 0 <= int(ids.min()) and int(ids.max()) < 7
+    assert mask.tolist() == [[1] * 5, [0, 0, 1, 1, 1], [1] * 5, [0, 0, 0, 0, 1]]
+    again, _ = make_batch(4, seed=1, prompt_len=5, low=0, high=7)
+    assert torch.equal(ids, again)

@@ -23,7 +23,8 @@ def _add_generate(sub):
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (through the model's tokenizer; embedded models use a byte-level "
                                       "one, and their random weights give random text); this or --prompt-ids is required")
-    src.add_argument("--prompt-ids", help="prompt token ids, comma-separated, e.g. 464,2068,7586")
+    src.add_argument("--prompt-ids", help="prompt token ids, comma-separated, e.g. 464,2068,7586; this or --prompt "
+                                          "is required")
     p.add_argument("--strategy", default="interleaved", help=STRATEGY_HELP)
     p.add_argument("--max-new-tokens", type=int, default=64, help="the most tokens to generate after the prompt")
     p.add_argument("--dtype", default="float32", help=f"weights dtype: {', '.join(DTYPE_NAMES)}")
