@@ -8,14 +8,17 @@ import torch
 P = 8  # prompt length of the shared batches; P + new tokens stays <= 64 so compiled tests share one graph
 
 
-def make_batch(batch: int, seed: int = 0, prompt_len: int = P):
-    """Random ids with left padding on every other row (pad positions hold a real id, as tokenizers do)."""
+def make_batch(batch: int, seed: int = 0, prompt_len: int = P, low: int = 3, high: int = 990, device=None):
+    """Random ids in [low, high) with left padding on every other row (pad positions hold a real id, as
+    tokenizers do); the one builder of padded prompts for the CPU and the GPU tests.
+
+    Row r (odd) has its first 1 + r % (prompt_len - 1) positions padded."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 990, (batch, prompt_len), generator=g)
+    ids = torch.randint(low, high, (batch, prompt_len), generator=g)
     mask = torch.ones_like(ids)
     for row in range(1, batch, 2):
         mask[row, : 1 + row % (prompt_len - 1)] = 0
-    return ids, mask
+    return (ids, mask) if device is None else (ids.to(device), mask.to(device))
 
 
 def hf_generate(model, ids, mask, max_new_tokens, eos, pad):

@@ -57,14 +57,18 @@ def test_results_json_schema_and_rows(bench_dir):
 
 
 def test_report_and_plots_written_and_rebuilt(bench_dir):
-    for name in ("report.md", "time_vs_length.png", "speedup.png", "busy.png"):
+    for name in ("report.md", "time_vs_length.png", "speedup.png", "compile.png"):
         assert os.path.getsize(os.path.join(bench_dir, name)) > 0, name
+    assert not os.path.exists(os.path.join(bench_dir, "busy.png"))  # CPU: no empty busy chart
     os.remove(os.path.join(bench_dir, "report.md"))
     assert main(["report", bench_dir]) == 0
     text = open(os.path.join(bench_dir, "report.md")).read()
     assert "## The brief's claims, checked against this run" in text
     assert "| interleaved |" in text and "| hf-dynamic |" in text
     assert "EOS forced per row" in text
+    assert "This run is on CPU" in text and "not stated: measured on CPU" in text
+    assert "First-call overhead (compile" in text and "first call s" not in text
+    assert "Hugging Face peers ran transformers" in text
 
 
 def test_fit_exponent():
@@ -88,7 +92,6 @@ def test_fit_exponent():
         (["bench", "--gpus", "0"], "--gpus needs CUDA devices"),
         (["bench", "--gpus", "0,0", "--device", "cpu"], "--gpus and --device exclude each other"),
         (["report", "/nonexistent/dir"], "results.json not found"),
-        (["generate", "--model", "tiny-gpt2", "--prompt", "hello"], "--prompt needs a tokenizer"),
         (["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "warp"], "unknown strategy 'warp'"),
         (["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,5000"], "outside the vocabulary"),
         (["profile", "--strategies", "nope"], "--strategies: unknown strategy 'nope'"),
@@ -128,7 +131,7 @@ def test_units_split_over_gpus_and_merged(tmp_path):
 
     On CPU the pinning is inert, but the split, the scheduling over two slots and the merge are the real ones."""
     from overlapdecode.bench.runner import run_bench, work_units
-    from overlapdecode.bench.worker import BenchConfig
+    from overlapdecode.bench.config import BenchConfig
 
     cfg = BenchConfig(model="tiny-gpt2", strategies=("kv", "interleaved"), peers=("hf-dynamic",), lengths=(6,),
                       pairs=("float32:1", "float32:2", "bfloat16:1"), prompt_len=4, warmup=0, repeats=1,
@@ -163,33 +166,78 @@ def test_argparse_errors_are_one_line_too(argv, capsys):
     assert len(err.splitlines()) == 1 and "error:" in err, err
 
 
-def test_claims_from_known_rows():
-    """The claims section states what synthetic figures imply: exponents, ratios, fragmentation per allocator."""
+def _claim_row(strategy, n, seq_s, allocator="default", reserved=None, allocated=None, spread=0.01, calls=3,
+               device="cuda:0"):
+    frag = None if reserved is None else (reserved - allocated) / reserved
+    times = [seq_s * (1 - spread / 2), seq_s, seq_s * (1 + spread / 2)][:calls] if calls > 1 else [seq_s]
+    return dict(workload="fixed", allocator=allocator, dtype="float32", batch=1, strategy=strategy,
+                max_new_tokens=n, seq_s=seq_s, seq_s_all=times, ms_per_token=seq_s * 1e3 / n,
+                peak_reserved_mb=reserved, peak_allocated_mb=allocated, fragmentation=frag, device=device,
+                first_call_s=seq_s * 2)
+
+
+def _claim_rows(**kw):
+    rows = [_claim_row("baseline", n, (n / 100) ** 2, **kw) for n in (100, 200, 400)]
+    rows += [_claim_row("kv", n, n / 100, **kw) for n in (100, 200, 400)]
+    rows += [_claim_row("interleaved", 400, 0.5, **kw), _claim_row("nocheck", 400, 0.49, **kw),
+             _claim_row("compiled", 400, 0.7, **kw)]
+    return rows
+
+
+def test_claims_are_stated_where_the_figures_carry_them():
+    """GPU rows, 3 calls each, 1% spread: exponents, ratios and fragmentation are stated."""
     from overlapdecode.bench.report import claims
 
-    def row(strategy, n, seq_s, allocator="default", reserved=None, allocated=None):
-        frag = None if reserved is None else (reserved - allocated) / reserved
-        return dict(workload="fixed", allocator=allocator, dtype="float32", batch=1, strategy=strategy,
-                    max_new_tokens=n, seq_s=seq_s, ms_per_token=seq_s * 1e3 / n, peak_reserved_mb=reserved,
-                    peak_allocated_mb=allocated, fragmentation=frag)
-
-    rows = [row("baseline", n, (n / 100) ** 2) for n in (100, 200, 400)]
-    rows += [row("kv", n, n / 100) for n in (100, 200, 400)]
-    rows += [row("interleaved", 400, 0.5), row("nocheck", 400, 0.49), row("compiled", 400, 0.7)]
-    rows += [row("kv", 400, 4.0, "default", 800, 600), row("kv", 400, 4.0, "expandable", 640, 600)]
+    rows = _claim_rows()
+    rows += [_claim_row("kv", 400, 4.0, "default", 800, 600), _claim_row("kv", 400, 4.0, "expandable", 640, 600)]
     text = "\n".join(claims({"rows": rows}))
-    assert "baseline 2.00 (last two lengths 2.00), kv 1.00" in text
-    assert "interleaved (float32, batch 1, 400 tokens, 1.250 ms/token): 32.00x baseline, 1.40x compiled" in text
-    assert "+2.0% vs the no-check upper bound." in text  # no spread recorded: stated as measured
-    rows[-5]["seq_s_all"] = [0.45, 0.5, 0.6]  # interleaved's timed calls 30% apart: a 2% gap means nothing
-    assert "+2.0% vs the no-check upper bound (within the spread of the timed calls, 30%" in "\n".join(
-        claims({"rows": rows}))
+    assert "- O(N^2) vs O(N) (float32, batch 1): time-vs-N exponent over 100-400 tokens: baseline 2.00" in text
+    assert "interleaved (float32, batch 1, 400 tokens, 1.250 ms/token) vs baseline: 32.00x baseline." in text
+    assert "vs compiled: 1.40x compiled (sync check)." in text
+    assert "+2.0% vs the no-check upper bound." in text and "not stated" not in text
     assert "default: reserved 800 MB vs allocated 600 MB (25.0%); expandable: reserved 640 MB" in text
+
+
+def test_claims_are_not_stated_from_noise_few_calls_or_a_cpu():
+    from overlapdecode.bench.report import claims
+
+    noisy = "\n".join(claims({"rows": _claim_rows(spread=0.9)}))  # calls 90% apart: 1.40x may be noise
+    assert "vs compiled: not stated: the difference (+40.0%) is within the spread of the timed calls (90%)" in noisy
+    # exponents 2.0 and 1.0, but calls 90% apart at 100 and 400 tokens allow 1.30-2.70 and 0.30-1.70
+    assert "O(N^2) vs O(N) (float32, batch 1): not stated: the exponents' ranges overlap" in noisy
+    assert "+2.0% vs the no-check upper bound, within the spread of the timed calls (90%)" in noisy
+    tight = "\n".join(claims({"rows": _claim_rows(spread=0.1)}))  # 1.93-2.07 vs 0.93-1.07: stated
+    assert "O(N^2) vs O(N) (float32, batch 1): time-vs-N exponent" in tight
+    few = "\n".join(claims({"rows": _claim_rows(calls=2)}))
+    assert "vs baseline: not stated: 2 timed call(s) per figure, fewer than the 3 needed" in few
+    cpu = "\n".join(claims({"rows": _claim_rows(device="cpu")}))
+    assert "vs compiled: not stated: measured on CPU, and the claim is about a GPU (1.40x compiled" in cpu
+    assert "O(N^2) vs O(N) (float32, batch 1): time-vs-N" in cpu  # not a GPU claim: stated from CPU figures
+
+
+def test_plots_tick_at_the_lengths_and_show_the_spread(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from overlapdecode.bench.report import _err, _log_ticks_at, plots
+
+    fig, ax = plt.subplots()
+    ax.set_xscale("log")
+    ax.plot([16, 48], [1, 2])
+    _log_ticks_at(ax, [16, 48])
+    assert list(ax.get_xticks()) == [16, 48] and [t.get_text() for t in ax.get_xticklabels()] == ["16", "48"]
+    plt.close(fig)
+    row = _claim_row("kv", 16, 1.0, spread=0.2)
+    assert _err([row]) == [[pytest.approx(0.1)], [pytest.approx(0.1)]]
+    names = [p for p, _ in plots({"rows": _claim_rows(device="cpu")}, str(tmp_path))]
+    assert names == ["time_vs_length.png", "speedup.png", "compile.png"]  # no memory, no busy chart on CPU
 
 
 def test_latest_rows_measured_beats_not_run():
     """An --append run's measured row replaces the earlier "not run" one; a "not run" never hides a figure."""
-    from overlapdecode.bench.report import latest_rows
+    from overlapdecode.bench.results import latest_rows
 
     def row(strategy, n, **kw):
         return dict(model="m", allocator="default", dtype="float32", batch=1, prompt_len=32, workload="eos",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import torch
 
 import overlapdecode as od
@@ -31,7 +32,27 @@ def test_generate_prints_text_with_a_tokenizer(tmp_path, capsys):
     model = od.load_model(str(tmp_path), device="cpu")
     ref = od.generate(model, torch.tensor([[5, 6, 7]]), max_new_tokens=5, strategy="static", eos_token_id=[])
     words = " ".join(f"w{t}" for t in ref[0, 3:].tolist())
-    assert out.startswith("w5 w6 w7") and words in out
+    # one line: the prompt, a space, the new words each separated by one space (not "w5 w6 w7w968 ...")
+    assert out.splitlines()[0] == "w5 w6 w7 " + words
+
+
+def test_generate_text_with_an_embedded_model(capsys):
+    assert main(["generate", "--model", "tiny-llama", "--prompt", "héllo", "--max-new-tokens", "8",
+                 "--strategy", "kv", "--eos", "none"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "random weights" in lines[0] and "random bytes" in lines[0]
+    model, tok = od.load_model("tiny-llama", device="cpu"), od.load_tokenizer("tiny-llama")
+    ids = tok("héllo", return_tensors="pt").input_ids
+    ref = od.generate(model, ids, max_new_tokens=8, strategy="kv", eos_token_id=[])
+    assert "\n".join(lines[1:-1]) == tok.decode(ref[0], skip_special_tokens=True)
+    assert lines[-1] == "[8 new tokens, strategy kv]"
+
+
+def test_prompt_text_needs_a_tokenizer(tmp_path, capsys):
+    od.load_model("tiny-gpt2", device="cpu").save_pretrained(tmp_path)  # no tokenizer saved
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "hello"]) == 2
+    captured = capsys.readouterr()
+    assert "--prompt needs a tokenizer" in captured.err and captured.out == ""
 
 
 def test_profile_writes_trace_and_summary_without_faking_gpu_figures(tmp_path, capsys):
@@ -49,3 +70,104 @@ def test_profile_writes_trace_and_summary_without_faking_gpu_figures(tmp_path, c
         assert s["decode_steps"] == 5  # the NVTX/record_function ranges were found: 6 tokens = prefill + 5
     text = open(os.path.join(out, "summary.md")).read()
     assert "unavailable" in text and "Made by `overlapdecode profile --model tiny-gpt2" in text
+
+
+def _one_line(capsys, words):
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert words in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert captured.out == "", captured.out  # no dangling partial line on stdout
+    return err
+
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the answer of a machine without CUDA")
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--device", "banana"],
+         "--device: device 'banana' is not a device"),
+        (["profile", "--model", "tiny-gpt2", "--device", "banana"], "--device: device 'banana' is not a device"),
+        (["bench", "--device", "banana"], "--device: device 'banana' is not a device"),
+        (["generate", "--prompt-ids", "1,2", "--model", "/nonexistent/dir"],
+         "--model: path /nonexistent/dir does not exist"),
+        (["profile", "--model", "./nonexistent"], "--model: path ./nonexistent does not exist"),
+        (["bench", "--model", "~/nonexistent-model"], "--model: path ~/nonexistent-model does not exist"),
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--strategy", "interleaved:100000000",
+          "--max-new-tokens", "8"], "a lag of 100000000 is beyond --max-new-tokens 8"),
+        (["bench", "--strategies", "interleaved:100000000", "--device", "cpu"],
+         "--strategies interleaved:100000000: a lag of 100000000 is beyond the 16 new tokens"),
+        (["profile", "--strategies", "deferred:65", "--new-tokens", "64"], "a lag of 65 is beyond the 64 new tokens"),
+        (["bench", "--dtype", "", "--device", "cpu"], "--dtype names no dtype"),
+        (["bench", "--dtype-batch", "", "--device", "cpu"], "--dtype-batch names no pair"),
+        (["bench", "--workloads", ",", "--device", "cpu"], "--workloads names no workload"),
+        (["generate", "--prompt-ids", "1,5000", "--model", "tiny-gpt2"], "outside the vocabulary"),
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--do-sample", "--seed", "-1"],
+         "seed must be in [0, 2**64)"),
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--do-sample", "--temperature", "1e-45"],
+         "too small to divide by"),
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--dtype", "float8"], "dtype must be one of"),
+    ],
+)
+def test_user_mistakes_get_one_line_naming_the_flag(argv, words, capsys):
+    assert main(argv) == 2
+    _one_line(capsys, words)
+
+
+@NO_CUDA
+@pytest.mark.parametrize("argv", [["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--device", "cuda"],
+                                  ["profile", "--device", "cuda:7"], ["bench", "--device", "cuda"]])
+def test_cuda_on_a_cpu_machine_is_one_line_before_any_worker(argv, capsys, tmp_path):
+    assert main(argv + (["--out", str(tmp_path / "o")] if argv[0] != "generate" else [])) == 2
+    _one_line(capsys, "--device: device=cuda")
+    assert not (tmp_path / "o").exists()  # refused before any work: no worker, no directory
+
+
+def test_a_file_as_model(tmp_path, capsys):
+    f = tmp_path / "model.bin"
+    f.write_bytes(b"x")
+    assert main(["generate", "--prompt-ids", "1,2", "--model", str(f)]) == 2
+    _one_line(capsys, "is a file, not a model directory")
+
+
+def test_an_unknown_hub_name_is_one_line(monkeypatch, capsys):
+    """Offline, from_pretrained raises its own error (here an OSError as from the hub client); it is reworded."""
+    import overlapdecode.models
+
+    def offline(*a, **k):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them\n"
+                      "in the cached files.")
+
+    monkeypatch.setattr(overlapdecode.models.AutoModelForCausalLM, "from_pretrained", offline)
+    assert main(["generate", "--prompt-ids", "1,2", "--model", "nobody/no-such-model"]) == 2
+    _one_line(capsys, "--model nobody/no-such-model: cannot load this hub name (OSError: We couldn't connect")
+
+
+@pytest.mark.parametrize("command", ["bench", "profile"])
+def test_out_that_is_a_file_or_unwritable(command, tmp_path, capsys):
+    f = tmp_path / "taken"
+    f.write_text("mine")
+    assert main([command, "--device", "cpu", "--out", str(f)]) == 2
+    _one_line(capsys, f"--out {f}: is a file, not a directory")
+    assert f.read_text() == "mine"
+    assert main([command, "--device", "cpu", "--out", "/proc/overlapdecode-cannot-be-here"]) == 2
+    _one_line(capsys, "--out /proc/overlapdecode-cannot-be-here: not a writable directory")
+
+
+def test_generate_failure_leaves_no_partial_line(capsys):
+    assert main(["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--max-new-tokens", "300"]) == 2
+    _one_line(capsys, "exceeds the model's 256 positions")
+
+
+def test_python_dash_m_runs_the_command():
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-m", "overlapdecode", "--help"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0 and "generate" in done.stdout and "bench" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "overlapdecode", "report", "/nonexistent/dir"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "results.json not found" in bad.stderr and "Traceback" not in bad.stderr

@@ -77,3 +77,86 @@ def test_llama_position_limit(tiny_llama):
         call(tiny_llama, input_ids=torch.full((1, 200), 5), max_new_tokens=57)
     out = call(tiny_llama, input_ids=torch.full((1, 200), 5), max_new_tokens=56, eos_token_id=[])
     assert out.shape == (1, 256)
+
+
+def _small(cls_cfg, cls_model, **kw):
+    torch.manual_seed(0)
+    return cls_model(cls_cfg(**kw)).eval()
+
+
+def _not_causal_lms():
+    from transformers import (BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2Model, T5Config,
+                              T5ForConditionalGeneration)
+
+    bert = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    return {
+        "BertForMaskedLM": (_small(BertConfig, BertForMaskedLM, **bert), ValueError, "not a causal LM"),
+        "BertModel": (_small(BertConfig, BertModel, **bert), ValueError, "not a causal LM"),
+        "GPT2Model": (_small(GPT2Config, GPT2Model, vocab_size=1000, n_embd=32, n_layer=1, n_head=2), ValueError,
+                      "not a causal LM"),
+        "T5": (_small(T5Config, T5ForConditionalGeneration, vocab_size=1000, d_model=32, d_ff=64, num_layers=1,
+                      num_heads=2, d_kv=16), ValueError, "encoder-decoder"),
+        "str": ("tiny-gpt2", TypeError, "model must be a Hugging Face causal LM"),
+        "None": (None, TypeError, "model must be a Hugging Face causal LM"),
+        "Linear": (torch.nn.Linear(4, 4), TypeError, "model must be a Hugging Face causal LM"),
+    }
+
+
+@pytest.mark.parametrize("name", ["BertForMaskedLM", "BertModel", "GPT2Model", "T5", "str", "None", "Linear"])
+@pytest.mark.parametrize("strategy", ["kv", "static"])
+def test_a_model_that_is_not_a_causal_lm_is_refused(name, strategy):
+    model, exc, words = _not_causal_lms()[name]
+    with pytest.raises(exc) as err:
+        od.generate(model, IDS, max_new_tokens=4, strategy=strategy)
+    assert words in str(err.value) and "model" in str(err.value)
+
+
+def test_a_model_on_the_meta_device_is_refused():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=1000, n_embd=32, n_layer=1, n_head=2)).eval()
+    with pytest.raises(ValueError, match="model GPT2LMHeadModel is on the meta device"):
+        od.generate(model, IDS.to("meta"), max_new_tokens=4, strategy="kv")
+
+
+def test_a_model_in_training_mode_is_refused_and_left_as_it_was():
+    model = od.load_model("tiny-gpt2", device="cpu").train()
+    with pytest.raises(ValueError, match=r"model GPT2LMHeadModel is in training mode .* model.eval\(\)"):
+        call(model)
+    assert model.training  # not switched behind the caller's back
+    model.eval()
+    assert call(model, eos_token_id=[]).shape == (1, 7)
+
+
+@pytest.mark.parametrize(
+    "kw, exc, words",
+    [
+        (dict(seed=2**64), ValueError, "seed must be in [0, 2**64)"),
+        (dict(seed=-1), ValueError, "seed must be in [0, 2**64)"),
+        (dict(seed=1.0), TypeError, "seed must be an int or None"),
+        (dict(seed=True), TypeError, "seed must be an int or None"),
+        (dict(temperature=1e-45), ValueError, "temperature 1e-45 is too small to divide by"),
+        (dict(temperature=1e-39), ValueError, "too small to divide by"),
+        (dict(temperature=float("inf")), ValueError, "temperature must be finite"),
+        (dict(temperature=float("nan")), ValueError, "temperature must be > 0"),
+    ],
+)
+def test_bad_sampling_arguments_are_named(tiny_gpt2, kw, exc, words):
+    with pytest.raises(exc) as err:
+        call(tiny_gpt2, do_sample=True, **kw)
+    assert words in str(err.value)
+
+
+def test_the_largest_seed_a_generator_takes_is_accepted(tiny_gpt2):
+    assert call(tiny_gpt2, do_sample=True, seed=2**64 - 1, eos_token_id=[]).shape == (1, 7)
+
+
+def test_the_shared_batch_builder_pads_odd_rows_on_the_left():
+    from helpers import make_batch
+
+    ids, mask = make_batch(4, seed=1, prompt_len=5, low=0, high=7)
+    assert ids.shape == (4, 5) and 0 <= int(ids.min()) and int(ids.max()) < 7
+    assert mask.tolist() == [[1] * 5, [0, 0, 1, 1, 1], [1] * 5, [0, 0, 0, 0, 1]]
+    again, _ = make_batch(4, seed=1, prompt_len=5, low=0, high=7)
+    assert torch.equal(ids, again)

@@ -71,3 +71,17 @@ def test_top_k_and_top_p_restrict_the_support():
     assert set(free.tolist()) == {0, 1, 2, 3, 4}
     # the exponential race samples from softmax: token 0 about 63.6% of the time
     assert abs((free == 0).float().mean().item() - 0.636) < 0.04
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-37, 1.2e-38])
+def test_a_tiny_temperature_samples_the_greedy_token_not_nan(tiny_gpt2, temperature):
+    """logit / temperature overflows float32 for these: without the shift by the maximum, every probability is
+    NaN and every sampled token 0."""
+    logits = torch.tensor([[3.0, 50.0, -20.0, 49.999], [-5.0, -4.0, 200.0, 0.0]])
+    noise = torch.empty_like(logits).exponential_(generator=torch.Generator().manual_seed(0))
+    tokens = pick_next(logits, noise, SamplingParams(do_sample=True, temperature=temperature))
+    assert tokens.tolist() == [1, 2]
+    ids, mask = make_batch(2, seed=33)
+    kw = dict(attention_mask=mask, max_new_tokens=6, eos_token_id=[], strategy="static")
+    sampled = od.generate(tiny_gpt2, ids, do_sample=True, temperature=temperature, seed=1, **kw)
+    assert torch.equal(sampled, od.generate(tiny_gpt2, ids, **kw))  # the limit of sampling: greedy

@@ -3,23 +3,51 @@
     import overlapdecode as od
     model = od.load_model("tiny-gpt2")
     out = od.generate(model, input_ids, max_new_tokens=32, strategy="interleaved")
+
+The exports are resolved on first use (PEP 562), so that `overlapdecode --help` (cli.py, a submodule of
+this package) does not import torch and transformers: only what a command runs imports them.
 """
 
-from .decode import Decoder, compile_count, decoder_for, generate
-from .strategy import PRESETS, VARIANTS, Strategy, resolve_strategy
-from .models import EMBEDDED, load_model, load_tokenizer
+from __future__ import annotations
 
-__all__ = [
-    "Decoder",
-    "EMBEDDED",
-    "PRESETS",
-    "VARIANTS",
-    "Strategy",
-    "compile_count",
-    "decoder_for",
-    "generate",
-    "load_model",
-    "load_tokenizer",
-    "resolve_strategy",
-]
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING
+
+# exported name -> the module that defines it
+_EXPORTS = {
+    "EMBEDDED": "models",
+    "Decoder": "decode",
+    "PRESETS": "strategy",
+    "VARIANTS": "strategy",
+    "ByteTokenizer": "tokenizer",
+    "Strategy": "strategy",
+    "compile_count": "decode",
+    "decoder_for": "decode",
+    "generate": "decode",
+    "load_model": "models",
+    "load_tokenizer": "models",
+    "resolve_strategy": "strategy",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .decode import Decoder, compile_count, decoder_for, generate
+    from .strategy import PRESETS, VARIANTS, Strategy, resolve_strategy
+    from .models import EMBEDDED, load_model, load_tokenizer
+    from .tokenizer import ByteTokenizer
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value  # resolved once
+        return value
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # od.models, od.bench ...
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,96 +1,125 @@
 """Command line: `overlapdecode bench | profile | generate | report`.
 
 Flags map by keyword onto the library's arguments; a bad flag or value ends in one line on stderr and
-exit status 2, never a traceback.
+exit status 2, never a traceback. Building the parser imports no torch (cliargs.py and bench/cli.py import
+it inside the command functions), so `overlapdecode --help` answers at once.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from .bench import cli as bench_cli
+from .cliargs import DTYPE_NAMES, STRATEGY_HELP, CliError, OneLineParser, ints, lag_of, looks_like_path
 
 DEFAULT_MODEL = "gpt2-random"
 
 
-class CliError(Exception):
-    """A user error to print as one line."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag ends in one line (no usage block) and exit status 2."""
-
-    def error(self, message):
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip() != ""]
-    except ValueError:
-        raise CliError(f"{flag} takes comma-separated integers, got {text!r}") from None
-
-
-def _names(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
 def _add_generate(sub):
-    p = sub.add_parser("generate", help="generate tokens, printed as they come")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="hub name, local directory, or gpt2-random|tiny-gpt2|tiny-llama")
+    p = sub.add_parser("generate", help="generate tokens (or text) from a prompt, printed as they come")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="hub name, local directory, or an embedded random model: gpt2-random, tiny-gpt2, tiny-llama, "
+                        "llama-1b-random, llama-8b-random, llama-70b-random")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (needs a model with a tokenizer)")
-    src.add_argument("--prompt-ids", help="prompt token ids, e.g. 464,2068,7586")
-    p.add_argument("--strategy", default="interleaved")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default=None)
-    p.add_argument("--eos", default=None, help="EOS ids (comma-separated), 'none' to never stop early")
-    p.add_argument("--do-sample", action="store_true")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    src.add_argument("--prompt", help="prompt text (through the model's tokenizer; embedded models use a byte-level "
+                                      "one, and their random weights give random text); this or --prompt-ids is required")
+    src.add_argument("--prompt-ids", help="prompt token ids, comma-separated, e.g. 464,2068,7586; this or --prompt "
+                                          "is required")
+    p.add_argument("--strategy", default="interleaved", help=STRATEGY_HELP)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="the most tokens to generate after the prompt")
+    p.add_argument("--dtype", default="float32", help=f"weights dtype: {', '.join(DTYPE_NAMES)}")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    p.add_argument("--eos", default=None,
+                   help="EOS ids, comma-separated, or 'none' to never stop early (default: the model's)")
+    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default: all tokens)")
+    p.add_argument("--top-p", type=float, default=None, help="sample among the most likely tokens of total probability p (default: 1, all)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 <= seed < 2**64 (default: random)")
+
+
+def _load(args):
+    """The model and its tokenizer (None if it has none), every failure named by its flag."""
+    from .models import check_device, check_model_path, load_model, load_tokenizer  # imported here: fast --help
+
+    for flag, check, value in (("--model", check_model_path, args.model), ("--device", check_device, args.device)):
+        try:
+            check(value)
+        except (ValueError, TypeError) as err:
+            raise CliError(f"{flag}: {err}") from None
+    try:
+        model = load_model(args.model, dtype=args.dtype, device=args.device)
+    except ValueError as err:
+        raise CliError(f"{err}") from None
+    except Exception as err:  # from_pretrained's own errors (no such hub name, offline, not a causal LM...)
+        what = "directory" if looks_like_path(args.model) else "hub name"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CliError(f"--model {args.model}: cannot load this {what} ({type(err).__name__}: {first})") from None
+    try:
+        tokenizer = load_tokenizer(args.model)
+    except Exception:  # a model loaded but its tokenizer did not: ids still work
+        tokenizer = None
+    return model, tokenizer
 
 
 def cmd_generate(args) -> int:
-    import torch
+    import torch  # imported here: fast --help
 
     from .decode import generate
-    from .models import load_model, load_tokenizer
 
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
-    tokenizer = load_tokenizer(args.model) if not getattr(model, "_overlapdecode_random", False) else None
+    if args.max_new_tokens < 1:
+        raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if lag_of(args.strategy) > args.max_new_tokens:
+        raise CliError(f"--strategy {args.strategy}: a lag of {lag_of(args.strategy)} is beyond --max-new-tokens "
+                       f"{args.max_new_tokens}")
+    prompt_ids = ints(args.prompt_ids, "--prompt-ids") if args.prompt_ids is not None else None
+    if prompt_ids is not None and not prompt_ids:
+        raise CliError("--prompt-ids needs at least one id")
+    if args.prompt is not None and not args.prompt:
+        raise CliError("--prompt is empty: give at least one character")
+    eos = None if args.eos is None else ([] if args.eos == "none" else ints(args.eos, "--eos"))
+    model, tokenizer = _load(args)
     device = next(model.parameters()).device
     if args.prompt is not None:
         if tokenizer is None:
             raise CliError(f"--prompt needs a tokenizer and {args.model} has none; use --prompt-ids")
         ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     else:
-        ids = torch.tensor([_ints(args.prompt_ids, "--prompt-ids")], dtype=torch.long)
-    eos = None if args.eos is None else ([] if args.eos == "none" else _ints(args.eos, "--eos"))
+        ids = torch.tensor([prompt_ids], dtype=torch.long)
 
+    # Nothing is printed before the call is known to start: generate checks every argument first, and a
+    # bad one must not leave a dangling partial line on stdout. The header goes out with the first token.
     out = sys.stdout
-    if tokenizer is None:
-        if getattr(model, "_overlapdecode_random", False):
-            print(f"note: {args.model} has random weights and no tokenizer: the ids below are meaningless")
-        print("ids:", end="", flush=True)
-
-        def streamer(tokens):
-            out.write(f" {int(tokens[0])}")
-            out.flush()
+    started = [False]
+    if args.prompt is None:
+        header = "ids:"
+        if args.model in _embedded_names():
+            header = f"note: {args.model} has random weights: the ids below are meaningless\n" + header
     else:
-        seen: list[int] = []
-        printed = [""]
+        header = args.prompt
+        if args.model in _embedded_names():
+            header = f"note: {args.model} has random weights: the text below is random bytes\n" + header
+    prompt_list = ids[0].tolist()
+    generated: list[int] = []
+    shown = [tokenizer.decode(prompt_list, skip_special_tokens=True) if tokenizer is not None else ""]
 
-        def streamer(tokens):
-            seen.append(int(tokens[0]))
-            text = tokenizer.decode(seen, skip_special_tokens=True)
-            out.write(text[len(printed[0]) :])  # decode the whole tail: multi-token characters print whole
-            out.flush()
-            printed[0] = text
+    def streamer(tokens):
+        if not started[0]:
+            out.write(header)
+            started[0] = True
+        token = int(tokens[0])
+        if args.prompt is None:
+            out.write(f" {token}")  # one space between ids
+        else:
+            # Decode prompt and tokens together and print what is new: the tokenizer decides the spacing
+            # between the prompt and the first token (a word-level one puts a space there, bytes do not),
+            # and a character cut over several tokens prints whole once complete.
+            generated.append(token)
+            text = tokenizer.decode(prompt_list + generated, skip_special_tokens=True)
+            out.write(text[len(shown[0]):] if text.startswith(shown[0]) else "")
+            shown[0] = text if text.startswith(shown[0]) else shown[0]
+        out.flush()
 
-        out.write(args.prompt or "")
     result = generate(
         model,
         ids.to(device),
@@ -108,12 +137,16 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="overlapdecode", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_generate(sub)
-    from .bench import cli as bench_cli
+def _embedded_names() -> tuple[str, ...]:
+    from .models import EMBEDDED  # imported here: fast --help
 
+    return EMBEDDED
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="overlapdecode", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    _add_generate(sub)
     bench_cli.add_commands(sub)
     return parser
 
@@ -123,14 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)  # a bad flag: one line on stderr, exit 2
     args.argv = argv
-    handlers = {"generate": cmd_generate}
-    from .bench import cli as bench_cli
-
-    handlers.update(bench_cli.HANDLERS)
+    handlers = {"generate": cmd_generate, **bench_cli.HANDLERS}
     try:
         return handlers[args.command](args)
     except (CliError, ValueError, TypeError) as err:
-        print(f"overlapdecode {args.command}: error: {err}", file=sys.stderr)
+        message = " ".join(str(err).split("\n", 1)[0].split()) if not isinstance(err, CliError) else str(err)
+        print(f"overlapdecode {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

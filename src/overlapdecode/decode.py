@@ -19,7 +19,7 @@ import weakref
 import torch
 
 from . import caches, markers
-from .inputs import Request, check_request, model_device
+from .inputs import Request, check_model, check_request, model_device
 from .sampling import SamplingParams, check_sampling, draw_noise, make_generator, pick_next
 from .stopping import Slots, make_check, mark_finished
 from .strategy import Strategy, resolve_strategy
@@ -78,8 +78,7 @@ class Decoder:
     """
 
     def __init__(self, model, keep_static: int = 4):
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module (a Hugging Face causal LM), got {type(model).__name__}")
+        check_model(model)
         self.model = model
         self.static_caches = caches.StaticCaches(keep_static)
         self._lock = threading.Lock()
@@ -266,8 +265,7 @@ _DECODERS_LOCK = threading.Lock()
 
 def decoder_for(model) -> Decoder:
     """The decoder `od.generate` keeps for `model` (made on first use)."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (a Hugging Face causal LM), got {type(model).__name__}")
+    check_model(model)  # before a weak reference is taken (a str cannot be one)
     with _DECODERS_LOCK:
         dec = _DECODERS.get(model)
         if dec is None:

@@ -4,6 +4,12 @@ Bad input must end in a ValueError/TypeError naming the argument, never in a dev
 outside the vocabulary reaches an embedding lookup), a hang, or silently wrong tokens (right padding,
 positions past the model's table). The value checks read the prompt once on the host: one sync per call,
 before the loop, never on the per-step path.
+
+The model is checked first, from its class and config only (no forward): it must be a decoder-only causal
+LM with an LM head (what `AutoModelForCausalLM` loads), its weights must be real (not on the meta device),
+and it must be in eval mode. A model in training mode is refused rather than switched: its dropout would
+make two calls differ, and changing the caller's module behind its back (also for other threads using it)
+is worse than asking for `model.eval()`.
 """
 
 from __future__ import annotations
@@ -22,6 +28,34 @@ class Request:
     max_new_tokens: int
     eos_ids: tuple[int, ...]  # empty = never stop early
     pad_id: int
+
+
+def check_model(model) -> None:
+    """A decoder-only causal LM with an LM head, with real weights, in eval mode; else a ValueError/TypeError
+    naming `model`. Cheap: class, config and one parameter's device."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a Hugging Face causal LM (e.g. from overlapdecode.load_model), got "
+                        f"{type(model).__name__}")
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config") or not hasattr(model, "get_output_embeddings"):
+        raise TypeError(f"model must be a Hugging Face causal LM (e.g. from overlapdecode.load_model), got {name}, "
+                        f"which has no Hugging Face config")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"model {name} is an encoder-decoder model; generate needs a decoder-only causal LM")
+    can_generate = getattr(model, "can_generate", None)
+    if model.get_output_embeddings() is None or not (callable(can_generate) and can_generate()):
+        raise ValueError(f"model {name} is not a causal LM with an LM head (load it with AutoModelForCausalLM "
+                         f"or overlapdecode.load_model)")
+    param = next(model.parameters(), None)
+    if param is None:
+        raise ValueError(f"model {name} has no parameters")
+    if param.device.type == "meta":
+        raise ValueError(f"model {name} is on the meta device (its weights were never loaded); load it with "
+                         f"overlapdecode.load_model or from_pretrained")
+    if model.training:
+        raise ValueError(f"model {name} is in training mode (dropout on: two calls would differ); call "
+                         f"model.eval() first")
 
 
 def model_limits(model) -> tuple[int, int | None]:
@@ -59,7 +93,8 @@ def default_eos(model) -> tuple[int, ...]:
 
 
 def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id) -> Request:
-    """Validate the prompt, mask, length and special ids of a call; return them normalised."""
+    """Validate the model, prompt, mask, length and special ids of a call; return them normalised."""
+    check_model(model)
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:

@@ -3,7 +3,11 @@
 The embedded configs exist so that the benchmark and the tests run with no download: `gpt2-random` is the
 GPT-2 124M architecture with random weights (the reference model of the brief), `tiny-gpt2` and
 `tiny-llama` are small enough for CPU tests. Random weights give the same time per token as trained ones;
-only the text is meaningless, which the command line says.
+only the text is meaningless, which the command line says. Their tokenizer is the byte-level one of
+tokenizer.py (random text out, but text in and out with no download).
+
+Every argument is checked before anything is built or downloaded: a device that does not exist, a seed a
+generator cannot take, or a path that does not exist is a ValueError/TypeError naming the argument.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ import os
 
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from .cliargs import looks_like_path
+from .sampling import check_seed
+from .tokenizer import ByteTokenizer
 
 EMBEDDED = ("gpt2-random", "llama-1b-random", "llama-8b-random", "llama-70b-random", "tiny-gpt2", "tiny-llama")
 
@@ -90,6 +98,48 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(before)
 
 
+def check_device(device) -> torch.device:
+    """`device` as a torch.device that exists on this machine (None: CUDA if available, else CPU)."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device must be a str such as 'cpu' or 'cuda:0', a torch.device or None, got "
+                        f"{type(device).__name__}")
+    if isinstance(device, int):
+        raise TypeError(f"device must be a str such as 'cpu' or 'cuda:{device}', not the int {device}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device {device!r} is not a device: use 'cpu', 'cuda' or 'cuda:N'") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"device {device!r}: only 'cpu' and 'cuda' devices are supported")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={dev} was asked for but CUDA is not available on this machine")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"device={dev}: this machine has {count} CUDA device(s), indices 0-{count - 1}")
+    return dev
+
+
+def check_model_path(name_or_path) -> None:
+    """Refuse, naming it as a path, a name that is meant as a local path (has a separator, or starts with
+    . or ~) but is not a directory; an embedded name or a would-be hub name passes."""
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise TypeError(f"name_or_path must be a non-empty string, got {name_or_path!r}")
+    if name_or_path in EMBEDDED:
+        return
+    path = os.path.expanduser(name_or_path)
+    if os.path.isdir(path):
+        return
+    if os.path.exists(path):
+        raise ValueError(f"path {name_or_path} is a file, not a model directory (saved with save_pretrained)")
+    if looks_like_path(name_or_path):
+        raise ValueError(f"path {name_or_path} does not exist (give a model directory, a hub name or one of "
+                         f"{', '.join(EMBEDDED)})")
+
+
 def load_model(
     name_or_path: str,
     dtype: str | torch.dtype = "float32",
@@ -102,14 +152,10 @@ def load_model(
     `name_or_path` is an embedded name (see EMBEDDED; random weights drawn with `seed`), a local directory
     or a hub name (both through `from_pretrained`; hub names need network access).
     """
-    if not isinstance(name_or_path, str) or not name_or_path:
-        raise TypeError(f"name_or_path must be a non-empty string, got {name_or_path!r}")
+    check_model_path(name_or_path)
     torch_dtype = parse_dtype(dtype)
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device} was asked for but CUDA is not available on this machine")
+    device = check_device(device)
+    check_seed(seed, allow_none=False)
 
     if name_or_path in EMBEDDED:
         config = embedded_config(name_or_path)
@@ -123,25 +169,29 @@ def load_model(
             model = cls(config)
         model.generation_config.eos_token_id = config.eos_token_id
         model.generation_config.bos_token_id = config.bos_token_id
-        model._overlapdecode_random = True
         return model.to(device=device, dtype=torch_dtype).eval()
 
     model = AutoModelForCausalLM.from_pretrained(
-        name_or_path, dtype=torch_dtype, attn_implementation=attn_implementation
+        os.path.expanduser(name_or_path), dtype=torch_dtype, attn_implementation=attn_implementation
     )
-    model._overlapdecode_random = False
     return model.to(device).eval()
 
 
 def load_tokenizer(name_or_path: str):
-    """The tokenizer saved with a model, or None (embedded models and directories without one)."""
+    """The tokenizer of a model: the byte-level one (tokenizer.py) for an embedded name, else the one saved
+    with the model (hub name or directory), or None for a directory saved without one."""
+    check_model_path(name_or_path)
     if name_or_path in EMBEDDED:
-        return None
-    from transformers import AutoTokenizer
+        cfg = embedded_config(name_or_path)
+        return ByteTokenizer(cfg.vocab_size, eos_token_id=cfg.eos_token_id, bos_token_id=cfg.bos_token_id)
+    from transformers import AutoTokenizer  # optional and slow to import: only for hub models and directories
 
+    path = os.path.expanduser(name_or_path)
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
-        if os.path.isdir(name_or_path):
+        if os.path.isdir(path):
             return None
         raise
+    # transformers 5 builds an empty tokenizer (no vocabulary) for a directory saved without one
+    return tokenizer if getattr(tokenizer, "vocab_size", 1) > 0 else None

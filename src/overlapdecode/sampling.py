@@ -5,6 +5,10 @@ its draw depends on the kernel; instead each step draws `noise ~ Exponential(1)`
 seeded generator and picks `argmax(probs / noise)`, which samples exactly from `probs` (the exponential race,
 as in gpt-fast). Every strategy draws the same noise for the same step, so a seed gives the same tokens
 whatever the strategy. Nothing here reads a device value on the host.
+
+A small temperature sharpens towards greedy: the logits are shifted by their maximum before the division,
+so that `logit / temperature` can only overflow to -inf (probability 0), never to +inf (inf - inf = NaN
+probabilities). A temperature below float32's smallest normal number is refused: it cannot be divided by.
 """
 
 from __future__ import annotations
@@ -12,6 +16,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+# torch.Generator.manual_seed takes a 64-bit unsigned seed.
+SEED_LIMIT = 2**64
+# The smallest normal float32: below it a temperature is a subnormal or rounds to 0 on the device.
+MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
+
+
+def check_seed(seed, allow_none: bool = True) -> None:
+    """`seed` must be an int a torch.Generator takes, 0 <= seed < 2**64 (or None where allowed)."""
+    if seed is None and allow_none:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int{' or None' if allow_none else ''}, got {type(seed).__name__}")
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed must be in [0, 2**64) (what a torch.Generator takes), got {seed}")
 
 
 @dataclass(frozen=True)
@@ -30,6 +50,11 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed) -> SamplingParams
         raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
     if not temperature > 0:  # also rejects NaN
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature {temperature} is too small to divide by in float32 (below "
+                         f"{MIN_TEMPERATURE:.3g}); use do_sample=False for greedy")
+    if temperature == float("inf"):
+        raise ValueError("temperature must be finite, got inf")
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, int):
             raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
@@ -40,8 +65,7 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed) -> SamplingParams
             raise TypeError(f"top_p must be a number or None, got {type(top_p).__name__}")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    check_seed(seed)
     return SamplingParams(do_sample, float(temperature), top_k, None if top_p is None else float(top_p))
 
 
@@ -67,7 +91,9 @@ def pick_next(logits: torch.Tensor, noise: torch.Tensor | None, params: Sampling
     """(B, V) logits -> (B,) token ids. Same order of warpers as Hugging Face: temperature, top-k, top-p."""
     if noise is None:
         return logits.argmax(dim=-1)
-    scores = logits.float() / params.temperature
+    logits = logits.float()
+    # shifted by the row maximum first: the division can then only overflow to -inf (see the docstring)
+    scores = (logits - logits.amax(dim=-1, keepdim=True)) / params.temperature
     if params.top_k is not None and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]  # (B, 1)
         scores = scores.masked_fill(scores < kth, float("-inf"))

@@ -1,61 +1,96 @@
-"""The `bench`, `profile` and `report` subcommands: flags -> BenchConfig fields, checked before any work."""
+"""The `bench`, `profile` and `report` subcommands: flags -> BenchConfig fields, checked before any work.
+
+Only cliargs (no torch) is imported at the top: `overlapdecode bench --help` must not pay for torch and
+transformers. Each command imports what it runs inside its function, for that reason alone.
+"""
 
 from __future__ import annotations
 
+import os
 import shlex
 
-from ..cli import CliError, _ints, _names
+from ..cliargs import (
+    DTYPE_NAMES,
+    STRATEGY_HELP,
+    CliError,
+    ints,
+    lag_of,
+    names,
+    split_pair,
+    writable_dir,
+    writable_file,
+)
+
+ALLOCATOR_NAMES = ("default", "expandable")  # bench.runner.ALLOCATORS (a test keeps them equal)
+PEER_NAMES = ("hf-dynamic", "hf-static", "hf-compiled")  # bench.peers.PEERS (likewise)
+WORKLOAD_NAMES = ("fixed", "eos")  # bench.workloads.WORKLOADS (likewise)
 
 
 def add_commands(sub) -> None:
-    b = sub.add_parser("bench", help="measure every strategy and Hugging Face generate() side by side")
-    b.add_argument("--model", default=None, help="default: gpt2-random on CUDA, tiny-gpt2 on CPU")
+    b = sub.add_parser("bench", help="measure every strategy and Hugging Face generate() side by side",
+                       description="Measure strategies and Hugging Face peers; write DIR/results.json, report.md "
+                                   "and plots. An existing results.json is never overwritten: use --append or a "
+                                   "new --out.")
+    b.add_argument("--model", default=None,
+                   help="embedded name, local directory or hub name (default: gpt2-random on CUDA, tiny-gpt2 on CPU)")
     b.add_argument("--strategies", default="baseline,kv,static,compiled,interleaved",
-                   help="presets or variants (deferred, nocheck), comma-separated")
-    b.add_argument("--peers", default="hf-dynamic,hf-static,hf-compiled", help="Hugging Face peers, or 'none'")
-    b.add_argument("--lengths", default=None, help="new tokens per sequence (default: 64,96 CUDA; 16,48 CPU)")
-    b.add_argument("--batch", default="1")
+                   help=f"comma-separated; {STRATEGY_HELP}")
+    b.add_argument("--peers", default=",".join(PEER_NAMES),
+                   help=f"Hugging Face generate() peers, comma-separated ({', '.join(PEER_NAMES)}), or 'none'")
+    b.add_argument("--lengths", default=None,
+                   help="new tokens per sequence, comma-separated (default: 64,96 on CUDA; 16,48 on CPU)")
+    b.add_argument("--batch", default="1", help="batch sizes, comma-separated")
     b.add_argument("--dtype-batch", default=None,
-                   help="dtype:batch pairs instead of every dtype x batch, e.g. float32:1,bfloat16:8")
-    b.add_argument("--dtype", default="float32", help="comma-separated: float32,bfloat16,float16")
-    b.add_argument("--allocator", default="default", help="default,expandable (each in its own process)")
-    b.add_argument("--workloads", default="fixed", help="fixed (EOS disabled), eos (EOS forced per row)")
-    b.add_argument("--eos-lengths", default=None, help="lengths for the eos workload (default: the longest)")
-    b.add_argument("--prompt-len", type=int, default=None, help="default 32 on CUDA, 16 on CPU")
-    b.add_argument("--warmup", type=int, default=1)
-    b.add_argument("--repeats", type=int, default=3)
+                   help="dtype:batch pairs measured instead of every --dtype x --batch, e.g. float32:1,bfloat16:8 (default: every --dtype x --batch)")
+    b.add_argument("--dtype", default="float32", help=f"comma-separated: {', '.join(DTYPE_NAMES)}")
+    b.add_argument("--allocator", default="default",
+                   help="comma-separated: default, expandable (expandable_segments:True; CUDA only); each runs in "
+                        "its own process")
+    b.add_argument("--workloads", default="fixed",
+                   help="comma-separated: fixed (EOS disabled, full length), eos (EOS forced per row)")
+    b.add_argument("--eos-lengths", default=None,
+                   help="lengths of the eos workload, comma-separated (default: the longest of --lengths)")
+    b.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default: 32 on CUDA, 16 on CPU)")
+    b.add_argument("--warmup", type=int, default=1, help="untimed calls after the first call, per configuration")
+    b.add_argument("--repeats", type=int, default=3, help="timed calls per configuration (the median is reported)")
     b.add_argument("--no-profile", action="store_true", help="skip the GPU busy-fraction profile")
-    b.add_argument("--device", default=None)
+    b.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     b.add_argument("--gpus", default=None,
                    help="CUDA device indices, e.g. 0,1,2,3: spread the allocator x dtype:batch units over them, "
-                        "one process per GPU at a time")
+                        "one process per GPU at a time (default: one device, see --device)")
     b.add_argument("--time-budget", type=float, default=None,
-                   help="seconds; configurations not started by then are recorded as not run")
+                   help="seconds; configurations not started by then are recorded as not run (default: no limit)")
     b.add_argument("--append", action="store_true", help="add to the results already in --out")
-    b.add_argument("--out", default="bench-out")
+    b.add_argument("--out", default="bench-out",
+                   help="output directory (results.json, report.md, plots, worker logs); must not hold a "
+                        "results.json unless --append")
 
     p = sub.add_parser("profile", help="profiler trace, timeline and GPU-idle summary per strategy")
     p.add_argument("--model", default=None, help="default: gpt2-random on CUDA, tiny-gpt2 on CPU")
-    p.add_argument("--strategies", default="compiled,interleaved")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default=None)
-    p.add_argument("--out", default="profile-out")
+    p.add_argument("--strategies", default="compiled,interleaved", help=f"comma-separated; {STRATEGY_HELP}")
+    p.add_argument("--batch", type=int, default=1, help="batch size")
+    p.add_argument("--new-tokens", type=int, default=64, help="new tokens per call (EOS disabled)")
+    p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (random ids)")
+    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)}")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    p.add_argument("--out", default="profile-out", help="output directory (traces, timelines, summary)")
 
     r = sub.add_parser("report", help="rebuild report.md and the plots of a bench directory from its JSON")
     r.add_argument("dir", nargs="+", help="bench directories (results.json) or profile directories (summary.json)")
     r.add_argument("--markdown", default=None,
-                   help="also write one markdown file gathering every directory's report (e.g. BENCHMARKS.md)")
+                   help="also write one markdown file gathering every directory's report (e.g. BENCHMARKS.md; default: none)")
     r.add_argument("--interrupted", metavar="COMMAND", default=None,
-                   help="DIR holds rows.jsonl of a run stopped early: keep its rows, recording COMMAND as its command")
+                   help="DIR holds rows.jsonl of a run stopped early: keep its rows, recording COMMAND as its command (default: off)")
 
 
-def _cuda(device) -> bool:
-    import torch
+def check_device(text: str | None, flag: str = "--device"):
+    """The torch device a --device flag names, or a CliError naming the flag."""
+    from ..models import check_device as library_check  # torch: imported when a command runs, not for --help
 
-    return (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    try:
+        return library_check(text)
+    except (ValueError, TypeError) as err:
+        raise CliError(f"{flag}: {err}") from None
 
 
 def _positive(values, flag):
@@ -67,87 +102,127 @@ def _positive(values, flag):
     return tuple(values)
 
 
-def _check_names(names, known, flag):
-    bad = [n for n in names if n not in known]
+def _check_names(values, known, flag):
+    bad = [n for n in values if n not in known]
     if bad:
         raise CliError(f"{flag}: unknown {', '.join(bad)}; choose from {', '.join(known)}")
-    return tuple(names)
+    return tuple(values)
 
 
-def _check_strategies(text: str) -> tuple[str, ...]:
-    """Preset or variant names, `NAME:K` for a lag of K (interleaved:2)."""
+def check_strategies(text: str, flag: str, max_new_tokens: int) -> tuple[str, ...]:
+    """Preset or variant names, `NAME:K` for a lag of K (interleaved:2); a lag beyond the shortest run is
+    refused here, before a worker starts (it would only allocate K + 1 pinned slots for nothing)."""
     from ..strategy import resolve_strategy
 
-    names = _names(text)
-    for n in names:
+    found = names(text)
+    for n in found:
         try:
             resolve_strategy(n)
         except ValueError as err:
-            raise CliError(f"--strategies: {err}") from None
-    return tuple(names)
+            raise CliError(f"{flag}: {err}") from None
+        if lag_of(n) > max_new_tokens:
+            raise CliError(f"{flag} {n}: a lag of {lag_of(n)} is beyond the {max_new_tokens} new tokens of the "
+                           f"shortest run (the flag of the last step is read after the loop anyway)")
+    return tuple(found)
+
+
+def _check_dtype(d: str, flag: str) -> str:
+    from ..models import parse_dtype  # torch: imported when a command runs, not for --help
+
+    try:
+        parse_dtype(d)
+    except ValueError as err:
+        raise CliError(f"{flag}: {err}") from None
+    return d
 
 
 def bench_config(args):
-    from ..models import parse_dtype
-    from .peers import PEERS
-    from .runner import ALLOCATORS
-    from .worker import BenchConfig
-    from .workloads import WORKLOADS
+    from .config import BenchConfig
 
-    cuda = _cuda(args.device)
-    strategies = _check_strategies(args.strategies)
-    peers = () if args.peers.strip() == "none" else _check_names(_names(args.peers), list(PEERS), "--peers")
+    device = check_device(args.device) if args.device is not None else None
+    cuda = (device.type if device is not None else _default_device().type) == "cuda"
+    lengths = _positive(ints(args.lengths, "--lengths") if args.lengths else ([64, 96] if cuda else [16, 48]),
+                        "--lengths")
+    eos_lengths = _positive(ints(args.eos_lengths, "--eos-lengths"), "--eos-lengths") if args.eos_lengths else ()
+    strategies = check_strategies(args.strategies, "--strategies", min(lengths + eos_lengths))
+    peers = () if args.peers.strip() == "none" else _check_names(names(args.peers), PEER_NAMES, "--peers")
     if not strategies and not peers:
         raise CliError("--strategies and --peers are both empty: nothing to measure")
-    lengths = _positive(_ints(args.lengths, "--lengths") if args.lengths else ([64, 96] if cuda else [16, 48]),
-                        "--lengths")
-    batches = _positive(_ints(args.batch, "--batch"), "--batch")
-    dtypes = tuple(_names(args.dtype))
-    for d in dtypes:
-        try:
-            parse_dtype(d)
-        except ValueError as err:
-            raise CliError(f"--dtype: {err}") from None
+    batches = _positive(ints(args.batch, "--batch"), "--batch")
+    dtypes = tuple(_check_dtype(d, "--dtype") for d in names(args.dtype))
+    if not dtypes and not args.dtype_batch:
+        raise CliError(f"--dtype names no dtype ({args.dtype!r}): nothing to measure; choose from "
+                       f"{', '.join(DTYPE_NAMES)}")
     pairs = ()
-    if args.dtype_batch:
-        pairs = tuple(_names(args.dtype_batch))
-        for p in pairs:
-            d, _, b = p.partition(":")
-            if not b.isdigit() or int(b) < 1:
-                raise CliError(f"--dtype-batch takes dtype:batch pairs such as bfloat16:8, got {p!r}")
-            try:
-                parse_dtype(d)
-            except ValueError as err:
-                raise CliError(f"--dtype-batch: {err}") from None
-        dtypes = tuple(dict.fromkeys(p.split(":")[0] for p in pairs))
-        batches = tuple(dict.fromkeys(int(p.split(":")[1]) for p in pairs))
-    if args.time_budget is not None and args.time_budget <= 0:
+    if args.dtype_batch is not None:
+        pairs = tuple(names(args.dtype_batch))
+        if not pairs:
+            raise CliError(f"--dtype-batch names no pair ({args.dtype_batch!r}): nothing to measure")
+        parsed = [split_pair(p) for p in pairs]
+        for d, _ in parsed:
+            _check_dtype(d, "--dtype-batch")
+        dtypes = tuple(dict.fromkeys(d for d, _ in parsed))
+        batches = tuple(dict.fromkeys(b for _, b in parsed))
+    if args.time_budget is not None and not args.time_budget > 0:
         raise CliError("--time-budget must be > 0 seconds")
-    allocators = _check_names(_names(args.allocator), list(ALLOCATORS), "--allocator")
+    allocators = _check_names(names(args.allocator), ALLOCATOR_NAMES, "--allocator")
+    if not allocators:
+        raise CliError("--allocator names no allocator: nothing to measure")
     if "expandable" in allocators and not cuda:
         raise CliError("--allocator expandable needs CUDA (it configures the CUDA caching allocator)")
-    workloads = _check_names(_names(args.workloads), list(WORKLOADS), "--workloads")
-    eos_lengths = _positive(_ints(args.eos_lengths, "--eos-lengths"), "--eos-lengths") if args.eos_lengths else ()
+    workloads = _check_names(names(args.workloads), WORKLOAD_NAMES, "--workloads")
+    if not workloads:
+        raise CliError("--workloads names no workload: nothing to measure")
     prompt_len = args.prompt_len if args.prompt_len is not None else (32 if cuda else 16)
     if prompt_len < 1:
         raise CliError(f"--prompt-len must be >= 1, got {prompt_len}")
     if args.warmup < 0 or args.repeats < 1:
         raise CliError("--warmup must be >= 0 and --repeats >= 1")
     model = args.model or ("gpt2-random" if cuda else "tiny-gpt2")
+    _check_model_name(model)
     _check_positions(model, prompt_len, max(lengths + eos_lengths))
     gpus = _check_gpus(args.gpus, args.device) if args.gpus else ()
+    _check_out(args.out, args.append)
     return BenchConfig(gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths, batches=batches,
                        dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
                        workloads=workloads, eos_lengths=eos_lengths, prompt_len=prompt_len, warmup=args.warmup,
                        repeats=args.repeats, profile=not args.no_profile, device=args.device)
 
 
+def _default_device():
+    from ..models import check_device as library_check  # torch: imported when a command runs, not for --help
+
+    return library_check(None)
+
+
+def _check_model_name(model: str) -> None:
+    """An embedded name, an existing directory, or something that may be a hub name; a path that does not
+    exist is named as a path (the workers would only fail later, one per unit)."""
+    from ..models import check_model_path  # torch: imported when a command runs, not for --help
+
+    try:
+        check_model_path(model)
+    except (ValueError, TypeError) as err:
+        raise CliError(f"--model: {err}") from None
+
+
+def _check_out(out: str, append: bool) -> None:
+    """--out before any work: a directory we can write, holding no results.json unless --append."""
+    writable_dir(out, "--out")
+    results = os.path.join(out, "results.json")
+    if append and not os.path.exists(results):
+        raise CliError(f"--append: {results} not found (nothing to add to)")
+    if not append and os.path.exists(results):
+        raise CliError(f"--out {out} already holds results.json: add to it with --append, or choose another --out "
+                       f"(an earlier run's results are never overwritten)")
+
+
 def _check_gpus(text: str, device) -> tuple[int, ...]:
-    import torch
+    import torch  # imported when the command runs, not for --help
 
     if device is not None:
         raise CliError("--gpus and --device exclude each other: --gpus pins each worker to one GPU itself")
-    gpus = _ints(text, "--gpus")
+    gpus = ints(text, "--gpus")
     if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
         raise CliError(f"--gpus takes distinct CUDA device indices such as 0,1,2,3, got {text!r}")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -159,7 +234,7 @@ def _check_gpus(text: str, device) -> tuple[int, ...]:
 
 
 def _check_positions(model: str, prompt_len: int, longest: int) -> None:
-    from ..models import EMBEDDED, embedded_config
+    from ..models import EMBEDDED, embedded_config  # torch: imported when a command runs, not for --help
 
     if model in EMBEDDED:
         cfg = embedded_config(model)
@@ -168,7 +243,12 @@ def _check_positions(model: str, prompt_len: int, longest: int) -> None:
             raise CliError(f"--prompt-len {prompt_len} + longest length {longest} exceeds {model}'s {limit} positions")
 
 
+def _command(args) -> str:
+    return "overlapdecode " + " ".join(shlex.quote(a) for a in args.argv)
+
+
 def cmd_bench(args) -> int:
+    # imported when the command runs, not for --help
     from rich.console import Console
     from rich.table import Table
 
@@ -176,9 +256,8 @@ def cmd_bench(args) -> int:
     from .runner import BenchError, run_bench
 
     cfg = bench_config(args)
-    command = "overlapdecode " + " ".join(shlex.quote(a) for a in args.argv)
     try:
-        results = run_bench(cfg, args.out, command, append=args.append)
+        results = run_bench(cfg, args.out, _command(args), append=args.append)
     except BenchError as err:
         raise CliError(str(err)) from None
     console = Console()
@@ -194,22 +273,26 @@ def cmd_bench(args) -> int:
                 continue
             table.add_row(s, f"{r['ms_per_token']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['ttft_ms']:.2f}",
                           f"{base['seq_s'] / r['seq_s']:.2f}x" if base else "-",
-                          "-" if r["peak_reserved_mb"] is None else f"{r['peak_reserved_mb']:.0f}")
+                          "-" if r.get("peak_reserved_mb") is None else f"{r['peak_reserved_mb']:.0f}")
         console.print(table)
     console.print(f"report: {args.out}/report.md (results: {args.out}/results.json)")
     return 0
 
 
 def cmd_profile(args) -> int:
-    from .profile import profile_strategies
+    from .profile import profile_strategies  # imported when the command runs, not for --help
 
-    strategies = _check_strategies(args.strategies)
-    if args.batch < 1 or args.new_tokens < 1:
-        raise CliError("--batch and --new-tokens must be >= 1")
-    model = args.model or ("gpt2-random" if _cuda(args.device) else "tiny-gpt2")
+    if args.batch < 1 or args.new_tokens < 1 or args.prompt_len < 1:
+        raise CliError("--batch, --new-tokens and --prompt-len must be >= 1")
+    strategies = check_strategies(args.strategies, "--strategies", args.new_tokens)
+    device = check_device(args.device)
+    _check_dtype(args.dtype, "--dtype")
+    model = args.model or ("gpt2-random" if device.type == "cuda" else "tiny-gpt2")
+    _check_model_name(model)
+    _check_positions(model, args.prompt_len, args.new_tokens)
+    writable_dir(args.out, "--out")
     result = profile_strategies(model, strategies, args.batch, args.new_tokens, args.out, dtype=args.dtype,
-                                prompt_len=args.prompt_len, device=args.device,
-                                command="overlapdecode " + " ".join(shlex.quote(a) for a in args.argv))
+                                prompt_len=args.prompt_len, device=str(device), command=_command(args))
     for name, s in result["strategies"].items():
         busy = (f"GPU busy {s['busy_fraction'] * 100:.1f}%, fed {s['fed_fraction'] * 100:.1f}%" if s.get("available")
                 else s["reason"])
@@ -219,19 +302,24 @@ def cmd_profile(args) -> int:
 
 
 def cmd_report(args) -> int:
-    import os
-
+    # imported when the command runs, not for --help
     from .profile import rebuild
     from .report import build, gather
-    from .runner import finalize, rows_files
+    from .results import finalize, rows_files
 
+    if args.markdown:
+        writable_file(args.markdown, "--markdown")
     if args.interrupted is not None:
         if len(args.dir) != 1 or not rows_files(args.dir[0]):
             raise CliError("--interrupted takes one directory holding the rows*.jsonl of a stopped run")
         finalize(args.dir[0], args.interrupted, interrupted=True)
     for d in args.dir:
         if os.path.exists(os.path.join(d, "summary.json")) and not os.path.exists(os.path.join(d, "results.json")):
-            rebuild(d)  # a profile directory: analyse its saved traces again
+            try:
+                rebuild(d)  # a profile directory: analyse its saved traces again
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise CliError(f"{os.path.join(d, 'summary.json')}: cannot be used ({type(err).__name__}: {err})") \
+                    from None
             print(f"profile summary: {os.path.join(d, 'summary.md')}")
             continue
         try:
@@ -239,7 +327,7 @@ def cmd_report(args) -> int:
         except FileNotFoundError as err:
             raise CliError(str(err)) from None
     if args.markdown:
-        gather(args.dir, args.markdown, "overlapdecode " + " ".join(shlex.quote(a) for a in args.argv))
+        gather(args.dir, args.markdown, _command(args))
         print(f"gathered: {args.markdown}")
     return 0
 

@@ -12,10 +12,10 @@ import gzip
 import json
 import os
 
-
 import overlapdecode as od
 
 from . import timeline
+from .results import environment
 from .workloads import prompt
 
 
@@ -34,8 +34,6 @@ def profile_strategies(model_name: str, strategies, batch: int, new_tokens: int,
         trace = f"trace-{name.replace(':', '-lag')}.json.gz"  # interleaved:2 -> trace-interleaved-lag2.json.gz
         timeline.trace_call(run, dev, os.path.join(out_dir, trace))
         summaries[name] = dict(trace=trace)
-    from .runner import environment
-
     result = dict(model=model_name, dtype=dtype, batch=batch, new_tokens=new_tokens, prompt_len=prompt_len,
                   environment=environment(), command=command, strategies=summaries)
     return write_summary(out_dir, result)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections import defaultdict
+
+from .results import load
 
 ORDER = ["baseline", "kv", "static", "compiled", "deferred", "interleaved", "nocheck", "hf-dynamic", "hf-static",
          "hf-compiled"]
@@ -17,38 +20,6 @@ ORDER = ["baseline", "kv", "static", "compiled", "deferred", "interleaved", "noc
 
 def _order(names):
     return sorted(set(names), key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
-
-
-def latest_rows(rows: list[dict]) -> list[dict]:
-    """One row per configuration: a later row (from an --append run) replaces an earlier one of the same
-    configuration, except that a row that could not be measured ("not run", out of memory) never replaces a
-    measured one. Keeps the order of first appearance."""
-    keep: dict = {}  # key -> (position of first appearance, row)
-    for i, r in enumerate(rows):
-        key = tuple(r.get(k) for k in ("model", "allocator", "dtype", "batch", "prompt_len", "workload",
-                                       "max_new_tokens", "strategy"))
-        if key in keep and "error" in r and "error" not in keep[key][1]:
-            continue
-        keep[key] = (keep[key][0] if key in keep else i, r)
-    return [r for _, r in sorted(keep.values(), key=lambda p: p[0])]
-
-
-def load(out_dir: str) -> dict:
-    """DIR/results.json, its rows reduced to the latest per configuration (latest_rows)."""
-    from .runner import rows_files
-
-    path = os.path.join(out_dir, "results.json")
-    if not os.path.exists(path):
-        if rows_files(out_dir) and os.path.exists(os.path.join(out_dir, "config.json")):
-            raise FileNotFoundError(
-                f"{path} not found but {out_dir} holds the rows of an interrupted run: "
-                f"`overlapdecode report {out_dir} --interrupted 'THE BENCH COMMAND'` keeps them"
-            )
-        raise FileNotFoundError(f"{path} not found: run `overlapdecode bench --out {out_dir}` first")
-    with open(path) as f:
-        results = json.load(f)
-    results["rows"] = latest_rows(results["rows"])
-    return results
 
 
 def timed(rows, workload="fixed"):
@@ -110,8 +81,49 @@ def _spread(row) -> float:
     return (max(times) - min(times)) / row["seq_s"]
 
 
+# A claim rests on at least this many timed calls per figure: with fewer, the spread says nothing.
+MIN_REPEATS = 3
+
+
+def _repeats(row) -> int:
+    return len(row.get("seq_s_all") or [row["seq_s"]])
+
+
+def _on_gpu(*rows) -> bool:
+    return all(str(r.get("device", "")).startswith("cuda") for r in rows)
+
+
+def _why_not(slow, fast, gpu_claim: bool = True) -> str | None:
+    """Why the ratio slow/fast cannot carry a claim (None: it can): a CPU run for a GPU claim, too few timed
+    calls, or a difference inside the spread of the timed calls."""
+    if gpu_claim and not _on_gpu(slow, fast):
+        return "measured on CPU, and the claim is about a GPU"
+    n = min(_repeats(slow), _repeats(fast))
+    if n < MIN_REPEATS:
+        return f"{n} timed call(s) per figure, fewer than the {MIN_REPEATS} needed to know the spread"
+    ratio, noise = slow["seq_s"] / fast["seq_s"], max(_spread(slow), _spread(fast))
+    if abs(ratio - 1) <= noise:
+        return f"the difference ({(ratio - 1) * 100:+.1f}%) is within the spread of the timed calls ({noise * 100:.0f}%)"
+    return None
+
+
+def _ratio_claim(label: str, ratio_text: str, why: str | None) -> str:
+    return f"- {label}: {ratio_text}." if why is None else f"- {label}: not stated: {why} ({ratio_text})."
+
+
+def exponent_range(points) -> tuple[float, float] | None:
+    """(lowest, highest) exponent between the shortest and the longest length that the timed calls allow."""
+    (n0, r0), (n1, r1) = points[0], points[-1]
+    if n1 <= n0:
+        return None
+    t0, t1 = r0.get("seq_s_all") or [r0["seq_s"]], r1.get("seq_s_all") or [r1["seq_s"]]
+    span = math.log(n1 / n0)
+    return math.log(min(t1) / max(t0)) / span, math.log(max(t1) / min(t0)) / span
+
+
 def claims(results: dict) -> list[str]:
-    """The brief's claims, each checked against this run's figures (skipped when the run lacks them)."""
+    """The brief's claims, each stated only where this run's figures carry it: enough timed calls, a
+    difference beyond their spread, and a GPU for the claims about a GPU; otherwise the line says why not."""
     rows = results["rows"]
     ser = series(rows)
     out = []
@@ -123,56 +135,67 @@ def claims(results: dict) -> list[str]:
         if not lengths:
             continue
         longest, shortest = lengths[-1], lengths[0]
-        if "baseline" in per and "kv" in per:
+        if "baseline" in per and "kv" in per and len(per["baseline"]) > 1 and len(per["kv"]) > 1:
             b_all, b_long = exponents(per["baseline"])
             k_all, k_long = exponents(per["kv"])
-            out.append(
-                f"- O(N^2) vs O(N) ({tag}): time-vs-N exponent over {shortest}-{longest} tokens: baseline "
-                f"{_f(b_all)} (last two lengths {_f(b_long)}), kv {_f(k_all)} (last two {_f(k_long)})."
-            )
+            b_rng, k_rng = exponent_range(per["baseline"]), exponent_range(per["kv"])
+            text = (f"time-vs-N exponent over {shortest}-{longest} tokens: baseline {_f(b_all)} (last two lengths "
+                    f"{_f(b_long)}; the timed calls allow {b_rng[0]:.2f}-{b_rng[1]:.2f}), kv {_f(k_all)} (last two "
+                    f"{_f(k_long)}; {k_rng[0]:.2f}-{k_rng[1]:.2f})")
+            rows_used = [r for _, r in per["baseline"] + per["kv"]]
+            n = min(_repeats(r) for r in rows_used)
+            why = None
+            if n < MIN_REPEATS:
+                why = f"{n} timed call(s) per figure, fewer than the {MIN_REPEATS} needed to know the spread"
+            elif b_rng[0] <= k_rng[1]:
+                why = "the exponents' ranges overlap: the baseline is not shown to grow faster than kv"
+            out.append(_ratio_claim(f"O(N^2) vs O(N) ({tag})", text, why))
         if "static" in per and "kv" in per:
-            s, k = _at(per["static"], shortest), _at(per["kv"], shortest)
             s2, k2 = _at(per["static"], longest), _at(per["kv"], longest)
-            if s and k and s2 and k2:
-                out.append(
-                    f"- static vs dynamic cache, no compile ({tag}): static/kv time = {s['seq_s'] / k['seq_s']:.2f} at "
-                    f"{shortest} tokens, {s2['seq_s'] / k2['seq_s']:.2f} at {longest} (< 1: static faster)."
-                )
-        if "compiled" in per and "static" in per and "kv" in per:
-            c, s, k = (_at(per[x], longest) for x in ("compiled", "static", "kv"))
-            if c and s and k:
-                out.append(
-                    f"- compile ({tag}, {longest} tokens): compiled is {s['seq_s'] / c['seq_s']:.2f}x static and "
-                    f"{k['seq_s'] / c['seq_s']:.2f}x kv."
-                )
+            if s2 and k2:
+                out.append(_ratio_claim(f"static vs dynamic cache, no compile ({tag}, {longest} tokens)",
+                                        f"static/kv time = {s2['seq_s'] / k2['seq_s']:.2f} (< 1: static faster)",
+                                        _why_not(s2, k2)))
+        if "compiled" in per and "static" in per:
+            c, st = _at(per["compiled"], longest), _at(per["static"], longest)
+            if c and st:
+                out.append(_ratio_claim(f"compile ({tag}, {longest} tokens)",
+                                        f"compiled is {st['seq_s'] / c['seq_s']:.2f}x static", _why_not(st, c)))
         if "hf-compiled" in per and "hf-static" in per:
-            c, s = _at(per["hf-compiled"], longest), _at(per["hf-static"], longest)
-            if c and s:
-                out.append(f"- Hugging Face auto-compile ({tag}, {longest} tokens): hf-compiled is "
-                           f"{s['seq_s'] / c['seq_s']:.2f}x hf-static.")
+            c, st = _at(per["hf-compiled"], longest), _at(per["hf-static"], longest)
+            if c and st:
+                out.append(_ratio_claim(f"Hugging Face auto-compile ({tag}, {longest} tokens)",
+                                        f"hf-compiled is {st['seq_s'] / c['seq_s']:.2f}x hf-static", _why_not(st, c)))
         n400 = _nearest(lengths, 400)
         inter = _at(per.get("interleaved", []), n400)
         if inter:
-            parts = []
-            base = _at(per.get("baseline", []), n400)
-            if base:
-                parts.append(f"{base['seq_s'] / inter['seq_s']:.2f}x baseline")
-            comp = _at(per.get("compiled", []), n400)
-            if comp:
-                parts.append(f"{comp['seq_s'] / inter['seq_s']:.2f}x compiled (sync check)")
+            label = f"interleaved ({tag}, {n400} tokens, {inter['ms_per_token']:.3f} ms/token)"
+            for other, what in (("baseline", "baseline"), ("compiled", "compiled (sync check)")):
+                r = _at(per.get(other, []), n400)
+                if r:
+                    out.append(_ratio_claim(f"{label} vs {other}", f"{r['seq_s'] / inter['seq_s']:.2f}x {what}",
+                                            _why_not(r, inter)))
             upper = _at(per.get("nocheck", []), n400)
             if upper:
                 gap = inter["seq_s"] / upper["seq_s"] - 1
-                noise = max(_spread(inter), _spread(upper))
-                parts.append(f"{gap * 100:+.1f}% vs the no-check upper bound"
-                             + (f" (within the spread of the timed calls, {noise * 100:.0f}%: not resolved by this run)"
-                                if abs(gap) < noise else ""))
+                why = _why_not(inter, upper)
+                text = f"{gap * 100:+.1f}% vs the no-check upper bound"
+                # "as fast as the upper bound" is the claim here: a gap inside the spread supports it
+                if why is not None and why.startswith("the difference"):
+                    out.append(f"- {label} vs nocheck: {text}, within the spread of the timed calls "
+                               f"({max(_spread(inter), _spread(upper)) * 100:.0f}%): no cost of the check resolved.")
+                else:
+                    out.append(_ratio_claim(f"{label} vs nocheck", text, why))
             peers = [(p, _at(per[p], n400)) for p in per if p.startswith("hf-") and _at(per[p], n400)]
             if peers:
                 best, row = min(peers, key=lambda pr: pr[1]["seq_s"])
-                parts.append(f"{row['seq_s'] / inter['seq_s']:.2f}x the fastest Hugging Face peer ({best})")
-            out.append(f"- interleaved ({tag}, {n400} tokens, {inter['ms_per_token']:.3f} ms/token): " + ", ".join(parts) + ".")
-    # fragmentation: per strategy and allocator, at the one length where most of them were measured
+                version = row.get("transformers")
+                out.append(_ratio_claim(
+                    f"{label} vs the fastest Hugging Face peer",
+                    f"{row['seq_s'] / inter['seq_s']:.2f}x {best}" + (f" (transformers {version})" if version else ""),
+                    _why_not(row, inter)))
+    # fragmentation: per strategy and allocator, at the one length where most of them were measured (GPU only:
+    # the CPU has no caching allocator, and its rows carry no memory figures)
     mem = [r for r in timed(rows) if r.get("fragmentation") is not None]
     presets = ("baseline", "kv", "static", "compiled", "interleaved")
     for dtype, batch in sorted({(r["dtype"], r["batch"]) for r in mem}):
@@ -187,8 +210,17 @@ def claims(results: dict) -> list[str]:
                 for r in sorted(sub, key=lambda r: r["allocator"]) if r["strategy"] == strat and r["max_new_tokens"] == n
             ]
             if parts:
-                out.append(f"- fragmentation, {strat} ({dtype}, batch {batch}, {n} tokens): " + "; ".join(parts) + ".")
+                out.append(f"- fragmentation, {strat} ({dtype}, batch {batch}, {n} tokens, one measured call): "
+                           + "; ".join(parts) + ".")
     return out
+
+
+def first_call_overheads(per: dict) -> dict:
+    """strategy -> [(length, first call - median timed call)]: compile, CUDA-graph recording and warm-up.
+
+    A process compiles a shape once, at the first configuration that meets it, so the overhead shows at one
+    length and not at the others; the largest of them is the strategy's compile time in this run."""
+    return {s: [(n, r["first_call_s"] - r["seq_s"]) for n, r in pts] for s, pts in per.items()}
 
 
 def build(out_dir: str) -> str:
@@ -210,12 +242,15 @@ def build(out_dir: str) -> str:
             f"Machine: {env.get('gpu') or 'CPU only'}; torch {env['torch']}, transformers {env['transformers']}, "
             f"CUDA {env.get('cuda')}, Python {env['python']}, commit {env['git_commit']}."
         )
+    peer_versions = sorted({r["transformers"] for r in rows if r.get("kind") == "peer" and r.get("transformers")})
+    if peer_versions:
+        md.append(f"Hugging Face peers ran transformers {', '.join(peer_versions)} (recorded in every row).")
     cfg = results["config"]
     md.append(
         f"Model {cfg['model']}, prompt {cfg['prompt_len']} tokens, greedy; each figure is the median of "
         + " / ".join(sorted({f"{c['repeats']} timed calls after {c['warmup']} warm-up call(s)"
                              for c in results.get("configs", [cfg])}))
-        + " (plus a first call, reported apart as `first call`: compile and CUDA-graph recording happen there); "
+        + " (the first call of each configuration is not timed with them: see `First-call overhead`); "
         "`spread` is (slowest - fastest) / median of the timed calls. "
         "Fragmentation = (peak reserved - peak allocated) / peak reserved."
     )
@@ -224,7 +259,14 @@ def build(out_dir: str) -> str:
         md += ["", "Not measured: " + "; ".join(
             f"{r['strategy']} {r['dtype']} b{r['batch']} {r['workload']} n{r['max_new_tokens']} ({r['allocator']}): "
             f"{r['error']}" for r in errors)]
-    md += ["", "## The brief's claims, checked against this run", ""] + (claims(results) or ["- (not enough rows)"])
+    md += ["", "## The brief's claims, checked against this run", ""]
+    if not gpu_rows:
+        md += ["This run is on CPU: the brief's claims are about a GPU (CUDA graphs, streams, the caching "
+               "allocator), so none of them is stated from it; each line below says so, with the figure it would "
+               "rest on.", ""]
+    md += [f"A claim is stated only where its figures carry it: at least {MIN_REPEATS} timed calls each, and a "
+           "difference beyond the spread of those calls; otherwise the line says `not stated` and why.", ""]
+    md += claims(results) or ["- (not enough rows)"]
 
     ser = series(rows)
     for (alloc, dtype, batch), per in sorted(ser.items()):
@@ -244,18 +286,26 @@ def build(out_dir: str) -> str:
             r = _at(per[s], n)
             if not r:
                 continue
+            frag = r.get("fragmentation")
             body.append([
                 s, _f(r["seq_s"], "{:.3f}"), _f(r["ms_per_token"], "{:.3f}"), _f(r["tokens_per_s"], "{:.0f}"),
-                f"{(max(r['seq_s_all']) - min(r['seq_s_all'])) / r['seq_s'] * 100:.0f}%",
-                _f(r["ttft_ms"], "{:.2f}"), _f(r["first_call_s"], "{:.2f}"),
+                f"{_spread(r) * 100:.0f}%", _f(r["ttft_ms"], "{:.2f}"),
                 _f(base["seq_s"] / r["seq_s"], "{:.2f}x") if base else "-",
-                _f(r["peak_allocated_mb"], "{:.0f}"), _f(r["peak_reserved_mb"], "{:.0f}"),
-                _f(r["fragmentation"] and r["fragmentation"] * 100, "{:.1f}%"), _f(r["device_mallocs"], "{}"),
-                _f(r["alloc_requests"], "{}"),
+                _f(r.get("peak_allocated_mb"), "{:.0f}"), _f(r.get("peak_reserved_mb"), "{:.0f}"),
+                _f(frag and frag * 100, "{:.1f}%"), _f(r.get("device_mallocs"), "{}"),
+                _f(r.get("alloc_requests"), "{}"),
             ])
-        md.append(_table(["strategy", "s/seq", "ms/token", "tok/s", "spread", "TTFT ms", "first call s", "vs baseline",
+        md.append(_table(["strategy", "s/seq", "ms/token", "tok/s", "spread", "TTFT ms", "vs baseline",
                           "peak alloc MB", "peak reserved MB", "fragmentation", "cudaMalloc calls",
                           "alloc requests"], body))
+        over = first_call_overheads(per)
+        md += ["", f"First-call overhead (compile, CUDA-graph recording, warm-up) = first call - median timed call, "
+                   f"in seconds, per length: a process compiles a shape once, at the first configuration that meets "
+                   f"it, so the largest figure of a strategy is its compile time here ({dtype}, batch {batch}, "
+                   f"allocator {alloc}):", ""]
+        body = [[s] + [_f(dict(over[s]).get(m), "{:.2f}") for m in lengths]
+                + [_f(max(v for _, v in over[s]), "{:.2f}")] for s in _order(per)]
+        md.append(_table(["strategy"] + [f"N={m}" for m in lengths] + ["largest (compile)"], body))
 
     eos = timed(rows, "eos")
     if eos:
@@ -300,13 +350,32 @@ def build(out_dir: str) -> str:
 
 
 def _save(fig, axes, out_dir: str, name: str) -> None:
+    """One legend for the figure, outside the axes (never over the data)."""
     import matplotlib.pyplot as plt
 
-    if axes[0][0].get_legend_handles_labels()[0]:
-        axes[0][0].legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, name), dpi=110)
+    fig.savefig(os.path.join(out_dir, name), dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def _log_ticks_at(ax, xs, axis="x") -> None:
+    """Log axis ticks exactly at the measured lengths, written as plain numbers (no 2x10^1)."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(FixedLocator(sorted(xs)))
+    target.set_major_formatter(ScalarFormatter())
+    target.set_minor_locator(NullLocator())
+
+
+def _err(rows) -> list[list[float]]:
+    """Asymmetric error bars (below, above the median) from each row's fastest and slowest timed call."""
+    lo = [r["seq_s"] - min(r.get("seq_s_all") or [r["seq_s"]]) for r in rows]
+    hi = [max(r.get("seq_s_all") or [r["seq_s"]]) - r["seq_s"] for r in rows]
+    return [lo, hi]
 
 
 def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
@@ -321,45 +390,76 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
     if not ser:
         return written
     keys = sorted(ser)
+    names = _order(s for per in ser.values() for s in per)  # one colour per strategy in every plot
+    colour = {s: f"C{i % 10}" for i, s in enumerate(names)}
 
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
     for ax, key in zip(axes[0], keys):
         per = ser[key]
+        lengths = sorted({n for pts in per.values() for n, _ in pts})
         for s in _order(per):
             pts = per[s]
-            ax.loglog([n for n, _ in pts], [r["seq_s"] for _, r in pts], marker="o", label=s,
-                      linestyle="--" if s.startswith("hf-") else "-")
-        lengths = sorted({n for pts in per.values() for n, _ in pts})
+            ax.errorbar([n for n, _ in pts], [r["seq_s"] for _, r in pts], yerr=_err([r for _, r in pts]),
+                        marker="o", markersize=4, capsize=3, label=s, color=colour[s],
+                        linestyle="--" if s.startswith("hf-") else "-")
         ref = per.get("kv") or next(iter(per.values()))
-        t0 = ref[0][1]["seq_s"]
-        n0 = lengths[0]
-        ax.loglog(lengths, [t0 * (n / n0) for n in lengths], color="grey", linestyle=":", label="O(N) guide")
-        ax.loglog(lengths, [t0 * (n / n0) ** 2 for n in lengths], color="black", linestyle=":", label="O(N^2) guide")
-        ax.set_xlabel("new tokens N")
-        ax.set_ylabel("seconds per sequence")
+        t0, n0 = ref[0][1]["seq_s"], ref[0][0]
+        ax.plot(lengths, [t0 * (n / n0) for n in lengths], color="grey", linestyle=":", label="O(N) guide")
+        ax.plot(lengths, [t0 * (n / n0) ** 2 for n in lengths], color="black", linestyle=":", label="O(N^2) guide")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _log_ticks_at(ax, lengths)
+        ax.set_xlabel("new tokens N (ticks at the measured lengths)")
+        ax.set_ylabel("seconds per sequence (bars: fastest-slowest call)")
         ax.set_title(f"{key[1]}, batch {key[2]}, allocator {key[0]}")
     _save(fig, axes, out_dir, "time_vs_length.png")
-    written.append(("time_vs_length.png", "time per sequence vs N, log-log, with O(N) and O(N^2) guides"))
+    written.append(("time_vs_length.png", "time per sequence vs N, log-log, with O(N) and O(N^2) guides; error bars: "
+                                          "fastest and slowest timed call"))
 
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
     for ax, key in zip(axes[0], keys):
         per = ser[key]
         lengths = sorted({n for pts in per.values() for n, _ in pts})
         if "baseline" not in per:
-            ax.text(0.5, 0.5, "no baseline in this run", ha="center")
+            ax.text(0.5, 0.5, "no baseline in this run", ha="center", transform=ax.transAxes)
             continue
-        names = [s for s in _order(per) if s != "baseline"]
+        others = [s for s in _order(per) if s != "baseline"]
         width = 0.8 / max(len(lengths), 1)
         for i, n in enumerate(lengths):
             base = _at(per["baseline"], n)
-            vals = [(base["seq_s"] / _at(per[s], n)["seq_s"]) if base and _at(per[s], n) else 0 for s in names]
-            ax.bar([j + i * width for j in range(len(names))], vals, width, label=f"N={n}")
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=45, ha="right", fontsize=8)
+            vals, lo, hi = [], [], []
+            for s in others:
+                r = _at(per[s], n)
+                if not (base and r):
+                    vals.append(0), lo.append(0), hi.append(0)
+                    continue
+                v = base["seq_s"] / r["seq_s"]
+                b_all, r_all = base.get("seq_s_all") or [base["seq_s"]], r.get("seq_s_all") or [r["seq_s"]]
+                vals.append(v)  # bars: the ratio's range over the fastest/slowest calls of both
+                lo.append(v - min(b_all) / max(r_all))
+                hi.append(max(b_all) / min(r_all) - v)
+            ax.bar([j + i * width for j in range(len(others))], vals, width, yerr=[lo, hi], capsize=2,
+                   label=f"N={n}", color=f"C{i % 10}")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(others))], others, rotation=45, ha="right", fontsize=8)
         ax.axhline(1, color="grey", linewidth=0.8)
-        ax.set_ylabel("speed-up over baseline (x)")
+        ax.set_ylabel("speed-up over baseline (x); bars: range")
         ax.set_title(f"{key[1]}, batch {key[2]}")
     _save(fig, axes, out_dir, "speedup.png")
-    written.append(("speedup.png", "speed-up over baseline per preset and peer"))
+    written.append(("speedup.png", "speed-up over baseline per preset and peer; error bars: the range the fastest and "
+                                   "slowest timed calls allow"))
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        over = first_call_overheads(ser[key])
+        order = _order(over)
+        ax.bar(range(len(order)), [max(0.0, max(v for _, v in over[s])) for s in order],
+               color=[colour[s] for s in order])
+        ax.set_xticks(range(len(order)), order, rotation=45, ha="right", fontsize=8)
+        ax.set_ylabel("compile time: largest first-call overhead (s)")
+        ax.set_title(f"{key[1]}, batch {key[2]}, allocator {key[0]}")
+    _save(fig, axes, out_dir, "compile.png")
+    written.append(("compile.png", "compile time per strategy: the largest (first call - median timed call) over "
+                                   "its lengths"))
 
     mem = [r for r in timed(rows) if r.get("peak_reserved_mb") is not None]
     if mem:
@@ -370,35 +470,38 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
             n = max(r["max_new_tokens"] for r in sub)
             sub = [r for r in sub if r["max_new_tokens"] == n]
             allocs = sorted({r["allocator"] for r in sub})
-            names = _order(r["strategy"] for r in sub)
+            strategies = _order(r["strategy"] for r in sub)
             width = 0.8 / (2 * len(allocs))
             for i, a in enumerate(allocs):
                 by = {r["strategy"]: r for r in sub if r["allocator"] == a}
-                xs = range(len(names))
-                ax.bar([x + (2 * i) * width for x in xs], [by[s]["peak_reserved_mb"] if s in by else 0 for s in names],
-                       width, label=f"reserved ({a})")
+                xs = range(len(strategies))
+                ax.bar([x + (2 * i) * width for x in xs],
+                       [by[s]["peak_reserved_mb"] if s in by else 0 for s in strategies], width,
+                       label=f"reserved ({a})")
                 ax.bar([x + (2 * i + 1) * width for x in xs],
-                       [by[s]["peak_allocated_mb"] if s in by else 0 for s in names], width, label=f"allocated ({a})")
-            ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, rotation=45, ha="right",
+                       [by[s]["peak_allocated_mb"] if s in by else 0 for s in strategies], width,
+                       label=f"allocated ({a})")
+            ax.set_xticks([x + 0.4 - width / 2 for x in range(len(strategies))], strategies, rotation=45, ha="right",
                           fontsize=8)
             ax.set_ylabel("MB at peak")
             ax.set_title(f"peak memory, {dtype}, batch {batch}, N={n}")
         _save(fig, axes, out_dir, "memory.png")
         written.append(("memory.png", "peak reserved vs allocated per preset and allocator"))
 
+    # the busy chart only where a GPU trace gave figures: on CPU it would be an empty chart of "n/a"
     busy = [r for r in rows if r.get("workload") == "profile" and "busy" in r]
-    if busy:
+    if any(r["busy"].get("available") for r in busy):
         bkeys = sorted({(r["allocator"], r["dtype"], r["batch"]) for r in busy})
         fig, axes = plt.subplots(1, len(bkeys), figsize=(5.5 * len(bkeys), 4.2), squeeze=False)
         for ax, key in zip(axes[0], bkeys):
             sub = {r["strategy"]: r["busy"] for r in busy if (r["allocator"], r["dtype"], r["batch"]) == key}
-            names = _order(sub)
-            vals = [sub[s]["busy_fraction"] * 100 if sub[s].get("available") else 0 for s in names]
-            ax.bar(range(len(names)), vals, color="#2ca02c")
-            for x, s in enumerate(names):
+            order = _order(sub)
+            vals = [sub[s]["busy_fraction"] * 100 if sub[s].get("available") else 0 for s in order]
+            ax.bar(range(len(order)), vals, color="#2ca02c")
+            for x, s in enumerate(order):
                 if not sub[s].get("available"):
                     ax.text(x, 2, "n/a", ha="center", fontsize=7, rotation=90)
-            ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+            ax.set_xticks(range(len(order)), order, rotation=45, ha="right", fontsize=8)
             ax.set_ylim(0, 100)
             ax.set_ylabel("GPU busy over the decode loop (%)")
             ax.set_title(f"{key[1]}, batch {key[2]}, allocator {key[0]}")
@@ -409,8 +512,6 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
 
 def gather(dirs: list[str], path: str, command: str) -> None:
     """One markdown file holding every directory's report (bench) or summary (profile), links rebased."""
-    import re
-
     base = os.path.dirname(os.path.abspath(path))
     parts = [
         "# Benchmarks",

@@ -14,10 +14,7 @@ alone (report.py), so `overlapdecode report DIR` rebuilds them anywhere.
 
 from __future__ import annotations
 
-import glob
-import json
 import os
-import platform
 import queue
 import subprocess
 import sys
@@ -25,54 +22,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from .report import latest_rows
-from .worker import BenchConfig, config_json
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import report
+from .config import BenchConfig, config_json, plan
+from .results import RESULTS, finalize, load, rows_files
 
 ALLOCATORS = {"default": None, "expandable": "expandable_segments:True"}
 
 
 class BenchError(RuntimeError):
     pass
-
-
-def git_commit() -> str:
-    """The commit of the checkout this package runs from (or of the working directory), else 'unknown'.
-
-    OVERLAPDECODE_COMMIT overrides it, for copies of a checkout without .git (a remote GPU machine)."""
-    if os.environ.get("OVERLAPDECODE_COMMIT"):
-        return os.environ["OVERLAPDECODE_COMMIT"]
-    here = os.path.dirname(os.path.abspath(__file__))
-    for cwd in (here, os.getcwd()):
-        try:
-            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if out.returncode == 0:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
-            return out.stdout.strip() + ("-dirty" if dirty else "")
-    return "unknown"
-
-
-def environment() -> dict:
-    """What the figures were measured on (the GPU fields come from the worker, which owns CUDA)."""
-    import torch
-    import transformers
-
-    env = dict(
-        torch=torch.__version__,
-        transformers=transformers.__version__,
-        python=platform.python_version(),
-        platform=platform.platform(),
-        cpu_count=os.cpu_count(),
-        git_commit=git_commit(),
-        cuda_available=torch.cuda.is_available(),
-    )
-    if torch.cuda.is_available():
-        env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
-    else:
-        env.update(gpu=None, cuda=None)
-    return env
 
 
 def cpu_shares(slots: int) -> list[list[int] | None]:
@@ -114,8 +74,6 @@ def work_units(cfg: BenchConfig) -> list[tuple[str, BenchConfig]]:
     pair, so that the units can run side by side on separate GPUs."""
     if not cfg.gpus:
         return [(a, replace(cfg, allocators=(a,))) for a in cfg.allocators]
-    from .worker import plan
-
     combos, _ = plan(cfg)
     return [(f"{a}-{d}-b{b}", replace(cfg, allocators=(a,), pairs=(f"{d}:{b}",), gpus=()))
             for a in cfg.allocators for d, b in combos]
@@ -128,20 +86,20 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
     one report covers sweeps too long for one go; every command is kept.
     """
     earlier = None
+    if rows_files(out_dir):  # an interrupted run's measurements: never deleted by a new run
+        raise BenchError(f"{out_dir} holds the rows of an interrupted run: keep them with `overlapdecode report "
+                         f"{out_dir} --interrupted 'THE BENCH COMMAND'`, or choose another --out")
     if append:
-        from .report import load
-
         earlier = load(out_dir)
         if earlier["config"]["model"] != cfg.model or earlier["config"]["prompt_len"] != cfg.prompt_len:
             raise BenchError(f"--append: {out_dir} holds {earlier['config']['model']} with prompt "
                              f"{earlier['config']['prompt_len']}, not {cfg.model} with prompt {cfg.prompt_len}")
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from . import report
-
+    elif os.path.exists(os.path.join(out_dir, RESULTS)):
+        raise BenchError(f"{os.path.join(out_dir, RESULTS)} already exists: add to it with --append, or choose "
+                         f"another --out (an earlier run's results are never overwritten)")
+    if not plan(cfg)[1]:
+        raise BenchError("nothing to measure: the configuration has no strategy, peer, dtype, batch or length")
     os.makedirs(out_dir, exist_ok=True)
-    for stale in rows_files(out_dir):
-        os.remove(stale)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         f.write(config_json(cfg))
     units = work_units(cfg)
@@ -188,44 +146,3 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
     results = finalize(out_dir, command, earlier)
     report.build(out_dir)
     return results
-
-
-def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupted: bool = False) -> dict:
-    """Turn DIR/rows*.jsonl (one per worker; + config.json) into DIR/results.json. The environment is the one
-    the workers recorded as they started (the GPU side); `interrupted` marks a run whose workers did not finish."""
-    rows_paths = rows_files(out_dir)
-    lines = []
-    for path in rows_paths:
-        with open(path) as f:
-            lines += [json.loads(line) for line in f if line.strip()]
-    metas = [r["meta"] for r in lines if "meta" in r]
-    rows = [r for r in lines if "meta" not in r]
-    with open(os.path.join(out_dir, "config.json")) as f:
-        cfg = json.load(f)
-    env = dict(metas[0]) if metas else dict(recorded=False, note="the workers of this run predate the environment "
-                                             "record; see the notes beside this directory")
-    env.pop("allocator", None)
-    env.pop("cuda_visible_devices", None)
-    env.pop("cpus", None)
-    shares = sorted({m["cpus"] for m in metas if m.get("cpus")})
-    if shares:
-        env["cpu_shares"] = shares  # the cores each GPU's worker was pinned to
-    gpus = sorted({m["cuda_visible_devices"] for m in metas if m.get("cuda_visible_devices") is not None})
-    if gpus:
-        env["gpus_used"] = gpus  # one worker per GPU at a time (CUDA_VISIBLE_DEVICES of each worker)
-    results = dict(commands=[command], environment=env, config=cfg, rows=rows, interrupted=interrupted)
-    if earlier is not None:
-        results["commands"] = earlier["commands"] + [command]
-        results["configs"] = earlier.get("configs", [earlier["config"]]) + [cfg]
-        results["rows"] = latest_rows(earlier["rows"] + rows)  # a row measured now replaces a "not run" one
-        results["interrupted"] = interrupted or earlier.get("interrupted", False)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    for path in rows_paths:
-        os.remove(path)
-    return results
-
-
-def rows_files(out_dir: str) -> list[str]:
-    """The JSON-lines files the workers of a run wrote into `out_dir` (rows.jsonl before the split per unit)."""
-    return sorted(glob.glob(os.path.join(out_dir, "rows*.jsonl")))

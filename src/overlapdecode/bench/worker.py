@@ -20,38 +20,17 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 
 import torch
+import transformers
 
 import overlapdecode as od
-from overlapdecode.inputs import default_eos
 
 from . import memory, timeline
+from .config import BenchConfig, config_from_json, plan
 from .peers import PEERS, peer_compiles, run_peer
+from .results import environment
 from .workloads import ForcedEOS, eos_steps, prompt
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    model: str = "tiny-gpt2"
-    strategies: tuple[str, ...] = ("baseline", "kv", "static", "compiled", "interleaved")
-    peers: tuple[str, ...] = ("hf-dynamic", "hf-static", "hf-compiled")
-    lengths: tuple[int, ...] = (16, 48)
-    batches: tuple[int, ...] = (1,)
-    dtypes: tuple[str, ...] = ("float32",)
-    allocators: tuple[str, ...] = ("default",)
-    workloads: tuple[str, ...] = ("fixed",)
-    eos_lengths: tuple[int, ...] = ()  # lengths of the eos workload; empty = the longest length
-    pairs: tuple[str, ...] = ()  # "dtype:batch" pairs measured instead of dtypes x batches, e.g. bfloat16:8
-    time_budget_s: float | None = None  # stop starting new configurations after this long (rest: "not run")
-    gpus: tuple[int, ...] = ()  # CUDA devices to spread the units over (runner.work_units); empty: one device
-    prompt_len: int = 32
-    warmup: int = 1
-    repeats: int = 3
-    profile: bool = True
-    device: str | None = None
-    seed: int = 0
 
 
 def _sync(device):
@@ -115,37 +94,22 @@ def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> di
     )
 
 
-def plan(cfg: BenchConfig) -> tuple[list[tuple[str, int]], list[tuple]]:
-    """(dtype, batch) pairs, and the (dtype, batch, workload, length, strategy) rows to measure, in order.
-
-    Per dtype (one model load): the fixed workload, then the profiles, then the eos rows last, since the
-    forced-EOS hook stays registered until that dtype's model is dropped.
-    """
-    combos = [(p.split(":")[0], int(p.split(":")[1])) for p in cfg.pairs] or [
-        (d, b) for d in cfg.dtypes for b in cfg.batches
-    ]
-    eos_lengths = list(cfg.eos_lengths) or [max(cfg.lengths)]
-    lengths = {"fixed": list(cfg.lengths), "profile": [min(cfg.lengths)], "eos": eos_lengths}
-    workloads = [w for w in ("fixed", "profile", "eos") if w in cfg.workloads or (w == "profile" and cfg.profile)]
-    rows = [
-        (dtype, batch, workload, n, name)
-        for dtype in dict.fromkeys(d for d, _ in combos)
-        for workload in workloads
-        for batch in [b for d, b in combos if d == dtype]
-        for n in lengths[workload]
-        for name in list(cfg.strategies) + list(cfg.peers)
-    ]
-    return combos, rows
+def _first_eos(model, vocab: int) -> int:
+    """The model's first EOS id (generation config, then config, as Hugging Face reads it), else the last id."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = getattr(model.config.get_text_config(decoder=True), "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return vocab - 1 if eos is None else int(eos)
 
 
 def run_worker(cfg: BenchConfig, out_path: str) -> None:
-    from .runner import environment
-
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     allocator = memory.allocator_setting()
     combos, rows = plan(cfg)
     print(f"PLAN {len(rows)}", flush=True)
-    model = forced = None
+    model = forced = model_dtype = None
     started = time.perf_counter()
     with open(out_path, "a") as sink:
         meta = dict(environment(), allocator=allocator, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -155,19 +119,20 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
         for i, (dtype, batch, workload, n, name) in enumerate(rows):
             base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
                         prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload,
-                        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+                        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                        transformers=transformers.__version__)  # the version the Hugging Face peers ran
             if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
                 row = dict(base, strategy=name, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent")
                 sink.write(json.dumps(row) + "\n")
                 continue
-            if model is None or model._bench_dtype != dtype:
+            if model is None or model_dtype != dtype:
                 if model is not None:
                     od.decoder_for(model).clear()
                 model = forced = None
                 model = od.load_model(cfg.model, dtype=dtype, device=device, seed=cfg.seed)
-                model._bench_dtype = dtype
+                model_dtype = dtype
             vocab = model.config.get_text_config().vocab_size
-            eos_id = (default_eos(model) or (vocab - 1,))[0]
+            eos_id = _first_eos(model, vocab)
             ids = prompt(batch, cfg.prompt_len, vocab, device, cfg.seed)
             print(f"STEP {i} {dtype} b{batch} {workload} n{n} {name}", flush=True)
             try:
@@ -198,14 +163,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="JSON-lines file to append rows to")
     args = ap.parse_args(argv)
     with open(args.config) as f:
-        raw = json.load(f)
-    cfg = BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+        cfg = config_from_json(f.read())
     run_worker(cfg, args.out)
     return 0
-
-
-def config_json(cfg: BenchConfig) -> str:
-    return json.dumps(asdict(cfg))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,69 @@
+"""What one benchmark run measures (`BenchConfig`) and in which order (`plan`).
+
+A leaf module, free of torch: the command line builds a config, the runner cuts it into worker units and
+writes it as JSON, and each worker reads it back and walks its plan, all from this one definition.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from ..cliargs import split_pair
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str = "tiny-gpt2"
+    strategies: tuple[str, ...] = ("baseline", "kv", "static", "compiled", "interleaved")
+    peers: tuple[str, ...] = ("hf-dynamic", "hf-static", "hf-compiled")
+    lengths: tuple[int, ...] = (16, 48)
+    batches: tuple[int, ...] = (1,)
+    dtypes: tuple[str, ...] = ("float32",)
+    allocators: tuple[str, ...] = ("default",)
+    workloads: tuple[str, ...] = ("fixed",)
+    eos_lengths: tuple[int, ...] = ()  # lengths of the eos workload; empty = the longest length
+    pairs: tuple[str, ...] = ()  # "dtype:batch" pairs measured instead of dtypes x batches, e.g. bfloat16:8
+    time_budget_s: float | None = None  # stop starting new configurations after this long (rest: "not run")
+    gpus: tuple[int, ...] = ()  # CUDA devices to spread the units over (runner.work_units); empty: one device
+    prompt_len: int = 32
+    warmup: int = 1
+    repeats: int = 3
+    profile: bool = True
+    device: str | None = None
+    seed: int = 0
+
+
+def config_json(cfg: BenchConfig) -> str:
+    return json.dumps(asdict(cfg))
+
+
+def config_from_json(text: str) -> BenchConfig:
+    raw = json.loads(text)
+    return BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+
+def combos(cfg: BenchConfig) -> list[tuple[str, int]]:
+    """The (dtype, batch) pairs of a run: `pairs` if given, else every dtype x batch."""
+    return [split_pair(p) for p in cfg.pairs] or [(d, b) for d in cfg.dtypes for b in cfg.batches]
+
+
+def plan(cfg: BenchConfig) -> tuple[list[tuple[str, int]], list[tuple]]:
+    """(dtype, batch) pairs, and the (dtype, batch, workload, length, strategy) rows to measure, in order.
+
+    Per dtype (one model load): the fixed workload, then the profiles, then the eos rows last, since the
+    forced-EOS hook stays registered until that dtype's model is dropped.
+    """
+    pairs = combos(cfg)
+    eos_lengths = list(cfg.eos_lengths) or [max(cfg.lengths)]
+    lengths = {"fixed": list(cfg.lengths), "profile": [min(cfg.lengths)], "eos": eos_lengths}
+    workloads = [w for w in ("fixed", "profile", "eos") if w in cfg.workloads or (w == "profile" and cfg.profile)]
+    rows = [
+        (dtype, batch, workload, n, name)
+        for dtype in dict.fromkeys(d for d, _ in pairs)
+        for workload in workloads
+        for batch in [b for d, b in pairs if d == dtype]
+        for n in lengths[workload]
+        for name in list(cfg.strategies) + list(cfg.peers)
+    ]
+    return pairs, rows

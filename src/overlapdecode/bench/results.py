@@ -1,0 +1,191 @@
+"""DIR/results.json: where a run's figures are kept, how they are read back, and what they were measured on.
+
+A leaf of the bench: the runner writes results through it, the worker and the profiler record the
+environment through it, and the report reads it. A results file is a user's measurements, so it is only
+ever replaced whole (written beside, then renamed) and only by a run that measured something; a malformed
+one is refused with one line naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import platform
+import subprocess
+
+import torch
+import transformers
+
+RESULTS = "results.json"
+
+# Every row names its configuration; a timed row (one with `seq_s`) also carries its figures.
+ROW_KEYS = ("strategy", "workload", "allocator", "dtype", "batch", "max_new_tokens")
+TIMED_KEYS = ("seq_s", "seq_s_all", "ms_per_token", "tokens_per_s", "ttft_ms", "first_call_s", "new_tokens")
+CONFIG_KEYS = ("model", "prompt_len", "repeats", "warmup")
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be read or used; the message names the file."""
+
+
+def git_commit() -> str:
+    """The commit of the checkout this package runs from (or of the working directory), else 'unknown'.
+
+    OVERLAPDECODE_COMMIT overrides it, for copies of a checkout without .git (a remote GPU machine)."""
+    if os.environ.get("OVERLAPDECODE_COMMIT"):
+        return os.environ["OVERLAPDECODE_COMMIT"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cwd in (here, os.getcwd()):
+        try:
+            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    return "unknown"
+
+
+def environment() -> dict:
+    """What the figures were measured on: versions (transformers is the Hugging Face peers' version), machine,
+    commit, and the GPU as this process sees it."""
+    env = dict(
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        python=platform.python_version(),
+        platform=platform.platform(),
+        cpu_count=os.cpu_count(),
+        git_commit=git_commit(),
+        cuda_available=torch.cuda.is_available(),
+    )
+    if torch.cuda.is_available():
+        env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
+    else:
+        env.update(gpu=None, cuda=None)
+    return env
+
+
+def rows_files(out_dir: str) -> list[str]:
+    """The JSON-lines files the workers of a run wrote into `out_dir` (rows.jsonl before the split per unit)."""
+    return sorted(glob.glob(os.path.join(out_dir, "rows*.jsonl")))
+
+
+def latest_rows(rows: list[dict]) -> list[dict]:
+    """One row per configuration: a later row (from an --append run) replaces an earlier one of the same
+    configuration, except that a row that could not be measured ("not run", out of memory) never replaces a
+    measured one. Keeps the order of first appearance."""
+    keep: dict = {}  # key -> (position of first appearance, row)
+    for i, r in enumerate(rows):
+        key = tuple(r.get(k) for k in ("model", "allocator", "dtype", "batch", "prompt_len", "workload",
+                                       "max_new_tokens", "strategy"))
+        if key in keep and "error" in r and "error" not in keep[key][1]:
+            continue
+        keep[key] = (keep[key][0] if key in keep else i, r)
+    return [r for _, r in sorted(keep.values(), key=lambda p: p[0])]
+
+
+def _check(results, path: str) -> dict:
+    """The structure the report relies on, or a ResultsError saying what is missing."""
+    if not isinstance(results, dict):
+        raise ResultsError(f"{path}: expected a JSON object with commands, config and rows, got "
+                           f"{type(results).__name__ if results is not None else 'null'}")
+    missing = [k for k in ("commands", "config", "rows") if k not in results]
+    if missing:
+        raise ResultsError(f"{path}: missing {', '.join(missing)} (not a results file of `overlapdecode bench`)")
+    if not isinstance(results["rows"], list) or not all(isinstance(r, dict) for r in results["rows"]):
+        raise ResultsError(f"{path}: rows must be a list of objects")
+    if not isinstance(results["commands"], list):
+        raise ResultsError(f"{path}: commands must be a list")
+    if not isinstance(results["config"], dict) or any(k not in results["config"] for k in CONFIG_KEYS):
+        raise ResultsError(f"{path}: config must be an object with {', '.join(CONFIG_KEYS)}")
+    for i, r in enumerate(results["rows"]):
+        need = ROW_KEYS + (TIMED_KEYS if "seq_s" in r else ())
+        lacking = [k for k in need if k not in r]
+        if lacking:
+            raise ResultsError(f"{path}: row {i} lacks {', '.join(lacking)}")
+    env = results.get("environment")
+    if not isinstance(env, dict):  # older or hand-made files: say so in the report rather than refuse
+        results["environment"] = dict(recorded=False, note=f"{RESULTS} has no environment record")
+    return results
+
+
+def load(out_dir: str) -> dict:
+    """DIR/results.json, checked, its rows reduced to the latest per configuration (latest_rows)."""
+    path = os.path.join(out_dir, RESULTS)
+    if not os.path.exists(path):
+        if rows_files(out_dir) and os.path.exists(os.path.join(out_dir, "config.json")):
+            raise FileNotFoundError(
+                f"{path} not found but {out_dir} holds the rows of an interrupted run: "
+                f"`overlapdecode report {out_dir} --interrupted 'THE BENCH COMMAND'` keeps them"
+            )
+        raise FileNotFoundError(f"{path} not found: run `overlapdecode bench --out {out_dir}` first")
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except json.JSONDecodeError as err:
+        raise ResultsError(f"{path}: not valid JSON ({err})") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ResultsError(f"{path}: cannot be read ({err})") from None
+    results = _check(results, path)
+    results["rows"] = latest_rows(results["rows"])
+    return results
+
+
+def write(out_dir: str, results: dict) -> None:
+    """Replace DIR/results.json whole: written beside it, then renamed, so a crash never leaves it cut short."""
+    path = os.path.join(out_dir, RESULTS)
+    tmp = path + ".partial"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, path)
+
+
+def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupted: bool = False) -> dict:
+    """Turn DIR/rows*.jsonl (one per worker; + config.json) into DIR/results.json. The environment is the one
+    the workers recorded as they started (the GPU side); `interrupted` marks a run whose workers did not finish.
+
+    A run that measured nothing (no row without an error) leaves any earlier results.json untouched and
+    raises ResultsError."""
+    rows_paths = rows_files(out_dir)
+    lines = []
+    for path in rows_paths:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        lines.append(json.loads(line))
+                    except json.JSONDecodeError as err:
+                        if interrupted:  # a worker killed mid-write leaves a cut last line
+                            continue
+                        raise ResultsError(f"{path}:{n}: not valid JSON ({err})") from None
+    metas = [r["meta"] for r in lines if "meta" in r]
+    rows = [r for r in lines if "meta" not in r]
+    if not any("error" not in r for r in rows):
+        raise ResultsError(f"{out_dir}: the run measured nothing ({len(rows)} rows, none measured); "
+                           + (f"{RESULTS} left as it was" if os.path.exists(os.path.join(out_dir, RESULTS))
+                              else f"no {RESULTS} written"))
+    with open(os.path.join(out_dir, "config.json")) as f:
+        cfg = json.load(f)
+    env = dict(metas[0]) if metas else dict(recorded=False, note="the workers of this run predate the environment "
+                                             "record; see the notes beside this directory")
+    env.pop("allocator", None)
+    env.pop("cuda_visible_devices", None)
+    env.pop("cpus", None)
+    shares = sorted({m["cpus"] for m in metas if m.get("cpus")})
+    if shares:
+        env["cpu_shares"] = shares  # the cores each GPU's worker was pinned to
+    gpus = sorted({m["cuda_visible_devices"] for m in metas if m.get("cuda_visible_devices") is not None})
+    if gpus:
+        env["gpus_used"] = gpus  # one worker per GPU at a time (CUDA_VISIBLE_DEVICES of each worker)
+    results = dict(commands=[command], environment=env, config=cfg, rows=rows, interrupted=interrupted)
+    if earlier is not None:
+        results["commands"] = earlier["commands"] + [command]
+        results["configs"] = earlier.get("configs", [earlier["config"]]) + [cfg]
+        results["rows"] = latest_rows(earlier["rows"] + rows)  # a row measured now replaces a "not run" one
+        results["interrupted"] = interrupted or earlier.get("interrupted", False)
+    write(out_dir, results)
+    for path in rows_paths:
+        os.remove(path)
+    return results

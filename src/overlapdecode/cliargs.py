@@ -1,0 +1,118 @@
+"""Command-line helpers shared by `overlapdecode generate` (cli.py) and the bench commands (bench/cli.py).
+
+A leaf module that imports neither torch nor transformers, so that building the parser (and `--help`)
+stays fast: the strategy and dtype names the help text lists are spelled here, and a test checks them
+against `decode.PRESETS`/`VARIANTS` and `models.parse_dtype` so that they cannot drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+# The names of decode.PRESETS and decode.VARIANTS (tests/test_cli_help.py keeps them equal), and the
+# strategies that take a lag, `NAME:K`.
+PRESET_NAMES = ("baseline", "kv", "static", "compiled", "interleaved")
+VARIANT_NAMES = ("deferred", "nocheck")
+LAGGED = ("interleaved", "deferred")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+STRATEGY_HELP = (
+    f"presets: {', '.join(PRESET_NAMES)}; variants: {', '.join(VARIANT_NAMES)}; "
+    f"NAME:K reads the stop flag K steps late ({' or '.join(LAGGED)} only, e.g. interleaved:2)"
+)
+
+
+class CliError(Exception):
+    """A user error to print as one line (exit status 2)."""
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to a flag's help, unless the help already says its default (a None default
+    means "chosen at run time", which the help text explains) or the flag is a switch."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is False and action.option_strings and "default" not in text:
+            return f"{text} (default: off)"
+        if (action.default is None or action.default is argparse.SUPPRESS or "default" in text
+                or not action.option_strings or action.nargs == 0):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag ends in one line (no usage block) and exit status 2; every flag's help shows
+    its default."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def ints(text: str, flag: str) -> list[int]:
+    """'1,2, 3' -> [1, 2, 3]; anything else is a CliError naming `flag`."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip() != ""]
+    except ValueError:
+        raise CliError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
+def names(text: str) -> list[str]:
+    """'a, b,,c' -> ['a', 'b', 'c']."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def split_pair(pair: str) -> tuple[str, int]:
+    """'bfloat16:8' -> ('bfloat16', 8): the one parser of a dtype:batch pair (the CLI and the worker's plan)."""
+    dtype, _, batch = pair.partition(":")
+    if not dtype or not batch.isdigit() or int(batch) < 1:
+        raise CliError(f"--dtype-batch takes dtype:batch pairs such as bfloat16:8, got {pair!r}")
+    return dtype, int(batch)
+
+
+def lag_of(strategy: str) -> int:
+    """The K of `NAME:K` (0 without one); the name itself is checked by decode.resolve_strategy."""
+    _, _, k = strategy.partition(":")
+    return int(k) if k.isdigit() else 0
+
+
+def looks_like_path(name: str) -> bool:
+    """A model name meant as a local path rather than a hub name: it starts with /, . or ~, or has more than
+    one '/' (a hub id is 'name' or 'org/name', so one '/' alone does not make a path), or a backslash
+    separator on Windows."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        return True
+    return os.sep != "/" and os.sep in name
+
+
+def writable_dir(path: str, flag: str) -> str:
+    """`path` as an output directory, made now if missing and probed with a file, so that a long run never
+    fails at its end (and so that a check of permission bits, which root ignores, is not all we rely on)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"{flag} {path}: is a file, not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise CliError(f"{flag} {path}: not a writable directory ({err.strerror or err})") from None
+    return path
+
+
+def writable_file(path: str, flag: str) -> str:
+    """`path` as an output file: its directory must exist and be writable, and it must not be a directory."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CliError(f"{flag} {path}: is a directory, not a file")
+    if not os.path.isdir(parent):
+        raise CliError(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise CliError(f"{flag} {path}: not writable")
+    return path

@@ -1,0 +1,136 @@
+"""results.json is a user's measurements: never overwritten by a run that measured nothing or was not asked
+to, and a malformed one is refused in one line naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from overlapdecode.bench.results import ResultsError, finalize, load
+from overlapdecode.cli import main
+
+CONFIG = dict(model="tiny-gpt2", prompt_len=8, repeats=2, warmup=0)
+
+
+def _row(strategy="kv", n=8, seq_s=0.1, **kw):
+    return dict(model="tiny-gpt2", strategy=strategy, workload="fixed", allocator="default", dtype="float32",
+                batch=1, max_new_tokens=n, prompt_len=8, seq_s=seq_s, seq_s_all=[seq_s, seq_s * 1.1],
+                ms_per_token=seq_s * 1e3 / n, tokens_per_s=n / seq_s, ttft_ms=1.0, first_call_s=seq_s,
+                new_tokens=n, device="cpu", **kw)
+
+
+def _write(d, content):
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "results.json"), "w") as f:
+        f.write(content if isinstance(content, str) else json.dumps(content))
+    return os.path.join(d, "results.json")
+
+
+def _one_line(capsys, *words):
+    err = capsys.readouterr().err.strip()
+    assert all(w in err for w in words) and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ({}, "missing commands, config, rows"),
+        ([], "expected a JSON object with commands, config and rows, got list"),
+        (None, "got null"),
+        ("{\"rows\": [", "not valid JSON"),
+        ("", "not valid JSON"),
+        (dict(commands=[], config=CONFIG, rows=[{"strategy": "kv"}]), "row 0 lacks workload"),
+        (dict(commands=[], config=CONFIG, rows=[dict(_row(), seq_s_all=None) | {"seq_s": 1}]), None),
+        (dict(commands=[], config={}, rows=[]), "config must be an object with model"),
+        (dict(commands="x", config=CONFIG, rows=[]), "commands must be a list"),
+        (dict(commands=[], config=CONFIG, rows=[1, 2]), "rows must be a list of objects"),
+    ],
+)
+def test_report_on_a_malformed_results_json_is_one_line_naming_the_file(tmp_path, capsys, content, words):
+    if words is None:  # a row whose figures are there but of the wrong kind
+        content["rows"][0].pop("ttft_ms")
+        words = "row 0 lacks ttft_ms"
+    path = _write(str(tmp_path / "d"), content)
+    assert main(["report", str(tmp_path / "d")]) == 2
+    _one_line(capsys, path, words)
+
+
+def test_rows_without_environment_still_make_a_report(tmp_path, capsys):
+    d = str(tmp_path / "d")
+    _write(d, dict(commands=["overlapdecode bench"], config=CONFIG, rows=[_row("kv"), _row("static", seq_s=0.2)]))
+    assert main(["report", d]) == 0
+    assert "Machine: not recorded in the JSON (results.json has no environment record)" in open(
+        os.path.join(d, "report.md")).read()
+
+
+def test_report_markdown_into_a_missing_directory_is_one_line(tmp_path, capsys):
+    d = str(tmp_path / "d")
+    _write(d, dict(commands=["x"], config=CONFIG, rows=[_row()]))
+    assert main(["report", d, "--markdown", "/nonexistent/dir/B.md"]) == 2
+    _one_line(capsys, "--markdown /nonexistent/dir/B.md: directory /nonexistent/dir does not exist")
+    assert main(["report", d, "--markdown", d]) == 2
+    _one_line(capsys, f"--markdown {d}: is a directory")
+
+
+def test_bench_refuses_to_overwrite_an_earlier_results_json(tmp_path, capsys):
+    d = str(tmp_path / "d")
+    path = _write(d, dict(commands=["earlier"], config=CONFIG, rows=[_row()]))
+    before = open(path).read()
+    assert main(["bench", "--device", "cpu", "--out", d]) == 2
+    _one_line(capsys, f"--out {d} already holds results.json: add to it with --append")
+    assert main(["bench", "--device", "cpu", "--append", "--out", str(tmp_path / "fresh")]) == 2
+    _one_line(capsys, "--append:", "not found (nothing to add to)")
+    assert open(path).read() == before
+
+
+def _rows_file(d, rows):
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(CONFIG, f)
+    with open(os.path.join(d, "rows-default.jsonl"), "w") as f:
+        f.write(json.dumps(dict(meta=dict(torch="x", transformers="y"))) + "\n")
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_a_run_that_measured_nothing_leaves_results_json_alone(tmp_path):
+    d = str(tmp_path)
+    path = _write(d, dict(commands=["earlier"], config=CONFIG, rows=[_row()]))
+    before = open(path).read()
+    _rows_file(d, [dict(_row(), error="not run: time budget of 0 s spent")])
+    with pytest.raises(ResultsError, match="the run measured nothing .* results.json left as it was"):
+        finalize(d, "overlapdecode bench --append", earlier=load(d))
+    assert open(path).read() == before
+    _rows_file(d, [])
+    with pytest.raises(ResultsError, match="measured nothing"):
+        finalize(d, "overlapdecode bench --append", earlier=load(d))
+    assert open(path).read() == before
+
+
+def test_a_run_that_measured_something_replaces_it_whole(tmp_path):
+    d = str(tmp_path)
+    _write(d, dict(commands=["earlier"], config=CONFIG, rows=[_row("kv")]))
+    _rows_file(d, [_row("static")])
+    res = finalize(d, "later", earlier=load(d))
+    assert [r["strategy"] for r in res["rows"]] == ["kv", "static"] and res["commands"] == ["earlier", "later"]
+    assert load(d)["rows"] == res["rows"] and not os.path.exists(os.path.join(d, "results.json.partial"))
+
+
+def test_the_runner_keeps_an_interrupted_runs_rows(tmp_path):
+    from overlapdecode.bench.config import BenchConfig
+    from overlapdecode.bench.runner import BenchError, run_bench
+
+    _rows_file(str(tmp_path), [_row()])
+    with pytest.raises(BenchError, match="holds the rows of an interrupted run"):
+        run_bench(BenchConfig(device="cpu"), str(tmp_path), "x", progress=False)
+    assert os.path.exists(tmp_path / "rows-default.jsonl")
+
+
+def test_the_runner_refuses_an_empty_plan(tmp_path):
+    from overlapdecode.bench.config import BenchConfig
+    from overlapdecode.bench.runner import BenchError, run_bench
+
+    with pytest.raises(BenchError, match="nothing to measure"):
+        run_bench(BenchConfig(dtypes=(), device="cpu"), str(tmp_path / "o"), "x", progress=False)
+    assert not os.path.exists(tmp_path / "o")

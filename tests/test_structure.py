@@ -1,0 +1,155 @@
+"""The package's shape: no import cycle, a fast --help that imports no torch, names the CLI spells equal to
+the library's, and `python -m overlapdecode`."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import pkgutil
+import subprocess
+import sys
+import time
+
+import overlapdecode
+
+PKG_DIR = os.path.dirname(overlapdecode.__file__)
+
+
+def _modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.walk_packages([PKG_DIR], "overlapdecode."))
+
+
+def _resolve(module: str, is_pkg: bool, level: int, name: str | None) -> str:
+    base = module.split(".") if is_pkg else module.split(".")[:-1]
+    base = base[: len(base) - (level - 1)] if level > 1 else base
+    return ".".join(base + ([name] if name else []))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports at its top level (function-local imports are not edges: they
+    run only when the function does)."""
+    mods = set(_modules()) | {"overlapdecode"}
+    graph = {}
+    for mod in mods:
+        spec = importlib.util.find_spec(mod)
+        is_pkg = spec.submodule_search_locations is not None
+        with open(spec.origin) as f:
+            tree = ast.parse(f.read())
+        edges = set()
+        for node in tree.body:  # top level only
+            if isinstance(node, ast.ImportFrom):
+                target = _resolve(mod, is_pkg, node.level, node.module) if node.level else node.module
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    edges.add(sub if sub in mods else target)
+            elif isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+        graph[mod] = {e for e in edges if e in mods and e != mod}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_every_module_imports_and_there_is_no_import_cycle():
+    for mod in _modules():
+        importlib.import_module(mod)
+    graph = import_graph()
+    assert "overlapdecode.bench.results" in graph["overlapdecode.bench.report"]  # the walk sees relative imports
+    assert find_cycle(graph) is None, find_cycle(graph)
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_worker_uses_the_public_api_only():
+    with open(os.path.join(PKG_DIR, "bench", "worker.py")) as f:
+        tree = ast.parse(f.read())
+    internal = {(n.module, a.name) for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 0
+                and (n.module or "").startswith("overlapdecode.") for a in n.names}
+    assert internal == set()  # od.decoder_for(model).clear() frees the kept caches between configurations
+
+
+def test_cli_names_equal_the_librarys():
+    from overlapdecode import PRESETS, VARIANTS
+    from overlapdecode.bench import cli as bench_cli
+    from overlapdecode.bench.peers import PEERS
+    from overlapdecode.bench.runner import ALLOCATORS
+    from overlapdecode.bench.workloads import WORKLOADS
+    from overlapdecode.cliargs import DTYPE_NAMES, LAGGED, PRESET_NAMES, VARIANT_NAMES
+    from overlapdecode.models import parse_dtype
+
+    assert PRESET_NAMES == tuple(PRESETS) and VARIANT_NAMES == tuple(VARIANTS)
+    assert set(LAGGED) == {n for n, s in {**PRESETS, **VARIANTS}.items() if s.stop_check in ("pingpong", "deferred")}
+    assert all(parse_dtype(d) for d in DTYPE_NAMES)
+    assert bench_cli.PEER_NAMES == tuple(PEERS) and bench_cli.ALLOCATOR_NAMES == tuple(ALLOCATORS)
+    assert bench_cli.WORKLOAD_NAMES == tuple(WORKLOADS)
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_help_imports_no_torch():
+    done = _run("import sys, contextlib, io\n"
+                "from overlapdecode.cli import main\n"
+                "for argv in (['--help'], ['bench', '--help'], ['generate', '--help'], ['profile', '--help'],"
+                " ['report', '--help']):\n"
+                "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+                "        main(argv)\n"
+                "print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_every_flag_says_what_it_does_and_its_default():
+    from overlapdecode.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, p in sub.choices.items():
+        help_text = p.format_help()
+        for action in p._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            assert action.help, (name, action.dest)
+            formatted = p.formatter_class(prog="x")._get_help_string(action) % dict(vars(action), prog="x")
+            assert "default" in formatted or "required" in formatted, (name, action.option_strings, formatted)
+        if name in ("generate", "bench", "profile"):
+            assert "interleaved:2" in help_text and "nocheck" in help_text and "deferred" in help_text
+
+
+def test_python_dash_m_is_the_command_and_help_is_fast():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "overlapdecode", "bench", "--help"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0 and "--strategies" in done.stdout
+    assert time.perf_counter() - start < 3.0  # importing torch alone takes longer than this on the CI machine
