@@ -19,7 +19,10 @@ from collections import OrderedDict
 import torch
 from transformers import DynamicCache, StaticCache
 
-CACHE_KINDS = ("none", "dynamic", "static")
+from .fused.cache import FusedKV
+from .fused.model import FusedModel
+
+CACHE_KINDS = ("none", "dynamic", "static", "fused")
 
 # Static caches (and so compiled graphs, whose guards hold their tensors) are kept per model and shape,
 # so that a second call of the same shape neither reallocates nor recompiles. A few shapes are kept.
@@ -171,4 +174,10 @@ def make_cache(kind: str, model, input_ids, attention_mask, out, max_new_tokens:
         return DynamicKV(model, input_ids, attention_mask, max_new_tokens)
     if kind == "static":
         return StaticKV(model, input_ids, attention_mask, max_new_tokens, compiled)
+    if kind == "fused":  # interim wiring, until the Decoder owns the FusedModel
+        fused = model.__dict__.get("_overlapdecode_fused") or model.__dict__.setdefault(
+            "_overlapdecode_fused", FusedModel(model))
+        P = input_ids.shape[1]
+        return FusedKV(fused, input_ids, attention_mask, static_cache_len(P, max_new_tokens),
+                       position_ids_for_prompt(attention_mask))
     raise ValueError(f"cache must be one of {CACHE_KINDS}, got {kind!r}")

@@ -37,7 +37,7 @@ class Strategy:
             raise ValueError(f"strategy.cache must be one of {caches.CACHE_KINDS}, got {self.cache!r}")
         if not isinstance(self.compile, bool):
             raise TypeError(f"strategy.compile must be a bool, got {type(self.compile).__name__}")
-        if self.compile and self.cache != "static":
+        if self.compile and self.cache not in ("static", "fused"):
             raise ValueError(
                 "strategy.compile needs cache='static': with a growing cache every step has a new shape"
             )
@@ -57,6 +57,7 @@ PRESETS: dict[str, Strategy] = {
     "static": Strategy(cache="static", compile=False, stop_check="sync"),
     "compiled": Strategy(cache="static", compile=True, stop_check="sync"),
     "interleaved": Strategy(cache="static", compile=True, stop_check="pingpong", lag=1),
+    "fused": Strategy(cache="fused", compile=True, stop_check="pingpong"),
 }
 
 # Not presets of the brief, but named so the benchmark and the command line can ask for them.
@@ -169,6 +170,7 @@ def _decode(model, req: Request, strat: Strategy, params: SamplingParams, seed, 
     check = make_check(strat.stop_check, device, B, want_tokens=streamer is not None, lag=strat.lag)
     lag = strat.check_lag
     step_fn = compiled_decode_step() if strat.compile else decode_step
+    step_model = cache.model if strat.cache == "fused" else model  # the fused step replaces the HF forward
 
     try:
         # 2) the loop: step j enqueues token j; the stop flag of step j - lag is read after it
@@ -179,10 +181,10 @@ def _decode(model, req: Request, strat: Strategy, params: SamplingParams, seed, 
                 kwargs = cache.model_kwargs(j)
                 noise = draw_noise((B, vocab_out), device, generator)
                 if j == 0 or not strat.compile:
-                    new_state, done = decode_step(model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                    new_state, done = decode_step(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
                 else:
                     torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
-                    new_state, done = step_fn(model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                    new_state, done = step_fn(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
                 state.copy_(new_state)  # before the next replay overwrites new_state
                 out[:, P + j] = state[:, 0]
                 check.publish(j, done, state[:, 0])
