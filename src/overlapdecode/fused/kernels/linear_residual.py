@@ -31,7 +31,7 @@ def split_k(n_blocks: int, K: int, block_k: int, programs: int) -> int:
 @triton.jit
 def _linear_partial_kernel(
     x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr,
-    B, K, N, k_chunk,
+    B, N, K: tl.constexpr, K_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -42,11 +42,11 @@ def _linear_partial_kernel(
     row_ok = rows < B
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
-    k_lo = pid_k * k_chunk
-    k_hi = tl.minimum(k_lo + k_chunk, K)
+    k_lo = pid_k * K_CHUNK
+    k_hi = tl.minimum(k_lo + K_CHUNK, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + ks
+    for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
+        kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
@@ -93,7 +93,7 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
     part = torch.empty((split, B, N), dtype=torch.float32, device=x.device) if split > 1 else out
     dummy_b = b if b is not None else w
     _linear_partial_kernel[(n_blocks, split, triton.cdiv(B, 16))](
-        x, w, dummy_b, residual, out, part, B, K, N, k_chunk,
+        x, w, dummy_b, residual, out, part, B, N, K, k_chunk,
         SPLIT=split, HAS_BIAS=b is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
     )
     if split > 1:

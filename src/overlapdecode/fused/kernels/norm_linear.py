@@ -44,7 +44,7 @@ def norm_linear_ref(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=Non
 @triton.jit
 def _norm_linear_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr,
-    B, K, N, eps,
+    B, N, eps, K: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -122,7 +122,7 @@ def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, b
     grid = (triton.cdiv(n_out, block_n), triton.cdiv(B, 16))
     _norm_linear_kernel[grid](
         x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w, out,
-        B, K, n_out, eps,
+        B, n_out, eps, K,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
         ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
     )

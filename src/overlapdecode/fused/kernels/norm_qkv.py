@@ -51,7 +51,7 @@ def norm_qkv_ref(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, 
 @triton.jit
 def _norm_qkv_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
-    B, K, S, n_heads, n_kv, eps, rope_scale,
+    B, S, n_heads, n_kv, eps, rope_scale, K: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
     HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -143,7 +143,7 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
     _norm_qkv_kernel[grid](
         x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w,
         inv_freq if inv_freq is not None else norm_w, pos, slot, q, k_cache, v_cache,
-        B, K, k_cache.shape[2], n_heads, n_kv, eps, rope_scale,
+        B, k_cache.shape[2], n_heads, n_kv, eps, rope_scale, K,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
         HALF=half, BLOCK_M=16, BLOCK_K=block_k,
     )
