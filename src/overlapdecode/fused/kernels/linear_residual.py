@@ -90,7 +90,8 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
         programs = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
     split = split_k(n_blocks, K, block_k, programs)
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
-    part = torch.empty((split, B, N), dtype=torch.float32, device=x.device) if split > 1 else out
+    # with one split the partial buffer is never written: pass a read-only input, not an alias of `out`
+    part = torch.empty((split, B, N), dtype=torch.float32, device=x.device) if split > 1 else residual
     dummy_b = b if b is not None else w
     _linear_partial_kernel[(n_blocks, split, triton.cdiv(B, 16))](
         x, w, dummy_b, residual, out, part, B, N, K, k_chunk,

@@ -118,19 +118,19 @@ def _norm_qkv_kernel(
         y1, y2 = r1, r2
     out_ok = row_ok[:, None] & dim_ok[None, :]
     if head < n_heads:
-        base = q_ptr + (rows[:, None] * n_heads + head) * D
-        tl.store(base + dim[None, :], y1.to(dtype), mask=out_ok)
-        tl.store(base + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
+        q_off = (rows[:, None] * n_heads + head) * D
+        tl.store(q_ptr + q_off + dim[None, :], y1.to(dtype), mask=out_ok)
+        tl.store(q_ptr + q_off + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
     else:
         slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         kv_head = (head - n_heads) % n_kv
-        base = ((rows.to(tl.int64)[:, None] * n_kv + kv_head) * S + slot[:, None]) * D
+        kv_off = ((rows.to(tl.int64)[:, None] * n_kv + kv_head) * S + slot[:, None]) * D
         if head < n_heads + n_kv:
-            tl.store(k_ptr + base + dim[None, :], y1.to(dtype), mask=out_ok)
-            tl.store(k_ptr + base + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
+            tl.store(k_ptr + kv_off + dim[None, :], y1.to(dtype), mask=out_ok)
+            tl.store(k_ptr + kv_off + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
         else:
-            tl.store(v_ptr + base + dim[None, :], y1.to(dtype), mask=out_ok)
-            tl.store(v_ptr + base + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
+            tl.store(v_ptr + kv_off + dim[None, :], y1.to(dtype), mask=out_ok)
+            tl.store(v_ptr + kv_off + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
 
 
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
