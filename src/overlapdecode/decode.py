@@ -86,12 +86,26 @@ class Decoder:
         # get their own allocator pool (and library workspaces), raising reserved memory
         self._slots: dict = {}  # (slots, batch, device) -> Slots, pinned host memory reused call after call
         self._end_event: torch.cuda.Event | None = None  # the last call's last step, on its caller's stream
+        self._fused = None  # the FusedModel (re-laid weights, fused caches), made on the first fused call
 
     def clear(self) -> None:
-        """Free the kept static caches and pinned slots (the benchmark calls it between configurations)."""
+        """Free the kept static caches, fused caches and pinned slots (the benchmark calls it between
+        configurations). The fused weights stay: they are the model's own parameters, re-laid out once."""
         with self._guard():
             self.static_caches.clear()
             self._slots.clear()
+            if self._fused is not None:
+                self._fused.clear_caches()
+
+    def fused_model(self):
+        """The fused decode of this model (fused/): its weights are re-laid out once, on first use, and the
+        Hugging Face model's parameters become views of them (it keeps working). ValueError if the model's
+        family is not supported."""
+        if self._fused is None:
+            from .fused.model import FusedModel  # imported on first use: Triton is a heavy import
+
+            self._fused = FusedModel(self.model)
+        return self._fused
 
     def generate(
         self,
@@ -161,8 +175,16 @@ class Decoder:
         # 1) buffers made once on the caller's stream, before the loop
         out = torch.empty((B, P + N), dtype=torch.long, device=device)  # (B, P + N)
         out[:, :P] = req.input_ids
-        cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N,
-                                  self.static_caches, strat.compile)
+        if strat.cache == "fused":
+            from .fused.cache import FusedKV  # imported on first use: Triton is a heavy import
+
+            cache = FusedKV(self.fused_model(), req.input_ids, req.attention_mask, caches.static_cache_len(P, N),
+                            caches.position_ids_for_prompt(req.attention_mask))
+            step_model = cache.model  # the fused step replaces the Hugging Face forward
+        else:
+            cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N,
+                                      self.static_caches, strat.compile)
+            step_model = model
         eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
         # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
         # outputs are overwritten by its next replay, so they are copied here before the next step runs.
@@ -184,10 +206,10 @@ class Decoder:
                     kwargs = cache.model_kwargs(j)
                     noise = draw_noise((B, vocab_out), device, generator)
                     if j == 0 or not strat.compile:
-                        new_state, done = decode_step(model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                        new_state, done = decode_step(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
                     else:
                         torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
-                        new_state, done = step_fn(model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                        new_state, done = step_fn(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
                     state.copy_(new_state)  # before the next replay overwrites new_state
                     out[:, P + j] = state[:, 0]
                     check.publish(j, done, state[:, 0])

@@ -10,15 +10,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-CACHE_KINDS = ("none", "dynamic", "static")
+CACHE_KINDS = ("none", "dynamic", "static", "fused")  # fused: the project's own layout and step (fused/)
 STOP_CHECKS = ("sync", "pingpong", "deferred", "end")
 LATE_CHECKS = ("pingpong", "deferred")  # the checks whose lag the user chooses (stopping.py defines lag)
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """How to decode. `cache`: none | dynamic | static; `compile`: torch.compile the one-token step
-    (mode="reduce-overhead": CUDA graphs on CUDA), static cache only; `stop_check`: sync | pingpong |
+    """How to decode. `cache`: none | dynamic | static | fused (the project's own cache layout and decode
+    step, fused/: Llama family and GPT-2); `compile`: torch.compile the one-token step
+    (mode="reduce-overhead": CUDA graphs on CUDA), static or fused cache only; `stop_check`: sync | pingpong |
     deferred | end; `lag`: for pingpong and deferred, how many steps after enqueuing step j the host reads
     step j's flag (sync reads at lag 0, end after the last step; see stopping.py)."""
 
@@ -32,9 +33,9 @@ class Strategy:
             raise ValueError(f"strategy.cache must be one of {CACHE_KINDS}, got {self.cache!r}")
         if not isinstance(self.compile, bool):
             raise TypeError(f"strategy.compile must be a bool, got {type(self.compile).__name__}")
-        if self.compile and self.cache != "static":
+        if self.compile and self.cache not in ("static", "fused"):
             raise ValueError(
-                "strategy.compile needs cache='static': with a growing cache every step has a new shape"
+                "strategy.compile needs cache='static' or 'fused': with a growing cache every step has a new shape"
             )
         if self.stop_check not in STOP_CHECKS:
             raise ValueError(f"strategy.stop_check must be one of {STOP_CHECKS}, got {self.stop_check!r}")
@@ -48,6 +49,7 @@ PRESETS: dict[str, Strategy] = {
     "static": Strategy(cache="static", compile=False, stop_check="sync"),
     "compiled": Strategy(cache="static", compile=True, stop_check="sync"),
     "interleaved": Strategy(cache="static", compile=True, stop_check="pingpong", lag=1),
+    "fused": Strategy(cache="fused", compile=True, stop_check="pingpong", lag=1),
 }
 
 # Not presets of the brief, but named so the benchmark and the command line can ask for them.

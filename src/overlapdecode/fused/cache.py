@@ -1,0 +1,70 @@
+"""The fused path's KV cache: per-layer (B, Hkv, S, D) tensors in the kernels' layout, and the per-call
+adapter that gives the decode loop its model keyword arguments.
+
+The slot of position p in row b is p + pad[b] (pad[b]: the row's left padding, written by the prefill into
+a tensor of fixed address), so a decode step derives its slot on the device and the CUDA graph of a shape
+is replayed unchanged at every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class FusedCache:
+    """The cache of one (batch, length, dtype): kept by the FusedModel and reused call after call."""
+
+    k: list[torch.Tensor]  # per layer (B, Hkv, S, D)
+    v: list[torch.Tensor]
+    pad: torch.Tensor  # (B,) long: left padding of each row of the current call
+
+    @classmethod
+    def empty(cls, n_layers: int, batch: int, n_kv: int, length: int, head_dim: int, dtype, device):
+        def zeros():
+            # zeros, not empty: the reference attention multiplies masked slots by 0, and 0 * NaN is NaN
+            t = torch.zeros((batch, n_kv, length, head_dim), dtype=dtype, device=device)
+            torch._dynamo.mark_static_address(t)  # CUDA graphs read it in place, never copy it
+            return t
+
+        pad = torch.zeros((batch,), dtype=torch.long, device=device)
+        torch._dynamo.mark_static_address(pad)
+        return cls([zeros() for _ in range(n_layers)], [zeros() for _ in range(n_layers)], pad)
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[2]
+
+
+class FusedKV:
+    """`fused`: the decode loop's cache object. Step 0 passes the prompt (with its mask, from which the
+    prefill derives the padding); later steps pass only the cache: the token and its position come from
+    the loop's device state."""
+
+    kind = "fused"
+
+    def __init__(self, fused_model, input_ids, attention_mask, cache_len: int, position_ids):
+        B, P = input_ids.shape
+        window = fused_model.weights.sliding_window
+        if window is not None and cache_len > window:
+            raise ValueError(
+                f"max_new_tokens: the fused path attends to the whole sequence, but this Mistral model has a "
+                f"sliding window of {window} tokens and the call may reach {cache_len}; use a shorter call"
+            )
+        self.model = fused_model  # what the loop calls instead of the Hugging Face model
+        self.cache = fused_model.cache_for(B, cache_len)
+        self.input_ids = input_ids
+        self.attention_mask = attention_mask
+        self.position_ids = position_ids
+
+    def used_on(self, streams: list) -> None:
+        """The cache is kept by the FusedModel: nothing the prefill made is freed during the loop."""
+
+    def model_kwargs(self, step: int) -> dict:
+        if step == 0:
+            return dict(input_ids=self.input_ids, attention_mask=self.attention_mask,
+                        position_ids=self.position_ids, past_key_values=self.cache, use_cache=True,
+                        logits_to_keep=1)
+        return dict(past_key_values=self.cache, use_cache=True, logits_to_keep=1)

@@ -1,0 +1,129 @@
+"""Norm in the prologue, a GEMV over all B rows, an activation in the epilogue: the MLP up-projection
+(gate/up with SiLU(gate)*up, or GPT-2's fc with tanh GELU) and the final norm + LM head (float32 logits).
+
+Why fused: at decode the activations are a few KB and the weights are megabytes; each kernel must read its
+weight bytes exactly once, for every row of the batch, and nothing else of note. Normalising in the prologue
+saves a launch and a round trip of the normalised activations; the activation in the epilogue saves one of
+the (B, 2I) gate/up output. Each program owns BLOCK_N output columns and all of K (K is the hidden size,
+short enough that the grid of N / BLOCK_N programs fills the GPU); rows of the batch are padded to 16 so
+that the product is one `tl.dot` per K tile.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+ACTS = ("none", "gelu_tanh", "silu_mul")
+_ACT_CODE = {a: i for i, a in enumerate(ACTS)}
+
+
+def norm_ref(x, w, b, eps: float):
+    """Hugging Face's norms: RMSNorm where `b` is None (weight times the normalised x rounded to x's dtype),
+    LayerNorm otherwise."""
+    if b is None:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return w * xf.to(x.dtype)
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def norm_linear_ref(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None):
+    """(B, K) -> (B, N): act(norm(x) @ w.T + b); "silu_mul" splits w's rows into gate then up."""
+    y = F.linear(norm_ref(x, norm_w, norm_b, eps), w, b)
+    if act == "silu_mul":
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    elif act == "gelu_tanh":
+        y = F.gelu(y, approximate="tanh")
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+@triton.jit
+def _norm_linear_kernel(
+    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr,
+    B, N, eps, K: tl.constexpr,
+    LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # batch rows
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
+    row_ok = rows < B
+    col_ok = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    dtype = w_ptr.dtype.element_ty
+
+    # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
+    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if LAYER:
+        s = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            m = row_ok[:, None] & (k0 + ks < K)[None, :]
+            s += tl.sum(tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32), 1)
+        mean = s / K
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        m = row_ok[:, None] & (k0 + ks < K)[None, :]
+        xv = tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32)
+        d = tl.where(m, xv - mean[:, None], 0.0)
+        ss += tl.sum(d * d, 1)
+    rstd = 1.0 / tl.sqrt(ss / K + eps)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # the up rows of gate/up
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_ok = kk < K
+        m = row_ok[:, None] & k_ok[None, :]
+        xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
+        g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
+        if LAYER:
+            beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
+        else:  # HF RMSNorm: weight * (x * rstd).to(dtype), the product in dtype
+            xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
+        xn = tl.where(m, xn, 0.0).to(dtype)
+        wm = col_ok[:, None] & k_ok[None, :]
+        wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=wm, other=0.0)
+        acc += tl.dot(xn, tl.trans(wt), input_precision="ieee")
+        if ACT == 2:
+            wu = tl.load(w_ptr + (cols + N)[:, None] * K + kk[None, :], mask=wm, other=0.0)
+            acc2 += tl.dot(xn, tl.trans(wu), input_precision="ieee")
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if ACT == 2:
+            acc2 += tl.load(b_ptr + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if ACT == 1:  # tanh GELU, on the projection rounded to dtype as the unfused model has it
+        y = acc.to(dtype).to(tl.float32)
+        z = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * z) + 1.0)
+        acc = 0.5 * y * (1.0 + t)
+    elif ACT == 2:  # SiLU(gate) * up, each rounded to dtype as the unfused model has them
+        gt = acc.to(dtype).to(tl.float32)
+        up = acc2.to(dtype).to(tl.float32)
+        acc = (gt * tl.sigmoid(gt)).to(dtype).to(tl.float32) * up
+    if ROUND_OUT:
+        out = acc.to(out_ptr.dtype.element_ty)
+    else:
+        out = acc
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
+
+
+def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int = 32,
+                block_k: int = 128):
+    """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major."""
+    B, K = x.shape
+    n_out = w.shape[0] // 2 if act == "silu_mul" else w.shape[0]
+    out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
+    grid = (triton.cdiv(n_out, block_n), triton.cdiv(B, 16))
+    _norm_linear_kernel[grid](
+        x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w, out,
+        B, n_out, eps, K,
+        LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
+        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+    )
+    return out

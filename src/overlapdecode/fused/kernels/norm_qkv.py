@@ -1,0 +1,150 @@
+"""Norm + the fused QKV projection (+ bias) of one token per row, RoPE on Q and K, and the K/V write into
+the cache at the row's slot: everything of the attention block before attention itself, in one launch.
+
+Each program owns one head and HALF of its first-half dimensions together with the matching HALF of its
+second half, so that the rotary pairs (i, i + D/2) meet in its registers and the result is final: Q goes to
+a (B, Hq, D) buffer, K and V straight to the cache. The slot and position are device tensors (slot =
+position + the row's left padding), so one CUDA graph serves every step.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .norm_linear import norm_ref
+
+
+def rope_cos_sin(inv_freq, rope_scale: float, pos, dtype):
+    """cos, sin (..., D) as Hugging Face computes them: float32 angles, scaled, rounded to `dtype`."""
+    freqs = pos.float()[..., None] * inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * rope_scale).to(dtype), (emb.sin() * rope_scale).to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """x (..., heads, D); cos/sin (..., D) broadcast over the heads."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(-2) + rot * sin.unsqueeze(-2)
+
+
+def norm_qkv_ref(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
+                 n_heads: int, n_kv: int, head_dim: int):
+    """x (B, H), pos/slot (B,) -> q (B, Hq, D); writes K and V (B, Hkv, D) at `slot` of each row's cache."""
+    B = x.shape[0]
+    qkv = torch.nn.functional.linear(norm_ref(x, norm_w, norm_b, eps), w, b)
+    q, k, v = qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
+    q = q.view(B, n_heads, head_dim)
+    k = k.view(B, n_kv, head_dim)
+    v = v.view(B, n_kv, head_dim)
+    if inv_freq is not None:
+        cos, sin = rope_cos_sin(inv_freq, rope_scale, pos, x.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    rows = torch.arange(B, device=x.device)
+    k_cache[rows, :, slot] = k
+    v_cache[rows, :, slot] = v
+    return q
+
+
+@triton.jit
+def _norm_qkv_kernel(
+    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
+    B, S, n_heads, n_kv, eps, rope_scale, K: tl.constexpr,
+    LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    head = tl.program_id(0) // tl.cdiv(D // 2, HALF)  # over Hq + 2 Hkv heads: Q, then K, then V
+    part = tl.program_id(0) % tl.cdiv(D // 2, HALF)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < B
+    dim = part * HALF + tl.arange(0, HALF)  # dimensions i of the first half; their partners are i + D/2
+    dim_ok = dim < D // 2
+    w1 = head * D + dim  # weight rows
+    w2 = w1 + D // 2
+    ks = tl.arange(0, BLOCK_K)
+    dtype = w_ptr.dtype.element_ty
+
+    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if LAYER:
+        s = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            m = row_ok[:, None] & (k0 + ks < K)[None, :]
+            s += tl.sum(tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32), 1)
+        mean = s / K
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        m = row_ok[:, None] & (k0 + ks < K)[None, :]
+        xv = tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32)
+        d = tl.where(m, xv - mean[:, None], 0.0)
+        ss += tl.sum(d * d, 1)
+    rstd = 1.0 / tl.sqrt(ss / K + eps)
+
+    acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_ok = kk < K
+        m = row_ok[:, None] & k_ok[None, :]
+        xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
+        g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
+        if LAYER:
+            beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
+        else:
+            xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
+        xn = tl.where(m, xn, 0.0).to(dtype)
+        wm = dim_ok[:, None] & k_ok[None, :]
+        wa = tl.load(w_ptr + w1[:, None] * K + kk[None, :], mask=wm, other=0.0)
+        wb = tl.load(w_ptr + w2[:, None] * K + kk[None, :], mask=wm, other=0.0)
+        acc1 += tl.dot(xn, tl.trans(wa), input_precision="ieee")
+        acc2 += tl.dot(xn, tl.trans(wb), input_precision="ieee")
+
+    if HAS_BIAS:
+        acc1 += tl.load(b_ptr + w1, mask=dim_ok, other=0.0).to(tl.float32)[None, :]
+        acc2 += tl.load(b_ptr + w2, mask=dim_ok, other=0.0).to(tl.float32)[None, :]
+    y1 = acc1.to(dtype).to(tl.float32)  # the projection rounded to dtype, as the unfused model has it
+    y2 = acc2.to(dtype).to(tl.float32)
+    if ROPE:
+        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.float32)
+        inv = tl.load(inv_freq_ptr + dim, mask=dim_ok, other=0.0)
+        ang = pos[:, None] * inv[None, :]
+        c = (tl.cos(ang) * rope_scale).to(dtype).to(tl.float32)
+        sn = (tl.sin(ang) * rope_scale).to(dtype).to(tl.float32)
+        rotated = head < n_heads + n_kv  # Q and K heads; V is not rotated
+        r1 = tl.where(rotated, y1 * c - y2 * sn, y1)
+        r2 = tl.where(rotated, y2 * c + y1 * sn, y2)
+        y1, y2 = r1, r2
+    out_ok = row_ok[:, None] & dim_ok[None, :]
+    if head < n_heads:
+        q_off = (rows[:, None] * n_heads + head) * D
+        tl.store(q_ptr + q_off + dim[None, :], y1.to(dtype), mask=out_ok)
+        tl.store(q_ptr + q_off + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
+    else:
+        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        kv_head = (head - n_heads) % n_kv
+        kv_off = ((rows.to(tl.int64)[:, None] * n_kv + kv_head) * S + slot[:, None]) * D
+        if head < n_heads + n_kv:
+            tl.store(k_ptr + kv_off + dim[None, :], y1.to(dtype), mask=out_ok)
+            tl.store(k_ptr + kv_off + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
+        else:
+            tl.store(v_ptr + kv_off + dim[None, :], y1.to(dtype), mask=out_ok)
+            tl.store(v_ptr + kv_off + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
+
+
+def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
+             n_heads: int, n_kv: int, head_dim: int, half: int = 16, block_k: int = 128):
+    """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous."""
+    B, K = x.shape
+    q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
+    parts = triton.cdiv(head_dim // 2, half)
+    grid = ((n_heads + 2 * n_kv) * parts, triton.cdiv(B, 16))
+    _norm_qkv_kernel[grid](
+        x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w,
+        inv_freq if inv_freq is not None else norm_w, pos, slot, q, k_cache, v_cache,
+        B, k_cache.shape[2], n_heads, n_kv, eps, rope_scale, K,
+        LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
+        HALF=half, BLOCK_M=16, BLOCK_K=block_k,
+    )
+    return q

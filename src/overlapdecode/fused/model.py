@@ -1,0 +1,123 @@
+"""FusedModel: a Hugging Face causal LM of a supported family, run by the project's own decode step.
+
+Called like the Hugging Face model by the decode loop (input_ids, position_ids, attention_mask,
+past_key_values=<FusedCache>, ...) and answers an object with `.logits` (B, 1, V) float32. A call with an
+attention mask is the prefill (ordinary torch ops, compiled per prompt-length bucket on CUDA); a call
+without is one decode step: Triton kernels on CUDA, their torch twins elsewhere. The weights are re-laid
+out once (layout.py) and shared with the Hugging Face model, which keeps working.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from typing import NamedTuple
+
+import torch
+
+from . import reference
+from .cache import FusedCache
+from .kernels.linear_residual import linear_residual_ref
+from .kernels.norm_linear import norm_linear_ref
+from .kernels.norm_qkv import norm_qkv_ref
+from .layout import fuse_weights
+
+# Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
+KEEP_CACHES = 4
+# Prompts are padded on the right to a multiple of this, so nearby prompt lengths share one compiled prefill.
+PREFILL_BUCKET = 64
+
+
+class FusedOutput(NamedTuple):
+    logits: torch.Tensor  # (B, 1, V) float32
+
+
+class StepOps(NamedTuple):
+    """The four operations of a decode step, as kernels or as their torch references."""
+
+    norm_qkv: object
+    attention: object
+    linear_residual: object
+    norm_linear: object
+
+
+REFERENCE_OPS = StepOps(norm_qkv_ref, reference.decode_attention_torch, linear_residual_ref, norm_linear_ref)
+
+
+def triton_ops(device: torch.device) -> StepOps:
+    """The Triton kernels; imported here because Triton is an optional, heavy dependency of the CUDA path."""
+    from .kernels.linear_residual import linear_residual
+    from .kernels.norm_linear import norm_linear
+    from .kernels.norm_qkv import norm_qkv
+
+    try:  # another module of the project; until it exists the step uses the torch attention of its contract
+        from .kernels.decode_attention import decode_attention
+    except ImportError:
+        decode_attention = reference.decode_attention_torch
+    programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    return StepOps(norm_qkv, decode_attention, functools.partial(linear_residual, programs=programs), norm_linear)
+
+
+class FusedModel:
+    """The fused decode of `model` (Llama family or GPT-2; anything else is a ValueError).
+
+    `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
+    prefill per prompt bucket (default on CUDA).
+    """
+
+    def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None):
+        self.weights = fuse_weights(model)
+        param = self.weights.embed
+        self.device, self.dtype = param.device, param.dtype
+        if kernels is None:
+            kernels = "triton" if self.device.type == "cuda" else "torch"
+        if kernels not in ("triton", "torch"):
+            raise ValueError(f"kernels must be 'triton' or 'torch', got {kernels!r}")
+        self.kernels = kernels
+        self.ops = triton_ops(self.device) if kernels == "triton" else REFERENCE_OPS
+        if compile_prefill is None:
+            compile_prefill = self.device.type == "cuda"
+        self._prefill = torch.compile(reference.prefill, dynamic=False) if compile_prefill else reference.prefill
+        for t in self.weights.tensors():
+            torch._dynamo.mark_static_address(t)  # a CUDA graph reads the weights in place
+        self._caches: OrderedDict = OrderedDict()
+
+    def cache_for(self, batch: int, length: int) -> FusedCache:
+        """The cache of this shape, kept for later calls (its old contents are never read: the prefill
+        overwrites slots 0 .. P-1 and each step writes its slot before attending to it)."""
+        key = (batch, length, torch.is_inference_mode_enabled())  # inference tensors stay in inference mode
+        cache = self._caches.pop(key, None)
+        if cache is None:
+            W = self.weights
+            cache = FusedCache.empty(len(W.layers), batch, W.n_kv_heads, length, W.head_dim, self.dtype, self.device)
+        self._caches[key] = cache
+        while len(self._caches) > KEEP_CACHES:
+            self._caches.popitem(last=False)
+        return cache
+
+    def clear_caches(self) -> None:
+        """Free the kept caches (their CUDA graphs are recorded again for new ones)."""
+        self._caches.clear()
+
+    def __call__(self, input_ids, position_ids, attention_mask=None, past_key_values=None, use_cache=True,
+                 logits_to_keep=1) -> FusedOutput:
+        if not isinstance(past_key_values, FusedCache):
+            raise TypeError("past_key_values must be the FusedCache of this FusedModel (from cache_for)")
+        cache = past_key_values
+        if attention_mask is not None:
+            return FusedOutput(self.prefill(cache, input_ids, attention_mask, position_ids)[:, None])
+        logits = reference.decode_step(self.weights, cache.k, cache.v, cache.pad, input_ids[:, 0],
+                                       position_ids[:, 0], self.ops)
+        return FusedOutput(logits[:, None])
+
+    def prefill(self, cache: FusedCache, input_ids, attention_mask, position_ids):
+        """The prompt, padded on the right to its bucket (those slots are rewritten by the decode steps
+        before any step reads them); -> float32 logits (B, V) of the last prompt token."""
+        B, P = input_ids.shape
+        cache.pad.copy_(P - attention_mask.long().sum(-1))
+        T = min(-(-P // PREFILL_BUCKET) * PREFILL_BUCKET, cache.length)
+        if T > P:
+            input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(B, T - P)], dim=1)
+            position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(B, T - P)], dim=1)
+        last = torch.full((1,), P - 1, dtype=torch.long, device=input_ids.device)
+        return self._prefill(self.weights, cache.k, cache.v, cache.pad, input_ids, position_ids, last)

@@ -1,0 +1,82 @@
+"""The fused step's math in plain PyTorch on the fused layout: the CPU proof and the prefill.
+
+`decode_step` is the one-token step, composed of the `*_ref` twins of the Triton kernels (same layout,
+same roundings, same cache writes), so that float32 on CPU can be compared token for token and logit for
+logit with Hugging Face. `prefill` runs the whole prompt with ordinary torch ops on the same weights and
+fills the cache at slots 0 .. P-1 (slot = position + the row's left padding).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .kernels.norm_linear import norm_linear_ref, norm_ref
+from .kernels.norm_qkv import apply_rope, rope_cos_sin
+from .layout import FusedWeights
+
+
+def decode_attention_torch(q, k_cache, v_cache, start, length, scale: float):
+    """The contract of kernels.decode_attention in torch: q (B, Hq, D), caches (B, Hkv, S, D); row b attends
+    to slots [start[b], length[b]); softmax in float32; output in q's dtype."""
+    B, Hq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    k = k_cache.repeat_interleave(Hq // Hkv, dim=1).float()  # (B, Hq, S, D)
+    v = v_cache.repeat_interleave(Hq // Hkv, dim=1).float()
+    scores = torch.einsum("bhd,bhsd->bhs", q.float(), k) * scale
+    slots = torch.arange(S, device=q.device)
+    keep = (slots[None, :] >= start[:, None].long()) & (slots[None, :] < length[:, None].long())  # (B, S)
+    scores = scores.masked_fill(~keep[:, None, :], float("-inf"))
+    return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), v).to(q.dtype)
+
+
+def embed(W: FusedWeights, ids, pos):
+    h = F.embedding(ids, W.embed)
+    if W.pos_embed is not None:
+        h = h + F.embedding(pos, W.pos_embed)
+    return h
+
+
+def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops):
+    """One token per row: ids, pos (B,) long -> float32 logits (B, V); writes K/V at slot pos + pad.
+    `ops` (model.StepOps): the four operations, Triton kernels or their `*_ref` twins."""
+    slot = pos + pad
+    start, length = pad.to(torch.int32), (slot + 1).to(torch.int32)
+    h = embed(W, ids, pos)  # (B, H)
+    B = h.shape[0]
+    for layer, kc, vc in zip(W.layers, k_caches, v_caches):
+        q = ops.norm_qkv(h, layer.norm1_w, layer.norm1_b, W.eps, layer.w_qkv, layer.b_qkv, W.inv_freq,
+                         W.rope_scale, pos, slot, kc, vc, W.n_heads, W.n_kv_heads, W.head_dim)
+        a = ops.attention(q, kc, vc, start, length, layer.scale)
+        h = ops.linear_residual(a.reshape(B, -1), layer.w_o, layer.b_o, h)
+        m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
+        h = ops.linear_residual(m, layer.w_down, layer.b_down, h)
+    return ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32)
+
+
+def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
+    """The prompt (B, T) through every layer; K/V written at slots 0 .. T-1; -> float32 logits (B, V) of
+    token `last` ((1,) long, a tensor so that one compiled prefill serves every prompt length of a bucket). Row b's keys start at slot pad[b]; a padding query sees itself only (no empty softmax)."""
+    B, T = ids.shape
+    h = embed(W, ids, pos)  # (B, T, H)
+    i = torch.arange(T, device=ids.device)
+    causal = i[None, :] <= i[:, None]  # (T query, T key)
+    allowed = causal[None] & ((i[None, None, :] >= pad[:, None, None]) | (i[None, :, None] == i[None, None, :]))
+    mask = allowed[:, None]  # (B, 1, T, T)
+    D, Hq, Hkv = W.head_dim, W.n_heads, W.n_kv_heads
+    cos_sin = None if W.inv_freq is None else rope_cos_sin(W.inv_freq, W.rope_scale, pos, h.dtype)
+    for layer, kc, vc in zip(W.layers, k_caches, v_caches):
+        qkv = F.linear(norm_ref(h, layer.norm1_w, layer.norm1_b, W.eps), layer.w_qkv, layer.b_qkv)
+        q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = q.view(B, T, Hq, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+        if cos_sin is not None:
+            q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, D)
+        kc[:, :, :T] = k
+        vc[:, :, :T] = v
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=layer.scale,
+                                           enable_gqa=Hq != Hkv)
+        h = h + F.linear(a.transpose(1, 2).reshape(B, T, Hq * D), layer.w_o, layer.b_o)
+        m = norm_linear_ref(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
+        h = h + F.linear(m, layer.w_down, layer.b_down)
+    return norm_linear_ref(h.index_select(1, last)[:, 0], W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32)

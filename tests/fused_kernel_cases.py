@@ -1,0 +1,96 @@
+"""Each Triton kernel of the fused step against its torch reference, on small shapes that are not multiples
+of the block sizes. Not collected by itself: Triton's interpreter must be chosen before Triton is first
+imported, so test_fused_kernels.py runs this file in a fresh process with TRITON_INTERPRET=1 (on CPU). On
+a GPU machine it can be run directly: `pytest tests/fused_kernel_cases.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
+from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
+from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
+from overlapdecode.fused.model import FusedModel
+from overlapdecode.fused import reference
+from overlapdecode.fused.model import REFERENCE_OPS
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def rnd(*shape, scale=1.0):
+    return (torch.randn(*shape, device=DEV) * scale).contiguous()
+
+
+@pytest.mark.parametrize("B,K,N", [(1, 40, 24), (3, 72, 50), (17, 33, 16)])
+@pytest.mark.parametrize("act", ["none", "gelu_tanh", "silu_mul"])
+@pytest.mark.parametrize("layer", [False, True])
+def test_norm_linear(B, K, N, act, layer):
+    torch.manual_seed(B * K + N)
+    x = rnd(B, K) + 0.5
+    nw, nb = rnd(K, scale=0.3) + 1, (rnd(K, scale=0.1) if layer else None)
+    rows = 2 * N if act == "silu_mul" else N
+    w, b = rnd(rows, K, scale=K**-0.5), (rnd(rows, scale=0.1) if act != "none" else None)
+    out_dtype = torch.float32 if act == "none" else None
+    ref = norm_linear_ref(x, nw, nb, 1e-5, w, b, act, out_dtype)
+    got = norm_linear(x, nw, nb, 1e-5, w, b, act, out_dtype, block_k=32)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    torch.testing.assert_close(got, ref, **TOL)
+
+
+@pytest.mark.parametrize("B,H,Hq,Hkv,D", [(1, 48, 3, 1, 24), (3, 40, 4, 2, 16), (2, 64, 2, 2, 40)])
+@pytest.mark.parametrize("rope,layer,bias", [(True, False, False), (True, False, True), (False, True, True)])
+def test_norm_qkv(B, H, Hq, Hkv, D, rope, layer, bias):
+    torch.manual_seed(B + H + D)
+    S = 11
+    x = rnd(B, H) + 0.3
+    nw, nb = rnd(H, scale=0.3) + 1, (rnd(H, scale=0.1) if layer else None)
+    rows = (Hq + 2 * Hkv) * D
+    w, b = rnd(rows, H, scale=H**-0.5), (rnd(rows, scale=0.1) if bias else None)
+    inv_freq = 1.0 / (500.0 ** (torch.arange(0, D, 2, device=DEV).float() / D)) if rope else None
+    pos = torch.randint(0, 50, (B,), device=DEV)
+    slot = torch.randint(0, S, (B,), device=DEV)
+    caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
+    q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D)
+    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32)
+    torch.testing.assert_close(q, q_ref, **TOL)
+    torch.testing.assert_close(caches[2], caches[0], **TOL)  # K written at the slot, nothing else touched
+    torch.testing.assert_close(caches[3], caches[1], **TOL)
+    assert caches[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("B,K,N,programs", [(1, 100, 24, 1), (3, 520, 40, 64), (9, 1100, 17, 1000)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_residual(B, K, N, programs, bias):
+    torch.manual_seed(K + N)
+    x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
+    b = rnd(N, scale=0.1) if bias else None
+    got = linear_residual(x, w, b, res, block_k=32, programs=programs)
+    torch.testing.assert_close(got, linear_residual_ref(x, w, b, res), **TOL)
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+@torch.no_grad()
+def test_whole_step_kernels_vs_reference(name):
+    """The decode step made of the kernels equals the one made of their references, cache writes included."""
+    import overlapdecode as od
+
+    model = od.load_model(name, device=DEV)
+    fm = FusedModel(model, kernels="triton", compile_prefill=False)
+    B, S = 2, 16
+    ids = torch.tensor([5, 17], device=DEV)
+    pos = torch.tensor([6, 3], device=DEV)
+    results = []
+    for ops in (REFERENCE_OPS, fm.ops):
+        cache = fm.cache_for(B, S)
+        torch.manual_seed(0)
+        for t in cache.k + cache.v:
+            t.copy_(torch.randn_like(t))
+        cache.pad.copy_(torch.tensor([1, 4], device=DEV))
+        logits = reference.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
+        results.append((logits, [t.clone() for t in cache.k + cache.v]))
+    torch.testing.assert_close(results[1][0], results[0][0], **TOL)
+    for a, b in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b, **TOL)

@@ -1,0 +1,147 @@
+"""The `fused` preset: exactly Hugging Face generate()'s greedy tokens (CPU, float32, the torch twins of the
+kernels), per-step logits within 1e-4, the Hugging Face model unharmed by the re-layout, clear refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+import overlapdecode as od
+from helpers import eos_hit_midway, hf_generate, make_batch
+from overlapdecode.caches import position_ids_for_prompt, static_cache_len
+from overlapdecode.fused.layout import fuse_weights
+from overlapdecode.fused.model import FusedModel
+
+N = 20
+SMALL = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2)
+
+
+def _tiny(name: str):
+    torch.manual_seed(0)
+    if name == "qwen2":  # QKV bias
+        return Qwen2ForCausalLM(Qwen2Config(**SMALL)).eval()
+    if name == "mistral":
+        return MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)).eval()
+    if name == "llama3-tied":  # Llama-3 RoPE scaling and tied embeddings, one KV head
+        rope = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=32, rope_theta=10000.0)
+        return LlamaForCausalLM(LlamaConfig(**dict(SMALL, num_key_value_heads=1), tie_word_embeddings=True,
+                                            rope_parameters=rope)).eval()
+    return od.load_model(name, device="cpu")
+
+
+MODELS = ["tiny-gpt2", "tiny-llama", "qwen2", "mistral", "llama3-tied"]
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def model(request):
+    return _tiny(request.param)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_fused_matches_hf_eos_midway_and_never(model, batch):
+    ids, mask = make_batch(batch, seed=batch + 20)
+    rows = [0] if batch == 1 else [0, 2]
+    eos = eos_hit_midway(model, ids, mask, N, rows)
+    assert eos is not None, "test batch has no usable EOS; change the seed"
+    lengths = []
+    for eos_ids in (eos, []):
+        ref = hf_generate(model, ids, mask, N, eos_ids, 5)
+        out = od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused", eos_token_id=eos_ids,
+                          pad_token_id=5)
+        assert torch.equal(out, ref), eos_ids
+        lengths.append(out.shape[1])
+    if batch == 1:
+        assert lengths[0] < lengths[1] == ids.shape[1] + N  # with EOS the row really stopped early
+
+
+def test_eager_fused_and_long_prompt_match_hf(model):
+    """Uncompiled, and a prompt longer than one prefill bucket (the prefill pads it on the right)."""
+    ids, mask = make_batch(2, seed=31, prompt_len=70)
+    ref = hf_generate(model, ids, mask, 12, [], 0)
+    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=12, strategy=od.Strategy(cache="fused"),
+                      eos_token_id=[])
+    assert torch.equal(out, ref)
+
+
+def fused_logits(fm: FusedModel, ids, mask, tokens):
+    """Per-step float32 logits of the fused model fed `tokens` (B, n), as the decode loop feeds them."""
+    B, P = ids.shape
+    cache = fm.cache_for(B, static_cache_len(P, tokens.shape[1]))
+    pos = position_ids_for_prompt(mask)
+    out = [fm(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache).logits[:, -1]]
+    last = pos[:, -1:]
+    for j in range(tokens.shape[1] - 1):
+        last = last + 1
+        out.append(fm(input_ids=tokens[:, j : j + 1], position_ids=last, past_key_values=cache).logits[:, -1])
+    return torch.stack(out, 1)
+
+
+@torch.no_grad()
+def test_per_step_logits_match_hf(model):
+    ids, mask = make_batch(4, seed=33)
+    hf = model.generate(ids, attention_mask=mask, max_new_tokens=N, do_sample=False, eos_token_id=[],
+                        pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    ref = torch.stack(hf.logits, 1).float()  # (B, N, V)
+    got = fused_logits(FusedModel(model), ids, mask, hf.sequences[:, ids.shape[1]:])
+    assert got.dtype == torch.float32
+    assert (got - ref).abs().max().item() <= 1e-4
+
+
+def _storage_bytes(model) -> int:
+    seen = {}
+    for p in model.parameters():
+        seen[p.untyped_storage().data_ptr()] = p.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "qwen2"])
+@torch.no_grad()
+def test_relayout_keeps_hf_model_and_memory(name):
+    model = _tiny(name)
+    ids, mask = make_batch(2, seed=5)
+    before = model(input_ids=ids, attention_mask=mask).logits
+    bytes_before = _storage_bytes(model)
+    W = FusedModel(model).weights
+    after = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(before, after)
+    extra = sum(t.untyped_storage().nbytes() for t in W.tensors()
+                if t.untyped_storage().data_ptr() not in {p.untyped_storage().data_ptr() for p in model.parameters()})
+    assert _storage_bytes(model) + extra <= 1.05 * bytes_before
+    # the Hugging Face parameters are views of the fused tensors, and a second re-layout copies nothing
+    if name == "qwen2":
+        attn = model.model.layers[0].self_attn
+        assert attn.q_proj.weight.data_ptr() == W.layers[0].w_qkv.data_ptr()
+        assert attn.k_proj.bias.data_ptr() == W.layers[0].b_qkv.data_ptr() + attn.q_proj.bias.nbytes
+    else:
+        assert model.transformer.h[0].attn.c_attn.weight.data_ptr() == W.layers[0].w_qkv.data_ptr()
+    again = fuse_weights(model)
+    assert all(a.w_qkv.data_ptr() == b.w_qkv.data_ptr() and a.w_up.data_ptr() == b.w_up.data_ptr()
+               for a, b in zip(W.layers, again.layers))
+    assert _storage_bytes(model) == bytes_before
+
+
+def test_unsupported_architecture_is_a_clear_value_error():
+    model = GPTNeoXForCausalLM(GPTNeoXConfig(**SMALL)).eval()
+    ids, _ = make_batch(1, seed=1)
+    with pytest.raises(ValueError, match="Llama family.*GPT-2.*gpt_neox"):
+        od.generate(model, ids, max_new_tokens=4, strategy="fused")
+
+
+def test_mistral_sliding_window_shorter_than_the_call_is_refused():
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=32)).eval()
+    ids, _ = make_batch(1, seed=1)
+    with pytest.raises(ValueError, match="sliding window of 32"):
+        od.generate(model, ids, max_new_tokens=40, strategy="fused")
