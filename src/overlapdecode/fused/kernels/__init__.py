@@ -1,0 +1,1 @@
+"""Triton decode kernels, each beside its plain-PyTorch reference."""
