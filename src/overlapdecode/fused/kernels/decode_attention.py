@@ -255,34 +255,35 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head size D={D} > {MAX_HEAD_DIM} is not supported by the Triton kernel")
-    if q.device.type != "cuda" and not _INTERPRETED:
-        raise ValueError(f"q is on {q.device}: the Triton kernel needs CUDA tensors "
-                         "(or TRITON_INTERPRET=1 set before triton is imported, to run it on CPU)")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("start", start), ("length", length)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
     default_n, block_d = block_sizes(D)
     if block_n is None:
         block_n = default_n
-    elif block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+    elif not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
     if num_splits is None:
         num_splits = choose_num_splits(B, Hkv, S, block_n)
-    elif not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    elif not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype
+                            or out.device != q.device or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
+    need = workspace_numel(B, Hq, D, num_splits)
+    if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.float32
+                                  or workspace.device != q.device or not workspace.is_contiguous()
+                                  or workspace.numel() < need):
+        raise ValueError(f"workspace must be a contiguous float32 tensor on {q.device} with at least "
+                         f"{need} elements")
+    if q.device.type != "cuda" and not _INTERPRETED:
+        raise ValueError(f"q is on {q.device}: the Triton kernel needs CUDA tensors "
+                         "(or TRITON_INTERPRET=1 set before triton is imported, to run it on CPU)")
 
     if out is None:
         out = torch.empty_like(q)
-    elif (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype
-          or out.device != q.device or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
-    need = workspace_numel(B, Hq, D, num_splits)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.float32, device=q.device)
-    elif (not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.float32
-          or workspace.device != q.device or not workspace.is_contiguous() or workspace.numel() < need):
-        raise ValueError(f"workspace must be a contiguous float32 tensor on {q.device} with at least "
-                         f"{need} elements")
     n_part = B * Hq * num_splits
     ws = workspace.view(-1)
     part_acc, part_m, part_l = ws[: n_part * D], ws[n_part * D: n_part * (D + 1)], ws[n_part * (D + 1):]
