@@ -26,12 +26,13 @@ Grid and tiles:
 
 Why tl.dot with the group padded to GROUP_PAD = max(16, next power of two of G) rows, and not a
 broadcast-multiply-reduce: tl.dot needs 16 rows, so for G = 4 (Llama) three quarters and for G = 1 (GPT-2)
-fifteen sixteenths of the tensor-core work is on zero rows. That work is nearly free: decode attention is
-bound by reading K and V (16 rows still do only about 32 bf16 FLOPs per cache byte, far below what the H200's
-tensor cores sustain per byte of HBM bandwidth), while a broadcast (G, BLOCK_N, D) product would hold
-G * BLOCK_N * D floats in registers and run on the CUDA cores. float32 inputs use input_precision="ieee"
-(not TF32), so float32 results match the reference to float32 rounding; float32 is the checking dtype, the
-16-bit dtypes are the fast path (p is cast to V's dtype for the second dot, as flash attention does).
+fifteen sixteenths of the dot work is on zero rows. That work is nearly free: decode attention is bound by
+reading K and V. With 16 rows a cached key and value (4 * D bytes in bf16) cost 64 * D FLOPs, 16 FLOPs per
+byte, against the H200's roughly 200 bf16 tensor-core FLOPs per byte of HBM bandwidth; a broadcast product
+would instead hold G * BLOCK_N * D floats in registers and run on the CUDA cores. float32 inputs use
+input_precision="ieee" (not TF32; 8 FLOPs per cache byte on the CUDA cores, still about memory speed), so
+float32 results match the reference to float32 rounding; float32 is the checking dtype, the 16-bit dtypes
+the fast path (p is rounded to V's dtype for the second dot, as flash attention does).
 
 Tile sizes: BLOCK_D = next power of two >= max(D, 16), masked, so any head size D <= 256 works (D = 48 runs
 as 64 with the last 16 lanes masked); D > 256 is refused with a ValueError (the tiles would not fit in
@@ -42,6 +43,12 @@ one per block of keys, at most MAX_SPLITS. These are reasoned defaults, not meas
 CUDA graphs: the grids, constexprs and workspace size depend only on (B, Hq, Hkv, S, D, dtype); start and
 length are only read by the kernels. There are no host syncs in this module (no .item(), no value-dependent
 Python branch). `out` and `workspace`, when passed, are written in place, so a captured graph can own them.
+So 0 <= start < length <= S is the caller's promise, not checked (checking values would be a host sync);
+rows that break it get undefined output.
+
+Testing on CPU: with TRITON_INTERPRET=1 set before triton is imported the kernels run in Triton's
+interpreter (float32 and float16; Triton 3.6's interpreter gets tl.dot on bfloat16 wrong, so bfloat16 is
+checked on CUDA only).
 """
 
 from __future__ import annotations
