@@ -36,9 +36,12 @@ the fast path (p is rounded to V's dtype for the second dot, as flash attention 
 
 Tile sizes: BLOCK_D = next power of two >= max(D, 16), masked, so any head size D <= 256 works (D = 48 runs
 as 64 with the last 16 lanes masked); D > 256 is refused with a ValueError (the tiles would not fit in
-registers). BLOCK_N = 64 keys for D <= 128 (a 64 x 128 bf16 K tile is 16 KiB), 32 above. num_splits is
-picked from the shapes alone: enough programs for about two per SM of an H200 (TARGET_PROGRAMS), at most
-one per block of keys, at most MAX_SPLITS. These are reasoned defaults, not measured optima.
+registers). D is a constexpr (a model constant), so the mask folds away when BLOCK_D == D and the loads stay
+vectorised. BLOCK_N (keys per step) is 64 for D <= 64, and 32 (16-bit) or 16 (float32) for D = 128: the
+largest that Triton 3.6 compiles for sm_90 without register spills (ptxas resource usage, not timed).
+num_splits is picked from the shapes alone: enough programs for about two per SM of an H200
+(TARGET_PROGRAMS), at most one per block of keys, at most MAX_SPLITS. These are reasoned defaults, not
+measured optima.
 
 CUDA graphs: the grids, constexprs and workspace size depend only on (B, Hq, Hkv, S, D, dtype); start and
 length are only read by the kernels. There are no host syncs in this module (no .item(), no value-dependent
@@ -66,12 +69,13 @@ TARGET_PROGRAMS = 2 * 132  # about two split programs per SM of an H200
 MAX_SPLITS = 64  # bounds the combine kernel's tile (MAX_SPLITS x BLOCK_D floats)
 LOG2E = 1.4426950408889634
 
+
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, start_ptr, length_ptr,
     part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr,
-    qk_scale, S, D,
-    HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GROUP_PAD: tl.constexpr,
+    qk_scale, S,
+    HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DIRECT: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -94,22 +98,26 @@ def _split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     mask_g = offs_g < G
-    mask_d = offs_d < D
+    mask_d = offs_d < D  # all true when BLOCK_D == D (a constexpr compare the compiler folds)
 
     head0 = hk * G  # first query head of this kv head's group
-    q_rows = (b * HQ + head0 + offs_g).to(tl.int64) * D
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    q_blk = q_ptr + (b * HQ + head0).to(tl.int64) * D
+    q = tl.load(q_blk + offs_g[:, None] * D + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
 
-    kv_base = pid_bh.to(tl.int64) * S * D  # (b, hk) slab of the (B, HKV, S, D) caches
+    # The (b, hk) slab of the (B, HKV, S, D) caches: a 64-bit base once, 32-bit offsets inside it (S * D
+    # < 2**31, checked by the caller), so the per-element address math stays small.
+    kv_base = pid_bh.to(tl.int64) * S * D
+    k_slab = k_ptr + kv_base
+    v_slab = v_ptr + kv_base
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
     for blk in range(blk_lo, blk_hi):
         slots = row_start + blk * BLOCK_N + offs_n
         live = slots < row_len  # slots >= row_start by construction
-        kv_offs = kv_base + slots.to(tl.int64)[:, None] * D + offs_d[None, :]
+        kv_offs = slots[:, None] * D + offs_d[None, :]
         kv_mask = live[:, None] & mask_d[None, :]
-        k = tl.load(k_ptr + kv_offs, mask=kv_mask, other=0.0)
+        k = tl.load(k_slab + kv_offs, mask=kv_mask, other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -120,7 +128,7 @@ def _split_kernel(
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_offs, mask=kv_mask, other=0.0)  # masked too: 0 * NaN would poison acc
+        v = tl.load(v_slab + kv_offs, mask=kv_mask, other=0.0)  # masked too: 0 * NaN would poison acc
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -143,8 +151,8 @@ def _split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    part_acc_ptr, part_m_ptr, part_l_ptr, start_ptr, length_ptr, out_ptr, D,
-    HQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    part_acc_ptr, part_m_ptr, part_l_ptr, start_ptr, length_ptr, out_ptr,
+    HQ: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     pid = tl.program_id(0)  # b * HQ + h
@@ -232,10 +240,15 @@ def decode_attention_ref(q, k_cache, v_cache, start, length, scale):
     return out.reshape(B, Hq, D).to(q.dtype)
 
 
-def block_sizes(D: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_D) for head size D."""
+def block_sizes(D: int, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_D) for head size D: the largest BLOCK_N (at most 64) that Triton 3.6 compiles for
+    sm_90 without register spills (read from ptxas's resource usage, not timed)."""
     block_d = max(16, triton.next_power_of_2(D))
-    return (64 if block_d <= 128 else 32), block_d
+    if block_d <= 64:
+        return 64, block_d
+    if dtype == torch.float32:
+        return 16, block_d
+    return (32 if block_d == 128 else 16), block_d
 
 
 def choose_num_splits(B: int, Hkv: int, S: int, block_n: int) -> int:
@@ -250,22 +263,33 @@ def workspace_numel(B: int, Hq: int, D: int, num_splits: int) -> int:
     return 0 if num_splits == 1 else B * Hq * num_splits * (D + 2)
 
 
+def make_workspace(q: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
+    """The float32 workspace `decode_attention(q, k_cache, ...)` uses with its default plan, for a caller
+    (a CUDA graph) that keeps it across calls."""
+    B, Hq, D = q.shape
+    _, Hkv, S, _ = k_cache.shape
+    splits = choose_num_splits(B, Hkv, S, block_sizes(D, q.dtype)[0])
+    return torch.empty(workspace_numel(B, Hq, D, splits), dtype=torch.float32, device=q.device)
+
+
 def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, workspace=None, *,
                      num_splits=None, block_n=None):
     """Decode attention, (B, Hq, D) in q's dtype; see the module docstring.
 
     out: optional (B, Hq, D) contiguous tensor of q's dtype, written in place and returned.
-    workspace: optional contiguous float32 tensor of at least `workspace_numel(...)` elements (a captured
-      graph can own it); allocated per call when None (its size depends on shapes only).
+    workspace: optional contiguous float32 tensor of at least `workspace_numel(...)` elements, such as
+      `make_workspace(q, k_cache)` (a captured graph can own it); allocated per call when None (its size depends on shapes only).
     num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values).
     """
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head size D={D} > {MAX_HEAD_DIM} is not supported by the Triton kernel")
+    if S * D >= 2**31:
+        raise ValueError(f"k_cache slots x head size ({S} x {D}) must stay below 2**31 (32-bit offsets)")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("start", start), ("length", length)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    default_n, block_d = block_sizes(D)
+    default_n, block_d = block_sizes(D, q.dtype)
     if block_n is None:
         block_n = default_n
     elif not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
@@ -299,15 +323,15 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
     direct = num_splits == 1
     _split_kernel[(B * Hkv, num_splits)](
         q, k_cache, v_cache, start, length, part_acc, part_m, part_l, out,
-        scale * LOG2E, S, D,
-        HQ=Hq, HKV=Hkv, G=G, GROUP_PAD=max(16, triton.next_power_of_2(G)),
+        scale * LOG2E, S,
+        HQ=Hq, HKV=Hkv, G=G, GROUP_PAD=max(16, triton.next_power_of_2(G)), D=D,
         BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=num_splits,
         DIRECT=direct, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
     )
     if not direct:
         _combine_kernel[(B * Hq,)](
-            part_acc, part_m, part_l, start, length, out, D,
-            HQ=Hq, BLOCK_N=block_n, BLOCK_D=block_d,
+            part_acc, part_m, part_l, start, length, out,
+            HQ=Hq, D=D, BLOCK_N=block_n, BLOCK_D=block_d,
             NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
         )
     return out
