@@ -157,6 +157,9 @@ def test_rejects_bad_out_workspace_and_tuning():
     q300, k300, v300, _, _ = make_case(300)
     with pytest.raises(ValueError, match="D=300"):
         decode_attention(q300, k300, v300, start, length, 0.25)
+    qm, km = torch.empty(3, 2, 128, device="meta"), torch.empty(3, 2, 1 << 24, 128, device="meta")
+    with pytest.raises(ValueError, match="2\\*\\*31"):  # shapes alone: meta tensors hold no data
+        decode_attention(qm, km, km, start.to("meta"), length.to("meta"), 0.25)
 
 
 @pytest.mark.skipif(ON_CUDA or INTERPRETING, reason="the kernel can run on these tensors here")
