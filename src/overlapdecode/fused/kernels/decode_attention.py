@@ -233,14 +233,14 @@ def decode_attention_ref(q, k_cache, v_cache, start, length, scale):
     live_kv = live[:, None, :, None]  # against (B, Hkv, S, D)
     k = k_cache.float().masked_fill(~live_kv, 0.0)
     v = v_cache.float().masked_fill(~live_kv, 0.0)
-    qg = q.float().view(B, Hkv, G, D)
+    qg = q.float().reshape(B, Hkv, G, D)
     scores = torch.einsum("bkgd,bksd->bkgs", qg, k) * scale
     scores = scores.masked_fill(~live[:, None, None, :], float("-inf"))
     out = torch.einsum("bkgs,bksd->bkgd", scores.softmax(-1), v)
     return out.reshape(B, Hq, D).to(q.dtype)
 
 
-def block_sizes(D: int, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+def block_sizes(D: int, dtype: torch.dtype) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_D) for head size D: the largest BLOCK_N (at most 64) that Triton 3.6 compiles for
     sm_90 without register spills (read from ptxas's resource usage, not timed)."""
     block_d = max(16, triton.next_power_of_2(D))
@@ -278,7 +278,8 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
 
     out: optional (B, Hq, D) contiguous tensor of q's dtype, written in place and returned.
     workspace: optional contiguous float32 tensor of at least `workspace_numel(...)` elements, such as
-      `make_workspace(q, k_cache)` (a captured graph can own it); allocated per call when None (its size depends on shapes only).
+      `make_workspace(q, k_cache)` (a captured graph can own it); allocated per call when None (its size
+      depends on shapes only).
     num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values).
     """
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
