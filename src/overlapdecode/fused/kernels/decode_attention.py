@@ -1,0 +1,338 @@
+"""Decode attention (one new query token per row, grouped-query heads) as a Triton flash-decoding kernel,
+beside its plain-PyTorch reference.
+
+What it computes: for row b and query head h (kv head hk = h // G, G = Hq // Hkv),
+
+    out[b, h] = softmax(scale * q[b, h] . K[b, hk, s]  for s in [start[b], length[b])) @ V[b, hk, s]
+
+with the softmax in float32 and the output in q's dtype. Slots outside [start, length) are never read:
+`start` is the left padding of the row, `length` the current slot + 1, both read from device memory.
+
+Why split-K: at decode a (row, kv head) pair is one tiny matrix-vector product over a long cache, so one
+program per pair leaves most of the 132 SMs of an H200 idle at small batch. The live range [start, length)
+of each pair is cut into `num_splits` pieces of whole BLOCK_N-key blocks, and each piece runs on its own
+program; the pieces are combined by a second small kernel.
+
+Grid and tiles:
+- `_split_kernel`, grid (B * Hkv, num_splits). A program loads the G query heads of its kv head once, as a
+  (GROUP_PAD, BLOCK_D) tile, and streams its blocks of BLOCK_N keys: scores = tl.dot(q, K^T) and
+  acc += tl.dot(p, V), an online softmax in float32 (exp2, with log2(e) folded into the scale). K and V are
+  so read once per kv-head group, not once per query head. It writes the unnormalised partial (max, sum,
+  acc) of its piece to a float32 workspace; programs whose piece is empty (the row is shorter than the cache)
+  return at once, so the work follows the current length, not S.
+- `_combine_kernel`, grid (B * Hq,): rescales the live pieces to a common max and divides by the summed
+  denominator. With num_splits == 1 the split kernel normalises and writes `out` itself (no workspace, no
+  second launch).
+
+Why tl.dot with the group padded to GROUP_PAD = max(16, next power of two of G) rows, and not a
+broadcast-multiply-reduce: tl.dot needs 16 rows, so for G = 4 (Llama) three quarters and for G = 1 (GPT-2)
+fifteen sixteenths of the dot work is on zero rows. That work is nearly free: decode attention is bound by
+reading K and V. With 16 rows a cached key and value (4 * D bytes in bf16) cost 64 * D FLOPs, 16 FLOPs per
+byte, against the H200's roughly 200 bf16 tensor-core FLOPs per byte of HBM bandwidth; a broadcast product
+would instead hold G * BLOCK_N * D floats in registers and run on the CUDA cores. float32 inputs use
+input_precision="ieee" (not TF32; 8 FLOPs per cache byte on the CUDA cores, still about memory speed), so
+float32 results match the reference to float32 rounding; float32 is the checking dtype, the 16-bit dtypes
+the fast path (p is rounded to V's dtype for the second dot, as flash attention does).
+
+Tile sizes: BLOCK_D = next power of two >= max(D, 16), masked, so any head size D <= 256 works (D = 48 runs
+as 64 with the last 16 lanes masked); D > 256 is refused with a ValueError (the tiles would not fit in
+registers). D is a constexpr (a model constant), so the mask folds away when BLOCK_D == D and the loads stay
+vectorised. BLOCK_N (keys per step) is 64 for D <= 64, and 32 (16-bit) or 16 (float32) for D = 128: the
+largest that Triton 3.6 compiles for sm_90 without register spills (ptxas resource usage, not timed).
+num_splits is picked from the shapes alone: enough programs for about two per SM of an H200
+(TARGET_PROGRAMS), at most one per block of keys, at most MAX_SPLITS. These are reasoned defaults, not
+measured optima.
+
+CUDA graphs: the grids, constexprs and workspace size depend only on (B, Hq, Hkv, S, D, dtype); start and
+length are only read by the kernels. There are no host syncs in this module (no .item(), no value-dependent
+Python branch). `out` and `workspace`, when passed, are written in place, so a captured graph can own them.
+So 0 <= start < length <= S is the caller's promise, not checked (checking values would be a host sync);
+rows that break it get undefined output.
+
+Testing on CPU: with TRITON_INTERPRET=1 set before triton is imported the kernels run in Triton's
+interpreter (float32 and float16; Triton 3.6's interpreter gets tl.dot on bfloat16 wrong, so bfloat16 is
+checked on CUDA only).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_HEAD_DIM = 256
+TARGET_PROGRAMS = 2 * 132  # about two split programs per SM of an H200
+MAX_SPLITS = 64  # bounds the combine kernel's tile (MAX_SPLITS x BLOCK_D floats)
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, k_ptr, v_ptr, start_ptr, length_ptr,
+    part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr,
+    qk_scale, S,
+    HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DIRECT: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)  # b * HKV + kv head
+    pid_s = tl.program_id(1)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    row_start = tl.load(start_ptr + b).to(tl.int32)
+    row_len = tl.load(length_ptr + b).to(tl.int32)
+
+    # This split's blocks of the live range: the same formula as in _combine_kernel.
+    n_blocks = tl.cdiv(row_len - row_start, BLOCK_N)
+    per_split = tl.cdiv(n_blocks, NUM_SPLITS)
+    blk_lo = pid_s * per_split
+    blk_hi = tl.minimum(blk_lo + per_split, n_blocks)
+    if blk_lo >= blk_hi:
+        return  # past the row's length: nothing to read, and the combine ignores this split
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_g = offs_g < G
+    mask_d = offs_d < D  # all true when BLOCK_D == D (a constexpr compare the compiler folds)
+
+    head0 = hk * G  # first query head of this kv head's group
+    q_blk = q_ptr + (b * HQ + head0).to(tl.int64) * D
+    q = tl.load(q_blk + offs_g[:, None] * D + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+
+    # The (b, hk) slab of the (B, HKV, S, D) caches: a 64-bit base once, 32-bit offsets inside it (S * D
+    # < 2**31, checked by the caller), so the per-element address math stays small.
+    kv_base = pid_bh.to(tl.int64) * S * D
+    k_slab = k_ptr + kv_base
+    v_slab = v_ptr + kv_base
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    for blk in range(blk_lo, blk_hi):
+        slots = row_start + blk * BLOCK_N + offs_n
+        live = slots < row_len  # slots >= row_start by construction
+        kv_offs = slots[:, None] * D + offs_d[None, :]
+        kv_mask = live[:, None] & mask_d[None, :]
+        k = tl.load(k_slab + kv_offs, mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(live[None, :], s * qk_scale, float("-inf"))
+        # Every block has a live slot, so m_new is finite and no -inf - -inf appears.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_slab + kv_offs, mask=kv_mask, other=0.0)  # masked too: 0 * NaN would poison acc
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    heads = b * HQ + head0 + offs_g  # flat (b, h) index of each group row
+    store_mask = mask_g[:, None] & mask_d[None, :]
+    if DIRECT:
+        o = acc / l_i[:, None]
+        o_offs = heads.to(tl.int64)[:, None] * D + offs_d[None, :]
+        tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=store_mask)
+    else:
+        part = heads.to(tl.int64) * NUM_SPLITS + pid_s  # (b, h, split) index
+        tl.store(part_m_ptr + part, m_i, mask=mask_g)
+        tl.store(part_l_ptr + part, l_i, mask=mask_g)
+        tl.store(part_acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=store_mask)
+
+
+@triton.jit
+def _combine_kernel(
+    part_acc_ptr, part_m_ptr, part_l_ptr, start_ptr, length_ptr, out_ptr,
+    HQ: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    pid = tl.program_id(0)  # b * HQ + h
+    b = pid // HQ
+    row_start = tl.load(start_ptr + b).to(tl.int32)
+    row_len = tl.load(length_ptr + b).to(tl.int32)
+    n_blocks = tl.cdiv(row_len - row_start, BLOCK_N)
+    per_split = tl.cdiv(n_blocks, NUM_SPLITS)
+    n_live = tl.cdiv(n_blocks, per_split)  # splits that wrote a partial; the rest hold stale data
+
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, BLOCK_D)
+    live = offs_s < n_live
+    mask_d = offs_d < D
+    part = pid.to(tl.int64) * NUM_SPLITS + offs_s
+    m = tl.load(part_m_ptr + part, mask=live, other=float("-inf"))
+    l = tl.load(part_l_ptr + part, mask=live, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * D + offs_d[None, :], mask=live[:, None] & mask_d[None, :],
+                  other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(live, tl.math.exp2(m - m_max), 0.0)
+    denom = tl.sum(w * l, 0)
+    o = tl.sum(w[:, None] * acc, 0) / denom
+    tl.store(out_ptr + pid.to(tl.int64) * D + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+# Compiled kernels need CUDA tensors; Triton's interpreter (slow, for tests) runs CPU tensors. Which one
+# @triton.jit made is fixed when triton is first imported (TRITON_INTERPRET=1 then, for its own tl.* helpers
+# too), so it is read from the kernel, not from the environment now.
+_INTERPRETED = not isinstance(_split_kernel, JITFunction)
+
+
+def _check(q, k_cache, v_cache, start, length, scale):
+    """Shape/dtype/device checks from tensor metadata only (no device reads). Returns (B, Hq, Hkv, S, D)."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("start", start), ("length", length)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be (B, Hq, D), got shape {tuple(q.shape)}")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"q must be float32, bfloat16 or float16, got {q.dtype}")
+    B, Hq, D = q.shape
+    if k_cache.dim() != 4:
+        raise ValueError(f"k_cache must be (B, Hkv, S, D), got shape {tuple(k_cache.shape)}")
+    _, Hkv, S, _ = k_cache.shape
+    if k_cache.shape[0] != B or k_cache.shape[3] != D:
+        raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not match q shape {tuple(q.shape)} "
+                         "(want (B, Hkv, S, D))")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} dtype {t.dtype} must equal q dtype {q.dtype}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"q heads ({Hq}) must be a multiple of k_cache heads ({Hkv})")
+    if S == 0 or D == 0 or B == 0:
+        raise ValueError(f"empty shapes: q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}")
+    for name, t in (("start", start), ("length", length)):
+        if t.shape != (B,):
+            raise ValueError(f"{name} must have shape ({B},), got {tuple(t.shape)}")
+        if t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("start", start), ("length", length)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}: all must be on one device")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite Python number, got {scale!r}")
+    return B, Hq, Hkv, S, D
+
+
+def decode_attention_ref(q, k_cache, v_cache, start, length, scale):
+    """Plain-PyTorch decode attention with the kernel's contract: slots outside [start, length) are masked
+    (their keys may hold anything, even NaN), softmax in float32, output in q's dtype."""
+    B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
+    G = Hq // Hkv
+    slots = torch.arange(S, device=q.device)
+    live = (slots >= start[:, None]) & (slots < length[:, None])  # (B, S)
+    live_kv = live[:, None, :, None]  # against (B, Hkv, S, D)
+    k = k_cache.float().masked_fill(~live_kv, 0.0)
+    v = v_cache.float().masked_fill(~live_kv, 0.0)
+    qg = q.float().reshape(B, Hkv, G, D)
+    scores = torch.einsum("bkgd,bksd->bkgs", qg, k) * scale
+    scores = scores.masked_fill(~live[:, None, None, :], float("-inf"))
+    out = torch.einsum("bkgs,bksd->bkgd", scores.softmax(-1), v)
+    return out.reshape(B, Hq, D).to(q.dtype)
+
+
+def block_sizes(D: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_D) for head size D: the largest BLOCK_N (at most 64) that Triton 3.6 compiles for
+    sm_90 without register spills (read from ptxas's resource usage, not timed)."""
+    block_d = max(16, triton.next_power_of_2(D))
+    if block_d <= 64:
+        return 64, block_d
+    if dtype == torch.float32:
+        return 16, block_d
+    return (32 if block_d == 128 else 16), block_d
+
+
+def choose_num_splits(B: int, Hkv: int, S: int, block_n: int) -> int:
+    """Splits per (row, kv head), from shapes alone: enough programs to fill the GPU, no more splits than
+    blocks of keys, at most MAX_SPLITS."""
+    want = triton.cdiv(TARGET_PROGRAMS, B * Hkv)
+    return max(1, min(want, triton.cdiv(S, block_n), MAX_SPLITS))
+
+
+def workspace_numel(B: int, Hq: int, D: int, num_splits: int) -> int:
+    """float32 elements of the workspace: per (row, head, split) an accumulator of D, a max and a sum."""
+    return 0 if num_splits == 1 else B * Hq * num_splits * (D + 2)
+
+
+def make_workspace(q: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
+    """The float32 workspace `decode_attention(q, k_cache, ...)` uses with its default plan, for a caller
+    (a CUDA graph) that keeps it across calls."""
+    B, Hq, D = q.shape
+    _, Hkv, S, _ = k_cache.shape
+    splits = choose_num_splits(B, Hkv, S, block_sizes(D, q.dtype)[0])
+    return torch.empty(workspace_numel(B, Hq, D, splits), dtype=torch.float32, device=q.device)
+
+
+def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, workspace=None, *,
+                     num_splits=None, block_n=None):
+    """Decode attention, (B, Hq, D) in q's dtype; see the module docstring.
+
+    out: optional (B, Hq, D) contiguous tensor of q's dtype, written in place and returned.
+    workspace: optional contiguous float32 tensor of at least `workspace_numel(...)` elements, such as
+      `make_workspace(q, k_cache)` (a captured graph can own it); allocated per call when None (its size
+      depends on shapes only).
+    num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values).
+    """
+    B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"head size D={D} > {MAX_HEAD_DIM} is not supported by the Triton kernel")
+    if S * D >= 2**31:
+        raise ValueError(f"k_cache slots x head size ({S} x {D}) must stay below 2**31 (32-bit offsets)")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("start", start), ("length", length)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    default_n, block_d = block_sizes(D, q.dtype)
+    if block_n is None:
+        block_n = default_n
+    elif not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
+    if num_splits is None:
+        num_splits = choose_num_splits(B, Hkv, S, block_n)
+    elif not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype
+                            or out.device != q.device or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
+    need = workspace_numel(B, Hq, D, num_splits)
+    if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.float32
+                                  or workspace.device != q.device or not workspace.is_contiguous()
+                                  or workspace.numel() < need):
+        raise ValueError(f"workspace must be a contiguous float32 tensor on {q.device} with at least "
+                         f"{need} elements")
+    if q.device.type != "cuda" and not _INTERPRETED:
+        raise ValueError(f"q is on {q.device}: the Triton kernel needs CUDA tensors "
+                         "(or TRITON_INTERPRET=1 set before triton is imported, to run it on CPU)")
+
+    if out is None:
+        out = torch.empty_like(q)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.float32, device=q.device)
+    n_part = B * Hq * num_splits
+    ws = workspace.view(-1)
+    part_acc, part_m, part_l = ws[: n_part * D], ws[n_part * D: n_part * (D + 1)], ws[n_part * (D + 1):]
+
+    G = Hq // Hkv
+    direct = num_splits == 1
+    _split_kernel[(B * Hkv, num_splits)](
+        q, k_cache, v_cache, start, length, part_acc, part_m, part_l, out,
+        scale * LOG2E, S,
+        HQ=Hq, HKV=Hkv, G=G, GROUP_PAD=max(16, triton.next_power_of_2(G)), D=D,
+        BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+        DIRECT=direct, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
+    )
+    if not direct:
+        _combine_kernel[(B * Hq,)](
+            part_acc, part_m, part_l, start, length, out,
+            HQ=Hq, D=D, BLOCK_N=block_n, BLOCK_D=block_d,
+            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+        )
+    return out
