@@ -249,3 +249,24 @@ def test_latest_rows_measured_beats_not_run():
     got = latest_rows(rows)
     assert [(r["strategy"], r["max_new_tokens"], r.get("seq_s")) for r in got] == [
         ("kv", 200, 0.5), ("static", 200, 1.0), ("kv", 400, 3.0)]
+
+
+def test_mbu_is_weight_bytes_over_bandwidth_over_time():
+    from overlapdecode.bench.report import mbu
+
+    row = dict(weight_bytes=2.0e9, bandwidth_gbs=4000.0, ms_per_token=1.0)  # 2 GB at 4 TB/s = 0.5 ms floor
+    assert mbu(row) == pytest.approx(0.5)
+    assert mbu(dict(row, bandwidth_gbs=None)) is None  # CPU: no figure, not a made-up one
+
+
+def test_weight_bytes_counts_each_storage_once():
+    """After the fused re-layout q/k/v (and gate/up) are views of one tensor each: the bytes a step reads
+    must still be counted once, not once per view."""
+    import overlapdecode as od
+    from overlapdecode.bench.worker import weight_bytes
+
+    model = od.load_model("tiny-llama", device="cpu")
+    before = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert weight_bytes(model) == before
+    od.Decoder(model).fused_model()  # re-lays the weights out; the parameters become views
+    assert weight_bytes(model) == before

@@ -75,6 +75,14 @@ def _nearest(lengths, target):
     return min(lengths, key=lambda n: abs(n - target)) if lengths else None
 
 
+def mbu(row) -> float | None:
+    """Model-bandwidth utilisation: weight bytes / the device's measured bandwidth / time per step (None
+    without both figures, e.g. on CPU)."""
+    if not row.get("weight_bytes") or not row.get("bandwidth_gbs") or not row.get("ms_per_token"):
+        return None
+    return row["weight_bytes"] / (row["bandwidth_gbs"] * 1e9) / (row["ms_per_token"] / 1e3)
+
+
 def _spread(row) -> float:
     """(slowest - fastest) / median of a row's timed calls: how far apart two medians must be to mean anything."""
     times = row.get("seq_s_all") or [row["seq_s"]]
@@ -252,7 +260,9 @@ def build(out_dir: str) -> str:
                              for c in results.get("configs", [cfg])}))
         + " (the first call of each configuration is not timed with them: see `First-call overhead`); "
         "`spread` is (slowest - fastest) / median of the timed calls. "
-        "Fragmentation = (peak reserved - peak allocated) / peak reserved."
+        "Fragmentation = (peak reserved - peak allocated) / peak reserved. MBU (model-bandwidth utilisation) = "
+        "weight bytes / the device's bandwidth, measured once per worker by a device-to-device copy (recorded "
+        "in every row as `bandwidth_gbs`) / ms per token."
     )
     errors = [r for r in rows if "error" in r]
     if errors:
@@ -293,11 +303,11 @@ def build(out_dir: str) -> str:
                 _f(base["seq_s"] / r["seq_s"], "{:.2f}x") if base else "-",
                 _f(r.get("peak_allocated_mb"), "{:.0f}"), _f(r.get("peak_reserved_mb"), "{:.0f}"),
                 _f(frag and frag * 100, "{:.1f}%"), _f(r.get("device_mallocs"), "{}"),
-                _f(r.get("alloc_requests"), "{}"),
+                _f(r.get("alloc_requests"), "{}"), _f(mbu(r), "{:.0%}"),
             ])
         md.append(_table(["strategy", "s/seq", "ms/token", "tok/s", "spread", "TTFT ms", "vs baseline",
                           "peak alloc MB", "peak reserved MB", "fragmentation", "cudaMalloc calls",
-                          "alloc requests"], body))
+                          "alloc requests", "MBU"], body))
         over = first_call_overheads(per)
         md += ["", f"First-call overhead (compile, CUDA-graph recording, warm-up) = first call - median timed call, "
                    f"in seconds, per length: a process compiles a shape once, at the first configuration that meets "

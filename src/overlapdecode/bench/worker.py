@@ -47,6 +47,39 @@ def _timed(fn, device):
     return time.perf_counter() - t, result
 
 
+def device_bandwidth_gbs(device, nbytes: int = 1 << 31, repeats: int = 10) -> float | None:
+    """The device's memory bandwidth in GB/s, from a device-to-device copy (bytes read + written / time,
+    median of `repeats`): the ceiling that MBU is measured against. None without CUDA."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()  # host sync: timing boundary
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the model's parameters, each storage counted once (tied embeddings are one tensor): what a
+    decode step reads at least once."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        key = (p.untyped_storage().data_ptr(), p.device)
+        if key not in seen:
+            seen.add(key)
+            total += p.untyped_storage().nbytes()
+    return total
+
+
 def _runner(name, model, ids, max_new, eos, pad):
     if name in PEERS:
         return lambda n=max_new: run_peer(name, model, ids, torch.ones_like(ids), n, eos, pad)
@@ -116,11 +149,13 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                     cpus=",".join(map(str, sorted(os.sched_getaffinity(0)))) if os.environ.get("OVERLAPDECODE_CPUS")
                     else None)  # the cores this process really runs on
         sink.write(json.dumps(dict(meta=meta)) + "\n")  # kept if interrupted
+        bandwidth = device_bandwidth_gbs(device)  # once per worker, before any model is on the device
         for i, (dtype, batch, workload, n, name) in enumerate(rows):
             base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
                         prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload,
                         visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                        transformers=transformers.__version__)  # the version the Hugging Face peers ran
+                        transformers=transformers.__version__,  # the version the Hugging Face peers ran
+                        bandwidth_gbs=bandwidth)
             if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
                 row = dict(base, strategy=name, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent")
                 sink.write(json.dumps(row) + "\n")
@@ -148,6 +183,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                                eos_steps=eos_steps(batch, n))
                 else:
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device))
+                row["weight_bytes"] = weight_bytes(model)
             except torch.cuda.OutOfMemoryError as err:  # a figure we could not get is recorded as such
                 row = dict(base, strategy=name, error=f"out of memory: {err}".splitlines()[0])
             sink.write(json.dumps(row) + "\n")
