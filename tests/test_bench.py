@@ -231,8 +231,12 @@ def test_plots_tick_at_the_lengths_and_show_the_spread(tmp_path):
     plt.close(fig)
     row = _claim_row("kv", 16, 1.0, spread=0.2)
     assert _err([row]) == [[pytest.approx(0.1)], [pytest.approx(0.1)]]
-    names = [p for p, _ in plots({"rows": _claim_rows(device="cpu")}, str(tmp_path))]
+    profiled = [dict(workload="profile", allocator="default", dtype="float32", batch=1, strategy="kv",
+                     max_new_tokens=100, busy=dict(available=False, reason="no CUDA"))]
+    names = [p for p, _ in plots({"rows": _claim_rows(device="cpu") + profiled}, str(tmp_path))]
     assert names == ["time_vs_length.png", "speedup.png", "compile.png"]  # no memory, no busy chart on CPU
+    profiled[0]["busy"] = dict(available=True, busy_fraction=0.5)
+    assert "busy.png" in [p for p, _ in plots({"rows": _claim_rows() + profiled}, str(tmp_path))]
 
 
 def test_latest_rows_measured_beats_not_run():

@@ -110,9 +110,11 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the answer of a 
         (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--dtype", "float8"], "dtype must be one of"),
     ],
 )
-def test_user_mistakes_get_one_line_naming_the_flag(argv, words, capsys):
-    assert main(argv) == 2
+def test_user_mistakes_get_one_line_naming_the_flag(argv, words, capsys, tmp_path):
+    out = ["--out", str(tmp_path / "out")] if argv[0] in ("bench", "profile") else []  # never the working dir
+    assert main(argv + out) == 2
     _one_line(capsys, words)
+    assert not (tmp_path / "out" / "results.json").exists()
 
 
 @NO_CUDA
