@@ -104,6 +104,10 @@ def check_records(proc, records: list[dict], jobs: list[dict]) -> None:
                 key = f"{job['name']}/{case['name']}/{strategy}"
                 for rank, record in enumerate(records):
                     assert record["results"][key] == case["expected"], f"rank {rank}: {key}"
+        if any("static" in c["strategies"] for c in job["cases"]):  # each rank caches only its KV heads
+            heads = job["kv_heads"] // 2
+            for record in records:
+                assert set(record["results"][f"{job['name']}/static-cache-heads"]) == {heads}, job["name"]
 
 
 def _with_biases(model, seed: int):
@@ -135,7 +139,8 @@ def test_every_eager_preset_matches_one_process(tmp_path, tiny_llama, saved_mode
     jobs = []
     for name, path in [("llama", "tiny-llama"), ("gpt2", saved_models["gpt2"]), ("qwen2", saved_models["qwen2"])]:
         model = tiny_llama if name == "llama" else od.load_model(path, device="cpu")
-        jobs.append(dict(name=name, model=path, tp=2, cases=cases_for(model, EAGER, (1, 4), sampling=True)))
+        jobs.append(dict(name=name, model=path, tp=2, cases=cases_for(model, EAGER, (1, 4), sampling=True),
+                         kv_heads=getattr(model.config, "num_key_value_heads", model.config.num_attention_heads)))
     proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=240)
     check_records(proc, records, jobs)
 

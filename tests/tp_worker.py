@@ -49,6 +49,9 @@ def _run_job(job: dict, results: dict) -> None:
                 eos_token_id=case["eos"], pad_token_id=case["pad"], **case.get("sampling", {}),
             )
             results[f"{job['name']}/{case['name']}/{strategy}"] = out.tolist()
+    kept = model.__dict__.get("_overlapdecode_static_caches", {})  # caches.py keeps static caches there
+    for cache, _ in kept.values():
+        results[f"{job['name']}/static-cache-heads"] = [layer.keys.shape[1] for layer in cache.layers]
 
 
 def main(spec_path: str, out_dir: str) -> None:
