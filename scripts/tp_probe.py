@@ -45,7 +45,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlapdecode as od  # noqa: E402
-from overlapdecode.caches import drop_static_caches  # noqa: E402
 
 PROMPT_LEN = 16
 
@@ -116,9 +115,10 @@ class Probe:
         self.sync()
         return model, time.perf_counter() - t
 
-    def release(self, model):
-        drop_static_caches(model)
-        torch._dynamo.reset()  # compiled graphs hold the model through their guards
+    def release(self):
+        """After the caller dropped its model: its kept caches go with it (they hang off the model or its
+        decoder); compiled graphs hold it through their guards until dynamo is reset."""
+        torch._dynamo.reset()
         gc.collect()
         if self.cuda:
             torch.cuda.empty_cache()
@@ -173,13 +173,12 @@ class Probe:
         args = self.args
         n = args.new_tokens
         res = dict(model=name, dtype="float32", new_tokens=n)
-        ref = margin_model = None
+        ref = model1 = None
         if self.rank == 0:
             model1, res["load_tp1_s"] = self.load(name, "float32", 1)
             ids = self.prompt(model1)
             ref = self.generate(model1, ids, n, "static")[0].tolist()
             ref_sample = self.generate(model1, ids, 32, "static", do_sample=True, seed=7, top_k=50)[0].tolist()
-            margin_model = model1
         self.barrier()
         model, res["load_tp2_s"] = self.load(name, "float32", self.tp)
         ids = self.prompt(model)
@@ -194,13 +193,11 @@ class Probe:
                 entry = dict(equal_tp1=toks == want, ranks_agree=all(g[key] == toks for g in gathered))
                 if diff is not None and not key.startswith("sample"):
                     entry.update(first_diff_step=diff - PROMPT_LEN,
-                                 tp1_top2_margin=self.margin_at(margin_model, ids, want, diff - PROMPT_LEN))
+                                 tp1_top2_margin=self.margin_at(model1, ids, want, diff - PROMPT_LEN))
                 res[key] = entry
             res["all_equal"] = all(v["equal_tp1"] and v["ranks_agree"] for k, v in res.items() if isinstance(v, dict))
-        if margin_model is not None:
-            self.release(margin_model)
-            del margin_model
-        self.release(model)
+        del model1, model
+        self.release()
         return res
 
     def part_speed(self, name):
@@ -209,8 +206,8 @@ class Probe:
         if self.rank == 0:
             model1, load_s = self.load(name, "bfloat16", 1)
             res["tp1"] = dict(self.speed(model1, n), load_s=load_s, **self.bytes_per_gpu(model1))
-            self.release(model1)
             del model1
+            self.release()
         self.barrier()
         model, load_s = self.load(name, "bfloat16", self.tp)
         mine = dict(self.speed(model, n), load_s=load_s, **self.bytes_per_gpu(model))
@@ -221,7 +218,8 @@ class Probe:
         if self.rank == 0:
             for key in ("ms_per_token", "decode_ms_per_token"):
                 res[f"ratio_{key}"] = gathered[0][key] / res["tp1"][key]
-        self.release(model)
+        del model
+        self.release()
         return res
 
     def copy_gbps(self) -> float | None:
@@ -254,7 +252,8 @@ class Probe:
                 res[f"mbu_vs_copy_{key}"] = gbps / res["measured_copy_gbps"]
         if self.cuda:
             res["peak_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
-        self.release(model)
+        del model
+        self.release()
         return res
 
     def run(self):

@@ -104,10 +104,9 @@ def check_records(proc, records: list[dict], jobs: list[dict]) -> None:
                 key = f"{job['name']}/{case['name']}/{strategy}"
                 for rank, record in enumerate(records):
                     assert record["results"][key] == case["expected"], f"rank {rank}: {key}"
-        if any("static" in c["strategies"] for c in job["cases"]):  # each rank caches only its KV heads
-            heads = job["kv_heads"] // 2
-            for record in records:
-                assert set(record["results"][f"{job['name']}/static-cache-heads"]) == {heads}, job["name"]
+        for record in records:  # each rank caches only its KV heads
+            for kind in ("static", "dynamic"):
+                assert set(record["results"][f"{job['name']}/{kind}-cache-heads"]) == {job["kv_heads"] // 2}, kind
 
 
 def _with_biases(model, seed: int):
@@ -150,8 +149,8 @@ def test_compiled_presets_match_one_process(tmp_path, tiny_llama, saved_models):
     llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False)
     gpt2 = od.load_model(saved_models["gpt2"], device="cpu")
     gpt2_cases = [c for c in cases_for(gpt2, COMPILED, (4,), sampling=False) if c["name"].endswith(("some", "all"))]
-    jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases),
-            dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases)]
+    jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2),
+            dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4)]
     proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=420)
     check_records(proc, records, jobs)
 
@@ -175,7 +174,7 @@ def test_bad_tp_fails_on_every_rank(tmp_path, bad_models):
             dict(model=bad_models["neox"], tp=2),
             dict(model="tiny-llama", tp=3),
         ],
-        "jobs": [dict(name="ok", model="tiny-llama", tp=2, cases=[])],  # starts the group
+        "jobs": [dict(name="ok", model="tiny-llama", tp=2, cases=[], kv_heads=2)],  # starts the group
         "errors_after": [dict(model="tiny-gpt2", tp=4)],
     }
     proc, records = torchrun(spec, tmp_path, timeout=120)

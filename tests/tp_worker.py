@@ -18,6 +18,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from transformers import DynamicCache, StaticCache
 
 import overlapdecode as od
 
@@ -49,9 +50,11 @@ def _run_job(job: dict, results: dict) -> None:
                 eos_token_id=case["eos"], pad_token_id=case["pad"], **case.get("sampling", {}),
             )
             results[f"{job['name']}/{case['name']}/{strategy}"] = out.tolist()
-    kept = model.__dict__.get("_overlapdecode_static_caches", {})  # caches.py keeps static caches there
-    for cache, _ in kept.values():
-        results[f"{job['name']}/static-cache-heads"] = [layer.keys.shape[1] for layer in cache.layers]
+    # the KV heads that Hugging Face's caches allocate on this rank
+    for kind, cache in (("static", StaticCache(config=model.config, max_cache_len=16)),
+                        ("dynamic", DynamicCache(config=model.config))):
+        model(input_ids=torch.tensor([[3, 4, 5]]), past_key_values=cache, use_cache=True)
+        results[f"{job['name']}/{kind}-cache-heads"] = [layer.keys.shape[1] for layer in cache.layers]
 
 
 def main(spec_path: str, out_dir: str) -> None:
