@@ -62,7 +62,13 @@ def parse_args(argv=None):
     p.add_argument("--peak-gbps", type=float, default=4800.0, help="spec memory bandwidth (H200: 4.8 TB/s)")
     p.add_argument("--part-timeout", type=float, default=540.0, help="seconds before a part is declared hung")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    return p.parse_args(argv)
+    p.add_argument("--one-shot", action="store_true",
+                   help="experiment: let inductor lower the compiled step's all-reduces of <= 128 KiB to symmetric "
+                        "memory's one-shot all-reduce (peers' buffers read over NVLink, no NCCL launch)")
+    args = p.parse_args(argv)
+    if args.one_shot and args.device == "cpu":
+        p.error("--one-shot needs CUDA (symmetric memory)")
+    return args
 
 
 class Probe:
@@ -78,12 +84,19 @@ class Probe:
         else:
             dist.init_process_group("gloo", timeout=timeout)
         self.tp = dist.get_world_size()
+        if args.one_shot:
+            # imported here: only this experiment needs them
+            import torch._inductor.config as inductor_config  # noqa: PLC0415
+            from torch.distributed._symmetric_memory import enable_symm_mem_for_group  # noqa: PLC0415
+
+            enable_symm_mem_for_group(dist.group.WORLD.group_name)  # collective: every rank
+            inductor_config._collective.auto_select = True
         self.cpu_group = dist.new_group(backend="gloo", timeout=timeout)  # barriers that hold no GPU
         self.report = dict(env=self.environment(), parts={})
 
     def environment(self) -> dict:
         env = dict(torch=torch.__version__, world_size=dist.get_world_size(), device=self.args.device,
-                   argv=sys.argv, commit=os.environ.get("OVERLAPDECODE_COMMIT"))
+                   argv=sys.argv, commit=os.environ.get("OVERLAPDECODE_COMMIT"), one_shot=self.args.one_shot)
         if env["commit"] is None:
             try:
                 env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -289,6 +302,7 @@ def main():
     except BaseException:
         traceback.print_exc()
         with open(f"{args.out}.rank{probe.rank}.error.txt", "w") as f:
+            f.write(f"part: {probe.report.get('running')}\n")
             traceback.print_exc(file=f)
         probe.write()  # rank 0: the parts done so far, and the error
         sys.stdout.flush()
