@@ -165,8 +165,8 @@ def prepare(tp: int, device: torch.device, config) -> Placement:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             if local >= torch.cuda.device_count():
                 raise ValueError(
-                    f"tp={tp}: process LOCAL_RANK={local} has no GPU of its own "
-                    f"(this host has {torch.cuda.device_count()})"
+                    f"tp={tp}: process LOCAL_RANK={local} has no GPU of its own (it sees "
+                    f"{torch.cuda.device_count()}); pass device='cuda:K' to choose one"
                 )
             device = torch.device("cuda", local)
         torch.cuda.set_device(device)  # NCCL and the default CUDA stream follow the current device
