@@ -16,8 +16,10 @@ import contextlib
 import os
 
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from . import random_init
+from . import tp as tensor_parallel
 from .cliargs import looks_like_path
 from .sampling import check_seed
 from .tokenizer import ByteTokenizer
@@ -146,35 +148,49 @@ def load_model(
     device: str | torch.device | None = None,
     seed: int = 0,
     attn_implementation: str = "sdpa",
+    tp: int = 1,
 ):
     """Return a causal LM in eval mode on `device` (default: CUDA if available, else CPU).
 
     `name_or_path` is an embedded name (see EMBEDDED; random weights drawn with `seed`), a local directory
     or a hub name (both through `from_pretrained`; hub names need network access).
+
+    `tp=N` > 1, in each process of `torchrun --nproc-per-node N`: this rank's tensor-parallel shard (tp.py),
+    on cuda:LOCAL_RANK when `device` is CUDA without an index; torch.distributed is started if the caller
+    has not. Call `generate` on every rank with the same arguments. Hub models and directories are read
+    whole on the host by every rank, then cut; the real-size llama-*-random shapes are drawn directly as
+    shards (random_init.py), equal to their tp=1 weights on the same kind of device.
     """
     check_model_path(name_or_path)
     torch_dtype = parse_dtype(dtype)
     device = check_device(device)
     check_seed(seed, allow_none=False)
+    tp = tensor_parallel.check_tp(tp)
 
     if name_or_path in EMBEDDED:
         config = embedded_config(name_or_path)
         config._attn_implementation = attn_implementation
+        place = tensor_parallel.prepare(tp, device, config)  # validates tp on every rank; starts the group
+        device = place.device
         cls = GPT2LMHeadModel if config.model_type == "gpt2" else LlamaForCausalLM
-        # Made directly on the device in the asked dtype: an 8B shape never takes a 16 GB detour through
-        # host memory. The seed fixes the weights for a given device (CPU and CUDA generators differ).
-        fork = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=fork, device_type=device.type), _default_dtype(torch_dtype), device:
-            torch.manual_seed(seed)
-            model = cls(config)
+        if name_or_path in _LLAMA_SHAPES:  # drawn as shards, so that a 70B shape never exists whole
+            model = random_init.random_model(cls, config, place, torch_dtype, seed)
+        else:
+            # Made directly on the device in the asked dtype, then cut (small shapes). The seed fixes the
+            # weights for a given device (CPU and CUDA generators differ).
+            fork = [device] if device.type == "cuda" else []
+            with torch.random.fork_rng(devices=fork, device_type=device.type), _default_dtype(torch_dtype), device:
+                torch.manual_seed(seed)
+                model = cls(config)
+            model = tensor_parallel.shard_(model.to(device=device, dtype=torch_dtype), place)
         model.generation_config.eos_token_id = config.eos_token_id
         model.generation_config.bos_token_id = config.bos_token_id
-        return model.to(device=device, dtype=torch_dtype).eval()
+        return model.eval()
 
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.expanduser(name_or_path), dtype=torch_dtype, attn_implementation=attn_implementation
-    )
-    return model.to(device).eval()
+    path = os.path.expanduser(name_or_path)
+    place = tensor_parallel.prepare(tp, device, AutoConfig.from_pretrained(path) if tp > 1 else None)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    return tensor_parallel.shard_(model, place).to(place.device).eval()
 
 
 def load_tokenizer(name_or_path: str):

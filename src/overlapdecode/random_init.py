@@ -1,0 +1,112 @@
+"""Random weights made directly as this rank's shard, equal to the unsharded ones whatever the tp.
+
+Why: a 70B shape must never exist whole (141 GB in bfloat16), yet `tp=2` must give the tokens of `tp=1` on
+the same random model, so the draw cannot depend on the sharding. The model is built on the meta device
+(no memory), then each parameter's local part is drawn in tiles: a tile is a block of whole rows (or
+columns, along the dim tensor parallelism cuts) drawn from its own generator, seeded by (seed, parameter
+name, tile index). The tile size depends only on the full shape and the largest tp the config admits,
+so every shard boundary of every valid tp falls between tiles, and concatenating the shards of any tp
+gives exactly the tp=1 tensor. Replicated tensors are drawn in tiles too (identical on every rank).
+
+Values: as Hugging Face initialises the Llama family: normal(0, initializer_range) for matrices (drawn
+in float32, then cast, so a bfloat16 model is the rounded float32 one), zeros for biases, ones for norm
+weights. Generators live on the target device (fast for a 70B shape), so a seed fixes the weights for a
+given kind of device: CPU and CUDA generators differ, and CUDA's draw depends on the GPU model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+from torch import nn
+
+from . import tp as tensor_parallel
+
+TILE = 256  # rows (or columns) per generator: few generators for a 70B shape, small float32 temporaries
+
+
+def tile_size(size: int, split: tensor_parallel.Split | None, max_tp: int) -> int:
+    """Tile length along the cut dim of a `size`-long dim: divides every shard boundary of any tp that
+    divides max_tp (the boundaries are multiples of size / (blocks * m)), and does not depend on tp."""
+    blocks = split.blocks if split is not None else 1
+    m = math.gcd(max_tp, size // blocks) if split is not None else 1
+    return math.gcd(size // (blocks * m), TILE)
+
+
+def tile_seed(seed: int, name: str, index: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{name}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def draw_matrix(name: str, full_shape, split, rank: int, tp: int, max_tp: int, std: float, seed: int,
+                device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """This rank's part of a normal(0, std) matrix of `full_shape`, drawn tile by tile."""
+    dim = split.dim if split is not None else 0
+    size = full_shape[dim]
+    t = tile_size(size, split, max_tp)
+    ranges = tensor_parallel.local_ranges(size, split, rank, tp) if split is not None else [(0, size)]
+    assert all(a % t == 0 and b % t == 0 for a, b in ranges), "a shard boundary inside a tile"
+    local_shape = list(full_shape)
+    local_shape[dim] = sum(b - a for a, b in ranges)
+    out = torch.empty(local_shape, dtype=dtype, device=device)
+    gen = torch.Generator(device=device)
+    tile_shape = list(full_shape)
+    tile_shape[dim] = t
+    at = 0
+    for a, b in ranges:
+        for index in range(a // t, b // t):
+            gen.manual_seed(tile_seed(seed, name, index))
+            tile = torch.empty(tile_shape, dtype=torch.float32, device=device).normal_(0.0, std, generator=gen)
+            out.narrow(dim, at, t).copy_(tile)
+            at += t
+    return out
+
+
+def materialize_(model, place: tensor_parallel.Placement, dtype: torch.dtype, seed: int, std: float) -> None:
+    """Replace every meta parameter of a full-shaped model by this rank's part of its random value, and
+    rebuild the rotary embeddings (their buffers are computed, not drawn) on the device."""
+    splits = tensor_parallel.param_splits(model)  # also at tp=1: the tiles follow the plan, not the tp
+    limit = tensor_parallel.max_tp(model.config)
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    first_name: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):  # tied weights: one draw, every owner
+        owner_name, _, pname = name.rpartition(".")
+        owners.setdefault(id(param), []).append((model.get_submodule(owner_name), pname))
+        first_name.setdefault(id(param), name)
+    for key, name in first_name.items():
+        module, pname = owners[key][0]
+        meta = getattr(module, pname)
+        if meta.dim() >= 2:
+            value = draw_matrix(name, meta.shape, splits.get(name), place.rank, place.tp, limit, std, seed,
+                                place.device, dtype)
+        elif pname == "bias":
+            split = splits.get(name)
+            n = meta.shape[0] // place.tp if split is not None else meta.shape[0]
+            value = torch.zeros(n, dtype=dtype, device=place.device)
+        elif pname == "weight":  # norm scales
+            value = torch.ones(meta.shape, dtype=dtype, device=place.device)
+        else:
+            raise ValueError(f"random init: no rule for parameter {name} of shape {tuple(meta.shape)}")
+        param = nn.Parameter(value, requires_grad=False)
+        for owner, attr in owners[key]:
+            setattr(owner, attr, param)
+
+    for name, module in list(model.named_modules()):
+        if any(b.is_meta for b in module.buffers(recurse=False)):
+            if not name.endswith("rotary_emb"):
+                raise ValueError(f"random init: no rule for the buffers of {name} ({type(module).__name__})")
+            parent, _, child = name.rpartition(".")
+            with torch.device(place.device):  # inv_freq in float32, as from_pretrained leaves it
+                setattr(model.get_submodule(parent), child, type(module)(config=model.config))
+
+
+def random_model(cls, config, place: tensor_parallel.Placement, dtype: torch.dtype, seed: int):
+    """`cls(config)` with random weights, made directly as this rank's shard on `place.device`."""
+    with torch.device("meta"):
+        model = cls(config)
+    materialize_(model, place, dtype, seed, std=config.initializer_range)
+    if place.tp > 1:
+        tensor_parallel.localise_(model, place)
+    return model

@@ -1,0 +1,264 @@
+"""Tensor parallelism on CPU: two gloo processes (torchrun) return exactly the single-process tokens.
+
+Each torchrun launch runs tests/tp_worker.py on both ranks with a JSON spec of calls; the expected tokens
+are computed here, in one process, on the same model. Every launch has a timeout, so a rank left waiting
+in a collective fails the test instead of hanging it. Compiled presets compile on CPU (tens of seconds
+per shape), so they run on one batch shape per model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+import overlapdecode as od
+from overlapdecode import random_init
+from overlapdecode import tp as tensor_parallel
+
+from helpers import eos_hit_midway, make_batch, naive_generate
+
+WORKER = Path(__file__).with_name("tp_worker.py")
+SRC = Path(od.__file__).resolve().parents[1]
+EAGER = ["baseline", "kv", "static"]
+COMPILED = ["compiled", "interleaved"]
+N = 16  # new tokens; prompt 8 + 16 <= 64: one compiled shape per batch size
+
+
+def torchrun(spec: dict, tmp_path: Path, timeout: float) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run the worker on 2 gloo ranks; (the process, each rank's record). Raises on timeout (a hang)."""
+    out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
+    out.mkdir()
+    spec_file = out / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(WORKER.parents[1])]), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(WORKER), str(spec_file), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    return proc, records
+
+
+def first_eos(free: torch.Tensor, eos: list[int]) -> list[int | None]:
+    """Per row of the free run `free` (B, N): the step of its first token in `eos`, None if none."""
+    return [next((j for j, t in enumerate(row) if t in eos), None) for row in free.tolist()]
+
+
+def stop_at(free: torch.Tensor, steps: list[int]) -> list[int] | None:
+    """EOS ids making row r stop exactly at step steps[r] of the free run `free` (B, N), or None."""
+    eos = sorted({int(free[r, s]) for r, s in enumerate(steps)})
+    return eos if first_eos(free, eos) == steps else None
+
+
+def finish_last(free: torch.Tensor) -> tuple[int, list[int]]:
+    """(n, EOS ids) such that with max_new_tokens = n every row stops and the last one at step n - 1, the
+    last allowed token."""
+    for n in range(free.shape[1], 1, -1):
+        eos = sorted({int(t) for t in free[:, n - 1]})
+        if max(first_eos(free[:, :n], eos)) == n - 1:
+            return n, eos
+    raise AssertionError("no EOS choice stops the batch at its last token: change the seed")
+
+
+def cases_for(model, strategies: list[str], batches: tuple[int, ...], sampling: bool) -> list[dict]:
+    """Calls covering batch 1 and 4 (left padding), EOS mid-way for some and for all rows, a stop at the
+    first token and at the last allowed one, and (if asked) seeded sampling; with their expected tokens."""
+    cases = []
+
+    def add(name, ids, mask, eos, n=N, pad=0, **sampling_kw):
+        expected = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy="kv", eos_token_id=eos,
+                               pad_token_id=pad, **sampling_kw)
+        cases.append(dict(name=name, ids=ids.tolist(), mask=mask.tolist(), max_new_tokens=n, eos=eos, pad=pad,
+                          strategies=strategies, sampling=sampling_kw, expected=expected.tolist()))
+
+    for batch in batches:
+        ids, mask = make_batch(batch)
+        free = naive_generate(model, ids, mask, N, [], 0)[:, ids.shape[1]:]
+        add(f"b{batch}-free", ids, mask, [])
+        some = eos_hit_midway(model, ids, mask, N, [0] if batch == 1 else [0, 2])
+        all_rows = stop_at(free, [N // 2] * batch) or eos_hit_midway(model, ids, mask, N, list(range(batch)))
+        first = stop_at(free, [0] * batch)
+        n_last, last = finish_last(free)
+        assert some and all_rows and first, "no EOS choice for this batch: change the seed"
+        add(f"b{batch}-eos-some", ids, mask, some)
+        add(f"b{batch}-eos-all", ids, mask, all_rows)
+        add(f"b{batch}-eos-first", ids, mask, first)
+        add(f"b{batch}-eos-last", ids, mask, last, n=n_last)
+        if sampling:
+            add(f"b{batch}-sample", ids, mask, [], do_sample=True, seed=7, temperature=0.8, top_k=50)
+    return cases
+
+
+def check_records(proc, records: list[dict], jobs: list[dict]) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert len(records) == 2
+    for job in jobs:
+        for case in job["cases"]:
+            for strategy in case["strategies"]:
+                key = f"{job['name']}/{case['name']}/{strategy}"
+                for rank, record in enumerate(records):
+                    assert record["results"][key] == case["expected"], f"rank {rank}: {key}"
+        for record in records:  # each rank caches only its KV heads
+            for kind in ("static", "dynamic"):
+                assert set(record["results"][f"{job['name']}/{kind}-cache-heads"]) == {job["kv_heads"] // 2}, kind
+
+
+def _with_biases(model, seed: int):
+    """Non-zero biases everywhere (Hugging Face initialises them to zero): a bias added twice must show."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory):
+    """tiny GPT-2 and tiny Qwen2 (q/k/v bias), with non-zero biases, saved for from_pretrained."""
+    root = tmp_path_factory.mktemp("tp-models")
+    gpt2 = _with_biases(od.load_model("tiny-gpt2", device="cpu"), 1)
+    gpt2.save_pretrained(root / "gpt2")
+    qwen_config = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                              eos_token_id=2, bos_token_id=1, initializer_range=0.2)  # varied output
+    torch.manual_seed(0)
+    qwen = _with_biases(Qwen2ForCausalLM(qwen_config).eval(), 2)
+    qwen.save_pretrained(root / "qwen2")
+    return {"gpt2": str(root / "gpt2"), "qwen2": str(root / "qwen2")}
+
+
+def test_every_eager_preset_matches_one_process(tmp_path, tiny_llama, saved_models):
+    jobs = []
+    for name, path in [("llama", "tiny-llama"), ("gpt2", saved_models["gpt2"]), ("qwen2", saved_models["qwen2"])]:
+        model = tiny_llama if name == "llama" else od.load_model(path, device="cpu")
+        jobs.append(dict(name=name, model=path, tp=2, cases=cases_for(model, EAGER, (1, 4), sampling=True),
+                         kv_heads=getattr(model.config, "num_key_value_heads", model.config.num_attention_heads)))
+    proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=240)
+    check_records(proc, records, jobs)
+
+
+def test_compiled_presets_match_one_process(tmp_path, tiny_llama, saved_models):
+    # one compiled shape per model (batch 4); compiled and interleaved share it
+    llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False)
+    gpt2 = od.load_model(saved_models["gpt2"], device="cpu")
+    gpt2_cases = [c for c in cases_for(gpt2, COMPILED, (4,), sampling=False) if c["name"].endswith(("some", "all"))]
+    jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2),
+            dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4)]
+    proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=420)
+    check_records(proc, records, jobs)
+
+
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory):
+    """Configs only (the checks fail before any weight is read)."""
+    root = tmp_path_factory.mktemp("tp-bad")
+    LlamaConfig(vocab_size=1000, hidden_size=48, intermediate_size=96, num_hidden_layers=1, num_attention_heads=6,
+                num_key_value_heads=3).save_pretrained(root / "kv3")
+    GPTNeoXConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                  num_attention_heads=4).save_pretrained(root / "neox")
+    return {"kv3": str(root / "kv3"), "neox": str(root / "neox")}
+
+
+def test_bad_tp_fails_on_every_rank(tmp_path, bad_models):
+    spec = {
+        "errors_before": [
+            dict(model="tiny-gpt2", tp=4),  # 4 divides the heads, but the world has 2 processes
+            dict(model=bad_models["kv3"], tp=2),
+            dict(model=bad_models["neox"], tp=2),
+            dict(model="tiny-llama", tp=3),
+        ],
+        "jobs": [dict(name="ok", model="tiny-llama", tp=2, cases=[], kv_heads=2)],  # starts the group
+        "errors_after": [dict(model="tiny-gpt2", tp=4)],
+    }
+    proc, records = torchrun(spec, tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert len(records) == 2
+    for record in records:
+        world, kv3, neox, three, world_after = record["errors"]
+        assert "tp=4 must equal the number of processes, but torch.distributed has 2" in world
+        assert "torchrun --nproc-per-node 4" in world
+        assert "tp=2 does not divide the model's 3 KV heads" in kv3
+        assert "no sharding plan for model type 'gpt_neox'" in neox and "llama" in neox and "gpt2" in neox
+        assert "tp=3 does not divide the model's 4 attention heads" in three
+        assert world_after == world
+
+
+def test_uncaught_bad_tp_ends_every_rank(tmp_path):
+    proc, records = torchrun({"errors_before": [dict(model="tiny-gpt2", tp=4)], "raise": True}, tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert [r["errors"] for r in records] == [[records[0]["errors"][0]]] * 2
+    assert "tp=4 must equal the number of processes" in records[0]["errors"][0]
+
+
+def test_tp_without_torchrun(monkeypatch):
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match=r"tp=2 needs one process per shard: start the program with torchrun"):
+        od.load_model("tiny-llama", device="cpu", tp=2)
+    with pytest.raises(ValueError, match=r"tp must be >= 1, got 0"):
+        od.load_model("tiny-llama", device="cpu", tp=0)
+    with pytest.raises(TypeError, match=r"tp must be an int"):
+        od.load_model("tiny-llama", device="cpu", tp=True)
+    with pytest.raises(TypeError, match=r"tp must be an int"):
+        od.load_model("tiny-llama", device="cpu", tp="2")
+
+
+def test_tp1_changes_nothing(tiny_llama):
+    model = od.load_model("tiny-llama", device="cpu", tp=1)
+    for (name, a), (_, b) in zip(model.named_parameters(), tiny_llama.named_parameters()):
+        assert torch.equal(a, b), name
+    assert model.config.num_key_value_heads == tiny_llama.config.num_key_value_heads
+
+
+def test_gpt2_c_attn_is_cut_per_q_k_v():
+    split = tensor_parallel.Split(dim=1, blocks=3)
+    assert tensor_parallel.local_ranges(12, split, 0, 2) == [(0, 2), (4, 6), (8, 10)]
+    assert tensor_parallel.local_ranges(12, split, 1, 2) == [(2, 4), (6, 8), (10, 12)]
+
+
+TILED = dict(vocab_size=600, hidden_size=64, intermediate_size=320, num_hidden_layers=2, num_attention_heads=8,
+             num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=True)
+
+
+def _random_llama(rank: int, tp: int, dtype=torch.float32):
+    place = tensor_parallel.Placement(rank, tp, torch.device("cpu"), group="unused")
+    return random_init.random_model(LlamaForCausalLM, LlamaConfig(**TILED), place, dtype, seed=3)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_random_shards_concatenate_to_the_unsharded_model(tp):
+    full = _random_llama(0, 1)
+    shards = [_random_llama(r, tp) for r in range(tp)]
+    splits = tensor_parallel.param_splits(full)
+    assert splits  # the q/k/v/o and gate/up/down of both layers
+    for name, param in full.named_parameters():
+        parts = [dict(s.named_parameters())[name] for s in shards]
+        if name in splits:
+            assert torch.equal(torch.cat(parts, splits[name].dim), param), name
+        else:
+            assert all(torch.equal(p, param) for p in parts), name
+    head = shards[1]
+    assert head.lm_head.weight is head.model.embed_tokens.weight  # the tie survives the draw
+    assert head.config.num_attention_heads == 8 // tp and head.config.num_key_value_heads == 4 // tp
+    assert head.config.head_dim == 8
+    assert isinstance(head.model.layers[0].self_attn.o_proj, tensor_parallel.RowParallelLinear)
+    assert head.model.rotary_emb.inv_freq.dtype == torch.float32 and not head.model.rotary_emb.inv_freq.is_meta
+
+
+def test_random_init_draws_llama_statistics():
+    model = _random_llama(0, 1, torch.bfloat16)
+    w = model.model.layers[1].mlp.down_proj.weight.float()
+    assert w.dtype == torch.float32 and abs(w.std().item() - 0.02) < 0.002 and abs(w.mean().item()) < 0.001
+    assert torch.equal(model.model.norm.weight, torch.ones(64, dtype=torch.bfloat16))
+    # different tiles differ (a generator reused without re-seeding, or one seed for all, would not)
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert random_init.tile_size(64, tensor_parallel.Split(0), 4) == 16
+    assert not torch.equal(q[:16], q[16:32])
+    assert not torch.equal(q, model.model.layers[1].self_attn.q_proj.weight)

@@ -1,0 +1,83 @@
+"""One rank of a tensor-parallel test run, started by tests/test_tp.py under
+`python3 -m torch.distributed.run --nproc-per-node 2 tests/tp_worker.py SPEC.json OUT_DIR`.
+
+SPEC holds the loads that must fail (`errors_before`: before torch.distributed is started, so the checks
+read the environment; `errors_after`: once it is), then `jobs`: a model, a tp and generate() calls. Each
+rank writes what it saw to OUT_DIR/rank{R}.json: the error messages and every call's tokens. With
+`"raise": true` the first expected error is re-raised after it is written, to show that every rank exits.
+
+Exit: a barrier, so that no rank tears the group down while another still needs it, then
+destroy_process_group() (gloo: prompt; on NCCL it has hung at exit, so scripts/tp_probe.py skips it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from transformers import DynamicCache, StaticCache
+
+import overlapdecode as od
+
+
+def _load(job: dict):
+    return od.load_model(job["model"], dtype="float32", device="cpu", tp=job["tp"])
+
+
+def _expect_errors(loads: list[dict], record: list[str], reraise: bool) -> None:
+    for job in loads:
+        try:
+            _load(job)
+        except (ValueError, TypeError) as err:
+            record.append(str(err))
+            if reraise:
+                raise
+        else:
+            record.append("no error")
+
+
+def _run_job(job: dict, results: dict) -> None:
+    model = _load(job)
+    for case in job["cases"]:
+        ids = torch.tensor(case["ids"])
+        mask = torch.tensor(case["mask"])
+        for strategy in case["strategies"]:
+            out = od.generate(
+                model, ids, attention_mask=mask, max_new_tokens=case["max_new_tokens"], strategy=strategy,
+                eos_token_id=case["eos"], pad_token_id=case["pad"], **case.get("sampling", {}),
+            )
+            results[f"{job['name']}/{case['name']}/{strategy}"] = out.tolist()
+    # the KV heads that Hugging Face's caches allocate on this rank
+    for kind, cache in (("static", StaticCache(config=model.config, max_cache_len=16)),
+                        ("dynamic", DynamicCache(config=model.config))):
+        model(input_ids=torch.tensor([[3, 4, 5]]), past_key_values=cache, use_cache=True)
+        results[f"{job['name']}/{kind}-cache-heads"] = [layer.keys.shape[1] for layer in cache.layers]
+
+
+def main(spec_path: str, out_dir: str) -> None:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    rank = int(os.environ["RANK"])
+    seen = {"errors": [], "results": {}}
+
+    def write():
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(seen, f)
+
+    try:
+        _expect_errors(spec.get("errors_before", []), seen["errors"], spec.get("raise", False))
+        for job in spec.get("jobs", []):
+            _run_job(job, seen["results"])
+        _expect_errors(spec.get("errors_after", []), seen["errors"], False)
+    finally:
+        write()
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
