@@ -1,8 +1,8 @@
 """Command-line helpers shared by `overlapdecode generate` (cli.py) and the bench commands (bench/cli.py).
 
 A leaf module that imports neither torch nor transformers, so that building the parser (and `--help`)
-stays fast: the strategy and dtype names the help text lists are spelled here, and a test checks them
-against `decode.PRESETS`/`VARIANTS` and `models.parse_dtype` so that they cannot drift.
+stays fast: the strategy names come from strategy.py (which imports nothing heavy), the dtype names are
+spelled here and a test checks them against `models.parse_dtype` so that they cannot drift.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import os
 import sys
 import tempfile
 
-# The names of decode.PRESETS and decode.VARIANTS (tests/test_cli_help.py keeps them equal), and the
-# strategies that take a lag, `NAME:K`.
-PRESET_NAMES = ("baseline", "kv", "static", "compiled", "interleaved")
-VARIANT_NAMES = ("deferred", "nocheck")
-LAGGED = ("interleaved", "deferred")
+from .strategy import LATE_CHECKS, PRESETS, VARIANTS
+
+PRESET_NAMES = tuple(PRESETS)
+VARIANT_NAMES = tuple(VARIANTS)
+LAGGED = tuple(n for n, s in {**PRESETS, **VARIANTS}.items() if s.stop_check in LATE_CHECKS)  # take `NAME:K`
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 STRATEGY_HELP = (
     f"presets: {', '.join(PRESET_NAMES)}; variants: {', '.join(VARIANT_NAMES)}; "
-    f"NAME:K reads the stop flag K steps late ({' or '.join(LAGGED)} only, e.g. interleaved:2)"
+    f"NAME:K reads the stop flag K steps late ({', '.join(LAGGED)} only, e.g. interleaved:2)"
 )
 
 
