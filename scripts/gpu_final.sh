@@ -25,12 +25,14 @@ if [ "$STAGE" = A ]; then
   (
     export CUDA_VISIBLE_DEVICES=1 PYTHONPATH=/tmp/site:src
     B="taskset -c 16-31 python3 -m overlapdecode.cli bench --lengths 200 --warmup 1 --repeats 3 --no-profile"
-    timeout 290 $B --model llama-1b-random --strategies fused,interleaved --peers hf-compiled \
-      --dtype-batch bfloat16:1,bfloat16:8 --time-budget 240 --out $W/h200-fused-1b > $W/bench-1b.log 2>&1
-    timeout 100 $B --model gpt2-random --strategies fused,interleaved --peers hf-compiled \
-      --dtype-batch bfloat16:1 --time-budget 70 --out $W/h200-fused-gpt2 > $W/bench-gpt2.log 2>&1
-    timeout 90 $B --model llama-8b-random --strategies fused,interleaved --peers none \
+    timeout 190 $B --model llama-1b-random --strategies fused,interleaved --peers none \
+      --dtype-batch bfloat16:1,bfloat16:8 --time-budget 150 --out $W/h200-fused-1b > $W/bench-1b.log 2>&1
+    timeout 75 $B --model gpt2-random --strategies fused,interleaved --peers none \
+      --dtype-batch bfloat16:1 --time-budget 50 --out $W/h200-fused-gpt2 > $W/bench-gpt2.log 2>&1
+    timeout 85 $B --model llama-8b-random --strategies fused,interleaved --peers none \
       --dtype-batch bfloat16:1 --time-budget 60 --out $W/h200-fused-8b > $W/bench-8b.log 2>&1
+    timeout 100 $B --model llama-1b-random --strategies fused --peers hf-compiled --append \
+      --dtype-batch bfloat16:1 --time-budget 80 --out $W/h200-fused-1b > $W/bench-1b-peer.log 2>&1
   ) &
   wait
   tail -5 $W/gpu-tests.log; tail -3 $W/gpu-sanitizer.log; tail -25 $W/bench-*.log
