@@ -164,6 +164,7 @@ def _static_cache_for(model, batch_size: int, max_cache_len: int) -> tuple[Stati
 def drop_static_caches(model) -> None:
     """Free the static caches kept on `model` (the benchmark calls it between configurations)."""
     model.__dict__.pop("_overlapdecode_static_caches", None)
+    model.__dict__.pop("_overlapdecode_fused", None)  # its caches; the weights stay fused (a new one copies nothing)
 
 
 def make_cache(kind: str, model, input_ids, attention_mask, out, max_new_tokens: int, compiled: bool = False):
