@@ -1,6 +1,7 @@
-"""Time the fused step on a GPU: each kernel alone (achieved GB/s of the bytes it must read) at the
-Llama-1B and Llama-8B shapes, and the whole step of llama-1b-random (bfloat16) at batch 1 and 8, as one
-manually captured CUDA graph and through `generate` (preset `fused` against `interleaved`).
+"""Time the fused step on a GPU: each kernel alone, replayed from a CUDA graph (achieved GB/s of the bytes
+it must read: weights, or the cache for attention) at the Llama-1B and Llama-8B shapes; and the whole step
+of llama-1b-random and gpt2-random (bfloat16) at batch 1 and 8, as one manually captured CUDA graph and
+through `generate` (preset `fused`, and `interleaved` for comparison).
 
     python3 scripts/fused_probe.py OUT.json
 """
@@ -55,7 +56,9 @@ def kernel_times(shape: str, B: int, ctx: int = 512) -> dict:
     }
     out = {"attention_impl": attention.__module__ + "." + attention.__name__}
     for name, (fn, nbytes) in cases.items():
-        ms = triton.testing.do_bench(fn, warmup=25, rep=100)
+        # replayed from a CUDA graph, as in the step: a plain do_bench of a ~10 us kernel would time the
+        # Python launch, not the kernel
+        ms = triton.testing.do_bench_cudagraph(fn, rep=50)
         out[name] = {"us": round(ms * 1e3, 2), "GB/s": round(nbytes / ms / 1e6, 1)}
     return out
 
