@@ -142,6 +142,17 @@ def test_relayout_keeps_hf_model_and_memory(name):
     assert _storage_bytes(model) == bytes_before
 
 
+def test_relayout_under_inference_mode_leaves_ordinary_parameters():
+    model = _tiny("tiny-llama")
+    ids, mask = make_batch(2, seed=6)
+    ref = hf_generate(model, ids, mask, 8, [], 0)
+    with torch.inference_mode():
+        out = od.generate(model, ids, attention_mask=mask, max_new_tokens=8, strategy="fused", eos_token_id=[])
+    assert torch.equal(out, ref)
+    assert not any(p.is_inference() for p in model.parameters())
+    model(input_ids=ids).logits.sum().backward()  # the Hugging Face model still trains
+
+
 def test_unsupported_architecture_is_a_clear_value_error():
     model = GPTNeoXForCausalLM(GPTNeoXConfig(**SMALL)).eval()
     ids, _ = make_batch(1, seed=1)
