@@ -40,14 +40,17 @@ def kernel_times(shape: str, B: int, ctx: int = 512) -> dict:
     length = torch.full((B,), ctx + 1, dtype=torch.int32, device=DEV)
     q = r(B, Hq, D)
     a, m = r(B, Hq * D), r(B, I)
+    programs = 4 * torch.cuda.get_device_properties(DEV).multi_processor_count  # as the fused step uses
     attention = reference.decode_attention_torch
     try:
         from overlapdecode.fused.kernels.decode_attention import decode_attention as attention  # noqa: F811
     except ImportError:
         pass
     cases = {
-        "norm_qkv": (lambda: norm_qkv(x, nw, None, 1e-5, w_qkv, None, inv, 1.0, pos, pos, kc, vc, Hq, Hkv, D),
-                     w_qkv.nbytes),
+        "norm_qkv": (lambda: norm_qkv(x, nw, None, 1e-5, w_qkv, None, inv, 1.0, pos, pos, kc, vc, Hq, Hkv, D,
+                                      programs=programs), w_qkv.nbytes),
+        "norm_qkv_unsplit": (lambda: norm_qkv(x, nw, None, 1e-5, w_qkv, None, inv, 1.0, pos, pos, kc, vc, Hq, Hkv,
+                                              D), w_qkv.nbytes),
         "attention": (lambda: attention(q, kc, vc, start, length, D**-0.5), 2 * B * Hkv * (ctx + 1) * D * 2),
         "o_proj_residual": (lambda: linear_residual(a, w_o, None, x), w_o.nbytes),
         "norm_gate_up": (lambda: norm_linear(x, nw, None, 1e-5, w_gu, None, "silu_mul"), w_gu.nbytes),
