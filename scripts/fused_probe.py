@@ -1,6 +1,7 @@
-"""Time the fused step on a GPU: each kernel alone (achieved GB/s of the bytes it must read) at the
-Llama-1B and Llama-8B shapes, and the whole step of llama-1b-random (bfloat16) at batch 1 and 8, as one
-manually captured CUDA graph and through `generate` (preset `fused` against `interleaved`).
+"""Time the fused step on a GPU: each kernel alone, replayed from a CUDA graph (achieved GB/s of the bytes
+it must read: weights, or the cache for attention) at the Llama-1B and Llama-8B shapes; and the whole step
+of llama-1b-random and gpt2-random (bfloat16) at batch 1 and 8, as one manually captured CUDA graph and
+through `generate` (preset `fused`, and `interleaved` for comparison).
 
     python3 scripts/fused_probe.py OUT.json
 """
@@ -39,14 +40,17 @@ def kernel_times(shape: str, B: int, ctx: int = 512) -> dict:
     length = torch.full((B,), ctx + 1, dtype=torch.int32, device=DEV)
     q = r(B, Hq, D)
     a, m = r(B, Hq * D), r(B, I)
+    programs = 4 * torch.cuda.get_device_properties(DEV).multi_processor_count  # as the fused step uses
     attention = reference.decode_attention_torch
     try:
         from overlapdecode.fused.kernels.decode_attention import decode_attention as attention  # noqa: F811
     except ImportError:
         pass
     cases = {
-        "norm_qkv": (lambda: norm_qkv(x, nw, None, 1e-5, w_qkv, None, inv, 1.0, pos, pos, kc, vc, Hq, Hkv, D),
-                     w_qkv.nbytes),
+        "norm_qkv": (lambda: norm_qkv(x, nw, None, 1e-5, w_qkv, None, inv, 1.0, pos, pos, kc, vc, Hq, Hkv, D,
+                                      programs=programs), w_qkv.nbytes),
+        "norm_qkv_unsplit": (lambda: norm_qkv(x, nw, None, 1e-5, w_qkv, None, inv, 1.0, pos, pos, kc, vc, Hq, Hkv,
+                                              D), w_qkv.nbytes),
         "attention": (lambda: attention(q, kc, vc, start, length, D**-0.5), 2 * B * Hkv * (ctx + 1) * D * 2),
         "o_proj_residual": (lambda: linear_residual(a, w_o, None, x), w_o.nbytes),
         "norm_gate_up": (lambda: norm_linear(x, nw, None, 1e-5, w_gu, None, "silu_mul"), w_gu.nbytes),
@@ -55,7 +59,9 @@ def kernel_times(shape: str, B: int, ctx: int = 512) -> dict:
     }
     out = {"attention_impl": attention.__module__ + "." + attention.__name__}
     for name, (fn, nbytes) in cases.items():
-        ms = triton.testing.do_bench(fn, warmup=25, rep=100)
+        # replayed from a CUDA graph, as in the step: a plain do_bench of a ~10 us kernel would time the
+        # Python launch, not the kernel
+        ms = triton.testing.do_bench_cudagraph(fn, rep=50)
         out[name] = {"us": round(ms * 1e3, 2), "GB/s": round(nbytes / ms / 1e6, 1)}
     return out
 

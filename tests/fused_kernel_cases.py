@@ -40,9 +40,10 @@ def test_norm_linear(B, K, N, act, layer):
     torch.testing.assert_close(got, ref, **TOL)
 
 
-@pytest.mark.parametrize("B,H,Hq,Hkv,D", [(1, 48, 3, 1, 24), (3, 40, 4, 2, 16), (2, 64, 2, 2, 40)])
+@pytest.mark.parametrize("B,H,Hq,Hkv,D,programs", [(1, 48, 3, 1, 24, 1), (3, 40, 4, 2, 16, 1), (2, 64, 2, 2, 40, 1),
+                                                  (3, 300, 4, 2, 16, 1000), (17, 520, 2, 1, 24, 64)])
 @pytest.mark.parametrize("rope,layer,bias", [(True, False, False), (True, False, True), (False, True, True)])
-def test_norm_qkv(B, H, Hq, Hkv, D, rope, layer, bias):
+def test_norm_qkv(B, H, Hq, Hkv, D, programs, rope, layer, bias):
     torch.manual_seed(B + H + D)
     S = 11
     x = rnd(B, H) + 0.3
@@ -54,7 +55,8 @@ def test_norm_qkv(B, H, Hq, Hkv, D, rope, layer, bias):
     slot = torch.randint(0, S, (B,), device=DEV)
     caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
     q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D)
-    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32)
+    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32,
+                 programs=programs)
     torch.testing.assert_close(q, q_ref, **TOL)
     torch.testing.assert_close(caches[2], caches[0], **TOL)  # K written at the slot, nothing else touched
     torch.testing.assert_close(caches[3], caches[1], **TOL)

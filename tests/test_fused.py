@@ -28,17 +28,27 @@ SMALL = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_
 
 
 def _tiny(name: str):
+    """A tiny model whose biases and norm weights are random too (Hugging Face initialises them to 0 and 1,
+    which would let a dropped bias or norm weight go unnoticed)."""
     torch.manual_seed(0)
     if name == "qwen2":  # QKV bias
-        return Qwen2ForCausalLM(Qwen2Config(**SMALL)).eval()
-    if name == "mistral":
-        return MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)).eval()
-    if name == "llama3-tied":  # Llama-3 RoPE scaling and tied embeddings, one KV head
+        model = Qwen2ForCausalLM(Qwen2Config(**SMALL)).eval()
+    elif name == "mistral":
+        model = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)).eval()
+    elif name == "llama3-tied":  # Llama-3 RoPE scaling and tied embeddings, one KV head
         rope = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                     original_max_position_embeddings=32, rope_theta=10000.0)
-        return LlamaForCausalLM(LlamaConfig(**dict(SMALL, num_key_value_heads=1), tie_word_embeddings=True,
-                                            rope_parameters=rope)).eval()
-    return od.load_model(name, device="cpu")
+        model = LlamaForCausalLM(LlamaConfig(**dict(SMALL, num_key_value_heads=1), tie_word_embeddings=True,
+                                             rope_parameters=rope)).eval()
+    else:
+        model = od.load_model(name, device="cpu")
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            elif "norm" in pname or ".ln_" in pname:
+                p.normal_(1.0, 0.1)
+    return model
 
 
 MODELS = ["tiny-gpt2", "tiny-llama", "qwen2", "mistral", "llama3-tied"]
@@ -130,6 +140,17 @@ def test_relayout_keeps_hf_model_and_memory(name):
     assert all(a.w_qkv.data_ptr() == b.w_qkv.data_ptr() and a.w_up.data_ptr() == b.w_up.data_ptr()
                for a, b in zip(W.layers, again.layers))
     assert _storage_bytes(model) == bytes_before
+
+
+def test_relayout_under_inference_mode_leaves_ordinary_parameters():
+    model = _tiny("tiny-llama")
+    ids, mask = make_batch(2, seed=6)
+    ref = hf_generate(model, ids, mask, 8, [], 0)
+    with torch.inference_mode():
+        out = od.generate(model, ids, attention_mask=mask, max_new_tokens=8, strategy="fused", eos_token_id=[])
+    assert torch.equal(out, ref)
+    assert not any(p.is_inference() for p in model.parameters())
+    model(input_ids=ids).logits.sum().backward()  # the Hugging Face model still trains
 
 
 def test_unsupported_architecture_is_a_clear_value_error():

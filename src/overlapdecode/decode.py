@@ -101,9 +101,16 @@ class Decoder:
         """The fused decode of this model (fused/): its weights are re-laid out once, on first use, and the
         Hugging Face model's parameters become views of them (it keeps working). ValueError if the model's
         family is not supported."""
-        if self._fused is None:
-            from .fused.model import FusedModel  # imported on first use: Triton is a heavy import
-
+        embed = self.model.get_input_embeddings().weight
+        if self._fused is None or self._fused.weights.embed.data_ptr() != embed.data_ptr():
+            # first use, or the model was moved or cast since (`.to` breaks the views): fuse again
+            try:
+                from .fused.model import FusedModel  # imported on first use: Triton is a heavy import
+            except ImportError as err:
+                raise ValueError(
+                    f"strategy: 'fused' needs Triton ({err}); it comes with CUDA builds of torch, and on CPU "
+                    "`pip install triton` provides the module its torch reference lives beside"
+                ) from None
             self._fused = FusedModel(self.model)
         return self._fused
 

@@ -85,7 +85,8 @@ def model_family(model) -> str:
 def fuse_weights(model) -> FusedWeights:
     """The fused weights of `model`, its parameters re-bound as views of them (no copy if already so)."""
     family = model_family(model)
-    with torch.no_grad():
+    # not inference tensors, even under inference_mode: they become the Hugging Face model's parameters
+    with torch.inference_mode(False), torch.no_grad():
         return _fuse_llama(model) if family == "llama" else _fuse_gpt2(model)
 
 

@@ -55,7 +55,8 @@ def triton_ops(device: torch.device) -> StepOps:
     except ImportError:
         decode_attention = reference.decode_attention_torch
     programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    return StepOps(norm_qkv, decode_attention, functools.partial(linear_residual, programs=programs), norm_linear)
+    return StepOps(functools.partial(norm_qkv, programs=programs), decode_attention,
+                   functools.partial(linear_residual, programs=programs), norm_linear)
 
 
 class FusedModel:

@@ -3,7 +3,9 @@ the cache at the row's slot: everything of the attention block before attention 
 
 Each program owns one head and HALF of its first-half dimensions together with the matching HALF of its
 second half, so that the rotary pairs (i, i + D/2) meet in its registers and the result is final: Q goes to
-a (B, Hq, D) buffer, K and V straight to the cache. The slot and position are device tensors (slot =
+a (B, Hq, D) buffer, K and V straight to the cache. Tied to heads, the grid is small (96 tiles at Llama-1B),
+so K is split when that leaves the GPU short of programs; a small kernel then sums the float32 partials
+and does the same epilogue. The slot and position are device tensors (slot =
 position + the row's left padding), so one CUDA graph serves every step.
 """
 
@@ -13,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .linear_residual import split_k
 from .norm_linear import norm_ref
 
 
@@ -49,58 +52,11 @@ def norm_qkv_ref(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, 
 
 
 @triton.jit
-def _norm_qkv_kernel(
-    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
-    B, S, n_heads, n_kv, eps, rope_scale, K: tl.constexpr,
-    LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
-    HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    head = tl.program_id(0) // tl.cdiv(D // 2, HALF)  # over Hq + 2 Hkv heads: Q, then K, then V
-    part = tl.program_id(0) % tl.cdiv(D // 2, HALF)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < B
-    dim = part * HALF + tl.arange(0, HALF)  # dimensions i of the first half; their partners are i + D/2
-    dim_ok = dim < D // 2
-    w1 = head * D + dim  # weight rows
-    w2 = w1 + D // 2
-    ks = tl.arange(0, BLOCK_K)
-    dtype = w_ptr.dtype.element_ty
-
-    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if LAYER:
-        s = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            m = row_ok[:, None] & (k0 + ks < K)[None, :]
-            s += tl.sum(tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32), 1)
-        mean = s / K
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        m = row_ok[:, None] & (k0 + ks < K)[None, :]
-        xv = tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32)
-        d = tl.where(m, xv - mean[:, None], 0.0)
-        ss += tl.sum(d * d, 1)
-    rstd = 1.0 / tl.sqrt(ss / K + eps)
-
-    acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
-        k_ok = kk < K
-        m = row_ok[:, None] & k_ok[None, :]
-        xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
-        g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
-        if LAYER:
-            beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-            xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
-        else:
-            xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
-        xn = tl.where(m, xn, 0.0).to(dtype)
-        wm = dim_ok[:, None] & k_ok[None, :]
-        wa = tl.load(w_ptr + w1[:, None] * K + kk[None, :], mask=wm, other=0.0)
-        wb = tl.load(w_ptr + w2[:, None] * K + kk[None, :], mask=wm, other=0.0)
-        acc1 += tl.dot(xn, tl.trans(wa), input_precision="ieee")
-        acc2 += tl.dot(xn, tl.trans(wb), input_precision="ieee")
-
+def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
+                q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale,
+                HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr):
+    """Bias, rounding, RoPE and the stores of one (head, HALF dims) tile: shared by both launch shapes."""
+    dtype = q_ptr.dtype.element_ty
     if HAS_BIAS:
         acc1 += tl.load(b_ptr + w1, mask=dim_ok, other=0.0).to(tl.float32)[None, :]
         acc2 += tl.load(b_ptr + w2, mask=dim_ok, other=0.0).to(tl.float32)[None, :]
@@ -133,18 +89,124 @@ def _norm_qkv_kernel(
             tl.store(v_ptr + kv_off + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
 
 
+@triton.jit
+def _norm_qkv_kernel(
+    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, part_ptr,
+    B, S, n_heads, n_kv, eps, rope_scale, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
+    LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    head = tl.program_id(0) // tl.cdiv(D // 2, HALF)  # over Hq + 2 Hkv heads: Q, then K, then V
+    part = tl.program_id(0) % tl.cdiv(D // 2, HALF)
+    pid_k = tl.program_id(1)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < B
+    dim = part * HALF + tl.arange(0, HALF)  # dimensions i of the first half; their partners are i + D/2
+    dim_ok = dim < D // 2
+    w1 = head * D + dim  # weight rows
+    w2 = w1 + D // 2
+    ks = tl.arange(0, BLOCK_K)
+    dtype = w_ptr.dtype.element_ty
+
+    # prologue: the norm's statistics over all of K (also in a split-K program: they scale its K range)
+    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if LAYER:
+        s = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            m = row_ok[:, None] & (k0 + ks < K)[None, :]
+            s += tl.sum(tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32), 1)
+        mean = s / K
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        m = row_ok[:, None] & (k0 + ks < K)[None, :]
+        xv = tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32)
+        d = tl.where(m, xv - mean[:, None], 0.0)
+        ss += tl.sum(d * d, 1)
+    rstd = 1.0 / tl.sqrt(ss / K + eps)
+
+    k_lo = pid_k * K_CHUNK
+    k_hi = tl.minimum(k_lo + K_CHUNK, K)
+    acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    for k0 in range(0, K_CHUNK, BLOCK_K):
+        kk = k_lo + k0 + ks
+        k_ok = kk < k_hi
+        m = row_ok[:, None] & k_ok[None, :]
+        xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
+        g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
+        if LAYER:
+            beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
+        else:
+            xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
+        xn = tl.where(m, xn, 0.0).to(dtype)
+        wm = dim_ok[:, None] & k_ok[None, :]
+        wa = tl.load(w_ptr + w1[:, None] * K + kk[None, :], mask=wm, other=0.0)
+        wb = tl.load(w_ptr + w2[:, None] * K + kk[None, :], mask=wm, other=0.0)
+        acc1 += tl.dot(xn, tl.trans(wa), input_precision="ieee")
+        acc2 += tl.dot(xn, tl.trans(wb), input_precision="ieee")
+
+    if SPLIT == 1:
+        _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
+                    q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale, HAS_BIAS, ROPE, D)
+    else:  # partial sums (SPLIT, B, N) float32, finished by _qkv_reduce_kernel
+        n_rows = (n_heads + 2 * n_kv) * D
+        base = part_ptr + (pid_k * B + rows[:, None]) * n_rows
+        ok = row_ok[:, None] & dim_ok[None, :]
+        tl.store(base + w1[None, :], acc1, mask=ok)
+        tl.store(base + w2[None, :], acc2, mask=ok)
+
+
+@triton.jit
+def _qkv_reduce_kernel(
+    part_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
+    B, S, n_heads, n_kv, rope_scale, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr,
+    D: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    head = tl.program_id(0) // tl.cdiv(D // 2, HALF)
+    part = tl.program_id(0) % tl.cdiv(D // 2, HALF)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < B
+    dim = part * HALF + tl.arange(0, HALF)
+    dim_ok = dim < D // 2
+    w1 = head * D + dim
+    w2 = w1 + D // 2
+    n_rows = (n_heads + 2 * n_kv) * D
+    ok = row_ok[:, None] & dim_ok[None, :]
+    acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    for s in range(SPLIT):  # fixed order: deterministic
+        base = part_ptr + (s * B + rows[:, None]) * n_rows
+        acc1 += tl.load(base + w1[None, :], mask=ok, other=0.0)
+        acc2 += tl.load(base + w2[None, :], mask=ok, other=0.0)
+    _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
+                q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale, HAS_BIAS, ROPE, D)
+
+
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
-             n_heads: int, n_kv: int, head_dim: int, half: int = 16, block_k: int = 128):
-    """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous."""
+             n_heads: int, n_kv: int, head_dim: int, half: int = 16, block_k: int = 128, programs: int = 1):
+    """The Triton kernel(s) of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous. With fewer
+    head tiles than `programs`, K is split as in linear_residual and a small kernel finishes the tiles."""
     B, K = x.shape
     q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
-    parts = triton.cdiv(head_dim // 2, half)
-    grid = ((n_heads + 2 * n_kv) * parts, triton.cdiv(B, 16))
-    _norm_qkv_kernel[grid](
-        x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w,
-        inv_freq if inv_freq is not None else norm_w, pos, slot, q, k_cache, v_cache,
-        B, k_cache.shape[2], n_heads, n_kv, eps, rope_scale, K,
+    tiles = (n_heads + 2 * n_kv) * triton.cdiv(head_dim // 2, half)
+    split = split_k(tiles, K, block_k, programs)
+    k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
+    dummy = norm_w
+    # with one split the partial buffer is never written: pass a read-only input
+    part = torch.empty((split, B, w.shape[0]), dtype=torch.float32, device=x.device) if split > 1 else dummy
+    b_arg = b if b is not None else dummy
+    inv_arg = inv_freq if inv_freq is not None else dummy
+    S = k_cache.shape[2]
+    _norm_qkv_kernel[(tiles, split, triton.cdiv(B, 16))](
+        x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
+        B, S, n_heads, n_kv, eps, rope_scale, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
         HALF=half, BLOCK_M=16, BLOCK_K=block_k,
     )
+    if split > 1:
+        _qkv_reduce_kernel[(tiles, 1, triton.cdiv(B, 16))](
+            part, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, B, S, n_heads, n_kv, rope_scale,
+            SPLIT=split, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim, HALF=half, BLOCK_M=16,
+        )
     return q
