@@ -151,3 +151,21 @@ def test_streamer_that_is_neither_callable_nor_a_streamer():
     ids, _ = make_batch(1, seed=57)
     with pytest.raises(TypeError, match="streamer must be callable"):
         od.generate(model, ids, max_new_tokens=2, streamer=42)
+
+
+def test_fused_model_is_made_again_after_the_model_moved():
+    """`.to()` replaces the parameters (the fused views break): the decoder must not keep decoding from the
+    old fused tensors, which the Hugging Face model no longer uses."""
+    model = od.load_model("tiny-llama", device="cpu")
+    dec = od.Decoder(model)
+    ids, mask = make_batch(2, seed=58)
+    kw = dict(attention_mask=mask, max_new_tokens=6, eos_token_id=[],
+              strategy=od.Strategy(cache="fused", stop_check="pingpong"))
+    assert torch.equal(dec.generate(ids, **kw), naive_generate(model, ids, mask, 6, [], 0))
+    first = dec.fused_model()
+    model.to(torch.float64)  # new parameter tensors
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(3)  # and different weights, so stale ones would show
+    assert dec.fused_model() is not first
+    assert dec.fused_model().weights.embed.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert torch.equal(dec.generate(ids, **kw), naive_generate(model, ids, mask, 6, [], 0))
