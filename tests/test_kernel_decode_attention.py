@@ -18,11 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import triton.language as tl
-import triton.runtime.interpreter as triton_interpreter
-from triton.runtime.jit import JITFunction
 
 import overlapdecode
+from triton_interpreter import INTERPRETING, interpreter_loop_bounds  # noqa: F401 (autouse fixture)
 from overlapdecode.fused.kernels.decode_attention import (
     MAX_SPLITS,
     TARGET_PROGRAMS,
@@ -33,7 +31,6 @@ from overlapdecode.fused.kernels.decode_attention import (
 )
 
 ON_CUDA = torch.cuda.is_available()
-INTERPRETING = not isinstance(tl.cdiv, JITFunction)  # triton was imported with TRITON_INTERPRET=1
 KERNEL_DEVICE = "cuda" if ON_CUDA else "cpu"
 kernel_runs_here = pytest.mark.skipif(
     not (ON_CUDA or INTERPRETING), reason="run in Triton's interpreter by test_triton_tests_in_interpreter_child")
@@ -181,21 +178,6 @@ def triton_cdiv(a, b):
 
 
 # ---- the Triton kernel (CUDA, or the interpreter) ----
-
-@pytest.fixture(autouse=True)
-def interpreter_loop_bounds(monkeypatch):
-    """Triton 3.6's interpreter turns a runtime loop bound into an int with int() of a one-element array,
-    which NumPy >= 2.4 refuses ("only 0-dimensional arrays can be converted"); take the element instead."""
-    if not INTERPRETING:
-        return
-    original = triton_interpreter._patch_lang_tensor
-
-    def patch(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    monkeypatch.setattr(triton_interpreter, "_patch_lang_tensor", patch)
-
 
 # (block_n, num_splits): default plan; several splits of one block; one split looping over 3 blocks (and
 # writing `out` directly); two splits, the first looping over two blocks.
