@@ -26,8 +26,8 @@ from helpers import eos_hit_midway, make_batch, naive_generate
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 SRC = Path(od.__file__).resolve().parents[1]
-EAGER = ["baseline", "kv", "static"]
-COMPILED = ["compiled", "interleaved"]
+EAGER = ["baseline", "kv", "static", "fused-eager"]  # fused-eager: the fused step uncompiled (tp_worker.EXTRA)
+COMPILED = ["compiled", "interleaved", "fused"]
 N = 16  # new tokens; prompt 8 + 16 <= 64: one compiled shape per batch size
 
 
@@ -148,7 +148,8 @@ def test_compiled_presets_match_one_process(tmp_path, tiny_llama, saved_models):
     # one compiled shape per model (batch 4); compiled and interleaved share it
     llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False)
     gpt2 = od.load_model(saved_models["gpt2"], device="cpu")
-    gpt2_cases = [c for c in cases_for(gpt2, COMPILED, (4,), sampling=False) if c["name"].endswith(("some", "all"))]
+    gpt2_cases = [dict(c, strategies=["interleaved"]) for c in cases_for(gpt2, COMPILED, (4,), sampling=False)
+                  if c["name"].endswith(("some", "all"))]
     jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2),
             dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4)]
     proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=420)
