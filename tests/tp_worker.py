@@ -50,7 +50,8 @@ def _run_job(job: dict, results: dict) -> None:
         mask = torch.tensor(case["mask"])
         for strategy in case["strategies"]:
             out = od.generate(
-                model, ids, attention_mask=mask, max_new_tokens=case["max_new_tokens"], strategy=EXTRA.get(strategy, strategy),
+                model, ids, attention_mask=mask, max_new_tokens=case["max_new_tokens"],
+                strategy=EXTRA.get(strategy, strategy),
                 eos_token_id=case["eos"], pad_token_id=case["pad"], **case.get("sampling", {}),
             )
             results[f"{job['name']}/{case['name']}/{strategy}"] = out.tolist()

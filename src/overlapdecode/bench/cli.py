@@ -187,8 +187,8 @@ def bench_config(args):
     gpus = _check_gpus(args.gpus, args.device) if args.gpus else ()
     _check_tp(args)
     _check_out(args.out, args.append)
-    return BenchConfig(tp=args.tp, gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths, batches=batches,
-                       dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
+    return BenchConfig(tp=args.tp, gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths,
+                       batches=batches, dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
                        workloads=workloads, eos_lengths=eos_lengths, prompt_len=prompt_len, warmup=args.warmup,
                        repeats=args.repeats, profile=not args.no_profile, device=args.device)
 
