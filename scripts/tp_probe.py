@@ -3,10 +3,11 @@
     torchrun --nproc-per-node 2 scripts/tp_probe.py OUT.json [--parts equal,speed,big]
 
 Parts (every rank runs every part; a tp=1 run happens on rank 0 alone while rank 1 waits at a CPU barrier):
-- equal: llama-1b-random, float32, batch 1, 200 new tokens: the tokens of tp=2 (eager `static` and compiled
-  `interleaved`) against tp=1 `static` on rank 0, the same random weights (random_init.py: shard-independent
-  draws), and whether both ranks got the same tokens; a seeded sampling call too. Where tokens differ:
-  the step, and tp=1's top-two logit margin there (a near-tie shows as a tiny margin).
+- equal: llama-1b-random, float32, batch 1, 200 new tokens: the tokens of tp=2 (eager `static`, compiled
+  `interleaved`; --equal-strategies adds `fused`) against tp=1 `static` on rank 0, the same random weights
+  (random_init.py: shard-independent draws), and whether both ranks got the same tokens; a seeded sampling
+  call too. Where tokens differ: the step, and tp=1's top-two logit margin there (a near-tie shows as a
+  tiny margin).
 - speed: llama-8b-random, bfloat16, batch 1: ms/token of tp=1 (rank 0) and tp=2, and their ratio.
 - big: llama-70b-random, bfloat16, tp=2: ms/token, weight bytes per GPU, achieved bandwidth and MBU
   (bytes read per token / time / peak), against the spec peak and a measured device copy.
@@ -58,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--new-tokens", type=int, default=200)
     p.add_argument("--speed-tokens", type=int, default=200)
     p.add_argument("--strategy", default="interleaved", help="the strategy timed in speed and big")
+    p.add_argument("--equal-strategies", default="static,interleaved",
+                   help="the tp strategies whose tokens equal compares with tp=1 static (add fused: one more compile)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--peak-gbps", type=float, default=4800.0, help="spec memory bandwidth (H200: 4.8 TB/s)")
     p.add_argument("--part-timeout", type=float, default=540.0, help="seconds before a part is declared hung")
@@ -105,7 +108,8 @@ class Probe:
                 pass
         if self.cuda:
             env.update(gpu=torch.cuda.get_device_name(self.device), nccl=".".join(map(str, torch.cuda.nccl.version())),
-                       nccl_env={k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_NCCL", "TORCH_SYMM"))})
+                       nccl_env={k: v for k, v in os.environ.items()
+                                 if k.startswith(("NCCL_", "TORCH_NCCL", "TORCH_SYMM"))})
         return env
 
     def barrier(self):
@@ -195,7 +199,7 @@ class Probe:
         self.barrier()
         model, res["load_tp2_s"] = self.load(name, "float32", self.tp)
         ids = self.prompt(model)
-        runs = {s: self.generate(model, ids, n, s)[0].tolist() for s in ("static", "interleaved")}
+        runs = {s: self.generate(model, ids, n, s)[0].tolist() for s in args.equal_strategies.split(",")}
         runs["sample-static"] = self.generate(model, ids, 32, "static", do_sample=True, seed=7, top_k=50)[0].tolist()
         gathered = [None] * self.tp
         dist.all_gather_object(gathered, runs, group=self.cpu_group)

@@ -26,8 +26,8 @@ from helpers import eos_hit_midway, make_batch, naive_generate
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 SRC = Path(od.__file__).resolve().parents[1]
-EAGER = ["baseline", "kv", "static"]
-COMPILED = ["compiled", "interleaved"]
+EAGER = ["baseline", "kv", "static", "fused-eager"]  # fused-eager: the fused step uncompiled (tp_worker.EXTRA)
+COMPILED = ["compiled", "interleaved", "fused"]
 N = 16  # new tokens; prompt 8 + 16 <= 64: one compiled shape per batch size
 
 
@@ -148,7 +148,8 @@ def test_compiled_presets_match_one_process(tmp_path, tiny_llama, saved_models):
     # one compiled shape per model (batch 4); compiled and interleaved share it
     llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False)
     gpt2 = od.load_model(saved_models["gpt2"], device="cpu")
-    gpt2_cases = [c for c in cases_for(gpt2, COMPILED, (4,), sampling=False) if c["name"].endswith(("some", "all"))]
+    gpt2_cases = [dict(c, strategies=["interleaved"]) for c in cases_for(gpt2, COMPILED, (4,), sampling=False)
+                  if c["name"].endswith(("some", "all"))]
     jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2),
             dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4)]
     proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=420)
@@ -262,3 +263,34 @@ def test_random_init_draws_llama_statistics():
     assert random_init.tile_size(64, tensor_parallel.Split(0), 4) == 16
     assert not torch.equal(q[:16], q[16:32])
     assert not torch.equal(q, model.model.layers[1].self_attn.q_proj.weight)
+
+
+def test_bench_tp_writes_rank0_rows_with_tp(tmp_path):
+    out = tmp_path / "bench"
+    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "overlapdecode", "bench", "--tp", "2", "--model", "tiny-llama", "--strategies", "kv,static",
+           "--peers", "hf-dynamic", "--lengths", "6", "--repeats", "1", "--warmup", "0", "--no-profile",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["tp"] == 2
+    rows = results["rows"]
+    assert sorted(r["strategy"] for r in rows) == ["hf-dynamic", "kv", "static"]
+    assert all(r["tp"] == 2 and "error" not in r for r in rows)
+    assert proc.stdout.count("report:") == 1  # rank 0 alone reports
+
+
+def test_bench_tp_refuses_what_ranks_could_disagree_on(monkeypatch, tmp_path, capsys):
+    from overlapdecode.cli import main
+
+    base = ["bench", "--model", "tiny-llama", "--device", "cpu", "--out", str(tmp_path / "b")]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(base + ["--tp", "2"]) == 2
+    assert "--tp 2 runs under torchrun: torchrun --nproc-per-node 2" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(base + ["--tp", "2", "--time-budget", "60"]) == 2
+    assert "--tp and --time-budget exclude each other" in capsys.readouterr().err
+    assert main(base + ["--tp", "0"]) == 2
+    assert "--tp must be >= 1, got 0" in capsys.readouterr().err

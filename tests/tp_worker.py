@@ -23,6 +23,10 @@ from transformers import DynamicCache, StaticCache
 import overlapdecode as od
 
 
+# names the test uses beyond the presets: the fused step without compile (no compile on CPU)
+EXTRA = {"fused-eager": od.Strategy(cache="fused", compile=False, stop_check="sync")}
+
+
 def _load(job: dict):
     return od.load_model(job["model"], dtype="float32", device="cpu", tp=job["tp"])
 
@@ -46,7 +50,8 @@ def _run_job(job: dict, results: dict) -> None:
         mask = torch.tensor(case["mask"])
         for strategy in case["strategies"]:
             out = od.generate(
-                model, ids, attention_mask=mask, max_new_tokens=case["max_new_tokens"], strategy=strategy,
+                model, ids, attention_mask=mask, max_new_tokens=case["max_new_tokens"],
+                strategy=EXTRA.get(strategy, strategy),
                 eos_token_id=case["eos"], pad_token_id=case["pad"], **case.get("sampling", {}),
             )
             results[f"{job['name']}/{case['name']}/{strategy}"] = out.tolist()

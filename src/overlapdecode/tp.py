@@ -32,11 +32,12 @@ Sampling draws its noise from a generator seeded with `seed`: the same seed give
 With `seed=None` the seed comes from the global CPU RNG, which agrees across ranks only if every rank seeded
 and used it alike: pass a seed under tp.
 
-Fused weights (the `fused` preset) shard the same way: `w_qkv` = (q rows, k rows, v rows) is three blocks
-along its output dim, each split per head (Split(dim=0, blocks=3), like GPT-2's `c_attn`); `w_gate_up` =
-(gate rows, up rows) is Split(dim=0, blocks=2); `w_o` and `w_down` are row-parallel (their input dim), each
-followed by one all-reduce. A kernel whose epilogue adds the residual (`h + x @ w_o.T`) adds it on rank 0
-only (other ranks add nothing) before the all-reduce, so the sum holds it once; a bias likewise.
+Fused weights (the `fused` preset, fused/layout.py) are made from the sharded model, so they come out sharded
+the same way: `w_qkv` = (local q rows, local k rows, local v rows), i.e. each of the three blocks cut per
+head (Split(dim=0, blocks=3), like GPT-2's `c_attn`); `w_up` = (local gate rows, local up rows)
+(Split(dim=0, blocks=2)); `w_o` and `w_down` row-parallel (their input dim). Its kernels fuse the residual
+add into the epilogue of `w_o` and `w_down`: `reduce_residual` keeps that, adding the residual (and bias) on
+rank 0 only (the other ranks add zeros) before the one all-reduce, so the sum holds them once.
 """
 
 from __future__ import annotations
@@ -230,34 +231,58 @@ def all_reduce_sum(x: torch.Tensor, group: str) -> torch.Tensor:
     return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(x, "sum", group))
 
 
+@dataclass(frozen=True)
+class RowReduce:
+    """How a row-parallel projection's partial sums are combined: the group, and this process's rank in it."""
+
+    group: str
+    rank: int
+
+
+def row_reduce_of(module) -> RowReduce | None:
+    """The RowReduce of a row-parallel projection, None for an unsharded one (for fused/layout.py)."""
+    return module.reduce if isinstance(module, (RowParallelLinear, RowParallelConv1D)) else None
+
+
+def reduce_residual(linear_residual, x, w, b, residual, reduce: RowReduce | None):
+    """`linear_residual(x, w, b, residual)` = residual + x @ w.T + b, for a w holding 1/tp of its input features
+    (None: unsharded, called as is). Residual and bias join on rank 0 only, then one all-reduce sums the
+    partial products: a kernel that fuses the residual add into its epilogue keeps doing so."""
+    if reduce is None:
+        return linear_residual(x, w, b, residual)
+    if reduce.rank != 0:
+        residual, b = torch.zeros_like(residual), None
+    return all_reduce_sum(linear_residual(x, w, b, residual), reduce.group)
+
+
 class RowParallelLinear(nn.Linear):
     """A Linear holding 1/tp of the input features: partial product, all-reduce, then the bias once."""
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, group: str):
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, reduce: RowReduce):
         with torch.device("meta"):  # the parameters come from the sharded module; allocate nothing here
             super().__init__(weight.shape[1], weight.shape[0], bias=False)
         self.weight = weight
         self.bias = bias
-        self.group = group
+        self.reduce = reduce
 
     def forward(self, x):
-        y = all_reduce_sum(nn.functional.linear(x, self.weight), self.group)
+        y = all_reduce_sum(nn.functional.linear(x, self.weight), self.reduce.group)
         return y if self.bias is None else y + self.bias
 
 
 class RowParallelConv1D(Conv1D):
     """GPT-2's Conv1D (weight (in, out)) holding 1/tp of the input features; bias added once after the sum."""
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter, group: str):
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter, reduce: RowReduce):
         with torch.device("meta"):
             super().__init__(weight.shape[1], weight.shape[0])
         self.weight = weight
         self.bias = bias
-        self.group = group
+        self.reduce = reduce
 
     def forward(self, x):
         y = torch.mm(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.nf)
-        return all_reduce_sum(y, self.group) + self.bias
+        return all_reduce_sum(y, self.reduce.group) + self.bias
 
 
 def localise_(model, place: Placement) -> None:
@@ -275,7 +300,8 @@ def localise_(model, place: Placement) -> None:
             continue
         cls = RowParallelConv1D if conv else RowParallelLinear
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, cls(module.weight, module.bias, place.group))
+        row = cls(module.weight, module.bias, RowReduce(place.group, place.rank))
+        setattr(model.get_submodule(parent_name), child, row)
 
     if family(config) == "gpt2":
         for name, module, style, _ in _layer_modules(model):

@@ -55,6 +55,9 @@ def add_commands(sub) -> None:
     b.add_argument("--repeats", type=int, default=3, help="timed calls per configuration (the median is reported)")
     b.add_argument("--no-profile", action="store_true", help="skip the GPU busy-fraction profile")
     b.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    b.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel shards: run as torchrun --nproc-per-node N -m overlapdecode bench --tp N; "
+                        "rank 0 writes the results")
     b.add_argument("--gpus", default=None,
                    help="CUDA device indices, e.g. 0,1,2,3: spread the allocator x dtype:batch units over them, "
                         "one process per GPU at a time (default: one device, see --device)")
@@ -182,11 +185,29 @@ def bench_config(args):
     _check_model_name(model)
     _check_positions(model, prompt_len, max(lengths + eos_lengths))
     gpus = _check_gpus(args.gpus, args.device) if args.gpus else ()
+    _check_tp(args)
     _check_out(args.out, args.append)
-    return BenchConfig(gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths, batches=batches,
-                       dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
+    return BenchConfig(tp=args.tp, gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths,
+                       batches=batches, dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
                        workloads=workloads, eos_lengths=eos_lengths, prompt_len=prompt_len, warmup=args.warmup,
                        repeats=args.repeats, profile=not args.no_profile, device=args.device)
+
+
+def _check_tp(args) -> None:
+    """--tp N: N processes of torchrun, each measuring its shard in step with the others. Whatever could make
+    the ranks decide differently (a time budget read on each host clock, units spread over GPUs) is refused."""
+    if args.tp < 1:
+        raise CliError(f"--tp must be >= 1, got {args.tp}")
+    if args.tp == 1:
+        return
+    world = os.environ.get("WORLD_SIZE")
+    if world != str(args.tp):
+        raise CliError(f"--tp {args.tp} runs under torchrun: torchrun --nproc-per-node {args.tp} -m overlapdecode "
+                       f"bench --tp {args.tp} ... (this process has WORLD_SIZE={world})")
+    if args.gpus:
+        raise CliError("--tp and --gpus exclude each other: with --tp every rank uses its own GPU (cuda:LOCAL_RANK)")
+    if args.time_budget is not None:
+        raise CliError("--tp and --time-budget exclude each other: the ranks must run the same configurations")
 
 
 def _default_device():
@@ -260,6 +281,8 @@ def cmd_bench(args) -> int:
         results = run_bench(cfg, args.out, _command(args), append=args.append)
     except BenchError as err:
         raise CliError(str(err)) from None
+    if results is None:  # a tensor-parallel rank other than 0: it measured in step with rank 0, which reports
+        return 0
     console = Console()
     for (alloc, dtype, batch), per in sorted(series(results["rows"]).items()):
         n = max(m for pts in per.values() for m, _ in pts)

@@ -26,6 +26,7 @@ class BenchConfig:
     pairs: tuple[str, ...] = ()  # "dtype:batch" pairs measured instead of dtypes x batches, e.g. bfloat16:8
     time_budget_s: float | None = None  # stop starting new configurations after this long (rest: "not run")
     gpus: tuple[int, ...] = ()  # CUDA devices to spread the units over (runner.work_units); empty: one device
+    tp: int = 1  # tensor-parallel processes (under torchrun); every row carries it
     prompt_len: int = 32
     warmup: int = 1
     repeats: int = 3

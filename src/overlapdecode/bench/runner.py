@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -46,8 +48,13 @@ def cpu_shares(slots: int) -> list[list[int] | None]:
 
 
 def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_line, gpu: int | None = None,
-            cpus: list[int] | None = None) -> None:
+            cpus: list[int] | None = None, tp_port: int | None = None) -> None:
     env = os.environ.copy()
+    if tp_port is not None:
+        # a tensor-parallel unit: this rank's worker joins the same unit's worker on every other rank through
+        # a store of its own (rank 0's worker hosts it), not torchrun's, whose keys an earlier unit has used
+        env["MASTER_PORT"] = str(tp_port)
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "False"
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("PYTORCH_ALLOC_CONF", None)
     if ALLOCATORS[allocator]:
@@ -79,29 +86,74 @@ def work_units(cfg: BenchConfig) -> list[tuple[str, BenchConfig]]:
             for a in cfg.allocators for d, b in combos]
 
 
-def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, append=False) -> dict:
+def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, append=False) -> dict | None:
     """Run the sweep into `out_dir` and build its report; returns the results dict.
 
-    `append`: add the rows to those of an earlier run in `out_dir` (same model and prompt length), so that
+    `append`: add the rows to those of an earlier run in `out_dir` (same model, prompt length and tp), so that
     one report covers sweeps too long for one go; every command is kept.
+
+    `cfg.tp` > 1 (every rank of torchrun runs this): the ranks start the same units in the same order, so that
+    their workers meet; rank 0 writes `out_dir`, the others measure into a scratch directory, drop it and
+    return None.
     """
-    earlier = None
+    problem = earlier = None
+    try:
+        earlier = _check_out_dir(cfg, out_dir, append)
+    except BenchError as err:
+        problem = str(err)
+    if cfg.tp > 1:  # every rank stops, or none: a rank left alone would wait for its peers forever
+        problem = _rank0_verdict(problem)
+    if problem:
+        raise BenchError(problem)
+    if cfg.tp > 1 and int(os.environ["RANK"]) != 0:
+        scratch = tempfile.mkdtemp(prefix=f"overlapdecode-bench-rank{os.environ['RANK']}-")
+        try:
+            _run_units(cfg, scratch, progress=False)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return None
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        f.write(config_json(cfg))
+    _run_units(cfg, out_dir, progress)
+    results = finalize(out_dir, command, earlier)
+    report.build(out_dir)
+    return results
+
+
+def _check_out_dir(cfg: BenchConfig, out_dir: str, append: bool) -> dict | None:
+    """The results of an earlier run to append to (or None); a BenchError if out_dir cannot take this run."""
     if rows_files(out_dir):  # an interrupted run's measurements: never deleted by a new run
         raise BenchError(f"{out_dir} holds the rows of an interrupted run: keep them with `overlapdecode report "
                          f"{out_dir} --interrupted 'THE BENCH COMMAND'`, or choose another --out")
+    earlier = None
     if append:
         earlier = load(out_dir)
-        if earlier["config"]["model"] != cfg.model or earlier["config"]["prompt_len"] != cfg.prompt_len:
-            raise BenchError(f"--append: {out_dir} holds {earlier['config']['model']} with prompt "
-                             f"{earlier['config']['prompt_len']}, not {cfg.model} with prompt {cfg.prompt_len}")
+        was = (earlier["config"]["model"], earlier["config"]["prompt_len"], earlier["config"].get("tp", 1))
+        if was != (cfg.model, cfg.prompt_len, cfg.tp):
+            raise BenchError(f"--append: {out_dir} holds {was[0]} with prompt {was[1]} at tp={was[2]}, not "
+                             f"{cfg.model} with prompt {cfg.prompt_len} at tp={cfg.tp}")
     elif os.path.exists(os.path.join(out_dir, RESULTS)):
         raise BenchError(f"{os.path.join(out_dir, RESULTS)} already exists: add to it with --append, or choose "
                          f"another --out (an earlier run's results are never overwritten)")
     if not plan(cfg)[1]:
         raise BenchError("nothing to measure: the configuration has no strategy, peer, dtype, batch or length")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        f.write(config_json(cfg))
+    return earlier
+
+
+def _rank0_verdict(problem: str | None) -> str | None:
+    """Rank 0's check of the output directory, on every rank of a tensor-parallel bench (before any writes)."""
+    import torch.distributed as dist  # torch only for a tensor-parallel run: the runner is torch-free otherwise
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")  # torchrun's store; the workers meet through stores of their own
+    box = [problem]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
+    """Every work unit's worker, their rows into out_dir/rows-*.jsonl; a BenchError if any failed."""
     units = work_units(cfg)
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -112,7 +164,7 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
         for slot in zip(gpus, cpu_shares(len(gpus))):
             free.put(slot)
 
-        def run_unit(label, unit_cfg):
+        def run_unit(index, label, unit_cfg):
             task = tasks[label]
             slot = free.get()  # a unit waits for a GPU (and its CPU share) no other unit is measuring on
             try:
@@ -132,17 +184,16 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
                     elif line == "DONE":
                         bar.update(task, completed=bar.tasks[task].total, description=f"[{label}] done")
 
+                # tensor parallel: the same unit on every rank meets at the same port (one unit at a time)
+                tp_port = int(os.environ["MASTER_PORT"]) + 1 + index if cfg.tp > 1 else None
                 _worker(cfg_path, os.path.join(out_dir, f"rows-{label}.jsonl"), unit_cfg.allocators[0],
-                        os.path.join(out_dir, f"worker-{label}.log"), on_line, *slot)
+                        os.path.join(out_dir, f"worker-{label}.log"), on_line, *slot, tp_port=tp_port)
                 os.remove(cfg_path)
             finally:
                 free.put(slot)
 
         with ThreadPoolExecutor(max_workers=len(gpus)) as pool:
-            futures = [pool.submit(run_unit, label, unit_cfg) for label, unit_cfg in units]
+            futures = [pool.submit(run_unit, i, label, unit_cfg) for i, (label, unit_cfg) in enumerate(units)]
             errors = [str(f.exception()) for f in futures if f.exception() is not None]
     if errors:
         raise BenchError("\n".join(errors))
-    results = finalize(out_dir, command, earlier)
-    report.build(out_dir)
-    return results

@@ -22,6 +22,7 @@ import tempfile
 import time
 
 import torch
+import torch.distributed as dist
 import transformers
 
 import overlapdecode as od
@@ -139,6 +140,8 @@ def _first_eos(model, vocab: int) -> int:
 
 def run_worker(cfg: BenchConfig, out_path: str) -> None:
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if cfg.tp > 1 and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))  # where load_model puts the shard
     allocator = memory.allocator_setting()
     combos, rows = plan(cfg)
     print(f"PLAN {len(rows)}", flush=True)
@@ -151,8 +154,8 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
         sink.write(json.dumps(dict(meta=meta)) + "\n")  # kept if interrupted
         bandwidth = device_bandwidth_gbs(device)  # once per worker, before any model is on the device
         for i, (dtype, batch, workload, n, name) in enumerate(rows):
-            base = dict(model=cfg.model, device=str(device), allocator=allocator, dtype=dtype, batch=batch,
-                        prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload,
+            base = dict(model=cfg.model, tp=cfg.tp, device=str(device), allocator=allocator, dtype=dtype,
+                        batch=batch, prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload,
                         visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                         transformers=transformers.__version__,  # the version the Hugging Face peers ran
                         bandwidth_gbs=bandwidth)
@@ -164,7 +167,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 if model is not None:
                     od.decoder_for(model).clear()
                 model = forced = None
-                model = od.load_model(cfg.model, dtype=dtype, device=device, seed=cfg.seed)
+                model = od.load_model(cfg.model, dtype=dtype, device=device, seed=cfg.seed, tp=cfg.tp)
                 model_dtype = dtype
             vocab = model.config.get_text_config().vocab_size
             eos_id = _first_eos(model, vocab)
@@ -201,6 +204,13 @@ def main(argv=None) -> int:
     with open(args.config) as f:
         cfg = config_from_json(f.read())
     run_worker(cfg, args.out)
+    if cfg.tp > 1:
+        # destroy_process_group() has hung at exit under torchrun with NCCL: after a barrier (no rank still
+        # needs the group) leave without tearing it down; the rows file is closed and stdout flushed
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

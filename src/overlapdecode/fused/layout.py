@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..tp import RowReduce, row_reduce_of
+
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 SUPPORTED = LLAMA_FAMILY + ("gpt2",)
 # Rotary variants whose frequencies do not depend on the sequence length (HF precomputes `inv_freq`).
@@ -56,6 +58,7 @@ class FusedWeights:
     inv_freq: torch.Tensor | None  # (D/2,) float32, None without RoPE
     rope_scale: float  # HF's attention_scaling, multiplies cos and sin
     sliding_window: int | None
+    tp: RowReduce | None = None  # a tensor-parallel shard (tp.py): w_o and w_down are row-parallel
 
     @property
     def hidden(self) -> int:
@@ -179,7 +182,7 @@ def _fuse_llama(model) -> FusedWeights:
         n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads, head_dim=head_dim,
         eps=float(cfg.rms_norm_eps), norm="rms", act="silu_mul",
         inv_freq=rotary.inv_freq.detach().float(), rope_scale=float(rotary.attention_scaling),
-        sliding_window=window,
+        sliding_window=window, tp=row_reduce_of(first.o_proj),
     )
 
 
@@ -207,7 +210,7 @@ def _fuse_gpt2(model) -> FusedWeights:
     return FusedWeights(
         family="gpt2", layers=layers, embed=tr.wte.weight.detach(), pos_embed=tr.wpe.weight.detach(),
         norm_w=tr.ln_f.weight.detach(), norm_b=tr.ln_f.bias.detach(), lm_head=model.lm_head.weight.detach(),
-        n_heads=cfg.n_head, n_kv_heads=cfg.n_head, head_dim=cfg.n_embd // cfg.n_head,
+        n_heads=cfg.n_head, n_kv_heads=cfg.n_head, head_dim=tr.h[0].attn.head_dim,  # n_head is local under tp
         eps=float(cfg.layer_norm_epsilon), norm="layer", act="gelu_tanh",
-        inv_freq=None, rope_scale=1.0, sliding_window=None,
+        inv_freq=None, rope_scale=1.0, sliding_window=None, tp=row_reduce_of(tr.h[0].attn.c_proj),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..tp import reduce_residual
 from .kernels.norm_linear import norm_linear_ref, norm_ref
 from .kernels.norm_qkv import apply_rope, rope_cos_sin
 from .layout import FusedWeights
@@ -48,10 +49,15 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops):
         q = ops.norm_qkv(h, layer.norm1_w, layer.norm1_b, W.eps, layer.w_qkv, layer.b_qkv, W.inv_freq,
                          W.rope_scale, pos, slot, kc, vc, W.n_heads, W.n_kv_heads, W.head_dim)
         a = ops.attention(q, kc, vc, start, length, layer.scale)
-        h = ops.linear_residual(a.reshape(B, -1), layer.w_o, layer.b_o, h)
+        # under tp (W.tp), w_o and w_down hold 1/tp of their inputs: reduce_residual sums the ranks' parts
+        h = reduce_residual(ops.linear_residual, a.reshape(B, -1), layer.w_o, layer.b_o, h, W.tp)
         m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
-        h = ops.linear_residual(m, layer.w_down, layer.b_down, h)
+        h = reduce_residual(ops.linear_residual, m, layer.w_down, layer.b_down, h, W.tp)
     return ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32)
+
+
+def _add_linear(x, w, b, residual):
+    return residual + F.linear(x, w, b)
 
 
 def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
@@ -76,7 +82,7 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
         vc[:, :, :T] = v
         a = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=layer.scale,
                                            enable_gqa=Hq != Hkv)
-        h = h + F.linear(a.transpose(1, 2).reshape(B, T, Hq * D), layer.w_o, layer.b_o)
+        h = reduce_residual(_add_linear, a.transpose(1, 2).reshape(B, T, Hq * D), layer.w_o, layer.b_o, h, W.tp)
         m = norm_linear_ref(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
-        h = h + F.linear(m, layer.w_down, layer.b_down)
+        h = reduce_residual(_add_linear, m, layer.w_down, layer.b_down, h, W.tp)
     return norm_linear_ref(h.index_select(1, last)[:, 0], W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32)
