@@ -20,6 +20,7 @@ from ..cliargs import (
     writable_dir,
     writable_file,
 )
+from .config import BenchConfig
 
 ALLOCATOR_NAMES = ("default", "expandable")  # bench.runner.ALLOCATORS (a test keeps them equal)
 PEER_NAMES = ("hf-dynamic", "hf-static", "hf-compiled")  # bench.peers.PEERS (likewise)
@@ -137,8 +138,6 @@ def _check_dtype(d: str, flag: str) -> str:
 
 
 def bench_config(args):
-    from .config import BenchConfig
-
     device = check_device(args.device) if args.device is not None else None
     cuda = (device.type if device is not None else _default_device().type) == "cuda"
     lengths = _positive(ints(args.lengths, "--lengths") if args.lengths else ([64, 96] if cuda else [16, 48]),

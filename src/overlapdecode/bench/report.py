@@ -379,7 +379,7 @@ def _err(rows) -> list[list[float]]:
 
 
 def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
-    import matplotlib
+    import matplotlib  # slow to import: only when plots are drawn (a report rebuilt from JSON needs nothing else)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
