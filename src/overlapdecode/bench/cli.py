@@ -207,13 +207,13 @@ def _check_model_name(model: str) -> None:
 
 def _check_out(out: str, append: bool) -> None:
     """--out before any work: a directory we can write, holding no results.json unless --append."""
-    writable_dir(out, "--out")
     results = os.path.join(out, "results.json")
     if append and not os.path.exists(results):
         raise CliError(f"--append: {results} not found (nothing to add to)")
     if not append and os.path.exists(results):
         raise CliError(f"--out {out} already holds results.json: add to it with --append, or choose another --out "
                        f"(an earlier run's results are never overwritten)")
+    writable_dir(out, "--out")  # last: it makes the directory
 
 
 def _check_gpus(text: str, device) -> tuple[int, ...]:
