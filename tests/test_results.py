@@ -82,6 +82,7 @@ def test_bench_refuses_to_overwrite_an_earlier_results_json(tmp_path, capsys):
     _one_line(capsys, f"--out {d} already holds results.json: add to it with --append")
     assert main(["bench", "--device", "cpu", "--append", "--out", str(tmp_path / "fresh")]) == 2
     _one_line(capsys, "--append:", "not found (nothing to add to)")
+    assert not os.path.exists(tmp_path / "fresh")  # refused before making anything
     assert open(path).read() == before
 
 

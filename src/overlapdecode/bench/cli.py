@@ -20,6 +20,7 @@ from ..cliargs import (
     writable_dir,
     writable_file,
 )
+from .config import BenchConfig
 
 ALLOCATOR_NAMES = ("default", "expandable")  # bench.runner.ALLOCATORS (a test keeps them equal)
 PEER_NAMES = ("hf-dynamic", "hf-static", "hf-compiled")  # bench.peers.PEERS (likewise)
@@ -140,8 +141,6 @@ def _check_dtype(d: str, flag: str) -> str:
 
 
 def bench_config(args):
-    from .config import BenchConfig
-
     device = check_device(args.device) if args.device is not None else None
     cuda = (device.type if device is not None else _default_device().type) == "cuda"
     lengths = _positive(ints(args.lengths, "--lengths") if args.lengths else ([64, 96] if cuda else [16, 48]),
@@ -229,13 +228,13 @@ def _check_model_name(model: str) -> None:
 
 def _check_out(out: str, append: bool) -> None:
     """--out before any work: a directory we can write, holding no results.json unless --append."""
-    writable_dir(out, "--out")
     results = os.path.join(out, "results.json")
     if append and not os.path.exists(results):
         raise CliError(f"--append: {results} not found (nothing to add to)")
     if not append and os.path.exists(results):
         raise CliError(f"--out {out} already holds results.json: add to it with --append, or choose another --out "
                        f"(an earlier run's results are never overwritten)")
+    writable_dir(out, "--out")  # last: it makes the directory
 
 
 def _check_gpus(text: str, device) -> tuple[int, ...]:

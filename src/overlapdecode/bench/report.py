@@ -148,8 +148,8 @@ def claims(results: dict) -> list[str]:
             k_all, k_long = exponents(per["kv"])
             b_rng, k_rng = exponent_range(per["baseline"]), exponent_range(per["kv"])
             text = (f"time-vs-N exponent over {shortest}-{longest} tokens: baseline {_f(b_all)} (last two lengths "
-                    f"{_f(b_long)}; the timed calls allow {b_rng[0]:.2f}-{b_rng[1]:.2f}), kv {_f(k_all)} (last two "
-                    f"{_f(k_long)}; {k_rng[0]:.2f}-{k_rng[1]:.2f})")
+                    f"{_f(b_long)}; the timed calls allow {b_rng[0]:.2f} to {b_rng[1]:.2f}), kv {_f(k_all)} (last two "
+                    f"{_f(k_long)}; {k_rng[0]:.2f} to {k_rng[1]:.2f})")
             rows_used = [r for _, r in per["baseline"] + per["kv"]]
             n = min(_repeats(r) for r in rows_used)
             why = None
@@ -389,7 +389,7 @@ def _err(rows) -> list[list[float]]:
 
 
 def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
-    import matplotlib
+    import matplotlib  # slow to import: only when plots are drawn (a report rebuilt from JSON needs nothing else)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -18,8 +18,11 @@ The bench and the profile command both use `analyze`; neither fakes a figure wit
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
+
+import torch
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
@@ -63,10 +66,6 @@ def _ranges(events, name):
 def trace_call(fn, device, path: str) -> dict:
     """Run `fn()` once under the PyTorch profiler (CPU, and CUDA when there), write its Chrome trace to `path`
     (gzipped if it ends in .gz: Perfetto reads that) and return the trace. Used by the bench and by profile."""
-    import gzip
-
-    import torch
-
     cuda = torch.device(device).type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     if cuda:
@@ -165,7 +164,7 @@ def whole_call(trace: dict) -> dict:
 
 def plot_timeline(trace: dict, path: str, title: str, first_step: int = 3, n_steps: int = 4) -> None:
     """PNG of a few decode steps: host lane (launches, syncs) over GPU lane (work), idle GPU gaps labelled."""
-    import matplotlib
+    import matplotlib  # optional and slow to import: only when a picture is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
