@@ -122,7 +122,9 @@ def _split_kernel(
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(live[None, :], s * qk_scale, float("-inf"))
+        # float32 whatever type the scale arrives as (torch.compile passes Python floats to user kernels as
+        # fp64, which would make the loop-carried max fp64)
+        s = tl.where(live[None, :], s * qk_scale, float("-inf")).to(tl.float32)
         # Every block has a live slot, so m_new is finite and no -inf - -inf appears.
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
