@@ -71,9 +71,11 @@ def cases_for(model, strategies: list[str], batches: tuple[int, ...], sampling: 
     first token and at the last allowed one, and (if asked) seeded sampling; with their expected tokens."""
     cases = []
 
-    def add(name, ids, mask, eos, n=N, pad=0, **sampling_kw):
+    def add(name, ids, mask, eos, n=N, pad=0, steps=None, **sampling_kw):
         expected = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy="kv", eos_token_id=eos,
                                pad_token_id=pad, **sampling_kw)
+        if steps is not None:  # the case stops where it claims to (the whole batch finished after `steps`)
+            assert steps(expected.shape[1] - ids.shape[1]), (name, expected.shape)
         cases.append(dict(name=name, ids=ids.tolist(), mask=mask.tolist(), max_new_tokens=n, eos=eos, pad=pad,
                           strategies=strategies, sampling=sampling_kw, expected=expected.tolist()))
 
@@ -87,9 +89,9 @@ def cases_for(model, strategies: list[str], batches: tuple[int, ...], sampling: 
         n_last, last = finish_last(free)
         assert some and all_rows and first, "no EOS choice for this batch: change the seed"
         add(f"b{batch}-eos-some", ids, mask, some)
-        add(f"b{batch}-eos-all", ids, mask, all_rows)
-        add(f"b{batch}-eos-first", ids, mask, first)
-        add(f"b{batch}-eos-last", ids, mask, last, n=n_last)
+        add(f"b{batch}-eos-all", ids, mask, all_rows, steps=lambda k: 1 < k < N)
+        add(f"b{batch}-eos-first", ids, mask, first, steps=lambda k: k == 1)
+        add(f"b{batch}-eos-last", ids, mask, last, n=n_last, steps=lambda k: k == n_last)
         if sampling:
             add(f"b{batch}-sample", ids, mask, [], do_sample=True, seed=7, temperature=0.8, top_k=50)
     return cases
