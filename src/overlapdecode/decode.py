@@ -142,6 +142,11 @@ class Decoder:
                 f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
                 f"{req.max_new_tokens}; use a lag <= max_new_tokens"
             )
+        if params.do_sample and seed is None and _sharded():
+            raise ValueError(
+                "seed: sampling under tensor parallelism needs an explicit seed, so that every rank draws the "
+                "same noise and picks the same token (each rank's global generator may differ)"
+            )
         sink = _token_sink(streamer)
         with self._guard(), torch.no_grad():
             return self._decode(req, strat, params, seed, sink)
@@ -238,6 +243,12 @@ class Decoder:
             if sink is not None:
                 sink.end()  # also on error: an iterator streamer's reader must not wait for ever
         return out if n == N else out[:, : P + n].clone()
+
+
+def _sharded() -> bool:
+    """Whether this process is one rank of several (tensor parallelism, tp.py)."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 class _Release:
