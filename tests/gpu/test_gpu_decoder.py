@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import overlapdecode as od
+from helpers import make_batch
 from overlapdecode.bench.workloads import ForcedEOS
 
 DEV = "cuda"
@@ -25,12 +26,8 @@ def model():
 
 
 def prompt(B, P=16, seed=0, vocab=50000, pad=True):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (B, P), generator=g)
-    mask = torch.ones_like(ids)
-    for r in range(1, B, 2) if pad else ():
-        mask[r, : 1 + r % (P - 1)] = 0
-    return ids.to(DEV), mask.to(DEV)
+    ids, mask = make_batch(B, seed, P, low=0, high=vocab, device=DEV)
+    return (ids, mask) if pad else (ids, torch.ones_like(mask))
 
 
 @pytest.mark.parametrize("late,sync", [

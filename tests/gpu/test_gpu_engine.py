@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import overlapdecode as od
+from helpers import make_batch
 
 DEV = "cuda"
 EAGER = ["baseline", "kv", "static", od.Strategy(cache="static", stop_check="pingpong"),
@@ -25,13 +26,7 @@ def model(request):
 
 
 def batch(model, B, P=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab - 1, (B, P), generator=g)
-    mask = torch.ones_like(ids)
-    for r in range(1, B, 2):
-        mask[r, : 1 + r % (P - 1)] = 0
-    return ids.to(DEV), mask.to(DEV)
+    return make_batch(B, seed, P, low=0, high=model.config.vocab_size - 1, device=DEV)
 
 
 def midway_eos(model, ids, mask, n):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import overlapdecode as od
+from helpers import make_batch
 from overlapdecode.caches import position_ids_for_prompt, static_cache_len
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
@@ -64,12 +65,7 @@ def test_kernels_match_references_at_real_shapes(shape, B):
 
 
 def prompts(model, B, P=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size - 1, (B, P), generator=g)
-    mask = torch.ones_like(ids)
-    for row in range(1, B, 2):
-        mask[row, : 1 + row % (P - 1)] = 0
-    return ids.to(DEV), mask.to(DEV)
+    return make_batch(B, seed, P, low=0, high=model.config.vocab_size - 1, device=DEV)
 
 
 def near_ties(scores) -> list[int]:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import overlapdecode as od
+from helpers import make_batch
 from overlapdecode.bench.workloads import ForcedEOS
 
 DEV = "cuda"
@@ -47,12 +48,7 @@ def model():
 
 
 def prompt(B, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 998, (B, P), generator=g)
-    mask = torch.ones_like(ids)
-    for r in range(1, B, 2):
-        mask[r, : 1 + r % (P - 1)] = 0
-    return ids.to(DEV), mask.to(DEV)
+    return make_batch(B, seed, P, low=0, high=998, device=DEV)
 
 
 def run_pair(model, name, ids, mask, n, stops, **kw):
