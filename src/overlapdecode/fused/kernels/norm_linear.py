@@ -42,6 +42,30 @@ def norm_linear_ref(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=Non
 
 
 @triton.jit
+def norm_stats(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """The norm's per-row (mean, 1/std) over all K of x (B, K), float32: the prologue of every kernel that
+    starts with a norm. RMSNorm (LAYER false) has mean 0. float32 also where `eps` arrives as fp64 (as a
+    Python float does under torch.compile), so that the normalised x is not computed in fp64."""
+    ks = tl.arange(0, BLOCK_K)
+    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if LAYER:
+        s = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            m = row_ok[:, None] & (k0 + ks < K)[None, :]
+            s += tl.sum(tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32), 1)
+        mean = s / K
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        m = row_ok[:, None] & (k0 + ks < K)[None, :]
+        xv = tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32)
+        d = tl.where(m, xv - mean[:, None], 0.0)
+        ss += tl.sum(d * d, 1)
+    rstd = (1.0 / tl.sqrt(ss / K + eps)).to(tl.float32)
+    return mean, rstd
+
+
+@triton.jit
 def _norm_linear_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr,
     B, N, eps, K: tl.constexpr,
@@ -57,20 +81,7 @@ def _norm_linear_kernel(
     dtype = w_ptr.dtype.element_ty
 
     # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
-    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if LAYER:
-        s = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            m = row_ok[:, None] & (k0 + ks < K)[None, :]
-            s += tl.sum(tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32), 1)
-        mean = s / K
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        m = row_ok[:, None] & (k0 + ks < K)[None, :]
-        xv = tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32)
-        d = tl.where(m, xv - mean[:, None], 0.0)
-        ss += tl.sum(d * d, 1)
-    rstd = 1.0 / tl.sqrt(ss / K + eps)
+    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # the up rows of gate/up

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .linear_residual import split_k
-from .norm_linear import norm_ref
+from .norm_linear import norm_ref, norm_stats
 
 
 def rope_cos_sin(inv_freq, rope_scale: float, pos, dtype):
@@ -109,20 +109,7 @@ def _norm_qkv_kernel(
     dtype = w_ptr.dtype.element_ty
 
     # prologue: the norm's statistics over all of K (also in a split-K program: they scale its K range)
-    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if LAYER:
-        s = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            m = row_ok[:, None] & (k0 + ks < K)[None, :]
-            s += tl.sum(tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32), 1)
-        mean = s / K
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        m = row_ok[:, None] & (k0 + ks < K)[None, :]
-        xv = tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32)
-        d = tl.where(m, xv - mean[:, None], 0.0)
-        ss += tl.sum(d * d, 1)
-    rstd = 1.0 / tl.sqrt(ss / K + eps)
+    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K)
 
     k_lo = pid_k * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
