@@ -184,13 +184,16 @@ class Decoder:
             # stream hand-off: the last call's late steps are done before this call resets what they used
             main.wait_event(self._end_event)
 
+        # an unsupported family is refused here, before any buffer is made on the device
+        fused = self.fused_model() if strat.cache == "fused" else None
+
         # 1) buffers made once on the caller's stream, before the loop
         out = torch.empty((B, P + N), dtype=torch.long, device=device)  # (B, P + N)
         out[:, :P] = req.input_ids
         if strat.cache == "fused":
             from .fused.cache import FusedKV  # imported on first use: Triton is a heavy import
 
-            cache = FusedKV(self.fused_model(), req.input_ids, req.attention_mask, caches.static_cache_len(P, N),
+            cache = FusedKV(fused, req.input_ids, req.attention_mask, caches.static_cache_len(P, N),
                             caches.position_ids_for_prompt(req.attention_mask))
             step_model = cache.model  # the fused step replaces the Hugging Face forward
         else:
