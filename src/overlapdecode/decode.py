@@ -12,6 +12,7 @@ slots, the compiled step, and the event that marks the end of its last call. It 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
@@ -22,7 +23,7 @@ from . import caches, markers
 from .inputs import Request, check_model, check_request, model_device
 from .sampling import SamplingParams, check_sampling, draw_noise, make_generator, pick_next
 from .stopping import Slots, make_check, mark_finished
-from .strategy import Strategy, resolve_strategy
+from .strategy import LATE_CHECKS, Strategy, resolve_strategy
 
 
 def decode_step(model, model_kwargs: dict, state, eos_ids, pad_id: int, noise, params: SamplingParams):
@@ -137,7 +138,7 @@ class Decoder:
         strat = resolve_strategy(strategy)
         req = check_request(self.model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
         params = check_sampling(do_sample, temperature, top_k, top_p, seed)
-        if strat.lag > req.max_new_tokens and strat.stop_check in ("pingpong", "deferred"):
+        if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:
             raise ValueError(
                 f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
                 f"{req.max_new_tokens}; use a lag <= max_new_tokens"
@@ -151,6 +152,7 @@ class Decoder:
         with self._guard(), torch.no_grad():
             return self._decode(req, strat, params, seed, sink)
 
+    @contextlib.contextmanager
     def _guard(self):
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(
@@ -158,7 +160,10 @@ class Decoder:
                 "again): one call at a time per decoder; serialise calls with a lock, or give each worker its "
                 "own model and od.Decoder"
             )
-        return _Release(self._lock)
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _streams_for(self, device: torch.device) -> list:
         if device not in self._side_streams:
@@ -207,7 +212,7 @@ class Decoder:
         generator = make_generator(params, seed, device)
         vocab_out = model.get_output_embeddings().weight.shape[0]
         side = self._streams_for(device) if cuda and strat.stop_check == "pingpong" else None
-        slots = self._slots_for(strat.lag + 1, B, device) if strat.stop_check in ("pingpong", "deferred") else None
+        slots = self._slots_for(strat.lag + 1, B, device) if strat.stop_check in LATE_CHECKS else None
         if sink is not None:
             sink.start(req.input_ids)
         check = make_check(strat.stop_check, strat.lag, N, main, side, slots, out[:, P:], eos_ids,
@@ -254,17 +259,6 @@ def _sharded() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-class _Release:
-    def __init__(self, lock):
-        self.lock = lock
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.lock.release()
-
-
 class _TokenSink:
     """A streamer seen through one interface: a callable of (B,) host tokens, or a Hugging Face streamer
     object (`put`/`end`: `TextStreamer`, `TextIteratorStreamer`), which first receives the prompt, as from
@@ -272,7 +266,7 @@ class _TokenSink:
 
     def __init__(self, streamer):
         self.streamer = streamer
-        self.hf = hasattr(streamer, "put") and hasattr(streamer, "end")
+        self.hf = _is_hf_streamer(streamer)
 
     def start(self, input_ids: torch.Tensor) -> None:
         if self.hf:
@@ -289,10 +283,14 @@ class _TokenSink:
             self.streamer.end()
 
 
+def _is_hf_streamer(streamer) -> bool:
+    return hasattr(streamer, "put") and hasattr(streamer, "end")
+
+
 def _token_sink(streamer) -> _TokenSink | None:
     if streamer is None:
         return None
-    if not (callable(streamer) or (hasattr(streamer, "put") and hasattr(streamer, "end"))):
+    if not (callable(streamer) or _is_hf_streamer(streamer)):
         raise TypeError(
             "streamer must be callable (given each step's (B,) host tokens), a Hugging Face streamer (put/end) or None, got "
             f"{type(streamer).__name__}"
