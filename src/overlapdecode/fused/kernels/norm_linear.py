@@ -66,6 +66,21 @@ def norm_stats(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexpr, B
 
 
 @triton.jit
+def norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.constexpr, LAYER: tl.constexpr,
+              dtype: tl.constexpr):
+    """The normalised (BLOCK_M, BLOCK_K) tile of x at columns `kk`, in the model dtype, rounded as Hugging
+    Face's norms round (0 where `m` is false): the per-tile half of the norm prologue (`norm_stats`)."""
+    xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
+    g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
+    if LAYER:
+        beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
+    else:  # HF RMSNorm: weight * (x * rstd).to(dtype), the product in dtype
+        xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
+    return tl.where(m, xn, 0.0).to(dtype)
+
+
+@triton.jit
 def _norm_linear_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr,
     B, N, eps, K: tl.constexpr,
@@ -89,14 +104,7 @@ def _norm_linear_kernel(
         kk = k0 + ks
         k_ok = kk < K
         m = row_ok[:, None] & k_ok[None, :]
-        xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
-        g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
-        if LAYER:
-            beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-            xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
-        else:  # HF RMSNorm: weight * (x * rstd).to(dtype), the product in dtype
-            xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
-        xn = tl.where(m, xn, 0.0).to(dtype)
+        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
         wm = col_ok[:, None] & k_ok[None, :]
         wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=wm, other=0.0)
         acc += tl.dot(xn, tl.trans(wt), input_precision="ieee")

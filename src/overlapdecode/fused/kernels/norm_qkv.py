@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .linear_residual import split_k
-from .norm_linear import norm_ref, norm_stats
+from .norm_linear import norm_ref, norm_stats, norm_tile
 
 
 def rope_cos_sin(inv_freq, rope_scale: float, pos, dtype):
@@ -119,14 +119,7 @@ def _norm_qkv_kernel(
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
-        xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
-        g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
-        if LAYER:
-            beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-            xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
-        else:
-            xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
-        xn = tl.where(m, xn, 0.0).to(dtype)
+        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
         wm = dim_ok[:, None] & k_ok[None, :]
         wa = tl.load(w_ptr + w1[:, None] * K + kk[None, :], mask=wm, other=0.0)
         wb = tl.load(w_ptr + w2[:, None] * K + kk[None, :], mask=wm, other=0.0)
