@@ -17,8 +17,8 @@ from transformers import (
 )
 
 import overlapdecode as od
+from fused_steps import fused_logits
 from helpers import eos_hit_midway, hf_generate, make_batch
-from overlapdecode.caches import position_ids_for_prompt, static_cache_len
 from overlapdecode.fused.layout import fuse_weights
 from overlapdecode.fused.model import FusedModel
 
@@ -83,19 +83,6 @@ def test_eager_fused_and_long_prompt_match_hf(model):
     out = od.generate(model, ids, attention_mask=mask, max_new_tokens=12, strategy=od.Strategy(cache="fused"),
                       eos_token_id=[])
     assert torch.equal(out, ref)
-
-
-def fused_logits(fm: FusedModel, ids, mask, tokens):
-    """Per-step float32 logits of the fused model fed `tokens` (B, n), as the decode loop feeds them."""
-    B, P = ids.shape
-    cache = fm.cache_for(B, static_cache_len(P, tokens.shape[1]))
-    pos = position_ids_for_prompt(mask)
-    out = [fm(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache).logits[:, -1]]
-    last = pos[:, -1:]
-    for j in range(tokens.shape[1] - 1):
-        last = last + 1
-        out.append(fm(input_ids=tokens[:, j : j + 1], position_ids=last, past_key_values=cache).logits[:, -1])
-    return torch.stack(out, 1)
 
 
 @torch.no_grad()

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import overlapdecode as od
+from fused_steps import fused_logits
 from helpers import make_batch
-from overlapdecode.caches import position_ids_for_prompt, static_cache_len
+from overlapdecode.caches import position_ids_for_prompt
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
@@ -93,18 +94,6 @@ def test_float32_tokens_equal_hf_for_200_steps(name, B, strategy):
     assert first is None or any(t <= first for t in ties), f"diverged at step {first} with no near tie before"
 
 
-def per_step_logits(fm, ids, mask, tokens):
-    B, P = ids.shape
-    cache = fm.cache_for(B, static_cache_len(P, tokens.shape[1]))
-    pos = position_ids_for_prompt(mask)
-    out = [fm(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache).logits[:, -1]]
-    last = pos[:, -1:]
-    for j in range(tokens.shape[1] - 1):
-        last = last + 1
-        out.append(fm(input_ids=tokens[:, j : j + 1], position_ids=last, past_key_values=cache).logits[:, -1])
-    return torch.stack(out, 1).float()
-
-
 @torch.no_grad()
 def test_bfloat16_logit_error_within_hf_bfloat16s_own():
     model32 = od.load_model("llama-1b-random", dtype="float32", device=DEV)
@@ -122,7 +111,7 @@ def test_bfloat16_logit_error_within_hf_bfloat16s_own():
 
     ref = hf_logits(model32)
     hf16 = hf_logits(model16)
-    fused16 = per_step_logits(FusedModel(model16), ids, mask, seq[:, P:])
+    fused16 = fused_logits(FusedModel(model16), ids, mask, seq[:, P:])
     err_hf = (hf16 - ref).pow(2).mean().sqrt().item()
     err_fused = (fused16 - ref).pow(2).mean().sqrt().item()
     print(f"bf16 logit RMS error vs float32 HF: fused {err_fused:.4g}, HF bf16 {err_hf:.4g}")
