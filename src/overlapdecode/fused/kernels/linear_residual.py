@@ -80,7 +80,8 @@ def _reduce_residual_kernel(
     tl.store(out_ptr + offs, (res + acc.to(dtype).to(tl.float32)).to(dtype), mask=ok)
 
 
-def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, programs: int | None = None):
+def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, programs: int | None = None,
+                    num_warps: int = 4, num_stages: int = 3):
     """The Triton kernels of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N)."""
     B, K = x.shape
     N = w.shape[0]
@@ -96,6 +97,7 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
     _linear_partial_kernel[(n_blocks, split, triton.cdiv(B, 16))](
         x, w, dummy_b, residual, out, part, B, N, K, k_chunk,
         SPLIT=split, HAS_BIAS=b is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if split > 1:
         block = 1024

@@ -133,7 +133,7 @@ def _norm_linear_kernel(
 
 
 def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int = 32,
-                block_k: int = 128):
+                block_k: int = 128, num_warps: int = 4, num_stages: int = 3):
     """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major."""
     B, K = x.shape
     n_out = w.shape[0] // 2 if act == "silu_mul" else w.shape[0]
@@ -144,5 +144,6 @@ def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, b
         B, n_out, eps, K,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
         ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -164,7 +164,8 @@ def _qkv_reduce_kernel(
 
 
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
-             n_heads: int, n_kv: int, head_dim: int, half: int = 16, block_k: int = 128, programs: int = 1):
+             n_heads: int, n_kv: int, head_dim: int, half: int = 16, block_k: int = 128, programs: int = 1,
+             num_warps: int = 4, num_stages: int = 3):
     """The Triton kernel(s) of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous. With fewer
     head tiles than `programs`, K is split as in linear_residual and a small kernel finishes the tiles."""
     B, K = x.shape
@@ -182,7 +183,7 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
         x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
         B, S, n_heads, n_kv, eps, rope_scale, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
-        HALF=half, BLOCK_M=16, BLOCK_K=block_k,
+        HALF=half, BLOCK_M=16, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
     )
     if split > 1:
         _qkv_reduce_kernel[(tiles, 1, triton.cdiv(B, 16))](

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session-4 GPU calls on an nvidia-h200-x2. Stage A: GPU 0 tunes the fused kernels and profiles the fused
+# step (scripts/kernel_sweep.py); GPU 1 runs the named sanitizer check and then tests/gpu.
+#   bash scripts/gpu_session4.sh A
+# Results go to $OUT. OVERLAPDECODE_COMMIT names the commit (the copy has no .git).
+set -uo pipefail
+STAGE=${1:?stage}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > $OUT/gpu.txt
+if [ "$STAGE" = A ]; then
+  (
+    export CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src
+    mkdir -p $OUT/sweep
+    timeout 540 taskset -c 0-15 python3 scripts/kernel_sweep.py $OUT/sweep > $OUT/sweep.log 2>&1
+    echo "sweep rc=$?" >> $OUT/sweep.log
+  ) &
+  (
+    export CUDA_VISIBLE_DEVICES=1 PYTHONPATH=src
+    TORCH_CUDA_SANITIZER=1 timeout 120 taskset -c 16-31 python3 -m pytest -m cuda tests/gpu -p no:cacheprovider -rA \
+      -k "second_call or sanitizer" > $OUT/gpu-sanitizer.log 2>&1
+    echo "sanitizer rc=$?" >> $OUT/gpu-sanitizer.log
+    timeout 410 taskset -c 16-31 python3 -m pytest -m cuda tests/gpu -p no:cacheprovider -rA --durations=15 \
+      > $OUT/gpu-tests.log 2>&1
+    echo "tests rc=$?" >> $OUT/gpu-tests.log
+  ) &
+  wait
+  tail -4 $OUT/gpu-sanitizer.log; tail -25 $OUT/gpu-tests.log; tail -20 $OUT/sweep.log
+fi

@@ -1,0 +1,177 @@
+"""Tune the fused step's kernels on a GPU, and show where one step's time goes.
+
+1. Each GEMV kernel at the Llama-1B and Llama-8B shapes (batch 1), over a grid of launch configurations
+   (block sizes, warps, pipeline stages, split-K target), timed as CUDA-graph replays over enough distinct
+   weight copies that no copy stays in L2 (as in the step, where every layer reads its own weights): achieved
+   GB/s of the weight bytes against the device's copy bandwidth.
+2. The whole fused step of llama-1b-random (bfloat16, batch 1 and 8), captured in one CUDA graph, under the
+   torch profiler: kernels per step and the time of each kind of kernel.
+
+    python3 scripts/kernel_sweep.py OUT_DIR [--quick]
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+
+import torch
+import triton.testing
+
+DEV = "cuda"
+SHAPES = {"llama-1b": (2048, 32, 8, 64, 8192, 128256), "llama-8b": (4096, 32, 8, 128, 14336, 128256)}
+L2_BYTES = 50 * 2**20
+
+
+def copy_gbs() -> float:
+    a = torch.empty(2**30, dtype=torch.uint8, device=DEV)
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), rep=200, return_mode="median")
+    return 2 * a.numel() / ms / 1e6
+
+
+def rotated(make, nbytes: int):
+    """Enough copies of a kernel's inputs that their weights are 4x the L2."""
+    n = max(2, -(-4 * L2_BYTES // nbytes))
+    return [make() for _ in range(n)]
+
+
+def time_rotated(fn, sets) -> float:
+    """us per call: one graph replays fn over every input set in turn."""
+    def all_sets():
+        for s in sets:
+            fn(*s)
+    ms = triton.testing.do_bench_cudagraph(all_sets, rep=60, return_mode="median")
+    return ms * 1e3 / len(sets)
+
+
+def sweep(shape: str, B: int, quick: bool) -> list[dict]:
+    from overlapdecode.fused.kernels.linear_residual import linear_residual
+    from overlapdecode.fused.kernels.norm_linear import norm_linear
+    from overlapdecode.fused.kernels.norm_qkv import norm_qkv
+
+    H, Hq, Hkv, D, I, V = SHAPES[shape]
+    dt = torch.bfloat16
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    r = lambda *s: torch.randn(*s, device=DEV, dtype=dt) * 0.02  # noqa: E731
+    x, nw = r(B, H), r(H) + 1
+    inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device=DEV).float() / D))
+    pos = torch.full((B,), 200, device=DEV)
+    kc, vc = r(B, Hkv, 300, D), r(B, Hkv, 300, D)
+    a, m = r(B, Hq * D), r(B, I)
+    rows = []
+    warps, stages = ((4, 8), (3, 4)) if not quick else ((4,), (3,))
+    blocks_n = (16, 32, 64) if not quick else (32,)
+    blocks_k = (128, 256) if not quick else (128,)
+    mults = (2, 4, 8) if not quick else (4,)
+    kernels = {
+        "qkv": ((Hq + 2 * Hkv) * D, H),
+        "o_proj": (H, Hq * D),
+        "gate_up": (2 * I, H),
+        "down": (H, I),
+        "lm_head": (V, H),
+    }
+    for name, (N, K) in kernels.items():
+        sets = rotated(lambda: (r(N, K),), N * K * 2)
+        nbytes = N * K * 2
+        for bn, bk, nw_, ns, mult in itertools.product(blocks_n, blocks_k, warps, stages, mults):
+            if name in ("gate_up", "lm_head") and mult != mults[0]:
+                continue  # no split-K in norm_linear
+            if mult != 4 and (bn, bk, nw_, ns) != (32, 128, 4, 3):
+                continue  # the split-K target is swept at the default tile only
+            if name == "qkv" and bn > D // 2:
+                continue  # norm_qkv's tile is HALF = block_n dimensions of each half of a head
+            cfg = dict(block_n=bn, block_k=bk, num_warps=nw_, num_stages=ns, programs=mult * sms)
+            if name == "qkv":
+                fn = lambda w, c=cfg: norm_qkv(x, nw, None, 1e-5, w, None, inv, 1.0, pos, pos, kc, vc, Hq, Hkv, D,  # noqa: E731
+                                               half=c["block_n"], block_k=c["block_k"], programs=c["programs"],
+                                               num_warps=c["num_warps"], num_stages=c["num_stages"])
+            elif name in ("o_proj", "down"):
+                inp = a if name == "o_proj" else m
+                fn = lambda w, c=cfg, inp=inp: linear_residual(inp, w, None, x, block_n=c["block_n"],  # noqa: E731
+                                                             block_k=c["block_k"], programs=c["programs"],
+                                                             num_warps=c["num_warps"], num_stages=c["num_stages"])
+            else:
+                act, od = ("silu_mul", None) if name == "gate_up" else ("none", torch.float32)
+                fn = lambda w, c=cfg, act=act, od=od: norm_linear(x, nw, None, 1e-5, w, None, act, od,  # noqa: E731
+                                                                block_n=c["block_n"], block_k=c["block_k"],
+                                                                num_warps=c["num_warps"],
+                                                                num_stages=c["num_stages"])
+            try:
+                us = time_rotated(fn, sets)
+                row = dict(shape=shape, B=B, kernel=name, **cfg, us=round(us, 2), gbs=round(nbytes / us / 1e3, 1))
+            except Exception as e:  # a configuration that does not compile (shared memory) is recorded
+                row = dict(shape=shape, B=B, kernel=name, **cfg, error=str(e)[:200])
+            rows.append(row)
+        del sets
+        torch.cuda.empty_cache()
+        best = min((r_ for r_ in rows if r_["kernel"] == name and "us" in r_), key=lambda r_: r_["us"])
+        print(f"{shape} B={B} {name}: best {best}", flush=True)
+    return rows
+
+
+def step_profile(B: int, out_dir: str) -> dict:
+    """The fused step of llama-1b-random in one CUDA graph: ms per step and the profiler's kernel table."""
+    import overlapdecode as od
+    from overlapdecode.fused.model import FusedModel
+
+    model = od.load_model("llama-1b-random", dtype="bfloat16", device=DEV)
+    fm = FusedModel(model)
+    cache = fm.cache_for(B, 300)
+    ids = torch.randint(0, 1000, (B, 1), device=DEV)
+    pos = torch.full((B, 1), 200, device=DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        for _ in range(3):
+            fm(input_ids=ids, position_ids=pos, past_key_values=cache)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), torch.no_grad():
+        fm(input_ids=ids, position_ids=pos, past_key_values=cache)
+    ms = triton.testing.do_bench(g.replay, rep=200, return_mode="median")
+    steps = 20
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            g.replay()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [e for e in events if "Memcpy" not in e.name and "Memset" not in e.name]
+    busy = sum(e.device_time for e in kernels) / 1e3 / steps  # ms of kernel time per step
+    open(os.path.join(out_dir, f"step-profile-b{B}.txt"), "w").write(table)
+    try:
+        prof.export_chrome_trace(os.path.join(out_dir, f"step-trace-b{B}.json"))
+    except Exception:
+        pass
+    del model, fm, cache
+    torch.cuda.empty_cache()
+    return dict(B=B, graph_ms_per_step=round(ms, 4), kernels_per_step=len(kernels) / steps,
+                kernel_ms_per_step=round(busy, 4))
+
+
+def main() -> None:
+    out_dir = sys.argv[1]
+    quick = "--quick" in sys.argv
+    os.makedirs(out_dir, exist_ok=True)
+    res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "copy_gbs": round(copy_gbs(), 1), "steps": [], "sweep": []}
+    print("copy GB/s", res["copy_gbs"], flush=True)
+    path = os.path.join(out_dir, "kernel-sweep.json")
+    for B in (1, 8):
+        t = time.time()
+        res["steps"].append(step_profile(B, out_dir))
+        print("step", res["steps"][-1], f"{time.time() - t:.0f}s", flush=True)
+        json.dump(res, open(path, "w"), indent=1)
+    for shape in SHAPES:
+        t = time.time()
+        res["sweep"] += sweep(shape, 1, quick)
+        print(shape, f"{time.time() - t:.0f}s", flush=True)
+        json.dump(res, open(path, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
