@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
-import itertools
 import json
+import random
 import os
 import sys
 import time
@@ -48,14 +48,15 @@ def time_rotated(fn, sets) -> float:
     return ms * 1e3 / len(sets)
 
 
-def sweep(shape: str, B: int, quick: bool) -> list[dict]:
-    from overlapdecode.fused.kernels.linear_residual import linear_residual
+def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
+    from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
     from overlapdecode.fused.kernels.norm_linear import norm_linear
     from overlapdecode.fused.kernels.norm_qkv import norm_qkv
 
     H, Hq, Hkv, D, I, V = SHAPES[shape]
     dt = torch.bfloat16
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    tk = Tickets(DEV)
     r = lambda *s: torch.randn(*s, device=DEV, dtype=dt) * 0.02  # noqa: E731
     x, nw = r(B, H), r(H) + 1
     inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device=DEV).float() / D))
@@ -63,10 +64,6 @@ def sweep(shape: str, B: int, quick: bool) -> list[dict]:
     kc, vc = r(B, Hkv, 300, D), r(B, Hkv, 300, D)
     a, m = r(B, Hq * D), r(B, I)
     rows = []
-    warps, stages = ((4, 8), (3, 4)) if not quick else ((4,), (3,))
-    blocks_n = (16, 32, 64) if not quick else (32,)
-    blocks_k = (128, 256) if not quick else (128,)
-    mults = (2, 4, 8) if not quick else (4,)
     kernels = {
         "qkv": ((Hq + 2 * Hkv) * D, H),
         "o_proj": (H, Hq * D),
@@ -74,32 +71,41 @@ def sweep(shape: str, B: int, quick: bool) -> list[dict]:
         "down": (H, I),
         "lm_head": (V, H),
     }
+    # (block_n, block_k, num_warps, num_stages, programs / SMs); programs is the split-K target and applies
+    # to qkv, o_proj and down only; for qkv block_n is HALF, the dimensions of each half of a head
+    tiles = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (64, 128, 256) for w in (2, 4, 8) for st in (2, 3, 4, 5)]
+    if quick:
+        tiles = [(32, 128, 4, 3), (32, 256, 4, 3)]
     for name, (N, K) in kernels.items():
         sets = rotated(lambda: (r(N, K),), N * K * 2)
+        t_kernel = time.time()
         nbytes = N * K * 2
-        for bn, bk, nw_, ns, mult in itertools.product(blocks_n, blocks_k, warps, stages, mults):
-            if name in ("gate_up", "lm_head") and mult != mults[0]:
-                continue  # no split-K in norm_linear
-            if mult != 4 and (bn, bk, nw_, ns) != (32, 128, 4, 3):
-                continue  # the split-K target is swept at the default tile only
+        configs = [(*t, m) for t in tiles for m in ((1, 2, 4) if name in ("qkv", "o_proj", "down") else (1,))]
+        random.Random(0).shuffle(configs)  # under the time budget, a spread of the grid, not one corner
+        for bn, bk, nw_, ns, mult in [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)] + configs:
             if name == "qkv" and bn > D // 2:
                 continue  # norm_qkv's tile is HALF = block_n dimensions of each half of a head
+            if name in ("gate_up", "lm_head") and bk > 128 and bn > 32:
+                continue  # too many registers for the silu_mul pair / little to learn
             cfg = dict(block_n=bn, block_k=bk, num_warps=nw_, num_stages=ns, programs=mult * sms)
             if name == "qkv":
                 fn = lambda w, c=cfg: norm_qkv(x, nw, None, 1e-5, w, None, inv, 1.0, pos, pos, kc, vc, Hq, Hkv, D,  # noqa: E731
                                                half=c["block_n"], block_k=c["block_k"], programs=c["programs"],
-                                               num_warps=c["num_warps"], num_stages=c["num_stages"])
+                                               num_warps=c["num_warps"], num_stages=c["num_stages"], tickets=tk)
             elif name in ("o_proj", "down"):
                 inp = a if name == "o_proj" else m
                 fn = lambda w, c=cfg, inp=inp: linear_residual(inp, w, None, x, block_n=c["block_n"],  # noqa: E731
                                                              block_k=c["block_k"], programs=c["programs"],
-                                                             num_warps=c["num_warps"], num_stages=c["num_stages"])
+                                                             num_warps=c["num_warps"], num_stages=c["num_stages"],
+                                                             tickets=tk)
             else:
                 act, od = ("silu_mul", None) if name == "gate_up" else ("none", torch.float32)
                 fn = lambda w, c=cfg, act=act, od=od: norm_linear(x, nw, None, 1e-5, w, None, act, od,  # noqa: E731
                                                                 block_n=c["block_n"], block_k=c["block_k"],
                                                                 num_warps=c["num_warps"],
                                                                 num_stages=c["num_stages"])
+            if time.time() - t_kernel > budget:
+                break
             try:
                 us = time_rotated(fn, sets)
                 row = dict(shape=shape, B=B, kernel=name, **cfg, us=round(us, 2), gbs=round(nbytes / us / 1e3, 1))
@@ -153,6 +159,33 @@ def step_profile(B: int, out_dir: str) -> dict:
                 kernel_ms_per_step=round(busy, 4))
 
 
+def generate_profile(B: int, out_dir: str) -> dict:
+    """`generate` with the fused preset (llama-1b-random, bfloat16): ms per token of the decode steps alone
+    ((a 144-token call - a 16-token call) / 128) and the profiler's kernel table of a 16-token call."""
+    import overlapdecode as od
+
+    model = od.load_model("llama-1b-random", dtype="bfloat16", device=DEV)
+    ids = torch.randint(0, 1000, (B, 32), device=DEV)
+    res = {}
+    for strategy in ("fused", "interleaved"):
+        times = {}
+        for n in (16, 144, 16, 144, 16, 144):  # the first round compiles
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            od.generate(model, ids, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+            torch.cuda.synchronize()
+            times.setdefault(n, []).append(time.perf_counter() - t)
+        res[f"{strategy} ms/token"] = round((min(times[144][1:]) - min(times[16][1:])) / 128 * 1e3, 4)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        od.generate(model, ids, max_new_tokens=16, strategy="fused", eos_token_id=[])
+        torch.cuda.synchronize()
+    open(os.path.join(out_dir, f"generate-profile-b{B}.txt"), "w").write(
+        prof.key_averages().table(sort_by="cuda_time_total", row_limit=60))
+    del model
+    torch.cuda.empty_cache()
+    return res
+
+
 def main() -> None:
     out_dir = sys.argv[1]
     quick = "--quick" in sys.argv
@@ -166,9 +199,13 @@ def main() -> None:
         res["steps"].append(step_profile(B, out_dir))
         print("step", res["steps"][-1], f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
+    t = time.time()
+    res["generate"] = generate_profile(1, out_dir)
+    print("generate", res["generate"], f"{time.time() - t:.0f}s", flush=True)
+    json.dump(res, open(path, "w"), indent=1)
     for shape in SHAPES:
         t = time.time()
-        res["sweep"] += sweep(shape, 1, quick)
+        res["sweep"] += sweep(shape, 1, quick, budget=25.0)
         print(shape, f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
+from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import FusedModel
@@ -72,6 +72,29 @@ def test_linear_residual(B, K, N, programs, bias):
     b = rnd(N, scale=0.1) if bias else None
     got = linear_residual(x, w, b, res, block_k=32, programs=programs)
     torch.testing.assert_close(got, linear_residual_ref(x, w, b, res), **TOL)
+
+
+def test_split_tickets_return_to_zero_and_serve_the_next_launch():
+    """The last program of a split tile puts its counter back to 0: one Tickets serves launch after launch
+    (the fused step shares one across its kernels), and every launch is right."""
+    torch.manual_seed(3)
+    tickets = Tickets(DEV)
+    for B, K, N in [(3, 520, 40), (2, 1100, 17), (3, 520, 40)]:
+        x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
+        got = linear_residual(x, w, None, res, block_k=32, programs=64, tickets=tickets)
+        torch.testing.assert_close(got, linear_residual_ref(x, w, None, res), **TOL)
+        assert int(tickets.counters.abs().sum()) == 0
+    S, H, Hq, Hkv, D = 7, 300, 4, 2, 16
+    x, nw = rnd(2, H), rnd(H) + 1
+    w = rnd((Hq + 2 * Hkv) * D, H, scale=H**-0.5)
+    pos = slot = torch.tensor([1, 5], device=DEV)
+    caches = [torch.zeros(2, Hkv, S, D, device=DEV) for _ in range(4)]
+    for _ in range(2):
+        q = norm_qkv(x, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32,
+                     programs=1000, tickets=tickets)
+        torch.testing.assert_close(q, norm_qkv_ref(x, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[0],
+                                                   caches[1], Hq, Hkv, D), **TOL)
+        assert int(tickets.counters.abs().sum()) == 0
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])

@@ -45,8 +45,9 @@ REFERENCE_OPS = StepOps(norm_qkv_ref, reference.decode_attention_torch, linear_r
 
 
 def triton_ops(device: torch.device) -> StepOps:
-    """The Triton kernels; imported here because Triton is an optional, heavy dependency of the CUDA path."""
-    from .kernels.linear_residual import linear_residual
+    """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
+    Decoder's lock); imported here because Triton is an optional, heavy dependency of the CUDA path."""
+    from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import norm_linear
     from .kernels.norm_qkv import norm_qkv
 
@@ -54,9 +55,11 @@ def triton_ops(device: torch.device) -> StepOps:
         from .kernels.decode_attention import decode_attention
     except ImportError:
         decode_attention = reference.decode_attention_torch
-    programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    return StepOps(functools.partial(norm_qkv, programs=programs), decode_attention,
-                   functools.partial(linear_residual, programs=programs), norm_linear)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    tickets = Tickets(device)
+    # grid targets of the split-K kernels: measured by scripts/kernel_sweep.py (docs/KERNELS.md)
+    return StepOps(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets), decode_attention,
+                   functools.partial(linear_residual, programs=2 * sms, tickets=tickets), norm_linear)
 
 
 class FusedModel:

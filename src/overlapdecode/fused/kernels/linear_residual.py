@@ -3,9 +3,10 @@ projection and the MLP down-projection, which both end a residual branch.
 
 K is long here (the MLP's intermediate size: 8192 at 1B, 14336 at 8B) and N short (the hidden size), so
 N / BLOCK_N programs alone would leave most SMs idle; split-K gives each of SPLIT programs per column block
-one K range. Partial sums go to a small float32 buffer (SPLIT, B, N), and a second, tiny kernel sums them in
-a fixed order (deterministic, unlike atomics), adds the bias and the residual. With SPLIT = 1 the first
-kernel finishes the job itself.
+one K range. Partial sums go to a small float32 buffer (SPLIT, B, N); the program that finishes its column
+block last (a ticket counter, `Tickets`) sums them in a fixed order (deterministic, unlike atomic adds of
+floats), adds the bias and the residual, and resets the counter: one launch, no second kernel. With
+SPLIT = 1 the one program of a column block finishes the job itself.
 """
 
 from __future__ import annotations
@@ -28,9 +29,44 @@ def split_k(n_blocks: int, K: int, block_k: int, programs: int) -> int:
     return split
 
 
+class Tickets:
+    """The ticket counters of the split-K kernels of one device: int32 zeros, one per output tile. A split
+    program takes a ticket after storing its partial sums; the program that draws the last one reduces the
+    tile and puts the counter back to 0, so the buffer is all zeros between launches and one buffer serves
+    every launch of a stream in turn (kernels of one stream never overlap). Owned by whoever owns the
+    stream's steps (a FusedModel): two streams must not share one."""
+
+    SIZE = 1 << 16
+
+    def __init__(self, device):
+        self.counters = torch.zeros(self.SIZE, dtype=torch.int32, device=device)
+        if hasattr(torch, "_dynamo"):
+            torch._dynamo.mark_static_address(self.counters)  # a CUDA graph reads it in place
+
+    def take(self, n: int) -> torch.Tensor:
+        if n > self.SIZE:
+            raise ValueError(f"a launch needs {n} ticket counters, more than the {self.SIZE} a Tickets holds")
+        return self.counters
+
+
+def take_tickets(tickets: Tickets | None, n: int, device) -> torch.Tensor:
+    """`n` zeroed counters: from `tickets`, or fresh zeros (one fill kernel more) without."""
+    return tickets.take(n) if tickets is not None else torch.zeros(n, dtype=torch.int32, device=device)
+
+
 @triton.jit
-def _linear_partial_kernel(
-    x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr,
+def last_of_split(ticket_ptr, tile, SPLIT: tl.constexpr):
+    """True in the program that finishes a split tile last (after storing its own partial sums). The
+    barrier makes every thread's stores precede the ticket, and acq_rel makes the other programs' stores
+    visible to the last one; its loads of the partials must bypass L1 (cache_modifier=".cg")."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    return ticket == SPLIT - 1
+
+
+@triton.jit
+def _linear_split_kernel(
+    x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, ticket_ptr,
     B, N, K: tl.constexpr, K_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -52,56 +88,48 @@ def _linear_partial_kernel(
         wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(xv, tl.trans(wt), input_precision="ieee")
     out_ok = row_ok[:, None] & col_ok[None, :]
-    if SPLIT == 1:
+    finish = True
+    if SPLIT > 1:
+        tl.store(part_ptr + (pid_k * B + rows[:, None]) * N + cols[None, :], acc, mask=out_ok)
+        tile = tl.program_id(2) * tl.num_programs(0) + pid_n
+        finish = last_of_split(ticket_ptr, tile, SPLIT)
+        if finish:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT):  # fixed order: deterministic, whichever program came last
+                acc += tl.load(part_ptr + (s * B + rows[:, None]) * N + cols[None, :], mask=out_ok, other=0.0,
+                               cache_modifier=".cg")
+            tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
+    if finish:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dtype = out_ptr.dtype.element_ty
         res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + rows[:, None] * N + cols[None, :], (res + acc.to(dtype).to(tl.float32)).to(dtype),
                  mask=out_ok)
-    else:
-        tl.store(part_ptr + (pid_k * B + rows[:, None]) * N + cols[None, :], acc, mask=out_ok)
-
-
-@triton.jit
-def _reduce_residual_kernel(
-    part_ptr, b_ptr, res_ptr, out_ptr, B, N,
-    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # over B * N
-    ok = offs < B * N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLIT):  # fixed order: deterministic
-        acc += tl.load(part_ptr + s * B * N + offs, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
-    dtype = out_ptr.dtype.element_ty
-    res = tl.load(res_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, (res + acc.to(dtype).to(tl.float32)).to(dtype), mask=ok)
 
 
 def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, programs: int | None = None,
-                    num_warps: int = 4, num_stages: int = 3):
-    """The Triton kernels of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N)."""
+                    num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None):
+    """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N).
+    `programs`: the grid size split-K aims at (default 2 x the SMs); `tickets`: the counters of the split
+    (default: fresh zeros, which costs a fill per call; the fused step passes its own)."""
     B, K = x.shape
     N = w.shape[0]
     out = torch.empty_like(residual)
     n_blocks = triton.cdiv(N, block_n)
     if programs is None:
-        programs = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
+        programs = 2 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
     split = split_k(n_blocks, K, block_k, programs)
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
-    # with one split the partial buffer is never written: pass a read-only input, not an alias of `out`
-    part = torch.empty((split, B, N), dtype=torch.float32, device=x.device) if split > 1 else residual
-    dummy_b = b if b is not None else w
-    _linear_partial_kernel[(n_blocks, split, triton.cdiv(B, 16))](
-        x, w, dummy_b, residual, out, part, B, N, K, k_chunk,
+    row_blocks = triton.cdiv(B, 16)
+    if split > 1:
+        part = torch.empty((split, B, N), dtype=torch.float32, device=x.device)
+        counters = take_tickets(tickets, n_blocks * row_blocks, x.device)
+    else:  # never written with one split: pass read-only inputs, not aliases of `out`
+        part, counters = residual, residual
+    _linear_split_kernel[(n_blocks, split, row_blocks)](
+        x, w, b if b is not None else w, residual, out, part, counters, B, N, K, k_chunk,
         SPLIT=split, HAS_BIAS=b is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )
-    if split > 1:
-        block = 1024
-        _reduce_residual_kernel[(triton.cdiv(B * N, block),)](
-            part, dummy_b, residual, out, B, N, SPLIT=split, HAS_BIAS=b is not None, BLOCK=block,
-        )
     return out

@@ -4,8 +4,8 @@ the cache at the row's slot: everything of the attention block before attention 
 Each program owns one head and HALF of its first-half dimensions together with the matching HALF of its
 second half, so that the rotary pairs (i, i + D/2) meet in its registers and the result is final: Q goes to
 a (B, Hq, D) buffer, K and V straight to the cache. Tied to heads, the grid is small (96 tiles at Llama-1B),
-so K is split when that leaves the GPU short of programs; a small kernel then sums the float32 partials
-and does the same epilogue. The slot and position are device tensors (slot =
+so K is split when that leaves the GPU short of programs; the program that finishes a tile last (a ticket,
+as in linear_residual) sums the float32 partials in a fixed order and runs the epilogue. The slot and position are device tensors (slot =
 position + the row's left padding), so one CUDA graph serves every step.
 """
 
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .linear_residual import split_k
+from .linear_residual import Tickets, last_of_split, split_k, take_tickets
 from .norm_linear import norm_ref, norm_stats, norm_tile
 
 
@@ -91,7 +91,7 @@ def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_
 
 @triton.jit
 def _norm_qkv_kernel(
-    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, part_ptr,
+    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, part_ptr, ticket_ptr,
     B, S, n_heads, n_kv, eps, rope_scale, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
     HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -126,68 +126,55 @@ def _norm_qkv_kernel(
         acc1 += tl.dot(xn, tl.trans(wa), input_precision="ieee")
         acc2 += tl.dot(xn, tl.trans(wb), input_precision="ieee")
 
-    if SPLIT == 1:
-        _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
-                    q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale, HAS_BIAS, ROPE, D)
-    else:  # partial sums (SPLIT, B, N) float32, finished by _qkv_reduce_kernel
+    finish = True
+    if SPLIT > 1:  # partial sums (SPLIT, B, N) float32; the last program of the tile finishes it
         n_rows = (n_heads + 2 * n_kv) * D
-        base = part_ptr + (pid_k * B + rows[:, None]) * n_rows
         ok = row_ok[:, None] & dim_ok[None, :]
+        base = part_ptr + (pid_k * B + rows[:, None]) * n_rows
         tl.store(base + w1[None, :], acc1, mask=ok)
         tl.store(base + w2[None, :], acc2, mask=ok)
-
-
-@triton.jit
-def _qkv_reduce_kernel(
-    part_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
-    B, S, n_heads, n_kv, rope_scale, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr,
-    D: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
-):
-    head = tl.program_id(0) // tl.cdiv(D // 2, HALF)
-    part = tl.program_id(0) % tl.cdiv(D // 2, HALF)
-    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < B
-    dim = part * HALF + tl.arange(0, HALF)
-    dim_ok = dim < D // 2
-    w1 = head * D + dim
-    w2 = w1 + D // 2
-    n_rows = (n_heads + 2 * n_kv) * D
-    ok = row_ok[:, None] & dim_ok[None, :]
-    acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-    for s in range(SPLIT):  # fixed order: deterministic
-        base = part_ptr + (s * B + rows[:, None]) * n_rows
-        acc1 += tl.load(base + w1[None, :], mask=ok, other=0.0)
-        acc2 += tl.load(base + w2[None, :], mask=ok, other=0.0)
-    _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
-                q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale, HAS_BIAS, ROPE, D)
+        tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+        finish = last_of_split(ticket_ptr, tile, SPLIT)
+        if finish:
+            acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+            acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+            for s in range(SPLIT):  # fixed order: deterministic, whichever program came last
+                base = part_ptr + (s * B + rows[:, None]) * n_rows
+                acc1 += tl.load(base + w1[None, :], mask=ok, other=0.0, cache_modifier=".cg")
+                acc2 += tl.load(base + w2[None, :], mask=ok, other=0.0, cache_modifier=".cg")
+            tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
+    if finish:
+        _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
+                    q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale, HAS_BIAS, ROPE, D)
 
 
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
-             n_heads: int, n_kv: int, head_dim: int, half: int = 16, block_k: int = 128, programs: int = 1,
-             num_warps: int = 4, num_stages: int = 3):
-    """The Triton kernel(s) of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous. With fewer
-    head tiles than `programs`, K is split as in linear_residual and a small kernel finishes the tiles."""
+             n_heads: int, n_kv: int, head_dim: int, half: int | None = None, block_k: int = 256,
+             programs: int = 1, num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None):
+    """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous. A program owns `half`
+    dimensions of each half of a head (default: up to 32); with fewer head tiles than `programs`, K is split
+    as in linear_residual (`tickets`: the counters, as there)."""
     B, K = x.shape
+    if half is None:
+        half = min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
     q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
     tiles = (n_heads + 2 * n_kv) * triton.cdiv(head_dim // 2, half)
     split = split_k(tiles, K, block_k, programs)
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     dummy = norm_w
-    # with one split the partial buffer is never written: pass a read-only input
-    part = torch.empty((split, B, w.shape[0]), dtype=torch.float32, device=x.device) if split > 1 else dummy
+    row_blocks = triton.cdiv(B, 16)
+    if split > 1:
+        part = torch.empty((split, B, w.shape[0]), dtype=torch.float32, device=x.device)
+        counters = take_tickets(tickets, tiles * row_blocks, x.device)
+    else:  # never written with one split: pass read-only inputs
+        part, counters = dummy, dummy
     b_arg = b if b is not None else dummy
     inv_arg = inv_freq if inv_freq is not None else dummy
     S = k_cache.shape[2]
-    _norm_qkv_kernel[(tiles, split, triton.cdiv(B, 16))](
+    _norm_qkv_kernel[(tiles, split, row_blocks)](
         x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
-        B, S, n_heads, n_kv, eps, rope_scale, K, k_chunk, split,
+        counters, B, S, n_heads, n_kv, eps, rope_scale, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
         HALF=half, BLOCK_M=16, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
     )
-    if split > 1:
-        _qkv_reduce_kernel[(tiles, 1, triton.cdiv(B, 16))](
-            part, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, B, S, n_heads, n_kv, rope_scale,
-            SPLIT=split, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim, HALF=half, BLOCK_M=16,
-        )
     return q
