@@ -27,23 +27,25 @@ if [ "$STAGE" = A ]; then
   wait
   tail -4 $OUT/gpu-sanitizer.log; tail -25 $OUT/gpu-tests.log; tail -20 $OUT/sweep.log
 elif [ "$STAGE" = B ]; then
+  W=/tmp/gw-B; mkdir -p $W
   # GPU 0: the sweep again (after a kernel change); GPU 1: the fused tests on the GPU, then a profiled bench
   (
     export CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src
-    mkdir -p $OUT/sweep
-    timeout 500 taskset -c 0-15 python3 scripts/kernel_sweep.py $OUT/sweep > $OUT/sweep.log 2>&1
-    echo "sweep rc=$?" >> $OUT/sweep.log
+    mkdir -p $W/sweep
+    timeout 500 taskset -c 0-15 python3 scripts/kernel_sweep.py $W/sweep > $W/sweep.log 2>&1
+    echo "sweep rc=$?" >> $W/sweep.log
   ) &
   (
     export CUDA_VISIBLE_DEVICES=1 PYTHONPATH=src:tests
     timeout 280 taskset -c 16-31 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py tests/gpu/test_gpu_decode_attention.py \
-      tests/fused_kernel_cases.py -p no:cacheprovider -rA > $OUT/gpu-tests.log 2>&1
-    echo "tests rc=$?" >> $OUT/gpu-tests.log
+      tests/fused_kernel_cases.py -p no:cacheprovider -rA > $W/gpu-tests.log 2>&1
+    echo "tests rc=$?" >> $W/gpu-tests.log
     timeout 200 taskset -c 16-31 python3 -m overlapdecode.cli bench --model llama-1b-random --strategies fused,interleaved \
       --peers none --dtype-batch bfloat16:1,bfloat16:8 --lengths 200 --warmup 1 --repeats 3 --time-budget 170 \
-      --out $OUT/bench-1b > $OUT/bench-1b.log 2>&1
-    echo "bench rc=$?" >> $OUT/bench-1b.log
+      --out $W/bench-1b > $W/bench-1b.log 2>&1
+    echo "bench rc=$?" >> $W/bench-1b.log
   ) &
   wait
-  tail -6 $OUT/gpu-tests.log; tail -12 $OUT/bench-1b.log; tail -20 $OUT/sweep.log
+  tar czf $OUT/work-B.tgz -C $W .
+  tail -6 $W/gpu-tests.log; tail -12 $W/bench-1b.log; tail -20 $W/sweep.log
 fi
