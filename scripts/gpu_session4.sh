@@ -37,8 +37,10 @@ elif [ "$STAGE" = B ]; then
   ) &
   (
     export CUDA_VISIBLE_DEVICES=1 PYTHONPATH=src:tests
-    timeout 280 taskset -c 16-31 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py tests/gpu/test_gpu_decode_attention.py \
-      tests/fused_kernel_cases.py -p no:cacheprovider -rA > $W/gpu-tests.log 2>&1
+    timeout 90 taskset -c 16-31 python3 -m pytest tests/fused_kernel_cases.py -p no:cacheprovider -q > $W/gpu-tests.log 2>&1
+    echo "kernel cases rc=$?" >> $W/gpu-tests.log
+    timeout 220 taskset -c 16-31 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py tests/gpu/test_gpu_decode_attention.py \
+      -p no:cacheprovider -rA >> $W/gpu-tests.log 2>&1
     echo "tests rc=$?" >> $W/gpu-tests.log
     timeout 200 taskset -c 16-31 python3 -m overlapdecode.cli bench --model llama-1b-random --strategies fused,interleaved \
       --peers none --dtype-batch bfloat16:1,bfloat16:8 --lengths 200 --warmup 1 --repeats 3 --time-budget 170 \
