@@ -85,3 +85,22 @@ def test_a_tiny_temperature_samples_the_greedy_token_not_nan(tiny_gpt2, temperat
     kw = dict(attention_mask=mask, max_new_tokens=6, eos_token_id=[], strategy="static")
     sampled = od.generate(tiny_gpt2, ids, do_sample=True, temperature=temperature, seed=1, **kw)
     assert torch.equal(sampled, od.generate(tiny_gpt2, ids, **kw))  # the limit of sampling: greedy
+
+
+@pytest.mark.parametrize("V", [4097, 5000, 50257, 128256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_argmax_is_torch_argmax(V, dtype):
+    """argmax_rows (two stages over chunks) returns exactly torch's argmax: first index of the maximum, ties
+    within and across chunks, a NaN, an all -inf row, a maximum in the padded last chunk."""
+    from overlapdecode.sampling import ARGMAX_CHUNK, argmax_rows
+
+    torch.manual_seed(V)
+    x = torch.randn(8, V).to(dtype)
+    x[1] = 0
+    x[2] = float("-inf")
+    x[3, 100], x[3, V - 1] = float("nan"), float("nan")
+    x[4, 3000], x[4, V - 2] = 50, 50
+    x[5, V - 1] = 99
+    x[6, ARGMAX_CHUNK - 1], x[6, ARGMAX_CHUNK] = float("inf"), float("inf")
+    x[7, 2 * ARGMAX_CHUNK + 5], x[7, ARGMAX_CHUNK + 5] = 40, 40
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
