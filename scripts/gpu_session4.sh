@@ -50,4 +50,33 @@ elif [ "$STAGE" = B ]; then
   wait
   tar czf $OUT/work-B.tgz -C $W .
   tail -6 $W/gpu-tests.log; tail -12 $W/bench-1b.log; tail -20 $W/sweep.log
+elif [ "$STAGE" = C ]; then
+  # GPU 0: where fused's time goes beyond its step (scripts/fused_gap.py), then the 8B bench; GPU 1: the 1B
+  # bench with the Hugging Face peer (transformers from .whl, the newest release), then GPT-2. Then both
+  # GPUs: tensor parallelism, 8B, fused (scripts/tp_probe.py --parts speed).
+  W=/tmp/gw-C; mkdir -p $W
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  B="python3 -m overlapdecode.cli bench --lengths 200 --warmup 1 --repeats 3"
+  (
+    export CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src
+    timeout 170 taskset -c 0-15 python3 scripts/fused_gap.py $W/gap > $W/gap.log 2>&1; echo "gap rc=$?" >> $W/gap.log
+    timeout 150 taskset -c 0-15 $B --model llama-8b-random --strategies fused,interleaved --peers none \
+      --dtype-batch bfloat16:1 --time-budget 130 --out $W/h200-fused-8b > $W/bench-8b.log 2>&1
+    echo "bench rc=$?" >> $W/bench-8b.log
+  ) &
+  (
+    export CUDA_VISIBLE_DEVICES=1 PYTHONPATH=/tmp/site:src
+    timeout 235 taskset -c 16-31 $B --model llama-1b-random --strategies fused,interleaved --peers hf-compiled \
+      --dtype-batch bfloat16:1,bfloat16:8 --time-budget 215 --out $W/h200-fused-1b > $W/bench-1b.log 2>&1
+    echo "bench rc=$?" >> $W/bench-1b.log
+    timeout 85 taskset -c 16-31 $B --model gpt2-random --strategies fused,interleaved --peers none \
+      --dtype-batch bfloat16:1 --time-budget 70 --out $W/h200-fused-gpt2 > $W/bench-gpt2.log 2>&1
+    echo "bench rc=$?" >> $W/bench-gpt2.log
+  ) &
+  wait
+  PYTHONPATH=src timeout 230 torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-speed.json --parts speed \
+    --strategy fused --part-timeout 200 > $W/tp.log 2>&1; echo "tp rc=$?" >> $W/tp.log
+  rm -f $W/gap/fused-generate-trace.json.gz; gzip -q $W/gap/fused-generate-trace.json
+  tar czf $OUT/work-C.tgz -C $W .
+  cat $W/gap/fused-gap.json; tail -3 $W/gap.log; tail -14 $W/bench-1b.log; tail -8 $W/bench-8b.log $W/bench-gpt2.log; tail -12 $W/tp.log
 fi
