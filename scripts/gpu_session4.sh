@@ -56,6 +56,8 @@ elif [ "$STAGE" = C ]; then
   # GPUs: tensor parallelism, 8B, fused (scripts/tp_probe.py --parts speed).
   W=/tmp/gw-C; mkdir -p $W
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  PYTHONPATH=/tmp/site python3 -c "import transformers, transformers.models.llama; print('peer transformers', transformers.__version__)" \
+    > $W/peer.txt 2>&1 || { echo "transformers from .whl does not import: the image's is used" >> $W/peer.txt; rm -rf /tmp/site; }
   B="python3 -m overlapdecode.cli bench --lengths 200 --warmup 1 --repeats 3"
   (
     export CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src
