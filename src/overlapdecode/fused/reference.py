@@ -42,7 +42,9 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops):
     """One token per row: ids, pos (B,) long -> float32 logits (B, V); writes K/V at slot pos + pad.
     `ops` (model.StepOps): the four operations, Triton kernels or their `*_ref` twins."""
     slot = pos + pad
-    start, length = pad.to(torch.int32), (slot + 1).to(torch.int32)
+    # int64 as they are (the attention takes either): a `pad.to(int32)` here was recomputed by inductor
+    # before every layer's attention, 16 one-element kernels per step at Llama-1B (its output code, H200)
+    start, length = pad, slot + 1
     h = embed(W, ids, pos)  # (B, H)
     B = h.shape[0]
     for layer, kc, vc in zip(W.layers, k_caches, v_caches):
