@@ -46,6 +46,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlapdecode as od  # noqa: E402
+from overlapdecode.bench.worker import device_bandwidth_gbs, weight_bytes  # noqa: E402
 
 PROMPT_LEN = 16
 
@@ -169,8 +170,7 @@ class Probe:
                     ms_per_token=full * 1e3 / n, decode_ms_per_token=(full - one) * 1e3 / (n - 1))
 
     def bytes_per_gpu(self, model) -> dict:
-        params = {id(p): p for p in model.parameters()}.values()
-        total = sum(p.numel() * p.element_size() for p in params)
+        total = weight_bytes(model)  # as the bench counts them: each storage once
         emb = model.get_input_embeddings().weight
         tied = emb is model.get_output_embeddings().weight
         # a step reads every weight but the embedding table, of which it reads B rows
@@ -240,19 +240,8 @@ class Probe:
         return res
 
     def copy_gbps(self) -> float | None:
-        """Measured device bandwidth: a 4 GiB device-to-device copy (reads and writes 4 GiB each)."""
-        if not self.cuda:
-            return None
-        src = torch.empty(2**30, dtype=torch.float32, device=self.device)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        times = []
-        for _ in range(5):
-            s, _ = self.timed(lambda: dst.copy_(src))
-            times.append(s)
-        del src, dst
-        torch.cuda.empty_cache()
-        return 2 * 4 * 2**30 / min(times) / 1e9
+        """Measured device bandwidth: the bench's own device-to-device copy (one definition of MBU's ceiling)."""
+        return device_bandwidth_gbs(self.device) if self.cuda else None
 
     def part_big(self, name):
         res = dict(model=name, dtype="bfloat16", batch=1, tp=self.tp, measured_copy_gbps=self.copy_gbps())
