@@ -20,36 +20,13 @@ import torch
 import triton.testing
 
 import overlapdecode as od
-from overlapdecode.fused.model import FusedModel
+from kernel_sweep import captured_step, per_token_ms  # scripts/ is on the path when run as a script
 
 DEV = "cuda"
 
 
-def per_token_ms(model, ids, strategy) -> float:
-    times: dict = {}
-    for n in (16, 144, 16, 144, 16, 144):  # the first round compiles
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        od.generate(model, ids, max_new_tokens=n, strategy=strategy, eos_token_id=[])
-        torch.cuda.synchronize()
-        times.setdefault(n, []).append(time.perf_counter() - t)
-    return round((min(times[144][1:]) - min(times[16][1:])) / 128 * 1e3, 4)
-
-
 def graph_step_ms(model, B: int) -> float:
-    fm = FusedModel(model)
-    cache = fm.cache_for(B, 300)
-    ids = torch.randint(0, 1000, (B, 1), device=DEV)
-    pos = torch.full((B, 1), 200, device=DEV)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.no_grad():
-        for _ in range(3):
-            fm(input_ids=ids, position_ids=pos, past_key_values=cache)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g), torch.no_grad():
-        fm(input_ids=ids, position_ids=pos, past_key_values=cache)
+    g, _keep = captured_step(model, B)
     return round(triton.testing.do_bench(g.replay, rep=200, return_mode="median"), 4)
 
 

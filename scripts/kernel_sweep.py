@@ -119,12 +119,11 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
     return rows
 
 
-def step_profile(B: int, out_dir: str) -> dict:
-    """The fused step of llama-1b-random in one CUDA graph: ms per step and the profiler's kernel table."""
-    import overlapdecode as od
+def captured_step(model, B: int):
+    """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
+    `keep` holding what the graph reads."""
     from overlapdecode.fused.model import FusedModel
 
-    model = od.load_model("llama-1b-random", dtype="bfloat16", device=DEV)
     fm = FusedModel(model)
     cache = fm.cache_for(B, 300)
     ids = torch.randint(0, 1000, (B, 1), device=DEV)
@@ -132,12 +131,21 @@ def step_profile(B: int, out_dir: str) -> dict:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), torch.no_grad():
-        for _ in range(3):
+        for _ in range(3):  # warm-up (Triton compiles) off the capture
             fm(input_ids=ids, position_ids=pos, past_key_values=cache)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g), torch.no_grad():
         fm(input_ids=ids, position_ids=pos, past_key_values=cache)
+    return g, (fm, cache, ids, pos)
+
+
+def step_profile(B: int, out_dir: str) -> dict:
+    """The fused step of llama-1b-random in one CUDA graph: ms per step and the profiler's kernel table."""
+    import overlapdecode as od
+
+    model = od.load_model("llama-1b-random", dtype="bfloat16", device=DEV)
+    g, keep = captured_step(model, B)
     ms = triton.testing.do_bench(g.replay, rep=200, return_mode="median")
     steps = 20
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -153,10 +161,25 @@ def step_profile(B: int, out_dir: str) -> dict:
         prof.export_chrome_trace(os.path.join(out_dir, f"step-trace-b{B}.json"))
     except Exception:
         pass
-    del model, fm, cache
+    del model, g, keep
     torch.cuda.empty_cache()
     return dict(B=B, graph_ms_per_step=round(ms, 4), kernels_per_step=len(kernels) / steps,
                 kernel_ms_per_step=round(busy, 4))
+
+
+def per_token_ms(model, ids, strategy) -> float:
+    """ms per token of `generate`'s decode steps alone: (a 144-token call - a 16-token call) / 128, the best
+    of two rounds after a first that compiles."""
+    import overlapdecode as od
+
+    times: dict = {}
+    for n in (16, 144, 16, 144, 16, 144):
+        torch.cuda.synchronize()  # host sync: timing boundary
+        t = time.perf_counter()
+        od.generate(model, ids, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+        torch.cuda.synchronize()  # host sync: timing boundary
+        times.setdefault(n, []).append(time.perf_counter() - t)
+    return round((min(times[144][1:]) - min(times[16][1:])) / 128 * 1e3, 4)
 
 
 def generate_profile(B: int, out_dir: str) -> dict:
@@ -166,16 +189,7 @@ def generate_profile(B: int, out_dir: str) -> dict:
 
     model = od.load_model("llama-1b-random", dtype="bfloat16", device=DEV)
     ids = torch.randint(0, 1000, (B, 32), device=DEV)
-    res = {}
-    for strategy in ("fused", "interleaved"):
-        times = {}
-        for n in (16, 144, 16, 144, 16, 144):  # the first round compiles
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            od.generate(model, ids, max_new_tokens=n, strategy=strategy, eos_token_id=[])
-            torch.cuda.synchronize()
-            times.setdefault(n, []).append(time.perf_counter() - t)
-        res[f"{strategy} ms/token"] = round((min(times[144][1:]) - min(times[16][1:])) / 128 * 1e3, 4)
+    res = {f"{strategy} ms/token": per_token_ms(model, ids, strategy) for strategy in ("fused", "interleaved")}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         od.generate(model, ids, max_new_tokens=16, strategy="fused", eos_token_id=[])
         torch.cuda.synchronize()
