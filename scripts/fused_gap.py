@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import sys
-import time
 
 import torch
 import triton.testing
