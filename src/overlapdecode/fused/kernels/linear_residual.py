@@ -40,8 +40,7 @@ class Tickets:
 
     def __init__(self, device):
         self.counters = torch.zeros(self.SIZE, dtype=torch.int32, device=device)
-        if hasattr(torch, "_dynamo"):
-            torch._dynamo.mark_static_address(self.counters)  # a CUDA graph reads it in place
+        torch._dynamo.mark_static_address(self.counters)  # a CUDA graph reads it in place
 
     def take(self, n: int) -> torch.Tensor:
         if n > self.SIZE:
