@@ -1,9 +1,9 @@
-"""Where the fused preset's time per token goes beyond its decode step, on a GPU (llama-1b-random, bfloat16,
-batch 1): ms per token of the decode steps alone ((a 144-token call - a 16-token call) / 128, best of 2) for
-`fused`, for the same step with no per-step stop check (Strategy(cache="fused", compile=True,
-stop_check="end")), and `interleaved`; the model step alone replayed from one manually captured CUDA graph;
-a Chrome trace of one 32-token `fused` call; and inductor's code for the compiled step (TORCH_LOGS
-output_code, to OUT_DIR/output_code.log).
+"""Where the fused preset's time per token goes, on a GPU, per shape (llama-1b-random batch 1 and 8, gpt2-random
+batch 1, bfloat16): the model step alone replayed from one manually captured CUDA graph, with programmatic
+dependent launch off and on; ms per token of `generate`'s decode steps alone ((a 144-token call - a 16-token
+call) / 128, best of 2) for `fused` (its step captured by StepGraph), the same with no per-step stop check
+(Strategy(cache="fused", stop_check="end")) and `interleaved`; and a Chrome trace plus kernel table of one
+32-token `fused` call at Llama-1B batch 1.
 
     python3 scripts/fused_gap.py OUT_DIR
 """
@@ -11,7 +11,6 @@ output_code, to OUT_DIR/output_code.log).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 
@@ -22,38 +21,39 @@ import overlapdecode as od
 from kernel_sweep import captured_step, per_token_ms  # scripts/ is on the path when run as a script
 
 DEV = "cuda"
+CASES = (("llama-1b-random", 1), ("llama-1b-random", 8), ("gpt2-random", 1))
 
 
-def graph_step_ms(model, B: int) -> float:
-    g, _keep = captured_step(model, B)
+def graph_step_ms(model, B: int, pdl: bool) -> float:
+    g, _keep = captured_step(model, B, pdl=pdl)
     return round(triton.testing.do_bench(g.replay, rep=200, return_mode="median"), 4)
 
 
 def main(out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    handler = logging.FileHandler(os.path.join(out_dir, "output_code.log"))
-    logging.getLogger("torch._inductor").addHandler(handler)
-    torch._logging.set_logs(output_code=True)
-    model = od.load_model("llama-1b-random", dtype="bfloat16", device=DEV)
-    ids = torch.randint(0, 1000, (1, 32), device=DEV)
-    res = {"graph step ms": graph_step_ms(model, 1)}
-    print(res, flush=True)
-    res["fused ms/token"] = per_token_ms(model, ids, "fused")
-    torch._logging.set_logs(output_code=False)
-    print(res, flush=True)
-    res["fused, no stop check, ms/token"] = per_token_ms(
-        model, ids, od.Strategy(cache="fused", compile=True, stop_check="end"))
-    print(res, flush=True)
-    res["interleaved ms/token"] = per_token_ms(model, ids, "interleaved")
-    print(res, flush=True)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
-        od.generate(model, ids, max_new_tokens=32, strategy="fused", eos_token_id=[])
-        torch.cuda.synchronize()
-    prof.export_chrome_trace(os.path.join(out_dir, "fused-generate-trace.json"))
-    open(os.path.join(out_dir, "fused-generate-kernels.txt"), "w").write(
-        prof.key_averages().table(sort_by="cuda_time_total", row_limit=80))
-    json.dump(res, open(os.path.join(out_dir, "fused-gap.json"), "w"), indent=1)
+    results = {}
+    for name, B in CASES:
+        model = od.load_model(name, dtype="bfloat16", device=DEV)
+        ids = torch.randint(0, 1000, (B, 32), device=DEV)
+        res = results[f"{name} b{B}"] = {}
+        for pdl in (False, True):
+            res[f"graph step ms, pdl {pdl}"] = graph_step_ms(model, B, pdl)
+        res["fused ms/token"] = per_token_ms(model, ids, "fused")
+        res["fused, no stop check, ms/token"] = per_token_ms(model, ids, od.Strategy(cache="fused", compile=True,
+                                                                                     stop_check="end"))
+        res["interleaved ms/token"] = per_token_ms(model, ids, "interleaved")
+        print(name, B, res, flush=True)
+        if (name, B) == CASES[0]:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
+                od.generate(model, ids, max_new_tokens=32, strategy="fused", eos_token_id=[])
+                torch.cuda.synchronize()  # host sync: end of the profiled call
+            prof.export_chrome_trace(os.path.join(out_dir, "fused-generate-trace.json"))
+            open(os.path.join(out_dir, "fused-generate-kernels.txt"), "w").write(
+                prof.key_averages().table(sort_by="cuda_time_total", row_limit=60))
+        json.dump(results, open(os.path.join(out_dir, "fused-gap.json"), "w"), indent=1)
+        del model
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -22,24 +22,42 @@ import torch
 from . import caches, markers
 from .inputs import Request, check_model, check_request, model_device
 from .sampling import SamplingParams, check_sampling, draw_noise, make_generator, pick_next
+from .step_graph import StepGraph
 from .stopping import Slots, make_check, mark_finished
 from .strategy import LATE_CHECKS, Strategy, resolve_strategy
 
+# Captured fused steps kept per fused cache (one per count of EOS ids, pad id and sampling setting).
+KEEP_GRAPHS = 4
 
-def decode_step(model, model_kwargs: dict, state, eos_ids, pad_id: int, noise, params: SamplingParams):
+
+def decode_step(model, model_kwargs: dict, state, eos_ids, pad_id: int, noise, params: SamplingParams,
+                choose=None):
     """One forward and token choice, all on the device.
 
     `state` (B, 3) long holds, per row, the last token, its position and the finished flag. A decode step
     (no `input_ids` in `model_kwargs`) feeds the token at its position; the prefill passes the prompt.
-    -> the new state (B, 3) and the all-finished flag (0-d bool).
+    `choose`: `choose_next` or a compiled copy of it. -> the new state (B, 3) and the all-finished flag (0-d bool).
     """
     if "input_ids" not in model_kwargs:
         model_kwargs = dict(model_kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
     logits = model(**model_kwargs).logits[:, -1, :]  # (B, V)
+    position = model_kwargs["position_ids"][:, -1]  # (B,)
+    return (choose or choose_next)(logits, position, state, eos_ids, pad_id, noise, params)
+
+
+def choose_next(logits, position, state, eos_ids, pad_id: int, noise, params: SamplingParams):
+    """(B, V) logits of the tokens at `position` (B,) -> the new state (B, 3) and the all-finished flag."""
     tokens = pick_next(logits, noise, params)
     tokens, finished, done = mark_finished(tokens, state[:, 2].bool(), eos_ids, pad_id)
-    next_pos = model_kwargs["position_ids"][:, -1] + 1  # (B,)
-    return torch.stack([tokens, next_pos, finished.long()], dim=1), done
+    return torch.stack([tokens, position + 1, finished.long()], dim=1), done
+
+
+@functools.cache
+def compiled_choose_next():
+    """`choose_next` compiled without CUDA graphs, for the steps StepGraph captures itself: a handful of
+    fused kernels instead of a dozen eager ones."""
+    _raise_recompile_limits()
+    return torch.compile(choose_next, fullgraph=True, dynamic=False)
 
 
 @functools.cache
@@ -49,11 +67,15 @@ def compiled_decode_step():
     The static cache tensors are marked static addresses by Hugging Face, so the CUDA graph of a shape is
     recorded once and replayed on every later call of that shape.
     """
+    _raise_recompile_limits()
+    return torch.compile(decode_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+
+def _raise_recompile_limits() -> None:
     # Each (model, batch, cache length, sampling) is one specialisation; the default limit of 8 would make
     # a benchmark sweep fall back to eager silently.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 512)
-    return torch.compile(decode_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
 
 def compile_count() -> int:
@@ -178,6 +200,22 @@ class Decoder:
             self._slots[key] = Slots(n, batch, device)
         return self._slots[key]
 
+    def _step_graph(self, fused_cache, batch: int, eos_ids, pad_id: int, params: SamplingParams, vocab: int,
+                    device: torch.device) -> StepGraph:
+        """The captured fused step of this cache for these stop and sampling settings, kept with the cache
+        (a few per cache) so that later calls replay it."""
+        key = (len(eos_ids), pad_id, params)
+        graph = fused_cache.graphs.pop(key, None)
+        if graph is None:
+            choose = compiled_choose_next()
+            step = functools.partial(_fused_step, self._fused, fused_cache, pad_id, params, choose)
+            noise = (batch, vocab) if params.do_sample else None
+            graph = StepGraph(step, batch, len(eos_ids), noise, device)
+        fused_cache.graphs[key] = graph
+        while len(fused_cache.graphs) > KEEP_GRAPHS:
+            fused_cache.graphs.popitem(last=False)
+        return graph
+
     def _decode(self, req: Request, strat: Strategy, params: SamplingParams, seed, sink) -> torch.Tensor:
         model = self.model
         device = model_device(model)
@@ -206,11 +244,19 @@ class Decoder:
                                       self.static_caches, strat.compile)
             step_model = model
         eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
-        # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
-        # outputs are overwritten by its next replay, so they are copied here before the next step runs.
-        state = torch.zeros((B, 3), dtype=torch.long, device=device)
         generator = make_generator(params, seed, device)
         vocab_out = model.get_output_embeddings().weight.shape[0]
+        graph = None
+        if strat.cache == "fused" and strat.compile:
+            # the fused step is captured by StepGraph (step_graph.py), not by torch.compile's CUDA graphs
+            graph = self._step_graph(cache.cache, B, eos_ids, req.pad_id, params, vocab_out, device)
+            graph.eos.copy_(eos_ids)
+            state = graph.state  # the graph reads and advances it in place
+            state.zero_()
+        else:
+            # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
+            # outputs are overwritten by its next replay, so they are copied here before the next step runs.
+            state = torch.zeros((B, 3), dtype=torch.long, device=device)
         side = self._streams_for(device) if cuda and strat.stop_check == "pingpong" else None
         slots = self._slots_for(strat.lag + 1, B, device) if strat.stop_check in LATE_CHECKS else None
         if sink is not None:
@@ -224,13 +270,17 @@ class Decoder:
             for j in range(N):
                 with check.step(j), markers.phase(markers.PREFILL if j == 0 else markers.DECODE_STEP, cuda):
                     kwargs = cache.model_kwargs(j)
-                    noise = draw_noise((B, vocab_out), device, generator)
+                    noise = draw_noise((B, vocab_out), device, generator, out=graph.noise if graph else None)
                     if j == 0 or not strat.compile:
                         new_state, done = decode_step(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                        state.copy_(new_state)
+                    elif graph is not None:
+                        graph.run()  # advances state and graph.done in place
+                        done = graph.done
                     else:
                         torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
                         new_state, done = step_fn(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
-                    state.copy_(new_state)  # before the next replay overwrites new_state
+                        state.copy_(new_state)  # before the next replay overwrites new_state
                     out[:, P + j] = state[:, 0]
                     check.publish(j, done, state[:, 0])
                 if j == 0 and side is not None:
@@ -251,6 +301,12 @@ class Decoder:
             if sink is not None:
                 sink.end()  # also on error: an iterator streamer's reader must not wait for ever
         return out if n == N else out[:, : P + n].clone()
+
+
+def _fused_step(fused, fused_cache, pad_id: int, params: SamplingParams, choose, state, eos_ids, noise):
+    """The fused decode step StepGraph captures: the FusedModel's kernels over `fused_cache`, then `choose`."""
+    kwargs = dict(past_key_values=fused_cache, use_cache=True, logits_to_keep=1)
+    return decode_step(fused, kwargs, state, eos_ids, pad_id, noise, params, choose)
 
 
 def _sharded() -> bool:

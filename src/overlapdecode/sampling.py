@@ -80,11 +80,14 @@ def make_generator(params: SamplingParams, seed: int | None, device: torch.devic
     return gen
 
 
-def draw_noise(logits_shape, device, generator: torch.Generator | None) -> torch.Tensor | None:
-    """This step's (B, V) exponential noise, or None for greedy. Drawn on the current stream, no sync."""
+def draw_noise(logits_shape, device, generator: torch.Generator | None, out: torch.Tensor | None = None):
+    """This step's (B, V) exponential noise, or None for greedy. Drawn on the current stream, no sync;
+    into `out` (float32, of that shape) when given: a captured step reads its noise from a fixed address."""
     if generator is None:
         return None
-    return torch.empty(logits_shape, dtype=torch.float32, device=device).exponential_(generator=generator)
+    if out is None:
+        out = torch.empty(logits_shape, dtype=torch.float32, device=device)
+    return out.exponential_(generator=generator)
 
 
 ARGMAX_CHUNK = 1024

@@ -77,6 +77,7 @@ def near_ties(scores) -> list[int]:
 
 
 @pytest.mark.parametrize("name,B,strategy", [("gpt2-random", 1, "fused"), ("gpt2-random", 4, "fused"),
+                                             ("llama-1b-random", 1, "fused"),
                                              ("llama-1b-random", 1, od.Strategy(cache="fused"))])
 @torch.no_grad()
 def test_float32_tokens_equal_hf_for_200_steps(name, B, strategy):
@@ -127,3 +128,59 @@ def test_fused_compiles_once_per_shape():
         ids, mask = prompts(model, 2, seed=seed)
         od.generate(model, ids, attention_mask=mask, max_new_tokens=30, strategy="fused", eos_token_id=[])
     assert od.compile_count() == before
+
+
+@pytest.mark.parametrize("sampling", [{}, dict(do_sample=True, top_k=50, seed=3)])
+@torch.no_grad()
+def test_fused_step_is_captured_once_and_replays_the_eager_tokens(sampling):
+    """`fused` captures its step after one eager step (StepGraph) and replays it in later calls; its tokens
+    equal the eager fused step's (same kernels, PDL on), greedy and seeded sampling alike."""
+    model = od.load_model("gpt2-random", dtype="bfloat16", device=DEV)
+    dec = od.Decoder(model)
+    ids, mask = prompts(model, 2, seed=11)
+    kw = dict(attention_mask=mask, max_new_tokens=40, eos_token_id=[], **sampling)
+    eager = dec.generate(ids, strategy=od.Strategy(cache="fused", stop_check="pingpong"), **kw)
+    outs = [dec.generate(ids, strategy="fused", **kw) for _ in range(2)]
+    graphs = [g for c in dec.fused_model()._caches.values() for g in c.graphs.values()]
+    assert len(graphs) == 1 and graphs[0].graph is not None and graphs[0].eager_runs == 1
+    assert dec.fused_model().pdl
+    for out in outs:
+        assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("name", ["gpt2-random", "llama-1b-random"])
+@torch.no_grad()
+def test_pdl_changes_no_logit(name):
+    """Programmatic dependent launch only moves launches earlier: the logits are bit for bit the same."""
+    model = od.load_model(name, dtype="bfloat16", device=DEV)
+    ids, mask = prompts(model, 2, seed=12)
+    tokens = torch.randint(0, 1000, (2, 12), device=DEV)
+    off = fused_logits(FusedModel(model, pdl=False), ids, mask, tokens)
+    on = fused_logits(FusedModel(model, pdl=True), ids, mask, tokens)
+    assert torch.equal(on, off)
+
+
+@torch.no_grad()
+def test_fused_second_call_on_another_stream_follows_a_late_stop():
+    """A `fused` call that stops two steps late returns with its last steps still replaying the captured
+    graph; the next call, from another stream, resets the same graph's buffers (state, EOS ids) only after
+    them, so its tokens are those of a call made on a quiet GPU."""
+    model = od.load_model("gpt2-random", dtype="float32", device=DEV)
+    dec = od.Decoder(model)
+    ids1, mask1 = prompts(model, 1, seed=21)
+    ids2, mask2 = prompts(model, 1, seed=22)
+    P = ids1.shape[1]
+    free = dec.generate(ids1, attention_mask=mask1, max_new_tokens=30, strategy="fused", eos_token_id=[])
+    k = next(k for k in range(3, 30) if int(free[0, P + k]) not in free[0, P:P + k].tolist())
+    eos = int(free[0, P + k])  # first generated at step k: the first call stops after k + 1 tokens
+    ref2 = dec.generate(ids2, attention_mask=mask2, max_new_tokens=30, strategy="fused", eos_token_id=eos)
+    torch.cuda.synchronize()
+    for _ in range(3):
+        first = dec.generate(ids1, attention_mask=mask1, max_new_tokens=30, strategy="fused:2", eos_token_id=eos)
+        assert first.shape[1] == P + k + 1
+        other = torch.cuda.Stream()
+        with torch.cuda.stream(other):  # no synchronisation in between
+            second = dec.generate(ids2, attention_mask=mask2, max_new_tokens=30, strategy="fused:2",
+                                  eos_token_id=eos)
+        torch.cuda.current_stream().wait_stream(other)
+        assert torch.equal(second, ref2)

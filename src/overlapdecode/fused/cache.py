@@ -8,18 +8,22 @@ is replayed unchanged at every step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import torch
 
 
 @dataclass
 class FusedCache:
-    """The cache of one (batch, length, dtype): kept by the FusedModel and reused call after call."""
+    """The cache of one (batch, length, dtype): kept by the FusedModel and reused call after call, with the
+    captured decode steps that read it (`graphs`: the Decoder's StepGraphs, one per stop/sampling setting;
+    they go when the cache goes)."""
 
     k: list[torch.Tensor]  # per layer (B, Hkv, S, D)
     v: list[torch.Tensor]
     pad: torch.Tensor  # (B,) long: left padding of each row of the current call
+    graphs: OrderedDict = field(default_factory=OrderedDict)
 
     @classmethod
     def empty(cls, n_layers: int, batch: int, n_kv: int, length: int, head_dim: int, dtype, device):

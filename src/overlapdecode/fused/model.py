@@ -44,9 +44,15 @@ class StepOps(NamedTuple):
 REFERENCE_OPS = StepOps(norm_qkv_ref, reference.decode_attention_torch, linear_residual_ref, norm_linear_ref)
 
 
-def triton_ops(device: torch.device) -> StepOps:
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch needs a CUDA device of compute capability 9.0 (Hopper) or later."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def triton_ops(device: torch.device, pdl: bool = False) -> StepOps:
     """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
-    Decoder's lock); imported here because Triton is an optional, heavy dependency of the CUDA path."""
+    Decoder's lock), launched with programmatic dependent launch when `pdl` (kernels/pdl.py); imported here
+    because Triton is an optional, heavy dependency of the CUDA path."""
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import norm_linear
     from .kernels.norm_qkv import norm_qkv
@@ -58,18 +64,23 @@ def triton_ops(device: torch.device) -> StepOps:
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     tickets = Tickets(device)
     # grid targets of the split-K kernels: measured by scripts/kernel_sweep.py (docs/KERNELS.md)
-    return StepOps(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets), decode_attention,
-                   functools.partial(linear_residual, programs=2 * sms, tickets=tickets), norm_linear)
+    if decode_attention is not reference.decode_attention_torch:
+        decode_attention = functools.partial(decode_attention, pdl=pdl)
+    return StepOps(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl), decode_attention,
+                   functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl),
+                   functools.partial(norm_linear, pdl=pdl))
 
 
 class FusedModel:
     """The fused decode of `model` (Llama family or GPT-2; anything else is a ValueError).
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
-    prefill per prompt bucket (default on CUDA).
+    prefill per prompt bucket (default on CUDA). `pdl`: launch the Triton kernels with programmatic dependent
+    launch (default where the GPU has it, sm_90+).
     """
 
-    def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None):
+    def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
+                 pdl: bool | None = None):
         self.weights = fuse_weights(model)
         param = self.weights.embed
         self.device, self.dtype = param.device, param.dtype
@@ -78,7 +89,12 @@ class FusedModel:
         if kernels not in ("triton", "torch"):
             raise ValueError(f"kernels must be 'triton' or 'torch', got {kernels!r}")
         self.kernels = kernels
-        self.ops = triton_ops(self.device) if kernels == "triton" else REFERENCE_OPS
+        if pdl is None:
+            pdl = kernels == "triton" and pdl_supported(self.device)
+        elif pdl and not (kernels == "triton" and pdl_supported(self.device)):
+            raise ValueError("pdl=True needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
+        self.pdl = pdl
+        self.ops = triton_ops(self.device, pdl) if kernels == "triton" else REFERENCE_OPS
         if compile_prefill is None:
             compile_prefill = self.device.type == "cuda"
         self._prefill = torch.compile(reference.prefill, dynamic=False) if compile_prefill else reference.prefill

@@ -63,6 +63,8 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from .pdl import pdl_launch, pdl_start
+
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 TARGET_PROGRAMS = 2 * 132  # about two split programs per SM of an H200
@@ -77,8 +79,9 @@ def _split_kernel(
     qk_scale, S,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DIRECT: tl.constexpr, IEEE: tl.constexpr,
+    DIRECT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid_bh = tl.program_id(0)  # b * HKV + kv head
     pid_s = tl.program_id(1)
     b = pid_bh // HKV
@@ -155,8 +158,9 @@ def _split_kernel(
 def _combine_kernel(
     part_acc_ptr, part_m_ptr, part_l_ptr, start_ptr, length_ptr, out_ptr,
     HQ: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)  # b * HQ + h
     b = pid // HQ
     row_start = tl.load(start_ptr + b).to(tl.int32)
@@ -275,7 +279,7 @@ def make_workspace(q: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
 
 
 def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, workspace=None, *,
-                     num_splits=None, block_n=None):
+                     num_splits=None, block_n=None, pdl: bool = False):
     """Decode attention, (B, Hq, D) in q's dtype; see the module docstring.
 
     out: optional (B, Hq, D) contiguous tensor of q's dtype, written in place and returned.
@@ -283,6 +287,7 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
       `make_workspace(q, k_cache)` (a captured graph can own it); allocated per call when None (its size
       depends on shapes only).
     num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values).
+    pdl: launch both kernels with programmatic dependent launch (pdl.py; sm_90+).
     """
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
     if D > MAX_HEAD_DIM:
@@ -329,12 +334,13 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
         scale * LOG2E, S,
         HQ=Hq, HKV=Hkv, G=G, GROUP_PAD=max(16, triton.next_power_of_2(G)), D=D,
         BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=num_splits,
-        DIRECT=direct, IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
+        DIRECT=direct, IEEE=q.dtype == torch.float32, PDL=pdl, num_warps=4, num_stages=2, **pdl_launch(pdl),
     )
     if not direct:
         _combine_kernel[(B * Hq,)](
             part_acc, part_m, part_l, start, length, out,
             HQ=Hq, D=D, BLOCK_N=block_n, BLOCK_D=block_d,
-            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), PDL=pdl, num_warps=4,
+            **pdl_launch(pdl),
         )
     return out

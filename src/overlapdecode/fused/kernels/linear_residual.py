@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_launch, pdl_start
+
 
 def linear_residual_ref(x, w, b, residual):
     """residual + (x @ w.T + b), the branch rounded to the residual's dtype first as the unfused model has it."""
@@ -68,8 +70,9 @@ def _linear_split_kernel(
     x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, ticket_ptr,
     B, N, K: tl.constexpr, K_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -108,10 +111,11 @@ def _linear_split_kernel(
 
 
 def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, programs: int | None = None,
-                    num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None):
+                    num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None, pdl: bool = False):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N).
     `programs`: the grid size split-K aims at (default 2 x the SMs); `tickets`: the counters of the split
-    (default: fresh zeros, which costs a fill per call; the fused step passes its own)."""
+    (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: launch with
+    programmatic dependent launch (pdl.py; sm_90+)."""
     B, K = x.shape
     N = w.shape[0]
     out = torch.empty_like(residual)
@@ -128,7 +132,7 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
         part, counters = residual, residual
     _linear_split_kernel[(n_blocks, split, row_blocks)](
         x, w, b if b is not None else w, residual, out, part, counters, B, N, K, k_chunk,
-        SPLIT=split, HAS_BIAS=b is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps, num_stages=num_stages,
+        SPLIT=split, HAS_BIAS=b is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return out

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .pdl import pdl_launch, pdl_start
+
 ACTS = ("none", "gelu_tanh", "silu_mul")
 _ACT_CODE = {a: i for i, a in enumerate(ACTS)}
 
@@ -85,8 +87,9 @@ def _norm_linear_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr,
     B, N, eps, K: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # batch rows
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
@@ -133,7 +136,7 @@ def _norm_linear_kernel(
 
 
 def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int = 32,
-                block_k: int = 256, num_warps: int = 4, num_stages: int = 3):
+                block_k: int = 256, num_warps: int = 4, num_stages: int = 3, pdl: bool = False):
     """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
     Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128)."""
@@ -145,7 +148,7 @@ def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, b
         x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w, out,
         B, n_out, eps, K,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
-        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps, num_stages=num_stages,
+        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return out

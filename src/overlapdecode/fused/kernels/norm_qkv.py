@@ -17,6 +17,7 @@ import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, split_k, take_tickets
 from .norm_linear import norm_ref, norm_stats, norm_tile
+from .pdl import pdl_launch, pdl_start
 
 
 def rope_cos_sin(inv_freq, rope_scale: float, pos, dtype):
@@ -94,8 +95,9 @@ def _norm_qkv_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, part_ptr, ticket_ptr,
     B, S, n_heads, n_kv, eps, rope_scale, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
-    HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     head = tl.program_id(0) // tl.cdiv(D // 2, HALF)  # over Hq + 2 Hkv heads: Q, then K, then V
     part = tl.program_id(0) % tl.cdiv(D // 2, HALF)
     pid_k = tl.program_id(1)
@@ -150,7 +152,8 @@ def _norm_qkv_kernel(
 
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
              n_heads: int, n_kv: int, head_dim: int, half: int | None = None, block_k: int = 256,
-             programs: int = 1, num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None):
+             programs: int = 1, num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None,
+             pdl: bool = False):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous. A program owns `half`
     dimensions of each half of a head (default: up to 32); with fewer head tiles than `programs`, K is split
     as in linear_residual (`tickets`: the counters, as there)."""
@@ -175,6 +178,6 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
         x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
         counters, B, S, n_heads, n_kv, eps, rope_scale, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
-        HALF=half, BLOCK_M=16, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        HALF=half, BLOCK_M=16, BLOCK_K=block_k, PDL=pdl, num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return q

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Session-5 GPU calls on an nvidia-h200-x2 (results to $OUT; OVERLAPDECODE_COMMIT names the commit, the copy
+# has no .git).
+#   bash scripts/gpu_session5.sh A   # GPU 0: the StepGraph/PDL tests, then scripts/fused_gap.py;
+#                                    # GPU 1: tests/gpu in full, then the 1B bench (fused vs interleaved)
+#   bash scripts/gpu_session5.sh B   # GPU 0: 8B bench; GPU 1: GPT-2 bench and the 1B bench with the HF peer
+#                                    # (transformers from .whl); then both GPUs: tensor parallelism, 8B, fused
+#   bash scripts/gpu_session5.sh C   # both GPUs: llama-70b-random, tp=2, fused (scripts/tp_probe.py --parts big)
+set -uo pipefail
+STAGE=${1:?stage}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > $OUT/gpu.txt
+B="python3 -m overlapdecode.cli bench --lengths 200 --warmup 1 --repeats 3"
+W=/tmp/gw-$STAGE; mkdir -p $W
+if [ "$STAGE" = A ]; then
+  (
+    export CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" > $W/versions.txt 2>&1
+    timeout 200 taskset -c 0-15 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider -rA \
+      -k "captured or pdl" > $W/gpu-new-tests.log 2>&1
+    echo "new tests rc=$?" >> $W/gpu-new-tests.log
+    timeout 330 taskset -c 0-15 python3 scripts/fused_gap.py $W/gap > $W/gap.log 2>&1; echo "gap rc=$?" >> $W/gap.log
+  ) &
+  (
+    export CUDA_VISIBLE_DEVICES=1 PYTHONPATH=src
+    timeout 360 taskset -c 16-31 python3 -m pytest -m cuda tests/gpu -p no:cacheprovider -rA --durations=15 \
+      > $W/gpu-tests.log 2>&1
+    echo "tests rc=$?" >> $W/gpu-tests.log
+    timeout 170 taskset -c 16-31 $B --model llama-1b-random --strategies fused,interleaved --peers none \
+      --dtype-batch bfloat16:1,bfloat16:8 --time-budget 150 --out $W/h200-fused-1b-graph > $W/bench-1b.log 2>&1
+    echo "bench rc=$?" >> $W/bench-1b.log
+  ) &
+  wait
+  rm -f $W/gap/fused-generate-trace.json.gz; gzip -q $W/gap/fused-generate-trace.json
+  tar czf $OUT/work-A.tgz -C $W .
+  cat $W/versions.txt; tail -8 $W/gpu-new-tests.log; cat $W/gap/fused-gap.json; tail -3 $W/gap.log
+  tail -25 $W/gpu-tests.log; tail -14 $W/bench-1b.log
+elif [ "$STAGE" = B ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  PYTHONPATH=/tmp/site python3 -c "import transformers, transformers.models.llama; print('peer transformers', transformers.__version__)" \
+    > $W/peer.txt 2>&1 || { echo "transformers from .whl does not import: the image's is used" >> $W/peer.txt; rm -rf /tmp/site; }
+  (
+    export CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src
+    timeout 150 taskset -c 0-15 $B --model llama-8b-random --strategies fused,interleaved --peers none \
+      --dtype-batch bfloat16:1 --time-budget 130 --out $W/h200-fused-8b-graph > $W/bench-8b.log 2>&1
+    echo "bench rc=$?" >> $W/bench-8b.log
+    timeout 85 taskset -c 0-15 $B --model gpt2-random --strategies fused,interleaved --peers none \
+      --dtype-batch bfloat16:1 --time-budget 70 --out $W/h200-fused-gpt2-graph > $W/bench-gpt2.log 2>&1
+    echo "bench rc=$?" >> $W/bench-gpt2.log
+  ) &
+  (
+    export CUDA_VISIBLE_DEVICES=1 PYTHONPATH=/tmp/site:src
+    timeout 235 taskset -c 16-31 $B --model llama-1b-random --strategies fused,interleaved --peers hf-compiled \
+      --dtype-batch bfloat16:1,bfloat16:8 --time-budget 215 --out $W/h200-fused-1b-peer > $W/bench-1b.log 2>&1
+    echo "bench rc=$?" >> $W/bench-1b.log
+  ) &
+  wait
+  PYTHONPATH=src timeout 230 torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-speed.json --parts speed \
+    --strategy fused --part-timeout 200 > $W/tp.log 2>&1; echo "tp rc=$?" >> $W/tp.log
+  tar czf $OUT/work-B.tgz -C $W .
+  tail -14 $W/bench-1b.log; tail -8 $W/bench-8b.log $W/bench-gpt2.log; tail -12 $W/tp.log
+elif [ "$STAGE" = C ]; then
+  PYTHONPATH=src timeout 560 torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-70b.json --parts big \
+    --strategy fused --part-timeout 520 > $W/tp-70b.log 2>&1; echo "tp rc=$?" >> $W/tp-70b.log
+  tar czf $OUT/work-C.tgz -C $W .
+  tail -20 $W/tp-70b.log
+fi

@@ -1,0 +1,52 @@
+"""StepGraph (the fused step's own CUDA graph) on CPU: the buffers it owns are advanced in place, the fused
+preset keeps one per cache and setting and reuses it call after call, and its tokens stay Hugging Face's.
+The capture itself runs on the GPU (tests/gpu/test_gpu_fused.py)."""
+
+from __future__ import annotations
+
+import torch
+
+import overlapdecode as od
+from helpers import hf_generate, make_batch
+from overlapdecode.sampling import SamplingParams
+from overlapdecode.step_graph import StepGraph
+
+
+def test_run_advances_the_owned_buffers_in_place():
+    seen = []
+
+    def step(state, eos, noise):
+        seen.append((state.data_ptr(), eos.data_ptr(), noise.data_ptr()))
+        new = state.clone()
+        new[:, 0] += noise[:, 0].long()
+        new[:, 1] += 1
+        return new, (new[:, 0] >= eos[0]).all()
+
+    g = StepGraph(step, batch=2, eos_count=1, noise_shape=(2, 3), device=torch.device("cpu"))
+    g.eos.fill_(5)
+    g.noise.fill_(2.0)
+    addresses = (g.state.data_ptr(), g.done.data_ptr())
+    for _ in range(3):
+        g.run()
+    assert g.state.tolist() == [[6, 3, 0], [6, 3, 0]] and bool(g.done)
+    assert (g.state.data_ptr(), g.done.data_ptr()) == addresses  # in place: a graph reads fixed addresses
+    assert len(set(seen)) == 1  # every step read the same buffers
+    assert g.graph is None and g.eager_runs == 3  # no capture on CPU
+
+
+def test_fused_keeps_one_graph_per_setting_and_matches_hf():
+    model = od.load_model("tiny-llama", device="cpu")
+    dec = od.Decoder(model)
+    ids, mask = make_batch(2, seed=3)
+    n = 10
+    ref = hf_generate(model, ids, mask, n, [], 0)
+    for _ in range(2):  # the second call reuses the first call's StepGraph
+        out = dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[],
+                           pad_token_id=0)
+        assert torch.equal(out, ref)
+    (cache,) = dec.fused_model()._caches.values()
+    assert list(cache.graphs) == [(0, 0, SamplingParams())]
+    graph = next(iter(cache.graphs.values()))
+    assert graph.eager_runs == 2 * (n - 1)  # CPU: every decode step eager, over the same buffers
+    dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[1, 2], pad_token_id=0)
+    assert len(cache.graphs) == 2  # another EOS count: another step
