@@ -3,9 +3,10 @@
 # has no .git).
 #   bash scripts/gpu_session5.sh A   # GPU 0: the StepGraph/PDL tests, then scripts/fused_gap.py;
 #                                    # GPU 1: tests/gpu in full, then the 1B bench (fused vs interleaved)
-#   bash scripts/gpu_session5.sh B   # GPU 0: 8B bench; GPU 1: GPT-2 bench and the 1B bench with the HF peer
-#                                    # (transformers from .whl); then both GPUs: tensor parallelism, 8B, fused
-#   bash scripts/gpu_session5.sh C   # both GPUs: llama-70b-random, tp=2, fused (scripts/tp_probe.py --parts big)
+#   bash scripts/gpu_session5.sh B   # after the attention ticket and the PDL modes: GPU 0: the fused and attention
+#                                    # GPU tests, then scripts/fused_gap.py; GPU 1: the benches (1B with the HF
+#                                    # peer from .whl, GPT-2, 8B; fused vs interleaved)
+#   bash scripts/gpu_session5.sh C   # both GPUs: tensor parallelism, 8B, fused; then llama-70b-random, tp=2, fused
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -41,28 +42,37 @@ elif [ "$STAGE" = B ]; then
   PYTHONPATH=/tmp/site python3 -c "import transformers, transformers.models.llama; print('peer transformers', transformers.__version__)" \
     > $W/peer.txt 2>&1 || { echo "transformers from .whl does not import: the image's is used" >> $W/peer.txt; rm -rf /tmp/site; }
   (
-    export CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src
-    timeout 150 taskset -c 0-15 $B --model llama-8b-random --strategies fused,interleaved --peers none \
-      --dtype-batch bfloat16:1 --time-budget 130 --out $W/h200-fused-8b-graph > $W/bench-8b.log 2>&1
-    echo "bench rc=$?" >> $W/bench-8b.log
-    timeout 85 taskset -c 0-15 $B --model gpt2-random --strategies fused,interleaved --peers none \
-      --dtype-batch bfloat16:1 --time-budget 70 --out $W/h200-fused-gpt2-graph > $W/bench-gpt2.log 2>&1
-    echo "bench rc=$?" >> $W/bench-gpt2.log
+    export CUDA_VISIBLE_DEVICES=0 PYTHONPATH=src:tests
+    timeout 60 taskset -c 0-15 python3 -m pytest tests/fused_kernel_cases.py -p no:cacheprovider -q > $W/gpu-tests.log 2>&1
+    echo "kernel cases rc=$?" >> $W/gpu-tests.log
+    timeout 200 taskset -c 0-15 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py tests/gpu/test_gpu_decode_attention.py \
+      tests/test_kernel_decode_attention.py -p no:cacheprovider -rA >> $W/gpu-tests.log 2>&1
+    echo "tests rc=$?" >> $W/gpu-tests.log
+    timeout 300 taskset -c 0-15 python3 scripts/fused_gap.py $W/gap > $W/gap.log 2>&1; echo "gap rc=$?" >> $W/gap.log
   ) &
   (
     export CUDA_VISIBLE_DEVICES=1 PYTHONPATH=/tmp/site:src
-    timeout 235 taskset -c 16-31 $B --model llama-1b-random --strategies fused,interleaved --peers hf-compiled \
-      --dtype-batch bfloat16:1,bfloat16:8 --time-budget 215 --out $W/h200-fused-1b-peer > $W/bench-1b.log 2>&1
+    timeout 230 taskset -c 16-31 $B --model llama-1b-random --strategies fused,interleaved --peers hf-compiled \
+      --dtype-batch bfloat16:1,bfloat16:8 --time-budget 210 --out $W/h200-fused-1b-graph > $W/bench-1b.log 2>&1
     echo "bench rc=$?" >> $W/bench-1b.log
+    timeout 80 taskset -c 16-31 $B --model gpt2-random --strategies fused,interleaved --peers none \
+      --dtype-batch bfloat16:1 --time-budget 65 --out $W/h200-fused-gpt2-graph > $W/bench-gpt2.log 2>&1
+    echo "bench rc=$?" >> $W/bench-gpt2.log
+    timeout 150 taskset -c 16-31 $B --model llama-8b-random --strategies fused,interleaved --peers none \
+      --dtype-batch bfloat16:1 --time-budget 130 --out $W/h200-fused-8b-graph > $W/bench-8b.log 2>&1
+    echo "bench rc=$?" >> $W/bench-8b.log
   ) &
   wait
-  PYTHONPATH=src timeout 230 torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-speed.json --parts speed \
-    --strategy fused --part-timeout 200 > $W/tp.log 2>&1; echo "tp rc=$?" >> $W/tp.log
+  rm -f $W/gap/fused-generate-trace.json.gz; gzip -q $W/gap/fused-generate-trace.json
   tar czf $OUT/work-B.tgz -C $W .
-  tail -14 $W/bench-1b.log; tail -8 $W/bench-8b.log $W/bench-gpt2.log; tail -12 $W/tp.log
+  grep -E "passed|failed|rc=" $W/gpu-tests.log | tail -5; cat $W/gap/fused-gap.json; tail -2 $W/gap.log
+  tail -14 $W/bench-1b.log; tail -7 $W/bench-gpt2.log $W/bench-8b.log
 elif [ "$STAGE" = C ]; then
-  PYTHONPATH=src timeout 560 torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-70b.json --parts big \
-    --strategy fused --part-timeout 520 > $W/tp-70b.log 2>&1; echo "tp rc=$?" >> $W/tp-70b.log
+  PYTHONPATH=src timeout 200 torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-speed.json --parts speed \
+    --strategy fused --part-timeout 180 > $W/tp.log 2>&1; echo "tp rc=$?" >> $W/tp.log
+  tail -12 $W/tp.log
+  PYTHONPATH=src timeout 360 torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-70b.json --parts big \
+    --strategy fused --part-timeout 340 > $W/tp-70b.log 2>&1; echo "tp rc=$?" >> $W/tp-70b.log
   tar czf $OUT/work-C.tgz -C $W .
   tail -20 $W/tp-70b.log
 fi

@@ -119,9 +119,9 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
     return rows
 
 
-def captured_step(model, B: int, pdl: bool | None = None):
+def captured_step(model, B: int, pdl: int | None = None):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
-    `keep` holding what the graph reads. `pdl`: FusedModel's (default: where the GPU has it)."""
+    `keep` holding what the graph reads. `pdl`: FusedModel's mode (kernels/pdl.py; default: FusedModel's)."""
     from overlapdecode.fused.model import FusedModel
 
     fm = FusedModel(model, pdl=pdl)

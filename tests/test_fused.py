@@ -153,3 +153,12 @@ def test_mistral_sliding_window_shorter_than_the_call_is_refused():
     ids, _ = make_batch(1, seed=1)
     with pytest.raises(ValueError, match="sliding window of 32"):
         od.generate(model, ids, max_new_tokens=40, strategy="fused")
+
+
+def test_pdl_is_refused_where_the_kernels_cannot_use_it():
+    model = od.load_model("tiny-gpt2", device="cpu")
+    with pytest.raises(ValueError, match="pdl needs the Triton kernels on a CUDA GPU"):
+        FusedModel(model, pdl=True)
+    with pytest.raises(ValueError, match="pdl must be 0, 1, 2 or a bool"):
+        FusedModel(model, pdl=3)
+    assert FusedModel(model).pdl == 0  # CPU: no PDL by default

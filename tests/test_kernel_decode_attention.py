@@ -29,6 +29,7 @@ from overlapdecode.fused.kernels.decode_attention import (
     decode_attention_ref,
     workspace_numel,
 )
+from overlapdecode.fused.kernels.linear_residual import Tickets
 
 ON_CUDA = torch.cuda.is_available()
 KERNEL_DEVICE = "cuda" if ON_CUDA else "cpu"
@@ -228,18 +229,22 @@ def test_triton_reads_only_the_live_slots(block_n, num_splits):
 
 @kernel_runs_here
 def test_triton_reuses_out_and_a_stale_workspace_as_lengths_change():
-    """As a CUDA graph would: the same out and workspace (full of NaN from "earlier"), new positions in
-    place. Short rows leave most splits empty; the combine must not read their stale partials."""
+    """As a CUDA graph would: the same out, workspace (full of NaN from "earlier") and ticket counters, new
+    positions in place. Short rows leave most splits empty; the program that combines must be the last of
+    the live ones, must not read the empty ones' stale partials, and must put its counter back to 0."""
     q, k, v, start, length = make_case(16, device=KERNEL_DEVICE)
     splits = 3
     out = torch.full_like(q, float("nan"))
     ws = torch.full((workspace_numel(B, HQ, 16, splits),), float("nan"), device=KERNEL_DEVICE)
+    tickets = Tickets(KERNEL_DEVICE)
     for starts, lengths in ([0, 5, 20], [37, 6, 33]), ([0, 2, 30], [1, 19, 37]), ([3, 0, 0], [4, 37, 17]):
         start.copy_(torch.tensor(starts))
         length.copy_(torch.tensor(lengths))
-        got = decode_attention(q, k, v, start, length, 0.25, out=out, workspace=ws, block_n=16, num_splits=splits)
+        got = decode_attention(q, k, v, start, length, 0.25, out=out, workspace=ws, block_n=16, num_splits=splits,
+                               tickets=tickets)
         assert got is out
         torch.testing.assert_close(out, decode_attention_ref(q, k, v, start, length, 0.25), rtol=1e-5, atol=1e-5)
+        assert not tickets.counters.any()  # every counter back to zero for the next launch
 
 
 @pytest.mark.skipif(ON_CUDA or INTERPRETING, reason="the kernel tests run in this process")

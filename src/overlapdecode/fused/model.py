@@ -24,6 +24,9 @@ from .layout import fuse_weights
 
 # Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
 KEEP_CACHES = 4
+# The programmatic dependent launch mode of the step's kernels where the GPU has it (kernels/pdl.py):
+# chosen by scripts/fused_gap.py's graph step per mode on the H200 (docs/KERNELS.md).
+PDL_DEFAULT = 1
 # Prompts are padded on the right to a multiple of this, so nearby prompt lengths share one compiled prefill.
 PREFILL_BUCKET = 64
 
@@ -49,10 +52,10 @@ def pdl_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-def triton_ops(device: torch.device, pdl: bool = False) -> StepOps:
+def triton_ops(device: torch.device, pdl: int = 0) -> StepOps:
     """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
-    Decoder's lock), launched with programmatic dependent launch when `pdl` (kernels/pdl.py); imported here
-    because Triton is an optional, heavy dependency of the CUDA path."""
+    Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off);
+    imported here because Triton is an optional, heavy dependency of the CUDA path."""
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import norm_linear
     from .kernels.norm_qkv import norm_qkv
@@ -65,7 +68,7 @@ def triton_ops(device: torch.device, pdl: bool = False) -> StepOps:
     tickets = Tickets(device)
     # grid targets of the split-K kernels: measured by scripts/kernel_sweep.py (docs/KERNELS.md)
     if decode_attention is not reference.decode_attention_torch:
-        decode_attention = functools.partial(decode_attention, pdl=pdl)
+        decode_attention = functools.partial(decode_attention, pdl=pdl, tickets=tickets)
     return StepOps(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl), decode_attention,
                    functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl),
                    functools.partial(norm_linear, pdl=pdl))
@@ -75,12 +78,13 @@ class FusedModel:
     """The fused decode of `model` (Llama family or GPT-2; anything else is a ValueError).
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
-    prefill per prompt bucket (default on CUDA). `pdl`: launch the Triton kernels with programmatic dependent
-    launch (default where the GPU has it, sm_90+).
+    prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
+    kernels (kernels/pdl.py: 0 off, 1 wait, 2 early; True means PDL_DEFAULT; default: PDL_DEFAULT where the
+    GPU has PDL, sm_90+, else 0).
     """
 
     def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
-                 pdl: bool | None = None):
+                 pdl: int | bool | None = None):
         self.weights = fuse_weights(model)
         param = self.weights.embed
         self.device, self.dtype = param.device, param.dtype
@@ -90,10 +94,14 @@ class FusedModel:
             raise ValueError(f"kernels must be 'triton' or 'torch', got {kernels!r}")
         self.kernels = kernels
         if pdl is None:
-            pdl = kernels == "triton" and pdl_supported(self.device)
-        elif pdl and not (kernels == "triton" and pdl_supported(self.device)):
-            raise ValueError("pdl=True needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
-        self.pdl = pdl
+            pdl = PDL_DEFAULT if kernels == "triton" and pdl_supported(self.device) else 0
+        elif pdl is True:
+            pdl = PDL_DEFAULT
+        if pdl not in (0, 1, 2):
+            raise ValueError(f"pdl must be 0, 1, 2 or a bool (kernels/pdl.py), got {pdl!r}")
+        if pdl and not (kernels == "triton" and pdl_supported(self.device)):
+            raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
+        self.pdl = int(pdl)
         self.ops = triton_ops(self.device, pdl) if kernels == "triton" else REFERENCE_OPS
         if compile_prefill is None:
             compile_prefill = self.device.type == "cuda"

@@ -11,7 +11,8 @@ with the softmax in float32 and the output in q's dtype. Slots outside [start, l
 Why split-K: at decode a (row, kv head) pair is one tiny matrix-vector product over a long cache, so one
 program per pair leaves most of the 132 SMs of an H200 idle at small batch. The live range [start, length)
 of each pair is cut into `num_splits` pieces of whole BLOCK_N-key blocks, and each piece runs on its own
-program; the pieces are combined by a second small kernel.
+program; the program that finishes a (row, kv head)'s last piece combines them (a ticket counter, as in
+linear_residual): one launch per layer.
 
 Grid and tiles:
 - `_split_kernel`, grid (B * Hkv, num_splits). A program loads the G query heads of its kv head once, as a
@@ -19,10 +20,11 @@ Grid and tiles:
   acc += tl.dot(p, V), an online softmax in float32 (exp2, with log2(e) folded into the scale). K and V are
   so read once per kv-head group, not once per query head. It writes the unnormalised partial (max, sum,
   acc) of its piece to a float32 workspace; programs whose piece is empty (the row is shorter than the cache)
-  return at once, so the work follows the current length, not S.
-- `_combine_kernel`, grid (B * Hq,): rescales the live pieces to a common max and divides by the summed
-  denominator. With num_splits == 1 the split kernel normalises and writes `out` itself (no workspace, no
-  second launch).
+  return at once, so the work follows the current length, not S. Each live program then takes a ticket of
+  its (row, kv head); the one that draws the last rescales the live pieces to a common max, divides by the
+  summed denominator (pieces in the fixed order 0, 1, ...: deterministic) and resets the ticket to 0. (Until
+  commit cacedb8 a second kernel, grid (B * Hq,), did this: 16 launches more per Llama-1B step.) With
+  num_splits == 1 the program normalises and writes `out` itself (no workspace, no ticket).
 
 Why tl.dot with the group padded to GROUP_PAD = max(16, next power of two of G) rows, and not a
 broadcast-multiply-reduce: tl.dot needs 16 rows, so for G = 4 (Llama) three quarters and for G = 1 (GPT-2)
@@ -63,19 +65,20 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from .linear_residual import Tickets, take_tickets
 from .pdl import pdl_launch, pdl_start
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 TARGET_PROGRAMS = 2 * 132  # about two split programs per SM of an H200
-MAX_SPLITS = 64  # bounds the combine kernel's tile (MAX_SPLITS x BLOCK_D floats)
+MAX_SPLITS = 64  # bounds the combining program's loop over the pieces
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, start_ptr, length_ptr,
-    part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr,
+    part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, ticket_ptr,
     qk_scale, S,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -89,7 +92,7 @@ def _split_kernel(
     row_start = tl.load(start_ptr + b).to(tl.int32)
     row_len = tl.load(length_ptr + b).to(tl.int32)
 
-    # This split's blocks of the live range: the same formula as in _combine_kernel.
+    # This split's blocks of the live range (n_live below counts the non-empty pieces the same way).
     n_blocks = tl.cdiv(row_len - row_start, BLOCK_N)
     per_split = tl.cdiv(n_blocks, NUM_SPLITS)
     blk_lo = pid_s * per_split
@@ -152,37 +155,32 @@ def _split_kernel(
         tl.store(part_m_ptr + part, m_i, mask=mask_g)
         tl.store(part_l_ptr + part, l_i, mask=mask_g)
         tl.store(part_acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=store_mask)
-
-
-@triton.jit
-def _combine_kernel(
-    part_acc_ptr, part_m_ptr, part_l_ptr, start_ptr, length_ptr, out_ptr,
-    HQ: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, PDL: tl.constexpr,
-):
-    pdl_start(PDL)
-    pid = tl.program_id(0)  # b * HQ + h
-    b = pid // HQ
-    row_start = tl.load(start_ptr + b).to(tl.int32)
-    row_len = tl.load(length_ptr + b).to(tl.int32)
-    n_blocks = tl.cdiv(row_len - row_start, BLOCK_N)
-    per_split = tl.cdiv(n_blocks, NUM_SPLITS)
-    n_live = tl.cdiv(n_blocks, per_split)  # splits that wrote a partial; the rest hold stale data
-
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, BLOCK_D)
-    live = offs_s < n_live
-    mask_d = offs_d < D
-    part = pid.to(tl.int64) * NUM_SPLITS + offs_s
-    m = tl.load(part_m_ptr + part, mask=live, other=float("-inf"))
-    l = tl.load(part_l_ptr + part, mask=live, other=0.0)
-    acc = tl.load(part_acc_ptr + part[:, None] * D + offs_d[None, :], mask=live[:, None] & mask_d[None, :],
-                  other=0.0)
-    m_max = tl.max(m, 0)
-    w = tl.where(live, tl.math.exp2(m - m_max), 0.0)
-    denom = tl.sum(w * l, 0)
-    o = tl.sum(w[:, None] * acc, 0) / denom
-    tl.store(out_ptr + pid.to(tl.int64) * D + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
+        # The program that stores the last of the n_live pieces of this (row, kv head) combines them: a
+        # ticket as in linear_residual.last_of_split (barrier, acq_rel atomic, partials read past L1).
+        n_live = tl.cdiv(n_blocks, per_split)  # the pieces that are not empty
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr + pid_bh, 1, sem="acq_rel", scope="gpu")
+        if ticket == n_live - 1:
+            first = heads.to(tl.int64) * NUM_SPLITS  # (b, h, 0) of each group row
+            m_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+            for sp in range(NUM_SPLITS):
+                ok = mask_g & (sp < n_live)
+                m_max = tl.maximum(m_max, tl.load(part_m_ptr + first + sp, mask=ok, other=float("-inf"),
+                                                  cache_modifier=".cg"))
+            den = tl.zeros([GROUP_PAD], tl.float32)
+            o = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+            for sp in range(NUM_SPLITS):  # fixed order: deterministic, whichever program came last
+                ok = mask_g & (sp < n_live)
+                m_s = tl.load(part_m_ptr + first + sp, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                l_s = tl.load(part_l_ptr + first + sp, mask=ok, other=0.0, cache_modifier=".cg")
+                w = tl.where(ok, tl.math.exp2(m_s - m_max), 0.0)
+                den += w * l_s
+                a_s = tl.load(part_acc_ptr + (first + sp)[:, None] * D + offs_d[None, :],
+                              mask=ok[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
+                o += w[:, None] * a_s
+            o_offs = heads.to(tl.int64)[:, None] * D + offs_d[None, :]
+            tl.store(out_ptr + o_offs, (o / den[:, None]).to(out_ptr.dtype.element_ty), mask=store_mask)
+            tl.store(ticket_ptr + pid_bh, 0)  # back to zero for the next launch
 
 
 # Compiled kernels need CUDA tensors; Triton's interpreter (slow, for tests) runs CPU tensors. Which one
@@ -279,7 +277,7 @@ def make_workspace(q: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
 
 
 def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, workspace=None, *,
-                     num_splits=None, block_n=None, pdl: bool = False):
+                     num_splits=None, block_n=None, pdl: int = 0, tickets: Tickets | None = None):
     """Decode attention, (B, Hq, D) in q's dtype; see the module docstring.
 
     out: optional (B, Hq, D) contiguous tensor of q's dtype, written in place and returned.
@@ -287,7 +285,8 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
       `make_workspace(q, k_cache)` (a captured graph can own it); allocated per call when None (its size
       depends on shapes only).
     num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values).
-    pdl: launch both kernels with programmatic dependent launch (pdl.py; sm_90+).
+    pdl: the programmatic dependent launch mode of the kernel (pdl.py; 0: off; sm_90+).
+    tickets: the ticket counters of the split (linear_residual.Tickets; default: fresh zeros, a fill per call).
     """
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
     if D > MAX_HEAD_DIM:
@@ -329,18 +328,12 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
 
     G = Hq // Hkv
     direct = num_splits == 1
+    counters = out if direct else take_tickets(tickets, B * Hkv, q.device)  # never touched when direct
     _split_kernel[(B * Hkv, num_splits)](
-        q, k_cache, v_cache, start, length, part_acc, part_m, part_l, out,
+        q, k_cache, v_cache, start, length, part_acc, part_m, part_l, out, counters,
         scale * LOG2E, S,
         HQ=Hq, HKV=Hkv, G=G, GROUP_PAD=max(16, triton.next_power_of_2(G)), D=D,
         BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=num_splits,
-        DIRECT=direct, IEEE=q.dtype == torch.float32, PDL=pdl, num_warps=4, num_stages=2, **pdl_launch(pdl),
+        DIRECT=direct, IEEE=q.dtype == torch.float32, PDL=int(pdl), num_warps=4, num_stages=2, **pdl_launch(pdl),
     )
-    if not direct:
-        _combine_kernel[(B * Hq,)](
-            part_acc, part_m, part_l, start, length, out,
-            HQ=Hq, D=D, BLOCK_N=block_n, BLOCK_D=block_d,
-            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), PDL=pdl, num_warps=4,
-            **pdl_launch(pdl),
-        )
     return out

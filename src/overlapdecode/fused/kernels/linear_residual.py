@@ -111,11 +111,11 @@ def _linear_split_kernel(
 
 
 def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, programs: int | None = None,
-                    num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None, pdl: bool = False):
+                    num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None, pdl: int = 0):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N).
     `programs`: the grid size split-K aims at (default 2 x the SMs); `tickets`: the counters of the split
-    (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: launch with
-    programmatic dependent launch (pdl.py; sm_90+)."""
+    (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
+    dependent launch mode of pdl.py (0: off; sm_90+)."""
     B, K = x.shape
     N = w.shape[0]
     out = torch.empty_like(residual)
@@ -132,7 +132,7 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
         part, counters = residual, residual
     _linear_split_kernel[(n_blocks, split, row_blocks)](
         x, w, b if b is not None else w, residual, out, part, counters, B, N, K, k_chunk,
-        SPLIT=split, HAS_BIAS=b is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl,
+        SPLIT=split, HAS_BIAS=b is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, PDL=int(pdl),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return out

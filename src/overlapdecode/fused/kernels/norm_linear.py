@@ -136,7 +136,7 @@ def _norm_linear_kernel(
 
 
 def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int = 32,
-                block_k: int = 256, num_warps: int = 4, num_stages: int = 3, pdl: bool = False):
+                block_k: int = 256, num_warps: int = 4, num_stages: int = 3, pdl: int = 0):
     """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
     Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128)."""
@@ -148,7 +148,7 @@ def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, b
         x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w, out,
         B, n_out, eps, K,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
-        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl,
+        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, PDL=int(pdl),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return out

@@ -153,7 +153,7 @@ def _norm_qkv_kernel(
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
              n_heads: int, n_kv: int, head_dim: int, half: int | None = None, block_k: int = 256,
              programs: int = 1, num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None,
-             pdl: bool = False):
+             pdl: int = 0):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous. A program owns `half`
     dimensions of each half of a head (default: up to 32); with fewer head tiles than `programs`, K is split
     as in linear_residual (`tickets`: the counters, as there)."""
@@ -178,6 +178,6 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
         x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
         counters, B, S, n_heads, n_kv, eps, rope_scale, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
-        HALF=half, BLOCK_M=16, BLOCK_K=block_k, PDL=pdl, num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        HALF=half, BLOCK_M=16, BLOCK_K=block_k, PDL=int(pdl), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return q
