@@ -7,6 +7,8 @@
 #                                    # GPU tests, then scripts/fused_gap.py; GPU 1: the benches (1B with the HF
 #                                    # peer from .whl, GPT-2, 8B; fused vs interleaved)
 #   bash scripts/gpu_session5.sh C   # both GPUs: tensor parallelism, 8B, fused; then llama-70b-random, tp=2, fused
+#   bash scripts/gpu_session5.sh D   # after the symmetric-memory all-reduce: tp=2 fused tokens = tp=1 (float32,
+#                                    # 1B), then the 8B speed part again
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -79,4 +81,12 @@ elif [ "$STAGE" = C ]; then
     --strategy fused --part-timeout 310 > $W/tp-70b.log 2>&1; echo "tp rc=$?" >> $W/tp-70b.log
   tar czf $OUT/work-C.tgz -C $W .
   tail -20 $W/tp-70b.log
+elif [ "$STAGE" = D ]; then
+  PYTHONPATH=src timeout 250 torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-equal.json --parts equal \
+    --equal-strategies fused --part-timeout 230 > $W/tp-equal.log 2>&1; echo "tp rc=$?" >> $W/tp-equal.log
+  grep -E "rank 0|rc=" $W/tp-equal.log | tail -4
+  PYTHONPATH=src timeout 185 torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-speed.json --parts speed \
+    --strategy fused --part-timeout 170 > $W/tp.log 2>&1; echo "tp rc=$?" >> $W/tp.log
+  tar czf $OUT/work-D.tgz -C $W .
+  grep -E "rank 0|rc=|Error|error" $W/tp.log | tail -6
 fi

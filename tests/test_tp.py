@@ -296,3 +296,42 @@ def test_bench_tp_refuses_what_ranks_could_disagree_on(monkeypatch, tmp_path, ca
     assert "--tp and --time-budget exclude each other" in capsys.readouterr().err
     assert main(base + ["--tp", "0"]) == 2
     assert "--tp must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_reduce_residual_sums_the_kernels_own_output_buffer():
+    """With a symmetric all-reduce the kernel writes its partial sum into the buffer the all-reduce reads
+    (no copy), the residual and bias join on rank 0 only, and the all-reduce's result is returned."""
+    from overlapdecode.fused.kernels.linear_residual import linear_residual_ref
+    from overlapdecode.tp import RowReduce, reduce_residual
+
+    class Recorder:  # stands in for SymmetricAllReduce (CUDA only): the sum of one rank is its own part
+        def __init__(self):
+            self.buffers, self.summed = [], []
+
+        def buffer(self, shape, dtype):
+            self.buffers.append(torch.full(shape, float("nan"), dtype=dtype))
+            return self.buffers[-1]
+
+        def sum(self, buf):
+            self.summed.append(buf)
+            return buf * 2
+
+    def kernel(x, w, b, residual, out=None):
+        out.copy_(linear_residual_ref(x, w, b, residual))
+        return out
+
+    torch.manual_seed(0)
+    x, w, b, res = torch.randn(2, 6), torch.randn(4, 6), torch.randn(4), torch.randn(2, 4)
+    for rank in (0, 1):
+        rec = Recorder()
+        got = reduce_residual(kernel, x, w, b, res, RowReduce("g", rank), rec)
+        part = linear_residual_ref(x, w, b, res) if rank == 0 else x @ w.T
+        assert rec.summed == rec.buffers and len(rec.buffers) == 1  # summed in place of the kernel's output
+        torch.testing.assert_close(got, 2 * part)
+
+
+def test_symmetric_all_reduce_needs_a_sharded_model(tiny_llama):
+    from overlapdecode.fused.model import FusedModel
+
+    with pytest.raises(ValueError, match="symmetric_all_reduce needs a tensor-parallel shard"):
+        FusedModel(tiny_llama, symmetric_all_reduce=True)

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..tp import SymmetricAllReduce
 from . import reference
 from .cache import FusedCache
 from .kernels.linear_residual import linear_residual_ref
@@ -42,6 +43,7 @@ class StepOps(NamedTuple):
     attention: object
     linear_residual: object
     norm_linear: object
+    symmetric: object = None  # tp.SymmetricAllReduce for a sharded model's all-reduces, or None
 
 
 REFERENCE_OPS = StepOps(norm_qkv_ref, reference.decode_attention_torch, linear_residual_ref, norm_linear_ref)
@@ -80,11 +82,13 @@ class FusedModel:
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
     kernels (kernels/pdl.py: 0 off, 1 wait, 2 early; True means PDL_DEFAULT; default: PDL_DEFAULT where the
-    GPU has PDL, sm_90+, else 0).
+    GPU has PDL, sm_90+, else 0). `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its
+    partial products by a one-shot all-reduce over symmetric memory (tp.SymmetricAllReduce) instead of NCCL
+    (default: with the Triton kernels).
     """
 
     def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
-                 pdl: int | bool | None = None):
+                 pdl: int | bool | None = None, symmetric_all_reduce: bool | None = None):
         self.weights = fuse_weights(model)
         param = self.weights.embed
         self.device, self.dtype = param.device, param.dtype
@@ -103,6 +107,12 @@ class FusedModel:
             raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
         self.pdl = int(pdl)
         self.ops = triton_ops(self.device, pdl) if kernels == "triton" else REFERENCE_OPS
+        if symmetric_all_reduce is None:
+            symmetric_all_reduce = self.weights.tp is not None and kernels == "triton"
+        if symmetric_all_reduce:
+            if self.weights.tp is None or kernels != "triton":
+                raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
+            self.ops = self.ops._replace(symmetric=SymmetricAllReduce(self.weights.tp.group, self.device))
         if compile_prefill is None:
             compile_prefill = self.device.type == "cuda"
         self._prefill = torch.compile(reference.prefill, dynamic=False) if compile_prefill else reference.prefill

@@ -111,14 +111,19 @@ def _linear_split_kernel(
 
 
 def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, programs: int | None = None,
-                    num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None, pdl: int = 0):
+                    num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None, pdl: int = 0,
+                    out: torch.Tensor | None = None):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N).
     `programs`: the grid size split-K aims at (default 2 x the SMs); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
-    dependent launch mode of pdl.py (0: off; sm_90+)."""
+    dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
+    result into (a symmetric-memory buffer under tp), returned."""
     B, K = x.shape
     N = w.shape[0]
-    out = torch.empty_like(residual)
+    if out is None:
+        out = torch.empty_like(residual)
+    elif out.shape != residual.shape or out.dtype != residual.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {residual.dtype} tensor of shape {tuple(residual.shape)}")
     n_blocks = triton.cdiv(N, block_n)
     if programs is None:
         programs = 2 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
