@@ -2,7 +2,7 @@
 batch 1, bfloat16): the model step alone replayed from one manually captured CUDA graph, in each programmatic
 dependent launch mode (kernels/pdl.py: off, WAIT, EARLY); ms per token of `generate`'s decode steps alone
 ((a 144-token call - a 16-token call) / 128, best of 2) for `fused` (its step captured by StepGraph), the
-same with no per-step stop check (Strategy(cache="fused", stop_check="end")) and `interleaved`; and a Chrome
+same with no per-step stop check (Strategy(cache="fused", compile=True, stop_check="end")) and `interleaved`; and a Chrome
 trace plus kernel table of one 32-token `fused` call at Llama-1B batch 1.
 
     python3 scripts/fused_gap.py OUT_DIR

@@ -50,3 +50,25 @@ def test_fused_keeps_one_graph_per_setting_and_matches_hf():
     assert graph.eager_runs == 2 * (n - 1)  # CPU: every decode step eager, over the same buffers
     dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[1, 2], pad_token_id=0)
     assert len(cache.graphs) == 2  # another EOS count: another step
+
+
+def test_clearing_caches_frees_them_without_the_cycle_collector():
+    """A StepGraph's step refers back to its cache: clear_caches (and Decoder.clear) must drop the graphs
+    first, or the cache's memory would wait for Python's cycle collector."""
+    import gc
+    import weakref
+
+    model = od.load_model("tiny-llama", device="cpu")
+    dec = od.Decoder(model)
+    ids, mask = make_batch(1, seed=5)
+    dec.generate(ids, attention_mask=mask, max_new_tokens=4, strategy="fused", eos_token_id=[])
+    (cache,) = dec.fused_model()._caches.values()
+    assert cache.graphs
+    alive = weakref.ref(cache.k[0])
+    del cache
+    gc.disable()
+    try:
+        dec.clear()
+        assert alive() is None  # freed by reference counting alone
+    finally:
+        gc.enable()

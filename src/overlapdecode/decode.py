@@ -134,6 +134,8 @@ class Decoder:
                     f"strategy: 'fused' needs Triton ({err}); it comes with CUDA builds of torch, and on CPU "
                     "`pip install triton` provides the module its torch reference lives beside"
                 ) from None
+            if self._fused is not None:
+                self._fused.clear_caches()  # the old weights' caches and graphs go now, with the old weights
             self._fused = FusedModel(self.model)
         return self._fused
 
@@ -263,7 +265,7 @@ class Decoder:
             sink.start(req.input_ids)
         check = make_check(strat.stop_check, strat.lag, N, main, side, slots, out[:, P:], eos_ids,
                            sink.put if sink is not None else None)
-        step_fn = compiled_decode_step() if strat.compile else decode_step
+        step_fn = compiled_decode_step() if strat.compile and graph is None else decode_step
 
         try:
             # 2) the loop: step j enqueues token j; the check reads the flag it owes after each step

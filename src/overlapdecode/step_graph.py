@@ -56,8 +56,13 @@ class StepGraph:
 
     def _record(self) -> None:
         graph = torch.cuda.CUDAGraph()
+        device = self.state.device
+        # Captured on a stream of its own (not the process-wide default capture stream, which belongs to
+        # whichever device first asked for it), in "thread_local" mode as torch.compile's graphs are: another
+        # thread's CUDA calls (another decoder's) neither break this capture nor are broken by it.
+        stream = torch.cuda.Stream(device)
         # host sync (once per graph): torch.cuda.graph synchronizes the device before it captures, so the
         # eager step above has finished; nothing runs during the capture, it only records
-        with torch.cuda.graph(graph):
+        with torch.cuda.device(device), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             self._body()
         self.graph = graph

@@ -17,9 +17,11 @@ from overlapdecode.caches import position_ids_for_prompt
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
-from overlapdecode.fused.model import FusedModel
+from overlapdecode.fused.model import FusedModel, pdl_supported
 
 DEV = "cuda"
+needs_pdl = pytest.mark.skipif(not torch.cuda.is_available() or not pdl_supported(torch.device(DEV)),
+                               reason="programmatic dependent launch needs sm_90 or later")
 TIE = 1e-4
 # (hidden, heads, kv heads, head dim, intermediate, vocab): Llama-3.2-1B, Llama-3-8B, GPT-2
 SHAPES = {"llama-1b": (2048, 32, 8, 64, 8192, 128256), "llama-8b": (4096, 32, 8, 128, 14336, 128256),
@@ -130,6 +132,7 @@ def test_fused_compiles_once_per_shape():
     assert od.compile_count() == before
 
 
+@needs_pdl
 @pytest.mark.parametrize("sampling", [{}, dict(do_sample=True, top_k=50, seed=3)])
 @torch.no_grad()
 def test_fused_step_is_captured_once_and_replays_the_eager_tokens(sampling):
@@ -148,6 +151,7 @@ def test_fused_step_is_captured_once_and_replays_the_eager_tokens(sampling):
         assert torch.equal(out, eager)
 
 
+@needs_pdl
 @pytest.mark.parametrize("name", ["gpt2-random", "llama-1b-random"])
 @torch.no_grad()
 def test_pdl_changes_no_logit(name):
@@ -163,25 +167,27 @@ def test_pdl_changes_no_logit(name):
 
 @torch.no_grad()
 def test_fused_second_call_on_another_stream_follows_a_late_stop():
-    """A `fused` call that stops two steps late returns with its last steps still replaying the captured
-    graph; the next call, from another stream, resets the same graph's buffers (state, EOS ids) only after
-    them, so its tokens are those of a call made on a quiet GPU."""
-    model = od.load_model("gpt2-random", dtype="float32", device=DEV)
+    """A `fused` call that stops LAG steps late returns with its last steps still replaying the captured
+    graph (float32 Llama-1B: over a millisecond each, so ~15 ms of queued work); the next call, from another
+    stream, resets the same graph's buffers (state, EOS ids) only after them, so its tokens are those of a
+    call made on a quiet GPU."""
+    lag = 12
+    model = od.load_model("llama-1b-random", dtype="float32", device=DEV)
     dec = od.Decoder(model)
     ids1, mask1 = prompts(model, 1, seed=21)
     ids2, mask2 = prompts(model, 1, seed=22)
-    P = ids1.shape[1]
-    free = dec.generate(ids1, attention_mask=mask1, max_new_tokens=30, strategy="fused", eos_token_id=[])
-    k = next(k for k in range(3, 30) if int(free[0, P + k]) not in free[0, P:P + k].tolist())
+    P, n = ids1.shape[1], 40
+    free = dec.generate(ids1, attention_mask=mask1, max_new_tokens=n, strategy="fused", eos_token_id=[])
+    k = next(k for k in range(3, n - lag) if int(free[0, P + k]) not in free[0, P:P + k].tolist())
     eos = int(free[0, P + k])  # first generated at step k: the first call stops after k + 1 tokens
-    ref2 = dec.generate(ids2, attention_mask=mask2, max_new_tokens=30, strategy="fused", eos_token_id=eos)
+    ref2 = dec.generate(ids2, attention_mask=mask2, max_new_tokens=n, strategy="fused", eos_token_id=eos)
     torch.cuda.synchronize()
     for _ in range(3):
-        first = dec.generate(ids1, attention_mask=mask1, max_new_tokens=30, strategy="fused:2", eos_token_id=eos)
-        assert first.shape[1] == P + k + 1
+        first = dec.generate(ids1, attention_mask=mask1, max_new_tokens=n, strategy=f"fused:{lag}", eos_token_id=eos)
+        assert first.shape[1] == P + k + 1  # the stop was seen `lag` steps late: those steps may still run
         other = torch.cuda.Stream()
         with torch.cuda.stream(other):  # no synchronisation in between
-            second = dec.generate(ids2, attention_mask=mask2, max_new_tokens=30, strategy="fused:2",
+            second = dec.generate(ids2, attention_mask=mask2, max_new_tokens=n, strategy=f"fused:{lag}",
                                   eos_token_id=eos)
         torch.cuda.current_stream().wait_stream(other)
         assert torch.equal(second, ref2)

@@ -52,7 +52,7 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops):
                          W.rope_scale, pos, slot, kc, vc, W.n_heads, W.n_kv_heads, W.head_dim)
         a = ops.attention(q, kc, vc, start, length, layer.scale)
         # under tp (W.tp), w_o and w_down hold 1/tp of their inputs: reduce_residual sums the ranks' parts
-    # (ops.symmetric: over symmetric memory; None: the functional collective)
+        # (ops.symmetric: over symmetric memory; None: the functional collective)
         h = reduce_residual(ops.linear_residual, a.reshape(B, -1), layer.w_o, layer.b_o, h, W.tp, ops.symmetric)
         m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
         h = reduce_residual(ops.linear_residual, m, layer.w_down, layer.b_down, h, W.tp, ops.symmetric)

@@ -98,7 +98,7 @@ def _split_kernel(
     blk_lo = pid_s * per_split
     blk_hi = tl.minimum(blk_lo + per_split, n_blocks)
     if blk_lo >= blk_hi:
-        return  # past the row's length: nothing to read, and the combine ignores this split
+        return  # past the row's length: nothing to read, no ticket (n_live below does not count it)
 
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, BLOCK_D)

@@ -35,8 +35,10 @@ class Tickets:
     """The ticket counters of the split-K kernels of one device: int32 zeros, one per output tile. A split
     program takes a ticket after storing its partial sums; the program that draws the last one reduces the
     tile and puts the counter back to 0, so the buffer is all zeros between launches and one buffer serves
-    every launch of a stream in turn (kernels of one stream never overlap). Owned by whoever owns the
-    stream's steps (a FusedModel): two streams must not share one."""
+    every launch of a stream in turn: kernels of one stream do not overlap, and under programmatic dependent
+    launch (pdl.py) a kernel that starts early touches nothing before its `gdc_wait`, i.e. before the kernel
+    ahead has finished. Owned by whoever owns the stream's steps (a FusedModel): two streams must not share
+    one."""
 
     SIZE = 1 << 16
 
