@@ -8,7 +8,7 @@
 #                                    # peer from .whl, GPT-2, 8B; fused vs interleaved)
 #   bash scripts/gpu_session5.sh C   # both GPUs: tensor parallelism, 8B, fused; then llama-70b-random, tp=2, fused
 #   bash scripts/gpu_session5.sh D   # after the symmetric-memory all-reduce: tp=2 fused tokens = tp=1 (float32,
-#                                    # 1B), the 8B speed part again, then the 70B bench under torchrun
+#                                    # 1B), then the 8B speed part again
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -87,11 +87,6 @@ elif [ "$STAGE" = D ]; then
   grep -E "rank 0|rc=" $W/tp-equal.log | tail -4
   PYTHONPATH=src timeout 185 torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-speed.json --parts speed \
     --strategy fused --part-timeout 170 > $W/tp.log 2>&1; echo "tp rc=$?" >> $W/tp.log
-  grep -E "rank 0|rc=|Error|error" $W/tp.log | tail -6
-  # llama-70b-random through the bench itself (rank 0 writes the rows; tp is a column): BENCHMARKS.md's 70B figure
-  PYTHONPATH=src timeout 170 torchrun --nproc-per-node 2 -m overlapdecode bench --tp 2 --model llama-70b-random \
-    --strategies fused --peers none --dtype-batch bfloat16:1 --lengths 200 --warmup 1 --repeats 3 --no-profile \
-    --time-budget 150 --out $W/h200-tp2-70b-fused > $W/bench-70b.log 2>&1; echo "bench rc=$?" >> $W/bench-70b.log
   tar czf $OUT/work-D.tgz -C $W .
-  tail -8 $W/bench-70b.log
+  grep -E "rank 0|rc=|Error|error" $W/tp.log | tail -6
 fi
