@@ -274,3 +274,28 @@ def test_weight_bytes_counts_each_storage_once():
     assert weight_bytes(model) == before
     od.Decoder(model).fused_model()  # re-lays the weights out; the parameters become views
     assert weight_bytes(model) == before
+
+
+def test_tp_probe_results_are_gathered_with_their_command(tmp_path):
+    """A directory of scripts/tp_probe.py JSON (no bench results) goes into the gathered markdown as tables
+    made from its JSON: the big model's ms/token and MBU, the speed ratio, the token equality."""
+    d = tmp_path / "tp"
+    d.mkdir()
+    env = {"argv": ["scripts/tp_probe.py", "x.json", "--parts", "equal,speed,big"], "commit": "abc1234",
+           "torch": "2.11", "gpu": "NVIDIA H200", "nccl": "2.28"}
+    run = {"strategy": "fused", "ms_per_token": 4.0, "decode_ms_per_token": 3.9, "weight_bytes_per_gpu": 16e9}
+    parts = {"equal": {"model": "m1", "dtype": "float32", "new_tokens": 200, "fused": {"equal_tp1": True,
+                                                                                        "ranks_agree": True}},
+             "speed": {"model": "m8", "dtype": "bfloat16", "batch": 1, "tp1": run,
+                       "tp2": dict(run, ms_per_token=3.0, weight_bytes_per_gpu=8e9), "ratio_ms_per_token": 0.75,
+                       "ratio_decode_ms_per_token": 0.74},
+             "big": {"model": "m70", "dtype": "bfloat16", "batch": 1, "tp": 2, "strategy": "fused", "new_tokens": 200,
+                     "ms_per_token": 24.28, "weight_bytes_per_gpu": 72.66e9, "mbu_ms_per_token": 0.6052,
+                     "mbu_vs_copy_ms_per_token": 0.689, "first_call_s": 60.8}}
+    (d / "tp.json").write_text(json.dumps({"env": env, "parts": parts}))
+    md = tmp_path / "ALL.md"
+    assert main(["report", str(d), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert "| fused | 2 | 200 | 24.28 | 72.7 | 61% | 69% | 61 |" in text
+    assert "tp=2 / tp=1 = 0.75 (decode 0.74)" in text and "| tp2 | fused | 3.000 |" in text
+    assert "| fused | True | True |" in text and "commit abc1234" in text

@@ -326,7 +326,7 @@ def cmd_profile(args) -> int:
 def cmd_report(args) -> int:
     # imported when the command runs, not for --help
     from .profile import rebuild
-    from .report import build, gather
+    from .report import build, gather, tp_probe_summary
     from .results import finalize, rows_files
 
     if args.markdown:
@@ -343,6 +343,9 @@ def cmd_report(args) -> int:
                 raise CliError(f"{os.path.join(d, 'summary.json')}: cannot be used ({type(err).__name__}: {err})") \
                     from None
             print(f"profile summary: {os.path.join(d, 'summary.md')}")
+            continue
+        if not os.path.exists(os.path.join(d, "results.json")) and not rows_files(d) and tp_probe_summary(d):
+            print(f"tensor-parallel probe results: {d} (gathered as they are)")
             continue
         try:
             print(f"report: {build(d)}")
