@@ -525,6 +525,8 @@ def tp_probe_summary(d: str) -> str | None:
     or None if it holds none: tokens of tp=2 against tp=1 (equal), ms/token of tp=1 and tp=2 (speed), and
     the big model's ms/token, weight bytes per GPU and MBU (big)."""
     files = []
+    if not os.path.isdir(d):
+        return None
     for name in sorted(os.listdir(d)):
         if name.endswith(".json"):
             with open(os.path.join(d, name)) as f:
