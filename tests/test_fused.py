@@ -159,6 +159,6 @@ def test_pdl_is_refused_where_the_kernels_cannot_use_it():
     model = od.load_model("tiny-gpt2", device="cpu")
     with pytest.raises(ValueError, match="pdl needs the Triton kernels on a CUDA GPU"):
         FusedModel(model, pdl=True)
-    with pytest.raises(ValueError, match="pdl must be 0, 1, 2 or a bool"):
-        FusedModel(model, pdl=3)
+    with pytest.raises(ValueError, match="pdl must be 0, 1, 2, 3 or a bool"):
+        FusedModel(model, pdl=4)
     assert FusedModel(model).pdl == 0  # CPU: no PDL by default

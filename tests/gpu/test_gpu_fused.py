@@ -161,7 +161,7 @@ def test_pdl_changes_no_logit(name):
     ids, mask = prompts(model, 2, seed=12)
     tokens = torch.randint(0, 1000, (2, 12), device=DEV)
     off = fused_logits(FusedModel(model, pdl=0), ids, mask, tokens)
-    for mode in (1, 2):
+    for mode in (1, 2, 3):
         assert torch.equal(fused_logits(FusedModel(model, pdl=mode), ids, mask, tokens), off)
 
 

@@ -81,7 +81,7 @@ class FusedModel:
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
-    kernels (kernels/pdl.py: 0 off, 1 wait, 2 early; True means PDL_DEFAULT; default: PDL_DEFAULT where the
+    kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT where the
     GPU has PDL, sm_90+, else 0). `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its
     partial products by a one-shot all-reduce over symmetric memory (tp.SymmetricAllReduce) instead of NCCL
     (default: with the Triton kernels).
@@ -101,8 +101,8 @@ class FusedModel:
             pdl = PDL_DEFAULT if kernels == "triton" and pdl_supported(self.device) else 0
         elif pdl is True:
             pdl = PDL_DEFAULT
-        if pdl not in (0, 1, 2):
-            raise ValueError(f"pdl must be 0, 1, 2 or a bool (kernels/pdl.py), got {pdl!r}")
+        if pdl not in (0, 1, 2, 3):
+            raise ValueError(f"pdl must be 0, 1, 2, 3 or a bool (kernels/pdl.py), got {pdl!r}")
         if pdl and not (kernels == "triton" and pdl_supported(self.device)):
             raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
         self.pdl = int(pdl)

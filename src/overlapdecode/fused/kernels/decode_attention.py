@@ -66,7 +66,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from .linear_residual import Tickets, take_tickets
-from .pdl import pdl_launch, pdl_start
+from .pdl import pdl_launch, pdl_release, pdl_start
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
@@ -144,6 +144,7 @@ def _split_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
+    pdl_release(PDL)
     heads = b * HQ + head0 + offs_g  # flat (b, h) index of each group row
     store_mask = mask_g[:, None] & mask_d[None, :]
     if DIRECT:

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import pdl_launch, pdl_start
+from .pdl import pdl_launch, pdl_release, pdl_start
 
 
 def linear_residual_ref(x, w, b, residual):
@@ -91,6 +91,7 @@ def _linear_split_kernel(
         xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(xv, tl.trans(wt), input_precision="ieee")
+    pdl_release(PDL)
     out_ok = row_ok[:, None] & col_ok[None, :]
     finish = True
     if SPLIT > 1:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .pdl import pdl_launch, pdl_start
+from .pdl import pdl_launch, pdl_release, pdl_start
 
 ACTS = ("none", "gelu_tanh", "silu_mul")
 _ACT_CODE = {a: i for i, a in enumerate(ACTS)}
@@ -115,6 +115,7 @@ def _norm_linear_kernel(
             wu = tl.load(w_ptr + (cols + N)[:, None] * K + kk[None, :], mask=wm, other=0.0)
             acc2 += tl.dot(xn, tl.trans(wu), input_precision="ieee")
 
+    pdl_release(PDL)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if ACT == 2:

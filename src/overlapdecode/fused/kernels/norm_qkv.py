@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, split_k, take_tickets
 from .norm_linear import norm_ref, norm_stats, norm_tile
-from .pdl import pdl_launch, pdl_start
+from .pdl import pdl_launch, pdl_release, pdl_start
 
 
 def rope_cos_sin(inv_freq, rope_scale: float, pos, dtype):
@@ -128,6 +128,7 @@ def _norm_qkv_kernel(
         acc1 += tl.dot(xn, tl.trans(wa), input_precision="ieee")
         acc2 += tl.dot(xn, tl.trans(wb), input_precision="ieee")
 
+    pdl_release(PDL)
     finish = True
     if SPLIT > 1:  # partial sums (SPLIT, B, N) float32; the last program of the tile finishes it
         n_rows = (n_heads + 2 * n_kv) * D

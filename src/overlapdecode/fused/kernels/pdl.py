@@ -14,12 +14,15 @@ When the next kernel may start is the `PDL` mode:
   program of this one has started; its programs then wait on the SMs that happen to be free, which can
   leave a GEMV's programs unevenly spread (measured: Llama-1B step 0.965 -> 1.008 ms, GPT-2 0.374 ->
   0.338 ms, H200, commit cacedb8).
+- 3 (`LATE`): `gdc_launch_dependents` once a program has finished its main loop (`pdl_release`), so the next
+  kernel is scheduled during this one's epilogues (the split-K finish, RoPE, the stores), when every SM is
+  about to free up. Not yet measured on a GPU (added after the session-5 measurements).
 """
 
 import triton
 import triton.language as tl
 
-OFF, WAIT, EARLY = 0, 1, 2
+OFF, WAIT, EARLY, LATE = 0, 1, 2, 3
 
 
 @triton.jit
@@ -27,6 +30,12 @@ def pdl_start(PDL: tl.constexpr):
     if PDL >= 1:
         tl.extra.cuda.gdc_wait()
     if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_release(PDL: tl.constexpr):
+    if PDL == 3:
         tl.extra.cuda.gdc_launch_dependents()
 
 
