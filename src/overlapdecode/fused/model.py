@@ -168,4 +168,6 @@ class FusedModel:
             input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(B, T - P)], dim=1)
             position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(B, T - P)], dim=1)
         last = torch.full((1,), P - 1, dtype=torch.long, device=input_ids.device)
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # the last replay's logits were consumed by its caller
         return self._prefill(self.weights, cache.k, cache.v, cache.pad, input_ids, position_ids, last)
