@@ -69,7 +69,12 @@ def parse_args(argv=None):
     p.add_argument("--one-shot", action="store_true",
                    help="experiment: let inductor lower the compiled step's all-reduces of <= 128 KiB to symmetric "
                         "memory's one-shot all-reduce (peers' buffers read over NVLink, no NCCL launch)")
+    p.add_argument("--symmetric-all-reduce", action="store_true",
+                   help="fused: sum the decode step's partial products by the one-shot all-reduce over symmetric "
+                        "memory (FusedModel(symmetric_all_reduce=True)) instead of NCCL")
     args = p.parse_args(argv)
+    if args.symmetric_all_reduce and args.device == "cpu":
+        p.error("--symmetric-all-reduce needs CUDA (symmetric memory)")
     if args.one_shot and args.device == "cpu":
         p.error("--one-shot needs CUDA (symmetric memory)")
     return args
@@ -100,7 +105,8 @@ class Probe:
 
     def environment(self) -> dict:
         env = dict(torch=torch.__version__, world_size=dist.get_world_size(), device=self.args.device,
-                   argv=sys.argv, commit=os.environ.get("OVERLAPDECODE_COMMIT"), one_shot=self.args.one_shot)
+                   argv=sys.argv, commit=os.environ.get("OVERLAPDECODE_COMMIT"), one_shot=self.args.one_shot,
+                   symmetric_all_reduce=self.args.symmetric_all_reduce)
         if env["commit"] is None:
             try:
                 env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -147,7 +153,12 @@ class Probe:
         return torch.randint(0, model.config.vocab_size, (1, PROMPT_LEN), generator=g).to(self.device)
 
     def generate(self, model, ids, n, strategy, **kw):
-        return od.generate(model, ids, max_new_tokens=n, strategy=strategy, eos_token_id=[], **kw)
+        """od.generate through the decoder it keeps for `model`, carrying --symmetric-all-reduce to the fused step
+        (set before that decoder makes its FusedModel: the first fused call)."""
+        dec = od.decoder_for(model)
+        if self.args.symmetric_all_reduce:
+            dec.fused_options["symmetric_all_reduce"] = True
+        return dec.generate(ids, max_new_tokens=n, strategy=strategy, eos_token_id=[], **kw)
 
     def timed(self, fn):
         self.sync()

@@ -180,3 +180,25 @@ def test_sampling_without_a_seed_is_refused_when_sharded(tiny_gpt2, monkeypatch)
     with pytest.raises(ValueError, match="seed: sampling under tensor parallelism"):
         od.generate(tiny_gpt2, ids, max_new_tokens=2, strategy="static", do_sample=True)
     od.generate(tiny_gpt2, ids, max_new_tokens=2, strategy="static", do_sample=True, seed=1)  # with a seed: fine
+
+
+def test_the_decoder_generate_keeps_does_not_keep_the_model_alive():
+    """od.generate keeps one decoder per model in a weakly keyed dictionary: the decoder must hold its model
+    weakly too, or every model ever passed to od.generate would stay in memory."""
+    import gc
+    import weakref
+
+    for strategy in ("static", "fused"):
+        model = od.load_model("tiny-llama", device="cpu")
+        od.generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=3, strategy=strategy)
+        alive = weakref.ref(model)
+        del model
+        gc.collect()
+        assert alive() is None, strategy
+
+
+def test_fused_options_reach_the_fused_model(tiny_gpt2):
+    dec = od.Decoder(tiny_gpt2, fused_options=dict(kernels="torch", pdl=0))
+    assert dec.fused_model().kernels == "torch"
+    with pytest.raises(TypeError, match="fused_options must be a dict"):
+        od.Decoder(tiny_gpt2, fused_options=["pdl"])

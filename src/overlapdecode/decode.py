@@ -100,9 +100,16 @@ class Decoder:
     call runs on.
     """
 
-    def __init__(self, model, keep_static: int = 4):
+    def __init__(self, model, keep_static: int = 4, fused_options: dict | None = None, _weak: bool = False):
         check_model(model)
-        self.model = model
+        if fused_options is not None and not isinstance(fused_options, dict):
+            raise TypeError(f"fused_options must be a dict of FusedModel options or None, got "
+                            f"{type(fused_options).__name__}")
+        # the decoder od.generate keeps per model (decoder_for) holds it weakly: a strong reference from the
+        # value of a weakly keyed dictionary to its key would keep every model ever used alive
+        self._model = weakref.ref(model) if _weak else (lambda: model)
+        # FusedModel's keywords (pdl, symmetric_all_reduce, ...), read when the fused model is made (first use)
+        self.fused_options = dict(fused_options or {})
         self.static_caches = caches.StaticCaches(keep_static)
         self._lock = threading.Lock()
         self._side_streams: dict = {}  # device -> two streams, made once: new streams per call would each
@@ -110,6 +117,13 @@ class Decoder:
         self._slots: dict = {}  # (slots, batch, device) -> Slots, pinned host memory reused call after call
         self._end_event: torch.cuda.Event | None = None  # the last call's last step, on its caller's stream
         self._fused = None  # the FusedModel (re-laid weights, fused caches), made on the first fused call
+
+    @property
+    def model(self):
+        model = self._model()
+        if model is None:
+            raise RuntimeError("this decoder's model has been freed")
+        return model
 
     def clear(self) -> None:
         """Free the kept static caches, fused caches and pinned slots (the benchmark calls it between
@@ -136,7 +150,7 @@ class Decoder:
                 ) from None
             if self._fused is not None:
                 self._fused.clear_caches()  # the old weights' caches and graphs go now, with the old weights
-            self._fused = FusedModel(self.model)
+            self._fused = FusedModel(self.model, **self.fused_options)
         return self._fused
 
     def generate(
@@ -368,7 +382,7 @@ def decoder_for(model) -> Decoder:
     with _DECODERS_LOCK:
         dec = _DECODERS.get(model)
         if dec is None:
-            dec = _DECODERS[model] = Decoder(model)
+            dec = _DECODERS[model] = Decoder(model, _weak=True)
         return dec
 
 

@@ -25,9 +25,10 @@ from .layout import fuse_weights
 
 # Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
 KEEP_CACHES = 4
-# The programmatic dependent launch mode of the step's kernels where the GPU has it (kernels/pdl.py):
-# chosen by scripts/fused_gap.py's graph step per mode on the H200 (docs/KERNELS.md).
-PDL_DEFAULT = 1
+# The programmatic dependent launch mode of the step's kernels where the GPU has it (kernels/pdl.py): LATE,
+# the fastest step in one graph at both measured shapes (H200, 0093964: Llama-1B 0.916 ms against WAIT's
+# 0.949 and no PDL's 0.962; GPT-2 0.334 against 0.362 and 0.373; docs/KERNELS.md).
+PDL_DEFAULT = 3
 # Prompts are padded on the right to a multiple of this, so nearby prompt lengths share one compiled prefill.
 PREFILL_BUCKET = 64
 
@@ -84,11 +85,11 @@ class FusedModel:
     kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT where the
     GPU has PDL, sm_90+, else 0). `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its
     partial products by a one-shot all-reduce over symmetric memory (tp.SymmetricAllReduce) instead of NCCL
-    (default: with the Triton kernels).
+    (default off: tested on one GPU in a one-rank group only, not yet run across two GPUs).
     """
 
     def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
-                 pdl: int | bool | None = None, symmetric_all_reduce: bool | None = None):
+                 pdl: int | bool | None = None, symmetric_all_reduce: bool = False):
         self.weights = fuse_weights(model)
         param = self.weights.embed
         self.device, self.dtype = param.device, param.dtype
@@ -107,8 +108,6 @@ class FusedModel:
             raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
         self.pdl = int(pdl)
         self.ops = triton_ops(self.device, pdl) if kernels == "triton" else REFERENCE_OPS
-        if symmetric_all_reduce is None:
-            symmetric_all_reduce = self.weights.tp is not None and kernels == "triton"
         if symmetric_all_reduce:
             if self.weights.tp is None or kernels != "triton":
                 raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
