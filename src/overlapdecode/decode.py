@@ -223,8 +223,10 @@ class Decoder:
         key = (len(eos_ids), pad_id, params)
         graph = fused_cache.graphs.pop(key, None)
         if graph is None:
+            from .fused.cache import decode_kwargs  # the fused package is imported on first fused use (Triton)
+
             choose = compiled_choose_next()
-            step = functools.partial(_fused_step, self._fused, fused_cache, pad_id, params, choose)
+            step = functools.partial(_fused_step, self._fused, decode_kwargs(fused_cache), pad_id, params, choose)
             noise = (batch, vocab) if params.do_sample else None
             graph = StepGraph(step, batch, len(eos_ids), noise, device)
         fused_cache.graphs[key] = graph
@@ -319,9 +321,8 @@ class Decoder:
         return out if n == N else out[:, : P + n].clone()
 
 
-def _fused_step(fused, fused_cache, pad_id: int, params: SamplingParams, choose, state, eos_ids, noise):
-    """The fused decode step StepGraph captures: the FusedModel's kernels over `fused_cache`, then `choose`."""
-    kwargs = dict(past_key_values=fused_cache, use_cache=True, logits_to_keep=1)
+def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, choose, state, eos_ids, noise):
+    """The fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`: its cache), then `choose`."""
     return decode_step(fused, kwargs, state, eos_ids, pad_id, noise, params, choose)
 
 

@@ -26,17 +26,16 @@ Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], tuple]
 class StepGraph:
     """The step `step` over buffers of one shape: `state` (B, 3) long (last token, its position, finished),
     `eos` (E,) long, `noise` (B, V) float32 when sampling (else None), `done` 0-d bool. `run()` advances
-    `state` and `done` by one step, in place, on the current stream. `capture=False` (or a CPU device)
-    runs the step eagerly every time over the same buffers."""
+    `state` and `done` by one step, in place, on the current stream. On a CPU device nothing is captured:
+    the step runs eagerly every time over the same buffers."""
 
-    def __init__(self, step: Step, batch: int, eos_count: int, noise_shape: tuple | None, device: torch.device,
-                 capture: bool = True):
+    def __init__(self, step: Step, batch: int, eos_count: int, noise_shape: tuple | None, device: torch.device):
         self.state = torch.zeros((batch, 3), dtype=torch.long, device=device)
         self.eos = torch.zeros((eos_count,), dtype=torch.long, device=device)
         self.noise = None if noise_shape is None else torch.zeros(noise_shape, dtype=torch.float32, device=device)
         self.done = torch.zeros((), dtype=torch.bool, device=device)
         self._step = step
-        self._capture = capture and device.type == "cuda"
+        self._capture = device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
         self.eager_runs = 0  # steps run eagerly (1 before the capture when capturing)
 

@@ -68,7 +68,11 @@ class FusedKV:
 
     def model_kwargs(self, step: int) -> dict:
         if step == 0:
-            return dict(input_ids=self.input_ids, attention_mask=self.attention_mask,
-                        position_ids=self.position_ids, past_key_values=self.cache, use_cache=True,
-                        logits_to_keep=1)
-        return dict(past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            return dict(decode_kwargs(self.cache), input_ids=self.input_ids, attention_mask=self.attention_mask,
+                        position_ids=self.position_ids)
+        return decode_kwargs(self.cache)
+
+
+def decode_kwargs(cache: FusedCache) -> dict:
+    """A decode step's keyword arguments (the loop adds the token and its position from its device state)."""
+    return dict(past_key_values=cache, use_cache=True, logits_to_keep=1)

@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from .linear_residual import Tickets, take_tickets
+from .linear_residual import Tickets, last_of_split, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -156,12 +156,10 @@ def _split_kernel(
         tl.store(part_m_ptr + part, m_i, mask=mask_g)
         tl.store(part_l_ptr + part, l_i, mask=mask_g)
         tl.store(part_acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=store_mask)
-        # The program that stores the last of the n_live pieces of this (row, kv head) combines them: a
-        # ticket as in linear_residual.last_of_split (barrier, acq_rel atomic, partials read past L1).
+        # The program that stores the last of the n_live pieces of this (row, kv head) combines them (its
+        # loads of the partials bypass L1, as last_of_split requires).
         n_live = tl.cdiv(n_blocks, per_split)  # the pieces that are not empty
-        tl.debug_barrier()
-        ticket = tl.atomic_add(ticket_ptr + pid_bh, 1, sem="acq_rel", scope="gpu")
-        if ticket == n_live - 1:
+        if last_of_split(ticket_ptr, pid_bh, n_live):
             first = heads.to(tl.int64) * NUM_SPLITS  # (b, h, 0) of each group row
             m_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
             for sp in range(NUM_SPLITS):

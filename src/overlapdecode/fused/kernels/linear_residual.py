@@ -58,13 +58,14 @@ def take_tickets(tickets: Tickets | None, n: int, device) -> torch.Tensor:
 
 
 @triton.jit
-def last_of_split(ticket_ptr, tile, SPLIT: tl.constexpr):
-    """True in the program that finishes a split tile last (after storing its own partial sums). The
+def last_of_split(ticket_ptr, tile, n):
+    """True in the program that finishes a split tile last, of the `n` programs that take a ticket for it
+    (a constexpr split count, or a count known only at run time), after storing its own partial sums. The
     barrier makes every thread's stores precede the ticket, and acq_rel makes the other programs' stores
     visible to the last one; its loads of the partials must bypass L1 (cache_modifier=".cg")."""
     tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    return ticket == SPLIT - 1
+    return ticket == n - 1
 
 
 @triton.jit
