@@ -140,11 +140,11 @@ def captured_step(model, B: int, pdl: int | None = None):
     return g, (fm, cache, ids, pos)
 
 
-def step_profile(B: int, out_dir: str) -> dict:
-    """The fused step of llama-1b-random in one CUDA graph: ms per step and the profiler's kernel table."""
+def step_profile(B: int, out_dir: str, name: str = "llama-1b-random") -> dict:
+    """The fused step of `name` (bfloat16) in one CUDA graph: ms per step and the profiler's kernel table."""
     import overlapdecode as od
 
-    model = od.load_model("llama-1b-random", dtype="bfloat16", device=DEV)
+    model = od.load_model(name, dtype="bfloat16", device=DEV)
     g, keep = captured_step(model, B)
     ms = triton.testing.do_bench(g.replay, rep=200, return_mode="median")
     steps = 20
@@ -156,14 +156,15 @@ def step_profile(B: int, out_dir: str) -> dict:
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels = [e for e in events if "Memcpy" not in e.name and "Memset" not in e.name]
     busy = sum(e.device_time for e in kernels) / 1e3 / steps  # ms of kernel time per step
-    open(os.path.join(out_dir, f"step-profile-b{B}.txt"), "w").write(table)
+    tag = "" if name == "llama-1b-random" else f"{name}-"
+    open(os.path.join(out_dir, f"step-profile-{tag}b{B}.txt"), "w").write(table)
     try:
-        prof.export_chrome_trace(os.path.join(out_dir, f"step-trace-b{B}.json"))
+        prof.export_chrome_trace(os.path.join(out_dir, f"step-trace-{tag}b{B}.json"))
     except Exception:
         pass
     del model, g, keep
     torch.cuda.empty_cache()
-    return dict(B=B, graph_ms_per_step=round(ms, 4), kernels_per_step=len(kernels) / steps,
+    return dict(model=name, B=B, graph_ms_per_step=round(ms, 4), kernels_per_step=len(kernels) / steps,
                 kernel_ms_per_step=round(busy, 4))
 
 
