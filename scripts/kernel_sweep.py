@@ -119,12 +119,12 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
     return rows
 
 
-def captured_step(model, B: int, pdl: int | None = None, prefetch: int | None = None):
+def captured_step(model, B: int, pdl: int | None = None):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
-    `keep` holding what the graph reads. `pdl`, `prefetch`: FusedModel's (kernels/pdl.py; default: its own)."""
+    `keep` holding what the graph reads. `pdl`: FusedModel's mode (kernels/pdl.py; default: FusedModel's)."""
     from overlapdecode.fused.model import FusedModel
 
-    fm = FusedModel(model, pdl=pdl, prefetch=prefetch)
+    fm = FusedModel(model, pdl=pdl)
     cache = fm.cache_for(B, 300)
     ids = torch.randint(0, 1000, (B, 1), device=DEV)
     pos = torch.full((B, 1), 200, device=DEV)

@@ -154,17 +154,15 @@ def test_fused_step_is_captured_once_and_replays_the_eager_tokens(sampling):
 @needs_pdl
 @pytest.mark.parametrize("name", ["gpt2-random", "llama-1b-random"])
 @torch.no_grad()
-def test_pdl_and_prefetch_change_no_logit(name):
-    """Programmatic dependent launch (any mode) only moves launches earlier and the weight prefetch only asks
-    L2 for bytes early: the logits are bit for bit those with neither (the prefill is not compiled here: it is
-    not what differs)."""
+def test_pdl_changes_no_logit(name):
+    """Programmatic dependent launch (either mode) only moves launches earlier: the logits are bit for bit
+    the same."""
     model = od.load_model(name, dtype="bfloat16", device=DEV)
     ids, mask = prompts(model, 2, seed=12)
     tokens = torch.randint(0, 1000, (2, 12), device=DEV)
-    off = fused_logits(FusedModel(model, pdl=0, prefetch=0, compile_prefill=False), ids, mask, tokens)
-    for pdl, prefetch in ((1, 0), (2, 0), (3, 0), (3, 512), (3, None), (3, 1 << 20)):
-        fm = FusedModel(model, pdl=pdl, prefetch=prefetch, compile_prefill=False)
-        assert torch.equal(fused_logits(fm, ids, mask, tokens), off), (pdl, fm.prefetch)
+    off = fused_logits(FusedModel(model, pdl=0), ids, mask, tokens)
+    for mode in (1, 2, 3):
+        assert torch.equal(fused_logits(FusedModel(model, pdl=mode), ids, mask, tokens), off)
 
 
 @torch.no_grad()

@@ -29,9 +29,6 @@ KEEP_CACHES = 4
 # the fastest step in one graph at both measured shapes (H200, 0093964: Llama-1B 0.916 ms against WAIT's
 # 0.949 and no PDL's 0.962; GPT-2 0.334 against 0.362 and 0.373; docs/KERNELS.md).
 PDL_DEFAULT = 3
-# Bytes of each weight row a GEMV program asks L2 for before its gdc_wait (kernels/pdl.py, prefetch_rows)
-# where the GPU has PDL: measured by scripts/fused_gap.py (docs/KERNELS.md).
-PREFETCH_DEFAULT = 2048
 # Prompts are padded on the right to a multiple of this, so nearby prompt lengths share one compiled prefill.
 PREFILL_BUCKET = 64
 
@@ -58,11 +55,10 @@ def pdl_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-def triton_ops(device: torch.device, pdl: int = 0, prefetch: int = 0) -> StepOps:
+def triton_ops(device: torch.device, pdl: int = 0) -> StepOps:
     """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
-    Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off), the GEMVs
-    asking L2 for `prefetch` bytes of each weight row before they wait (0: off); imported here because Triton
-    is an optional, heavy dependency of the CUDA path."""
+    Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off);
+    imported here because Triton is an optional, heavy dependency of the CUDA path."""
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import norm_linear
     from .kernels.norm_qkv import norm_qkv
@@ -76,10 +72,9 @@ def triton_ops(device: torch.device, pdl: int = 0, prefetch: int = 0) -> StepOps
     # grid targets of the split-K kernels: measured by scripts/kernel_sweep.py (docs/KERNELS.md)
     if decode_attention is not reference.decode_attention_torch:
         decode_attention = functools.partial(decode_attention, pdl=pdl, tickets=tickets)
-    return StepOps(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl, prefetch=prefetch),
-                   decode_attention,
-                   functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, prefetch=prefetch),
-                   functools.partial(norm_linear, pdl=pdl, prefetch=prefetch))
+    return StepOps(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl), decode_attention,
+                   functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl),
+                   functools.partial(norm_linear, pdl=pdl))
 
 
 class FusedModel:
@@ -88,15 +83,13 @@ class FusedModel:
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
     kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT where the
-    GPU has PDL, sm_90+, else 0). `prefetch`: bytes of each weight row a GEMV program asks L2 for before it
-    waits on the kernel ahead (kernels/pdl.py; a multiple of 16; 0 off; default PREFETCH_DEFAULT where the GPU
-    has PDL, else 0). `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its
+    GPU has PDL, sm_90+, else 0). `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its
     partial products by a one-shot all-reduce over symmetric memory (tp.SymmetricAllReduce) instead of NCCL
     (default off: tested on one GPU in a one-rank group only, not yet run across two GPUs).
     """
 
     def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
-                 pdl: int | bool | None = None, symmetric_all_reduce: bool = False, prefetch: int | None = None):
+                 pdl: int | bool | None = None, symmetric_all_reduce: bool = False):
         self.weights = fuse_weights(model)
         param = self.weights.embed
         self.device, self.dtype = param.device, param.dtype
@@ -114,15 +107,7 @@ class FusedModel:
         if pdl and not (kernels == "triton" and pdl_supported(self.device)):
             raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
         self.pdl = int(pdl)
-        fast = kernels == "triton" and pdl_supported(self.device)
-        if prefetch is None:
-            prefetch = PREFETCH_DEFAULT if fast else 0
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0 or prefetch % 16:
-            raise ValueError(f"prefetch must be a non-negative multiple of 16 (bytes per weight row), got {prefetch!r}")
-        if prefetch and not fast:
-            raise ValueError("prefetch needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
-        self.prefetch = prefetch
-        self.ops = triton_ops(self.device, pdl, prefetch) if kernels == "triton" else REFERENCE_OPS
+        self.ops = triton_ops(self.device, pdl) if kernels == "triton" else REFERENCE_OPS
         if symmetric_all_reduce:
             if self.weights.tp is None or kernels != "triton":
                 raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")

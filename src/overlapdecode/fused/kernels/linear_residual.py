@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pdl import pdl_launch, pdl_release, pdl_start, prefetch_bytes, prefetch_rows
+from .pdl import pdl_launch, pdl_release, pdl_start
 
 
 def linear_residual_ref(x, w, b, residual):
@@ -74,21 +74,17 @@ def _linear_split_kernel(
     B, N, K: tl.constexpr, K_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_lo = pid_k * K_CHUNK
-    k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    # this program's weight rows from L2 while the kernel ahead finishes (pdl.py); rows past N ask for row N - 1
-    esize: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    prefetch_rows(w_ptr + tl.minimum(cols, N - 1).to(tl.int64) * K + k_lo, (k_hi - k_lo) * esize, PREFETCH)
-    pdl_start(PDL)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < B
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
+    k_lo = pid_k * K_CHUNK
+    k_hi = tl.minimum(k_lo + K_CHUNK, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
         kk = k_lo + k0 + ks
@@ -120,13 +116,12 @@ def _linear_split_kernel(
 
 def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, programs: int | None = None,
                     num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None, pdl: int = 0,
-                    out: torch.Tensor | None = None, prefetch: int = 0):
+                    out: torch.Tensor | None = None):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N).
     `programs`: the grid size split-K aims at (default 2 x the SMs); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
     dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
-    result into (a symmetric-memory buffer under tp), returned; `prefetch`: bytes of each weight row the
-    program asks L2 for before its `gdc_wait` (pdl.prefetch_rows; 0 off, sm_90+)."""
+    result into (a symmetric-memory buffer under tp), returned."""
     B, K = x.shape
     N = w.shape[0]
     if out is None:
@@ -147,6 +142,6 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
     _linear_split_kernel[(n_blocks, split, row_blocks)](
         x, w, b if b is not None else w, residual, out, part, counters, B, N, K, k_chunk,
         SPLIT=split, HAS_BIAS=b is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, PDL=int(pdl),
-        PREFETCH=prefetch_bytes(prefetch, w, row_bytes=K * w.element_size()), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return out

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .pdl import pdl_launch, pdl_release, pdl_start, prefetch_bytes, prefetch_rows
+from .pdl import pdl_launch, pdl_release, pdl_start
 
 ACTS = ("none", "gelu_tanh", "silu_mul")
 _ACT_CODE = {a: i for i, a in enumerate(ACTS)}
@@ -88,18 +88,11 @@ def _norm_linear_kernel(
     B, N, eps, K: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
-    # this program's weight rows from L2 while the kernel ahead finishes (pdl.py); rows past N ask for row N - 1
-    esize: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    w_rows = tl.minimum(cols, N - 1).to(tl.int64)
-    prefetch_rows(w_ptr + w_rows * K, K * esize, PREFETCH)
-    if ACT == 2:
-        prefetch_rows(w_ptr + (w_rows + N) * K, K * esize, PREFETCH)
     pdl_start(PDL)
+    pid_n = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # batch rows
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
     row_ok = rows < B
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
@@ -144,11 +137,10 @@ def _norm_linear_kernel(
 
 
 def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int = 32,
-                block_k: int = 256, num_warps: int = 4, num_stages: int = 3, pdl: int = 0, prefetch: int = 0):
+                block_k: int = 256, num_warps: int = 4, num_stages: int = 3, pdl: int = 0):
     """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
-    Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128).
-    `pdl`, `prefetch`: as in linear_residual."""
+    Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128)."""
     B, K = x.shape
     n_out = w.shape[0] // 2 if act == "silu_mul" else w.shape[0]
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
@@ -158,6 +150,6 @@ def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, b
         B, n_out, eps, K,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
         ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, PDL=int(pdl),
-        PREFETCH=prefetch_bytes(prefetch, w, row_bytes=K * w.element_size()), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return out

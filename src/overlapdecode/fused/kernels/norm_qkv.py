@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, split_k, take_tickets
 from .norm_linear import norm_ref, norm_stats, norm_tile
-from .pdl import pdl_launch, pdl_release, pdl_start, prefetch_bytes, prefetch_rows
+from .pdl import pdl_launch, pdl_release, pdl_start
 
 
 def rope_cos_sin(inv_freq, rope_scale: float, pos, dtype):
@@ -96,32 +96,25 @@ def _norm_qkv_kernel(
     B, S, n_heads, n_kv, eps, rope_scale, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
     HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
+    pdl_start(PDL)
     head = tl.program_id(0) // tl.cdiv(D // 2, HALF)  # over Hq + 2 Hkv heads: Q, then K, then V
     part = tl.program_id(0) % tl.cdiv(D // 2, HALF)
     pid_k = tl.program_id(1)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < B
     dim = part * HALF + tl.arange(0, HALF)  # dimensions i of the first half; their partners are i + D/2
     dim_ok = dim < D // 2
     w1 = head * D + dim  # weight rows
     w2 = w1 + D // 2
-    k_lo = pid_k * K_CHUNK
-    k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    # this program's weight rows from L2 while the kernel ahead finishes (pdl.py); dims past D/2 ask for the
-    # head's last first-half row
-    esize: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    p1 = (head * D + tl.minimum(dim, D // 2 - 1)).to(tl.int64) * K + k_lo
-    prefetch_rows(w_ptr + p1, (k_hi - k_lo) * esize, PREFETCH)
-    prefetch_rows(w_ptr + p1 + (D // 2) * K, (k_hi - k_lo) * esize, PREFETCH)
-    pdl_start(PDL)
-    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < B
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
 
     # prologue: the norm's statistics over all of K (also in a split-K program: they scale its K range)
     mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K)
 
+    k_lo = pid_k * K_CHUNK
+    k_hi = tl.minimum(k_lo + K_CHUNK, K)
     acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
     for k0 in range(0, K_CHUNK, BLOCK_K):
@@ -161,10 +154,10 @@ def _norm_qkv_kernel(
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
              n_heads: int, n_kv: int, head_dim: int, half: int | None = None, block_k: int = 256,
              programs: int = 1, num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None,
-             pdl: int = 0, prefetch: int = 0):
+             pdl: int = 0):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous. A program owns `half`
     dimensions of each half of a head (default: up to 32); with fewer head tiles than `programs`, K is split
-    as in linear_residual (`tickets`: the counters, `pdl`, `prefetch`: as there)."""
+    as in linear_residual (`tickets`: the counters, as there)."""
     B, K = x.shape
     if half is None:
         half = min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
@@ -186,7 +179,6 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
         x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
         counters, B, S, n_heads, n_kv, eps, rope_scale, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
-        HALF=half, BLOCK_M=16, BLOCK_K=block_k, PDL=int(pdl),
-        PREFETCH=prefetch_bytes(prefetch, w, row_bytes=K * w.element_size()), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        HALF=half, BLOCK_M=16, BLOCK_K=block_k, PDL=int(pdl), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return q

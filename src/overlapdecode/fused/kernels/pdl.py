@@ -16,11 +16,7 @@ When the next kernel may start is the `PDL` mode:
   0.338 ms, H200, commit cacedb8).
 - 3 (`LATE`): `gdc_launch_dependents` once a program has finished its main loop (`pdl_release`), so the next
   kernel is scheduled during this one's epilogues (the split-K finish, RoPE, the stores), when every SM is
-  about to free up (the default: docs/KERNELS.md has the figures).
-
-A kernel may still do one thing before its `gdc_wait`: ask L2 for its own weights (`prefetch_rows`), which no
-kernel of the step writes. Those bytes then stream from memory while the kernel ahead finishes, instead of
-after it; the main loop's loads find them in L2 or merge with the requests in flight.
+  about to free up. Not yet measured on a GPU (added after the session-5 measurements).
 """
 
 import triton
@@ -41,31 +37,6 @@ def pdl_start(PDL: tl.constexpr):
 def pdl_release(PDL: tl.constexpr):
     if PDL == 3:
         tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_rows(row_ptrs, nbytes, PREFETCH: tl.constexpr):
-    """Ask L2 for the first min(nbytes, PREFETCH) bytes at each of `row_ptrs` (a block of pointers, one per
-    weight row of this program; 16-byte aligned, sizes multiples of 16: the caller checks) with one
-    `cp.async.bulk.prefetch.L2` each (sm_90+). A hint only: nothing is loaded into registers, no value changes,
-    and a row repeated across threads is simply asked for twice. PREFETCH 0 compiles it out (the interpreter,
-    CPUs, GPUs before sm_90)."""
-    if PREFETCH > 0:
-        n = tl.minimum(nbytes, PREFETCH).to(tl.int32)
-        if n > 0:
-            tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                      [row_ptrs, tl.zeros(row_ptrs.shape, tl.int32) + n], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-
-
-def prefetch_bytes(prefetch: int, *tensors, row_bytes: int) -> int:
-    """The PREFETCH constexpr of a launch: `prefetch` (bytes per weight row, a multiple of 16; 0 off) where
-    every weight tensor is 16-byte aligned and a row (`row_bytes`) a multiple of 16 bytes, else 0."""
-    if prefetch < 0 or prefetch % 16:
-        raise ValueError(f"prefetch must be a non-negative multiple of 16 bytes, got {prefetch}")
-    if not prefetch or row_bytes % 16 or any(t.data_ptr() % 16 for t in tensors):
-        return 0
-    return prefetch
 
 
 def pdl_launch(pdl: int) -> dict:
