@@ -1,13 +1,13 @@
 """Tune the fused step's kernels on a GPU, and show where one step's time goes.
 
-1. Each GEMV kernel at the Llama-1B and Llama-8B shapes (batch 1), over a grid of launch configurations
+1. Each GEMV kernel at the Llama-1B, Llama-8B and GPT-2 shapes (batch 1), over a grid of launch configurations
    (block sizes, warps, pipeline stages, split-K target), timed as CUDA-graph replays over enough distinct
    weight copies that no copy stays in L2 (as in the step, where every layer reads its own weights): achieved
    GB/s of the weight bytes against the device's copy bandwidth.
 2. The whole fused step of llama-1b-random (bfloat16, batch 1 and 8), captured in one CUDA graph, under the
    torch profiler: kernels per step and the time of each kind of kernel.
 
-    python3 scripts/kernel_sweep.py OUT_DIR [--quick]
+    python3 scripts/kernel_sweep.py OUT_DIR [--quick] [--shapes llama-1b,llama-8b,gpt2] [--budget S] [--no-steps]
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import torch
 import triton.testing
 
 DEV = "cuda"
-SHAPES = {"llama-1b": (2048, 32, 8, 64, 8192, 128256), "llama-8b": (4096, 32, 8, 128, 14336, 128256)}
+SHAPES = {"llama-1b": (2048, 32, 8, 64, 8192, 128256), "llama-8b": (4096, 32, 8, 128, 14336, 128256),
+          "gpt2": (768, 12, 12, 64, 3072, 50257)}
 L2_BYTES = 50 * 2**20
 
 
@@ -71,9 +72,14 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
         "down": (H, I),
         "lm_head": (V, H),
     }
+    if shape == "gpt2":  # GPT-2's MLP input projection: fc (I rows) with tanh GELU, no gate
+        kernels = {("fc" if k == "gate_up" else k): ((I, H) if k == "gate_up" else v) for k, v in kernels.items()}
     # (block_n, block_k, num_warps, num_stages, programs / SMs); programs is the split-K target and applies
     # to qkv, o_proj and down only; for qkv block_n is HALF, the dimensions of each half of a head
     tiles = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (64, 128, 256) for w in (2, 4, 8) for st in (2, 3, 4, 5)]
+    if shape == "gpt2":  # latency-bound: more, shorter programs; no LM head (a few % of its step)
+        tiles = [(bn, bk, w, st) for bn in (16, 32) for bk in (64, 128, 256) for w in (2, 4) for st in (2, 3, 4)]
+        kernels.pop("lm_head")
     if quick:
         tiles = [(32, 128, 4, 3), (32, 256, 4, 3)]
     for name, (N, K) in kernels.items():
@@ -85,7 +91,7 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
         for bn, bk, nw_, ns, mult in [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)] + configs:
             if name == "qkv" and bn > D // 2:
                 continue  # norm_qkv's tile is HALF = block_n dimensions of each half of a head
-            if name in ("gate_up", "lm_head") and bk > 128 and bn > 32:
+            if name in ("gate_up", "fc", "lm_head") and bk > 128 and bn > 32:
                 continue  # too many registers for the silu_mul pair / little to learn
             cfg = dict(block_n=bn, block_k=bk, num_warps=nw_, num_stages=ns, programs=mult * sms)
             if name == "qkv":
@@ -99,7 +105,7 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
                                                              num_warps=c["num_warps"], num_stages=c["num_stages"],
                                                              tickets=tk)
             else:
-                act, od = ("silu_mul", None) if name == "gate_up" else ("none", torch.float32)
+                act, od = {"gate_up": ("silu_mul", None), "fc": ("gelu_tanh", None)}.get(name, ("none", torch.float32))
                 fn = lambda w, c=cfg, act=act, od=od: norm_linear(x, nw, None, 1e-5, w, None, act, od,  # noqa: E731
                                                                 block_n=c["block_n"], block_k=c["block_k"],
                                                                 num_warps=c["num_warps"],
@@ -108,9 +114,10 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
                 break
             try:
                 us = time_rotated(fn, sets)
-                row = dict(shape=shape, B=B, kernel=name, **cfg, us=round(us, 2), gbs=round(nbytes / us / 1e3, 1))
+                row = dict(shape=shape, B=B, kernel=name, N=N, K=K, **cfg, us=round(us, 2),
+                           gbs=round(nbytes / us / 1e3, 1))
             except Exception as e:  # a configuration that does not compile (shared memory) is recorded
-                row = dict(shape=shape, B=B, kernel=name, **cfg, error=str(e)[:200])
+                row = dict(shape=shape, B=B, kernel=name, N=N, K=K, **cfg, error=str(e)[:200])
             rows.append(row)
         del sets
         torch.cuda.empty_cache()
@@ -119,12 +126,12 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
     return rows
 
 
-def captured_step(model, B: int, pdl: int | None = None):
+def captured_step(model, B: int, pdl: int | None = None, tiles: dict | None = None):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
-    `keep` holding what the graph reads. `pdl`: FusedModel's mode (kernels/pdl.py; default: FusedModel's)."""
+    `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own)."""
     from overlapdecode.fused.model import FusedModel
 
-    fm = FusedModel(model, pdl=pdl)
+    fm = FusedModel(model, pdl=pdl, tiles=tiles)
     cache = fm.cache_for(B, 300)
     ids = torch.randint(0, 1000, (B, 1), device=DEV)
     pos = torch.full((B, 1), 200, device=DEV)
@@ -201,26 +208,50 @@ def generate_profile(B: int, out_dir: str) -> dict:
     return res
 
 
+KERNEL_OF = {"qkv": "norm_qkv", "o_proj": "linear_residual", "down": "linear_residual", "gate_up": "norm_linear",
+             "fc": "norm_linear", "lm_head": "norm_linear"}
+
+
+def best_tiles(rows: list[dict]) -> dict:
+    """The fastest configuration of each swept kernel as a FusedModel `tiles` table: {(kernel function, N, K):
+    keywords} (norm_qkv's block_n is its `half`; `programs` applies to the split-K kernels only)."""
+    table = {}
+    for name in {r["kernel"] for r in rows}:
+        best = min((r for r in rows if r["kernel"] == name and "us" in r), key=lambda r: r["us"])
+        fn = KERNEL_OF[name]
+        cfg = dict(block_k=best["block_k"], num_warps=best["num_warps"], num_stages=best["num_stages"])
+        cfg["half" if fn == "norm_qkv" else "block_n"] = best["block_n"]
+        if fn != "norm_linear":
+            cfg["programs"] = best["programs"]
+        table[(fn, best["N"], best["K"])] = cfg
+    return table
+
+
 def main() -> None:
+    """OUT_DIR [--quick] [--shapes a,b] [--budget SECONDS per kernel] [--no-steps]"""
     out_dir = sys.argv[1]
     quick = "--quick" in sys.argv
+    arg = lambda name, default: sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default  # noqa: E731
+    shapes = arg("--shapes", ",".join(SHAPES)).split(",")
+    budget = float(arg("--budget", 25.0))
     os.makedirs(out_dir, exist_ok=True)
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                  "copy_gbs": round(copy_gbs(), 1), "steps": [], "sweep": []}
     print("copy GB/s", res["copy_gbs"], flush=True)
     path = os.path.join(out_dir, "kernel-sweep.json")
-    for B in (1, 8):
+    for B in () if "--no-steps" in sys.argv else (1, 8):
         t = time.time()
         res["steps"].append(step_profile(B, out_dir))
         print("step", res["steps"][-1], f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
-    t = time.time()
-    res["generate"] = generate_profile(1, out_dir)
-    print("generate", res["generate"], f"{time.time() - t:.0f}s", flush=True)
-    json.dump(res, open(path, "w"), indent=1)
-    for shape in SHAPES:
+    if "--no-steps" not in sys.argv:
         t = time.time()
-        res["sweep"] += sweep(shape, 1, quick, budget=25.0)
+        res["generate"] = generate_profile(1, out_dir)
+        print("generate", res["generate"], f"{time.time() - t:.0f}s", flush=True)
+        json.dump(res, open(path, "w"), indent=1)
+    for shape in shapes:
+        t = time.time()
+        res["sweep"] += sweep(shape, 1, quick, budget=budget)
         print(shape, f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
 

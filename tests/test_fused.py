@@ -162,3 +162,24 @@ def test_pdl_is_refused_where_the_kernels_cannot_use_it():
     with pytest.raises(ValueError, match="pdl must be 0, 1, 2, 3 or a bool"):
         FusedModel(model, pdl=4)
     assert FusedModel(model).pdl == 0  # CPU: no PDL by default
+
+
+def test_tiles_choose_keywords_by_the_weights_shape():
+    """FusedModel(tiles=...) gives a kernel its tile keywords by the (N, K) of its weight argument; other
+    shapes and other kernels keep their defaults; a malformed table is refused naming the argument."""
+    from overlapdecode.fused.model import Tiled
+
+    calls = []
+
+    def kernel(x, w, b, residual, block_n=32, block_k=128):
+        calls.append((tuple(w.shape), block_n, block_k))
+
+    tiles = {("linear_residual", 8, 4): dict(block_n=16, block_k=64), ("norm_linear", 8, 4): dict(block_n=64)}
+    op = Tiled(kernel, "linear_residual", 1, tiles)
+    op(None, torch.zeros(8, 4), None, None)
+    op(None, torch.zeros(8, 6), None, None)
+    assert calls == [((8, 4), 16, 64), ((8, 6), 32, 128)]
+    model = od.load_model("tiny-gpt2", device="cpu")
+    for bad in ({("norm_qkv", 8): {}}, {("attention", 8, 4): {}}, {("norm_qkv", 8, 4): 16}, [1]):
+        with pytest.raises(ValueError, match="tiles must map"):
+            FusedModel(model, tiles=bad)

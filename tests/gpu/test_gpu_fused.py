@@ -155,14 +155,15 @@ def test_fused_step_is_captured_once_and_replays_the_eager_tokens(sampling):
 @pytest.mark.parametrize("name", ["gpt2-random", "llama-1b-random"])
 @torch.no_grad()
 def test_pdl_changes_no_logit(name):
-    """Programmatic dependent launch (either mode) only moves launches earlier: the logits are bit for bit
-    the same."""
+    """Programmatic dependent launch (any mode) only moves launches earlier: the logits are bit for bit those
+    without it (the prefill is not compiled here: it is not what differs, and four compiled prefills of the 1B
+    shape outlasted a GPU call's test budget)."""
     model = od.load_model(name, dtype="bfloat16", device=DEV)
     ids, mask = prompts(model, 2, seed=12)
     tokens = torch.randint(0, 1000, (2, 12), device=DEV)
-    off = fused_logits(FusedModel(model, pdl=0), ids, mask, tokens)
+    off = fused_logits(FusedModel(model, pdl=0, compile_prefill=False), ids, mask, tokens)
     for mode in (1, 2, 3):
-        assert torch.equal(fused_logits(FusedModel(model, pdl=mode), ids, mask, tokens), off)
+        assert torch.equal(fused_logits(FusedModel(model, pdl=mode, compile_prefill=False), ids, mask, tokens), off)
 
 
 @torch.no_grad()

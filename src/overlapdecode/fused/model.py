@@ -29,6 +29,9 @@ KEEP_CACHES = 4
 # the fastest step in one graph at both measured shapes (H200, 0093964: Llama-1B 0.916 ms against WAIT's
 # 0.949 and no PDL's 0.962; GPT-2 0.334 against 0.362 and 0.373; docs/KERNELS.md).
 PDL_DEFAULT = 3
+# Tile keywords per (kernel, N, K) of the weight, where a shape's measured best differs from the kernels'
+# defaults (scripts/kernel_sweep.py; docs/KERNELS.md). Empty: every shape runs the defaults.
+TILES: dict = {}
 # Prompts are padded on the right to a multiple of this, so nearby prompt lengths share one compiled prefill.
 PREFILL_BUCKET = 64
 
@@ -55,10 +58,24 @@ def pdl_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-def triton_ops(device: torch.device, pdl: int = 0) -> StepOps:
+class Tiled:
+    """A kernel whose tile keywords depend on its weight's shape: `tiles` maps (kernel name, N, K) of the
+    weight (positional argument `w_arg`) to keywords (block sizes, warps, stages, split target); shapes not
+    in it keep the kernel's defaults."""
+
+    def __init__(self, fn, name: str, w_arg: int, tiles: dict):
+        self.fn, self.w_arg = fn, w_arg
+        self.tiles = {tuple(key[1:]): cfg for key, cfg in tiles.items() if key[0] == name}
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs, **self.tiles.get(tuple(args[self.w_arg].shape), {}))
+
+
+def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) -> StepOps:
     """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
-    Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off);
-    imported here because Triton is an optional, heavy dependency of the CUDA path."""
+    Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off), with the
+    tiles of `tiles` (FusedModel's; default TILES); imported here because Triton is an optional, heavy
+    dependency of the CUDA path."""
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import norm_linear
     from .kernels.norm_qkv import norm_qkv
@@ -72,9 +89,12 @@ def triton_ops(device: torch.device, pdl: int = 0) -> StepOps:
     # grid targets of the split-K kernels: measured by scripts/kernel_sweep.py (docs/KERNELS.md)
     if decode_attention is not reference.decode_attention_torch:
         decode_attention = functools.partial(decode_attention, pdl=pdl, tickets=tickets)
-    return StepOps(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl), decode_attention,
-                   functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl),
-                   functools.partial(norm_linear, pdl=pdl))
+    tiles = TILES if tiles is None else tiles
+    return StepOps(Tiled(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl), "norm_qkv", 4, tiles),
+                   decode_attention,
+                   Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl),
+                         "linear_residual", 1, tiles),
+                   Tiled(functools.partial(norm_linear, pdl=pdl), "norm_linear", 4, tiles))
 
 
 class FusedModel:
@@ -83,13 +103,14 @@ class FusedModel:
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
     kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT where the
-    GPU has PDL, sm_90+, else 0). `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its
+    GPU has PDL, sm_90+, else 0). `tiles`: {(kernel name, N, K): tile keywords} for the Triton kernels
+    (default TILES). `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its
     partial products by a one-shot all-reduce over symmetric memory (tp.SymmetricAllReduce) instead of NCCL
     (default off: tested on one GPU in a one-rank group only, not yet run across two GPUs).
     """
 
     def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
-                 pdl: int | bool | None = None, symmetric_all_reduce: bool = False):
+                 pdl: int | bool | None = None, symmetric_all_reduce: bool = False, tiles: dict | None = None):
         self.weights = fuse_weights(model)
         param = self.weights.embed
         self.device, self.dtype = param.device, param.dtype
@@ -107,7 +128,12 @@ class FusedModel:
         if pdl and not (kernels == "triton" and pdl_supported(self.device)):
             raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
         self.pdl = int(pdl)
-        self.ops = triton_ops(self.device, pdl) if kernels == "triton" else REFERENCE_OPS
+        if tiles is not None and not (isinstance(tiles, dict) and all(
+                isinstance(k, tuple) and len(k) == 3 and k[0] in ("norm_qkv", "linear_residual", "norm_linear")
+                and isinstance(v, dict) for k, v in tiles.items())):
+            raise ValueError("tiles must map (kernel name, N, K) to a dict of tile keywords, the kernel name one "
+                             f"of 'norm_qkv', 'linear_residual', 'norm_linear'; got {tiles!r}")
+        self.ops = triton_ops(self.device, pdl, tiles) if kernels == "triton" else REFERENCE_OPS
         if symmetric_all_reduce:
             if self.weights.tp is None or kernels != "triton":
                 raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
