@@ -8,6 +8,8 @@
 #   bash scripts/gpu_session6.sh C   # the GEMV tiles at the GPT-2 shapes (kernel_sweep --shapes gpt2), the GPT-2
 #                                    # step in one graph with the defaults and with the best tiles; the 8B bench
 #                                    # with PDL LATE; the GPU tests call A's time limit cut
+#   bash scripts/gpu_session6.sh D   # with GPT-2's tiles (fused/model.py TILES): their GPU tests, the GPT-2 bench
+#                                    # (fused, interleaved), the 1B bench (fused, batch 1 and 8)
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
@@ -95,4 +97,17 @@ PY
     tests/gpu/test_gpu_fused.py::test_pdl_changes_no_logit -p no:cacheprovider -rA -q > $W/gpu-tests.log 2>&1
   echo "tests rc=$?" >> $W/gpu-tests.log; grep -E "FAILED|ERROR|passed|failed|rc=" $W/gpu-tests.log | tail -5
   tar czf $OUT/work-C.tgz -C $W .
+elif [ "$STAGE" = D ]; then
+  export PYTHONPATH=$PWD/src:$PWD/tests:$PWD/scripts
+  timeout 170 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider -rA -q \
+    -k "real_shapes and gpt2 or 200_steps and gpt2 or captured or pdl" > $W/gpu-tests.log 2>&1
+  echo "tests rc=$?" >> $W/gpu-tests.log; grep -E "PASSED|FAILED|ERROR|passed|failed|rc=|divergence" $W/gpu-tests.log | tail -14
+  B="python3 -m overlapdecode.cli bench --lengths 200 --warmup 1 --repeats 3 --peers none"
+  timeout 80 $B --model gpt2-random --strategies fused,interleaved --dtype-batch bfloat16:1 --time-budget 65 \
+    --out $W/h200-fused-gpt2-tiles > $W/bench-gpt2.log 2>&1; echo "bench rc=$?" >> $W/bench-gpt2.log
+  grep -hE "│ +(fused|interleaved)|rc=" $W/bench-gpt2.log
+  timeout 90 $B --model llama-1b-random --strategies fused --dtype-batch bfloat16:1,bfloat16:8 --time-budget 75 \
+    --out $W/h200-fused-1b-late-2 > $W/bench-1b.log 2>&1; echo "bench rc=$?" >> $W/bench-1b.log
+  grep -hE "│ +(fused|interleaved)|rc=" $W/bench-1b.log
+  tar czf $OUT/work-D.tgz -C $W .
 fi

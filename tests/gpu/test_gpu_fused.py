@@ -17,7 +17,7 @@ from overlapdecode.caches import position_ids_for_prompt
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
-from overlapdecode.fused.model import FusedModel, pdl_supported
+from overlapdecode.fused.model import TILES, FusedModel, pdl_supported
 
 DEV = "cuda"
 needs_pdl = pytest.mark.skipif(not torch.cuda.is_available() or not pdl_supported(torch.device(DEV)),
@@ -57,7 +57,10 @@ def test_kernels_match_references_at_real_shapes(shape, B):
     # output projection + residual (split-K), and the MLP down-projection
     for K in (Hq * D, I):
         xk, wk, res = r(B, K), r(H, K, sc=K**-0.5), r(B, H)
-        close(linear_residual(xk, wk, None, res, programs=528), linear_residual_ref(xk, wk, None, res))
+        ref = linear_residual_ref(xk, wk, None, res)
+        close(linear_residual(xk, wk, None, res, programs=528), ref)
+        for cfg in [v for k, v in TILES.items() if k == ("linear_residual", H, K)]:  # the shape's measured tiles
+            close(linear_residual(xk, wk, None, res, **cfg), ref)
     # norm + gate/up (SiLU) or fc (GELU), and final norm + LM head
     act = "gelu_tanh" if layer else "silu_mul"
     wu = r(I if layer else 2 * I, H, sc=H**-0.5)
@@ -80,16 +83,28 @@ def near_ties(scores) -> list[int]:
 
 @pytest.mark.parametrize("name,B,strategy", [("gpt2-random", 1, "fused"), ("gpt2-random", 4, "fused"),
                                              ("llama-1b-random", 1, "fused"),
-                                             ("llama-1b-random", 1, od.Strategy(cache="fused"))])
+                                             ("llama-1b-random", 1, od.Strategy(cache="fused")),
+                                             ("gpt2-random", 4, "fused+tiles")])
 @torch.no_grad()
 def test_float32_tokens_equal_hf_for_200_steps(name, B, strategy):
+    """"fused+tiles": the tiles TILES gives 16-bit weights, forced on float32 (which keeps the defaults) so
+    that they too are checked against Hugging Face's tokens."""
     model = od.load_model(name, dtype="float32", device=DEV)
+    if strategy == "fused+tiles":
+        assert any(k[1:] == (model.config.n_embd, model.config.n_embd) for k in TILES)
+        dec = od.Decoder(model, fused_options=dict(tiles=TILES))
+        strategy = "fused"
+    else:
+        dec = od
     ids, mask = prompts(model, B)
     n = 200
     hf = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=[],
                         pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     ties = near_ties(hf.logits)
-    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+    if dec is od:
+        out = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+    else:
+        out = dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[])
     P = ids.shape[1]
     diff = (out[:, P:] != hf.sequences[:, P:]).any(0).nonzero().flatten()
     first = int(diff[0]) if diff.numel() else None

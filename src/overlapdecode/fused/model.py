@@ -29,9 +29,14 @@ KEEP_CACHES = 4
 # the fastest step in one graph at both measured shapes (H200, 0093964: Llama-1B 0.916 ms against WAIT's
 # 0.949 and no PDL's 0.962; GPT-2 0.334 against 0.362 and 0.373; docs/KERNELS.md).
 PDL_DEFAULT = 3
-# Tile keywords per (kernel, N, K) of the weight, where a shape's measured best differs from the kernels'
-# defaults (scripts/kernel_sweep.py; docs/KERNELS.md). Empty: every shape runs the defaults.
-TILES: dict = {}
+# Tile keywords per (kernel, N, K) of the weight where a shape's measured best differs from the kernels'
+# defaults, for 16-bit weights (float32 keeps the defaults: twice the shared memory per stage). GPT-2's output
+# and down projections: 16 columns per program, twice the programs of the default 32 (kernel_sweep --shapes
+# gpt2, H200, d1ec7b9: step in one graph 0.332 -> 0.311 ms with these two alone; docs/KERNELS.md).
+TILES: dict = {
+    ("linear_residual", 768, 768): dict(block_n=16, block_k=256, num_warps=4, num_stages=4, programs=528),
+    ("linear_residual", 768, 3072): dict(block_n=16, block_k=64, num_warps=2, num_stages=4, programs=264),
+}
 # Prompts are padded on the right to a multiple of this, so nearby prompt lengths share one compiled prefill.
 PREFILL_BUCKET = 64
 
@@ -74,7 +79,7 @@ class Tiled:
 def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) -> StepOps:
     """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
     Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off), with the
-    tiles of `tiles` (FusedModel's; default TILES); imported here because Triton is an optional, heavy
+    tiles of `tiles` (FusedModel's; None: the kernels' defaults everywhere); imported here because Triton is an optional, heavy
     dependency of the CUDA path."""
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import norm_linear
@@ -89,7 +94,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) ->
     # grid targets of the split-K kernels: measured by scripts/kernel_sweep.py (docs/KERNELS.md)
     if decode_attention is not reference.decode_attention_torch:
         decode_attention = functools.partial(decode_attention, pdl=pdl, tickets=tickets)
-    tiles = TILES if tiles is None else tiles
+    tiles = {} if tiles is None else tiles
     return StepOps(Tiled(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl), "norm_qkv", 4, tiles),
                    decode_attention,
                    Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl),
@@ -104,7 +109,7 @@ class FusedModel:
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
     kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT where the
     GPU has PDL, sm_90+, else 0). `tiles`: {(kernel name, N, K): tile keywords} for the Triton kernels
-    (default TILES). `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its
+    (default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its
     partial products by a one-shot all-reduce over symmetric memory (tp.SymmetricAllReduce) instead of NCCL
     (default off: tested on one GPU in a one-rank group only, not yet run across two GPUs).
     """
@@ -133,6 +138,8 @@ class FusedModel:
                 and isinstance(v, dict) for k, v in tiles.items())):
             raise ValueError("tiles must map (kernel name, N, K) to a dict of tile keywords, the kernel name one "
                              f"of 'norm_qkv', 'linear_residual', 'norm_linear'; got {tiles!r}")
+        if tiles is None:
+            tiles = TILES if self.dtype in (torch.bfloat16, torch.float16) else {}
         self.ops = triton_ops(self.device, pdl, tiles) if kernels == "triton" else REFERENCE_OPS
         if symmetric_all_reduce:
             if self.weights.tp is None or kernels != "triton":
