@@ -16,7 +16,7 @@ When the next kernel may start is the `PDL` mode:
   0.338 ms, H200, commit cacedb8).
 - 3 (`LATE`): `gdc_launch_dependents` once a program has finished its main loop (`pdl_release`), so the next
   kernel is scheduled during this one's epilogues (the split-K finish, RoPE, the stores), when every SM is
-  about to free up. Not yet measured on a GPU (added after the session-5 measurements).
+  about to free up. The default on sm_90+: the fastest at every measured shape (docs/KERNELS.md).
 """
 
 import triton
