@@ -202,3 +202,26 @@ def test_fused_options_reach_the_fused_model(tiny_gpt2):
     assert dec.fused_model().kernels == "torch"
     with pytest.raises(TypeError, match="fused_options must be a dict"):
         od.Decoder(tiny_gpt2, fused_options=["pdl"])
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(pdl_mode=3), "unknown fused option.*'pdl_mode'.*the options are kernels, compile_prefill, pdl"),
+    (dict(kernels="cuda"), "kernels must be 'triton' or 'torch'"),
+    (dict(pdl=7), "pdl must be 0, 1, 2, 3"),
+    (dict(pdl=1), "pdl needs the Triton kernels"),
+    (dict(compile_prefill="yes"), "compile_prefill must be a bool"),
+    (dict(symmetric_all_reduce=True), "symmetric_all_reduce needs a tensor-parallel shard"),
+    (dict(tiles={("norm_qkv", 8): {}}), "tiles must map"),
+])
+def test_bad_fused_options_are_refused_when_the_decoder_is_made(tiny_gpt2, options, match):
+    """A mistaken fused option is a ValueError naming it when od.Decoder is made, before any weight is
+    re-laid out (the model's parameters are untouched: not yet views of fused tensors)."""
+    before = [p.data_ptr() for p in tiny_gpt2.parameters()]
+    with pytest.raises(ValueError, match=match):
+        od.Decoder(tiny_gpt2, fused_options=options)
+    from overlapdecode.fused.model import OPTION_NAMES, FusedModel
+
+    if set(options) <= set(OPTION_NAMES):  # (an unknown keyword is Python's TypeError there)
+        with pytest.raises(ValueError, match=match):
+            FusedModel(tiny_gpt2, **options)
+    assert [p.data_ptr() for p in tiny_gpt2.parameters()] == before

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..tp import SymmetricAllReduce
+from ..tp import SymmetricAllReduce, row_reduce_of
 from . import reference
 from .cache import FusedCache
 from .kernels.linear_residual import linear_residual_ref
@@ -102,51 +102,88 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) ->
                    Tiled(functools.partial(norm_linear, pdl=pdl), "norm_linear", 4, tiles))
 
 
+class FusedOptions(NamedTuple):
+    kernels: str  # "triton" or "torch"
+    compile_prefill: bool
+    pdl: int  # kernels/pdl.py mode
+    symmetric_all_reduce: bool
+    tiles: dict | None  # None: TILES for 16-bit weights, none for float32
+
+
+OPTION_NAMES = FusedOptions._fields
+TILE_KERNELS = ("norm_qkv", "linear_residual", "norm_linear")
+
+
+def check_options(model, **options) -> FusedOptions:
+    """FusedModel's keywords for `model`, checked and resolved before any GPU work (od.Decoder checks its
+    `fused_options` with it when it is made): ValueError naming the option otherwise."""
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise ValueError(f"unknown fused option(s) {', '.join(map(repr, unknown))}; the options are "
+                         f"{', '.join(OPTION_NAMES)}")
+    device = model.get_input_embeddings().weight.device
+    kernels = options.get("kernels")
+    if kernels is None:
+        kernels = "triton" if device.type == "cuda" else "torch"
+    if kernels not in ("triton", "torch"):
+        raise ValueError(f"kernels must be 'triton' or 'torch', got {kernels!r}")
+    fast = kernels == "triton" and pdl_supported(device)
+    pdl = options.get("pdl")
+    if pdl is None:
+        pdl = PDL_DEFAULT if fast else 0
+    elif pdl is True:
+        pdl = PDL_DEFAULT
+    if isinstance(pdl, float) or pdl not in (0, 1, 2, 3):
+        raise ValueError(f"pdl must be 0, 1, 2, 3 or a bool (kernels/pdl.py), got {pdl!r}")
+    if pdl and not fast:
+        raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
+    compile_prefill = options.get("compile_prefill")
+    if compile_prefill is None:
+        compile_prefill = device.type == "cuda"
+    if not isinstance(compile_prefill, bool):
+        raise ValueError(f"compile_prefill must be a bool or None, got {compile_prefill!r}")
+    symmetric = options.get("symmetric_all_reduce", False)
+    if not isinstance(symmetric, bool):
+        raise ValueError(f"symmetric_all_reduce must be a bool, got {symmetric!r}")
+    if symmetric and (kernels != "triton" or not any(row_reduce_of(m) is not None for m in model.modules())):
+        raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
+    tiles = options.get("tiles")
+    if tiles is not None and not (isinstance(tiles, dict) and all(
+            isinstance(k, tuple) and len(k) == 3 and k[0] in TILE_KERNELS and isinstance(v, dict)
+            for k, v in tiles.items())):
+        raise ValueError("tiles must map (kernel name, N, K) to a dict of tile keywords, the kernel name one of "
+                         f"{', '.join(map(repr, TILE_KERNELS))}; got {tiles!r}")
+    return FusedOptions(kernels, compile_prefill, int(pdl), symmetric, tiles)
+
+
 class FusedModel:
     """The fused decode of `model` (Llama family or GPT-2; anything else is a ValueError).
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
-    kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT where the
-    GPU has PDL, sm_90+, else 0). `tiles`: {(kernel name, N, K): tile keywords} for the Triton kernels
-    (default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its
-    partial products by a one-shot all-reduce over symmetric memory (tp.SymmetricAllReduce) instead of NCCL
-    (default off: tested on one GPU in a one-rank group only, not yet run across two GPUs).
+    kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT
+    where the GPU has PDL, sm_90+, else 0). `tiles`: {(kernel name, N, K): tile keywords} for the Triton
+    kernels (default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a tensor-parallel
+    shard's decode step sums its partial products by a one-shot all-reduce over symmetric memory
+    (tp.SymmetricAllReduce) instead of NCCL (default off: tested on one GPU in a one-rank group only, not yet
+    run across two GPUs). Every option is checked (check_options) before the weights are touched.
     """
 
     def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
                  pdl: int | bool | None = None, symmetric_all_reduce: bool = False, tiles: dict | None = None):
+        opts = check_options(model, kernels=kernels, compile_prefill=compile_prefill, pdl=pdl,
+                             symmetric_all_reduce=symmetric_all_reduce, tiles=tiles)  # before any GPU work
         self.weights = fuse_weights(model)
         param = self.weights.embed
         self.device, self.dtype = param.device, param.dtype
-        if kernels is None:
-            kernels = "triton" if self.device.type == "cuda" else "torch"
-        if kernels not in ("triton", "torch"):
-            raise ValueError(f"kernels must be 'triton' or 'torch', got {kernels!r}")
-        self.kernels = kernels
-        if pdl is None:
-            pdl = PDL_DEFAULT if kernels == "triton" and pdl_supported(self.device) else 0
-        elif pdl is True:
-            pdl = PDL_DEFAULT
-        if pdl not in (0, 1, 2, 3):
-            raise ValueError(f"pdl must be 0, 1, 2, 3 or a bool (kernels/pdl.py), got {pdl!r}")
-        if pdl and not (kernels == "triton" and pdl_supported(self.device)):
-            raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
-        self.pdl = int(pdl)
-        if tiles is not None and not (isinstance(tiles, dict) and all(
-                isinstance(k, tuple) and len(k) == 3 and k[0] in ("norm_qkv", "linear_residual", "norm_linear")
-                and isinstance(v, dict) for k, v in tiles.items())):
-            raise ValueError("tiles must map (kernel name, N, K) to a dict of tile keywords, the kernel name one "
-                             f"of 'norm_qkv', 'linear_residual', 'norm_linear'; got {tiles!r}")
+        self.kernels, self.pdl = opts.kernels, opts.pdl
+        tiles = opts.tiles
         if tiles is None:
             tiles = TILES if self.dtype in (torch.bfloat16, torch.float16) else {}
-        self.ops = triton_ops(self.device, pdl, tiles) if kernels == "triton" else REFERENCE_OPS
-        if symmetric_all_reduce:
-            if self.weights.tp is None or kernels != "triton":
-                raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
+        self.ops = triton_ops(self.device, self.pdl, tiles) if self.kernels == "triton" else REFERENCE_OPS
+        if opts.symmetric_all_reduce:
             self.ops = self.ops._replace(symmetric=SymmetricAllReduce(self.weights.tp.group, self.device))
-        if compile_prefill is None:
-            compile_prefill = self.device.type == "cuda"
+        compile_prefill = opts.compile_prefill
         # on CUDA the compiled prefill of each bucket is also one CUDA graph (torch.compile's, reduce-overhead): its
         # few hundred launches otherwise cost milliseconds of host time before the first token (H200, 39d90f8:
         # TTFT 5.1 ms at Llama-1B, 5.9 ms at GPT-2, against decode steps of 0.95 and 0.36 ms). Its guards and
