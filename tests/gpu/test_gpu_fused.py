@@ -207,3 +207,30 @@ def test_fused_second_call_on_another_stream_follows_a_late_stop():
                                   eos_token_id=eos)
         torch.cuda.current_stream().wait_stream(other)
         assert torch.equal(second, ref2)
+
+
+@pytest.mark.parametrize("late", ["fused", "fused:3", "eager-pingpong", "eager-deferred"])
+@torch.no_grad()
+def test_fused_late_stop_checks_equal_the_sync_check(late):
+    """Every late stop check of the fused path (captured step: ping-pong at lag 1 and 3; eager step: ping-pong
+    and deferred) returns the tokens of the sync check running the same step, with EOS met by the rows at
+    different steps (left-padded batch of 4, GPT-2 float32). Run it under `TORCH_CUDA_SANITIZER=1` too
+    (`-k late_stop_checks_equal`): the ping-pong's flag copies and the side streams' events are torch ops the
+    sanitizer sees (it raises on any unordered cross-stream access; the captured step itself is one graph
+    launch, opaque to it)."""
+    model = od.load_model("gpt2-random", dtype="float32", device=DEV)
+    ids, mask = prompts(model, 4, seed=31)
+    P, n = ids.shape[1], 48
+    captured = not late.startswith("eager")
+    sync = od.Strategy(cache="fused", compile=captured, stop_check="sync")
+    strategy = {"eager-pingpong": od.Strategy(cache="fused", stop_check="pingpong"),
+                "eager-deferred": od.Strategy(cache="fused", stop_check="deferred", lag=1)}.get(late, late)
+    free = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=sync, eos_token_id=[])
+    # EOS: a token row 0 first makes at a step k in 4 .. n-8; the other rows stop where they make it, if at all
+    k = next(k for k in range(4, n - 8) if int(free[0, P + k]) not in free[0, P:P + k].tolist())
+    eos = int(free[0, P + k])
+    ref = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=sync, eos_token_id=eos)
+    assert int(ref[0, P + k]) == eos and ref.shape[1] >= P + k + 1
+    for _ in range(2):  # the second call replays what the first captured
+        got = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=eos)
+        assert torch.equal(got, ref)
