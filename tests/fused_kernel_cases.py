@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from overlapdecode.fused.kernels.embed import embed, embed_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
@@ -95,6 +96,25 @@ def test_split_tickets_return_to_zero_and_serve_the_next_launch():
         torch.testing.assert_close(q, norm_qkv_ref(x, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[0],
                                                    caches[1], Hq, Hkv, D), **TOL)
         assert int(tickets.counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("B,H,block", [(1, 40, 16), (3, 37, 16), (2, 64, 1024)])
+@pytest.mark.parametrize("positions", [False, True])
+def test_embed(B, H, block, positions):
+    """Token (+ position) embedding, slot and length in one launch; an id outside the table reads zeros."""
+    torch.manual_seed(B * H)
+    V, S = 11, 23
+    wte, wpe = rnd(V, H), (rnd(S, H) if positions else None)
+    ids = torch.randint(0, V, (B,), device=DEV)
+    pos = torch.randint(0, S - 5, (B,), device=DEV)
+    pad = torch.randint(0, 5, (B,), device=DEV)
+    got, ref = embed(wte, wpe, ids, pos, pad, block=block), embed_ref(wte, wpe, ids, pos, pad)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        torch.testing.assert_close(g, r, atol=0, rtol=0)  # a gather and one add: exact
+    ids[0] = V  # past the table (a pad id beyond the vocabulary on a finished row)
+    h, _, _ = embed(wte, wpe, ids, pos, pad, block=block)
+    assert torch.equal(h[0], torch.zeros(H, device=DEV) if wpe is None else wpe[pos[0]])
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])

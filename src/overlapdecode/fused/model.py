@@ -18,6 +18,7 @@ import torch
 from ..tp import SymmetricAllReduce, row_reduce_of
 from . import reference
 from .cache import FusedCache
+from .kernels.embed import embed_ref
 from .kernels.linear_residual import linear_residual_ref
 from .kernels.norm_linear import norm_linear_ref
 from .kernels.norm_qkv import norm_qkv_ref
@@ -46,16 +47,18 @@ class FusedOutput(NamedTuple):
 
 
 class StepOps(NamedTuple):
-    """The four operations of a decode step, as kernels or as their torch references."""
+    """The operations of a decode step, as kernels or as their torch references."""
 
     norm_qkv: object
     attention: object
     linear_residual: object
     norm_linear: object
+    embed: object  # token (+ position) embedding, the rows' slots and lengths
     symmetric: object = None  # tp.SymmetricAllReduce for a sharded model's all-reduces, or None
 
 
-REFERENCE_OPS = StepOps(norm_qkv_ref, reference.decode_attention_torch, linear_residual_ref, norm_linear_ref)
+REFERENCE_OPS = StepOps(norm_qkv_ref, reference.decode_attention_torch, linear_residual_ref, norm_linear_ref,
+                        embed_ref)
 
 
 def pdl_supported(device: torch.device) -> bool:
@@ -81,6 +84,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) ->
     Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off), with the
     tiles of `tiles` (FusedModel's; None: the kernels' defaults everywhere); imported here because Triton is an optional, heavy
     dependency of the CUDA path."""
+    from .kernels.embed import embed
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import norm_linear
     from .kernels.norm_qkv import norm_qkv
@@ -99,7 +103,8 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) ->
                    decode_attention,
                    Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl),
                          "linear_residual", 1, tiles),
-                   Tiled(functools.partial(norm_linear, pdl=pdl), "norm_linear", 4, tiles))
+                   Tiled(functools.partial(norm_linear, pdl=pdl), "norm_linear", 4, tiles),
+                   functools.partial(embed, pdl=pdl))
 
 
 class FusedOptions(NamedTuple):

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..tp import reduce_residual
+from .kernels.embed import embed_rows
 from .kernels.norm_linear import norm_linear_ref, norm_ref
 from .kernels.norm_qkv import apply_rope, rope_cos_sin
 from .layout import FusedWeights
@@ -31,21 +32,13 @@ def decode_attention_torch(q, k_cache, v_cache, start, length, scale: float):
     return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), v).to(q.dtype)
 
 
-def embed(W: FusedWeights, ids, pos):
-    h = F.embedding(ids, W.embed)
-    if W.pos_embed is not None:
-        h = h + F.embedding(pos, W.pos_embed)
-    return h
-
-
 def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops):
     """One token per row: ids, pos (B,) long -> float32 logits (B, V); writes K/V at slot pos + pad.
-    `ops` (model.StepOps): the four operations, Triton kernels or their `*_ref` twins."""
-    slot = pos + pad
-    # int64 as they are (the attention takes either): a `pad.to(int32)` here was recomputed by inductor
+    `ops` (model.StepOps): the operations, Triton kernels or their `*_ref` twins."""
+    # slot and length int64 (the attention takes either): a `pad.to(int32)` here was recomputed by inductor
     # before every layer's attention, 16 one-element kernels per step at Llama-1B (its output code, H200)
-    start, length = pad, slot + 1
-    h = embed(W, ids, pos)  # (B, H)
+    h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad)  # (B, H), (B,), (B,)
+    start = pad
     B = h.shape[0]
     for layer, kc, vc in zip(W.layers, k_caches, v_caches):
         q = ops.norm_qkv(h, layer.norm1_w, layer.norm1_b, W.eps, layer.w_qkv, layer.b_qkv, W.inv_freq,
@@ -67,7 +60,7 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
     """The prompt (B, T) through every layer; K/V written at slots 0 .. T-1; -> float32 logits (B, V) of
     token `last` ((1,) long, a tensor so that one compiled prefill serves every prompt length of a bucket). Row b's keys start at slot pad[b]; a padding query sees itself only (no empty softmax)."""
     B, T = ids.shape
-    h = embed(W, ids, pos)  # (B, T, H)
+    h = embed_rows(W.embed, W.pos_embed, ids, pos)  # (B, T, H)
     i = torch.arange(T, device=ids.device)
     causal = i[None, :] <= i[:, None]  # (T query, T key)
     allowed = causal[None] & ((i[None, None, :] >= pad[:, None, None]) | (i[None, :, None] == i[None, None, :]))

@@ -1,0 +1,70 @@
+"""The start of a decode step in one launch: the token embedding (+ GPT-2's learned position embedding) of
+each row and the row's cache slot (position + left padding) and attention length (slot + 1).
+
+Why a kernel for so little work: done with torch ops these are three to five tiny launches per step (gather,
+gather, add, add, add), outside the chain of programmatic dependent launches (pdl.py) that the rest of the
+step's kernels form, so the first layer's kernel could not start early behind them. At GPT-2, where a whole
+step is ~70 launches of a few microseconds, that is a few percent of the step.
+
+Grid (B, ceil(H / BLOCK)): one program per row and block of the hidden size; the first block of a row also
+writes its slot and length. Token ids of a decode step are the step's own choices (< the vocabulary, the
+rows of `embed`); an id outside [0, V) (a pad id past the vocabulary on a finished row, whose output is
+discarded) reads zeros instead of memory past the table.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .pdl import pdl_launch, pdl_release, pdl_start
+
+
+def embed_rows(wte, wpe, ids, pos):
+    """The hidden state of tokens `ids` at positions `pos` (any shape): the token embedding `wte` (V, H), plus
+    the position embedding `wpe` where the model has one (GPT-2; None otherwise)."""
+    h = F.embedding(ids, wte)
+    return h if wpe is None else h + F.embedding(pos, wpe)
+
+
+def embed_ref(wte, wpe, ids, pos, pad):
+    """ids, pos, pad (B,) long -> h (B, H) in the table's dtype, slot and length (B,) long."""
+    slot = pos + pad
+    return embed_rows(wte, wpe, ids, pos), slot, slot + 1
+
+
+@triton.jit
+def _embed_kernel(ids_ptr, pos_ptr, pad_ptr, wte_ptr, wpe_ptr, h_ptr, slot_ptr, len_ptr, V, H,
+                  HAS_POS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
+    b = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < H
+    tok = tl.load(ids_ptr + b).to(tl.int64)
+    p = tl.load(pos_ptr + b).to(tl.int64)
+    x = tl.load(wte_ptr + tok * H + cols, mask=ok & (tok >= 0) & (tok < V), other=0.0)
+    if HAS_POS:  # rounded to the table's dtype after the add, as torch's add of two such tensors
+        x = (x.to(tl.float32) + tl.load(wpe_ptr + p * H + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+    pdl_release(PDL)
+    tl.store(h_ptr + b * H + cols, x, mask=ok)
+    if tl.program_id(1) == 0:
+        slot = p + tl.load(pad_ptr + b).to(tl.int64)
+        tl.store(slot_ptr + b, slot)
+        tl.store(len_ptr + b, slot + 1)
+
+
+def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0):
+    """The Triton kernel of `embed_ref` (tables contiguous (rows, H)); `pdl`: the mode of pdl.py."""
+    B = ids.shape[0]
+    V, H = wte.shape
+    h = torch.empty((B, H), dtype=wte.dtype, device=wte.device)
+    slot = torch.empty(B, dtype=torch.long, device=wte.device)
+    length = torch.empty_like(slot)
+    block = min(block, triton.next_power_of_2(H))
+    _embed_kernel[(B, triton.cdiv(H, block))](
+        ids, pos, pad, wte, wpe if wpe is not None else wte, h, slot, length, V, H,
+        HAS_POS=wpe is not None, BLOCK=block, PDL=int(pdl), num_warps=4, **pdl_launch(pdl),
+    )
+    return h, slot, length

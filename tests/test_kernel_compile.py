@@ -1,0 +1,78 @@
+"""Every Triton kernel of the fused step compiles for an H100/H200 (sm_90) on this CPU machine, by Triton's
+own compiler and the ptxas its wheel ships, in each PDL mode: so a kernel that only the interpreter has run
+(CI has no GPU) cannot reach a GPU with an error that only the GPU compiler finds (an unsupported op, a type
+that does not lower). The programmatic-dependent-launch instructions are where pdl.py says: `gdc_wait`
+(griddepcontrol.wait) in modes 1-3 and nowhere in mode 0, `gdc_launch_dependents` in modes 2 (before any
+load) and 3 (after the main loop's loads)."""
+
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from overlapdecode.fused.kernels.decode_attention import _split_kernel  # noqa: E402
+from overlapdecode.fused.kernels.embed import _embed_kernel  # noqa: E402
+from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
+from overlapdecode.fused.kernels.norm_linear import _norm_linear_kernel  # noqa: E402
+from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel  # noqa: E402
+
+SM90 = GPUTarget("cuda", 90, 32)
+
+
+def ptx(kernel, types: dict, constants: dict) -> str:
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    missing = [n for n, t in signature.items() if t == "constexpr" and n not in constants]
+    assert not missing, missing
+    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants), target=SM90).asm["ptx"]
+
+
+def bf16(*names):
+    return {n: "*bf16" for n in names}
+
+
+# (kernel, run-time argument types, constexprs) at Llama-1B / GPT-2-like shapes, split where the step splits
+CASES = {
+    "embed": (_embed_kernel, {**{n: "*i64" for n in ("ids_ptr", "pos_ptr", "pad_ptr", "slot_ptr", "len_ptr")},
+                              **bf16("wte_ptr", "wpe_ptr", "h_ptr"), "V": "i32", "H": "i32"},
+              dict(HAS_POS=True, BLOCK=1024)),
+    "norm_qkv": (_norm_qkv_kernel,
+                 {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "q_ptr", "k_ptr", "v_ptr"),
+                  "inv_freq_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64", "part_ptr": "*fp32",
+                  "ticket_ptr": "*i32", **{n: "i32" for n in ("B", "S", "n_heads", "n_kv")}, "eps": "fp32",
+                  "rope_scale": "fp32"},
+                 dict(K=2048, K_CHUNK=1024, SPLIT=2, LAYER=False, HAS_BIAS=False, ROPE=True, D=64, HALF=32,
+                      BLOCK_M=16, BLOCK_K=256)),
+    "attention": (_split_kernel,
+                  {**bf16("q_ptr", "k_ptr", "v_ptr", "out_ptr"), "start_ptr": "*i64", "length_ptr": "*i64",
+                   "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "ticket_ptr": "*i32",
+                   "qk_scale": "fp32", "S": "i32"},
+                  dict(HQ=32, HKV=8, G=4, GROUP_PAD=16, D=64, BLOCK_N=64, BLOCK_D=64, NUM_SPLITS=8, DIRECT=False,
+                       IEEE=False)),
+    "linear_residual": (_linear_split_kernel,
+                        {**bf16("x_ptr", "w_ptr", "b_ptr", "res_ptr", "out_ptr"), "part_ptr": "*fp32",
+                         "ticket_ptr": "*i32", "B": "i32", "N": "i32"},
+                        dict(K=8192, K_CHUNK=2048, SPLIT=4, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128)),
+    "norm_linear": (_norm_linear_kernel,
+                    {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "out_ptr"), "B": "i32", "N": "i32",
+                     "eps": "fp32"},
+                    dict(K=2048, LAYER=False, HAS_BIAS=False, ACT=2, ROUND_OUT=True, BLOCK_M=16, BLOCK_N=32,
+                         BLOCK_K=256)),
+}
+
+
+@pytest.mark.parametrize("pdl", [0, 1, 2, 3])
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, pdl):
+    kernel, types, constants = CASES[name]
+    lines = ptx(kernel, types, dict(constants, PDL=pdl)).splitlines()
+    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    launches = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
+    assert len(waits) == (pdl >= 1)
+    assert bool(launches) == (pdl >= 2)
+    if pdl >= 2:  # EARLY: right after the wait, before any load; LATE (3): after the main loop's loads
+        loads_between = [line for line in lines[waits[0]:launches[0]] if "ld.global" in line]
+        assert bool(loads_between) == (pdl == 3)
