@@ -1,13 +1,14 @@
 """Tune the fused step's kernels on a GPU, and show where one step's time goes.
 
-1. Each GEMV kernel at the Llama-1B, Llama-8B and GPT-2 shapes (batch 1), over a grid of launch configurations
+1. Each GEMV kernel at the Llama-1B, Llama-8B and GPT-2 shapes (batch 1, or --batch), over a grid of launch configurations
    (block sizes, warps, pipeline stages, split-K target), timed as CUDA-graph replays over enough distinct
    weight copies that no copy stays in L2 (as in the step, where every layer reads its own weights): achieved
    GB/s of the weight bytes against the device's copy bandwidth.
 2. The whole fused step of llama-1b-random (bfloat16, batch 1 and 8), captured in one CUDA graph, under the
    torch profiler: kernels per step and the time of each kind of kernel.
 
-    python3 scripts/kernel_sweep.py OUT_DIR [--quick] [--shapes llama-1b,llama-8b,gpt2] [--budget S] [--no-steps]
+    python3 scripts/kernel_sweep.py OUT_DIR [--quick] [--shapes llama-1b,llama-8b,gpt2] [--budget S] [--batch B]
+                                    [--no-steps]
 """
 
 from __future__ import annotations
@@ -232,12 +233,13 @@ def best_tiles(rows: list[dict]) -> dict:
 
 
 def main() -> None:
-    """OUT_DIR [--quick] [--shapes a,b] [--budget SECONDS per kernel] [--no-steps]"""
+    """OUT_DIR [--quick] [--shapes a,b] [--budget SECONDS per kernel] [--batch B] [--no-steps]"""
     out_dir = sys.argv[1]
     quick = "--quick" in sys.argv
     arg = lambda name, default: sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default  # noqa: E731
     shapes = arg("--shapes", ",".join(SHAPES)).split(",")
     budget = float(arg("--budget", 25.0))
+    batch = int(arg("--batch", 1))
     os.makedirs(out_dir, exist_ok=True)
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                  "copy_gbs": round(copy_gbs(), 1), "steps": [], "sweep": []}
@@ -255,7 +257,7 @@ def main() -> None:
         json.dump(res, open(path, "w"), indent=1)
     for shape in shapes:
         t = time.time()
-        res["sweep"] += sweep(shape, 1, quick, budget=budget)
+        res["sweep"] += sweep(shape, batch, quick, budget=budget)
         print(shape, f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
 
