@@ -127,16 +127,18 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
     return rows
 
 
-def captured_step(model, B: int, pdl: int | None = None, tiles: dict | None = None, torch_embed: bool = False):
+def captured_step(model, B: int, pdl: int | None = None, tiles: dict | None = None, embed_kernel: bool = False):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
-    `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own); `torch_embed`: the
-    step's embedding, slot and length by torch ops (embed_ref) instead of the Triton kernel, to time it."""
-    from overlapdecode.fused.kernels.embed import embed_ref
+    `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own); `embed_kernel`: the
+    step's embedding, slot and length by the Triton kernel of kernels/embed.py instead of torch ops, to time it."""
+    import functools
+
+    from overlapdecode.fused.kernels.embed import embed
     from overlapdecode.fused.model import FusedModel
 
     fm = FusedModel(model, pdl=pdl, tiles=tiles)
-    if torch_embed:
-        fm.ops = fm.ops._replace(embed=embed_ref)
+    if embed_kernel:
+        fm.ops = fm.ops._replace(embed=functools.partial(embed, pdl=fm.pdl))
     cache = fm.cache_for(B, 300)
     ids = torch.randint(0, 1000, (B, 1), device=DEV)
     pos = torch.full((B, 1), 200, device=DEV)
