@@ -38,6 +38,7 @@ print(step_profile(1, '$W', 'gpt2-random'))" > $W/gpt2-profile.log 2>&1; echo "p
   rm -f $W/step-trace-*.json
   tar czf $OUT/work-A.tgz -C $W .
 elif [ "$STAGE" = B ]; then
+  echo "stage B ran at eae1736: its prefetch (captured_step(prefetch=...)) has been removed since"; exit 2
   export PYTHONPATH=$PWD/src:$PWD/tests:$PWD/scripts
   timeout 90 python3 -m pytest tests/fused_kernel_cases.py -p no:cacheprovider -q > $W/gpu-tests.log 2>&1
   echo "kernel cases rc=$?" >> $W/gpu-tests.log

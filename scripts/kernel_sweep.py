@@ -220,17 +220,19 @@ KERNEL_OF = {"qkv": "norm_qkv", "o_proj": "linear_residual", "down": "linear_res
 
 
 def best_tiles(rows: list[dict]) -> dict:
-    """The fastest configuration of each swept kernel as a FusedModel `tiles` table: {(kernel function, N, K):
-    keywords} (norm_qkv's block_n is its `half`; `programs` applies to the split-K kernels only)."""
+    """The fastest configuration of each swept kernel and weight shape as a FusedModel `tiles` table:
+    {(kernel function, N, K): keywords} (norm_qkv's block_n is its `half`; `programs`, an absolute split-K
+    target of the GPU swept, applies to the split-K kernels only)."""
     table = {}
-    for name in {r["kernel"] for r in rows}:
-        best = min((r for r in rows if r["kernel"] == name and "us" in r), key=lambda r: r["us"])
+    for name, N, K in {(r["kernel"], r["N"], r["K"]) for r in rows}:
+        best = min((r for r in rows if (r["kernel"], r["N"], r["K"]) == (name, N, K) and "us" in r),
+                   key=lambda r: r["us"])
         fn = KERNEL_OF[name]
         cfg = dict(block_k=best["block_k"], num_warps=best["num_warps"], num_stages=best["num_stages"])
         cfg["half" if fn == "norm_qkv" else "block_n"] = best["block_n"]
         if fn != "norm_linear":
             cfg["programs"] = best["programs"]
-        table[(fn, best["N"], best["K"])] = cfg
+        table[(fn, N, K)] = cfg
     return table
 
 

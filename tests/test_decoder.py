@@ -204,21 +204,33 @@ def test_fused_options_reach_the_fused_model(tiny_gpt2):
         od.Decoder(tiny_gpt2, fused_options=["pdl"])
 
 
-@pytest.mark.parametrize("options,match", [
-    (dict(pdl_mode=3), "unknown fused option.*'pdl_mode'.*the options are kernels, compile_prefill, pdl"),
-    (dict(kernels="cuda"), "kernels must be 'triton' or 'torch'"),
-    (dict(pdl=7), "pdl must be 0, 1, 2, 3"),
-    (dict(pdl=1), "pdl needs the Triton kernels"),
-    (dict(compile_prefill="yes"), "compile_prefill must be a bool"),
-    (dict(symmetric_all_reduce=True), "symmetric_all_reduce needs a tensor-parallel shard"),
-    (dict(tiles={("norm_qkv", 8): {}}), "tiles must map"),
+@pytest.mark.parametrize("options,match,device_dependent", [
+    (dict(pdl_mode=3), "unknown fused option.*'pdl_mode'.*the options are kernels, compile_prefill, pdl", False),
+    (dict(kernels="cuda"), "kernels must be 'triton' or 'torch'", False),
+    (dict(pdl=7), "pdl must be 0, 1, 2, 3", False),
+    (dict(pdl=1.0), "pdl must be 0, 1, 2, 3", False),
+    (dict(compile_prefill="yes"), "compile_prefill must be a bool", False),
+    (dict(compile_prefill=1), "compile_prefill must be a bool", False),
+    (dict(tiles={("norm_qkv", 8): {}}), "tiles must map", False),
+    (dict(tiles={("norm_qkv", "8", 4): {}}), "tiles must map", False),
+    (dict(tiles={("norm_linear", 8, 4): dict(programs=264)}), r"tiles\[\('norm_linear', 8, 4\)\] must be", False),
+    (dict(tiles={("linear_residual", 8, 4): dict(blok_n=16)}), "keys among block_n, block_k", False),
+    (dict(tiles={("linear_residual", 8, 4): dict(block_n=0)}), "must be a dict of positive ints", False),
+    (dict(pdl=1), "pdl needs the Triton kernels", True),
+    (dict(symmetric_all_reduce=True), "symmetric_all_reduce needs a tensor-parallel shard", True),
 ])
-def test_bad_fused_options_are_refused_when_the_decoder_is_made(tiny_gpt2, options, match):
-    """A mistaken fused option is a ValueError naming it when od.Decoder is made, before any weight is
-    re-laid out (the model's parameters are untouched: not yet views of fused tensors)."""
+def test_bad_fused_options_are_refused_before_any_weight_is_touched(tiny_gpt2, options, match, device_dependent):
+    """A mistaken fused option is a ValueError naming it before any weight is re-laid out (the model's
+    parameters untouched: not yet views of fused tensors): when od.Decoder is made, or, for what depends on
+    the model's device (which may still change after the decoder is made), when the fused model is made."""
     before = [p.data_ptr() for p in tiny_gpt2.parameters()]
-    with pytest.raises(ValueError, match=match):
-        od.Decoder(tiny_gpt2, fused_options=options)
+    if device_dependent:
+        dec = od.Decoder(tiny_gpt2, fused_options=options)
+        with pytest.raises(ValueError, match=match):
+            dec.fused_model()
+    else:
+        with pytest.raises(ValueError, match=match):
+            od.Decoder(tiny_gpt2, fused_options=options)
     from overlapdecode.fused.model import OPTION_NAMES, FusedModel
 
     if set(options) <= set(OPTION_NAMES):  # (an unknown keyword is Python's TypeError there)

@@ -181,5 +181,8 @@ def test_tiles_choose_keywords_by_the_weights_shape():
     assert calls == [((8, 4), 16, 64), ((8, 6), 32, 128)]
     model = od.load_model("tiny-gpt2", device="cpu")
     for bad in ({("norm_qkv", 8): {}}, {("attention", 8, 4): {}}, {("norm_qkv", 8, 4): 16}, [1]):
-        with pytest.raises(ValueError, match="tiles must map"):
+        with pytest.raises(ValueError, match=r"tiles(\[.*\])? must"):
             FusedModel(model, tiles=bad)
+    from overlapdecode.fused.model import TILES, check_option_values
+
+    check_option_values(tiles=TILES)  # the table itself is well formed

@@ -19,30 +19,36 @@ from overlapdecode.fused.kernels.embed import _embed_kernel  # noqa: E402
 from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import _norm_linear_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel  # noqa: E402
+from overlapdecode.fused.model import TILES  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def ptx(kernel, types: dict, constants: dict) -> str:
+def ptx(kernel, types: dict, constants: dict, **options) -> str:
+    """PTX for sm_90; `options`: num_warps, num_stages."""
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     missing = [n for n, t in signature.items() if t == "constexpr" and n not in constants]
     assert not missing, missing
-    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants), target=SM90).asm["ptx"]
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+    return triton.compile(src, target=SM90, options=options).asm["ptx"]
 
 
 def bf16(*names):
     return {n: "*bf16" for n in names}
 
 
-# (kernel, run-time argument types, constexprs) at Llama-1B / GPT-2-like shapes, split where the step splits
+# (kernel, run-time argument types, constexprs) at the Llama-1B shape, split where the step splits; GPT2 below
+# changes the constexprs that differ at GPT-2 (LayerNorm, biases, no RoPE, GELU)
 CASES = {
     "embed": (_embed_kernel, {**{n: "*i64" for n in ("ids_ptr", "pos_ptr", "pad_ptr", "slot_ptr", "len_ptr")},
-                              **bf16("wte_ptr", "wpe_ptr", "h_ptr"), "V": "i32", "H": "i32"},
+                              **bf16("wte_ptr", "wpe_ptr", "h_ptr"),
+                              **{n: "i32" for n in ("V", "H", "ids_stride", "pos_stride", "pad_stride")}},
               dict(HAS_POS=True, BLOCK=1024)),
     "norm_qkv": (_norm_qkv_kernel,
                  {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "q_ptr", "k_ptr", "v_ptr"),
                   "inv_freq_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64", "part_ptr": "*fp32",
-                  "ticket_ptr": "*i32", **{n: "i32" for n in ("B", "S", "n_heads", "n_kv")}, "eps": "fp32",
+                  "ticket_ptr": "*i32",
+                  **{n: "i32" for n in ("B", "S", "n_heads", "n_kv", "pos_stride", "slot_stride")}, "eps": "fp32",
                   "rope_scale": "fp32"},
                  dict(K=2048, K_CHUNK=1024, SPLIT=2, LAYER=False, HAS_BIAS=False, ROPE=True, D=64, HALF=32,
                       BLOCK_M=16, BLOCK_K=256)),
@@ -64,15 +70,40 @@ CASES = {
 }
 
 
+GPT2 = {"norm_qkv": dict(K=768, K_CHUNK=768, SPLIT=1, LAYER=True, HAS_BIAS=True, ROPE=False),
+        "linear_residual": dict(K=3072, K_CHUNK=768, HAS_BIAS=True),
+        "norm_linear": dict(K=768, LAYER=True, HAS_BIAS=True, ACT=1),
+        "attention": dict(HQ=12, HKV=12, G=1)}
+
+
 @pytest.mark.parametrize("pdl", [0, 1, 2, 3])
-@pytest.mark.parametrize("name", list(CASES))
-def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, pdl):
+@pytest.mark.parametrize("name,shape", [(n, "llama") for n in CASES] + [(n, "gpt2") for n in GPT2])
+def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, pdl):
     kernel, types, constants = CASES[name]
+    if shape == "gpt2":
+        constants = dict(constants, **GPT2[name])
     lines = ptx(kernel, types, dict(constants, PDL=pdl)).splitlines()
     waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
     launches = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
     assert len(waits) == (pdl >= 1)
     assert bool(launches) == (pdl >= 2)
+    if waits:  # pdl.py: nothing is read before the kernel ahead has finished
+        assert not [line for line in lines[:waits[0]] if "ld.global" in line]
     if pdl >= 2:  # EARLY: right after the wait, before any load; LATE (3): after the main loop's loads
         loads_between = [line for line in lines[waits[0]:launches[0]] if "ld.global" in line]
         assert bool(loads_between) == (pdl == 3)
+
+
+@pytest.mark.parametrize("key", sorted(TILES))
+def test_the_tiles_of_the_table_compile_for_sm90(key):
+    """Each configuration of fused/model.py's TILES (bfloat16, PDL LATE, as the step runs it) compiles."""
+    fn, N, K = key
+    cfg = TILES[key]
+    kernel, types, constants = CASES[fn]
+    tile = {"block_n": "BLOCK_N", "half": "HALF", "block_k": "BLOCK_K"}
+    constants = dict(constants, PDL=3, K=K, **{tile[k]: v for k, v in cfg.items() if k in tile})
+    if "K_CHUNK" in constants:
+        constants["K_CHUNK"] = K
+        constants["SPLIT"] = 1
+    text = ptx(kernel, types, constants, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
+    assert "griddepcontrol.wait" in text

@@ -108,16 +108,16 @@ class Decoder:
         # the decoder od.generate keeps per model (decoder_for) holds it weakly: a strong reference from the
         # value of a weakly keyed dictionary to its key would keep every model ever used alive
         self._model = weakref.ref(model) if _weak else (lambda: model)
-        # FusedModel's keywords (pdl, tiles, symmetric_all_reduce, ...), checked now, used when the fused model
-        # is made (first use)
+        # FusedModel's keywords (pdl, tiles, symmetric_all_reduce, ...): their names and values checked now, what
+        # depends on the device (the model may still move) when the fused model is made (first use)
         self.fused_options = dict(fused_options or {})
         if self.fused_options:
             try:
-                from .fused.model import check_options  # Triton: a heavy import, only where options are given
+                from .fused.model import check_option_values  # Triton: a heavy import, only where options are
             except ImportError:
                 pass  # no Triton: the first fused call says so (fused_model)
             else:
-                check_options(model, **self.fused_options)
+                check_option_values(**self.fused_options)
         self.static_caches = caches.StaticCaches(keep_static)
         self._lock = threading.Lock()
         self._side_streams: dict = {}  # device -> two streams, made once: new streams per call would each

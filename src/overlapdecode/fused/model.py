@@ -34,9 +34,11 @@ PDL_DEFAULT = 3
 # defaults, for 16-bit weights (float32 keeps the defaults: twice the shared memory per stage). GPT-2's output
 # and down projections: 16 columns per program, twice the programs of the default 32 (kernel_sweep --shapes
 # gpt2, H200, d1ec7b9: step in one graph 0.332 -> 0.311 ms with these two alone; docs/KERNELS.md).
+# (The sweep's split-K targets, 4 and 2 x the H200's SMs, are left to the default, 2 x the SMs of the GPU at
+# hand: on the H200 the same splits, as 768 x 768 is not split at either.)
 TILES: dict = {
-    ("linear_residual", 768, 768): dict(block_n=16, block_k=256, num_warps=4, num_stages=4, programs=528),
-    ("linear_residual", 768, 3072): dict(block_n=16, block_k=64, num_warps=2, num_stages=4, programs=264),
+    ("linear_residual", 768, 768): dict(block_n=16, block_k=256, num_warps=4, num_stages=4),
+    ("linear_residual", 768, 3072): dict(block_n=16, block_k=64, num_warps=2, num_stages=4),
 }
 # Prompts are padded on the right to a multiple of this, so nearby prompt lengths share one compiled prefill.
 PREFILL_BUCKET = 64
@@ -116,49 +118,72 @@ class FusedOptions(NamedTuple):
 
 
 OPTION_NAMES = FusedOptions._fields
-TILE_KERNELS = ("norm_qkv", "linear_residual", "norm_linear")
 
 
-def check_options(model, **options) -> FusedOptions:
-    """FusedModel's keywords for `model`, checked and resolved before any GPU work (od.Decoder checks its
-    `fused_options` with it when it is made): ValueError naming the option otherwise."""
+# the tile keywords each kernel takes (FusedModel(tiles=...))
+TILE_KEYWORDS = {
+    "norm_qkv": ("half", "block_k", "programs", "num_warps", "num_stages"),
+    "linear_residual": ("block_n", "block_k", "programs", "num_warps", "num_stages"),
+    "norm_linear": ("block_n", "block_k", "num_warps", "num_stages"),
+}
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_option_values(**options) -> None:
+    """What can be checked of FusedModel's keywords without the model's device: names, types, ranges, the
+    tiles table's form (od.Decoder checks this much when it is made: its model may still move to a GPU)."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise ValueError(f"unknown fused option(s) {', '.join(map(repr, unknown))}; the options are "
                          f"{', '.join(OPTION_NAMES)}")
+    if options.get("kernels") not in (None, "triton", "torch"):
+        raise ValueError(f"kernels must be 'triton' or 'torch', got {options['kernels']!r}")
+    pdl = options.get("pdl")
+    if not (pdl is None or isinstance(pdl, bool) or (_int(pdl) and 0 <= pdl <= 3)):
+        raise ValueError(f"pdl must be 0, 1, 2, 3 or a bool (kernels/pdl.py), got {pdl!r}")
+    for name in ("compile_prefill", "symmetric_all_reduce"):
+        if options.get(name) is not None and not isinstance(options[name], bool):
+            raise ValueError(f"{name} must be a bool or None, got {options[name]!r}")
+    tiles = options.get("tiles")
+    if tiles is None:
+        return
+    if not isinstance(tiles, dict):
+        raise ValueError(f"tiles must map (kernel name, N, K) to a dict of tile keywords; got {tiles!r}")
+    for key, cfg in tiles.items():
+        if not (isinstance(key, tuple) and len(key) == 3 and key[0] in TILE_KEYWORDS and _int(key[1])
+                and _int(key[2])):
+            raise ValueError("tiles must map (kernel name, N, K) to a dict of tile keywords, the kernel name one "
+                             f"of {', '.join(map(repr, TILE_KEYWORDS))} and N, K ints; got the key {key!r}")
+        allowed = TILE_KEYWORDS[key[0]]
+        if not isinstance(cfg, dict) or any(k not in allowed or not _int(v) or v < 1 for k, v in cfg.items()):
+            raise ValueError(f"tiles[{key!r}] must be a dict of positive ints with keys among "
+                             f"{', '.join(allowed)}; got {cfg!r}")
+
+
+def check_options(model, **options) -> FusedOptions:
+    """FusedModel's keywords for `model`, checked and resolved before any weight is touched: ValueError
+    naming the option otherwise."""
+    check_option_values(**options)
     device = model.get_input_embeddings().weight.device
-    kernels = options.get("kernels")
-    if kernels is None:
-        kernels = "triton" if device.type == "cuda" else "torch"
-    if kernels not in ("triton", "torch"):
-        raise ValueError(f"kernels must be 'triton' or 'torch', got {kernels!r}")
+    kernels = options.get("kernels") or ("triton" if device.type == "cuda" else "torch")
     fast = kernels == "triton" and pdl_supported(device)
     pdl = options.get("pdl")
     if pdl is None:
         pdl = PDL_DEFAULT if fast else 0
     elif pdl is True:
         pdl = PDL_DEFAULT
-    if isinstance(pdl, float) or pdl not in (0, 1, 2, 3):
-        raise ValueError(f"pdl must be 0, 1, 2, 3 or a bool (kernels/pdl.py), got {pdl!r}")
     if pdl and not fast:
         raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
     compile_prefill = options.get("compile_prefill")
     if compile_prefill is None:
         compile_prefill = device.type == "cuda"
-    if not isinstance(compile_prefill, bool):
-        raise ValueError(f"compile_prefill must be a bool or None, got {compile_prefill!r}")
-    symmetric = options.get("symmetric_all_reduce", False)
-    if not isinstance(symmetric, bool):
-        raise ValueError(f"symmetric_all_reduce must be a bool, got {symmetric!r}")
+    symmetric = bool(options.get("symmetric_all_reduce"))
     if symmetric and (kernels != "triton" or not any(row_reduce_of(m) is not None for m in model.modules())):
         raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
-    tiles = options.get("tiles")
-    if tiles is not None and not (isinstance(tiles, dict) and all(
-            isinstance(k, tuple) and len(k) == 3 and k[0] in TILE_KERNELS and isinstance(v, dict)
-            for k, v in tiles.items())):
-        raise ValueError("tiles must map (kernel name, N, K) to a dict of tile keywords, the kernel name one of "
-                         f"{', '.join(map(repr, TILE_KERNELS))}; got {tiles!r}")
-    return FusedOptions(kernels, compile_prefill, int(pdl), symmetric, tiles)
+    return FusedOptions(kernels, compile_prefill, int(pdl), symmetric, options.get("tiles"))
 
 
 class FusedModel:
@@ -175,7 +200,8 @@ class FusedModel:
     """
 
     def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
-                 pdl: int | bool | None = None, symmetric_all_reduce: bool = False, tiles: dict | None = None):
+                 pdl: int | bool | None = None, symmetric_all_reduce: bool | None = False,
+                 tiles: dict | None = None):
         opts = check_options(model, kernels=kernels, compile_prefill=compile_prefill, pdl=pdl,
                              symmetric_all_reduce=symmetric_all_reduce, tiles=tiles)  # before any GPU work
         self.weights = fuse_weights(model)

@@ -7,9 +7,10 @@ step's kernels form, so the first layer's kernel could not start early behind th
 step is ~70 launches of a few microseconds, that is a few percent of the step.
 
 Grid (B, ceil(H / BLOCK)): one program per row and block of the hidden size; the first block of a row also
-writes its slot and length. Token ids of a decode step are the step's own choices (< the vocabulary, the
-rows of `embed`); an id outside [0, V) (a pad id past the vocabulary on a finished row, whose output is
-discarded) reads zeros instead of memory past the table.
+writes its slot and length. Token ids of a decode step are the step's own choices or the pad id, both inside
+the vocabulary (check_request refuses a pad id outside it), and positions stay below the model's limit
+(checked too); an id outside [0, V) would still read zeros rather than memory past the table (where the torch
+twin raises).
 """
 
 from __future__ import annotations
@@ -37,26 +38,28 @@ def embed_ref(wte, wpe, ids, pos, pad):
 
 @triton.jit
 def _embed_kernel(ids_ptr, pos_ptr, pad_ptr, wte_ptr, wpe_ptr, h_ptr, slot_ptr, len_ptr, V, H,
+                  ids_stride, pos_stride, pad_stride,
                   HAS_POS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_start(PDL)
     b = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < H
-    tok = tl.load(ids_ptr + b).to(tl.int64)
-    p = tl.load(pos_ptr + b).to(tl.int64)
+    tok = tl.load(ids_ptr + b * ids_stride).to(tl.int64)
+    p = tl.load(pos_ptr + b * pos_stride).to(tl.int64)
     x = tl.load(wte_ptr + tok * H + cols, mask=ok & (tok >= 0) & (tok < V), other=0.0)
     if HAS_POS:  # rounded to the table's dtype after the add, as torch's add of two such tensors
         x = (x.to(tl.float32) + tl.load(wpe_ptr + p * H + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
     pdl_release(PDL)
     tl.store(h_ptr + b * H + cols, x, mask=ok)
     if tl.program_id(1) == 0:
-        slot = p + tl.load(pad_ptr + b).to(tl.int64)
+        slot = p + tl.load(pad_ptr + b * pad_stride).to(tl.int64)
         tl.store(slot_ptr + b, slot)
         tl.store(len_ptr + b, slot + 1)
 
 
 def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0):
-    """The Triton kernel of `embed_ref` (tables contiguous (rows, H)); `pdl`: the mode of pdl.py."""
+    """The Triton kernel of `embed_ref` (tables contiguous (rows, H); ids, pos, pad (B,) of any stride: the
+    decode loop's tokens and positions are columns of its (B, 3) state); `pdl`: the mode of pdl.py."""
     B = ids.shape[0]
     V, H = wte.shape
     h = torch.empty((B, H), dtype=wte.dtype, device=wte.device)
@@ -65,6 +68,6 @@ def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0):
     block = min(block, triton.next_power_of_2(H))
     _embed_kernel[(B, triton.cdiv(H, block))](
         ids, pos, pad, wte, wpe if wpe is not None else wte, h, slot, length, V, H,
-        HAS_POS=wpe is not None, BLOCK=block, PDL=int(pdl), num_warps=4, **pdl_launch(pdl),
+        ids.stride(0), pos.stride(0), pad.stride(0), HAS_POS=wpe is not None, BLOCK=block, PDL=int(pdl), num_warps=4, **pdl_launch(pdl),
     )
     return h, slot, length

@@ -54,7 +54,7 @@ def norm_qkv_ref(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, 
 
 @triton.jit
 def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
-                q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale,
+                pos_stride, slot_stride, q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale,
                 HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr):
     """Bias, rounding, RoPE and the stores of one (head, HALF dims) tile: shared by both launch shapes."""
     dtype = q_ptr.dtype.element_ty
@@ -64,7 +64,7 @@ def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_
     y1 = acc1.to(dtype).to(tl.float32)  # the projection rounded to dtype, as the unfused model has it
     y2 = acc2.to(dtype).to(tl.float32)
     if ROPE:
-        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0).to(tl.float32)
+        pos = tl.load(pos_ptr + rows * pos_stride, mask=row_ok, other=0).to(tl.float32)
         inv = tl.load(inv_freq_ptr + dim, mask=dim_ok, other=0.0)
         ang = pos[:, None] * inv[None, :]
         c = (tl.cos(ang) * rope_scale).to(dtype).to(tl.float32)
@@ -79,7 +79,7 @@ def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_
         tl.store(q_ptr + q_off + dim[None, :], y1.to(dtype), mask=out_ok)
         tl.store(q_ptr + q_off + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
     else:
-        slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        slot = tl.load(slot_ptr + rows * slot_stride, mask=row_ok, other=0).to(tl.int64)
         kv_head = (head - n_heads) % n_kv
         kv_off = ((rows.to(tl.int64)[:, None] * n_kv + kv_head) * S + slot[:, None]) * D
         if head < n_heads + n_kv:
@@ -93,7 +93,7 @@ def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_
 @triton.jit
 def _norm_qkv_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, part_ptr, ticket_ptr,
-    B, S, n_heads, n_kv, eps, rope_scale, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
+    B, S, n_heads, n_kv, pos_stride, slot_stride, eps, rope_scale, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
     HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -148,14 +148,15 @@ def _norm_qkv_kernel(
             tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
     if finish:
         _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
-                    q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale, HAS_BIAS, ROPE, D)
+                    pos_stride, slot_stride, q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale, HAS_BIAS, ROPE, D)
 
 
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
              n_heads: int, n_kv: int, head_dim: int, half: int | None = None, block_k: int = 256,
              programs: int = 1, num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None,
              pdl: int = 0):
-    """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous. A program owns `half`
+    """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
+    stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
     dimensions of each half of a head (default: up to 32); with fewer head tiles than `programs`, K is split
     as in linear_residual (`tickets`: the counters, as there)."""
     B, K = x.shape
@@ -177,7 +178,7 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
     S = k_cache.shape[2]
     _norm_qkv_kernel[(tiles, split, row_blocks)](
         x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
-        counters, B, S, n_heads, n_kv, eps, rope_scale, K, k_chunk, split,
+        counters, B, S, n_heads, n_kv, pos.stride(0), slot.stride(0), eps, rope_scale, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
         HALF=half, BLOCK_M=16, BLOCK_K=block_k, PDL=int(pdl), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
