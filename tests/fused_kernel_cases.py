@@ -183,3 +183,19 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, emb
         kv.append(torch.stack(cache.k + cache.v))
     assert torch.equal(outs[1], outs[0])
     torch.testing.assert_close(kv[1], kv[0], **TOL)
+
+
+def test_a_strided_operand_is_refused_not_misread():
+    """The GEMV kernels index x and w row-major from their first element; a strided view is a ValueError
+    naming it, not silently wrong output."""
+    x, w, res = rnd(3, 64), rnd(24, 64), rnd(3, 24)
+    wide = rnd(3, 128)[:, ::2]  # (3, 64), not contiguous
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        linear_residual(wide, w, None, res)
+    with pytest.raises(ValueError, match="w must be contiguous"):
+        linear_residual(x, rnd(64, 24).t(), None, res)
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        norm_linear(wide, rnd(64) + 1, None, 1e-5, w, None, "none")
+    with pytest.raises(ValueError, match="wte must be contiguous"):
+        embed(rnd(64, 11).t(), None, torch.zeros(3, dtype=torch.long, device=DEV),
+              torch.zeros(3, dtype=torch.long, device=DEV), torch.zeros(3, dtype=torch.long, device=DEV))

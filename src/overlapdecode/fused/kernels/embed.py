@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .linear_residual import require_contiguous
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 
@@ -60,6 +61,7 @@ def _embed_kernel(ids_ptr, pos_ptr, pad_ptr, wte_ptr, wpe_ptr, h_ptr, slot_ptr, 
 def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0):
     """The Triton kernel of `embed_ref` (tables contiguous (rows, H); ids, pos, pad (B,) of any stride: the
     decode loop's tokens and positions are columns of its (B, 3) state); `pdl`: the mode of pdl.py."""
+    require_contiguous(wte=wte, wpe=wpe)
     B = ids.shape[0]
     V, H = wte.shape
     h = torch.empty((B, H), dtype=wte.dtype, device=wte.device)

@@ -52,6 +52,14 @@ class Tickets:
         return self.counters
 
 
+def require_contiguous(**tensors) -> None:
+    """The kernels index these row-major from their first element: a strided view would be read wrong,
+    silently, so it is refused (ValueError naming it). Host-side only: a replayed graph never runs it."""
+    for name, t in tensors.items():
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+
+
 def take_tickets(tickets: Tickets | None, n: int, device) -> torch.Tensor:
     """`n` zeroed counters: from `tickets`, or fresh zeros (one fill kernel more) without."""
     return tickets.take(n) if tickets is not None else torch.zeros(n, dtype=torch.int32, device=device)
@@ -122,6 +130,7 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
     dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
     result into (a symmetric-memory buffer under tp), returned."""
+    require_contiguous(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
     if out is None:
