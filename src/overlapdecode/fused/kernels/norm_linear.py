@@ -130,6 +130,8 @@ def _norm_linear_kernel(
         gt = acc.to(dtype).to(tl.float32)
         up = acc2.to(dtype).to(tl.float32)
         acc = (gt * tl.sigmoid(gt)).to(dtype).to(tl.float32) * up
+    else:  # the projection in dtype, as the unfused model has it, even where the output is float32 (the logits)
+        acc = acc.to(dtype).to(tl.float32)
     if ROUND_OUT:
         out = acc.to(out_ptr.dtype.element_ty)
     else:

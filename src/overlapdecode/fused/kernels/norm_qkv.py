@@ -70,9 +70,11 @@ def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_
         c = (tl.cos(ang) * rope_scale).to(dtype).to(tl.float32)
         sn = (tl.sin(ang) * rope_scale).to(dtype).to(tl.float32)
         rotated = head < n_heads + n_kv  # Q and K heads; V is not rotated
-        r1 = tl.where(rotated, y1 * c - y2 * sn, y1)
-        r2 = tl.where(rotated, y2 * c + y1 * sn, y2)
-        y1, y2 = r1, r2
+        # x * cos + rotate_half(x) * sin with Hugging Face's roundings: each product in dtype, then their sum
+        # (stored in dtype below); in float32 these conversions change nothing
+        r1 = (y1 * c).to(dtype).to(tl.float32) - (y2 * sn).to(dtype).to(tl.float32)
+        r2 = (y2 * c).to(dtype).to(tl.float32) + (y1 * sn).to(dtype).to(tl.float32)
+        y1, y2 = tl.where(rotated, r1, y1), tl.where(rotated, r2, y2)
     out_ok = row_ok[:, None] & dim_ok[None, :]
     if head < n_heads:
         q_off = (rows[:, None] * n_heads + head) * D
