@@ -214,7 +214,7 @@ def test_16bit_roundings_follow_the_references():
     and then the sum, the LM head's logits to the dtype before float32. float16 stands in for bfloat16 (the
     interpreter's bfloat16 conversions truncate). What may still differ is the order of the float32
     accumulation inside a dot product, which flips a rounding now and then: a few elements in a hundred, where
-    rounding RoPE once (as until 4801cd5) differed in about a third of them."""
+    rounding RoPE once (as before e3f2feb) differed in about a third of them."""
     torch.manual_seed(5)
     h = torch.float16
     B, H, Hq, Hkv, D, S = 3, 64, 4, 2, 32, 9
