@@ -186,3 +186,15 @@ def test_tiles_choose_keywords_by_the_weights_shape():
     from overlapdecode.fused.model import TILES, check_option_values
 
     check_option_values(tiles=TILES)  # the table itself is well formed
+
+
+def test_kernel_operands_past_32_bit_offsets_are_refused():
+    """The GEMV kernels index their operands with 32-bit offsets: a tensor of 2**31 elements or more is a
+    ValueError naming it, not a silently wrapped address (a meta tensor: no memory is allocated)."""
+    from overlapdecode.fused.kernels.linear_residual import require_32bit
+
+    require_32bit(w=torch.empty(2**31 - 1, dtype=torch.int8, device="meta"))
+    with pytest.raises(ValueError, match="w has 2147483648 elements"):
+        require_32bit(w=torch.empty(2**31, dtype=torch.int8, device="meta"))
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        require_32bit(x=torch.empty(4, 6, device="meta").t())

@@ -60,6 +60,15 @@ def require_contiguous(**tensors) -> None:
             raise ValueError(f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
 
 
+def require_32bit(**tensors) -> None:
+    """Contiguous (require_contiguous) and indexed with 32-bit offsets: fewer than 2**31 elements (the largest
+    matrix of a supported model, Llama-3-405B's LM head, has 2.10e9), else a ValueError naming it."""
+    require_contiguous(**tensors)
+    for name, t in tensors.items():
+        if t is not None and t.numel() >= 2**31:
+            raise ValueError(f"{name} has {t.numel()} elements: the kernels' 32-bit offsets reach 2**31 - 1")
+
+
 def take_tickets(tickets: Tickets | None, n: int, device) -> torch.Tensor:
     """`n` zeroed counters: from `tickets`, or fresh zeros (one fill kernel more) without."""
     return tickets.take(n) if tickets is not None else torch.zeros(n, dtype=torch.int32, device=device)
@@ -130,7 +139,7 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
     dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
     result into (a symmetric-memory buffer under tp), returned."""
-    require_contiguous(x=x, w=w, b=b, residual=residual)
+    require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
     if out is None:

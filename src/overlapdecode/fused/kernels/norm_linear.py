@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .linear_residual import require_contiguous
+from .linear_residual import require_32bit
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 ACTS = ("none", "gelu_tanh", "silu_mul")
@@ -144,7 +144,7 @@ def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, b
     """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
     Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128)."""
-    require_contiguous(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
+    require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     B, K = x.shape
     n_out = w.shape[0] // 2 if act == "silu_mul" else w.shape[0]
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .linear_residual import Tickets, last_of_split, require_contiguous, split_k, take_tickets
+from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
 from .norm_linear import norm_ref, norm_stats, norm_tile
 from .pdl import pdl_launch, pdl_release, pdl_start
 
@@ -161,8 +161,8 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
     dimensions of each half of a head (default: up to 32); with fewer head tiles than `programs`, K is split
     as in linear_residual (`tickets`: the counters, as there)."""
-    require_contiguous(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, k_cache=k_cache,
-                       v_cache=v_cache)
+    require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq)
+    require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
     if half is None:
         half = min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
