@@ -2,7 +2,8 @@
 # What session 6 wrote after its device time ran out, to run first on one H200 (results to $OUT/verify-s6):
 # 1. the kernel cases on the GPU (strided positions, the embedding kernel, refused strided operands);
 # 2. the GPU tests that never ran: Llama-1B float32 batch 4 tokens = Hugging Face's (the RoPE-position fix,
-#    ff1a5ac), the fused late stop checks = their sync twins, then the same under TORCH_CUDA_SANITIZER=1;
+#    ff1a5ac), the fused late stop checks = their sync twins, the bfloat16 logit error (after the 16-bit
+#    rounding change, e3f2feb), then the eager late stop checks under TORCH_CUDA_SANITIZER=1;
 # 3. the GPT-2 and Llama-1B steps in one graph with the embedding kernel and with the torch ops, alternating.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests:$PWD/scripts
@@ -10,7 +11,7 @@ W=$OUT/verify-s6; mkdir -p $W
 timeout 100 python3 -m pytest tests/fused_kernel_cases.py -q -p no:cacheprovider > $W/kernel-cases.log 2>&1
 echo "kernel cases rc=$?" >> $W/kernel-cases.log; tail -2 $W/kernel-cases.log
 timeout 200 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider -rA -q \
-  -k "200_steps and llama-1b-random-4 or late_stop_checks" > $W/gpu-tests.log 2>&1
+  -k "200_steps and llama-1b-random-4 or late_stop_checks or bfloat16" > $W/gpu-tests.log 2>&1
 echo "tests rc=$?" >> $W/gpu-tests.log; grep -E "PASSED|FAILED|ERROR|passed|failed|rc=|divergence" $W/gpu-tests.log | tail -8
 TORCH_CUDA_SANITIZER=1 timeout 150 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py tests/gpu/test_gpu_interleaved.py \
   -p no:cacheprovider -rA -q -k "late_stop_checks and eager or sanitizer" > $W/sanitizer.log 2>&1
