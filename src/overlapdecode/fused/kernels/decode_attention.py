@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from .linear_residual import Tickets, last_of_split, take_tickets
+from .linear_residual import Tickets, last_of_split, require_contiguous, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -292,9 +292,7 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
         raise ValueError(f"head size D={D} > {MAX_HEAD_DIM} is not supported by the Triton kernel")
     if S * D >= 2**31:
         raise ValueError(f"k_cache slots x head size ({S} x {D}) must stay below 2**31 (32-bit offsets)")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("start", start), ("length", length)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
+    require_contiguous(q=q, k_cache=k_cache, v_cache=v_cache, start=start, length=length)
     default_n, block_d = block_sizes(D, q.dtype)
     if block_n is None:
         block_n = default_n

@@ -70,6 +70,7 @@ def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0):
     block = min(block, triton.next_power_of_2(H))
     _embed_kernel[(B, triton.cdiv(H, block))](
         ids, pos, pad, wte, wpe if wpe is not None else wte, h, slot, length, V, H,
-        ids.stride(0), pos.stride(0), pad.stride(0), HAS_POS=wpe is not None, BLOCK=block, PDL=int(pdl), num_warps=4, **pdl_launch(pdl),
+        ids.stride(0), pos.stride(0), pad.stride(0),
+        HAS_POS=wpe is not None, BLOCK=block, PDL=int(pdl), num_warps=4, **pdl_launch(pdl),
     )
     return h, slot, length

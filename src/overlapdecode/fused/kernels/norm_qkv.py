@@ -95,7 +95,8 @@ def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_
 @triton.jit
 def _norm_qkv_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, part_ptr, ticket_ptr,
-    B, S, n_heads, n_kv, pos_stride, slot_stride, eps, rope_scale, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
+    B, S, n_heads, n_kv, pos_stride, slot_stride, eps, rope_scale,
+    K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
     HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
