@@ -1,7 +1,7 @@
 """Where the fused preset's time per token goes, on a GPU, per shape (llama-1b-random batch 1 and 8, gpt2-random
 batch 1, bfloat16): the model step alone replayed from one manually captured CUDA graph, in each programmatic
 dependent launch mode (kernels/pdl.py: off, WAIT, EARLY, LATE) and, in the default mode, with the step's
-embedding by the Triton kernel of kernels/embed.py instead of torch ops; ms per token of `generate`'s decode steps alone
+embedding by torch ops instead of the Triton kernel of kernels/embed.py; ms per token of `generate`'s decode steps alone
 ((a 144-token call - a 16-token call) / 128, best of 2) for `fused` (its step captured by StepGraph), the
 same with no per-step stop check (Strategy(cache="fused", compile=True, stop_check="end")) and `interleaved`; and a Chrome
 trace plus kernel table of one 32-token `fused` call at Llama-1B batch 1.
@@ -25,8 +25,8 @@ DEV = "cuda"
 CASES = (("llama-1b-random", 1), ("llama-1b-random", 8), ("gpt2-random", 1))
 
 
-def graph_step_ms(model, B: int, pdl: int | None = None, embed_kernel: bool = False) -> float:
-    g, _keep = captured_step(model, B, pdl=pdl, embed_kernel=embed_kernel)
+def graph_step_ms(model, B: int, pdl: int | None = None, embed_torch: bool = False) -> float:
+    g, _keep = captured_step(model, B, pdl=pdl, embed_torch=embed_torch)
     return round(triton.testing.do_bench(g.replay, rep=200, return_mode="median"), 4)
 
 
@@ -39,7 +39,7 @@ def main(out_dir: str) -> None:
         res = results[f"{name} b{B}"] = {}
         for pdl in (0, 1, 2, 3):  # kernels/pdl.py: off, wait, early, late
             res[f"graph step ms, pdl {pdl}"] = graph_step_ms(model, B, pdl)
-        res["graph step ms, embedding kernel"] = graph_step_ms(model, B, embed_kernel=True)
+        res["graph step ms, embedding by torch ops"] = graph_step_ms(model, B, embed_torch=True)
         res["fused ms/token"] = per_token_ms(model, ids, "fused")
         res["fused, no stop check, ms/token"] = per_token_ms(model, ids, od.Strategy(cache="fused", compile=True,
                                                                                      stop_check="end"))

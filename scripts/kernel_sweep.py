@@ -77,7 +77,9 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
         kernels = {("fc" if k == "gate_up" else k): ((I, H) if k == "gate_up" else v) for k, v in kernels.items()}
     # (block_n, block_k, num_warps, num_stages, programs / SMs); programs is the split-K target and applies
     # to qkv, o_proj and down only; for qkv block_n is HALF, the dimensions of each half of a head
-    tiles = [(bn, bk, w, st) for bn in (16, 32, 64) for bk in (64, 128, 256) for w in (2, 4, 8) for st in (2, 3, 4, 5)]
+    # at batch > 1 also 128 columns per program: fewer programs re-read the (B, K) activations from L2
+    widths = (16, 32, 64) if B == 1 else (16, 32, 64, 128)
+    tiles = [(bn, bk, w, st) for bn in widths for bk in (64, 128, 256) for w in (2, 4, 8) for st in (2, 3, 4, 5)]
     if shape == "gpt2":  # latency-bound: more, shorter programs; no LM head (a few % of its step)
         tiles = [(bn, bk, w, st) for bn in (16, 32) for bk in (64, 128, 256) for w in (2, 4) for st in (2, 3, 4)]
         kernels.pop("lm_head")
@@ -92,7 +94,7 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
         for bn, bk, nw_, ns, mult in [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)] + configs:
             if name == "qkv" and bn > D // 2:
                 continue  # norm_qkv's tile is HALF = block_n dimensions of each half of a head
-            if name in ("gate_up", "fc", "lm_head") and bk > 128 and bn > 32:
+            if name in ("gate_up", "fc", "lm_head") and bk * bn > 32 * 256:
                 continue  # too many registers for the silu_mul pair / little to learn
             cfg = dict(block_n=bn, block_k=bk, num_warps=nw_, num_stages=ns, programs=mult * sms)
             if name == "qkv":
@@ -127,18 +129,21 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
     return rows
 
 
-def captured_step(model, B: int, pdl: int | None = None, tiles: dict | None = None, embed_kernel: bool = False):
+def captured_step(model, B: int, pdl: int | None = None, tiles: dict | None = None, embed_torch: bool = False,
+                  edit_ops=None):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
-    `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own); `embed_kernel`: the
-    step's embedding, slot and length by the Triton kernel of kernels/embed.py instead of torch ops, to time it."""
-    import functools
-
-    from overlapdecode.fused.kernels.embed import embed
+    `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own); `embed_torch`: the
+    step's embedding, slot and length by torch ops (`embed_ref`, as before 5f0c0de) instead of the kernel of
+    kernels/embed.py, to compare; `edit_ops`: a function of the FusedModel's StepOps returning those to capture
+    (another attention split, for example)."""
+    from overlapdecode.fused.kernels.embed import embed_ref
     from overlapdecode.fused.model import FusedModel
 
     fm = FusedModel(model, pdl=pdl, tiles=tiles)
-    if embed_kernel:
-        fm.ops = fm.ops._replace(embed=functools.partial(embed, pdl=fm.pdl))
+    if embed_torch:
+        fm.ops = fm.ops._replace(embed=embed_ref)
+    if edit_ops is not None:
+        fm.ops = edit_ops(fm.ops)
     cache = fm.cache_for(B, 300)
     ids = torch.randint(0, 1000, (B, 1), device=DEV)
     pos = torch.full((B, 1), 200, device=DEV)

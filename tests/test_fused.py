@@ -176,11 +176,19 @@ def test_tiles_choose_keywords_by_the_weights_shape():
 
     tiles = {("linear_residual", 8, 4): dict(block_n=16, block_k=64), ("norm_linear", 8, 4): dict(block_n=64)}
     op = Tiled(kernel, "linear_residual", 1, tiles)
-    op(None, torch.zeros(8, 4), None, None)
-    op(None, torch.zeros(8, 6), None, None)
+    op(torch.zeros(1, 4), torch.zeros(8, 4), None, None)
+    op(torch.zeros(1, 6), torch.zeros(8, 6), None, None)
     assert calls == [((8, 4), 16, 64), ((8, 6), 32, 128)]
+    # a min_batch entry serves calls of that many rows or more; the 3-tuple key the rest
+    op = Tiled(kernel, "linear_residual", 1, {**tiles, ("linear_residual", 8, 4, 8): dict(block_n=64),
+                                              ("linear_residual", 8, 4, 4): dict(block_k=256)})
+    calls.clear()
+    for rows in (1, 3, 4, 7, 8, 16):
+        op(torch.zeros(rows, 4), torch.zeros(8, 4), None, None)
+    assert calls == [((8, 4), 16, 64)] * 2 + [((8, 4), 32, 256)] * 2 + [((8, 4), 64, 128)] * 2
     model = od.load_model("tiny-gpt2", device="cpu")
-    for bad in ({("norm_qkv", 8): {}}, {("attention", 8, 4): {}}, {("norm_qkv", 8, 4): 16}, [1]):
+    for bad in ({("norm_qkv", 8): {}}, {("attention", 8, 4): {}}, {("norm_qkv", 8, 4): 16}, [1],
+                {("norm_qkv", 8, 4, 0): {}}, {("norm_qkv", 8, 4, 8, 1): {}}):
         with pytest.raises(ValueError, match=r"tiles(\[.*\])? must"):
             FusedModel(model, tiles=bad)
     from overlapdecode.fused.model import TILES, check_option_values

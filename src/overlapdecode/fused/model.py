@@ -69,16 +69,27 @@ def pdl_supported(device: torch.device) -> bool:
 
 
 class Tiled:
-    """A kernel whose tile keywords depend on its weight's shape: `tiles` maps (kernel name, N, K) of the
-    weight (positional argument `w_arg`) to keywords (block sizes, warps, stages, split target); shapes not
-    in it keep the kernel's defaults."""
+    """A kernel whose tile keywords depend on its weight's shape and the batch: `tiles` maps (kernel name, N,
+    K) of the weight (positional argument `w_arg`), or (kernel name, N, K, min_batch), to keywords (block sizes,
+    warps, stages, split target). A call with B rows (its first argument's rows) takes the entry of its
+    shape with the largest min_batch <= B (a 3-tuple key is min_batch 1); shapes not in it keep the kernel's
+    defaults."""
 
     def __init__(self, fn, name: str, w_arg: int, tiles: dict):
         self.fn, self.w_arg = fn, w_arg
-        self.tiles = {tuple(key[1:]): cfg for key, cfg in tiles.items() if key[0] == name}
+        self.tiles: dict = {}  # (N, K) -> [(min_batch, keywords)], min_batch descending
+        for key, cfg in tiles.items():
+            if key[0] == name:
+                self.tiles.setdefault(tuple(key[1:3]), []).append((key[3] if len(key) == 4 else 1, cfg))
+        for entries in self.tiles.values():
+            entries.sort(key=lambda e: -e[0])
+
+    def keywords(self, shape: tuple, batch: int) -> dict:
+        """The tile keywords of a weight of `shape` (N, K) at `batch` rows."""
+        return next((cfg for min_batch, cfg in self.tiles.get(shape, ()) if min_batch <= batch), {})
 
     def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs, **self.tiles.get(tuple(args[self.w_arg].shape), {}))
+        return self.fn(*args, **kwargs, **self.keywords(tuple(args[self.w_arg].shape), args[0].shape[0]))
 
 
 def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) -> StepOps:
@@ -86,6 +97,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) ->
     Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off), with the
     tiles of `tiles` (FusedModel's; None: the kernels' defaults everywhere); imported here because Triton is an optional, heavy
     dependency of the CUDA path."""
+    from .kernels.embed import embed
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import norm_linear
     from .kernels.norm_qkv import norm_qkv
@@ -105,8 +117,9 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) ->
                    Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl),
                          "linear_residual", 1, tiles),
                    Tiled(functools.partial(norm_linear, pdl=pdl), "norm_linear", 4, tiles),
-                   # torch ops until kernels/embed.py's kernel is measured on a GPU (docs/KERNELS.md)
-                   embed_ref)
+                   # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
+                   # 1 (eaf04d0, benchmarks/h200-session7-verify): GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
+                   functools.partial(embed, pdl=pdl))
 
 
 class FusedOptions(NamedTuple):
@@ -151,12 +164,13 @@ def check_option_values(**options) -> None:
     if tiles is None:
         return
     if not isinstance(tiles, dict):
-        raise ValueError(f"tiles must map (kernel name, N, K) to a dict of tile keywords; got {tiles!r}")
+        raise ValueError(f"tiles must map (kernel name, N, K[, min_batch]) to a dict of tile keywords; got {tiles!r}")
     for key, cfg in tiles.items():
-        if not (isinstance(key, tuple) and len(key) == 3 and key[0] in TILE_KEYWORDS and _int(key[1])
-                and _int(key[2])):
-            raise ValueError("tiles must map (kernel name, N, K) to a dict of tile keywords, the kernel name one "
-                             f"of {', '.join(map(repr, TILE_KEYWORDS))} and N, K ints; got the key {key!r}")
+        if not (isinstance(key, tuple) and len(key) in (3, 4) and key[0] in TILE_KEYWORDS
+                and all(_int(v) and v >= 1 for v in key[1:])):
+            raise ValueError("tiles must map (kernel name, N, K) or (kernel name, N, K, min_batch) to a dict of "
+                             f"tile keywords, the kernel name one of {', '.join(map(repr, TILE_KEYWORDS))} and N, "
+                             f"K, min_batch positive ints; got the key {key!r}")
         allowed = TILE_KEYWORDS[key[0]]
         if not isinstance(cfg, dict) or any(k not in allowed or not _int(v) or v < 1 for k, v in cfg.items()):
             raise ValueError(f"tiles[{key!r}] must be a dict of positive ints with keys among "
@@ -192,8 +206,8 @@ class FusedModel:
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
     kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT
-    where the GPU has PDL, sm_90+, else 0). `tiles`: {(kernel name, N, K): tile keywords} for the Triton
-    kernels (default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a tensor-parallel
+    where the GPU has PDL, sm_90+, else 0). `tiles`: {(kernel name, N, K[, min_batch]): tile keywords} for the
+    Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a tensor-parallel
     shard's decode step sums its partial products by a one-shot all-reduce over symmetric memory
     (tp.SymmetricAllReduce) instead of NCCL (default off: tested on one GPU in a one-rank group only, not yet
     run across two GPUs). Every option is checked (check_options) before the weights are touched.
