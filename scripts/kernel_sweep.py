@@ -133,7 +133,7 @@ def captured_step(model, B: int, pdl: int | None = None, tiles: dict | None = No
                   edit_ops=None):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
     `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own); `embed_torch`: the
-    step's embedding, slot and length by torch ops (`embed_ref`, as before 5f0c0de) instead of the kernel of
+    step's embedding, slot and length by torch ops (`embed_ref`, as before a6f0222) instead of the kernel of
     kernels/embed.py, to compare; `edit_ops`: a function of the FusedModel's StepOps returning those to capture
     (another attention split, for example)."""
     from overlapdecode.fused.kernels.embed import embed_ref
