@@ -11,7 +11,7 @@ import torch
 
 from overlapdecode.fused.kernels.embed import embed, embed_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref, split_k
-from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
+from overlapdecode.fused.kernels.norm_linear import NormSums, norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import FusedModel
 from overlapdecode.fused import reference
@@ -83,6 +83,51 @@ def test_linear_residual(B, K, N, programs, bias):
     b = rnd(N, scale=0.1) if bias else None
     got = linear_residual(x, w, b, res, block_k=32, programs=programs)
     torch.testing.assert_close(got, linear_residual_ref(x, w, b, res), **TOL)
+
+
+@pytest.mark.parametrize("B,H,block_n,programs", [(1, 40, 16, 1), (3, 72, 16, 64), (17, 100, 32, 1000)])
+def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
+    """The writers of a hidden state (embed, linear_residual, split or not) record its rows' sums of squares
+    per column block (NormSums); the RMSNorm kernels that read that very tensor use them, and give what their
+    references give. A tensor made otherwise (here a copy), or changed in place since, is normalised from x."""
+    torch.manual_seed(B * H + block_n)
+    V, K, Hq, Hkv, D, S = 13, 3 * H, 2, 1, 16, 9
+    sums = NormSums()
+    wte = rnd(V, H)
+    ids = column(torch.randint(0, V, (B,), device=DEV), at=0)
+    pos = column(torch.randint(0, 4, (B,), device=DEV))
+    pad = torch.zeros(B, dtype=torch.long, device=DEV)
+    h, slot, _ = embed(wte, None, ids, pos, pad, block=16, norm_sums=sums)
+    blocks = -(-H // 16)
+    assert sums.of(h).shape == (blocks, B)
+    hf = torch.nn.functional.pad(h, (0, blocks * 16 - H)).view(B, blocks, 16)
+    torch.testing.assert_close(sums.of(h), (hf * hf).sum(-1).T, **TOL)  # (NB, B): block-major
+    nw = rnd(H, scale=0.3) + 1
+    w = rnd((Hq + 2 * Hkv) * D, H, scale=H**-0.5)
+    caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
+    q = norm_qkv(h, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32,
+                 programs=programs, norm_sums=sums)
+    q_ref = norm_qkv_ref(h, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[0], caches[1], Hq, Hkv, D)
+    torch.testing.assert_close(q, q_ref, **TOL)
+    torch.testing.assert_close(caches[2], caches[0], **TOL)
+    x, wd = rnd(B, K), rnd(H, K, scale=K**-0.5)
+    h2 = linear_residual(x, wd, None, h, block_n=block_n, block_k=32, programs=programs, norm_sums=sums)
+    assert sums.of(h) is None and sums.of(h2).shape == (-(-H // block_n), B)
+    nb = -(-H // block_n)
+    hb = torch.nn.functional.pad(h2, (0, nb * block_n - H)).view(B, nb, block_n)
+    torch.testing.assert_close(sums.of(h2), (hb * hb).sum(-1).T, **TOL)
+    wu = rnd(2 * 24, H, scale=H**-0.5)
+    for act, w_, od in (("silu_mul", wu, None), ("none", wu, torch.float32)):
+        got = norm_linear(h2, nw, None, 1e-5, w_, None, act, od, block_k=32, norm_sums=sums)
+        torch.testing.assert_close(got, norm_linear_ref(h2, nw, None, 1e-5, w_, None, act, od), **TOL)
+    # sums of another tensor are never used: a copy, or h2 changed in place after its writer
+    other = h2 * 3
+    torch.testing.assert_close(norm_linear(other, nw, None, 1e-5, wu, None, "none", None, block_k=32, norm_sums=sums),
+                               norm_linear_ref(other, nw, None, 1e-5, wu, None, "none"), **TOL)
+    h2.mul_(3)
+    assert sums.of(h2) is None
+    torch.testing.assert_close(norm_linear(h2, nw, None, 1e-5, wu, None, "none", None, block_k=32, norm_sums=sums),
+                               norm_linear_ref(h2, nw, None, 1e-5, wu, None, "none"), **TOL)
 
 
 def test_split_tickets_return_to_zero_and_serve_the_next_launch():
@@ -163,7 +208,8 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
     columns of its state): the Triton kernels give the tokens of their torch references and leave the same
     keys and values in the cache (an unstrided test of each kernel alone missed that rows past the first read
     the wrong position for RoPE; the tokens of a tiny random model barely depend on it, the cached keys do).
-    The second variant also splits K in every QKV and output/down projection
+    Llama's RMSNorms take their sums of squares from the hidden states' writers (NormSums), GPT-2's
+    LayerNorms do not. The second variant also splits K in every QKV and output/down projection
     (tiny shapes on one "SM" never split otherwise), all splits sharing one Tickets, as on a GPU."""
     import functools
     import overlapdecode as od
@@ -181,9 +227,11 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
             fm, tickets = dec.fused_model(), Tickets(DEV)
             for K in (256, 512):  # the QKV and output projections' K, the down projection's: all split
                 assert split_k(2, K, 16, 10000) > 1
+            sums = dict(norm_sums=fm.ops.embed.keywords["norm_sums"]) if name == "tiny-llama" else {}
             fm.ops = fm.ops._replace(
-                norm_qkv=functools.partial(norm_qkv, programs=10000, block_k=16, tickets=tickets),
-                linear_residual=functools.partial(linear_residual, programs=10000, block_k=16, tickets=tickets))
+                norm_qkv=functools.partial(norm_qkv, programs=10000, block_k=16, tickets=tickets, **sums),
+                linear_residual=functools.partial(linear_residual, programs=10000, block_k=16, tickets=tickets,
+                                                  **sums))
         outs.append(dec.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[],
                                  strategy=od.Strategy(cache="fused", stop_check="pingpong")))
         (cache,) = dec.fused_model()._caches.values()  # every slot written: by the prefill, then the steps

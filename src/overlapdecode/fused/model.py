@@ -92,14 +92,15 @@ class Tiled:
         return self.fn(*args, **kwargs, **self.keywords(tuple(args[self.w_arg].shape), args[0].shape[0]))
 
 
-def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) -> StepOps:
+def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, norm_sums: bool = False) -> StepOps:
     """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
     Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off), with the
-    tiles of `tiles` (FusedModel's; None: the kernels' defaults everywhere); imported here because Triton is an optional, heavy
-    dependency of the CUDA path."""
+    tiles of `tiles` (FusedModel's; None: the kernels' defaults everywhere); `norm_sums`: the hidden states'
+    writers hand their RMSNorm sums of squares to their readers (kernels/norm_linear.py NormSums; for an
+    unsharded RMSNorm model). Imported here because Triton is an optional, heavy dependency of the CUDA path."""
     from .kernels.embed import embed
     from .kernels.linear_residual import Tickets, linear_residual
-    from .kernels.norm_linear import norm_linear
+    from .kernels.norm_linear import NormSums, norm_linear
     from .kernels.norm_qkv import norm_qkv
 
     try:  # another module of the project; until it exists the step uses the torch attention of its contract
@@ -112,14 +113,16 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None) ->
     if decode_attention is not reference.decode_attention_torch:
         decode_attention = functools.partial(decode_attention, pdl=pdl, tickets=tickets)
     tiles = {} if tiles is None else tiles
-    return StepOps(Tiled(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl), "norm_qkv", 4, tiles),
+    sums = dict(norm_sums=NormSums()) if norm_sums else {}  # one, shared by the writers and readers of h
+    return StepOps(Tiled(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl, **sums), "norm_qkv",
+                         4, tiles),
                    decode_attention,
-                   Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl),
+                   Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
                          "linear_residual", 1, tiles),
-                   Tiled(functools.partial(norm_linear, pdl=pdl), "norm_linear", 4, tiles),
+                   Tiled(functools.partial(norm_linear, pdl=pdl, **sums), "norm_linear", 4, tiles),
                    # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
                    # 1 (eaf04d0, benchmarks/h200-session7-verify): GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
-                   functools.partial(embed, pdl=pdl))
+                   functools.partial(embed, pdl=pdl, **sums))
 
 
 class FusedOptions(NamedTuple):
@@ -225,7 +228,12 @@ class FusedModel:
         tiles = opts.tiles
         if tiles is None:
             tiles = TILES if self.dtype in (torch.bfloat16, torch.float16) else {}
-        self.ops = triton_ops(self.device, self.pdl, tiles) if self.kernels == "triton" else REFERENCE_OPS
+        # RMSNorm sums handed from writer to reader (NormSums) where every norm is an RMSNorm and no all-reduce
+        # comes between a writer and its reader (unsharded)
+        rms = self.weights.norm_b is None and all(layer.norm1_b is None and layer.norm2_b is None
+                                                  for layer in self.weights.layers)
+        self.ops = (triton_ops(self.device, self.pdl, tiles, norm_sums=rms and self.weights.tp is None)
+                    if self.kernels == "triton" else REFERENCE_OPS)
         if opts.symmetric_all_reduce:
             self.ops = self.ops._replace(symmetric=SymmetricAllReduce(self.weights.tp.group, self.device))
         compile_prefill = opts.compile_prefill

@@ -38,9 +38,9 @@ def embed_ref(wte, wpe, ids, pos, pad):
 
 
 @triton.jit
-def _embed_kernel(ids_ptr, pos_ptr, pad_ptr, wte_ptr, wpe_ptr, h_ptr, slot_ptr, len_ptr, V, H,
+def _embed_kernel(ids_ptr, pos_ptr, pad_ptr, wte_ptr, wpe_ptr, h_ptr, slot_ptr, len_ptr, ss_ptr, B, V, H,
                   ids_stride, pos_stride, pad_stride,
-                  HAS_POS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                  HAS_POS: tl.constexpr, SUMS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_start(PDL)
     b = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -52,15 +52,19 @@ def _embed_kernel(ids_ptr, pos_ptr, pad_ptr, wte_ptr, wpe_ptr, h_ptr, slot_ptr, 
         x = (x.to(tl.float32) + tl.load(wpe_ptr + p * H + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
     pdl_release(PDL)
     tl.store(h_ptr + b * H + cols, x, mask=ok)
+    if SUMS:  # the row's sum of squares over this block, for the first layer's RMSNorm (NormSums)
+        xf = tl.where(ok, x.to(tl.float32), 0.0)
+        tl.store(ss_ptr + tl.program_id(1) * B + b, tl.sum(xf * xf, 0))
     if tl.program_id(1) == 0:
         slot = p + tl.load(pad_ptr + b * pad_stride).to(tl.int64)
         tl.store(slot_ptr + b, slot)
         tl.store(len_ptr + b, slot + 1)
 
 
-def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0):
+def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0, norm_sums=None):
     """The Triton kernel of `embed_ref` (tables contiguous (rows, H); ids, pos, pad (B,) of any stride: the
-    decode loop's tokens and positions are columns of its (B, 3) state); `pdl`: the mode of pdl.py."""
+    decode loop's tokens and positions are columns of its (B, 3) state); `pdl`: the mode of pdl.py;
+    `norm_sums` (norm_linear.NormSums): record h's sums of squares per block there, for the first RMSNorm."""
     require_contiguous(wte=wte, wpe=wpe)
     B = ids.shape[0]
     V, H = wte.shape
@@ -68,9 +72,14 @@ def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0):
     slot = torch.empty(B, dtype=torch.long, device=wte.device)
     length = torch.empty_like(slot)
     block = min(block, triton.next_power_of_2(H))
-    _embed_kernel[(B, triton.cdiv(H, block))](
-        ids, pos, pad, wte, wpe if wpe is not None else wte, h, slot, length, V, H,
+    blocks = triton.cdiv(H, block)
+    sums = torch.empty((blocks, B), dtype=torch.float32, device=wte.device) if norm_sums is not None else slot
+    _embed_kernel[(B, blocks)](
+        ids, pos, pad, wte, wpe if wpe is not None else wte, h, slot, length, sums, B, V, H,
         ids.stride(0), pos.stride(0), pad.stride(0),
-        HAS_POS=wpe is not None, BLOCK=block, PDL=int(pdl), num_warps=4, **pdl_launch(pdl),
+        HAS_POS=wpe is not None, SUMS=norm_sums is not None, BLOCK=block, PDL=int(pdl), num_warps=4,
+        **pdl_launch(pdl),
     )
+    if norm_sums is not None:
+        norm_sums.record(h, sums)
     return h, slot, length

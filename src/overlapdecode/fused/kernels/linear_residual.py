@@ -87,9 +87,9 @@ def last_of_split(ticket_ptr, tile, n):
 
 @triton.jit
 def _linear_split_kernel(
-    x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, ticket_ptr,
+    x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, ticket_ptr, ss_ptr,
     B, N, K: tl.constexpr, K_CHUNK: tl.constexpr,
-    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SUMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
@@ -127,18 +127,22 @@ def _linear_split_kernel(
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dtype = out_ptr.dtype.element_ty
         res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rows[:, None] * N + cols[None, :], (res + acc.to(dtype).to(tl.float32)).to(dtype),
-                 mask=out_ok)
+        y = (res + acc.to(dtype).to(tl.float32)).to(dtype)
+        tl.store(out_ptr + rows[:, None] * N + cols[None, :], y, mask=out_ok)
+        if SUMS:  # the rows' sums of squares over this column block, of the values as stored (NormSums)
+            yf = tl.where(out_ok, y.to(tl.float32), 0.0)
+            tl.store(ss_ptr + pid_n * B + rows, tl.sum(yf * yf, 1), mask=row_ok)
 
 
 def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, programs: int | None = None,
                     num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None, pdl: int = 0,
-                    out: torch.Tensor | None = None):
+                    out: torch.Tensor | None = None, norm_sums=None):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N).
     `programs`: the grid size split-K aims at (default 2 x the SMs); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
     dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
-    result into (a symmetric-memory buffer under tp), returned."""
+    result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_linear.NormSums): record the
+    output rows' sums of squares per column block there, for the RMSNorm that reads the output next."""
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
@@ -157,9 +161,12 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
         counters = take_tickets(tickets, n_blocks * row_blocks, x.device)
     else:  # never written with one split: pass read-only inputs, not aliases of `out`
         part, counters = residual, residual
+    sums = torch.empty((n_blocks, B), dtype=torch.float32, device=x.device) if norm_sums is not None else part
     _linear_split_kernel[(n_blocks, split, row_blocks)](
-        x, w, b if b is not None else w, residual, out, part, counters, B, N, K, k_chunk,
-        SPLIT=split, HAS_BIAS=b is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, PDL=int(pdl),
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        x, w, b if b is not None else w, residual, out, part, counters, sums, B, N, K, k_chunk,
+        SPLIT=split, HAS_BIAS=b is not None, SUMS=norm_sums is not None, BLOCK_M=16, BLOCK_N=block_n,
+        BLOCK_K=block_k, PDL=int(pdl), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
+    if norm_sums is not None:
+        norm_sums.record(out, sums)
     return out

@@ -11,6 +11,8 @@ that the product is one `tl.dot` per K tile.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -44,12 +46,62 @@ def norm_linear_ref(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=Non
     return y if out_dtype is None else y.to(out_dtype)
 
 
+class NormSums:
+    """Per-row partial sums of squares of the hidden states, handed from the kernel that writes them to the
+    kernels that normalise them (RMSNorm only), so that a norm prologue reads NB floats per row instead of all
+    of x.
+
+    Why: a norm prologue computes each row's 1/rms before its tiles can be normalised, and every program of a
+    norm kernel did it again over all of x (B, K): at batch 8 and Llama-1B, 32 KB per program, 528 programs of
+    norm_qkv and 512 of the gate/up projection per layer, which made those kernels 2.6 and 3.5 us slower than at
+    batch 1 (scripts/kernel_sweep.py, H200). The writers (`embed`, `linear_residual`) already hold their
+    output tile in registers: each stores the sum of squares of its tile's rows (of the values as stored, in
+    the model dtype), (NB, B) float32, NB = its column blocks; the reader sums those NB in a fixed order.
+
+    The link from a hidden state to its sums is the tensor object itself (`record`, `of`): sums are used only
+    for the very tensor their writer returned, unmodified since (its version counter), so a tensor made any
+    other way (an all-reduce's output, a caller's own) is normalised from x as before. One per FusedModel's
+    kernels; host-side bookkeeping only, at launch (or capture) time, nothing per replay."""
+
+    def __init__(self):
+        self._last = None  # (weak reference to the hidden state, its version, its sums)
+
+    def record(self, h: torch.Tensor, sums: torch.Tensor) -> None:
+        self._last = (weakref.ref(h), h._version, sums)
+
+    def of(self, h: torch.Tensor) -> torch.Tensor | None:
+        """The sums recorded for `h`, or None."""
+        if self._last is None:
+            return None
+        ref, version, sums = self._last
+        return sums if ref() is h and h._version == version else None
+
+
+def sums_args(norm_sums: NormSums | None, x: torch.Tensor, layer: bool) -> tuple:
+    """(sums tensor or a dummy, NB, NB_PAD) of a norm kernel's launch: NB_PAD 0 where it normalises from x."""
+    sums = norm_sums.of(x) if norm_sums is not None and not layer else None
+    if sums is None:
+        return x, 0, 0
+    if sums.dtype != torch.float32 or sums.dim() != 2 or sums.shape[1] != x.shape[0] or not sums.is_contiguous():
+        raise ValueError(f"norm sums must be contiguous float32 (NB, {x.shape[0]}), got {tuple(sums.shape)} "
+                         f"{sums.dtype}")
+    return sums, sums.shape[0], triton.next_power_of_2(sums.shape[0])
+
+
 @triton.jit
 def norm_stats(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+               BLOCK_K: tl.constexpr, ss_ptr, B, NB, NB_PAD: tl.constexpr):
     """The norm's per-row (mean, 1/std) over all K of x (B, K), float32: the prologue of every kernel that
     starts with a norm. RMSNorm (LAYER false) has mean 0. float32 also where `eps` arrives as fp64 (as a
-    Python float does under torch.compile), so that the normalised x is not computed in fp64."""
+    Python float does under torch.compile), so that the normalised x is not computed in fp64. With NB_PAD > 0
+    (RMSNorm only) the sum of squares is the sum of the NB partial sums at ss_ptr (NB, B) (NormSums), not a
+    pass over x."""
+    if NB_PAD > 0:
+        nb = tl.arange(0, NB_PAD)
+        part = tl.load(ss_ptr + nb[:, None] * B + rows[None, :], mask=(nb < NB)[:, None] & row_ok[None, :],
+                       other=0.0)
+        rstd = (1.0 / tl.sqrt(tl.sum(part, 0) / K + eps)).to(tl.float32)
+        return tl.zeros((BLOCK_M,), dtype=tl.float32), rstd
     ks = tl.arange(0, BLOCK_K)
     mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if LAYER:
@@ -85,10 +137,10 @@ def norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.conste
 
 @triton.jit
 def _norm_linear_kernel(
-    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr,
-    B, N, eps, K: tl.constexpr,
+    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr, ss_ptr,
+    B, N, NB, eps, K: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -100,7 +152,7 @@ def _norm_linear_kernel(
     dtype = w_ptr.dtype.element_ty
 
     # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
-    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K)
+    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # the up rows of gate/up
@@ -140,20 +192,24 @@ def _norm_linear_kernel(
 
 
 def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int = 32,
-                block_k: int = 256, num_warps: int = 4, num_stages: int = 3, pdl: int = 0):
+                block_k: int = 256, num_warps: int = 4, num_stages: int = 3, pdl: int = 0,
+                norm_sums: NormSums | None = None):
     """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
-    Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128)."""
+    Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128).
+    `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
+    sums, nb, nb_pad = sums_args(norm_sums, x, norm_b is not None)
     B, K = x.shape
     n_out = w.shape[0] // 2 if act == "silu_mul" else w.shape[0]
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n_out, block_n), triton.cdiv(B, 16))
     _norm_linear_kernel[grid](
-        x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w, out,
-        B, n_out, eps, K,
+        x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w, out, sums,
+        B, n_out, nb, eps, K,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
-        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, PDL=int(pdl),
+        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, NB_PAD=nb_pad,
+        PDL=int(pdl),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return out

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
-from .norm_linear import norm_ref, norm_stats, norm_tile
+from .norm_linear import NormSums, norm_ref, norm_stats, norm_tile, sums_args
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 
@@ -95,10 +95,10 @@ def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_
 @triton.jit
 def _norm_qkv_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, part_ptr, ticket_ptr,
-    B, S, n_heads, n_kv, pos_stride, slot_stride, eps, rope_scale,
+    ss_ptr, B, S, n_heads, n_kv, pos_stride, slot_stride, NB, eps, rope_scale,
     K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
-    HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
     head = tl.program_id(0) // tl.cdiv(D // 2, HALF)  # over Hq + 2 Hkv heads: Q, then K, then V
@@ -113,8 +113,9 @@ def _norm_qkv_kernel(
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
 
-    # prologue: the norm's statistics over all of K (also in a split-K program: they scale its K range)
-    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K)
+    # prologue: the norm's statistics over all of K (also in a split-K program: they scale its K range), from x
+    # or from the partial sums of squares its writer left (NB_PAD > 0: NormSums)
+    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
 
     k_lo = pid_k * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
@@ -157,14 +158,16 @@ def _norm_qkv_kernel(
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
              n_heads: int, n_kv: int, head_dim: int, half: int | None = None, block_k: int = 256,
              programs: int = 1, num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None,
-             pdl: int = 0):
+             pdl: int = 0, norm_sums: NormSums | None = None):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
     dimensions of each half of a head (default: up to 32); with fewer head tiles than `programs`, K is split
-    as in linear_residual (`tickets`: the counters, as there)."""
+    as in linear_residual (`tickets`: the counters, as there). `norm_sums`: where x's RMSNorm sums of squares
+    may have been recorded by its writer (NormSums)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
+    sums, nb, nb_pad = sums_args(norm_sums, x, norm_b is not None)
     if half is None:
         half = min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
     q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
@@ -183,8 +186,9 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
     S = k_cache.shape[2]
     _norm_qkv_kernel[(tiles, split, row_blocks)](
         x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
-        counters, B, S, n_heads, n_kv, pos.stride(0), slot.stride(0), eps, rope_scale, K, k_chunk, split,
+        counters, sums, B, S, n_heads, n_kv, pos.stride(0), slot.stride(0), nb, eps, rope_scale, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
-        HALF=half, BLOCK_M=16, BLOCK_K=block_k, PDL=int(pdl), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        HALF=half, BLOCK_M=16, BLOCK_K=block_k, NB_PAD=nb_pad, PDL=int(pdl), num_warps=num_warps,
+        num_stages=num_stages, **pdl_launch(pdl),
     )
     return q
