@@ -4,6 +4,10 @@
 #   bash scripts/gpu_session7.sh A   # Llama-1B GEMV tiles at batch 8 (kernel_sweep --batch 8, 128-column tiles
 #                                    # too); the step in one graph at batch 8 with the defaults, the batch-8 best
 #                                    # and each kernel's best alone, at batch 1, 4, 16; GPT-2 and 1B attention splits
+#   bash scripts/gpu_session7.sh B   # with the RMSNorm sums (NormSums) and the batch-4+ LM-head tile: the kernel
+#                                    # cases and fused GPU tests (Llama float32 tokens = HF, bf16 logit error); the
+#                                    # step in one graph with and without the sums and the tile (1B b1/b4/b8/b16,
+#                                    # 8B b1); the 1B bench (fused, interleaved, batch 1 and 8)
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
@@ -59,4 +63,49 @@ for rnd in range(2):
 print(json.dumps(res), flush=True); save()
 PY
   echo "steps rc=$?" >> $W/steps.log; tail -2 $W/steps.log | cut -c1-1500
+fi
+if [ "$STAGE" = B ]; then
+  timeout 100 python3 -m pytest tests/fused_kernel_cases.py -q -p no:cacheprovider > $W/kernel-cases.log 2>&1
+  echo "kernel cases rc=$?" >> $W/kernel-cases.log; tail -2 $W/kernel-cases.log
+  timeout 150 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider -rA -q \
+    -k "200_steps and llama-1b-random or bfloat16" > $W/gpu-tests.log 2>&1
+  echo "tests rc=$?" >> $W/gpu-tests.log; grep -E "PASSED|FAILED|ERROR|passed|failed|rc=|divergence" $W/gpu-tests.log | tail -8
+  timeout 170 python3 - $W > $W/steps.log 2>&1 <<'PY'
+import json, sys
+import torch, triton.testing
+import overlapdecode as od
+from kernel_sweep import captured_step
+from overlapdecode.fused.model import TILES, triton_ops
+W = sys.argv[1]
+res = {}
+def ms(model, B, **kw):
+    g, keep = captured_step(model, B, **kw)
+    t = round(triton.testing.do_bench(g.replay, rep=200, return_mode="median"), 4)
+    del g, keep
+    return t
+no_sums = lambda ops: triton_ops(torch.device("cuda"), 3, TILES, norm_sums=False)  # noqa: E731
+no_head_tile = {k: v for k, v in TILES.items() if len(k) == 3}
+model = od.load_model("llama-1b-random", dtype="bfloat16", device="cuda")
+for rnd in range(2):
+    for B in (1, 8):
+        res.setdefault(f"1b b{B} sums", []).append(ms(model, B))
+        res.setdefault(f"1b b{B} no sums", []).append(ms(model, B, edit_ops=no_sums))
+    res.setdefault("1b b8 sums, no head tile", []).append(ms(model, 8, tiles=no_head_tile))
+    print(json.dumps(res), flush=True)
+for B in (4, 16):
+    res[f"1b b{B} sums"] = ms(model, B)
+    res[f"1b b{B} no sums"] = ms(model, B, edit_ops=no_sums)
+json.dump(res, open(f"{W}/steps.json", "w"), indent=1)
+del model; torch.cuda.empty_cache()
+model = od.load_model("llama-8b-random", dtype="bfloat16", device="cuda")
+res["8b b1 sums"] = ms(model, 1)
+res["8b b1 no sums"] = ms(model, 1, edit_ops=no_sums)
+print(json.dumps(res), flush=True)
+json.dump(res, open(f"{W}/steps.json", "w"), indent=1)
+PY
+  echo "steps rc=$?" >> $W/steps.log; tail -2 $W/steps.log | cut -c1-1500
+  timeout 170 python3 -m overlapdecode.cli bench --lengths 200 --warmup 1 --repeats 3 --peers none \
+    --model llama-1b-random --strategies fused,interleaved --dtype-batch bfloat16:1,bfloat16:8 --time-budget 150 \
+    --out $W/h200-fused-1b-sums > $W/bench-1b.log 2>&1
+  echo "bench rc=$?" >> $W/bench-1b.log; grep -hE "│|rc=" $W/bench-1b.log | tail -12
 fi

@@ -36,9 +36,14 @@ PDL_DEFAULT = 3
 # gpt2, H200, d1ec7b9: step in one graph 0.332 -> 0.311 ms with these two alone; docs/KERNELS.md).
 # (The sweep's split-K targets, 4 and 2 x the H200's SMs, are left to the default, 2 x the SMs of the GPU at
 # hand: on the H200 the same splits, as 768 x 768 is not split at either.)
+# Llama-3's LM head at the 1B shape from 4 rows on: 64 columns per program, half the programs of the default,
+# each re-reading the (B, 2048) activations (kernel_sweep --shapes llama-1b --batch 8, H200, f06d607: 166 -> 147
+# us alone; step in one graph at batch 8 1.092/1.078 -> 1.062 ms with this entry alone, batch 4 1.061 -> 1.036;
+# benchmarks/h200-session7-tiles).
 TILES: dict = {
     ("linear_residual", 768, 768): dict(block_n=16, block_k=256, num_warps=4, num_stages=4),
     ("linear_residual", 768, 3072): dict(block_n=16, block_k=64, num_warps=2, num_stages=4),
+    ("norm_linear", 128256, 2048, 4): dict(block_n=64, block_k=128, num_warps=4, num_stages=3),
 }
 # Prompts are padded on the right to a multiple of this, so nearby prompt lengths share one compiled prefill.
 PREFILL_BUCKET = 64
