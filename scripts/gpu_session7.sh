@@ -8,6 +8,9 @@
 #                                    # cases and fused GPU tests (Llama float32 tokens = HF, bf16 logit error); the
 #                                    # step in one graph with and without the sums and the tile (1B b1/b4/b8/b16,
 #                                    # 8B b1); the 1B bench (fused, interleaved, batch 1 and 8)
+#   bash scripts/gpu_session7.sh C   # sums from 2 rows on: the fused float32 200-token GPU tests; the 1B bench
+#                                    # (fused, interleaved, hf-compiled from .whl, batch 1 and 8) and the GPT-2
+#                                    # bench (fused, interleaved); everything in one tar (8 files come back at most)
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
@@ -108,4 +111,20 @@ PY
     --model llama-1b-random --strategies fused,interleaved --dtype-batch bfloat16:1,bfloat16:8 --time-budget 150 \
     --out $W/h200-fused-1b-sums > $W/bench-1b.log 2>&1
   echo "bench rc=$?" >> $W/bench-1b.log; grep -hE "│|rc=" $W/bench-1b.log | tail -12
+fi
+if [ "$STAGE" = C ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  PYTHONPATH=/tmp/site python3 -c "import transformers, transformers.models.llama; print('peer transformers', transformers.__version__)" \
+    > $W/peer.txt 2>&1 || { echo "transformers from .whl does not import: the image's is used" >> $W/peer.txt; rm -rf /tmp/site; }
+  B="python3 -m overlapdecode.cli bench --lengths 200 --warmup 1 --repeats 3"
+  PYTHONPATH=/tmp/site:src timeout 230 $B --model llama-1b-random --strategies fused,interleaved --peers hf-compiled \
+    --dtype-batch bfloat16:1,bfloat16:8 --time-budget 205 --out $W/h200-fused-1b-s7 > $W/bench-1b.log 2>&1
+  echo "bench rc=$?" >> $W/bench-1b.log; grep -hE "│|rc=" $W/bench-1b.log | tail -14
+  timeout 100 $B --model gpt2-random --strategies fused,interleaved --peers none --dtype-batch bfloat16:1 \
+    --time-budget 70 --out $W/h200-fused-gpt2-s7 > $W/bench-gpt2.log 2>&1
+  echo "bench rc=$?" >> $W/bench-gpt2.log; grep -hE "│|rc=" $W/bench-gpt2.log | tail -6
+  timeout 130 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider -rA -q -k "200_steps" \
+    > $W/gpu-tests.log 2>&1
+  echo "tests rc=$?" >> $W/gpu-tests.log; grep -E "PASSED|FAILED|ERROR|passed|failed|rc=|divergence" $W/gpu-tests.log | tail -12
+  tar czf $OUT/s7-C.tgz -C $OUT s7-C
 fi

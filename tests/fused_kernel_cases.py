@@ -92,7 +92,7 @@ def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
     references give. A tensor made otherwise (here a copy), or changed in place since, is normalised from x."""
     torch.manual_seed(B * H + block_n)
     V, K, Hq, Hkv, D, S = 13, 3 * H, 2, 1, 16, 9
-    sums = NormSums()
+    sums = NormSums(min_rows=1)
     wte = rnd(V, H)
     ids = column(torch.randint(0, V, (B,), device=DEV), at=0)
     pos = column(torch.randint(0, 4, (B,), device=DEV))
@@ -128,6 +128,16 @@ def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
     assert sums.of(h2) is None
     torch.testing.assert_close(norm_linear(h2, nw, None, 1e-5, wu, None, "none", None, block_k=32, norm_sums=sums),
                                norm_linear_ref(h2, nw, None, 1e-5, wu, None, "none"), **TOL)
+
+
+def test_norm_sums_are_recorded_from_min_rows_on():
+    """Below NormSums.min_rows (default 2) writers record nothing, and readers normalise from x."""
+    sums = NormSums()
+    x, w = rnd(1, 48), rnd(24, 48, scale=48**-0.5)
+    h1 = linear_residual(x, w, None, rnd(1, 24), block_k=16, norm_sums=sums)
+    assert sums.of(h1) is None
+    h2 = linear_residual(rnd(2, 48), w, None, rnd(2, 24), block_k=16, norm_sums=sums)
+    assert sums.of(h2).shape == (1, 2)
 
 
 def test_split_tickets_return_to_zero_and_serve_the_next_launch():

@@ -68,6 +68,8 @@ def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0, norm_sums=No
     require_contiguous(wte=wte, wpe=wpe)
     B = ids.shape[0]
     V, H = wte.shape
+    if norm_sums is not None and not norm_sums.wanted(B):
+        norm_sums = None
     h = torch.empty((B, H), dtype=wte.dtype, device=wte.device)
     slot = torch.empty(B, dtype=torch.long, device=wte.device)
     length = torch.empty_like(slot)

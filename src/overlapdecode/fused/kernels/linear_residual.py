@@ -146,6 +146,8 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
+    if norm_sums is not None and not norm_sums.wanted(B):
+        norm_sums = None
     if out is None:
         out = torch.empty_like(residual)
     elif out.shape != residual.shape or out.dtype != residual.dtype or not out.is_contiguous():

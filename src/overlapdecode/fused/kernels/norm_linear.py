@@ -61,10 +61,21 @@ class NormSums:
     The link from a hidden state to its sums is the tensor object itself (`record`, `of`): sums are used only
     for the very tensor their writer returned, unmodified since (its version counter), so a tensor made any
     other way (an all-reduce's output, a caller's own) is normalised from x as before. One per FusedModel's
-    kernels; host-side bookkeeping only, at launch (or capture) time, nothing per replay."""
+    kernels; host-side bookkeeping only, at launch (or capture) time, nothing per replay.
 
-    def __init__(self):
+    Writers record sums from `min_rows` rows on. At one row the pass over x is 4 KB per program and the sums
+    cost more than they save (H200, e820448, Llama-1B bfloat16 step in one graph, two rounds:
+    batch 1 0.9151/0.9201 ms without, 0.9208/0.9304 with; batch 4 1.046 -> 0.945, batch 8 1.069/1.071 ->
+    0.968/0.970, batch 16 1.128 -> 1.020; Llama-8B batch 1 4.427 without, 4.435 with;
+    benchmarks/h200-session7-sums)."""
+
+    def __init__(self, min_rows: int = 2):
+        self.min_rows = min_rows
         self._last = None  # (weak reference to the hidden state, its version, its sums)
+
+    def wanted(self, rows: int) -> bool:
+        """Whether a writer of `rows` rows records its sums."""
+        return rows >= self.min_rows
 
     def record(self, h: torch.Tensor, sums: torch.Tensor) -> None:
         self._last = (weakref.ref(h), h._version, sums)
