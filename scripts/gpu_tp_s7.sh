@@ -7,7 +7,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
 W=$OUT/tp-s7; mkdir -p $W
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > $W/gpu.txt
-timeout ${TP_TIMEOUT:-230} torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-symmetric.json --parts equal,speed \
+timeout ${TP_TIMEOUT:-230} torchrun --nproc-per-node 2 scripts/tp_probe.py $W/tp-symmetric.json --parts ${TP_PARTS:-equal,speed} \
   --equal-strategies fused --strategy fused --symmetric-all-reduce --part-timeout 150 > $W/tp.log 2>&1
 echo "tp rc=$?" >> $W/tp.log
 grep -E "rank 0|rc=|Error|error" $W/tp.log | tail -8

@@ -152,11 +152,18 @@ class Probe:
         g = torch.Generator().manual_seed(0)
         return torch.randint(0, model.config.vocab_size, (1, PROMPT_LEN), generator=g).to(self.device)
 
+    @staticmethod
+    def sharded(model) -> bool:
+        from overlapdecode.tp import row_reduce_of  # noqa: PLC0415
+
+        return any(row_reduce_of(m) is not None for m in model.modules())
+
     def generate(self, model, ids, n, strategy, **kw):
         """od.generate through the decoder it keeps for `model`, carrying --symmetric-all-reduce to the fused step
-        (set before that decoder makes its FusedModel: the first fused call)."""
+        of a sharded model (set before that decoder makes its FusedModel: the first fused call; a tp=1 model has
+        no all-reduce, and FusedModel refuses the option there)."""
         dec = od.decoder_for(model)
-        if self.args.symmetric_all_reduce:
+        if self.args.symmetric_all_reduce and self.sharded(model):
             dec.fused_options["symmetric_all_reduce"] = True
         return dec.generate(ids, max_new_tokens=n, strategy=strategy, eos_token_id=[], **kw)
 
