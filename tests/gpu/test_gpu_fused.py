@@ -164,6 +164,22 @@ def test_fused_step_is_captured_once_and_replays_the_eager_tokens(sampling):
         assert torch.equal(out, eager)
 
 
+@pytest.mark.parametrize("name", ["gpt2-random", "llama-1b-random"])
+@torch.no_grad()
+def test_prefill_graph_gives_the_compiled_prefills_tokens(name):
+    """fused_options prefill_graph=True: each bucket's prefill captured by hand after one eager run
+    (PrefillGraph) gives the tokens of torch.compile's CUDA-graph prefill (float32), for prompts of two
+    lengths in one bucket and one in the next, in an order that replays each graph from another bucket's."""
+    model = od.load_model(name, dtype="float32", device=DEV)
+    dec, ref_dec = od.Decoder(model, fused_options=dict(prefill_graph=True)), od.Decoder(model)
+    for prompt_len in (20, 90, 33, 20, 90):
+        ids, mask = prompts(model, 2, P=prompt_len, seed=prompt_len)
+        kw = dict(attention_mask=mask, max_new_tokens=8, strategy="fused", eos_token_id=[])
+        assert torch.equal(dec.generate(ids, **kw), ref_dec.generate(ids, **kw)), prompt_len
+    graphs = [g for c in dec.fused_model()._caches.values() for g in c.prefills.values()]
+    assert len(graphs) >= 2 and all(g.graph is not None and g.eager_runs == 1 for g in graphs)
+
+
 @needs_pdl
 @pytest.mark.parametrize("name", ["gpt2-random", "llama-1b-random"])
 @torch.no_grad()

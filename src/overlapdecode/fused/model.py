@@ -23,6 +23,7 @@ from .kernels.linear_residual import linear_residual_ref
 from .kernels.norm_linear import norm_linear_ref
 from .kernels.norm_qkv import norm_qkv_ref
 from .layout import fuse_weights
+from .prefill_graph import PrefillGraph
 
 # Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
 KEEP_CACHES = 4
@@ -136,6 +137,7 @@ class FusedOptions(NamedTuple):
     pdl: int  # kernels/pdl.py mode
     symmetric_all_reduce: bool
     tiles: dict | None  # None: TILES for 16-bit weights, none for float32
+    prefill_graph: bool  # the prefill of each bucket captured by hand (prefill_graph.py), not by torch.compile
 
 
 OPTION_NAMES = FusedOptions._fields
@@ -165,7 +167,7 @@ def check_option_values(**options) -> None:
     pdl = options.get("pdl")
     if not (pdl is None or isinstance(pdl, bool) or (_int(pdl) and 0 <= pdl <= 3)):
         raise ValueError(f"pdl must be 0, 1, 2, 3 or a bool (kernels/pdl.py), got {pdl!r}")
-    for name in ("compile_prefill", "symmetric_all_reduce"):
+    for name in ("compile_prefill", "symmetric_all_reduce", "prefill_graph"):
         if options.get(name) is not None and not isinstance(options[name], bool):
             raise ValueError(f"{name} must be a bool or None, got {options[name]!r}")
     tiles = options.get("tiles")
@@ -205,7 +207,8 @@ def check_options(model, **options) -> FusedOptions:
     symmetric = bool(options.get("symmetric_all_reduce"))
     if symmetric and (kernels != "triton" or not any(row_reduce_of(m) is not None for m in model.modules())):
         raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
-    return FusedOptions(kernels, compile_prefill, int(pdl), symmetric, options.get("tiles"))
+    return FusedOptions(kernels, compile_prefill, int(pdl), symmetric, options.get("tiles"),
+                        bool(options.get("prefill_graph")))
 
 
 class FusedModel:
@@ -215,17 +218,20 @@ class FusedModel:
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
     kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT
     where the GPU has PDL, sm_90+, else 0). `tiles`: {(kernel name, N, K[, min_batch]): tile keywords} for the
-    Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a tensor-parallel
-    shard's decode step sums its partial products by a one-shot all-reduce over symmetric memory
-    (tp.SymmetricAllReduce) instead of NCCL (default off: tested on one GPU in a one-rank group only, not yet
-    run across two GPUs). Every option is checked (check_options) before the weights are touched.
+    Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a
+    tensor-parallel shard's decode step sums its partial products by a one-shot all-reduce over symmetric memory
+    (tp.SymmetricAllReduce) instead of NCCL (default off; on two H200s: tp=1's float32 tokens, 8B tp=2 0.74x of
+    tp=1 against 0.84x with NCCL, README). `prefill_graph`: capture each bucket's prefill by hand
+    (prefill_graph.py) instead of by torch.compile's CUDA graphs (default off: not yet measured on a GPU). Every
+    option is checked (check_options) before the weights are touched.
     """
 
     def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
                  pdl: int | bool | None = None, symmetric_all_reduce: bool | None = False,
-                 tiles: dict | None = None):
+                 tiles: dict | None = None, prefill_graph: bool | None = False):
         opts = check_options(model, kernels=kernels, compile_prefill=compile_prefill, pdl=pdl,
-                             symmetric_all_reduce=symmetric_all_reduce, tiles=tiles)  # before any GPU work
+                             symmetric_all_reduce=symmetric_all_reduce, tiles=tiles,
+                             prefill_graph=prefill_graph)  # before any GPU work
         self.weights = fuse_weights(model)
         param = self.weights.embed
         self.device, self.dtype = param.device, param.dtype
@@ -246,9 +252,14 @@ class FusedModel:
         # few hundred launches otherwise cost milliseconds of host time before the first token (H200, 39d90f8:
         # TTFT 5.1 ms at Llama-1B, 5.9 ms at GPT-2, against decode steps of 0.95 and 0.36 ms). Its guards and
         # input checks run once per call, not per token; its logits are consumed before the next call replays it.
-        mode = "reduce-overhead" if self.device.type == "cuda" else None
+        # With prefill_graph the bucket's graph is captured by hand (PrefillGraph) around the prefill compiled
+        # without CUDA graphs; its graphs share one memory pool (they never run at once).
+        cuda = self.device.type == "cuda"
+        self.prefill_graph = opts.prefill_graph
+        mode = "reduce-overhead" if cuda and not self.prefill_graph else None
         self._prefill = (torch.compile(reference.prefill, dynamic=False, mode=mode) if compile_prefill
                          else reference.prefill)
+        self._prefill_pool = torch.cuda.graph_pool_handle() if cuda and self.prefill_graph else None
         for t in self.weights.tensors():
             torch._dynamo.mark_static_address(t)  # a CUDA graph reads the weights in place
         self._caches: OrderedDict = OrderedDict()
@@ -263,7 +274,7 @@ class FusedModel:
             cache = FusedCache.empty(len(W.layers), batch, W.n_kv_heads, length, W.head_dim, self.dtype, self.device)
         self._caches[key] = cache
         while len(self._caches) > KEEP_CACHES:
-            self._caches.popitem(last=False)[1].graphs.clear()  # see clear_caches
+            self._caches.popitem(last=False)[1].drop_graphs()  # see clear_caches
         return cache
 
     def clear_caches(self) -> None:
@@ -271,7 +282,7 @@ class FusedModel:
         refer back to it (and to this model) through their step: dropping them first breaks that cycle, so
         the cache's memory and the graphs' pools are freed now, not at Python's next cycle collection."""
         for cache in self._caches.values():
-            cache.graphs.clear()
+            cache.drop_graphs()
         self._caches.clear()
 
     def __call__(self, input_ids, position_ids, attention_mask=None, past_key_values=None, use_cache=True,
@@ -295,6 +306,12 @@ class FusedModel:
             input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(B, T - P)], dim=1)
             position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(B, T - P)], dim=1)
         last = torch.full((1,), P - 1, dtype=torch.long, device=input_ids.device)
+        if self.prefill_graph:
+            graph = cache.prefills.get(T)
+            if graph is None:
+                fn = functools.partial(self._prefill, self.weights, cache.k, cache.v, cache.pad)
+                graph = cache.prefills[T] = PrefillGraph(fn, B, T, self.device, self._prefill_pool)
+            return graph.run(input_ids, position_ids, last)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's logits were consumed by its caller
         return self._prefill(self.weights, cache.k, cache.v, cache.pad, input_ids, position_ids, last)
