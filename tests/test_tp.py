@@ -123,11 +123,13 @@ def _with_biases(model, seed: int):
 
 @pytest.fixture(scope="module")
 def saved_models(tmp_path_factory):
-    """tiny GPT-2 and tiny Qwen2 (q/k/v bias), with non-zero biases, saved for from_pretrained."""
+    """tiny GPT-2 and tiny Qwen2 (q/k/v bias), with non-zero biases, saved for from_pretrained. Qwen2's
+    vocabulary (1001) does not divide by 2: the fused step's vocabulary-parallel LM head pads the last rank's
+    logits (tp.VocabShard)."""
     root = tmp_path_factory.mktemp("tp-models")
     gpt2 = _with_biases(od.load_model("tiny-gpt2", device="cpu"), 1)
     gpt2.save_pretrained(root / "gpt2")
-    qwen_config = Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    qwen_config = Qwen2Config(vocab_size=1001, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                               eos_token_id=2, bos_token_id=1, initializer_range=0.2)  # varied output
     torch.manual_seed(0)
@@ -296,6 +298,18 @@ def test_bench_tp_refuses_what_ranks_could_disagree_on(monkeypatch, tmp_path, ca
     assert "--tp and --time-budget exclude each other" in capsys.readouterr().err
     assert main(base + ["--tp", "0"]) == 2
     assert "--tp must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_vocab_shard_rows_cover_the_vocabulary_once():
+    """Each rank's rows of a vocabulary-parallel LM head: ceil(V / tp) each, the last one short, together
+    every row once; the fused layout shards only where every rank holds rows."""
+    for vocab, tp in ((1000, 2), (1001, 2), (128256, 8), (50257, 4), (10, 4)):
+        shards = [tensor_parallel.VocabShard("g", r, tp, vocab) for r in range(tp)]
+        rows = [s.rows for s in shards]
+        assert rows[0][0] == 0 and rows[-1][1] == vocab
+        assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+        assert all(hi - lo <= shards[0].chunk for lo, hi in rows)
+    assert tensor_parallel.VocabShard("g", 3, 4, 9).rows == (9, 9)  # a toy vocabulary leaves a rank none
 
 
 def test_reduce_residual_sums_the_kernels_own_output_buffer():

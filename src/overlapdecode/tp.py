@@ -10,10 +10,11 @@ The split (Megatron's, as in gpt-fast), done in place on a normal Hugging Face m
   attention runs on local heads with no communication;
 - row-parallel: o_proj and down_proj (GPT-2: both `c_proj`) keep the matching 1/N of their input features;
   their partial sums are added by one all-reduce, and their bias (replicated) is added once, after it;
-- embeddings and the lm-head are replicated: every rank then computes the same full logits, so choosing a
-  token needs no gather. Their cost is one embedding lookup (B rows, no bandwidth) and one extra read of the
-  lm-head per step (1 GB of Llama-3-70B's 72 GB per GPU at tp=2); a vocabulary-parallel head would need a
-  gather of the logits (or a distributed argmax and top-k/top-p) in every step.
+- embeddings and the lm-head are replicated in the Hugging Face model: every rank then computes the same full
+  logits, so choosing a token needs no gather. Their cost is one embedding lookup (B rows, no bandwidth) and
+  one extra read of the lm-head per step (1 GB of Llama-3-70B's 72 GB per GPU at tp=2). The `fused` step
+  reads only its rank's rows of the head (a view, `VocabShard`) and gathers the logits (one all-gather of
+  B x vocab/tp floats per step), so every rank still holds the same full logits.
 - the config's head counts become the local ones (and `head_dim` is written out where the config derived it
   from them), so Hugging Face's StaticCache/DynamicCache, which take their shapes from the keys they are
   given and the config, hold only the local KV heads.
@@ -229,6 +230,40 @@ def all_reduce_sum(x: torch.Tensor, group: str) -> torch.Tensor:
     """Sum over the tensor-parallel group. A functional collective: traced by dynamo into the compiled step
     (and its CUDA graph); eagerly it blocks the stream, not the host, until the sum is ready."""
     return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(x, "sum", group))
+
+
+@dataclass(frozen=True)
+class VocabShard:
+    """A vocabulary-parallel LM head (the fused step's, fused/layout.py): this rank holds rows [lo, hi) of the
+    (vocab, hidden) LM head, `chunk` = ceil(vocab / tp) rows per rank (the last may hold fewer, even none), and
+    `gather_logits` puts every rank's logits back together. Why: the replicated head is read whole by every
+    rank at every step (1.05 GB of Llama-3-8B's 9.08 GB per GPU at tp=2); sharded, each reads 1/tp of it, for
+    one all-gather of B x vocab/tp float32 logits."""
+
+    group: str
+    rank: int
+    tp: int
+    vocab: int
+
+    @property
+    def chunk(self) -> int:
+        return -(-self.vocab // self.tp)
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        lo = min(self.rank * self.chunk, self.vocab)
+        return lo, min(lo + self.chunk, self.vocab)
+
+    def gather_logits(self, local: torch.Tensor) -> torch.Tensor:
+        """(B, hi - lo) logits of this rank's rows -> (B, vocab), the same on every rank. A functional
+        all-gather, as all_reduce_sum (inside a compiled step and its CUDA graph); a rank holding fewer than
+        `chunk` rows pads with -inf, which the trim drops."""
+        B, n = local.shape
+        if n < self.chunk:
+            local = torch.nn.functional.pad(local, (0, self.chunk - n), value=float("-inf"))
+        full = torch.ops._c10d_functional.wait_tensor(
+            torch.ops._c10d_functional.all_gather_into_tensor(local.contiguous(), self.tp, self.group))
+        return full.view(self.tp, B, self.chunk).transpose(0, 1).reshape(B, self.tp * self.chunk)[:, : self.vocab]
 
 
 @dataclass(frozen=True)

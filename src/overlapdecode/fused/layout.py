@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..tp import RowReduce, row_reduce_of
+import torch.distributed as dist
+
+from ..tp import RowReduce, VocabShard, row_reduce_of
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 SUPPORTED = LLAMA_FAMILY + ("gpt2",)
@@ -48,7 +50,7 @@ class FusedWeights:
     pos_embed: torch.Tensor | None  # (max positions, H), GPT-2's learned positions
     norm_w: torch.Tensor
     norm_b: torch.Tensor | None
-    lm_head: torch.Tensor  # (V, H); the embedding itself where tied
+    lm_head: torch.Tensor  # (V, H); the embedding itself where tied; this rank's rows of it under tp (vocab)
     n_heads: int
     n_kv_heads: int
     head_dim: int
@@ -59,6 +61,7 @@ class FusedWeights:
     rope_scale: float  # HF's attention_scaling, multiplies cos and sin
     sliding_window: int | None
     tp: RowReduce | None = None  # a tensor-parallel shard (tp.py): w_o and w_down are row-parallel
+    vocab: VocabShard | None = None  # under tp: lm_head holds this rank's rows; the step gathers the logits
 
     @property
     def hidden(self) -> int:
@@ -90,7 +93,13 @@ def fuse_weights(model) -> FusedWeights:
     family = model_family(model)
     # not inference tensors, even under inference_mode: they become the Hugging Face model's parameters
     with torch.inference_mode(False), torch.no_grad():
-        return _fuse_llama(model) if family == "llama" else _fuse_gpt2(model)
+        W = _fuse_llama(model) if family == "llama" else _fuse_gpt2(model)
+    if W.tp is not None:  # vocabulary-parallel LM head: this rank's rows, a view (the HF model keeps the whole)
+        shard = VocabShard(W.tp.group, W.tp.rank, dist.get_world_size(), W.lm_head.shape[0])
+        if shard.chunk * (shard.tp - 1) < shard.vocab:  # every rank holds rows (else a toy vocabulary: replicated)
+            lo, hi = shard.rows
+            W.vocab, W.lm_head = shard, W.lm_head[lo:hi]
+    return W
 
 
 # --- fusing rows into one tensor, parameters re-bound as views -------------------------------------------

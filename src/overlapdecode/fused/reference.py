@@ -49,7 +49,8 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops):
         h = reduce_residual(ops.linear_residual, a.reshape(B, -1), layer.w_o, layer.b_o, h, W.tp, ops.symmetric)
         m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
         h = reduce_residual(ops.linear_residual, m, layer.w_down, layer.b_down, h, W.tp, ops.symmetric)
-    return ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32)
+    logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32)
+    return logits if W.vocab is None else W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
 
 
 def _add_linear(x, w, b, residual):
@@ -81,4 +82,6 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
         h = reduce_residual(_add_linear, a.transpose(1, 2).reshape(B, T, Hq * D), layer.w_o, layer.b_o, h, W.tp)
         m = norm_linear_ref(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
         h = reduce_residual(_add_linear, m, layer.w_down, layer.b_down, h, W.tp)
-    return norm_linear_ref(h.index_select(1, last)[:, 0], W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32)
+    logits = norm_linear_ref(h.index_select(1, last)[:, 0], W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none",
+                             torch.float32)
+    return logits if W.vocab is None else W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
