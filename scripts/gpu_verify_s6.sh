@@ -26,7 +26,7 @@ for name in ("gpt2-random", "llama-1b-random"):
     model = od.load_model(name, dtype="bfloat16", device="cuda")
     r = res[name] = {"kernel": [], "torch ops": []}
     for kernel in (True, False, True, False):
-        g, keep = captured_step(model, 1, embed_kernel=kernel)
+        g, keep = captured_step(model, 1, embed_torch=not kernel)  # ran at eaf04d0 as embed_kernel=kernel
         r["kernel" if kernel else "torch ops"].append(round(triton.testing.do_bench(g.replay, rep=200, return_mode="median"), 4))
         del g, keep
     print(name, "b1 step ms, embedding by", r, flush=True)

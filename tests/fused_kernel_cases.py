@@ -89,7 +89,10 @@ def test_linear_residual(B, K, N, programs, bias):
 def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
     """The writers of a hidden state (embed, linear_residual, split or not) record its rows' sums of squares
     per column block (NormSums); the RMSNorm kernels that read that very tensor use them, and give what their
-    references give. A tensor made otherwise (here a copy), or changed in place since, is normalised from x."""
+    references give. A tensor made otherwise (here a copy), or changed in place since, is normalised from x.
+    (The interpreter runs a split's programs one after another, so the program that finishes a tile is always
+    the last to run here: a sums store misplaced before the split's reduction would pass on CPU and only the
+    GPU run of this file could catch it.)"""
     torch.manual_seed(B * H + block_n)
     V, K, Hq, Hkv, D, S = 13, 3 * H, 2, 1, 16, 9
     sums = NormSums(min_rows=1)
@@ -126,8 +129,31 @@ def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
                                norm_linear_ref(other, nw, None, 1e-5, wu, None, "none"), **TOL)
     h2.mul_(3)
     assert sums.of(h2) is None
+    # a writer that does not record (below min_rows) into a recorded tensor drops its sums
+    h3 = linear_residual(x, wd, None, h, block_n=block_n, block_k=32, norm_sums=sums)
+    assert sums.of(h3) is not None
+    sums.min_rows = B + 1
+    linear_residual(x, wd, None, h, block_n=block_n, block_k=32, norm_sums=sums, out=h3)
+    assert sums.of(h3) is None
     torch.testing.assert_close(norm_linear(h2, nw, None, 1e-5, wu, None, "none", None, block_k=32, norm_sums=sums),
                                norm_linear_ref(h2, nw, None, 1e-5, wu, None, "none"), **TOL)
+
+
+@torch.inference_mode()
+def test_norm_sums_under_inference_mode():
+    """Under torch.inference_mode the hidden states have no version counter: the sums are still handed on
+    (by identity) and a whole call gives the references' tokens (it raised at e820448)."""
+    import overlapdecode as od
+
+    model = od.load_model("tiny-llama", device=DEV)
+    ids = torch.randint(0, 500, (3, 5), device=DEV, generator=torch.Generator(DEV).manual_seed(1))
+    outs = [od.Decoder(model, fused_options=dict(kernels=k, compile_prefill=False)).generate(
+        ids, max_new_tokens=6, eos_token_id=[], strategy=od.Strategy(cache="fused", stop_check="pingpong"))
+        for k in ("torch", "triton")]
+    assert torch.equal(outs[1], outs[0])
+    sums = NormSums(min_rows=1)
+    h = linear_residual(rnd(2, 48), rnd(24, 48), None, rnd(2, 24), block_k=16, norm_sums=sums)
+    assert h.is_inference() and sums.of(h) is not None
 
 
 def test_norm_sums_are_recorded_from_min_rows_on():

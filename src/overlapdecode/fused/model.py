@@ -39,7 +39,8 @@ PDL_DEFAULT = 3
 # hand: on the H200 the same splits, as 768 x 768 is not split at either.)
 # Llama-3's LM head at the 1B shape from 4 rows on: 64 columns per program, half the programs of the default,
 # each re-reading the (B, 2048) activations (kernel_sweep --shapes llama-1b --batch 8, H200, f06d607: 166 -> 147
-# us alone; step in one graph at batch 8 1.092/1.078 -> 1.062 ms with this entry alone, batch 4 1.061 -> 1.036;
+# us alone; step in one graph at batch 8 1.092/1.078 -> 1.062 ms with this entry alone; with all five batch-8
+# bests, batch 4 1.061 -> 1.036 and batch 16 1.115 -> 1.119, the entry alone unmeasured there;
 # benchmarks/h200-session7-tiles).
 TILES: dict = {
     ("linear_residual", 768, 768): dict(block_n=16, block_k=256, num_warps=4, num_stages=4),

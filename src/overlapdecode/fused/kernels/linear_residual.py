@@ -147,6 +147,8 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
     B, K = x.shape
     N = w.shape[0]
     if norm_sums is not None and not norm_sums.wanted(B):
+        if out is not None:
+            norm_sums.forget(out)  # rewritten here without sums
         norm_sums = None
     if out is None:
         out = torch.empty_like(residual)

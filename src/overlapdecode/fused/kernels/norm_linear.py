@@ -53,8 +53,9 @@ class NormSums:
 
     Why: a norm prologue computes each row's 1/rms before its tiles can be normalised, and every program of a
     norm kernel did it again over all of x (B, K): at batch 8 and Llama-1B, 32 KB per program, 528 programs of
-    norm_qkv and 512 of the gate/up projection per layer, which made those kernels 2.6 and 3.5 us slower than at
-    batch 1 (scripts/kernel_sweep.py, H200). The writers (`embed`, `linear_residual`) already hold their
+    norm_qkv and 512 of the gate/up projection per layer (scripts/kernel_sweep.py, H200, each alone: QKV 8.6 us
+    at batch 1 in benchmarks/h200-kernel-sweep/d738b59, 11.2 at batch 8 in benchmarks/h200-session7-tiles;
+    gate/up 19.3 and 22.8; two sweeps of different sessions). The writers (`embed`, `linear_residual`) already hold their
     output tile in registers: each stores the sum of squares of its tile's rows (of the values as stored, in
     the model dtype), (NB, B) float32, NB = its column blocks; the reader sums those NB in a fixed order.
 
@@ -78,14 +79,27 @@ class NormSums:
         return rows >= self.min_rows
 
     def record(self, h: torch.Tensor, sums: torch.Tensor) -> None:
-        self._last = (weakref.ref(h), h._version, sums)
+        """`sums` belong to `h` as it is now. The sums are held (strongly) until the next record: the reader
+        launches after this writer returns, and a buffer nobody held could be handed out again before."""
+        self._last = (weakref.ref(h), _version(h), sums)
+
+    def forget(self, h: torch.Tensor) -> None:
+        """`h` is being rewritten without sums (a writer that does not record): its old sums must not be used."""
+        if self._last is not None and self._last[0]() is h:
+            self._last = None
 
     def of(self, h: torch.Tensor) -> torch.Tensor | None:
         """The sums recorded for `h`, or None."""
         if self._last is None:
             return None
         ref, version, sums = self._last
-        return sums if ref() is h and h._version == version else None
+        return sums if ref() is h and _version(h) == version else None
+
+
+def _version(h: torch.Tensor) -> int | None:
+    """h's version counter; None for an inference tensor (made under torch.inference_mode), which has none:
+    for those only the identity is checked (the step never changes a hidden state in place)."""
+    return None if h.is_inference() else h._version
 
 
 def sums_args(norm_sums: NormSums | None, x: torch.Tensor, layer: bool) -> tuple:
