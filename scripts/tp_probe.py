@@ -8,7 +8,8 @@ Parts (every rank runs every part; a tp=1 run happens on rank 0 alone while rank
   (random_init.py: shard-independent draws), and whether both ranks got the same tokens; a seeded sampling
   call too. Where tokens differ: the step, and tp=1's top-two logit margin there (a near-tie shows as a
   tiny margin).
-- speed: llama-8b-random, bfloat16, batch 1: ms/token of tp=1 (rank 0) and tp=2, and their ratio.
+- speed: llama-8b-random, bfloat16, batch 1: ms/token of tp=1 (rank 0) and tp=2, and their ratio
+  (`bytes_read_per_token` counts the fused step's LM-head rows only, unless --replicated-head).
 - big: llama-70b-random, bfloat16, tp=2: ms/token, weight bytes per GPU, achieved bandwidth and MBU
   (bytes read per token / time / peak), against the spec peak and a measured device copy.
 ms/token is reported two ways: the whole call / new tokens (as `overlapdecode bench`), and the decode steps
@@ -69,6 +70,9 @@ def parse_args(argv=None):
     p.add_argument("--one-shot", action="store_true",
                    help="experiment: let inductor lower the compiled step's all-reduces of <= 128 KiB to symmetric "
                         "memory's one-shot all-reduce (peers' buffers read over NVLink, no NCCL launch)")
+    p.add_argument("--replicated-head", action="store_true",
+                   help="fused under tp: every rank reads the whole LM head (FusedModel(vocab_parallel=False)) "
+                        "instead of its rows with a gather of the logits (the default since session 7)")
     p.add_argument("--symmetric-all-reduce", action="store_true",
                    help="fused: sum the decode step's partial products by the one-shot all-reduce over symmetric "
                         "memory (FusedModel(symmetric_all_reduce=True)) instead of NCCL")
@@ -106,7 +110,7 @@ class Probe:
     def environment(self) -> dict:
         env = dict(torch=torch.__version__, world_size=dist.get_world_size(), device=self.args.device,
                    argv=sys.argv, commit=os.environ.get("OVERLAPDECODE_COMMIT"), one_shot=self.args.one_shot,
-                   symmetric_all_reduce=self.args.symmetric_all_reduce)
+                   symmetric_all_reduce=self.args.symmetric_all_reduce, replicated_head=self.args.replicated_head)
         if env["commit"] is None:
             try:
                 env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -165,6 +169,8 @@ class Probe:
         dec = od.decoder_for(model)
         if self.args.symmetric_all_reduce and self.sharded(model):
             dec.fused_options["symmetric_all_reduce"] = True
+        if self.args.replicated_head and self.sharded(model):
+            dec.fused_options["vocab_parallel"] = False
         return dec.generate(ids, max_new_tokens=n, strategy=strategy, eos_token_id=[], **kw)
 
     def timed(self, fn):
@@ -190,9 +196,14 @@ class Probe:
     def bytes_per_gpu(self, model) -> dict:
         total = weight_bytes(model)  # as the bench counts them: each storage once
         emb = model.get_input_embeddings().weight
-        tied = emb is model.get_output_embeddings().weight
+        head = model.get_output_embeddings().weight
+        tied = emb is head
         # a step reads every weight but the embedding table, of which it reads B rows
         read = total - (0 if tied else emb.numel() * emb.element_size())
+        if self.args.strategy == "fused" and self.sharded(model) and not self.args.replicated_head:
+            # the fused step reads only this rank's rows of the LM head (tp.VocabShard)
+            rows = -(-head.shape[0] // self.tp)
+            read -= (head.shape[0] - rows) * head.shape[1] * head.element_size()
         return dict(weight_bytes_per_gpu=total, bytes_read_per_token=read)
 
     def margin_at(self, model, ids, tokens, step) -> float:

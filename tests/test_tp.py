@@ -109,6 +109,11 @@ def check_records(proc, records: list[dict], jobs: list[dict]) -> None:
         for record in records:  # each rank caches only its KV heads
             for kind in ("static", "dynamic"):
                 assert set(record["results"][f"{job['name']}/{kind}-cache-heads"]) == {job["kv_heads"] // 2}, kind
+        if any("fused" in s for case in job["cases"] for s in case["strategies"]):
+            # the fused step read its rank's rows of the LM head: ceil(V / 2) on rank 0, the rest on rank 1
+            rows = [record["results"][f"{job['name']}/lm-head-rows"] for record in records]
+            vocab = rows[0][1]
+            assert vocab is not None and [r[0] for r in rows] == [-(-vocab // 2), vocab // 2], rows
 
 
 def _with_biases(model, seed: int):

@@ -55,6 +55,9 @@ def _run_job(job: dict, results: dict) -> None:
                 eos_token_id=case["eos"], pad_token_id=case["pad"], **case.get("sampling", {}),
             )
             results[f"{job['name']}/{case['name']}/{strategy}"] = out.tolist()
+            if "fused" in strategy:  # the fused step's LM head rows on this rank (tp.VocabShard), and the vocabulary
+                W = od.decoder_for(model).fused_model().weights
+                results[f"{job['name']}/lm-head-rows"] = [W.lm_head.shape[0], W.vocab.vocab if W.vocab else None]
     # the KV heads that Hugging Face's caches allocate on this rank
     for kind, cache in (("static", StaticCache(config=model.config, max_cache_len=16)),
                         ("dynamic", DynamicCache(config=model.config))):

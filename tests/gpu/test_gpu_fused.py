@@ -6,6 +6,7 @@ against a float32 Hugging Face run is at most 1.25x Hugging Face bfloat16's own.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -178,6 +179,16 @@ def test_prefill_graph_gives_the_compiled_prefills_tokens(name):
         assert torch.equal(dec.generate(ids, **kw), ref_dec.generate(ids, **kw)), prompt_len
     graphs = [g for c in dec.fused_model()._caches.values() for g in c.prefills.values()]
     assert len(graphs) >= 2 and all(g.graph is not None and g.eager_runs == 1 for g in graphs)
+    dec.clear()  # every prefill graph gone: the next capture needs a new pool (FusedModel._renew_prefill_pool)
+    ids, mask = prompts(model, 2, P=20, seed=20)
+    kw = dict(attention_mask=mask, max_new_tokens=8, strategy="fused", eos_token_id=[])
+    with warnings.catch_warnings(record=True) as caught:  # a capture that failed would only warn
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert torch.equal(dec.generate(ids, **kw), ref_dec.generate(ids, **kw))
+    assert not [w for w in caught if "could not be captured" in str(w.message)]
+    (cache,) = dec.fused_model()._caches.values()
+    assert all(g.graph is not None for g in cache.prefills.values())
 
 
 @needs_pdl

@@ -93,13 +93,19 @@ def fuse_weights(model) -> FusedWeights:
     family = model_family(model)
     # not inference tensors, even under inference_mode: they become the Hugging Face model's parameters
     with torch.inference_mode(False), torch.no_grad():
-        W = _fuse_llama(model) if family == "llama" else _fuse_gpt2(model)
-    if W.tp is not None:  # vocabulary-parallel LM head: this rank's rows, a view (the HF model keeps the whole)
-        shard = VocabShard(W.tp.group, W.tp.rank, dist.get_world_size(), W.lm_head.shape[0])
-        if shard.chunk * (shard.tp - 1) < shard.vocab:  # every rank holds rows (else a toy vocabulary: replicated)
-            lo, hi = shard.rows
-            W.vocab, W.lm_head = shard, W.lm_head[lo:hi]
-    return W
+        return _fuse_llama(model) if family == "llama" else _fuse_gpt2(model)
+
+
+def shard_vocab(W: FusedWeights) -> None:
+    """Under tp, make W's LM head this rank's rows of it (a view; the Hugging Face model keeps the whole) and
+    W.vocab the shard that gathers the logits; nothing where unsharded or where a rank would hold no rows (a toy
+    vocabulary). The tensor-parallel group is the whole world (tp.prepare checks tp == the world size)."""
+    if W.tp is None or W.vocab is not None:
+        return
+    shard = VocabShard(W.tp.group, W.tp.rank, dist.get_world_size(), W.lm_head.shape[0])
+    if shard.chunk * (shard.tp - 1) < shard.vocab:
+        lo, hi = shard.rows
+        W.vocab, W.lm_head = shard, W.lm_head[lo:hi]
 
 
 # --- fusing rows into one tensor, parameters re-bound as views -------------------------------------------

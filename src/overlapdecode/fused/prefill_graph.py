@@ -9,16 +9,19 @@ costs three small copies into buffers this object owns (ids, positions, the last
 without CUDA graphs (inductor's kernels, launched during the capture).
 
 The first run of each bucket is eager (it compiles and *is* that call's prefill); the graph is captured right
-after it. The logits a replay returns live in the graph's memory and are overwritten by the next replay of
-this or another prefill graph (they share one memory pool): the caller consumes them first, as the decode
-loop does (the next call's stream waits for the end of this call: decode.Decoder). On CPU nothing is
-captured: the function runs every time over the same buffers.
+after it, on a capture stream the FusedModel's prefill graphs share (with their memory pool). The logits a
+replay returns live in the graph's memory and are overwritten by the next replay of this or another prefill
+graph: the caller consumes them first, as the decode loop does (the next call's stream waits for the end of
+this call: decode.Decoder). If the capture fails, the eager result stands, a warning says so, and the bucket
+runs without a graph from then on. On CPU nothing is captured: the function runs every time over the same
+buffers.
 
 FusedModel uses it where `prefill_graph=True` (off by default until it is measured on a GPU).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
@@ -29,15 +32,20 @@ Prefill = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 class PrefillGraph:
     """The prefill `fn` of one (B, T) over buffers it owns; `run` copies a call's inputs in and returns the
-    logits (B, V). `pool`: the CUDA graph memory pool shared by a FusedModel's prefill graphs (None on CPU)."""
+    logits (B, V). `pool`: the CUDA graph memory pool and `stream` the capture stream, both shared by a
+    FusedModel's prefill graphs (None on CPU): the caching allocator reuses a freed block only on the stream it
+    was allocated on, so the bucket graphs share their activations' memory only if they are captured on one
+    stream, and the eager first run happens there too (what it allocates, cuBLAS's workspace included, is
+    then the capture's)."""
 
-    def __init__(self, fn: Prefill, batch: int, length: int, device: torch.device, pool=None):
+    def __init__(self, fn: Prefill, batch: int, length: int, device: torch.device, pool=None,
+                 stream: torch.cuda.Stream | None = None):
         self.ids = torch.zeros((batch, length), dtype=torch.long, device=device)
         self.pos = torch.zeros((batch, length), dtype=torch.long, device=device)
         self.last = torch.zeros((1,), dtype=torch.long, device=device)
         self._fn = fn
+        self._pool, self._stream = pool, stream
         self._capture = device.type == "cuda"
-        self._pool = pool
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None  # the captured run's output, rewritten by each replay
         self.eager_runs = 0
@@ -52,20 +60,31 @@ class PrefillGraph:
         if self.graph is not None:
             self.graph.replay()  # one launch, ordered on the current stream like any kernel
             return self.logits
-        logits = self._fn(self.ids, self.pos, self.last)  # eager: compiles, warms up, and is this call's prefill
         self.eager_runs += 1
-        if self._capture:
+        if not self._capture:
+            return self._fn(self.ids, self.pos, self.last)  # CPU: every call runs the function
+        main = torch.cuda.current_stream(self.ids.device)
+        # stream hand-off: the capture stream starts after the copies above, and the caller's stream reads the
+        # logits after it; the logits' block, made on the capture stream, is marked as used by the caller's
+        self._stream.wait_stream(main)
+        with torch.cuda.stream(self._stream):
+            logits = self._fn(self.ids, self.pos, self.last)  # eager: compiles, warms up, is this call's prefill
+        main.wait_stream(self._stream)
+        logits.record_stream(main)
+        try:
             self._record()
+        except RuntimeError as err:  # the eager result stands; later calls run eagerly (compiled, no graph)
+            self._capture = False
+            warnings.warn(f"the fused prefill could not be captured in a CUDA graph ({err}); it runs without one",
+                          RuntimeWarning, stacklevel=2)
         return logits
 
     def _record(self) -> None:
         graph = torch.cuda.CUDAGraph()
-        device = self.ids.device
-        # a stream of its own, "thread_local" capture mode, as StepGraph (step_graph.py) and for the same reasons
-        stream = torch.cuda.Stream(device)
+        # "thread_local" capture mode, as StepGraph's (step_graph.py), on the shared capture stream.
         # host sync (once per bucket): torch.cuda.graph synchronizes the device before it captures, so the eager
         # run above has finished; the capture only records (the cache it writes is left as the eager run left it)
-        with torch.cuda.device(device), torch.cuda.graph(graph, pool=self._pool, stream=stream,
-                                                         capture_error_mode="thread_local"):
+        with torch.cuda.device(self.ids.device), torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
+                                                                  capture_error_mode="thread_local"):
             self.logits = self._fn(self.ids, self.pos, self.last)
         self.graph = graph
