@@ -208,7 +208,8 @@ def test_tiles_choose_keywords_by_the_weights_shape():
     assert calls == [((8, 4), 16, 64)] * 2 + [((8, 4), 32, 256)] * 2 + [((8, 4), 64, 128)] * 2
     model = od.load_model("tiny-gpt2", device="cpu")
     for bad in ({("norm_qkv", 8): {}}, {("attention", 8, 4): {}}, {("norm_qkv", 8, 4): 16}, [1],
-                {("norm_qkv", 8, 4, 0): {}}, {("norm_qkv", 8, 4, 8, 1): {}}):
+                {("norm_qkv", 8, 4, 0): {}}, {("norm_qkv", 8, 4, 8, 1): {}},
+                {("norm_qkv", 8, 4): {}, ("norm_qkv", 8, 4, 1): {}}):
         with pytest.raises(ValueError, match=r"tiles(\[.*\])? must"):
             FusedModel(model, tiles=bad)
     from overlapdecode.fused.model import TILES, check_option_values

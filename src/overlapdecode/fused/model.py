@@ -187,6 +187,13 @@ def check_option_values(**options) -> None:
         if not isinstance(cfg, dict) or any(k not in allowed or not _int(v) or v < 1 for k, v in cfg.items()):
             raise ValueError(f"tiles[{key!r}] must be a dict of positive ints with keys among "
                              f"{', '.join(allowed)}; got {cfg!r}")
+    seen: dict = {}
+    for key in tiles:  # (kernel, N, K) is min_batch 1: the same entry twice would leave the choice to order
+        full = key if len(key) == 4 else (*key, 1)
+        if full in seen:
+            raise ValueError(f"tiles must hold one entry per kernel, shape and min_batch; it has {seen[full]!r} and "
+                             f"{key!r}")
+        seen[full] = key
 
 
 def check_options(model, **options) -> FusedOptions:
