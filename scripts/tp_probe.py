@@ -48,6 +48,7 @@ import torch.distributed as dist  # noqa: E402
 
 import overlapdecode as od  # noqa: E402
 from overlapdecode.bench.worker import device_bandwidth_gbs, weight_bytes  # noqa: E402
+from overlapdecode.tp import VocabShard, is_sharded  # noqa: E402
 
 PROMPT_LEN = 16
 
@@ -156,20 +157,14 @@ class Probe:
         g = torch.Generator().manual_seed(0)
         return torch.randint(0, model.config.vocab_size, (1, PROMPT_LEN), generator=g).to(self.device)
 
-    @staticmethod
-    def sharded(model) -> bool:
-        from overlapdecode.tp import row_reduce_of  # noqa: PLC0415
-
-        return any(row_reduce_of(m) is not None for m in model.modules())
-
     def generate(self, model, ids, n, strategy, **kw):
         """od.generate through the decoder it keeps for `model`, carrying --symmetric-all-reduce to the fused step
         of a sharded model (set before that decoder makes its FusedModel: the first fused call; a tp=1 model has
         no all-reduce, and FusedModel refuses the option there)."""
         dec = od.decoder_for(model)
-        if self.args.symmetric_all_reduce and self.sharded(model):
+        if self.args.symmetric_all_reduce and is_sharded(model):
             dec.fused_options["symmetric_all_reduce"] = True
-        if self.args.replicated_head and self.sharded(model):
+        if self.args.replicated_head and is_sharded(model):
             dec.fused_options["vocab_parallel"] = False
         return dec.generate(ids, max_new_tokens=n, strategy=strategy, eos_token_id=[], **kw)
 
@@ -200,10 +195,10 @@ class Probe:
         tied = emb is head
         # a step reads every weight but the embedding table, of which it reads B rows
         read = total - (0 if tied else emb.numel() * emb.element_size())
-        if self.args.strategy == "fused" and self.sharded(model) and not self.args.replicated_head:
-            # the fused step reads only this rank's rows of the LM head (tp.VocabShard)
-            rows = -(-head.shape[0] // self.tp)
-            read -= (head.shape[0] - rows) * head.shape[1] * head.element_size()
+        if self.args.strategy == "fused" and is_sharded(model) and not self.args.replicated_head:
+            # the fused step reads only this rank's rows of the LM head (as FusedModel shards it)
+            lo, hi = VocabShard("", self.rank, self.tp, head.shape[0]).rows
+            read -= (head.shape[0] - (hi - lo)) * head.shape[1] * head.element_size()
         return dict(weight_bytes_per_gpu=total, bytes_read_per_token=read)
 
     def margin_at(self, model, ids, tokens, step) -> float:

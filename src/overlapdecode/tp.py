@@ -279,6 +279,11 @@ def row_reduce_of(module) -> RowReduce | None:
     return module.reduce if isinstance(module, (RowParallelLinear, RowParallelConv1D)) else None
 
 
+def is_sharded(model) -> bool:
+    """Whether `model` is a tensor-parallel shard (holds a row-parallel projection)."""
+    return any(row_reduce_of(m) is not None for m in model.modules())
+
+
 class SymmetricAllReduce:
     """One-shot all-reduce over symmetric memory, for the fused decode step on CUDA (its StepGraph captures it).
 

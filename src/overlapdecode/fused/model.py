@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..tp import SymmetricAllReduce, row_reduce_of
+from ..tp import SymmetricAllReduce, is_sharded
 from . import reference
 from .cache import FusedCache
 from .kernels.embed import embed_ref
@@ -214,7 +214,7 @@ def check_options(model, **options) -> FusedOptions:
     if compile_prefill is None:
         compile_prefill = device.type == "cuda"
     symmetric = bool(options.get("symmetric_all_reduce"))
-    if symmetric and (kernels != "triton" or not any(row_reduce_of(m) is not None for m in model.modules())):
+    if symmetric and (kernels != "triton" or not is_sharded(model)):
         raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
     vocab_parallel = options.get("vocab_parallel")
     return FusedOptions(kernels, compile_prefill, int(pdl), symmetric, options.get("tiles"),
@@ -254,12 +254,10 @@ class FusedModel:
         tiles = opts.tiles
         if tiles is None:
             tiles = TILES if self.dtype in (torch.bfloat16, torch.float16) else {}
-        # RMSNorm sums handed from writer to reader (NormSums) where every norm is an RMSNorm and no all-reduce
+        # RMSNorm sums handed from writer to reader (NormSums) where the norms are RMSNorms and no all-reduce
         # comes between a writer and its reader (unsharded)
-        rms = self.weights.norm_b is None and all(layer.norm1_b is None and layer.norm2_b is None
-                                                  for layer in self.weights.layers)
-        self.ops = (triton_ops(self.device, self.pdl, tiles, norm_sums=rms and self.weights.tp is None)
-                    if self.kernels == "triton" else REFERENCE_OPS)
+        sums = self.weights.norm == "rms" and self.weights.tp is None
+        self.ops = triton_ops(self.device, self.pdl, tiles, norm_sums=sums) if self.kernels == "triton" else REFERENCE_OPS
         if opts.symmetric_all_reduce:
             self.ops = self.ops._replace(symmetric=SymmetricAllReduce(self.weights.tp.group, self.device))
         compile_prefill = opts.compile_prefill

@@ -68,20 +68,17 @@ def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0, norm_sums=No
     require_contiguous(wte=wte, wpe=wpe)
     B = ids.shape[0]
     V, H = wte.shape
-    if norm_sums is not None and not norm_sums.wanted(B):
-        norm_sums = None
     h = torch.empty((B, H), dtype=wte.dtype, device=wte.device)
     slot = torch.empty(B, dtype=torch.long, device=wte.device)
     length = torch.empty_like(slot)
     block = min(block, triton.next_power_of_2(H))
     blocks = triton.cdiv(H, block)
-    sums = torch.empty((blocks, B), dtype=torch.float32, device=wte.device) if norm_sums is not None else slot
+    sums = norm_sums.buffer(blocks, B, wte.device) if norm_sums is not None else None
     _embed_kernel[(B, blocks)](
-        ids, pos, pad, wte, wpe if wpe is not None else wte, h, slot, length, sums, B, V, H,
-        ids.stride(0), pos.stride(0), pad.stride(0),
-        HAS_POS=wpe is not None, SUMS=norm_sums is not None, BLOCK=block, PDL=int(pdl), num_warps=4,
-        **pdl_launch(pdl),
+        ids, pos, pad, wte, wpe if wpe is not None else wte, h, slot, length, sums if sums is not None else slot,
+        B, V, H, ids.stride(0), pos.stride(0), pad.stride(0),
+        HAS_POS=wpe is not None, SUMS=sums is not None, BLOCK=block, PDL=int(pdl), num_warps=4, **pdl_launch(pdl),
     )
-    if norm_sums is not None:
+    if sums is not None:
         norm_sums.record(h, sums)
     return h, slot, length

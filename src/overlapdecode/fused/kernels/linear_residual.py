@@ -146,15 +146,12 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
-    if norm_sums is not None and not norm_sums.wanted(B):
-        if out is not None:
-            norm_sums.forget(out)  # rewritten here without sums
-        norm_sums = None
+    n_blocks = triton.cdiv(N, block_n)
+    sums = norm_sums.buffer(n_blocks, B, x.device, out) if norm_sums is not None else None
     if out is None:
         out = torch.empty_like(residual)
     elif out.shape != residual.shape or out.dtype != residual.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {residual.dtype} tensor of shape {tuple(residual.shape)}")
-    n_blocks = triton.cdiv(N, block_n)
     if programs is None:
         programs = 2 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
     split = split_k(n_blocks, K, block_k, programs)
@@ -165,12 +162,11 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
         counters = take_tickets(tickets, n_blocks * row_blocks, x.device)
     else:  # never written with one split: pass read-only inputs, not aliases of `out`
         part, counters = residual, residual
-    sums = torch.empty((n_blocks, B), dtype=torch.float32, device=x.device) if norm_sums is not None else part
     _linear_split_kernel[(n_blocks, split, row_blocks)](
-        x, w, b if b is not None else w, residual, out, part, counters, sums, B, N, K, k_chunk,
-        SPLIT=split, HAS_BIAS=b is not None, SUMS=norm_sums is not None, BLOCK_M=16, BLOCK_N=block_n,
+        x, w, b if b is not None else w, residual, out, part, counters, sums if sums is not None else part,
+        B, N, K, k_chunk, SPLIT=split, HAS_BIAS=b is not None, SUMS=sums is not None, BLOCK_M=16, BLOCK_N=block_n,
         BLOCK_K=block_k, PDL=int(pdl), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
-    if norm_sums is not None:
+    if sums is not None:
         norm_sums.record(out, sums)
     return out

@@ -78,6 +78,15 @@ class NormSums:
         """Whether a writer of `rows` rows records its sums."""
         return rows >= self.min_rows
 
+    def buffer(self, blocks: int, rows: int, device, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The (blocks, rows) float32 buffer a writer of `rows` rows fills with its sums (then `record`), or None
+        below min_rows, where the writer records nothing and its `out`, if given, loses any sums it had."""
+        if self.wanted(rows):
+            return torch.empty((blocks, rows), dtype=torch.float32, device=device)
+        if out is not None:
+            self.forget(out)  # rewritten without sums
+        return None
+
     def record(self, h: torch.Tensor, sums: torch.Tensor) -> None:
         """`sums` belong to `h` as it is now. The sums are held (strongly) until the next record: the reader
         launches after this writer returns, and a buffer nobody held could be handed out again before."""
