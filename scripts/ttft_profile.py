@@ -1,7 +1,7 @@
 """Where the fused preset's time to first token goes (one GPU): a `max_new_tokens=1` call, as the bench's
-TTFT times it, at gpt2-random and llama-1b-random (bfloat16, batch 1, prompt 32), for each prefill setting
-(the default, torch.compile's CUDA graphs; and `prefill_graph=True`, captured by hand: fused/prefill_graph.py):
-its wall time (median and fastest of 3 alternating rounds of 20 calls per setting), the host's Python profile of
+TTFT times it, at gpt2-random and llama-1b-random (bfloat16, batch 1, prompt 32), for each prefill setting in SETTINGS
+(today only the default, torch.compile's CUDA graphs per bucket): its wall time (median and fastest of 3
+alternating rounds of 20 calls per setting), the host's Python profile of
 20 such calls (cProfile, top functions), and the GPU's kernels of one call; and the whole 200-token call's
 ms per token per setting (as the bench's ms/token).
 
@@ -23,7 +23,7 @@ import torch
 
 import overlapdecode as od
 
-SETTINGS = {"default": {}, "prefill_graph": {"prefill_graph": True}}
+SETTINGS = {"default": {}}  # fused_options per setting, timed in alternation
 
 
 def timed(fn) -> float:

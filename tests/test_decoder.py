@@ -211,7 +211,7 @@ def test_fused_options_reach_the_fused_model(tiny_gpt2):
     (dict(pdl=1.0), "pdl must be 0, 1, 2, 3", False),
     (dict(compile_prefill="yes"), "compile_prefill must be a bool", False),
     (dict(compile_prefill=1), "compile_prefill must be a bool", False),
-    (dict(prefill_graph="on"), "prefill_graph must be a bool", False),
+    (dict(symmetric_all_reduce="on"), "symmetric_all_reduce must be a bool", False),
     (dict(vocab_parallel=0), "vocab_parallel must be a bool", False),
     (dict(tiles={("norm_qkv", 8): {}}), "tiles must map", False),
     (dict(tiles={("norm_qkv", "8", 4): {}}), "tiles must map", False),

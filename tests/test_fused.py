@@ -85,26 +85,6 @@ def test_eager_fused_and_long_prompt_match_hf(model):
     assert torch.equal(out, ref)
 
 
-def test_prefill_graph_option_gives_hf_tokens_per_bucket(model):
-    """fused_options prefill_graph=True (PrefillGraph, prefill_graph.py): Hugging Face's tokens for prompts of
-    two lengths in one 64-token bucket and one in the next, in any order; one PrefillGraph per bucket, kept with
-    the cache (on CPU it runs its function every time: nothing is captured)."""
-    dec = od.Decoder(model, fused_options=dict(prefill_graph=True))
-    for prompt_len in (9, 70, 5, 9):
-        ids, mask = make_batch(2, seed=prompt_len, prompt_len=prompt_len)
-        ref = hf_generate(model, ids, mask, 6, [], 0)
-        out = dec.generate(ids, attention_mask=mask, max_new_tokens=6, strategy="fused", eos_token_id=[])
-        assert torch.equal(out, ref), prompt_len
-    caches = dec.fused_model()._caches
-    buckets = sorted(T for cache in caches.values() for T in cache.prefills)
-    assert buckets == [64, 128] or buckets == [64, 64, 128], buckets  # one cache per (batch, length bucket)
-    for cache in caches.values():
-        for graph in cache.prefills.values():
-            assert graph.graph is None and graph.eager_runs >= 1
-    dec.clear()
-    assert not caches
-
-
 @torch.no_grad()
 def test_per_step_logits_match_hf(model):
     ids, mask = make_batch(4, seed=33)

@@ -23,7 +23,6 @@ from .kernels.linear_residual import linear_residual_ref
 from .kernels.norm_linear import norm_linear_ref
 from .kernels.norm_qkv import norm_qkv_ref
 from .layout import fuse_weights, shard_vocab
-from .prefill_graph import PrefillGraph
 
 # Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
 KEEP_CACHES = 4
@@ -138,7 +137,6 @@ class FusedOptions(NamedTuple):
     pdl: int  # kernels/pdl.py mode
     symmetric_all_reduce: bool
     tiles: dict | None  # None: TILES for 16-bit weights, none for float32
-    prefill_graph: bool  # the prefill of each bucket captured by hand (prefill_graph.py), not by torch.compile
     vocab_parallel: bool  # under tp: each rank reads its rows of the LM head and the logits are gathered
 
 
@@ -169,7 +167,7 @@ def check_option_values(**options) -> None:
     pdl = options.get("pdl")
     if not (pdl is None or isinstance(pdl, bool) or (_int(pdl) and 0 <= pdl <= 3)):
         raise ValueError(f"pdl must be 0, 1, 2, 3 or a bool (kernels/pdl.py), got {pdl!r}")
-    for name in ("compile_prefill", "symmetric_all_reduce", "prefill_graph", "vocab_parallel"):
+    for name in ("compile_prefill", "symmetric_all_reduce", "vocab_parallel"):
         if options.get(name) is not None and not isinstance(options[name], bool):
             raise ValueError(f"{name} must be a bool or None, got {options[name]!r}")
     tiles = options.get("tiles")
@@ -218,7 +216,7 @@ def check_options(model, **options) -> FusedOptions:
         raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
     vocab_parallel = options.get("vocab_parallel")
     return FusedOptions(kernels, compile_prefill, int(pdl), symmetric, options.get("tiles"),
-                        bool(options.get("prefill_graph")), True if vocab_parallel is None else vocab_parallel)
+                        True if vocab_parallel is None else vocab_parallel)
 
 
 class FusedModel:
@@ -231,8 +229,7 @@ class FusedModel:
     Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a
     tensor-parallel shard's decode step sums its partial products by a one-shot all-reduce over symmetric memory
     (tp.SymmetricAllReduce) instead of NCCL (default off; on two H200s: tp=1's float32 tokens, 8B tp=2 0.74x of
-    tp=1 against 0.84x with NCCL, README). `prefill_graph`: capture each bucket's prefill by hand
-    (prefill_graph.py) instead of by torch.compile's CUDA graphs (default off: not yet measured on a GPU).
+    tp=1 against 0.84x with NCCL, README).
     `vocab_parallel`: under tensor parallelism each rank reads only its rows of the LM head and the step gathers
     the logits (tp.VocabShard; default on; False keeps the head replicated, as the Hugging Face model has it).
     Every option is checked (check_options) before the weights are touched.
@@ -240,11 +237,11 @@ class FusedModel:
 
     def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
                  pdl: int | bool | None = None, symmetric_all_reduce: bool | None = False,
-                 tiles: dict | None = None, prefill_graph: bool | None = False,
+                 tiles: dict | None = None,
                  vocab_parallel: bool | None = None):
         opts = check_options(model, kernels=kernels, compile_prefill=compile_prefill, pdl=pdl,
                              symmetric_all_reduce=symmetric_all_reduce, tiles=tiles,
-                             prefill_graph=prefill_graph, vocab_parallel=vocab_parallel)  # before any GPU work
+                             vocab_parallel=vocab_parallel)  # before any GPU work
         self.weights = fuse_weights(model)
         if opts.vocab_parallel:
             shard_vocab(self.weights)
@@ -265,16 +262,11 @@ class FusedModel:
         # few hundred launches otherwise cost milliseconds of host time before the first token (H200, 39d90f8:
         # TTFT 5.1 ms at Llama-1B, 5.9 ms at GPT-2, against decode steps of 0.95 and 0.36 ms). Its guards and
         # input checks run once per call, not per token; its logits are consumed before the next call replays it.
-        # With prefill_graph the bucket's graph is captured by hand (PrefillGraph) around the prefill compiled
-        # without CUDA graphs; its graphs share one memory pool (they never run at once).
-        cuda = self.device.type == "cuda"
-        self.prefill_graph = opts.prefill_graph
-        mode = "reduce-overhead" if cuda and not self.prefill_graph else None
+        # (Captured by hand instead, as the decode step is, it crashed on the H200 with an illegal memory access,
+        # 90fd970, and gained GPT-2 0.4 ms of TTFT where it ran: removed; the session-8 note in the issue says more.)
+        mode = "reduce-overhead" if self.device.type == "cuda" else None
         self._prefill = (torch.compile(reference.prefill, dynamic=False, mode=mode) if compile_prefill
                          else reference.prefill)
-        # one pool and one capture stream for all the prefill graphs (PrefillGraph; see _renew_prefill_pool)
-        self._prefill_pool = torch.cuda.graph_pool_handle() if cuda and self.prefill_graph else None
-        self._prefill_stream = torch.cuda.Stream(self.device) if cuda and self.prefill_graph else None
         for t in self.weights.tensors():
             torch._dynamo.mark_static_address(t)  # a CUDA graph reads the weights in place
         self._caches: OrderedDict = OrderedDict()
@@ -290,7 +282,6 @@ class FusedModel:
         self._caches[key] = cache
         while len(self._caches) > KEEP_CACHES:
             self._caches.popitem(last=False)[1].drop_graphs()  # see clear_caches
-            self._renew_prefill_pool()
         return cache
 
     def clear_caches(self) -> None:
@@ -300,13 +291,6 @@ class FusedModel:
         for cache in self._caches.values():
             cache.drop_graphs()
         self._caches.clear()
-        self._renew_prefill_pool()
-
-    def _renew_prefill_pool(self) -> None:
-        """A new memory pool for later prefill captures once no prefill graph is left in the current one: a pool
-        whose graphs are all gone cannot take a new capture (what it holds, cuBLAS's workspace, stays)."""
-        if self._prefill_pool is not None and not any(c.prefills for c in self._caches.values()):
-            self._prefill_pool = torch.cuda.graph_pool_handle()
 
     def __call__(self, input_ids, position_ids, attention_mask=None, past_key_values=None, use_cache=True,
                  logits_to_keep=1) -> FusedOutput:
@@ -329,13 +313,6 @@ class FusedModel:
             input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(B, T - P)], dim=1)
             position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(B, T - P)], dim=1)
         last = torch.full((1,), P - 1, dtype=torch.long, device=input_ids.device)
-        if self.prefill_graph:
-            graph = cache.prefills.get(T)
-            if graph is None:
-                fn = functools.partial(self._prefill, self.weights, cache.k, cache.v, cache.pad)
-                graph = cache.prefills[T] = PrefillGraph(fn, B, T, self.device, self._prefill_pool,
-                                                         self._prefill_stream)
-            return graph.run(input_ids, position_ids, last)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's logits were consumed by its caller
         return self._prefill(self.weights, cache.k, cache.v, cache.pad, input_ids, position_ids, last)
