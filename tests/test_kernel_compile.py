@@ -37,6 +37,10 @@ def bf16(*names):
     return {n: "*bf16" for n in names}
 
 
+# the greedy finish's arguments of the norm_linear kernel (its partials, ticket, the step's state and flag)
+FINISH_TYPES = {"val_ptr": "*fp32", "idx_ptr": "*i32", "ticket_ptr": "*i32", "state_ptr": "*i64", "eos_ptr": "*i64",
+                "E": "i32", "pad_id": "i32", "done_ptr": "*u8"}
+
 # (kernel, run-time argument types, constexprs) at the Llama-1B shape, split where the step splits; GPT2 below
 # changes the constexprs that differ at GPT-2 (LayerNorm, biases, no RoPE, GELU)
 CASES = {
@@ -64,10 +68,16 @@ CASES = {
                         dict(K=8192, K_CHUNK=2048, SPLIT=4, HAS_BIAS=False, SUMS=True, BLOCK_M=16, BLOCK_N=32,
                              BLOCK_K=128)),
     "norm_linear": (_norm_linear_kernel,
-                    {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "out_ptr"), "ss_ptr": "*fp32",
-                     "B": "i32", "N": "i32", "NB": "i32", "eps": "fp32"},
-                    dict(K=2048, LAYER=False, HAS_BIAS=False, ACT=2, ROUND_OUT=True, BLOCK_M=16, BLOCK_N=32,
-                         BLOCK_K=256, NB_PAD=64)),
+                    {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "out_ptr"), **FINISH_TYPES,
+                     "ss_ptr": "*fp32", "B": "i32", "N": "i32", "NB": "i32", "eps": "fp32"},
+                    dict(K=2048, LAYER=False, HAS_BIAS=False, ACT=2, ROUND_OUT=True, FINISH=False, BLOCK_M=16,
+                         BLOCK_N=32, BLOCK_K=256, NB_PAD=64)),
+    # the LM head with its greedy finish (kernels/greedy.py): float32 logits, the token chosen in the launch
+    "lm_head": (_norm_linear_kernel,
+                {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr"), "out_ptr": "*fp32", **FINISH_TYPES,
+                 "ss_ptr": "*fp32", "B": "i32", "N": "i32", "NB": "i32", "eps": "fp32"},
+                dict(K=2048, LAYER=False, HAS_BIAS=False, ACT=0, ROUND_OUT=False, FINISH=True, BLOCK_M=16,
+                     BLOCK_N=32, BLOCK_K=256, NB_PAD=0)),
 }
 
 
@@ -75,6 +85,7 @@ GPT2 = {"embed": dict(HAS_POS=True, SUMS=False),
         "norm_qkv": dict(K=768, K_CHUNK=768, SPLIT=1, LAYER=True, HAS_BIAS=True, ROPE=False, NB_PAD=0),
         "linear_residual": dict(K=3072, K_CHUNK=768, HAS_BIAS=True, SUMS=False),
         "norm_linear": dict(K=768, LAYER=True, HAS_BIAS=True, ACT=1, NB_PAD=0),
+        "lm_head": dict(K=768, LAYER=True),
         "attention": dict(HQ=12, HKV=12, G=1)}
 
 

@@ -15,12 +15,11 @@ from overlapdecode.step_graph import StepGraph
 def test_run_advances_the_owned_buffers_in_place():
     seen = []
 
-    def step(state, eos, noise):
-        seen.append((state.data_ptr(), eos.data_ptr(), noise.data_ptr()))
-        new = state.clone()
-        new[:, 0] += noise[:, 0].long()
-        new[:, 1] += 1
-        return new, (new[:, 0] >= eos[0]).all()
+    def step(state, eos, noise, done):
+        seen.append((state.data_ptr(), eos.data_ptr(), noise.data_ptr(), done.data_ptr()))
+        state[:, 0] += noise[:, 0].long()
+        state[:, 1] += 1
+        done.copy_((state[:, 0] >= eos[0]).all())
 
     g = StepGraph(step, batch=2, eos_count=1, noise_shape=(2, 3), device=torch.device("cpu"))
     g.eos.fill_(5)

@@ -233,8 +233,11 @@ class Decoder:
         if graph is None:
             from .fused.cache import decode_kwargs  # the fused package is imported on first fused use (Triton)
 
-            choose = compiled_choose_next()
-            step = functools.partial(_fused_step, self._fused, decode_kwargs(fused_cache), pad_id, params, choose)
+            if params.do_sample:
+                choose = compiled_choose_next()
+                step = functools.partial(_fused_step, self._fused, decode_kwargs(fused_cache), pad_id, params, choose)
+            else:  # the LM head's kernel chooses the token itself (fused/kernels/greedy.py)
+                step = functools.partial(_fused_greedy_step, self._fused, fused_cache, pad_id)
             noise = (batch, vocab) if params.do_sample else None
             graph = StepGraph(step, batch, len(eos_ids), noise, device)
         fused_cache.graphs[key] = graph
@@ -329,9 +332,18 @@ class Decoder:
         return out if n == N else out[:, : P + n].clone()
 
 
-def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, choose, state, eos_ids, noise):
-    """The fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`: its cache), then `choose`."""
-    return decode_step(fused, kwargs, state, eos_ids, pad_id, noise, params, choose)
+def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, choose, state, eos_ids, noise, done):
+    """The sampling fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`: its cache), then
+    `choose`, its results copied into the graph's state and flag."""
+    new_state, all_done = decode_step(fused, kwargs, state, eos_ids, pad_id, noise, params, choose)
+    state.copy_(new_state)
+    done.copy_(all_done)
+
+
+def _fused_greedy_step(fused, cache, pad_id: int, state, eos_ids, noise, done):
+    """The greedy fused decode step StepGraph captures: FusedModel.greedy_step, which advances state and done
+    in place (the LM head's kernel chooses: no choose kernels, no copies after it)."""
+    fused.greedy_step(cache, state, eos_ids, pad_id, done)
 
 
 def _sharded() -> bool:

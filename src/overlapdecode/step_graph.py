@@ -19,8 +19,9 @@ from typing import Callable
 
 import torch
 
-# step(state, eos, noise) -> (new state (B, 3) long, all-finished 0-d bool); see decode.decode_step
-Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], tuple]
+# step(state, eos, noise, done): advances state (B, 3) long and done (0-d bool: all rows finished) in place;
+# see decode._fused_step
+Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor], None]
 
 
 class StepGraph:
@@ -40,9 +41,8 @@ class StepGraph:
         self.eager_runs = 0  # steps run eagerly (1 before the capture when capturing)
 
     def _body(self) -> None:
-        new_state, done = self._step(self.state, self.eos, self.noise)
-        self.state.copy_(new_state)  # in place: the next step (or replay) reads the same address
-        self.done.copy_(done)
+        # in place: the next step (or replay) reads the same addresses
+        self._step(self.state, self.eos, self.noise, self.done)
 
     def run(self) -> None:
         if self.graph is not None:

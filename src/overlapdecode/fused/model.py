@@ -19,6 +19,7 @@ from ..tp import SymmetricAllReduce, is_sharded
 from . import reference
 from .cache import FusedCache
 from .kernels.embed import embed_ref
+from .kernels.greedy import GreedyFinish
 from .kernels.linear_residual import linear_residual_ref
 from .kernels.norm_linear import norm_linear_ref
 from .kernels.norm_qkv import norm_qkv_ref
@@ -125,7 +126,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
                    decode_attention,
                    Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
                          "linear_residual", 1, tiles),
-                   Tiled(functools.partial(norm_linear, pdl=pdl, **sums), "norm_linear", 4, tiles),
+                   Tiled(functools.partial(norm_linear, pdl=pdl, tickets=tickets, **sums), "norm_linear", 4, tiles),
                    # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
                    # 1 (eaf04d0, benchmarks/h200-session7-verify): GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
                    functools.partial(embed, pdl=pdl, **sums))
@@ -302,6 +303,17 @@ class FusedModel:
         logits = reference.decode_step(self.weights, cache.k, cache.v, cache.pad, input_ids[:, 0],
                                        position_ids[:, 0], self.ops)
         return FusedOutput(logits[:, None])
+
+    def greedy_step(self, cache: FusedCache, state: torch.Tensor, eos_ids: torch.Tensor, pad_id: int,
+                    done: torch.Tensor) -> None:
+        """One greedy decode step over the loop's state: the token state[:, 0] at position state[:, 1] of each
+        row through the model, then the greedy choice and stop bookkeeping of `decode.choose_next`, written into
+        `state` (B, 3) long and `done` (0-d bool) in place. With the Triton kernels the LM head's own programs
+        choose (kernels/greedy.py): no kernel runs after the head."""
+        if not isinstance(cache, FusedCache):
+            raise TypeError("cache must be a FusedCache of this FusedModel (from cache_for)")
+        reference.decode_step(self.weights, cache.k, cache.v, cache.pad, state[:, 0], state[:, 1], self.ops,
+                              GreedyFinish(state, eos_ids, int(pad_id), done))
 
     def prefill(self, cache: FusedCache, input_ids, attention_mask, position_ids):
         """The prompt, padded on the right to its bucket (those slots are rewritten by the decode steps

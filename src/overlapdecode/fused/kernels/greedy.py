@@ -1,0 +1,142 @@
+"""The greedy token choice and stop bookkeeping of a decode step, done by the LM head kernel's programs
+(norm_linear with `finish`) instead of by separate kernels after it.
+
+What it computes, per row b (the contract of `greedy_finish_ref`, which is the decode loop's own
+`choose_next` for greedy decoding):
+
+    token = argmax(logits[b])            first index of the row maximum, NaN counting as the maximum
+    token = pad_id if finished[b]        a finished row emits padding
+    finished[b] |= token in eos_ids
+    state[b] = (token, position[b] + 1, finished[b]);  done = all rows finished
+
+Why in the LM head: after the head, the step used to launch the chunked argmax, the finished/EOS bookkeeping
+(inductor's kernels of `choose_next`) and two copies into the step's state and flag: five small kernels of a
+few microseconds each, every step, none with programmatic dependent launch. Here each program of the head
+already holds its tile of logits in registers: it stores the tile's per-row maximum and its first column
+(NaN first), `(NBLK, B)` partials; the program that takes the last ticket reduces them in column-block order
+(the first block holding a row's maximum wins: the first index, deterministic whichever program came last)
+and writes the state and the flag. No logit is read back from memory.
+
+Where: FusedModel.greedy_step, for greedy decoding with the Triton kernels and the whole vocabulary on each
+device (not the vocabulary-parallel head); everything else chooses with `choose_next` in torch.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ...sampling import argmax_rows
+from ...stopping import mark_finished
+
+BIG_INDEX = tl.constexpr(2**31 - 1)  # above any column: "no candidate"
+REDUCE_BLOCKS = tl.constexpr(256)  # column blocks the last program reduces per iteration
+
+
+class GreedyFinish(NamedTuple):
+    """What a step's greedy finish reads and writes in place: `state` (B, 3) long (last token, its position,
+    finished), `eos` (E,) long (E may be 0: never stop), `pad_id`, `done` 0-d bool (all rows finished)."""
+
+    state: torch.Tensor
+    eos: torch.Tensor
+    pad_id: int
+    done: torch.Tensor
+
+
+def greedy_finish_ref(logits: torch.Tensor, finish: GreedyFinish) -> None:
+    """The decode loop's greedy choice on float32 logits (B, V), written into finish.state and finish.done."""
+    state = finish.state
+    tokens, finished, done = mark_finished(argmax_rows(logits), state[:, 2].bool(), finish.eos, finish.pad_id)
+    state.copy_(torch.stack([tokens, state[:, 1] + 1, finished.long()], dim=1))
+    finish.done.copy_(done)
+
+
+@triton.jit
+def block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B):
+    """Store the per-row maximum of the (BLOCK_M, BLOCK_N) tile `y` (float32) and the first column holding it
+    (NaN counting as the maximum, the first NaN then) at (pid_n, row) of the (NBLK, B) partials."""
+    live = row_ok[:, None] & col_ok[None, :]
+    v = tl.where(live, y, float("-inf"))
+    nan = v != v
+    any_nan = tl.max(nan.to(tl.int32), 1) > 0
+    key = tl.where(nan, float("inf"), v)
+    m = tl.max(key, 1)
+    cand = tl.where(any_nan[:, None], nan, key == m[:, None]) & live
+    first = tl.min(tl.where(cand, cols[None, :], BIG_INDEX), 1)
+    tl.store(val_ptr + pid_n * B + rows, tl.where(any_nan, float("nan"), m), mask=row_ok)
+    tl.store(idx_ptr + pid_n * B + rows, first, mask=row_ok)
+
+
+@triton.jit
+def greedy_finish(val_ptr, idx_ptr, NBLK, B, state_ptr, eos_ptr, E, pad_id, done_ptr,
+                  BLOCK_M: tl.constexpr, RB: tl.constexpr):
+    """Run by the last program of the head: reduce the (NBLK, B) partials of block_argmax to each row's token
+    and write the new state and the all-finished flag (see the module docstring). Its loads of the partials
+    bypass L1 (the other programs stored them; linear_residual.last_of_split)."""
+    all_done = tl.full((BLOCK_M,), 1, tl.int32)
+    for r0 in range(0, B, BLOCK_M):
+        rows = r0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < B
+        best_nan = tl.zeros((BLOCK_M,), tl.int32)
+        best_val = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        best_idx = tl.full((BLOCK_M,), BIG_INDEX, tl.int32)
+        for c0 in range(0, NBLK, RB):  # column blocks in order: an earlier block wins a tie
+            blk = c0 + tl.arange(0, RB)
+            ok = (blk < NBLK)[:, None] & row_ok[None, :]
+            pv = tl.load(val_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=float("-inf"),
+                         cache_modifier=".cg")
+            pi = tl.load(idx_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=BIG_INDEX, cache_modifier=".cg")
+            pn = (pv != pv) & ok
+            c_nan = tl.max(pn.to(tl.int32), 0)
+            key = tl.where(pn, float("inf"), pv)
+            c_max = tl.max(key, 0)
+            cand = tl.where((c_nan > 0)[None, :], pn, key == c_max[None, :]) & ok
+            c_idx = tl.min(tl.where(cand, pi, BIG_INDEX), 0)
+            # take this chunk's candidate unless an earlier chunk already holds a NaN or an equal or larger max
+            take = (best_nan == 0) & ((c_nan > 0) | (c_max > best_val) | (best_idx == BIG_INDEX))
+            best_val = tl.where(take, c_max, best_val)
+            best_idx = tl.where(take, c_idx, best_idx)
+            best_nan = tl.maximum(best_nan, c_nan)
+        token = best_idx.to(tl.int64)
+        fin = tl.load(state_ptr + rows * 3 + 2, mask=row_ok, other=1) != 0
+        pos = tl.load(state_ptr + rows * 3 + 1, mask=row_ok, other=0)
+        token = tl.where(fin, pad_id, token)
+        is_eos = rows < 0  # all false
+        for e in range(E):
+            is_eos = is_eos | (token == tl.load(eos_ptr + e))
+        fin = fin | is_eos
+        tl.store(state_ptr + rows * 3, token, mask=row_ok)
+        tl.store(state_ptr + rows * 3 + 1, pos + 1, mask=row_ok)
+        tl.store(state_ptr + rows * 3 + 2, fin.to(tl.int64), mask=row_ok)
+        all_done = all_done & tl.where(row_ok, fin.to(tl.int32), 1)
+    tl.store(done_ptr, (tl.min(all_done, 0) > 0).to(tl.uint8))
+
+
+def check_finish(finish: GreedyFinish, batch: int, device) -> None:
+    """The buffers a kernel writes in place, checked from their metadata (no device read)."""
+    if not isinstance(finish, GreedyFinish):
+        raise TypeError(f"finish must be a GreedyFinish, got {type(finish).__name__}")
+    state, eos, done = finish.state, finish.eos, finish.done
+    if state.shape != (batch, 3) or state.dtype != torch.long or not state.is_contiguous():
+        raise ValueError(f"finish.state must be a contiguous ({batch}, 3) long tensor, got {tuple(state.shape)} "
+                         f"{state.dtype}")
+    if eos.dim() != 1 or eos.dtype != torch.long or not eos.is_contiguous():
+        raise ValueError(f"finish.eos must be a contiguous 1-d long tensor, got {tuple(eos.shape)} {eos.dtype}")
+    if done.shape != () or done.dtype != torch.bool:
+        raise ValueError(f"finish.done must be a 0-d bool tensor, got {tuple(done.shape)} {done.dtype}")
+    for name, t in (("state", state), ("eos", eos), ("done", done)):
+        if t.device != device:
+            raise ValueError(f"finish.{name} is on {t.device}, the logits on {device}")
+
+
+def finish_args(finish: GreedyFinish, n_blocks: int, batch: int, device) -> tuple:
+    """The launch arguments of a head with a greedy finish: the (NBLK, B) partials and the in-place buffers."""
+    check_finish(finish, batch, device)
+    vals = torch.empty((n_blocks, batch), dtype=torch.float32, device=device)
+    idx = torch.empty((n_blocks, batch), dtype=torch.int32, device=device)
+    eos = finish.eos if finish.eos.numel() else finish.state  # never read when E == 0
+    return vals, idx, finish.state, eos, finish.eos.numel(), int(finish.pad_id), finish.done.view(torch.uint8)
+
