@@ -1,5 +1,6 @@
-"""The greedy token choice inside the LM head's kernel (fused/kernels/greedy.py) against the choice by torch
-ops after it (`choose_next` compiled by inductor, then two copies: the fused greedy step before session 8),
+"""The greedy token choice by one kernel after the LM head (fused/kernels/greedy.py, what FusedModel.greedy_step
+runs) against the choice by torch ops (`choose_next` compiled by inductor, then two copies: the fused greedy
+step before session 8),
 measured as the decode loop runs them: the whole StepGraph (model step, choice, state and flag update) replayed
 from its CUDA graph, bfloat16, at gpt2-random batch 1 and llama-1b-random batch 1 and 8.
 
@@ -36,7 +37,7 @@ def graphs(fm: FusedModel, cache, B: int) -> dict:
                                decode.compiled_choose_next())
     now = functools.partial(decode._fused_greedy_step, fm, cache, 0)
     return {"choose after the head": StepGraph(before, B, 1, None, DEV),
-            "finish in the head": StepGraph(now, B, 1, None, DEV)}
+            "greedy kernel": StepGraph(now, B, 1, None, DEV)}
 
 
 def reset(g: StepGraph, init: torch.Tensor) -> None:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session-8 GPU calls on one H200 (results tar'd to $OUT/s8-STAGE.tgz: at most 8 files come back from a call;
 # OVERLAPDECODE_COMMIT names the commit, the copy has no .git).
-#   bash scripts/gpu_session8.sh A   # the greedy finish in the LM head (kernels/greedy.py): the kernel cases on
-#                                    # the GPU; the fused float32 200-token tests against HF, the captured step
+#   bash scripts/gpu_session8.sh A   # the greedy choice kernel (kernels/greedy.py; at 4f77f6c the same work in
+#                                    # the LM head's programs): its kernel cases on the GPU; the fused float32 200-token tests against HF, the captured step
 #                                    # against the eager one (bf16, greedy and sampling), the late-stop tests; the
 #                                    # step graph with the finish against the torch choice (scripts/finish_ab.py);
 #                                    # the GPT-2 bench (fused, interleaved)
@@ -20,7 +20,7 @@ bench() {  # bench NAME MODEL DTYPE_BATCH STRATEGIES TIMEOUT
   echo "bench $1 rc=$?" >> $W/bench-$1.log; grep -E "^\| (fused|interleaved) |rc=" $W/bench-$1.log | head -8
 }
 if [ "$STAGE" = A ]; then
-  timeout 150 python3 -m pytest tests/fused_kernel_cases.py -p no:cacheprovider -q > $W/kernel-cases.log 2>&1
+  timeout 150 python3 -m pytest tests/fused_kernel_cases.py -p no:cacheprovider -q -k "greedy or whole_step or generate_with" > $W/kernel-cases.log 2>&1
   echo "kernel cases rc=$?" >> $W/kernel-cases.log; tail -2 $W/kernel-cases.log
   timeout 300 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider -rA -q \
     -k "float32_tokens or captured_once or late_stop_checks_equal or second_call" > $W/gpu-tests.log 2>&1

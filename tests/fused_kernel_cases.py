@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from overlapdecode.fused.kernels.embed import embed, embed_ref
-from overlapdecode.fused.kernels.greedy import GreedyFinish
+from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref, split_k
 from overlapdecode.fused.kernels.norm_linear import NormSums, norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
@@ -195,73 +195,71 @@ def _finish(state, eos, pad_id=0):
                         torch.zeros((), dtype=torch.bool, device=DEV))
 
 
-def _check_finish_against_ref(x, nw, w, b, state, eos, pad_id=0, block_n=16, tickets=None):
-    """The head with its greedy finish against norm_linear_ref + greedy_finish_ref: logits (NaN where NaN),
-    state and flag exactly."""
+def _check_choice_against_ref(logits, state, eos, pad_id=0, block_v=16, tickets=None):
+    """greedy_choice against greedy_finish_ref (the decode loop's choice): state and flag exactly."""
     ref, got = _finish(state, eos, pad_id), _finish(state, eos, pad_id)
-    ref_logits = norm_linear_ref(x, nw, None, 1e-5, w, b, "none", torch.float32, finish=ref)
-    logits = norm_linear(x, nw, None, 1e-5, w, b, "none", torch.float32, block_n=block_n, block_k=32, finish=got,
-                         tickets=tickets)
-    torch.testing.assert_close(logits, ref_logits, equal_nan=True, **TOL)
+    greedy_finish_ref(logits, ref)
+    greedy_choice(logits, got, tickets=tickets, block_v=block_v)
     assert torch.equal(got.state, ref.state), (got.state, ref.state)
     assert bool(got.done) == bool(ref.done)
     return got
 
 
-@pytest.mark.parametrize("B,N,block_n", [(1, 50, 16), (3, 67, 32), (17, 4805, 16)])
-def test_greedy_finish_equals_the_loops_choice(B, N, block_n):
-    """The LM head's greedy finish (kernels/greedy.py) makes the decode loop's choice (argmax_rows then
-    mark_finished): tokens, positions + 1, finished flags and the all-finished flag, with finished rows padded,
-    EOS among the chosen tokens, over one or two row blocks and more column blocks than one reduction pass."""
-    torch.manual_seed(B + N)
-    K = 40
-    x, nw, w = rnd(B, K) + 0.5, rnd(K, scale=0.3) + 1, rnd(N, K, scale=K**-0.5)
-    state = torch.stack([torch.randint(0, N, (B,)), torch.randint(5, 50, (B,)), torch.zeros(B, dtype=torch.long)],
+@pytest.mark.parametrize("B,V,block_v", [(1, 50, 16), (3, 67, 32), (17, 16 * 300 + 5, 16), (2, 1000, 2048)])
+def test_greedy_choice_equals_the_loops_choice(B, V, block_v):
+    """The greedy choice kernel (kernels/greedy.py) makes the decode loop's choice (argmax_rows then
+    mark_finished): tokens, positions + 1, finished flags and the all-finished flag, with finished rows padded
+    and EOS among the chosen tokens, over one or two row blocks, one program or more column blocks than one
+    reduction pass."""
+    torch.manual_seed(B + V)
+    logits = rnd(B, V)
+    state = torch.stack([torch.randint(0, V, (B,)), torch.randint(5, 50, (B,)), torch.zeros(B, dtype=torch.long)],
                         1).to(DEV)
-    first = _check_finish_against_ref(x, nw, w, None, state, [], block_n=block_n)
+    first = _check_choice_against_ref(logits, state, [], block_v=block_v)
     assert not bool(first.done) and (first.state[:, 1] == state[:, 1] + 1).all()
     chosen = first.state[:, 0].tolist()
     state[0, 2] = 1  # row 0 finished earlier: it emits the pad id
-    got = _check_finish_against_ref(x, nw, w, None, state, [chosen[-1], N + 3], pad_id=7, block_n=block_n)
+    got = _check_choice_against_ref(logits, state, [chosen[-1], V + 3], pad_id=7, block_v=block_v)
     assert got.state[0, 0] == 7 and got.state[-1, 2] == 1
     state[:, 2] = 1
-    assert bool(_check_finish_against_ref(x, nw, w, None, state, [1], pad_id=2, block_n=block_n).done)
+    assert bool(_check_choice_against_ref(logits, state, [1], pad_id=2, block_v=block_v).done)
 
 
 @pytest.mark.parametrize("case", ["tie across passes", "NaN beats inf", "all -inf", "inf"])
-def test_greedy_finish_ties_nan_and_infinities(case):
-    """Logits made exactly by the bias (zero weights): a tie goes to the first column, also across the
+def test_greedy_choice_ties_nan_and_infinities(case):
+    """Row 0 of the logits made for the case, row 1 random: a tie goes to the first column, also across the
     reduction's passes (301 column blocks of 16); a NaN counts as the maximum (the first NaN); a row of -inf
     chooses column 0, as torch.argmax does."""
-    B, N, K = 2, 16 * 300 + 5, 8
-    x, nw, w = rnd(B, K), rnd(K) + 1, torch.zeros(N, K, device=DEV)
-    b = torch.randn(N, device=DEV)
+    B, V = 2, 16 * 300 + 5
+    logits = rnd(B, V)
     want = {"tie across passes": 100, "NaN beats inf": 4600, "all -inf": 0, "inf": 4700}[case]
     if case == "tie across passes":
-        b[100] = b[4500] = 50.0
+        logits[0, 100] = logits[0, 4500] = 50.0
     elif case == "NaN beats inf":
-        b[50] = float("inf")
-        b[4600] = b[4700] = float("nan")
+        logits[0, 50] = float("inf")
+        logits[0, 4600] = logits[0, 4700] = float("nan")
     elif case == "all -inf":
-        b.fill_(float("-inf"))
+        logits[0].fill_(float("-inf"))
     else:
-        b[4700] = b[4800] = float("inf")
+        logits[0, 4700] = logits[0, 4800] = float("inf")
     state = torch.zeros((B, 3), dtype=torch.long, device=DEV)
     tickets = Tickets(DEV)
-    got = _check_finish_against_ref(x, nw, w, b, state, [want], tickets=tickets)
-    assert got.state[:, 0].tolist() == [want] * B and bool(got.done)
-    assert int(tickets.counters.abs().sum()) == 0  # the ticket is back at zero for the next launch
+    for _ in range(2):  # the ticket is back at zero for the next launch
+        got = _check_choice_against_ref(logits, state, [want], tickets=tickets)
+        assert got.state[0].tolist() == [want, 1, 1] and int(tickets.counters.abs().sum()) == 0
 
 
-def test_greedy_finish_refuses_bad_buffers():
-    x, nw, w = rnd(2, 8), rnd(8) + 1, rnd(20, 8)
+def test_greedy_choice_refuses_bad_buffers():
+    logits = rnd(2, 20)
     ok = _finish(torch.zeros((2, 3), dtype=torch.long, device=DEV), [1])
     with pytest.raises(ValueError, match="finish.state must be a contiguous \\(2, 3\\) long"):
-        norm_linear(x, nw, None, 1e-5, w, None, "none", torch.float32, finish=ok._replace(state=ok.state[:1]))
+        greedy_choice(logits, ok._replace(state=ok.state[:1]))
     with pytest.raises(ValueError, match="finish.done must be a 0-d bool"):
-        norm_linear(x, nw, None, 1e-5, w, None, "none", torch.float32, finish=ok._replace(done=ok.state))
-    with pytest.raises(ValueError, match="finish needs float32 logits without an activation"):
-        norm_linear(x, nw, None, 1e-5, w, None, "gelu_tanh", None, finish=ok)
+        greedy_choice(logits, ok._replace(done=ok.state))
+    with pytest.raises(ValueError, match="logits must be \\(B, V\\) float32"):
+        greedy_choice(logits.half(), ok)
+    with pytest.raises(ValueError, match="block_v must be a power of two"):
+        greedy_choice(logits, ok, block_v=48)
 
 
 @pytest.mark.parametrize("B,H,block", [(1, 40, 16), (3, 37, 16), (2, 64, 1024)])

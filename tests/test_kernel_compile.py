@@ -17,6 +17,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from overlapdecode.fused.kernels.decode_attention import _split_kernel  # noqa: E402
 from overlapdecode.fused.kernels.embed import _embed_kernel  # noqa: E402
 from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
+from overlapdecode.fused.kernels.greedy import _greedy_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import _norm_linear_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel  # noqa: E402
 from overlapdecode.fused.model import TILES  # noqa: E402
@@ -36,10 +37,6 @@ def ptx(kernel, types: dict, constants: dict, **options) -> str:
 def bf16(*names):
     return {n: "*bf16" for n in names}
 
-
-# the greedy finish's arguments of the norm_linear kernel (its partials, ticket, the step's state and flag)
-FINISH_TYPES = {"val_ptr": "*fp32", "idx_ptr": "*i32", "ticket_ptr": "*i32", "state_ptr": "*i64", "eos_ptr": "*i64",
-                "E": "i32", "pad_id": "i32", "done_ptr": "*u8"}
 
 # (kernel, run-time argument types, constexprs) at the Llama-1B shape, split where the step splits; GPT2 below
 # changes the constexprs that differ at GPT-2 (LayerNorm, biases, no RoPE, GELU)
@@ -68,16 +65,14 @@ CASES = {
                         dict(K=8192, K_CHUNK=2048, SPLIT=4, HAS_BIAS=False, SUMS=True, BLOCK_M=16, BLOCK_N=32,
                              BLOCK_K=128)),
     "norm_linear": (_norm_linear_kernel,
-                    {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "out_ptr"), **FINISH_TYPES,
-                     "ss_ptr": "*fp32", "B": "i32", "N": "i32", "NB": "i32", "eps": "fp32"},
-                    dict(K=2048, LAYER=False, HAS_BIAS=False, ACT=2, ROUND_OUT=True, FINISH=False, BLOCK_M=16,
-                         BLOCK_N=32, BLOCK_K=256, NB_PAD=64)),
-    # the LM head with its greedy finish (kernels/greedy.py): float32 logits, the token chosen in the launch
-    "lm_head": (_norm_linear_kernel,
-                {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr"), "out_ptr": "*fp32", **FINISH_TYPES,
-                 "ss_ptr": "*fp32", "B": "i32", "N": "i32", "NB": "i32", "eps": "fp32"},
-                dict(K=2048, LAYER=False, HAS_BIAS=False, ACT=0, ROUND_OUT=False, FINISH=True, BLOCK_M=16,
-                     BLOCK_N=32, BLOCK_K=256, NB_PAD=0)),
+                    {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "out_ptr"), "ss_ptr": "*fp32",
+                     "B": "i32", "N": "i32", "NB": "i32", "eps": "fp32"},
+                    dict(K=2048, LAYER=False, HAS_BIAS=False, ACT=2, ROUND_OUT=True, BLOCK_M=16, BLOCK_N=32,
+                         BLOCK_K=256, NB_PAD=64)),
+    "greedy": (_greedy_kernel,
+               {"logits_ptr": "*fp32", "val_ptr": "*fp32", "idx_ptr": "*i32", "ticket_ptr": "*i32", "state_ptr": "*i64",
+                "eos_ptr": "*i64", "E": "i32", "pad_id": "i32", "done_ptr": "*u8", "B": "i32", "V": "i32"},
+               dict(BLOCK_M=1, BLOCK_V=2048)),
 }
 
 
@@ -85,8 +80,8 @@ GPT2 = {"embed": dict(HAS_POS=True, SUMS=False),
         "norm_qkv": dict(K=768, K_CHUNK=768, SPLIT=1, LAYER=True, HAS_BIAS=True, ROPE=False, NB_PAD=0),
         "linear_residual": dict(K=3072, K_CHUNK=768, HAS_BIAS=True, SUMS=False),
         "norm_linear": dict(K=768, LAYER=True, HAS_BIAS=True, ACT=1, NB_PAD=0),
-        "lm_head": dict(K=768, LAYER=True),
-        "attention": dict(HQ=12, HKV=12, G=1)}
+        "attention": dict(HQ=12, HKV=12, G=1),
+        "greedy": dict(BLOCK_M=16)}  # (the batch, not GPT-2, sets BLOCK_M: 16 rows, as from batch 16 on)
 
 
 @pytest.mark.parametrize("pdl", [0, 1, 2, 3])

@@ -236,7 +236,7 @@ class Decoder:
             if params.do_sample:
                 choose = compiled_choose_next()
                 step = functools.partial(_fused_step, self._fused, decode_kwargs(fused_cache), pad_id, params, choose)
-            else:  # the LM head's kernel chooses the token itself (fused/kernels/greedy.py)
+            else:  # one kernel chooses the token and updates state and flag (fused/kernels/greedy.py)
                 step = functools.partial(_fused_greedy_step, self._fused, fused_cache, pad_id)
             noise = (batch, vocab) if params.do_sample else None
             graph = StepGraph(step, batch, len(eos_ids), noise, device)
@@ -342,7 +342,7 @@ def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, choose
 
 def _fused_greedy_step(fused, cache, pad_id: int, state, eos_ids, noise, done):
     """The greedy fused decode step StepGraph captures: FusedModel.greedy_step, which advances state and done
-    in place (the LM head's kernel chooses: no choose kernels, no copies after it)."""
+    in place (one kernel after the head chooses: no inductor choice kernels, no copies)."""
     fused.greedy_step(cache, state, eos_ids, pad_id, done)
 
 

@@ -19,7 +19,7 @@ from ..tp import SymmetricAllReduce, is_sharded
 from . import reference
 from .cache import FusedCache
 from .kernels.embed import embed_ref
-from .kernels.greedy import GreedyFinish
+from .kernels.greedy import GreedyFinish, greedy_finish_ref
 from .kernels.linear_residual import linear_residual_ref
 from .kernels.norm_linear import norm_linear_ref
 from .kernels.norm_qkv import norm_qkv_ref
@@ -63,11 +63,12 @@ class StepOps(NamedTuple):
     linear_residual: object
     norm_linear: object
     embed: object  # token (+ position) embedding, the rows' slots and lengths
+    greedy: object  # the greedy choice and stop bookkeeping on the logits, in place (kernels/greedy.py)
     symmetric: object = None  # tp.SymmetricAllReduce for a sharded model's all-reduces, or None
 
 
 REFERENCE_OPS = StepOps(norm_qkv_ref, reference.decode_attention_torch, linear_residual_ref, norm_linear_ref,
-                        embed_ref)
+                        embed_ref, greedy_finish_ref)
 
 
 def pdl_supported(device: torch.device) -> bool:
@@ -106,6 +107,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     writers hand their RMSNorm sums of squares to their readers (kernels/norm_linear.py NormSums; for an
     unsharded RMSNorm model). Imported here because Triton is an optional, heavy dependency of the CUDA path."""
     from .kernels.embed import embed
+    from .kernels.greedy import greedy_choice
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import NormSums, norm_linear
     from .kernels.norm_qkv import norm_qkv
@@ -126,10 +128,12 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
                    decode_attention,
                    Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
                          "linear_residual", 1, tiles),
-                   Tiled(functools.partial(norm_linear, pdl=pdl, tickets=tickets, **sums), "norm_linear", 4, tiles),
+                   Tiled(functools.partial(norm_linear, pdl=pdl, **sums), "norm_linear", 4, tiles),
                    # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
                    # 1 (eaf04d0, benchmarks/h200-session7-verify): GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
-                   functools.partial(embed, pdl=pdl, **sums))
+                   functools.partial(embed, pdl=pdl, **sums),
+                   # one PDL launch instead of inductor's choice kernels and two copies (kernels/greedy.py)
+                   functools.partial(greedy_choice, tickets=tickets, pdl=pdl))
 
 
 class FusedOptions(NamedTuple):
@@ -308,8 +312,8 @@ class FusedModel:
                     done: torch.Tensor) -> None:
         """One greedy decode step over the loop's state: the token state[:, 0] at position state[:, 1] of each
         row through the model, then the greedy choice and stop bookkeeping of `decode.choose_next`, written into
-        `state` (B, 3) long and `done` (0-d bool) in place. With the Triton kernels the LM head's own programs
-        choose (kernels/greedy.py): no kernel runs after the head."""
+        `state` (B, 3) long and `done` (0-d bool) in place, by one kernel after the LM head with the Triton kernels
+        (kernels/greedy.py)."""
         if not isinstance(cache, FusedCache):
             raise TypeError("cache must be a FusedCache of this FusedModel (from cache_for)")
         reference.decode_step(self.weights, cache.k, cache.v, cache.pad, state[:, 0], state[:, 1], self.ops,

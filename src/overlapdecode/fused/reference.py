@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from ..tp import reduce_residual
 from .kernels.embed import embed_rows
-from .kernels.greedy import greedy_finish_ref
 from .kernels.norm_linear import norm_linear_ref, norm_ref
 from .kernels.norm_qkv import apply_rope, rope_cos_sin
 from .layout import FusedWeights
@@ -36,9 +35,8 @@ def decode_attention_torch(q, k_cache, v_cache, start, length, scale: float):
 def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=None):
     """One token per row: ids, pos (B,) long -> float32 logits (B, V); writes K/V at slot pos + pad.
     `ops` (model.StepOps): the operations, Triton kernels or their `*_ref` twins. `finish`
-    (kernels/greedy.py GreedyFinish): also choose the greedy tokens and advance its state and flag in place (by
-    the LM head's own programs where the whole vocabulary is here; after the gather under a vocabulary-parallel
-    head); ids and pos may be views of that state: they are read before it is written."""
+    (kernels/greedy.py GreedyFinish): also choose the greedy tokens and advance its state and flag in place
+    (ops.greedy, after the head); ids and pos may be views of that state: they are read before it is written."""
     # slot and length int64 (the attention takes either): a `pad.to(int32)` here was recomputed by inductor
     # before every layer's attention, 16 one-element kernels per step at Llama-1B (its output code, H200)
     h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad)  # (B, H), (B,), (B,)
@@ -53,12 +51,11 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
         h = reduce_residual(ops.linear_residual, a.reshape(B, -1), layer.w_o, layer.b_o, h, W.tp, ops.symmetric)
         m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
         h = reduce_residual(ops.linear_residual, m, layer.w_down, layer.b_down, h, W.tp, ops.symmetric)
-    if W.vocab is None:
-        return ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, finish=finish)
-    logits = W.vocab.gather_logits(ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none",
-                                                   torch.float32))  # under tp: this rank's vocabulary rows
+    logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32)
+    if W.vocab is not None:
+        logits = W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
     if finish is not None:
-        greedy_finish_ref(logits, finish)
+        ops.greedy(logits, finish)
     return logits
 
 

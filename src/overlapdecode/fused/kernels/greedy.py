@@ -1,5 +1,4 @@
-"""The greedy token choice and stop bookkeeping of a decode step, done by the LM head kernel's programs
-(norm_linear with `finish`) instead of by separate kernels after it.
+"""The greedy token choice and stop bookkeeping of a decode step in one kernel launch, after the LM head.
 
 What it computes, per row b (the contract of `greedy_finish_ref`, which is the decode loop's own
 `choose_next` for greedy decoding):
@@ -9,16 +8,21 @@ What it computes, per row b (the contract of `greedy_finish_ref`, which is the d
     finished[b] |= token in eos_ids
     state[b] = (token, position[b] + 1, finished[b]);  done = all rows finished
 
-Why in the LM head: after the head, the step used to launch the chunked argmax, the finished/EOS bookkeeping
-(inductor's kernels of `choose_next`) and two copies into the step's state and flag: five small kernels of a
-few microseconds each, every step, none with programmatic dependent launch. Here each program of the head
-already holds its tile of logits in registers: it stores the tile's per-row maximum and its first column
-(NaN first), `(NBLK, B)` partials; the program that takes the last ticket reduces them in column-block order
-(the first block holding a row's maximum wins: the first index, deterministic whichever program came last)
-and writes the state and the flag. No logit is read back from memory.
+Why: after the head, the step used to launch the chunked argmax and the finished/EOS bookkeeping (inductor's
+kernels of `choose_next`) and two copies into the step's state and flag: five small kernels, none with
+programmatic dependent launch. Here one launch (with PDL, pdl.py) does it all. Grid (cdiv(V, BLOCK_V),
+cdiv(B, BLOCK_M)): each program loads its (BLOCK_M, BLOCK_V) tile of float32 logits and stores each row's
+maximum and first column holding it (NaN first), (NBLK, B) partials; the program that takes the last ticket
+reduces them in column-block order (the first block holding a row's maximum wins: the first index, whichever
+program came last) and writes the state and the flag.
 
-Where: FusedModel.greedy_step, for greedy decoding with the Triton kernels and the whole vocabulary on each
-device (not the vocabulary-parallel head); everything else chooses with `choose_next` in torch.
+Tried first (4f77f6c, H200, `benchmarks/h200-session8-finish`): the same partials and reduction in the LM
+head's own programs, saving the launch. Fewer kernels (GPT-2 67 -> 62 per step) but a slower step: GPT-2
+0.297 -> 0.306 ms, Llama-1B batch 1 0.912 -> 0.938, batch 8 0.958 -> 1.008 (the step graph, scripts/finish_ab.py):
+the head, the one kernel at full bandwidth, lost more than the launches saved.
+
+Where: FusedModel.greedy_step (the fused path's greedy step, FusedModel.greedy_step) with the Triton kernels;
+elsewhere its torch twin.
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ import triton.language as tl
 
 from ...sampling import argmax_rows
 from ...stopping import mark_finished
+from .linear_residual import Tickets, last_of_split, require_32bit, take_tickets
+from .pdl import pdl_launch, pdl_release, pdl_start
 
 BIG_INDEX = tl.constexpr(2**31 - 1)  # above any column: "no candidate"
 REDUCE_BLOCKS = tl.constexpr(256)  # column blocks the last program reduces per iteration
+BLOCK_V = 2048  # logits per row per program: 25 programs at GPT-2's vocabulary, 63 at Llama-3's
 
 
 class GreedyFinish(NamedTuple):
@@ -115,6 +122,25 @@ def greedy_finish(val_ptr, idx_ptr, NBLK, B, state_ptr, eos_ptr, E, pad_id, done
     tl.store(done_ptr, (tl.min(all_done, 0) > 0).to(tl.uint8))
 
 
+@triton.jit
+def _greedy_kernel(logits_ptr, val_ptr, idx_ptr, ticket_ptr, state_ptr, eos_ptr, E, pad_id, done_ptr, B, V,
+                   BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
+    pid_n = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_ok = rows < B
+    col_ok = cols < V
+    y = tl.load(logits_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                other=float("-inf"))
+    pdl_release(PDL)
+    block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B)
+    if last_of_split(ticket_ptr, 0, tl.num_programs(0) * tl.num_programs(1)):
+        greedy_finish(val_ptr, idx_ptr, tl.num_programs(0), B, state_ptr, eos_ptr, E, pad_id, done_ptr, BLOCK_M,
+                      REDUCE_BLOCKS)
+        tl.store(ticket_ptr, 0)  # back to zero for the next launch
+
+
 def check_finish(finish: GreedyFinish, batch: int, device) -> None:
     """The buffers a kernel writes in place, checked from their metadata (no device read)."""
     if not isinstance(finish, GreedyFinish):
@@ -132,11 +158,23 @@ def check_finish(finish: GreedyFinish, batch: int, device) -> None:
             raise ValueError(f"finish.{name} is on {t.device}, the logits on {device}")
 
 
-def finish_args(finish: GreedyFinish, n_blocks: int, batch: int, device) -> tuple:
-    """The launch arguments of a head with a greedy finish: the (NBLK, B) partials and the in-place buffers."""
-    check_finish(finish, batch, device)
-    vals = torch.empty((n_blocks, batch), dtype=torch.float32, device=device)
-    idx = torch.empty((n_blocks, batch), dtype=torch.int32, device=device)
+def greedy_choice(logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets | None = None, pdl: int = 0,
+                  block_v: int = BLOCK_V) -> None:
+    """The Triton kernel of `greedy_finish_ref`: logits (B, V) float32 contiguous; writes finish.state and
+    finish.done in place. `tickets`: the counter of the launch (linear_residual.Tickets; default fresh zeros);
+    `pdl`: pdl.py's mode; `block_v`: logits per row per program (a power of two)."""
+    require_32bit(logits=logits)
+    if logits.dim() != 2 or logits.dtype != torch.float32:
+        raise ValueError(f"logits must be (B, V) float32, got {tuple(logits.shape)} {logits.dtype}")
+    if not isinstance(block_v, int) or block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"block_v must be a power of two >= 16, got {block_v!r}")
+    B, V = logits.shape
+    check_finish(finish, B, logits.device)
+    block_m = min(16, triton.next_power_of_2(B))
+    grid = (triton.cdiv(V, block_v), triton.cdiv(B, block_m))
+    vals = torch.empty((grid[0], B), dtype=torch.float32, device=logits.device)
+    idx = torch.empty((grid[0], B), dtype=torch.int32, device=logits.device)
     eos = finish.eos if finish.eos.numel() else finish.state  # never read when E == 0
-    return vals, idx, finish.state, eos, finish.eos.numel(), int(finish.pad_id), finish.done.view(torch.uint8)
-
+    _greedy_kernel[grid](logits, vals, idx, take_tickets(tickets, 1, logits.device), finish.state, eos,
+                         finish.eos.numel(), int(finish.pad_id), finish.done.view(torch.uint8), B, V,
+                         BLOCK_M=block_m, BLOCK_V=block_v, PDL=int(pdl), num_warps=4, **pdl_launch(pdl))

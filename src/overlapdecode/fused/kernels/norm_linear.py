@@ -18,8 +18,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .greedy import REDUCE_BLOCKS, GreedyFinish, block_argmax, finish_args, greedy_finish, greedy_finish_ref
-from .linear_residual import Tickets, last_of_split, require_32bit, take_tickets
+from .linear_residual import require_32bit
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 ACTS = ("none", "gelu_tanh", "silu_mul")
@@ -36,19 +35,15 @@ def norm_ref(x, w, b, eps: float):
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
-def norm_linear_ref(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, finish=None):
-    """(B, K) -> (B, N): act(norm(x) @ w.T + b); "silu_mul" splits w's rows into gate then up. `finish`
-    (greedy.GreedyFinish): also the greedy choice on the output, written into its state and flag."""
+def norm_linear_ref(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None):
+    """(B, K) -> (B, N): act(norm(x) @ w.T + b); "silu_mul" splits w's rows into gate then up."""
     y = F.linear(norm_ref(x, norm_w, norm_b, eps), w, b)
     if act == "silu_mul":
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
     elif act == "gelu_tanh":
         y = F.gelu(y, approximate="tanh")
-    y = y if out_dtype is None else y.to(out_dtype)
-    if finish is not None:
-        greedy_finish_ref(y, finish)
-    return y
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 class NormSums:
@@ -177,9 +172,8 @@ def norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.conste
 @triton.jit
 def _norm_linear_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr, ss_ptr,
-    val_ptr, idx_ptr, ticket_ptr, state_ptr, eos_ptr, E, pad_id, done_ptr,
     B, N, NB, eps, K: tl.constexpr,
-    LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr, FINISH: tl.constexpr,
+    LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
@@ -229,44 +223,26 @@ def _norm_linear_kernel(
     else:
         out = acc
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
-    if FINISH:  # the greedy choice (greedy.py): this tile's maxima, then the last program's reduction
-        block_argmax(acc, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B)
-        if last_of_split(ticket_ptr, 0, tl.num_programs(0) * tl.num_programs(1)):
-            greedy_finish(val_ptr, idx_ptr, tl.num_programs(0), B, state_ptr, eos_ptr, E, pad_id, done_ptr,
-                          BLOCK_M, REDUCE_BLOCKS)
-            tl.store(ticket_ptr, 0)  # back to zero for the next launch
 
 
 def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int = 32,
                 block_k: int = 256, num_warps: int = 4, num_stages: int = 3, pdl: int = 0,
-                norm_sums: NormSums | None = None, finish: GreedyFinish | None = None,
-                tickets: Tickets | None = None):
+                norm_sums: NormSums | None = None):
     """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
     Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128).
-    `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums).
-    `finish` (greedy.py, float32 output with no activation: the LM head): also choose each row's greedy token
-    and advance the step's state and all-finished flag in place, in the same launch; `tickets`: its counter
-    (default: fresh zeros)."""
+    `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums, x, norm_b is not None)
     B, K = x.shape
     n_out = w.shape[0] // 2 if act == "silu_mul" else w.shape[0]
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n_out, block_n), triton.cdiv(B, 16))
-    if finish is not None:
-        if act != "none" or out.dtype != torch.float32:
-            raise ValueError("finish needs float32 logits without an activation (the LM head)")
-        greedy = (*finish_args(finish, grid[0], B, x.device), take_tickets(tickets, 1, x.device))
-        vals, idx, state, eos, n_eos, pad_id, done, counters = greedy
-    else:  # never read: FINISH is off
-        vals, idx, state, eos, n_eos, pad_id, done, counters = out, out, out, out, 0, 0, out, out
     _norm_linear_kernel[grid](
         x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w, out, sums,
-        vals, idx, counters, state, eos, n_eos, pad_id, done,
         B, n_out, nb, eps, K,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
-        ROUND_OUT=out.dtype != torch.float32, FINISH=finish is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, NB_PAD=nb_pad,
+        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, NB_PAD=nb_pad,
         PDL=int(pdl),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
