@@ -6,7 +6,8 @@
 #                                    # against the eager one (bf16, greedy and sampling), the late-stop tests; the
 #                                    # step graph with the finish against the torch choice (scripts/finish_ab.py);
 #                                    # the GPT-2 bench (fused, interleaved)
-#   bash scripts/gpu_session8.sh B   # the 1B bench (fused, interleaved, batch 1 and 8)
+#   bash scripts/gpu_session8.sh B   # the greedy kernel with fewer logits per program from 2 rows on: the step
+#                                    # graph A/B again (finish_ab.py); the 1B bench (fused, interleaved, batch 1, 8)
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
@@ -29,6 +30,8 @@ if [ "$STAGE" = A ]; then
   echo "finish_ab rc=$?" >> $W/finish-ab.log; tail -5 $W/finish-ab.log
   bench h200-fused-gpt2-s8 gpt2-random bfloat16:1 fused,interleaved 110
 elif [ "$STAGE" = B ]; then
+  timeout 150 python3 scripts/finish_ab.py $W/finish-ab > $W/finish-ab.log 2>&1
+  echo "finish_ab rc=$?" >> $W/finish-ab.log; tail -5 $W/finish-ab.log
   bench h200-fused-1b-s8 llama-1b-random bfloat16:1,bfloat16:8 fused,interleaved 330
 fi
 tar czf $OUT/s8-$STAGE.tgz -C /tmp s8-$STAGE

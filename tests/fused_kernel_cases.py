@@ -205,7 +205,7 @@ def _check_choice_against_ref(logits, state, eos, pad_id=0, block_v=16, tickets=
     return got
 
 
-@pytest.mark.parametrize("B,V,block_v", [(1, 50, 16), (3, 67, 32), (17, 16 * 300 + 5, 16), (2, 1000, 2048)])
+@pytest.mark.parametrize("B,V,block_v", [(1, 50, 16), (3, 67, 32), (17, 16 * 300 + 5, 16), (2, 1000, 2048), (9, 1500, None)])
 def test_greedy_choice_equals_the_loops_choice(B, V, block_v):
     """The greedy choice kernel (kernels/greedy.py) makes the decode loop's choice (argmax_rows then
     mark_finished): tokens, positions + 1, finished flags and the all-finished flag, with finished rows padded
