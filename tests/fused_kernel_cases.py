@@ -244,8 +244,10 @@ def test_greedy_choice_ties_nan_and_infinities(case):
         logits[0, 4700] = logits[0, 4800] = float("inf")
     state = torch.zeros((B, 3), dtype=torch.long, device=DEV)
     tickets = Tickets(DEV)
-    for _ in range(2):  # the ticket is back at zero for the next launch
-        got = _check_choice_against_ref(logits, state, [want], tickets=tickets)
+    wide = torch.full((B, V + 7), 99.0, device=DEV)  # its last 7 columns would win if read
+    wide[:, :V] = logits
+    for rows in (logits, wide[:, :V]):  # the second a column slice (rows not back to back), read in place
+        got = _check_choice_against_ref(rows, state, [want], tickets=tickets)
         assert got.state[0].tolist() == [want, 1, 1] and int(tickets.counters.abs().sum()) == 0
 
 
@@ -256,8 +258,10 @@ def test_greedy_choice_refuses_bad_buffers():
         greedy_choice(logits, ok._replace(state=ok.state[:1]))
     with pytest.raises(ValueError, match="finish.done must be a 0-d bool"):
         greedy_choice(logits, ok._replace(done=ok.state))
-    with pytest.raises(ValueError, match="logits must be \\(B, V\\) float32"):
+    with pytest.raises(ValueError, match="logits must be a \\(B, V\\) float32 tensor"):
         greedy_choice(logits.half(), ok)
+    with pytest.raises(ValueError, match="logits must have contiguous rows"):
+        greedy_choice(rnd(20, 2).t(), ok)
     with pytest.raises(ValueError, match="block_v must be a power of two"):
         greedy_choice(logits, ok, block_v=48)
 

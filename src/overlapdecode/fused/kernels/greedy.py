@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ...sampling import argmax_rows
 from ...stopping import mark_finished
-from .linear_residual import Tickets, last_of_split, require_32bit, take_tickets
+from .linear_residual import Tickets, last_of_split, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 BIG_INDEX = tl.constexpr(2**31 - 1)  # above any column: "no candidate"
@@ -127,7 +127,7 @@ def greedy_finish(val_ptr, idx_ptr, NBLK, B, state_ptr, eos_ptr, E, pad_id, done
 
 
 @triton.jit
-def _greedy_kernel(logits_ptr, val_ptr, idx_ptr, ticket_ptr, state_ptr, eos_ptr, E, pad_id, done_ptr, B, V,
+def _greedy_kernel(logits_ptr, val_ptr, idx_ptr, ticket_ptr, state_ptr, eos_ptr, E, pad_id, done_ptr, B, V, row_stride,
                    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -135,8 +135,8 @@ def _greedy_kernel(logits_ptr, val_ptr, idx_ptr, ticket_ptr, state_ptr, eos_ptr,
     cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < B
     col_ok = cols < V
-    y = tl.load(logits_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                other=float("-inf"))
+    y = tl.load(logits_ptr + rows[:, None].to(tl.int64) * row_stride + cols[None, :],
+                mask=row_ok[:, None] & col_ok[None, :], other=float("-inf"))
     pdl_release(PDL)
     block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B)
     if last_of_split(ticket_ptr, 0, tl.num_programs(0) * tl.num_programs(1)):
@@ -164,12 +164,16 @@ def check_finish(finish: GreedyFinish, batch: int, device) -> None:
 
 def greedy_choice(logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets | None = None, pdl: int = 0,
                   block_v: int | None = None) -> None:
-    """The Triton kernel of `greedy_finish_ref`: logits (B, V) float32 contiguous; writes finish.state and
+    """The Triton kernel of `greedy_finish_ref`: logits (B, V) float32 with contiguous rows (a column slice,
+    such as the vocabulary-parallel head's gathered logits, is read in place); writes finish.state and
     finish.done in place. `tickets`: the counter of the launch (linear_residual.Tickets; default fresh zeros);
     `pdl`: pdl.py's mode; `block_v`: logits per row per program (a power of two; default block_v_for(B))."""
-    require_32bit(logits=logits)
-    if logits.dim() != 2 or logits.dtype != torch.float32:
-        raise ValueError(f"logits must be (B, V) float32, got {tuple(logits.shape)} {logits.dtype}")
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32:
+        raise ValueError(f"logits must be a (B, V) float32 tensor, got {getattr(logits, 'shape', logits)!r} "
+                         f"{getattr(logits, 'dtype', '')}")
+    if logits.stride(1) != 1 or logits.shape[0] * logits.stride(0) >= 2**31:
+        raise ValueError(f"logits must have contiguous rows and fewer than 2**31 elements' span, got shape "
+                         f"{tuple(logits.shape)} strides {logits.stride()}")
     if block_v is None:
         block_v = block_v_for(logits.shape[0])
     if not isinstance(block_v, int) or block_v < 16 or block_v & (block_v - 1):
@@ -182,5 +186,5 @@ def greedy_choice(logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets |
     idx = torch.empty((grid[0], B), dtype=torch.int32, device=logits.device)
     eos = finish.eos if finish.eos.numel() else finish.state  # never read when E == 0
     _greedy_kernel[grid](logits, vals, idx, take_tickets(tickets, 1, logits.device), finish.state, eos,
-                         finish.eos.numel(), int(finish.pad_id), finish.done.view(torch.uint8), B, V,
+                         finish.eos.numel(), int(finish.pad_id), finish.done.view(torch.uint8), B, V, logits.stride(0),
                          BLOCK_M=block_m, BLOCK_V=block_v, PDL=int(pdl), num_warps=4, **pdl_launch(pdl))
