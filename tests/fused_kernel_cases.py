@@ -218,26 +218,33 @@ def test_greedy_choice_equals_the_loops_choice(B, V, block_v):
     first = _check_choice_against_ref(logits, state, [], block_v=block_v)
     assert not bool(first.done) and (first.state[:, 1] == state[:, 1] + 1).all()
     chosen = first.state[:, 0].tolist()
-    state[0, 2] = 1  # row 0 finished earlier: it emits the pad id
+    if B > 1:
+        state[0, 2] = 1  # row 0 finished earlier: it emits the pad id
     got = _check_choice_against_ref(logits, state, [chosen[-1], V + 3], pad_id=7, block_v=block_v)
-    assert got.state[0, 0] == 7 and got.state[-1, 2] == 1
+    assert got.state[-1, 2] == 1 and (B == 1 or got.state[0, 0] == 7)
     state[:, 2] = 1
     assert bool(_check_choice_against_ref(logits, state, [1], pad_id=2, block_v=block_v).done)
 
 
-@pytest.mark.parametrize("case", ["tie across passes", "NaN beats inf", "all -inf", "inf"])
+@pytest.mark.parametrize("case", ["tie across passes", "NaN beats inf", "NaN beats inf in its block",
+                                  "NaN beats inf in its pass", "all -inf", "inf"])
 def test_greedy_choice_ties_nan_and_infinities(case):
     """Row 0 of the logits made for the case, row 1 random: a tie goes to the first column, also across the
     reduction's passes (301 column blocks of 16); a NaN counts as the maximum (the first NaN); a row of -inf
     chooses column 0, as torch.argmax does."""
     B, V = 2, 16 * 300 + 5
     logits = rnd(B, V)
-    want = {"tie across passes": 100, "NaN beats inf": 4600, "all -inf": 0, "inf": 4700}[case]
+    want = {"tie across passes": 100, "NaN beats inf": 4600, "NaN beats inf in its block": 4601,
+            "NaN beats inf in its pass": 200, "all -inf": 0, "inf": 4700}[case]
     if case == "tie across passes":
         logits[0, 100] = logits[0, 4500] = 50.0
     elif case == "NaN beats inf":
         logits[0, 50] = float("inf")
         logits[0, 4600] = logits[0, 4700] = float("nan")
+    elif case == "NaN beats inf in its block":  # columns 4600 and 4601: one block of 16
+        logits[0, 4600], logits[0, 4601] = float("inf"), float("nan")
+    elif case == "NaN beats inf in its pass":  # blocks 3 and 12: one reduction pass
+        logits[0, 50], logits[0, 200] = float("inf"), float("nan")
     elif case == "all -inf":
         logits[0].fill_(float("-inf"))
     else:
@@ -262,6 +269,8 @@ def test_greedy_choice_refuses_bad_buffers():
         greedy_choice(logits.half(), ok)
     with pytest.raises(ValueError, match="logits must have contiguous rows"):
         greedy_choice(rnd(20, 2).t(), ok)
+    with pytest.raises(ValueError, match="at least one row and one column"):
+        greedy_choice(rnd(2, 0), ok)
     with pytest.raises(ValueError, match="block_v must be a power of two"):
         greedy_choice(logits, ok, block_v=48)
 

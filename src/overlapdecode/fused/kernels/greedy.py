@@ -21,8 +21,7 @@ head's own programs, saving the launch. Fewer kernels (GPT-2 67 -> 62 per step) 
 0.297 -> 0.306 ms, Llama-1B batch 1 0.912 -> 0.938, batch 8 0.958 -> 1.008 (the step graph, scripts/finish_ab.py):
 the head, the one kernel at full bandwidth, lost more than the launches saved.
 
-Where: FusedModel.greedy_step (the fused path's greedy step, FusedModel.greedy_step) with the Triton kernels;
-elsewhere its torch twin.
+Where: FusedModel.greedy_step (the fused path's greedy step) with the Triton kernels; elsewhere its torch twin.
 """
 
 from __future__ import annotations
@@ -84,7 +83,7 @@ def block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B):
 @triton.jit
 def greedy_finish(val_ptr, idx_ptr, NBLK, B, state_ptr, eos_ptr, E, pad_id, done_ptr,
                   BLOCK_M: tl.constexpr, RB: tl.constexpr):
-    """Run by the last program of the head: reduce the (NBLK, B) partials of block_argmax to each row's token
+    """Run by the program that takes the last ticket: reduce the (NBLK, B) partials of block_argmax to each row's token
     and write the new state and the all-finished flag (see the module docstring). Its loads of the partials
     bypass L1 (the other programs stored them; linear_residual.last_of_split)."""
     all_done = tl.full((BLOCK_M,), 1, tl.int32)
@@ -179,6 +178,8 @@ def greedy_choice(logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets |
     if not isinstance(block_v, int) or block_v < 16 or block_v & (block_v - 1):
         raise ValueError(f"block_v must be a power of two >= 16, got {block_v!r}")
     B, V = logits.shape
+    if B == 0 or V == 0:
+        raise ValueError(f"logits must have at least one row and one column, got shape {tuple(logits.shape)}")
     check_finish(finish, B, logits.device)
     block_m = min(16, triton.next_power_of_2(B))
     grid = (triton.cdiv(V, block_v), triton.cdiv(B, block_m))
