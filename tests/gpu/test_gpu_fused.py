@@ -165,6 +165,56 @@ def test_fused_step_is_captured_once_and_replays_the_eager_tokens(sampling):
 
 
 @needs_pdl
+@pytest.mark.parametrize("B,V", [(1, 50257), (3, 4805), (8, 128256), (17, 128256)])
+@torch.no_grad()
+def test_greedy_choice_in_a_captured_graph_equals_the_loops_choice(B, V):
+    """greedy_choice (kernels/greedy.py) captured in one CUDA graph with PDL (LATE) behind a kernel that writes
+    its logits, replayed over logits with ties, NaN and infinities placed anew before each replay: the state and
+    flag of the decode loop's own choice (greedy_finish_ref: argmax_rows and mark_finished) every time, and the
+    ticket back at 0. (A reviewer's ad-hoc check in session 8 did the same with the LM head kernel; this keeps it.)"""
+    from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref
+    from overlapdecode.fused.kernels.linear_residual import Tickets
+
+    torch.manual_seed(B + V)
+    src = torch.randn(B, V, device=DEV)
+    logits = torch.empty_like(src)
+    eos = torch.tensor([5, 7], device=DEV)
+    state = torch.zeros((B, 3), dtype=torch.long, device=DEV)
+    done = torch.zeros((), dtype=torch.bool, device=DEV)
+    tickets = Tickets(DEV)
+
+    def step():
+        logits.copy_(src)  # a kernel ahead of the PDL launch, as the LM head is in the step
+        greedy_choice(logits, GreedyFinish(state, eos, 3, done), tickets=tickets, pdl=3)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compiles
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for r in range(12):
+        src.copy_(torch.randn(B, V, device=DEV))
+        cols = torch.randint(0, V, (4,)).tolist()
+        if r % 4 == 1:  # a tie, the earlier column to win
+            src[0, cols[0]] = src[0, cols[1]] = 1e30
+        elif r % 4 == 2:  # NaN beats +inf
+            src[-1, cols[0]], src[-1, cols[1]] = float("inf"), float("nan")
+        elif r % 4 == 3:
+            src[0].fill_(float("-inf"))
+        init = torch.stack([torch.randint(0, 9, (B,)), torch.randint(0, 99, (B,)), torch.randint(0, 2, (B,))], 1)
+        state.copy_(init.to(DEV))
+        ref = GreedyFinish(state.clone(), eos, 3, torch.zeros((), dtype=torch.bool, device=DEV))
+        greedy_finish_ref(src, ref)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(state, ref.state) and bool(done) == bool(ref.done), r
+        assert int(tickets.counters.abs().sum()) == 0
+
+
+@needs_pdl
 @pytest.mark.parametrize("name", ["gpt2-random", "llama-1b-random"])
 @torch.no_grad()
 def test_pdl_changes_no_logit(name):
