@@ -17,17 +17,13 @@ import torch
 @dataclass
 class FusedCache:
     """The cache of one (batch, length, dtype): kept by the FusedModel and reused call after call, with the
-    captured decode steps that read it (`graphs`: the Decoder's StepGraphs, one per stop/sampling setting),
-    which go when the cache goes."""
+    captured decode steps that read it (`graphs`: the Decoder's StepGraphs, one per stop/sampling setting;
+    they go when the cache goes)."""
 
     k: list[torch.Tensor]  # per layer (B, Hkv, S, D)
     v: list[torch.Tensor]
     pad: torch.Tensor  # (B,) long: left padding of each row of the current call
     graphs: OrderedDict = field(default_factory=OrderedDict)
-
-    def drop_graphs(self) -> None:
-        """Forget the captured graphs (they refer back to this cache and its model: see FusedModel.clear_caches)."""
-        self.graphs.clear()
 
     @classmethod
     def empty(cls, n_layers: int, batch: int, n_kv: int, length: int, head_dim: int, dtype, device):

@@ -286,7 +286,7 @@ class FusedModel:
             cache = FusedCache.empty(len(W.layers), batch, W.n_kv_heads, length, W.head_dim, self.dtype, self.device)
         self._caches[key] = cache
         while len(self._caches) > KEEP_CACHES:
-            self._caches.popitem(last=False)[1].drop_graphs()  # see clear_caches
+            self._caches.popitem(last=False)[1].graphs.clear()  # see clear_caches
         return cache
 
     def clear_caches(self) -> None:
@@ -294,7 +294,7 @@ class FusedModel:
         refer back to it (and to this model) through their step: dropping them first breaks that cycle, so
         the cache's memory and the graphs' pools are freed now, not at Python's next cycle collection."""
         for cache in self._caches.values():
-            cache.drop_graphs()
+            cache.graphs.clear()
         self._caches.clear()
 
     def __call__(self, input_ids, position_ids, attention_mask=None, past_key_values=None, use_cache=True,

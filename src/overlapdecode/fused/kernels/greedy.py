@@ -39,6 +39,8 @@ from .pdl import pdl_launch, pdl_release, pdl_start
 
 BIG_INDEX = tl.constexpr(2**31 - 1)  # above any column: "no candidate"
 REDUCE_BLOCKS = tl.constexpr(256)  # column blocks the last program reduces per iteration
+
+
 # Logits per row per program: 2048 at one row (8 KB per program: 25 programs at GPT-2's vocabulary, 63 at
 # Llama-3's), fewer as rows are added, down to 512 (at batch 8 and 2048 per row, 63 programs of 64 KB made the
 # step graph 0.950 -> 0.959 ms at Llama-1B, bf094fd; batch 1 0.906 -> 0.901, GPT-2 0.299 -> 0.296).
@@ -173,13 +175,13 @@ def greedy_choice(logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets |
     if logits.stride(1) != 1 or logits.shape[0] * logits.stride(0) >= 2**31:
         raise ValueError(f"logits must have contiguous rows and fewer than 2**31 elements' span, got shape "
                          f"{tuple(logits.shape)} strides {logits.stride()}")
-    if block_v is None:
-        block_v = block_v_for(logits.shape[0])
-    if not isinstance(block_v, int) or block_v < 16 or block_v & (block_v - 1):
-        raise ValueError(f"block_v must be a power of two >= 16, got {block_v!r}")
     B, V = logits.shape
     if B == 0 or V == 0:
         raise ValueError(f"logits must have at least one row and one column, got shape {tuple(logits.shape)}")
+    if block_v is None:
+        block_v = block_v_for(B)
+    if not isinstance(block_v, int) or block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"block_v must be a power of two >= 16, got {block_v!r}")
     check_finish(finish, B, logits.device)
     block_m = min(16, triton.next_power_of_2(B))
     grid = (triton.cdiv(V, block_v), triton.cdiv(B, block_m))
