@@ -16,6 +16,7 @@ from overlapdecode.fused.kernels.norm_linear import NormSums, norm_linear, norm_
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import FusedModel
 from overlapdecode.fused import reference
+from overlapdecode.step_graph import FlagLog
 from overlapdecode.fused.model import REFERENCE_OPS
 from triton_interpreter import interpreter_loop_bounds  # noqa: F401 (autouse fixture: the attention's loops)
 
@@ -273,6 +274,42 @@ def test_greedy_choice_refuses_bad_buffers():
         greedy_choice(rnd(2, 0), ok)
     with pytest.raises(ValueError, match="block_v must be a power of two"):
         greedy_choice(logits, ok, block_v=48)
+
+
+def test_greedy_choice_writes_each_steps_flag_into_the_flag_log():
+    """With a FlagLog the kernel also writes the all-finished flag at slot `count` of the log (pinned host memory
+    on a GPU) and advances the count, as its torch twin does; a count past the log's end writes nothing."""
+    torch.manual_seed(7)
+    B, V, L = 3, 70, 5
+    tickets = Tickets(DEV)
+    state = torch.zeros((B, 3), dtype=torch.long, device=DEV)
+    guard = FlagLog.empty(L + 3, torch.device(DEV))  # the log a view of a longer buffer: writes past it show
+    got_log, ref_log = FlagLog(guard.flags[:L], guard.count), FlagLog.empty(L, torch.device(DEV))
+    for log in (got_log, ref_log):
+        log.count.fill_(1)
+    got, ref = _finish(state, [5]), _finish(state, [5])
+    got, ref = got._replace(log=got_log), ref._replace(log=ref_log)
+    for step in range(6):  # step j writes slot j + 1; at step 3 every row emits EOS (5)
+        logits = rnd(B, V)
+        logits[:, 5] = -1e9 if step < 3 else 1e9
+        greedy_choice(logits, got, tickets=tickets, block_v=16)
+        if step < 4:  # slots 1 .. 4; past the end the twin raises (index_copy_) and the kernel writes nothing
+            greedy_finish_ref(logits, ref)
+            assert torch.equal(got.state, ref.state) and torch.equal(got_log.flags, ref_log.flags)
+    assert guard.flags.tolist() == [False, False, False, False, True] + [False] * 3  # nothing written past slot 4
+    assert got_log.count.tolist() == [7] and int(tickets.counters.abs().sum()) == 0
+
+
+def test_greedy_choice_refuses_a_bad_flag_log():
+    logits = rnd(2, 20)
+    ok = _finish(torch.zeros((2, 3), dtype=torch.long, device=DEV), [1])
+    log = FlagLog.empty(4, torch.device(DEV))
+    with pytest.raises(TypeError, match="finish.log must be a step_graph.FlagLog"):
+        greedy_choice(logits, ok._replace(log=(log.flags, log.count)))
+    with pytest.raises(ValueError, match="finish.log.flags must be a contiguous non-empty 1-d bool"):
+        greedy_choice(logits, ok._replace(log=log._replace(flags=log.flags.long())))
+    with pytest.raises(ValueError, match="finish.log.count must be a \\(1,\\) int32"):
+        greedy_choice(logits, ok._replace(log=log._replace(count=log.count.long())))
 
 
 @pytest.mark.parametrize("B,H,block", [(1, 40, 16), (3, 37, 16), (2, 64, 1024)])

@@ -15,7 +15,8 @@ from overlapdecode.step_graph import StepGraph
 def test_run_advances_the_owned_buffers_in_place():
     seen = []
 
-    def step(state, eos, noise, done):
+    def step(state, eos, noise, done, log):
+        assert log is None  # made without a flag log
         seen.append((state.data_ptr(), eos.data_ptr(), noise.data_ptr(), done.data_ptr()))
         state[:, 0] += noise[:, 0].long()
         state[:, 1] += 1
@@ -31,6 +32,45 @@ def test_run_advances_the_owned_buffers_in_place():
     assert (g.state.data_ptr(), g.done.data_ptr()) == addresses  # in place: a graph reads fixed addresses
     assert len(set(seen)) == 1  # every step read the same buffers
     assert g.graph is None and g.eager_runs == 3  # no capture on CPU
+
+
+def test_a_flag_log_is_owned_by_the_graph_and_passed_to_its_step():
+    logs = []
+
+    def step(state, eos, noise, done, log):
+        logs.append(log)
+        done.fill_(True)
+        log.flags.index_copy_(0, log.count.long(), done.view(1))
+        log.count.add_(1)
+
+    g = StepGraph(step, batch=1, eos_count=0, noise_shape=None, device=torch.device("cpu"), log_length=5)
+    g.log.count.fill_(2)
+    g.run()
+    g.run()
+    assert all(log is g.log for log in logs)
+    assert g.log.flags.tolist() == [False, False, True, True, False] and g.log.count.tolist() == [4]
+    assert g.log.count.dtype == torch.int32 and g.log.flags.dtype == torch.bool
+
+
+def test_the_fused_greedy_stop_is_read_from_the_steps_own_flag_log():
+    """Greedy `fused` steps write their flag into the graph's FlagLog and the stop check reads it there (no copy):
+    the log holds every step's flag of the call, and the call stops where Hugging Face does."""
+    model = od.load_model("tiny-llama", device="cpu")
+    dec = od.Decoder(model)
+    ids, mask = make_batch(2, seed=3)
+    free = dec.generate(ids, attention_mask=mask, max_new_tokens=12, strategy="fused", eos_token_id=[],
+                        pad_token_id=0)
+    P = ids.shape[1]
+    eos = [int(free[0, P + 4]), int(free[1, P + 6])]  # row 0 stops at step 4 or before, row 1 at step 6 or before
+    ref = hf_generate(model, ids, mask, 12, eos, 0)
+    out = dec.generate(ids, attention_mask=mask, max_new_tokens=12, strategy="fused", eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(out, ref) and out.shape[1] < P + 12
+    (cache,) = dec.fused_model()._caches.values()
+    graph = cache.graphs[(2, 0, SamplingParams())]
+    n = out.shape[1] - P
+    # steps 1 .. n (the last one run late by the ping-pong's lag of 1) wrote their flags: only step n-1's is set
+    assert graph.log.count.tolist() == [n + 1]
+    assert graph.log.flags[1:n].tolist() == [False] * (n - 2) + [True]
 
 
 def test_fused_keeps_one_graph_per_setting_and_matches_hf():

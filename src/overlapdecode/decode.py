@@ -239,7 +239,10 @@ class Decoder:
             else:  # one kernel chooses the token and updates state and flag (fused/kernels/greedy.py)
                 step = functools.partial(_fused_greedy_step, self._fused, fused_cache, pad_id)
             noise = (batch, vocab) if params.do_sample else None
-            graph = StepGraph(step, batch, len(eos_ids), noise, device)
+            # the greedy step writes each step's flag where the host reads it (FlagLog): one slot per step of a
+            # call, and a call has fewer steps than the cache has slots
+            log = fused_cache.length if not params.do_sample and self._fused.logs_flags else 0
+            graph = StepGraph(step, batch, len(eos_ids), noise, device, log_length=log)
         fused_cache.graphs[key] = graph
         while len(fused_cache.graphs) > KEEP_GRAPHS:
             fused_cache.graphs.popitem(last=False)
@@ -282,6 +285,8 @@ class Decoder:
             graph.eos.copy_(eos_ids)
             state = graph.state  # the graph reads and advances it in place
             state.zero_()
+            if graph.log is not None:
+                graph.log.count.fill_(1)  # step 1 is the graph's first: it writes its flag to slot 1
         else:
             # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
             # outputs are overwritten by its next replay, so they are copied here before the next step runs.
@@ -311,7 +316,9 @@ class Decoder:
                         new_state, done = step_fn(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
                         state.copy_(new_state)  # before the next replay overwrites new_state
                     out[:, P + j] = state[:, 0]
-                    check.publish(j, done, state[:, 0])
+                    # a graph step with a flag log has written its flag to pinned host memory itself
+                    logged = graph is not None and graph.log is not None and j > 0
+                    check.publish(j, done, state[:, 0], graph.log.flags[j] if logged else None)
                 if j == 0 and side is not None:
                     cache.used_on(side)
                 with markers.phase(markers.STOP_CHECK, cuda):
@@ -332,18 +339,21 @@ class Decoder:
         return out if n == N else out[:, : P + n].clone()
 
 
-def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, choose, state, eos_ids, noise, done):
+def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, choose, state, eos_ids, noise, done,
+                log=None):
     """The sampling fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`: its cache), then
-    `choose`, its results copied into the graph's state and flag."""
+    `choose`, its results copied into the graph's state and flag (no flag log: `log` must be None)."""
+    if log is not None:
+        raise ValueError("log: the sampling step does not write a flag log; make its StepGraph without one")
     new_state, all_done = decode_step(fused, kwargs, state, eos_ids, pad_id, noise, params, choose)
     state.copy_(new_state)
     done.copy_(all_done)
 
 
-def _fused_greedy_step(fused, cache, pad_id: int, state, eos_ids, noise, done):
-    """The greedy fused decode step StepGraph captures: FusedModel.greedy_step, which advances state and done
-    in place (one kernel after the head chooses: no inductor choice kernels, no copies)."""
-    fused.greedy_step(cache, state, eos_ids, pad_id, done)
+def _fused_greedy_step(fused, cache, pad_id: int, state, eos_ids, noise, done, log=None):
+    """The greedy fused decode step StepGraph captures: FusedModel.greedy_step, which advances state, done and
+    the flag log in place (one kernel after the head chooses: no inductor choice kernels, no copies)."""
+    fused.greedy_step(cache, state, eos_ids, pad_id, done, log)
 
 
 def _sharded() -> bool:

@@ -4,8 +4,8 @@ Why: torch.compile's CUDA graphs (mode="reduce-overhead") check guards and the a
 each replay. For the fused step that host work took longer than the step's kernels (H200, commit 78bb448:
 Llama-1B 1.20 ms per token against 0.97 ms for the same kernels replayed from one graph; GPT-2 with the GPU
 busy 66% of the time). A graph captured here replays with one `cudaGraphLaunch`: the step reads and writes
-only the buffers this object owns (`state`, `eos`, `noise`, `done`) and tensors of fixed address (the fused
-weights and cache), so nothing is copied in or checked per step. Its Triton kernels are launched eagerly
+only the buffers this object owns (`state`, `eos`, `noise`, `done`, `log`) and tensors of fixed address (the
+fused weights and cache), so nothing is copied in or checked per step. Its Triton kernels are launched eagerly
 during the capture, with the launch options dynamo's tracing cannot pass (programmatic dependent launch).
 
 The first run of a StepGraph is eager: it compiles and warms up everything the step launches and *is* that
@@ -15,26 +15,52 @@ replay recomputes exactly what the eager run computed: the same kernels on the s
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
-# step(state, eos, noise, done): advances state (B, 3) long and done (0-d bool: all rows finished) in place;
-# see decode._fused_step
-Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor], None]
+
+class FlagLog(NamedTuple):
+    """Each step's all-finished flag, written by the step itself where the host reads it, so that no copy
+    follows the step: the step writes its flag to `flags[count]` and advances `count`.
+
+    `flags` (L,) bool: pinned host memory on CUDA, which the GPU writes directly (with unified addressing a
+    pinned allocation is mapped into the device's address space), the host reading slot j once the event
+    recorded after step j has completed (stopping.StopCheck). `count` (1,) int32 on the device: the index of
+    the next step's slot, set by the decoder before a call's first graph step. Why: the flag's copy to pinned
+    memory after each step was one more operation on the GPU's queue per token (a copy-engine transfer of one
+    byte, ordered between two steps)."""
+
+    flags: torch.Tensor
+    count: torch.Tensor
+
+    @classmethod
+    def empty(cls, length: int, device: torch.device) -> "FlagLog":
+        cuda = device.type == "cuda"
+        return cls(torch.zeros(length, dtype=torch.bool, pin_memory=cuda),
+                   torch.zeros(1, dtype=torch.int32, device=device))
+
+
+# step(state, eos, noise, done, log): advances state (B, 3) long and done (0-d bool: all rows finished) in place,
+# and when `log` (a FlagLog) is given writes done to log.flags[log.count] and advances log.count; see
+# decode._fused_greedy_step
+Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor, "FlagLog | None"], None]
 
 
 class StepGraph:
     """The step `step` over buffers of one shape: `state` (B, 3) long (last token, its position, finished),
-    `eos` (E,) long, `noise` (B, V) float32 when sampling (else None), `done` 0-d bool. `run()` advances
-    `state` and `done` by one step, in place, on the current stream. On a CPU device nothing is captured:
-    the step runs eagerly every time over the same buffers."""
+    `eos` (E,) long, `noise` (B, V) float32 when sampling (else None), `done` 0-d bool, and with `log_length` > 0
+    a FlagLog `log` of that many slots (the step must write it). `run()` advances `state` and `done` (and the
+    log) by one step, in place, on the current stream. On a CPU device nothing is captured: the step runs
+    eagerly every time over the same buffers."""
 
-    def __init__(self, step: Step, batch: int, eos_count: int, noise_shape: tuple | None, device: torch.device):
+    def __init__(self, step: Step, batch: int, eos_count: int, noise_shape: tuple | None, device: torch.device,
+                 log_length: int = 0):
         self.state = torch.zeros((batch, 3), dtype=torch.long, device=device)
         self.eos = torch.zeros((eos_count,), dtype=torch.long, device=device)
         self.noise = None if noise_shape is None else torch.zeros(noise_shape, dtype=torch.float32, device=device)
         self.done = torch.zeros((), dtype=torch.bool, device=device)
+        self.log = FlagLog.empty(log_length, device) if log_length > 0 else None
         self._step = step
         self._capture = device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -42,7 +68,7 @@ class StepGraph:
 
     def _body(self) -> None:
         # in place: the next step (or replay) reads the same addresses
-        self._step(self.state, self.eos, self.noise, self.done)
+        self._step(self.state, self.eos, self.noise, self.done, self.log)
 
     def run(self) -> None:
         if self.graph is not None:

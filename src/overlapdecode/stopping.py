@@ -83,6 +83,7 @@ class StopCheck:
             with check.step(j):
                 <enqueue step j>
                 check.publish(j, done, tokens)      # done: 0-d bool on the device, tokens: (B,)
+                                                    # (or the pinned host flag step j wrote itself)
             n = check.after_step(j)                 # the host reads the flag owed now, if any
             if n is not None: break                 # n: the steps the sync loop would have run
         else:
@@ -103,6 +104,8 @@ class StopCheck:
         self.slots = slots
         self.on_tokens = on_tokens
         self.last = -1  # the last step enqueued
+        # per slot, the pinned host flag its step's value is read from: the slot's own, or where the step wrote it
+        self._flags: list = [None] * slots.n if slots is not None else []
         if len(streams) > 1 and main is not None:
             for s in streams:
                 s.wait_stream(main)  # stream hand-off: every buffer made before the loop is ready
@@ -126,10 +129,15 @@ class StopCheck:
                 stream.wait_event(self.slots.events[self._slot(j - 1)])
                 yield
 
-    def publish(self, j: int, done: torch.Tensor, tokens: torch.Tensor) -> None:
-        """After step j is enqueued: copy its flag (and tokens) to pinned slot j, record the slot's event."""
+    def publish(self, j: int, done: torch.Tensor, tokens: torch.Tensor, host_flag: torch.Tensor | None = None) -> None:
+        """After step j is enqueued: copy its flag (and tokens) to pinned slot j, record the slot's event.
+        `host_flag`: a 0-d view of pinned host memory where step j has written its flag itself
+        (step_graph.FlagLog); then only the tokens are copied, if any."""
         s = self._slot(j)
-        self.slots.flags[s].copy_(done, non_blocking=True)  # device -> pinned host, no sync
+        if host_flag is None:
+            self.slots.flags[s].copy_(done, non_blocking=True)  # device -> pinned host, no sync
+            host_flag = self.slots.flags[s]
+        self._flags[s] = host_flag
         if self.on_tokens is not None:
             self.slots.tokens[s].copy_(tokens, non_blocking=True)
         self.slots.events[s].record()  # on the current (step j's) stream
@@ -141,7 +149,7 @@ class StopCheck:
         self.slots.events[s].synchronize()  # host sync on step k only; later steps stay queued
         if self.on_tokens is not None:
             self.on_tokens(self.slots.tokens[s].clone())  # pinned, complete after the event: no further sync
-        return bool(self.slots.flags[s])
+        return bool(self._flags[s])  # written by step k (a copy, or the step itself) before its event
 
     def after_step(self, j: int) -> int | None:
         """After enqueuing step j: read the flag of step j - lag; the step count if every row finished."""
@@ -168,8 +176,8 @@ class SyncCheck(StopCheck):
 
     name = "sync"
 
-    def publish(self, j, done, tokens):
-        self._done = done
+    def publish(self, j, done, tokens, host_flag=None):
+        self._done = done  # read on the device by .item() below; a host flag is not needed
         self._tokens = tokens
         self.last = j
 
@@ -206,7 +214,7 @@ class EndCheck(StopCheck):
         self.generated = generated  # (B, N) view of the output, filled by the loop
         self.eos_ids = eos_ids  # (E,)
 
-    def publish(self, j, done, tokens):
+    def publish(self, j, done, tokens, host_flag=None):
         self.last = j
 
     def after_step(self, j):

@@ -260,6 +260,9 @@ class FusedModel:
         # comes between a writer and its reader (unsharded)
         sums = self.weights.norm == "rms" and self.weights.tp is None
         self.ops = triton_ops(self.device, self.pdl, tiles, norm_sums=sums) if self.kernels == "triton" else REFERENCE_OPS
+        # whether greedy_step can write each step's flag into a FlagLog in pinned host memory itself: the Triton
+        # kernel can on any device; the torch twin only where host and device memory are the same (CPU)
+        self.logs_flags = self.kernels == "triton" or self.device.type == "cpu"
         if opts.symmetric_all_reduce:
             self.ops = self.ops._replace(symmetric=SymmetricAllReduce(self.weights.tp.group, self.device))
         compile_prefill = opts.compile_prefill
@@ -309,15 +312,17 @@ class FusedModel:
         return FusedOutput(logits[:, None])
 
     def greedy_step(self, cache: FusedCache, state: torch.Tensor, eos_ids: torch.Tensor, pad_id: int,
-                    done: torch.Tensor) -> None:
+                    done: torch.Tensor, log=None) -> None:
         """One greedy decode step over the loop's state: the token state[:, 0] at position state[:, 1] of each
         row through the model, then the greedy choice and stop bookkeeping of `decode.choose_next`, written into
         `state` (B, 3) long and `done` (0-d bool) in place, by one kernel after the LM head with the Triton kernels
-        (kernels/greedy.py)."""
+        (kernels/greedy.py). `log` (step_graph.FlagLog): also write done into its next slot (see `logs_flags`)."""
+        if log is not None and not self.logs_flags:
+            raise ValueError("log: the torch operations on a GPU cannot write the flag into host memory; pass None")
         if not isinstance(cache, FusedCache):
             raise TypeError("cache must be a FusedCache of this FusedModel (from cache_for)")
         reference.decode_step(self.weights, cache.k, cache.v, cache.pad, state[:, 0], state[:, 1], self.ops,
-                              GreedyFinish(state, eos_ids, int(pad_id), done))
+                              GreedyFinish(state, eos_ids, int(pad_id), done, log))
 
     def prefill(self, cache: FusedCache, input_ids, attention_mask, position_ids):
         """The prompt, padded on the right to its bucket (those slots are rewritten by the decode steps

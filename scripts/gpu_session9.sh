@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 9 on one H200 (OVERLAPDECODE_COMMIT names the commit; results tar'd to $OUT/s9-<stage>.tgz: at most 8 files
+# come back from a call). Stage 1 (about 9 min):
+# 1. the kernel cases of the greedy choice on the GPU (its flag log in pinned host memory, written by the kernel);
+# 2. tests/gpu/test_gpu_fused.py whole: session 8's unrun greedy-graph test, the bf16 logit error, PDL changing no
+#    logit, the float32 200-token tests against HF and the late stop checks (these now read the flag log);
+# 3. the eager late stop checks under TORCH_CUDA_SANITIZER=1;
+# 4. scripts/loop_ab.py: the loop around the step graph, main before the flag log (.carry/old/src, 5d0d534) against
+#    this tree, alternating old, new, old, new.
+set -uo pipefail
+STAGE=${1:?stage}
+export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
+W=/tmp/s9-$STAGE; rm -rf $W; mkdir -p $W
+echo "$OVERLAPDECODE_COMMIT" > $W/commit.txt
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $W/gpu.txt 2>&1
+NEW=$PWD/src; OLD=$PWD/.carry/old/src
+if [ "$STAGE" = 1 ]; then
+  (cd tests && PYTHONPATH=$NEW timeout 120 python3 -m pytest -q -p no:cacheprovider fused_kernel_cases.py -k greedy) \
+    > $W/kernel-cases.log 2>&1; echo "kernel cases rc=$?" >> $W/kernel-cases.log; tail -2 $W/kernel-cases.log
+  PYTHONPATH=$NEW:$PWD/tests timeout 300 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider -rA -q \
+    > $W/gpu-tests.log 2>&1; echo "tests rc=$?" >> $W/gpu-tests.log
+  grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rc=|near tie|RMS" $W/gpu-tests.log | tail -30
+  TORCH_CUDA_SANITIZER=1 PYTHONPATH=$NEW:$PWD/tests timeout 150 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py \
+    tests/gpu/test_gpu_interleaved.py -p no:cacheprovider -rA -q -k "late_stop_checks and eager or sanitizer" \
+    > $W/sanitizer.log 2>&1
+  echo "sanitizer rc=$?" >> $W/sanitizer.log; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rc=" $W/sanitizer.log | tail -6
+  for round in 1 2; do
+    for tree in old new; do
+      [ $tree = old ] && P=$OLD || P=$NEW
+      PYTHONPATH=$P timeout 150 python3 scripts/loop_ab.py $W/loop-$tree-$round.json "$tree $round" > $W/loop-$tree-$round.log 2>&1
+      echo "loop $tree $round rc=$?"; grep -v Warning $W/loop-$tree-$round.log | tail -6
+    done
+  done
+fi
+tar czf $OUT/s9-$STAGE.tgz -C /tmp s9-$STAGE
