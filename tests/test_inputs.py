@@ -26,6 +26,8 @@ def call(model, **kw):
         (dict(input_ids=IDS[0]), ValueError, "input_ids must be 2-D"),
         (dict(input_ids=torch.tensor([[5, 1000]])), ValueError, "outside the vocabulary"),
         (dict(input_ids=torch.tensor([[-1, 5]])), ValueError, "outside the vocabulary"),
+        (dict(input_ids=torch.tensor([[5, 1000]]), attention_mask=torch.tensor([[0, 1]])), ValueError,
+         "outside the vocabulary"),  # the range is read with the mask's checks too
         (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
         (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an int"),
         (dict(max_new_tokens=254), ValueError, "exceeds the model's 256 positions"),

@@ -305,7 +305,12 @@ class Decoder:
                 with check.step(j), markers.phase(markers.PREFILL if j == 0 else markers.DECODE_STEP, cuda):
                     kwargs = cache.model_kwargs(j)
                     noise = draw_noise((B, vocab_out), device, generator, out=graph.noise if graph else None)
-                    if j == 0 or not strat.compile:
+                    if j == 0 and graph is not None and not params.do_sample:
+                        # greedy fused: the prefill, then the step's own choice kernel (FusedModel.greedy_prefill)
+                        step_model.greedy_prefill(cache.cache, kwargs["input_ids"], kwargs["attention_mask"],
+                                                  kwargs["position_ids"], state, eos_ids, req.pad_id, graph.done)
+                        done = graph.done
+                    elif j == 0 or not strat.compile:
                         new_state, done = decode_step(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
                         state.copy_(new_state)
                     elif graph is not None:

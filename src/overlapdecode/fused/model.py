@@ -324,6 +324,16 @@ class FusedModel:
         reference.decode_step(self.weights, cache.k, cache.v, cache.pad, state[:, 0], state[:, 1], self.ops,
                               GreedyFinish(state, eos_ids, int(pad_id), done, log))
 
+    def greedy_prefill(self, cache: FusedCache, input_ids, attention_mask, position_ids, state: torch.Tensor,
+                       eos_ids: torch.Tensor, pad_id: int, done: torch.Tensor) -> None:
+        """Step 0 of a greedy call: the prefill, then the greedy choice of `decode.choose_next` on its logits by
+        the step's own choice operation (kernels/greedy.py), written into `state` (B, 3) long, which must hold no
+        finished row, and `done` in place. Why: the time to the first token is mostly host time, and this is
+        two launches where the eager choice was a dozen."""
+        logits = self.prefill(cache, input_ids, attention_mask, position_ids)
+        state[:, 1].copy_(position_ids[:, -1])  # the choice writes the next position, this one + 1
+        self.ops.greedy(logits, GreedyFinish(state, eos_ids, int(pad_id), done))
+
     def prefill(self, cache: FusedCache, input_ids, attention_mask, position_ids):
         """The prompt, padded on the right to its bucket (those slots are rewritten by the decode steps
         before any step reads them); -> float32 logits (B, V) of the last prompt token."""
