@@ -94,12 +94,11 @@ def ref_of(act, args):
     return norm_mlp_ref(x, nw, nb, 1e-5, wu, bu, act, wd, bd)
 
 
-def two_kernels(act, args, split: int):
-    """norm_linear then linear_residual with the same tiles and the same split as `split`."""
+def two_kernels(act, args, split: int, programs: int):
+    """norm_linear then linear_residual with the same tiles, and a split target `programs` that gives `split`."""
     x, nw, nb, wu, bu, wd, bd = args
     n_blocks = -(-H // TILE["block_n_down"])
-    programs = {1: 1, 2: 64}[split]  # linear_residual's split target giving `split` at this shape
-    assert split_k(n_blocks, I, TILE["block_k_down"], programs) == split
+    assert split_k(n_blocks, wd.shape[1], TILE["block_k_down"], programs) == split
     m = norm_linear(x, nw, nb, 1e-5, wu, bu, act, block_n=TILE["block_n_up"], block_k=TILE["block_k_up"])
     return linear_residual(m, wd, bd, x, block_n=TILE["block_n_down"], block_k=TILE["block_k_down"],
                            programs=programs)
@@ -146,19 +145,18 @@ def test_reference_is_the_mlp_block(style):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("i,split,programs", [(I, 1, 1), (I, 2, 64), (520, 4, 12)])
 @pytest.mark.parametrize("B", [1, 17])
 @pytest.mark.parametrize("style", list(STYLES))
-def test_bitwise_equal_to_the_two_kernels(style, B, split, dtype):
+def test_bitwise_equal_to_the_two_kernels(style, B, i, split, programs, dtype):
     """Same tiles and split as norm_linear then linear_residual: the same bits, float32 included (where a
-    change in the order of the partial sums, or of any rounding, shows); and close to the torch reference."""
-    act, args = weights(style, B, dtype)
+    change in the order of the 4 partial sums, or of any rounding, shows); and close to the torch reference."""
+    act, args = weights(style, B, dtype, i=i)
     got = call(act, args, split=split, grid_programs=5)
-    want = two_kernels(act, args, split)
+    want = two_kernels(act, args, split, programs)
     assert torch.equal(got, want), (got.float() - want.float()).abs().max()
-    err = rel_err(got, ref_of(act, args))
     tol = 1e-5 if dtype == torch.float32 else 1e-2
-    assert err < tol
+    assert rel_err(got, ref_of(act, args)) < tol
 
 
 @pytest.mark.parametrize("prefetch_k", [0, 16, 32])
