@@ -27,10 +27,12 @@ the launch, and the counters can share a Tickets buffer with other kernels):
    release semantics at GPU scope: this program's m is visible to whoever acquires a value it wrote;
 2. prefetch: the program's first phase-B weight tile (PRE_K columns of its first item) is loaded into
    registers, independent of m, so its DRAM latency overlaps the wait;
-3. spin: volatile loads (each one a fresh read from L2, no atomic traffic) until `arrive` reaches G, then an
-   atomic add of 0 with acquire semantics, which reads a value >= G and so synchronizes with every
-   program's arrive (all of them are read-modify-writes of one word: one release sequence), then a CTA
-   barrier so that the whole CTA's loads of m come after it;
+3. spin: `tl.atomic_add(arrive, 0, sem="acquire")` until it reads G; Triton compiles it to one thread's
+   `ld.acquire.gpu` (L2, past L1) broadcast to the CTA through shared memory, so one request per program per
+   turn reaches the counter's L2 slice. The load that reads G synchronizes with every program's arrive (all
+   of them read-modify-writes of one word: one release sequence); then a CTA barrier, so that the whole
+   CTA's loads of m come after it (the pattern of CUDA's cooperative groups: one thread waits, then
+   __syncthreads);
 4. depart: after its phase B, each program adds 1 to `depart` (acquire-release); the one that draws G - 1
    is the last: every program has left its spin by then (its depart comes after its spin in program order,
    and the acquire-release chain orders those reads before this store), so it can store 0 to both counters
@@ -128,9 +130,7 @@ def _norm_mlp_kernel(
         tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
         if PRE_K > 0:
             w_pre = _first_w(wd_ptr, pid, ITEMS_B, H, I, K_CHUNK, N_BLOCKS, SPLIT, BLOCK_N_DOWN, PRE_K)
-        while tl.load(bar_ptr, volatile=True) < G:
-            pass
-        # the acquire, in a loop of one turn: an atomic whose result is unused is compiled away
+        # Triton makes this one thread's acquire load, its value handed to the CTA through shared memory
         while tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu") < G:
             pass
         tl.debug_barrier()
