@@ -37,7 +37,8 @@ def interpreter_bfloat16(monkeypatch):
         return
     import triton.runtime.interpreter as ti
 
-    dot, binary, cast = ti.InterpreterBuilder.create_dot, ti.InterpreterBuilder.binary_op, ti.InterpreterBuilder.cast_impl
+    builder = ti.InterpreterBuilder
+    dot, binary, cast = builder.create_dot, builder.binary_op, builder.cast_impl
 
     def widen(h):
         return ti.TensorHandle(_bf16_to_f32(h.data), tl.float32) if h.dtype.scalar == tl.bfloat16 else h

@@ -49,6 +49,9 @@ EARLY mode (release at the start) is refused here (a dependent is in fact launch
 released, but the rule is kept simple). Triton's interpreter runs programs one after another, so the
 barrier would wait for ever there: off CUDA the wrapper launches phase A alone then phase B alone (PHASES 1
 then 2), two launches that need no barrier; the barrier code is compiled out of those.
+
+Status: written and tested without a GPU (the interpreter for the math, sm_90 PTX for the barrier's
+instructions and their order); scripts/norm_mlp_ab.py is its first run on one, and measures whether it wins.
 """
 
 from __future__ import annotations
@@ -185,9 +188,7 @@ def _norm_mlp_kernel(
 def _on_gpu(x: torch.Tensor) -> bool:
     """A real GPU launch, where a grid barrier can work: CUDA and not Triton's interpreter (which runs
     programs one after another)."""
-    import triton.language as tl_
-
-    interpreting = not isinstance(tl_.cdiv, triton.runtime.jit.JITFunction)
+    interpreting = not isinstance(tl.cdiv, triton.runtime.jit.JITFunction)
     return x.is_cuda and not interpreting
 
 
@@ -211,9 +212,8 @@ def _check(x, norm_w, norm_b, w_up, b_up, act, w_down, b_down, out):
                              f"act {act!r}), got {tuple(t.shape)}")
         if t.dtype != x.dtype or t.device != x.device:
             raise ValueError(f"{name} must be {x.dtype} on {x.device} like x, got {t.dtype} on {t.device}")
-    for name, t in (("w_down", w_down),):
-        if t.dtype != x.dtype or t.device != x.device:
-            raise ValueError(f"{name} must be {x.dtype} on {x.device} like x, got {t.dtype} on {t.device}")
+    if w_down.dtype != x.dtype or w_down.device != x.device:
+        raise ValueError(f"w_down must be {x.dtype} on {x.device} like x, got {w_down.dtype} on {w_down.device}")
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w_up=w_up, b_up=b_up, w_down=w_down, b_down=b_down, out=out)
