@@ -8,10 +8,12 @@ the median round gives us per MLP. Its final h is compared with the two kernels'
 difference): with the same tiles and split, norm_mlp computes the same bits.
 
 A grid barrier that deadlocks must not hang the GPU call: each (shape, batch) group runs in a child process
-under a timeout; a child that times out (or fails) is killed and a new one carries on after the configuration
+under a timeout, and each configuration too (90 s by default, compiles included); a child that times out is
+killed (one that fails exits) and a new one carries on after the configuration
 it was running, which is recorded as an error. The whole run stops starting groups after --budget seconds.
 
-    python3 scripts/norm_mlp_ab.py OUT_DIR [--dry-run] [--budget S] [--group-timeout S] [--only SUBSTRING]
+    python3 scripts/norm_mlp_ab.py OUT_DIR [--dry-run] [--budget S] [--group-timeout S] [--config-timeout S]
+                                   [--only "gpt2 b1"]
 
 Writes OUT_DIR/norm_mlp_ab.json (after every group) and prints a table.
 """
@@ -214,29 +216,38 @@ def child(shape: str, B: int, skip: set, ref_path: str) -> None:
 # ---------------------------------------------------------------- parent: groups under timeouts
 
 
-def run_group(shape: str, B: int, out_dir: str, timeout: float, deadline: float, info: dict) -> list[dict]:
-    """The group's rows: children under a timeout, each carrying on after what the one before finished or hung on."""
+def run_group(shape: str, B: int, out_dir: str, timeout: float, deadline: float, info: dict,
+              config_timeout: float = 90) -> list[dict]:
+    """The group's rows: children under a timeout (the group's, and `config_timeout` per configuration,
+    compiles included), each carrying on after what the one before finished or hung on."""
+    import queue
+    import threading
+
     rows: list[dict] = []
     done: set = set()
     ref_path = os.path.join(out_dir, f".ref-{shape}-b{B}.pt")
     if os.path.exists(ref_path):
         os.remove(ref_path)
+    group_end = min(time.time() + timeout, deadline)
     for _ in range(8):  # at most 8 children per group
-        left = min(timeout, deadline - time.time())
-        if left <= 5:
-            rows.append(dict(shape=shape, B=B, error="budget exhausted before the group finished"))
+        if group_end - time.time() <= 5:
+            rows.append(dict(shape=shape, B=B, error="time up before the group finished"))
             break
         cmd = [sys.executable, os.path.abspath(__file__), "--child", shape, str(B), ref_path, json.dumps(sorted(done))]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        timed_out = False
-        try:
-            stdout, stderr = proc.communicate(timeout=left)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # the child, which we started: a deadlocked barrier dies with its context
-            stdout, stderr = proc.communicate()
-            timed_out = True
-        current = None
-        for line in stdout.splitlines():
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)], daemon=True).start()
+        current, timed_out = None, False
+        while True:
+            wait = min(config_timeout, group_end - time.time())
+            try:
+                line = lines.get(timeout=max(wait, 0.1))
+            except queue.Empty:
+                proc.kill()  # the child, which we started: a deadlocked barrier dies with its context
+                timed_out = True
+                break
+            if line is None:
+                break
             if not line.startswith("{"):
                 continue
             msg = json.loads(line)
@@ -249,12 +260,17 @@ def run_group(shape: str, B: int, out_dir: str, timeout: float, deadline: float,
                 done.add(msg["result"]["name"])
                 print(fmt(msg["result"]), flush=True)
                 current = None
+        proc.wait()
+        stderr = proc.stderr.read()
         if current is not None:  # hung (timeout) or died inside a configuration
-            why = f"timeout after {left:.0f} s (deadlock?)" if timed_out else f"child died: {stderr[-400:]}"
+            why = "timeout (deadlock?)" if timed_out else f"child died: {stderr[-400:]}"
             rows.append(dict(shape=shape, B=B, name=current, error=why))
             done.add(current)
             print(fmt(rows[-1]), flush=True)
             continue
+        if timed_out:
+            rows.append(dict(shape=shape, B=B, error=f"timeout outside any configuration: {stderr[-400:]}"))
+            break
         if proc.returncode == 0:
             break
         if proc.returncode != 3:  # failed outside any configuration (import, weights)
@@ -299,7 +315,8 @@ def main() -> None:
         sys.exit(__doc__)
     out_dir = argv[0]
     arg = lambda name, default: argv[argv.index(name) + 1] if name in argv else default  # noqa: E731
-    budget, group_timeout, only = float(arg("--budget", 540)), float(arg("--group-timeout", 240)), arg("--only", "")
+    budget, group_timeout, only = float(arg("--budget", 540)), float(arg("--group-timeout", 300)), arg("--only", "")
+    config_timeout = float(arg("--config-timeout", 90))
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     if "--dry-run" in argv:  # the configurations at an H200's 132 SMs; no GPU needed
         for shape in SHAPES:
@@ -315,7 +332,7 @@ def main() -> None:
         for B in BATCHES:
             if only and only not in f"{shape} b{B}":
                 continue
-            res["rows"] += run_group(shape, B, out_dir, group_timeout, deadline, res)
+            res["rows"] += run_group(shape, B, out_dir, group_timeout, deadline, res, config_timeout)
             json.dump(res, open(path, "w"), indent=1)
     print(table(res["rows"]))
     print("wrote", path)
