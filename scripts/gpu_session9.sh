@@ -7,6 +7,9 @@
 # 3. the eager late stop checks under TORCH_CUDA_SANITIZER=1;
 # 4. scripts/loop_ab.py: the loop around the step graph, main before the flag log (.carry/old/src, 5d0d534) against
 #    this tree, alternating old, new, old, new.
+# Stage 2 (under 10 min): scripts/norm_mlp_ab.py (the persistent MLP kernel's first GPU run: bitwise against the two
+# kernels, and timed; 280 s budget); the time to first token of `fused`, dd28360 (.carry/old/src: the flag log, not
+# yet the TTFT changes) against this tree; then tests/norm_mlp_cases.py on the GPU with the time left.
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
@@ -31,5 +34,20 @@ if [ "$STAGE" = 1 ]; then
       echo "loop $tree $round rc=$?"; grep -v Warning $W/loop-$tree-$round.log | tail -6
     done
   done
+fi
+if [ "$STAGE" = 2 ]; then
+  T0=$SECONDS
+  PYTHONPATH=$NEW timeout 330 python3 scripts/norm_mlp_ab.py $W/norm-mlp --budget 280 > $W/norm-mlp-ab.log 2>&1
+  echo "norm_mlp_ab rc=$?" >> $W/norm-mlp-ab.log; grep -v Warning $W/norm-mlp-ab.log | tail -70
+  for tree in old new; do
+    [ $tree = old ] && P=$OLD || P=$NEW
+    PYTHONPATH=$P timeout 100 python3 scripts/loop_ab.py $W/ttft-$tree.json "$tree" --ttft > $W/ttft-$tree.log 2>&1
+    echo "ttft $tree rc=$?"; grep -v Warning $W/ttft-$tree.log | tail -3
+  done
+  LEFT=$(( 560 - (SECONDS - T0) ))
+  if [ $LEFT -gt 30 ]; then
+    (cd tests && PYTHONPATH=$NEW timeout $LEFT python3 -m pytest -q -p no:cacheprovider norm_mlp_cases.py) > $W/norm-mlp-cases.log 2>&1
+    echo "norm_mlp cases rc=$? (timeout $LEFT s)" >> $W/norm-mlp-cases.log; tail -3 $W/norm-mlp-cases.log
+  fi
 fi
 tar czf $OUT/s9-$STAGE.tgz -C /tmp s9-$STAGE

@@ -6,7 +6,9 @@ the same step with the deferred check on one stream; with no per-step check): ms
 alone ((a 208-token call - a 16-token call) / 192, median of ROUNDS after a first call that compiles), of a
 whole 200-token call as the bench times it (TTFT included), and the time of a 1-token call (TTFT). EOS off: every call runs all its steps.
 
-    python3 scripts/loop_ab.py OUT.json LABEL
+    python3 scripts/loop_ab.py OUT.json LABEL [--ttft]
+
+--ttft: only the time to first token of `fused` (a 1-token call), TTFT_CALLS calls per model after warm-up.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 import overlapdecode as od
 
 ROUNDS = 7
+TTFT_CALLS = 40
 STRATEGIES = {
     "fused": "fused",
     "fused, deferred check": od.Strategy(cache="fused", compile=True, stop_check="deferred", lag=1),
@@ -36,11 +39,21 @@ def timed_call(model, ids, n: int, strategy) -> float:
     return time.perf_counter() - t
 
 
-def main(out: str, label: str) -> None:
+def main(out: str, label: str, ttft_only: bool = False) -> None:
     res = {"label": label}
     for name in ("gpt2-random", "llama-1b-random"):
         model = od.load_model(name, dtype="bfloat16", device="cuda")
         ids = torch.randint(0, 1000, (1, 32), device="cuda")
+        if ttft_only:
+            for _ in range(3):
+                timed_call(model, ids, 1, "fused")  # compiles, captures
+            first = [timed_call(model, ids, 1, "fused") for _ in range(TTFT_CALLS)]
+            res[f"{name} b1, fused TTFT ms"] = {"median": round(statistics.median(first) * 1e3, 3),
+                                               "fastest": round(min(first) * 1e3, 3)}
+            print(label, name, res[f"{name} b1, fused TTFT ms"], flush=True)
+            del model
+            torch.cuda.empty_cache()
+            continue
         for sname, strategy in STRATEGIES.items():
             for n in (16, 208, 200):
                 timed_call(model, ids, n, strategy)  # compiles, captures
@@ -64,4 +77,4 @@ def main(out: str, label: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], "--ttft" in sys.argv[3:])
