@@ -86,31 +86,6 @@ def last_of_split(ticket_ptr, tile, n):
 
 
 @triton.jit
-def sum_partials(part_ptr, rows, cols, out_ok, B, N, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    """The SPLIT partial sums (SPLIT, B, N) of a split tile, added in the fixed order 0 .. SPLIT-1
-    (deterministic, whichever program came last); read past L1, where other SMs' stores are not seen."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in range(SPLIT):
-        acc += tl.load(part_ptr + (s * B + rows[:, None]) * N + cols[None, :], mask=out_ok, other=0.0,
-                       cache_modifier=".cg")
-    return acc
-
-
-@triton.jit
-def bias_residual(acc, b_ptr, res_ptr, out_ptr, rows, cols, col_ok, out_ok, N, HAS_BIAS: tl.constexpr):
-    """Stores residual + (acc + bias) at out (B, N), the branch rounded to the output dtype first, as the
-    unfused model has it; returns the stored tile."""
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    dtype = out_ptr.dtype.element_ty
-    res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
-    y = (res + acc.to(dtype).to(tl.float32)).to(dtype)
-    tl.store(out_ptr + rows[:, None] * N + cols[None, :], y, mask=out_ok)
-    return y
-
-
-@triton.jit
 def _linear_split_kernel(
     x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, ticket_ptr, ss_ptr,
     B, N, K: tl.constexpr, K_CHUNK: tl.constexpr,
@@ -142,10 +117,18 @@ def _linear_split_kernel(
         tile = tl.program_id(2) * tl.num_programs(0) + pid_n
         finish = last_of_split(ticket_ptr, tile, SPLIT)
         if finish:
-            acc = sum_partials(part_ptr, rows, cols, out_ok, B, N, SPLIT, BLOCK_M, BLOCK_N)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT):  # fixed order: deterministic, whichever program came last
+                acc += tl.load(part_ptr + (s * B + rows[:, None]) * N + cols[None, :], mask=out_ok, other=0.0,
+                               cache_modifier=".cg")
             tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
     if finish:
-        y = bias_residual(acc, b_ptr, res_ptr, out_ptr, rows, cols, col_ok, out_ok, N, HAS_BIAS)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        dtype = out_ptr.dtype.element_ty
+        res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
+        y = (res + acc.to(dtype).to(tl.float32)).to(dtype)
+        tl.store(out_ptr + rows[:, None] * N + cols[None, :], y, mask=out_ok)
         if SUMS:  # the rows' sums of squares over this column block, of the values as stored (NormSums)
             yf = tl.where(out_ok, y.to(tl.float32), 0.0)
             tl.store(ss_ptr + pid_n * B + rows, tl.sum(yf * yf, 1), mask=row_ok)

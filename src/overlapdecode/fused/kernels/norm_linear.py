@@ -170,13 +170,24 @@ def norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.conste
 
 
 @triton.jit
-def norm_gemv(x_ptr, nw_ptr, nb_ptr, w_ptr, rows, row_ok, cols, col_ok, mean, rstd, N, K: tl.constexpr,
-              LAYER: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr):
-    """The main loop of a norm kernel's output tile: norm(x)[rows] @ w[cols].T over all K, float32, and with
-    ACT 2 (silu_mul) also the up rows' product (w's rows N + cols); (acc, acc2), acc2 zeros otherwise."""
+def _norm_linear_kernel(
+    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr, ss_ptr,
+    B, N, NB, eps, K: tl.constexpr,
+    LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
+):
+    pdl_start(PDL)
+    pid_n = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # batch rows
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
+    row_ok = rows < B
+    col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
+
+    # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
+    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
+
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # the up rows of gate/up
     for k0 in range(0, K, BLOCK_K):
@@ -190,14 +201,8 @@ def norm_gemv(x_ptr, nw_ptr, nb_ptr, w_ptr, rows, row_ok, cols, col_ok, mean, rs
         if ACT == 2:
             wu = tl.load(w_ptr + (cols + N)[:, None] * K + kk[None, :], mask=wm, other=0.0)
             acc2 += tl.dot(xn, tl.trans(wu), input_precision="ieee")
-    return acc, acc2
 
-
-@triton.jit
-def act_epilogue(acc, acc2, b_ptr, cols, col_ok, N, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-                 dtype: tl.constexpr):
-    """Bias and activation on norm_gemv's float32 products, rounded as the unfused model rounds them (each
-    intermediate in the model dtype `dtype`); float32, for the caller to store in its output dtype."""
+    pdl_release(PDL)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if ACT == 2:
@@ -213,30 +218,6 @@ def act_epilogue(acc, acc2, b_ptr, cols, col_ok, N, HAS_BIAS: tl.constexpr, ACT:
         acc = (gt * tl.sigmoid(gt)).to(dtype).to(tl.float32) * up
     else:  # the projection in dtype, as the unfused model has it, even where the output is float32 (the logits)
         acc = acc.to(dtype).to(tl.float32)
-    return acc
-
-
-@triton.jit
-def _norm_linear_kernel(
-    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr, ss_ptr,
-    B, N, NB, eps, K: tl.constexpr,
-    LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
-):
-    pdl_start(PDL)
-    pid_n = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # batch rows
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
-    row_ok = rows < B
-    col_ok = cols < N
-    dtype = w_ptr.dtype.element_ty
-
-    # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
-    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
-    acc, acc2 = norm_gemv(x_ptr, nw_ptr, nb_ptr, w_ptr, rows, row_ok, cols, col_ok, mean, rstd, N, K, LAYER, ACT,
-                          BLOCK_M, BLOCK_N, BLOCK_K)
-    pdl_release(PDL)
-    acc = act_epilogue(acc, acc2, b_ptr, cols, col_ok, N, HAS_BIAS, ACT, dtype)
     if ROUND_OUT:
         out = acc.to(out_ptr.dtype.element_ty)
     else:
