@@ -9,7 +9,13 @@
 #    this tree, alternating old, new, old, new.
 # Stage 2 (under 10 min): scripts/norm_mlp_ab.py (the persistent MLP kernel's first GPU run: bitwise against the two
 # kernels, and timed; 280 s budget); the time to first token of `fused`, dd28360 (.carry/old/src: the flag log, not
-# yet the TTFT changes) against this tree; then tests/norm_mlp_cases.py on the GPU with the time left.
+# yet the TTFT changes) against this tree; then tests/norm_mlp_cases.py on the GPU with the time left. (It ran at
+# 1213763; norm_mlp was reverted in 504a253: benchmarks/h200-session9-norm-mlp.)
+# Stage 3 (the session's last call, under 10 min): the greedy kernel cases (the step log: tokens on the device, flags
+# in pinned host memory); the fused GPU tests that run the loop (float32 200 tokens against HF, late stops, a second
+# call after a late stop, captured against eager); the GPT-2 bench (fused, interleaved); loop_ab.py at GPT-2, 504a253
+# (.carry/old/src: the flag log, before the token log) against this tree; the Llama-1B bench (batch 1) with the time
+# left.
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
@@ -48,6 +54,33 @@ if [ "$STAGE" = 2 ]; then
   if [ $LEFT -gt 30 ]; then
     (cd tests && PYTHONPATH=$NEW timeout $LEFT python3 -m pytest -q -p no:cacheprovider norm_mlp_cases.py) > $W/norm-mlp-cases.log 2>&1
     echo "norm_mlp cases rc=$? (timeout $LEFT s)" >> $W/norm-mlp-cases.log; tail -3 $W/norm-mlp-cases.log
+  fi
+fi
+if [ "$STAGE" = 3 ]; then
+  T0=$SECONDS
+  (cd tests && PYTHONPATH=$NEW timeout 90 python3 -m pytest -q -p no:cacheprovider fused_kernel_cases.py -k greedy) \
+    > $W/kernel-cases.log 2>&1; echo "kernel cases rc=$?" >> $W/kernel-cases.log; tail -2 $W/kernel-cases.log
+  PYTHONPATH=$NEW:$PWD/tests timeout 170 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider -rA -q \
+    -k "gpt2-random-4-fused] or llama-1b-random-1-fused] or late_stop or second_call or captured_once" \
+    > $W/gpu-tests.log 2>&1; echo "tests rc=$?" >> $W/gpu-tests.log
+  grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rc=|near tie" $W/gpu-tests.log | tail -16
+  export PYTHONPATH=$NEW
+  timeout 110 python3 -m overlapdecode bench --lengths 200 --warmup 1 --repeats 3 --model gpt2-random \
+    --strategies fused,interleaved --peers none --dtype-batch bfloat16:1 --time-budget 80 --out $W/h200-fused-gpt2-s9 \
+    > $W/bench-gpt2.log 2>&1; echo "bench gpt2 rc=$?" >> $W/bench-gpt2.log
+  grep -E "^\| (fused|interleaved) |rc=" $W/bench-gpt2.log | head -6
+  for tree in old new; do
+    [ $tree = old ] && P=$OLD || P=$NEW
+    PYTHONPATH=$P timeout 80 python3 scripts/loop_ab.py $W/loop-$tree.json "$tree" --models gpt2-random \
+      > $W/loop-$tree.log 2>&1
+    echo "loop $tree rc=$?"; grep -v Warning $W/loop-$tree.log | tail -3
+  done
+  LEFT=$(( 540 - (SECONDS - T0) ))
+  if [ $LEFT -gt 90 ]; then
+    timeout $LEFT python3 -m overlapdecode bench --lengths 200 --warmup 1 --repeats 3 --model llama-1b-random \
+      --strategies fused,interleaved --peers none --dtype-batch bfloat16:1 --time-budget $(( LEFT - 20 )) \
+      --out $W/h200-fused-1b-s9 > $W/bench-1b.log 2>&1; echo "bench 1b rc=$? (timeout $LEFT s)" >> $W/bench-1b.log
+    grep -E "^\| (fused|interleaved) |rc=" $W/bench-1b.log | head -6
   fi
 fi
 tar czf $OUT/s9-$STAGE.tgz -C /tmp s9-$STAGE

@@ -6,7 +6,7 @@ the same step with the deferred check on one stream; with no per-step check): ms
 alone ((a 208-token call - a 16-token call) / 192, median of ROUNDS after a first call that compiles), of a
 whole 200-token call as the bench times it (TTFT included), and the time of a 1-token call (TTFT). EOS off: every call runs all its steps.
 
-    python3 scripts/loop_ab.py OUT.json LABEL [--ttft]
+    python3 scripts/loop_ab.py OUT.json LABEL [--ttft] [--models gpt2-random,llama-1b-random]
 
 --ttft: only the time to first token of `fused` (a 1-token call), TTFT_CALLS calls per model after warm-up.
 """
@@ -39,9 +39,9 @@ def timed_call(model, ids, n: int, strategy) -> float:
     return time.perf_counter() - t
 
 
-def main(out: str, label: str, ttft_only: bool = False) -> None:
+def main(out: str, label: str, ttft_only: bool = False, models: tuple = ("gpt2-random", "llama-1b-random")) -> None:
     res = {"label": label}
-    for name in ("gpt2-random", "llama-1b-random"):
+    for name in models:
         model = od.load_model(name, dtype="bfloat16", device="cuda")
         ids = torch.randint(0, 1000, (1, 32), device="cuda")
         if ttft_only:
@@ -77,4 +77,6 @@ def main(out: str, label: str, ttft_only: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], "--ttft" in sys.argv[3:])
+    args = sys.argv[3:]
+    models = tuple(args[args.index("--models") + 1].split(",")) if "--models" in args else ("gpt2-random", "llama-1b-random")
+    main(sys.argv[1], sys.argv[2], "--ttft" in args, models)

@@ -16,7 +16,7 @@ from overlapdecode.fused.kernels.norm_linear import NormSums, norm_linear, norm_
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import FusedModel
 from overlapdecode.fused import reference
-from overlapdecode.step_graph import FlagLog
+from overlapdecode.step_graph import StepLog
 from overlapdecode.fused.model import REFERENCE_OPS
 from triton_interpreter import interpreter_loop_bounds  # noqa: F401 (autouse fixture: the attention's loops)
 
@@ -276,39 +276,44 @@ def test_greedy_choice_refuses_bad_buffers():
         greedy_choice(logits, ok, block_v=48)
 
 
-def test_greedy_choice_writes_each_steps_flag_into_the_flag_log():
-    """With a FlagLog the kernel also writes the all-finished flag at slot `count` of the log (pinned host memory
-    on a GPU) and advances the count; a count past the log's end writes nothing. (Its torch twin writes the log
-    on CPU only: tests/test_step_graph.py.)"""
+def test_greedy_choice_writes_each_steps_tokens_and_flag_into_the_step_log():
+    """With a StepLog the kernel also writes each row's token at column `count` of the log's tokens and the
+    all-finished flag at slot `count` of its flags (pinned host memory on a GPU), and advances the count; a count
+    past the log's end writes nothing. (Its torch twin writes the log on CPU only: tests/test_step_graph.py.)"""
     torch.manual_seed(7)
     B, V, L = 3, 70, 5
     tickets = Tickets(DEV)
     state = torch.zeros((B, 3), dtype=torch.long, device=DEV)
-    guard = FlagLog.empty(L + 3, torch.device(DEV))  # the log a view of a longer buffer: writes past it show
-    log = FlagLog(guard.flags[:L], guard.count)
+    guard = StepLog.empty(B, L + 3, torch.device(DEV))  # the flags a view of a longer buffer: writes past it show
+    log = StepLog(torch.full((B, L), -1, dtype=torch.long, device=DEV), guard.flags[:L], guard.count)
     log.count.fill_(1)
     got, ref = _finish(state, [5])._replace(log=log), _finish(state, [5])
-    want = [False] * (L + 3)
-    for step in range(6):  # step j writes slot j + 1 (none past slot 4); at step 3 every row emits EOS (5)
+    want_flags, want_tokens = [False] * (L + 3), [[-1] * L for _ in range(B)]
+    for step in range(6):  # step j writes column j + 1 (none past column 4); at step 3 every row emits EOS (5)
         logits = rnd(B, V)
         logits[:, 5] = -1e9 if step < 3 else 1e9
         greedy_choice(logits, got, tickets=tickets, block_v=16)
         greedy_finish_ref(logits, ref)
         assert torch.equal(got.state, ref.state) and bool(got.done) == bool(ref.done)
         if step + 1 < L:
-            want[step + 1] = bool(ref.done)
-    assert want[4] and guard.flags.tolist() == want
+            want_flags[step + 1] = bool(ref.done)
+            for b in range(B):
+                want_tokens[b][step + 1] = int(ref.state[b, 0])
+    assert want_flags[4] and guard.flags.tolist() == want_flags
+    assert log.tokens.tolist() == want_tokens
     assert log.count.tolist() == [7] and int(tickets.counters.abs().sum()) == 0
 
 
-def test_greedy_choice_refuses_a_bad_flag_log():
+def test_greedy_choice_refuses_a_bad_step_log():
     logits = rnd(2, 20)
     ok = _finish(torch.zeros((2, 3), dtype=torch.long, device=DEV), [1])
-    log = FlagLog.empty(4, torch.device(DEV))
-    with pytest.raises(TypeError, match="finish.log must be a step_graph.FlagLog"):
-        greedy_choice(logits, ok._replace(log=(log.flags, log.count)))
+    log = StepLog.empty(2, 4, torch.device(DEV))
+    with pytest.raises(TypeError, match="finish.log must be a step_graph.StepLog"):
+        greedy_choice(logits, ok._replace(log=tuple(log)))
     with pytest.raises(ValueError, match="finish.log.flags must be a contiguous non-empty 1-d bool"):
         greedy_choice(logits, ok._replace(log=log._replace(flags=log.flags.long())))
+    with pytest.raises(ValueError, match="finish.log.tokens must be a contiguous \\(2, 4\\) long"):
+        greedy_choice(logits, ok._replace(log=log._replace(tokens=log.tokens[:, :3])))
     with pytest.raises(ValueError, match="finish.log.count must be a \\(1,\\) int32"):
         greedy_choice(logits, ok._replace(log=log._replace(count=log.count.long())))
 

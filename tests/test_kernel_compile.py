@@ -71,8 +71,8 @@ CASES = {
                          BLOCK_K=256, NB_PAD=64)),
     "greedy": (_greedy_kernel,
                {"logits_ptr": "*fp32", "val_ptr": "*fp32", "idx_ptr": "*i32", "ticket_ptr": "*i32", "state_ptr": "*i64",
-                "eos_ptr": "*i64", "E": "i32", "pad_id": "i32", "done_ptr": "*u8", "flags_ptr": "*u8", "count_ptr": "*i32",
-                "n_flags": "i32", "B": "i32", "V": "i32", "row_stride": "i32"},
+                "eos_ptr": "*i64", "E": "i32", "pad_id": "i32", "done_ptr": "*u8", "tokens_ptr": "*i64", "flags_ptr": "*u8",
+                "count_ptr": "*i32", "L": "i32", "B": "i32", "V": "i32", "row_stride": "i32"},
                dict(BLOCK_M=1, BLOCK_V=2048, LOG=True)),
 }
 
@@ -82,8 +82,8 @@ GPT2 = {"embed": dict(HAS_POS=True, SUMS=False),
         "linear_residual": dict(K=3072, K_CHUNK=768, HAS_BIAS=True, SUMS=False),
         "norm_linear": dict(K=768, LAYER=True, HAS_BIAS=True, ACT=1, NB_PAD=0),
         "attention": dict(HQ=12, HKV=12, G=1),
-        # (the batch, not GPT-2, sets BLOCK_M: 16 rows, as from batch 16 on); without the flag log (sampling-free
-        # callers outside a StepGraph)
+        # (the batch, not GPT-2, sets BLOCK_M: 16 rows, as from batch 16 on); without the step log (greedy_choice
+        # called outside a StepGraph)
         "greedy": dict(BLOCK_M=16, LOG=False)}
 
 

@@ -16,7 +16,7 @@ def test_run_advances_the_owned_buffers_in_place():
     seen = []
 
     def step(state, eos, noise, done, log):
-        assert log is None  # made without a flag log
+        assert log is None  # made without a step log
         seen.append((state.data_ptr(), eos.data_ptr(), noise.data_ptr(), done.data_ptr()))
         state[:, 0] += noise[:, 0].long()
         state[:, 1] += 1
@@ -34,27 +34,31 @@ def test_run_advances_the_owned_buffers_in_place():
     assert g.graph is None and g.eager_runs == 3  # no capture on CPU
 
 
-def test_a_flag_log_is_owned_by_the_graph_and_passed_to_its_step():
+def test_a_step_log_is_owned_by_the_graph_and_passed_to_its_step():
     logs = []
 
     def step(state, eos, noise, done, log):
         logs.append(log)
+        state[:, 0] += 1
         done.fill_(True)
+        log.tokens.index_copy_(1, log.count.long(), state[:, :1])
         log.flags.index_copy_(0, log.count.long(), done.view(1))
         log.count.add_(1)
 
-    g = StepGraph(step, batch=1, eos_count=0, noise_shape=None, device=torch.device("cpu"), log_length=5)
+    g = StepGraph(step, batch=2, eos_count=0, noise_shape=None, device=torch.device("cpu"), log_length=5)
     g.log.count.fill_(2)
     g.run()
     g.run()
     assert all(log is g.log for log in logs)
     assert g.log.flags.tolist() == [False, False, True, True, False] and g.log.count.tolist() == [4]
-    assert g.log.count.dtype == torch.int32 and g.log.flags.dtype == torch.bool
+    assert g.log.tokens.tolist() == [[0, 0, 1, 2, 0]] * 2
+    assert g.log.count.dtype == torch.int32 and g.log.flags.dtype == torch.bool and g.log.tokens.dtype == torch.long
 
 
-def test_the_fused_greedy_stop_is_read_from_the_steps_own_flag_log():
-    """Greedy `fused` steps write their flag into the graph's FlagLog and the stop check reads it there (no copy):
-    the log holds every step's flag of the call, and the call stops where Hugging Face does."""
+def test_the_fused_greedy_output_and_stop_are_read_from_the_steps_own_log():
+    """Greedy `fused` steps write their tokens and flag into the graph's StepLog, and the loop reads them there (no
+    copy per step): the log holds the call's output and every step's flag, and the call returns a copy of it that
+    equals Hugging Face's, stopping where it does; a later call does not change an earlier call's output."""
     model = od.load_model("tiny-llama", device="cpu")
     dec = od.Decoder(model)
     ids, mask = make_batch(2, seed=3)
@@ -68,9 +72,14 @@ def test_the_fused_greedy_stop_is_read_from_the_steps_own_flag_log():
     (cache,) = dec.fused_model()._caches.values()
     graph = cache.graphs[(2, 0, SamplingParams())]
     n = out.shape[1] - P
-    # steps 1 .. n (the last one run late by the ping-pong's lag of 1) wrote their flags: only step n-1's is set
-    assert graph.log.count.tolist() == [n + 1]
-    assert graph.log.flags[1:n].tolist() == [False] * (n - 2) + [True]
+    # steps 1 .. n (the last one run late by the ping-pong's lag of 1) wrote columns P + 1 .. P + n
+    assert graph.log.count.tolist() == [P + n + 1]
+    assert graph.log.flags[P + 1:P + n].tolist() == [False] * (n - 2) + [True]
+    assert torch.equal(graph.log.tokens[:, :P + n], out) and out.data_ptr() != graph.log.tokens.data_ptr()
+    kept = out.clone()
+    dec.generate(ids[:, 1:], attention_mask=mask[:, 1:], max_new_tokens=12, strategy="fused", eos_token_id=[],
+                 pad_token_id=0)
+    assert torch.equal(out, kept)
 
 
 def test_fused_keeps_one_graph_per_setting_and_matches_hf():

@@ -239,9 +239,9 @@ class Decoder:
             else:  # one kernel chooses the token and updates state and flag (fused/kernels/greedy.py)
                 step = functools.partial(_fused_greedy_step, self._fused, fused_cache, pad_id)
             noise = (batch, vocab) if params.do_sample else None
-            # the greedy step writes each step's flag where the host reads it (FlagLog): one slot per step of a
-            # call, and a call has fewer steps than the cache has slots
-            log = fused_cache.length if not params.do_sample and self._fused.logs_flags else 0
+            # the greedy step writes each step's tokens and flag where the loop reads them (StepLog): one column
+            # per position of a call, as many as the cache has slots
+            log = fused_cache.length if not params.do_sample and self._fused.writes_step_log else 0
             graph = StepGraph(step, batch, len(eos_ids), noise, device, log_length=log)
         fused_cache.graphs[key] = graph
         while len(fused_cache.graphs) > KEEP_GRAPHS:
@@ -263,8 +263,6 @@ class Decoder:
         fused = self.fused_model() if strat.cache == "fused" else None
 
         # 1) buffers made once on the caller's stream, before the loop
-        out = torch.empty((B, P + N), dtype=torch.long, device=device)  # (B, P + N)
-        out[:, :P] = req.input_ids
         if strat.cache == "fused":
             from .fused.cache import FusedKV  # imported on first use: Triton is a heavy import
 
@@ -272,6 +270,7 @@ class Decoder:
                             caches.position_ids_for_prompt(req.attention_mask))
             step_model = cache.model  # the fused step replaces the Hugging Face forward
         else:
+            out = _output(B, P + N, req.input_ids, device)  # (B, P + N): the no-cache step reads it
             cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N,
                                       self.static_caches, strat.compile)
             step_model = model
@@ -285,9 +284,16 @@ class Decoder:
             graph.eos.copy_(eos_ids)
             state = graph.state  # the graph reads and advances it in place
             state.zero_()
-            if graph.log is not None:
-                graph.log.count.fill_(1)  # step 1 is the graph's first: it writes its flag to slot 1
-        else:
+        log = graph.log if graph is not None else None
+        if log is not None:
+            # the graph's steps write their tokens into the log, which is this call's output (returned as a copy:
+            # the next call writes it again), and their flags into the log's pinned slots, at column P + j
+            out = log.tokens[:, : P + N]  # (B, P + N)
+            out[:, :P] = req.input_ids
+            log.count.fill_(P + 1)  # step 1 is the graph's first
+        elif strat.cache == "fused":
+            out = _output(B, P + N, req.input_ids, device)
+        if graph is None:
             # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
             # outputs are overwritten by its next replay, so they are copied here before the next step runs.
             state = torch.zeros((B, 3), dtype=torch.long, device=device)
@@ -320,10 +326,11 @@ class Decoder:
                         torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
                         new_state, done = step_fn(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
                         state.copy_(new_state)  # before the next replay overwrites new_state
-                    out[:, P + j] = state[:, 0]
-                    # a graph step with a flag log has written its flag to pinned host memory itself
-                    logged = graph is not None and graph.log is not None and j > 0
-                    check.publish(j, done, state[:, 0], graph.log.flags[j] if logged else None)
+                    if log is None or j == 0:
+                        out[:, P + j] = state[:, 0]
+                        check.publish(j, done, state[:, 0])
+                    else:  # the step wrote its tokens into `out` and its flag into pinned host memory itself
+                        check.publish(j, done, state[:, 0], log.flags[P + j])
                 if j == 0 and side is not None:
                     cache.used_on(side)
                 with markers.phase(markers.STOP_CHECK, cuda):
@@ -341,15 +348,24 @@ class Decoder:
                 self._end_event.record(main)  # on the caller's stream, after every step of this call
             if sink is not None:
                 sink.end()  # also on error: an iterator streamer's reader must not wait for ever
+        if log is not None:
+            return out[:, : P + n].clone()  # the log is this graph's: a later call writes it again
         return out if n == N else out[:, : P + n].clone()
+
+
+def _output(batch: int, length: int, input_ids, device) -> torch.Tensor:
+    """A call's (B, P + N) output buffer, the prompt in its first columns."""
+    out = torch.empty((batch, length), dtype=torch.long, device=device)
+    out[:, : input_ids.shape[1]] = input_ids
+    return out
 
 
 def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, choose, state, eos_ids, noise, done,
                 log=None):
     """The sampling fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`: its cache), then
-    `choose`, its results copied into the graph's state and flag (no flag log: `log` must be None)."""
+    `choose`, its results copied into the graph's state and flag (no step log: `log` must be None)."""
     if log is not None:
-        raise ValueError("log: the sampling step does not write a flag log; make its StepGraph without one")
+        raise ValueError("log: the sampling step does not write a step log; make its StepGraph without one")
     new_state, all_done = decode_step(fused, kwargs, state, eos_ids, pad_id, noise, params, choose)
     state.copy_(new_state)
     done.copy_(all_done)
@@ -357,7 +373,7 @@ def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, choose
 
 def _fused_greedy_step(fused, cache, pad_id: int, state, eos_ids, noise, done, log=None):
     """The greedy fused decode step StepGraph captures: FusedModel.greedy_step, which advances state, done and
-    the flag log in place (one kernel after the head chooses: no inductor choice kernels, no copies)."""
+    the step log in place (one kernel after the head chooses: no inductor choice kernels, no copies)."""
     fused.greedy_step(cache, state, eos_ids, pad_id, done, log)
 
 

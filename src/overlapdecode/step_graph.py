@@ -20,37 +20,41 @@ from typing import Callable, NamedTuple
 import torch
 
 
-class FlagLog(NamedTuple):
-    """Each step's all-finished flag, written by the step itself where the host reads it, so that no copy
-    follows the step: the step writes its flag to `flags[count]` and advances `count`.
+class StepLog(NamedTuple):
+    """What each step writes where the decode loop reads it, so that no copy follows the step: the step writes
+    its tokens into column `count` of `tokens` and its all-finished flag into `flags[count]`, then advances
+    `count`.
 
-    `flags` (L,) bool: pinned host memory on CUDA, which the GPU writes directly (with unified addressing a
-    pinned allocation is mapped into the device's address space), the host reading slot j once the event
-    recorded after step j has completed (stopping.StopCheck). `count` (1,) int32 on the device: the index of
-    the next step's slot, set by the decoder before a call's first graph step. Why: the flag's copy to pinned
-    memory after each step was one more operation on the GPU's queue per token (a copy-engine transfer of one
-    byte, ordered between two steps)."""
+    `tokens` (B, L) long on the device: the call's output (the decoder writes the prompt into its first columns
+    and sets `count` to the prompt length + 1 before the call's first graph step). `flags` (L,) bool: pinned
+    host memory on CUDA, which the GPU writes directly (with unified addressing a pinned allocation is mapped
+    into the device's address space); the host reads a step's slot once the event recorded after that step
+    has completed (stopping.StopCheck). `count` (1,) int32 on the device. Why: the copy of the token into the
+    output and of the flag to pinned memory after each replay were two more operations on the GPU's queue per
+    token (H200, GPT-2: 0.305 ms/token with them, 0.297 without the flag's, benchmarks/h200-session9-loop)."""
 
+    tokens: torch.Tensor
     flags: torch.Tensor
     count: torch.Tensor
 
     @classmethod
-    def empty(cls, length: int, device: torch.device) -> "FlagLog":
+    def empty(cls, batch: int, length: int, device: torch.device) -> "StepLog":
         cuda = device.type == "cuda"
-        return cls(torch.zeros(length, dtype=torch.bool, pin_memory=cuda),
+        return cls(torch.zeros((batch, length), dtype=torch.long, device=device),
+                   torch.zeros(length, dtype=torch.bool, pin_memory=cuda),
                    torch.zeros(1, dtype=torch.int32, device=device))
 
 
 # step(state, eos, noise, done, log): advances state (B, 3) long and done (0-d bool: all rows finished) in place,
-# and when `log` (a FlagLog) is given writes done to log.flags[log.count] and advances log.count; see
+# and when `log` (a StepLog) is given writes the tokens and done into its column log.count and advances it; see
 # decode._fused_greedy_step
-Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor, "FlagLog | None"], None]
+Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor, "StepLog | None"], None]
 
 
 class StepGraph:
     """The step `step` over buffers of one shape: `state` (B, 3) long (last token, its position, finished),
     `eos` (E,) long, `noise` (B, V) float32 when sampling (else None), `done` 0-d bool, and with `log_length` > 0
-    a FlagLog `log` of that many slots (the step must write it). `run()` advances `state` and `done` (and the
+    a StepLog `log` of that many columns (the step must write it). `run()` advances `state` and `done` (and the
     log) by one step, in place, on the current stream. On a CPU device nothing is captured: the step runs
     eagerly every time over the same buffers."""
 
@@ -60,7 +64,7 @@ class StepGraph:
         self.eos = torch.zeros((eos_count,), dtype=torch.long, device=device)
         self.noise = None if noise_shape is None else torch.zeros(noise_shape, dtype=torch.float32, device=device)
         self.done = torch.zeros((), dtype=torch.bool, device=device)
-        self.log = FlagLog.empty(log_length, device) if log_length > 0 else None
+        self.log = StepLog.empty(batch, log_length, device) if log_length > 0 else None
         self._step = step
         self._capture = device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None

@@ -132,7 +132,7 @@ class StopCheck:
     def publish(self, j: int, done: torch.Tensor, tokens: torch.Tensor, host_flag: torch.Tensor | None = None) -> None:
         """After step j is enqueued: copy its flag (and tokens) to pinned slot j, record the slot's event.
         `host_flag`: a 0-d view of pinned host memory where step j has written its flag itself
-        (step_graph.FlagLog); then only the tokens are copied, if any."""
+        (step_graph.StepLog); then only the tokens are copied, if any."""
         s = self._slot(j)
         if host_flag is None:
             self.slots.flags[s].copy_(done, non_blocking=True)  # device -> pinned host, no sync

@@ -260,9 +260,9 @@ class FusedModel:
         # comes between a writer and its reader (unsharded)
         sums = self.weights.norm == "rms" and self.weights.tp is None
         self.ops = triton_ops(self.device, self.pdl, tiles, norm_sums=sums) if self.kernels == "triton" else REFERENCE_OPS
-        # whether greedy_step can write each step's flag into a FlagLog in pinned host memory itself: the Triton
-        # kernel can on any device; the torch twin only where host and device memory are the same (CPU)
-        self.logs_flags = self.kernels == "triton" or self.device.type == "cpu"
+        # whether greedy_step can write each step's tokens and flag into a StepLog (its flags in pinned host
+        # memory): the Triton kernel can on any device; the torch twin only where host and device memory are one (CPU)
+        self.writes_step_log = self.kernels == "triton" or self.device.type == "cpu"
         if opts.symmetric_all_reduce:
             self.ops = self.ops._replace(symmetric=SymmetricAllReduce(self.weights.tp.group, self.device))
         compile_prefill = opts.compile_prefill
@@ -316,8 +316,9 @@ class FusedModel:
         """One greedy decode step over the loop's state: the token state[:, 0] at position state[:, 1] of each
         row through the model, then the greedy choice and stop bookkeeping of `decode.choose_next`, written into
         `state` (B, 3) long and `done` (0-d bool) in place, by one kernel after the LM head with the Triton kernels
-        (kernels/greedy.py). `log` (step_graph.FlagLog): also write done into its next slot (see `logs_flags`)."""
-        if log is not None and not self.logs_flags:
+        (kernels/greedy.py). `log` (step_graph.StepLog): also write the tokens and done into its next column (see
+        `writes_step_log`)."""
+        if log is not None and not self.writes_step_log:
             raise ValueError("log: the torch operations on a GPU cannot write the flag into host memory; pass None")
         if not isinstance(cache, FusedCache):
             raise TypeError("cache must be a FusedCache of this FusedModel (from cache_for)")

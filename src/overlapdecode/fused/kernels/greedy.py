@@ -7,7 +7,7 @@ What it computes, per row b (the contract of `greedy_finish_ref`, which is the d
     token = pad_id if finished[b]        a finished row emits padding
     finished[b] |= token in eos_ids
     state[b] = (token, position[b] + 1, finished[b]);  done = all rows finished
-    with a flag log (step_graph.FlagLog): log.flags[log.count] = done; log.count += 1
+    with a step log (step_graph.StepLog), c = log.count: log.tokens[b, c] = token; log.flags[c] = done; log.count += 1
 
 Why: after the head, the step used to launch the chunked argmax and the finished/EOS bookkeeping (inductor's
 kernels of `choose_next`) and two copies into the step's state and flag: five small kernels, none with
@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ...sampling import argmax_rows
-from ...step_graph import FlagLog
+from ...step_graph import StepLog
 from ...stopping import mark_finished
 from .linear_residual import Tickets, last_of_split, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
@@ -53,14 +53,14 @@ def block_v_for(rows: int) -> int:
 class GreedyFinish(NamedTuple):
     """What a step's greedy finish reads and writes in place: `state` (B, 3) long (last token, its position,
     finished), `eos` (E,) long (E may be 0: never stop), `pad_id`, `done` 0-d bool (all rows finished), and
-    optionally `log` (step_graph.FlagLog), where done is also written, at slot log.count (then advanced): pinned
-    host memory the host reads without a copy after the step."""
+    optionally `log` (step_graph.StepLog), where the tokens and done are also written, at column log.count (then
+    advanced): the call's output, and pinned host memory the host reads without a copy after the step."""
 
     state: torch.Tensor
     eos: torch.Tensor
     pad_id: int
     done: torch.Tensor
-    log: FlagLog | None = None
+    log: StepLog | None = None
 
 
 def greedy_finish_ref(logits: torch.Tensor, finish: GreedyFinish) -> None:
@@ -69,9 +69,12 @@ def greedy_finish_ref(logits: torch.Tensor, finish: GreedyFinish) -> None:
     tokens, finished, done = mark_finished(argmax_rows(logits), state[:, 2].bool(), finish.eos, finish.pad_id)
     state.copy_(torch.stack([tokens, state[:, 1] + 1, finished.long()], dim=1))
     finish.done.copy_(done)
-    if finish.log is not None:  # the torch twin runs where the log's host memory is the device's (CPU)
-        finish.log.flags.index_copy_(0, finish.log.count.long(), done.view(1))
-        finish.log.count.add_(1)
+    log = finish.log
+    if log is not None:  # the torch twin runs where the log's host memory is the device's (CPU)
+        column = log.count.long()
+        log.tokens.index_copy_(1, column, tokens.view(-1, 1))
+        log.flags.index_copy_(0, column, done.view(1))
+        log.count.add_(1)
 
 
 @triton.jit
@@ -91,12 +94,15 @@ def block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B):
 
 
 @triton.jit
-def greedy_finish(val_ptr, idx_ptr, NBLK, B, state_ptr, eos_ptr, E, pad_id, done_ptr, flags_ptr, count_ptr, n_flags,
-                  BLOCK_M: tl.constexpr, RB: tl.constexpr, LOG: tl.constexpr):
+def greedy_finish(val_ptr, idx_ptr, NBLK, B, state_ptr, eos_ptr, E, pad_id, done_ptr, tokens_ptr, flags_ptr, count_ptr,
+                  L, BLOCK_M: tl.constexpr, RB: tl.constexpr, LOG: tl.constexpr):
     """Run by the program that takes the last ticket: reduce the (NBLK, B) partials of block_argmax to each row's token
     and write the new state and the all-finished flag (see the module docstring). Its loads of the partials
     bypass L1 (the other programs stored them; linear_residual.last_of_split)."""
     all_done = tl.full((BLOCK_M,), 1, tl.int32)
+    if LOG:  # the log's column: the previous launch's last program advanced the count (read past L1)
+        column = tl.load(count_ptr, cache_modifier=".cg")
+        in_log = (column >= 0) & (column < L)  # never past the log's end
     for r0 in range(0, B, BLOCK_M):
         rows = r0 + tl.arange(0, BLOCK_M)
         row_ok = rows < B
@@ -131,19 +137,19 @@ def greedy_finish(val_ptr, idx_ptr, NBLK, B, state_ptr, eos_ptr, E, pad_id, done
         tl.store(state_ptr + rows * 3, token, mask=row_ok)
         tl.store(state_ptr + rows * 3 + 1, pos + 1, mask=row_ok)
         tl.store(state_ptr + rows * 3 + 2, fin.to(tl.int64), mask=row_ok)
+        if LOG:
+            tl.store(tokens_ptr + rows.to(tl.int64) * L + column, token, mask=row_ok & in_log)
         all_done = all_done & tl.where(row_ok, fin.to(tl.int32), 1)
     flag = (tl.min(all_done, 0) > 0).to(tl.uint8)
     tl.store(done_ptr, flag)
-    if LOG:  # the flag log's slot: the previous launch's last program advanced the count (read past L1)
-        slot = tl.load(count_ptr, cache_modifier=".cg")
-        # pinned host memory on CUDA: the host reads it after the step's event; never past the log's end
-        tl.store(flags_ptr + slot, flag, mask=(slot >= 0) & (slot < n_flags))
-        tl.store(count_ptr, slot + 1)
+    if LOG:  # pinned host memory on CUDA: the host reads it after the step's event
+        tl.store(flags_ptr + column, flag, mask=in_log)
+        tl.store(count_ptr, column + 1)
 
 
 @triton.jit
-def _greedy_kernel(logits_ptr, val_ptr, idx_ptr, ticket_ptr, state_ptr, eos_ptr, E, pad_id, done_ptr, flags_ptr,
-                   count_ptr, n_flags, B, V, row_stride,
+def _greedy_kernel(logits_ptr, val_ptr, idx_ptr, ticket_ptr, state_ptr, eos_ptr, E, pad_id, done_ptr, tokens_ptr,
+                   flags_ptr, count_ptr, L, B, V, row_stride,
                    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, LOG: tl.constexpr, PDL: tl.constexpr):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -156,8 +162,8 @@ def _greedy_kernel(logits_ptr, val_ptr, idx_ptr, ticket_ptr, state_ptr, eos_ptr,
     pdl_release(PDL)
     block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B)
     if last_of_split(ticket_ptr, 0, tl.num_programs(0) * tl.num_programs(1)):
-        greedy_finish(val_ptr, idx_ptr, tl.num_programs(0), B, state_ptr, eos_ptr, E, pad_id, done_ptr, flags_ptr,
-                      count_ptr, n_flags, BLOCK_M, REDUCE_BLOCKS, LOG)
+        greedy_finish(val_ptr, idx_ptr, tl.num_programs(0), B, state_ptr, eos_ptr, E, pad_id, done_ptr, tokens_ptr,
+                      flags_ptr, count_ptr, L, BLOCK_M, REDUCE_BLOCKS, LOG)
         tl.store(ticket_ptr, 0)  # back to zero for the next launch
 
 
@@ -179,16 +185,20 @@ def check_finish(finish: GreedyFinish, batch: int, device) -> None:
     log = finish.log
     if log is None:
         return
-    if not isinstance(log, FlagLog):
-        raise TypeError(f"finish.log must be a step_graph.FlagLog or None, got {type(log).__name__}")
-    flags, count = log
-    if flags.dim() != 1 or flags.dtype != torch.bool or not flags.is_contiguous() or flags.numel() == 0:
+    if not isinstance(log, StepLog):
+        raise TypeError(f"finish.log must be a step_graph.StepLog or None, got {type(log).__name__}")
+    tokens, flags, count = log
+    L = flags.numel()
+    if flags.dim() != 1 or flags.dtype != torch.bool or not flags.is_contiguous() or L == 0:
         raise ValueError(f"finish.log.flags must be a contiguous non-empty 1-d bool tensor, got {tuple(flags.shape)} "
                          f"{flags.dtype}")
     if device.type == "cuda" and not flags.is_pinned():
         raise ValueError("finish.log.flags must be in pinned host memory (the kernel writes it from the GPU)")
     if device.type != "cuda" and flags.device != device:
         raise ValueError(f"finish.log.flags is on {flags.device}, the logits on {device}")
+    if tokens.shape != (batch, L) or tokens.dtype != torch.long or not tokens.is_contiguous() or tokens.device != device:
+        raise ValueError(f"finish.log.tokens must be a contiguous ({batch}, {L}) long tensor on {device}, got "
+                         f"{tuple(tokens.shape)} {tokens.dtype} on {tokens.device}")
     if count.shape != (1,) or count.dtype != torch.int32 or count.device != device:
         raise ValueError(f"finish.log.count must be a (1,) int32 tensor on {device}, got {tuple(count.shape)} "
                          f"{count.dtype} on {count.device}")
@@ -221,9 +231,12 @@ def greedy_choice(logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets |
     eos = finish.eos if finish.eos.numel() else finish.state  # never read when E == 0
     done = finish.done.view(torch.uint8)
     log = finish.log
-    flags, count = (log.flags.view(torch.uint8), log.count) if log is not None else (done, done)  # unused without
+    if log is not None:
+        tokens, flags, count = log.tokens, log.flags.view(torch.uint8), log.count
+    else:
+        tokens, flags, count = finish.state, done, done  # never read or written without a log
     _greedy_kernel[grid](logits, vals, idx, take_tickets(tickets, 1, logits.device), finish.state, eos,
-                         finish.eos.numel(), int(finish.pad_id), done, flags, count, flags.numel(), B, V,
+                         finish.eos.numel(), int(finish.pad_id), done, tokens, flags, count, flags.numel(), B, V,
                          logits.stride(0),
                          BLOCK_M=block_m, BLOCK_V=block_v, LOG=log is not None, PDL=int(pdl), num_warps=4,
                          **pdl_launch(pdl))
