@@ -16,6 +16,8 @@
 # call after a late stop, captured against eager); the GPT-2 bench (fused, interleaved); loop_ab.py at GPT-2, 504a253
 # (.carry/old/src: the flag log, before the token log) against this tree; the Llama-1B bench (batch 1) with the time
 # left.
+# Stage 4 (the device time left, about 5 min): the Llama-8B bench (batch 1) and the Llama-1B bench at batch 8, at the
+# code of stage 3, so that every row of the README's table is of this code.
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown}
@@ -82,5 +84,14 @@ if [ "$STAGE" = 3 ]; then
       --out $W/h200-fused-1b-s9 > $W/bench-1b.log 2>&1; echo "bench 1b rc=$? (timeout $LEFT s)" >> $W/bench-1b.log
     grep -E "^\| (fused|interleaved) |rc=" $W/bench-1b.log | head -6
   fi
+fi
+if [ "$STAGE" = 4 ]; then
+  export PYTHONPATH=$NEW
+  timeout 165 python3 -m overlapdecode bench --lengths 200 --warmup 1 --repeats 3 --model llama-8b-random \
+    --strategies fused,interleaved --peers none --dtype-batch bfloat16:1 --time-budget 140 --out $W/h200-fused-8b-s9 \
+    > $W/bench-8b.log 2>&1; echo "bench 8b rc=$?" >> $W/bench-8b.log; tail -1 $W/bench-8b.log
+  timeout 115 python3 -m overlapdecode bench --lengths 200 --warmup 1 --repeats 3 --model llama-1b-random \
+    --strategies fused,interleaved --peers none --dtype-batch bfloat16:8 --time-budget 90 --out $W/h200-fused-1b-b8-s9 \
+    > $W/bench-1b-b8.log 2>&1; echo "bench 1b b8 rc=$?" >> $W/bench-1b-b8.log; tail -1 $W/bench-1b-b8.log
 fi
 tar czf $OUT/s9-$STAGE.tgz -C /tmp s9-$STAGE
