@@ -276,16 +276,20 @@ def test_greedy_choice_refuses_bad_buffers():
         greedy_choice(logits, ok, block_v=48)
 
 
-def test_greedy_choice_writes_each_steps_tokens_and_flag_into_the_step_log():
+@pytest.mark.parametrize("B", [3, 17])
+def test_greedy_choice_writes_each_steps_tokens_and_flag_into_the_step_log(B):
     """With a StepLog the kernel also writes each row's token at column `count` of the log's tokens and the
     all-finished flag at slot `count` of its flags (pinned host memory on a GPU), and advances the count; a count
     past the log's end writes nothing. (Its torch twin writes the log on CPU only: tests/test_step_graph.py.)"""
-    torch.manual_seed(7)
-    B, V, L = 3, 70, 5
+    torch.manual_seed(7 + B)
+    V, L = 70, 5
     tickets = Tickets(DEV)
     state = torch.zeros((B, 3), dtype=torch.long, device=DEV)
-    guard = StepLog.empty(B, L + 3, torch.device(DEV))  # the flags a view of a longer buffer: writes past it show
-    log = StepLog(torch.full((B, L), -1, dtype=torch.long, device=DEV), guard.flags[:L], guard.count)
+    state[1:, 2] = 1  # rows after the first already finished: they emit pad
+    # views of longer buffers (one more row of tokens, three more flags): writes past the log show
+    longer = StepLog.empty(B, L + 3, torch.device(DEV))
+    guard = StepLog(torch.full((B + 1, L), -1, dtype=torch.long, device=DEV), longer.flags, longer.count)
+    log = StepLog(guard.tokens[:B], guard.flags[:L], guard.count)
     log.count.fill_(1)
     got, ref = _finish(state, [5])._replace(log=log), _finish(state, [5])
     want_flags, want_tokens = [False] * (L + 3), [[-1] * L for _ in range(B)]
@@ -300,7 +304,7 @@ def test_greedy_choice_writes_each_steps_tokens_and_flag_into_the_step_log():
             for b in range(B):
                 want_tokens[b][step + 1] = int(ref.state[b, 0])
     assert want_flags[4] and guard.flags.tolist() == want_flags
-    assert log.tokens.tolist() == want_tokens
+    assert log.tokens.tolist() == want_tokens and guard.tokens[B].tolist() == [-1] * L
     assert log.count.tolist() == [7] and int(tickets.counters.abs().sum()) == 0
 
 

@@ -82,9 +82,8 @@ GPT2 = {"embed": dict(HAS_POS=True, SUMS=False),
         "linear_residual": dict(K=3072, K_CHUNK=768, HAS_BIAS=True, SUMS=False),
         "norm_linear": dict(K=768, LAYER=True, HAS_BIAS=True, ACT=1, NB_PAD=0),
         "attention": dict(HQ=12, HKV=12, G=1),
-        # (the batch, not GPT-2, sets BLOCK_M: 16 rows, as from batch 16 on); without the step log (greedy_choice
-        # called outside a StepGraph)
-        "greedy": dict(BLOCK_M=16, LOG=False)}
+        # (the batch, not GPT-2, sets BLOCK_M: 16 rows, as from batch 16 on)
+        "greedy": dict(BLOCK_M=16)}
 
 
 @pytest.mark.parametrize("pdl", [0, 1, 2, 3])

@@ -82,6 +82,23 @@ def test_the_fused_greedy_output_and_stop_are_read_from_the_steps_own_log():
     assert torch.equal(out, kept)
 
 
+def test_a_call_that_stops_late_is_remembered_for_the_next_calls_host_wait():
+    """After a late stop (steps still queued when the call returns) the decoder's next call waits for the last
+    call's end on the host before it may evict what those steps use; after a call whose steps all completed,
+    it does not."""
+    model = od.load_model("tiny-llama", device="cpu")
+    dec = od.Decoder(model)
+    ids, mask = make_batch(1, seed=3)
+    P = ids.shape[1]
+    free = dec.generate(ids, attention_mask=mask, max_new_tokens=8, strategy="fused", eos_token_id=[])
+    assert not dec._late_steps
+    eos = int(free[0, P + 2])
+    out = dec.generate(ids, attention_mask=mask, max_new_tokens=8, strategy="fused:3", eos_token_id=[eos])
+    assert out.shape[1] <= P + 3 and dec._late_steps
+    dec.generate(ids, attention_mask=mask, max_new_tokens=8, strategy="fused", eos_token_id=[])
+    assert not dec._late_steps
+
+
 def test_fused_keeps_one_graph_per_setting_and_matches_hf():
     model = od.load_model("tiny-llama", device="cpu")
     dec = od.Decoder(model)

@@ -166,6 +166,26 @@ def test_the_stop_protocol_reads_each_flag_lag_steps_late(name, lag):
         check.finish()
 
 
+@pytest.mark.parametrize("name,lag", [("sync", 0), ("pingpong", 1), ("deferred", 2)])
+def test_a_flag_the_step_wrote_to_host_memory_is_what_a_late_check_reads(name, lag):
+    """publish(..., host_flag): a late check reads the flag from that host slot (where a captured fused step wrote
+    it, step_graph.StepLog), not from the device flag; the sync check reads the device flag."""
+    n_steps, stop_at = 6, 2
+    host = torch.zeros(n_steps, dtype=torch.bool)
+    check = make_check(name, lag, n_steps, None, None, Slots(lag + 1, 1, torch.device("cpu")),
+                       torch.zeros(1, n_steps, dtype=torch.long), torch.tensor([9]), None)
+    for j in range(n_steps):
+        host[j] = j >= stop_at
+        with check.step(j):  # the device flag says the opposite of the host slot
+            check.publish(j, torch.tensor(j < stop_at), torch.tensor([j]), host[j])
+        n = check.after_step(j)
+        if n is not None:
+            break
+    else:
+        n = check.drain()
+    assert n == (1 if name == "sync" else stop_at + 1)
+
+
 def test_end_check_finds_the_stop_after_the_loop():
     generated = torch.tensor([[1, 9, 0, 0, 0], [1, 2, 3, 9, 0]])  # row 0 stops at step 1, row 1 at step 3
     got = []

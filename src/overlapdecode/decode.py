@@ -124,6 +124,7 @@ class Decoder:
         # get their own allocator pool (and library workspaces), raising reserved memory
         self._slots: dict = {}  # (slots, batch, device) -> Slots, pinned host memory reused call after call
         self._end_event: torch.cuda.Event | None = None  # the last call's last step, on its caller's stream
+        self._late_steps = False  # whether the last call returned with steps still queued (a late stop)
         self._fused = None  # the FusedModel (re-laid weights, fused caches), made on the first fused call
 
     @property
@@ -137,6 +138,7 @@ class Decoder:
         """Free the kept static caches, fused caches and pinned slots (the benchmark calls it between
         configurations). The fused weights stay: they are the model's own parameters, re-laid out once."""
         with self._guard():
+            self._wait_last_call()
             self.static_caches.clear()
             self._slots.clear()
             if self._fused is not None:
@@ -157,6 +159,7 @@ class Decoder:
                     "`pip install triton` provides the module its torch reference lives beside"
                 ) from None
             if self._fused is not None:
+                self._wait_last_call()
                 self._fused.clear_caches()  # the old weights' caches and graphs go now, with the old weights
             self._fused = FusedModel(self.model, **self.fused_options)
         return self._fused
@@ -197,6 +200,11 @@ class Decoder:
         sink = _token_sink(streamer)
         with self._guard(), torch.no_grad():
             return self._decode(req, strat, params, seed, sink)
+
+    def _wait_last_call(self) -> None:
+        """Host sync on the last call's last step, before freeing what its late steps may still use."""
+        if self._end_event is not None:
+            self._end_event.synchronize()
 
     @contextlib.contextmanager
     def _guard(self):
@@ -256,6 +264,11 @@ class Decoder:
         B, P = req.input_ids.shape
         N = req.max_new_tokens
         if self._end_event is not None:
+            if self._late_steps:
+                # host sync, only after a call that stopped with steps still queued: this call may drop (evict) a
+                # kept cache or graph those steps use, and a graph's pinned flags would go back to the host
+                # allocator's pool while the GPU still writes them (it sees no stream use of them)
+                self._end_event.synchronize()
             # stream hand-off: the last call's late steps are done before this call resets what they used
             main.wait_event(self._end_event)
 
@@ -270,7 +283,7 @@ class Decoder:
                             caches.position_ids_for_prompt(req.attention_mask))
             step_model = cache.model  # the fused step replaces the Hugging Face forward
         else:
-            out = _output(B, P + N, req.input_ids, device)  # (B, P + N): the no-cache step reads it
+            out = _output(B, P + N, req.input_ids, device, None)  # (B, P + N): the no-cache step reads it
             cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N,
                                       self.static_caches, strat.compile)
             step_model = model
@@ -285,14 +298,10 @@ class Decoder:
             state = graph.state  # the graph reads and advances it in place
             state.zero_()
         log = graph.log if graph is not None else None
-        if log is not None:
-            # the graph's steps write their tokens into the log, which is this call's output (returned as a copy:
-            # the next call writes it again), and their flags into the log's pinned slots, at column P + j
-            out = log.tokens[:, : P + N]  # (B, P + N)
-            out[:, :P] = req.input_ids
-            log.count.fill_(P + 1)  # step 1 is the graph's first
-        elif strat.cache == "fused":
-            out = _output(B, P + N, req.input_ids, device)
+        if strat.cache == "fused":
+            # with a log, the graph's steps write their tokens into it, which is this call's output (returned as a
+            # copy: the next call writes it again), and their flags into its pinned slots, at column P + j
+            out = _output(B, P + N, req.input_ids, device, log)
         if graph is None:
             # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
             # outputs are overwritten by its next replay, so they are copied here before the next step runs.
@@ -305,6 +314,7 @@ class Decoder:
                            sink.put if sink is not None else None)
         step_fn = compiled_decode_step() if strat.compile and graph is None else decode_step
 
+        finished, result = False, None
         try:
             # 2) the loop: step j enqueues token j; the check reads the flag it owes after each step
             for j in range(N):
@@ -341,22 +351,34 @@ class Decoder:
                 # 3) a late check still owes the flags of the last `lag` steps
                 with markers.phase(markers.STOP_CHECK, cuda):
                     n = check.drain()
+            finished = True
         finally:
             check.finish()  # the caller's stream waits for every step enqueued, also if a streamer raised
+            if finished:
+                # on the caller's stream, after every step and before the end event: a log is the kept graph's,
+                # which the next call (whatever its stream) writes again once that event has passed
+                result = out if n == N and log is None else out[:, : P + n].clone()
+            self._late_steps = not finished or n < check.last + 1  # steps n .. last may still be running
             if cuda:
                 self._end_event = torch.cuda.Event()
                 self._end_event.record(main)  # on the caller's stream, after every step of this call
             if sink is not None:
                 sink.end()  # also on error: an iterator streamer's reader must not wait for ever
-        if log is not None:
-            return out[:, : P + n].clone()  # the log is this graph's: a later call writes it again
-        return out if n == N else out[:, : P + n].clone()
+        return result
 
 
-def _output(batch: int, length: int, input_ids, device) -> torch.Tensor:
-    """A call's (B, P + N) output buffer, the prompt in its first columns."""
-    out = torch.empty((batch, length), dtype=torch.long, device=device)
-    out[:, : input_ids.shape[1]] = input_ids
+def _output(batch: int, length: int, input_ids, device, log) -> torch.Tensor:
+    """A call's (B, P + N) output buffer, the prompt in its first columns: the first P + N columns of a StepGraph's
+    `log` (whose steps write their tokens there; its count set to the first graph step's column), or a new one."""
+    P = input_ids.shape[1]
+    if log is None:
+        out = torch.empty((batch, length), dtype=torch.long, device=device)
+    else:
+        if length > log.tokens.shape[1]:  # the log has a column per cache slot, and the cache holds P + N
+            raise RuntimeError(f"internal: a step log of {log.tokens.shape[1]} columns for a call of {length}")
+        out = log.tokens[:, :length]
+        log.count.fill_(P + 1)  # step 1 is the graph's first
+    out[:, :P] = input_ids
     return out
 
 

@@ -233,8 +233,8 @@ def test_pdl_changes_no_logit(name):
 def test_fused_second_call_on_another_stream_follows_a_late_stop():
     """A `fused` call that stops LAG steps late returns with its last steps still replaying the captured
     graph (float32 Llama-1B: over a millisecond each, so ~15 ms of queued work); the next call, from another
-    stream, resets the same graph's buffers (state, EOS ids) only after them, so its tokens are those of a
-    call made on a quiet GPU."""
+    stream, resets the same graph's buffers (state, EOS ids, step log) only after them, so its tokens are those
+    of a call made on a quiet GPU, and the first call's output stays its own."""
     lag = 12
     model = od.load_model("llama-1b-random", dtype="float32", device=DEV)
     dec = od.Decoder(model)
@@ -255,6 +255,9 @@ def test_fused_second_call_on_another_stream_follows_a_late_stop():
                                   eos_token_id=eos)
         torch.cuda.current_stream().wait_stream(other)
         assert torch.equal(second, ref2)
+        # the first call's output is a copy of its graph's step log made before its end event: the second call,
+        # which writes that log again, left it alone
+        assert torch.equal(first, free[:, :P + k + 1])
 
 
 @pytest.mark.parametrize("late", ["fused", "fused:3", "eager-pingpong", "eager-deferred"])

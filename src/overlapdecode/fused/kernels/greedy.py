@@ -7,7 +7,8 @@ What it computes, per row b (the contract of `greedy_finish_ref`, which is the d
     token = pad_id if finished[b]        a finished row emits padding
     finished[b] |= token in eos_ids
     state[b] = (token, position[b] + 1, finished[b]);  done = all rows finished
-    with a step log (step_graph.StepLog), c = log.count: log.tokens[b, c] = token; log.flags[c] = done; log.count += 1
+    with a step log (step_graph.StepLog), c = log.count: log.tokens[b, c] = token; log.flags[c] = done (nothing
+    where c is outside the log); log.count += 1. One launch per step: the count is the step's column.
 
 Why: after the head, the step used to launch the chunked argmax and the finished/EOS bookkeeping (inductor's
 kernels of `choose_next`) and two copies into the step's state and flag: five small kernels, none with
@@ -70,10 +71,13 @@ def greedy_finish_ref(logits: torch.Tensor, finish: GreedyFinish) -> None:
     state.copy_(torch.stack([tokens, state[:, 1] + 1, finished.long()], dim=1))
     finish.done.copy_(done)
     log = finish.log
-    if log is not None:  # the torch twin runs where the log's host memory is the device's (CPU)
-        column = log.count.long()
-        log.tokens.index_copy_(1, column, tokens.view(-1, 1))
-        log.flags.index_copy_(0, column, done.view(1))
+    if log is not None:
+        if log.count.device.type != "cpu":
+            raise ValueError("finish.log: the torch twin writes a step log on CPU only (the kernel on any device)")
+        column = int(log.count)  # host memory: no sync
+        if 0 <= column < log.flags.numel():  # as the kernel: nothing written past the log's end
+            log.tokens[:, column] = tokens
+            log.flags[column] = done
         log.count.add_(1)
 
 
