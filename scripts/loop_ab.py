@@ -4,7 +4,8 @@ tree and alternate the trees, so that two versions of the loop are compared in o
 Per case (gpt2-random and llama-1b-random, bfloat16, batch 1, prompt 32), per strategy (`fused`: ping-pong, lag 1;
 the same step with the deferred check on one stream; with no per-step check): ms per token of the decode steps
 alone ((a 208-token call - a 16-token call) / 192, median of ROUNDS after a first call that compiles), of a
-whole 200-token call as the bench times it (TTFT included), and the time of a 1-token call (TTFT). EOS off: every call runs all its steps.
+whole 200-token call as the bench times it (TTFT included), and the time of a 1-token call (TTFT). EOS off:
+every call runs all its steps.
 
     python3 scripts/loop_ab.py OUT.json LABEL [--ttft] [--models gpt2-random,llama-1b-random]
 
@@ -78,5 +79,7 @@ def main(out: str, label: str, ttft_only: bool = False, models: tuple = ("gpt2-r
 
 if __name__ == "__main__":
     args = sys.argv[3:]
-    models = tuple(args[args.index("--models") + 1].split(",")) if "--models" in args else ("gpt2-random", "llama-1b-random")
+    models = ("gpt2-random", "llama-1b-random")
+    if "--models" in args:
+        models = tuple(args[args.index("--models") + 1].split(","))
     main(sys.argv[1], sys.argv[2], "--ttft" in args, models)

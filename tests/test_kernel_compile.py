@@ -71,8 +71,8 @@ CASES = {
                          BLOCK_K=256, NB_PAD=64)),
     "greedy": (_greedy_kernel,
                {"logits_ptr": "*fp32", "val_ptr": "*fp32", "idx_ptr": "*i32", "ticket_ptr": "*i32", "state_ptr": "*i64",
-                "eos_ptr": "*i64", "E": "i32", "pad_id": "i32", "done_ptr": "*u8", "tokens_ptr": "*i64", "flags_ptr": "*u8",
-                "count_ptr": "*i32", "L": "i32", "B": "i32", "V": "i32", "row_stride": "i32"},
+                "eos_ptr": "*i64", "E": "i32", "pad_id": "i32", "done_ptr": "*u8", "tokens_ptr": "*i64",
+                "flags_ptr": "*u8", "count_ptr": "*i32", "L": "i32", "B": "i32", "V": "i32", "row_stride": "i32"},
                dict(BLOCK_M=1, BLOCK_V=2048, LOG=True)),
 }
 

@@ -319,7 +319,8 @@ class FusedModel:
         (kernels/greedy.py). `log` (step_graph.StepLog): also write the tokens and done into its next column (see
         `writes_step_log`)."""
         if log is not None and not self.writes_step_log:
-            raise ValueError("log: the torch operations on a GPU cannot write the flag into host memory; pass None")
+            raise ValueError("log: the torch operations on a GPU cannot write a step log (its flags are in host "
+                             "memory); pass None")
         if not isinstance(cache, FusedCache):
             raise TypeError("cache must be a FusedCache of this FusedModel (from cache_for)")
         reference.decode_step(self.weights, cache.k, cache.v, cache.pad, state[:, 0], state[:, 1], self.ops,

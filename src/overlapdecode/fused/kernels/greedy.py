@@ -200,7 +200,8 @@ def check_finish(finish: GreedyFinish, batch: int, device) -> None:
         raise ValueError("finish.log.flags must be in pinned host memory (the kernel writes it from the GPU)")
     if device.type != "cuda" and flags.device != device:
         raise ValueError(f"finish.log.flags is on {flags.device}, the logits on {device}")
-    if tokens.shape != (batch, L) or tokens.dtype != torch.long or not tokens.is_contiguous() or tokens.device != device:
+    if (tokens.shape != (batch, L) or tokens.dtype != torch.long or not tokens.is_contiguous()
+            or tokens.device != device):
         raise ValueError(f"finish.log.tokens must be a contiguous ({batch}, {L}) long tensor on {device}, got "
                          f"{tuple(tokens.shape)} {tokens.dtype} on {tokens.device}")
     if count.shape != (1,) or count.dtype != torch.int32 or count.device != device:
@@ -212,8 +213,8 @@ def greedy_choice(logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets |
                   block_v: int | None = None) -> None:
     """The Triton kernel of `greedy_finish_ref`: logits (B, V) float32 with contiguous rows (a column slice,
     such as the vocabulary-parallel head's gathered logits, is read in place); writes finish.state and
-    finish.done (and finish.log) in place. `tickets`: the counter of the launch (linear_residual.Tickets; default fresh zeros);
-    `pdl`: pdl.py's mode; `block_v`: logits per row per program (a power of two; default block_v_for(B))."""
+    finish.done (and finish.log) in place. `tickets`: the counter of the launch (linear_residual.Tickets;
+    default fresh zeros); `pdl`: pdl.py's mode; `block_v`: logits per row per program (a power of two; default block_v_for(B))."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be a (B, V) float32 tensor, got {getattr(logits, 'shape', logits)!r} "
                          f"{getattr(logits, 'dtype', '')}")
