@@ -276,33 +276,32 @@ class Decoder:
         fused = self.fused_model() if strat.cache == "fused" else None
 
         # 1) buffers made once on the caller's stream, before the loop
+        eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
+        generator = make_generator(params, seed, device)
+        vocab_out = model.get_output_embeddings().weight.shape[0]
+        graph = None
         if strat.cache == "fused":
             from .fused.cache import FusedKV  # imported on first use: Triton is a heavy import
 
             cache = FusedKV(fused, req.input_ids, req.attention_mask, caches.static_cache_len(P, N),
                             caches.position_ids_for_prompt(req.attention_mask))
             step_model = cache.model  # the fused step replaces the Hugging Face forward
-        else:
-            out = _output(B, P + N, req.input_ids, device, None)  # (B, P + N): the no-cache step reads it
+            if strat.compile:
+                # the fused step is captured by StepGraph (step_graph.py), not by torch.compile's CUDA graphs
+                graph = self._step_graph(cache.cache, B, eos_ids, req.pad_id, params, vocab_out, device)
+                graph.eos.copy_(eos_ids)
+        log = graph.log if graph is not None else None
+        # (B, P + N); with a log, the graph's steps write their tokens into it, which is this call's output
+        # (returned as a copy: the next call writes it again), and their flags into its pinned slots, at column P + j
+        out = _output(B, P + N, req.input_ids, device, log)
+        if strat.cache != "fused":
             cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N,
-                                      self.static_caches, strat.compile)
+                                      self.static_caches, strat.compile)  # the no-cache step reads `out`
             step_model = model
-        eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
-        generator = make_generator(params, seed, device)
-        vocab_out = model.get_output_embeddings().weight.shape[0]
-        graph = None
-        if strat.cache == "fused" and strat.compile:
-            # the fused step is captured by StepGraph (step_graph.py), not by torch.compile's CUDA graphs
-            graph = self._step_graph(cache.cache, B, eos_ids, req.pad_id, params, vocab_out, device)
-            graph.eos.copy_(eos_ids)
+        if graph is not None:
             state = graph.state  # the graph reads and advances it in place
             state.zero_()
-        log = graph.log if graph is not None else None
-        if strat.cache == "fused":
-            # with a log, the graph's steps write their tokens into it, which is this call's output (returned as a
-            # copy: the next call writes it again), and their flags into its pinned slots, at column P + j
-            out = _output(B, P + N, req.input_ids, device, log)
-        if graph is None:
+        else:
             # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
             # outputs are overwritten by its next replay, so they are copied here before the next step runs.
             state = torch.zeros((B, 3), dtype=torch.long, device=device)
