@@ -15,6 +15,7 @@ every call runs all its steps.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -78,6 +79,12 @@ def main(out: str, label: str, ttft_only: bool = False, models: tuple = ("gpt2-r
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        print("usage: python3 scripts/loop_ab.py OUT.json LABEL [--ttft] [--models a,b]", file=sys.stderr)
+        sys.exit(2)
+    if os.path.exists(sys.argv[1]):  # never overwrite an earlier run's results
+        print(f"loop_ab.py: {sys.argv[1]} exists; give a new path", file=sys.stderr)
+        sys.exit(2)
     args = sys.argv[3:]
     models = ("gpt2-random", "llama-1b-random")
     if "--models" in args:
