@@ -130,16 +130,16 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
 
 
 def captured_step(model, B: int, pdl: int | None = None, tiles: dict | None = None, embed_torch: bool = False,
-                  edit_ops=None, preload: bool | None = None):
+                  edit_ops=None):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
     `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own); `embed_torch`: the
     step's embedding, slot and length by torch ops (`embed_ref`, as before a6f0222) instead of the kernel of
     kernels/embed.py, to compare; `edit_ops`: a function of the FusedModel's StepOps returning those to capture
-    (another attention split, for example); `preload`: FusedModel's."""
+    (another attention split, for example)."""
     from overlapdecode.fused.kernels.embed import embed_ref
     from overlapdecode.fused.model import FusedModel
 
-    fm = FusedModel(model, pdl=pdl, tiles=tiles, preload=preload)
+    fm = FusedModel(model, pdl=pdl, tiles=tiles)
     if embed_torch:
         fm.ops = fm.ops._replace(embed=embed_ref)
     if edit_ops is not None:

@@ -39,8 +39,7 @@ def rnd(*shape, scale=1.0):
 @pytest.mark.parametrize("B,K,N", [(1, 40, 24), (3, 72, 50), (17, 33, 16)])
 @pytest.mark.parametrize("act", ["none", "gelu_tanh", "silu_mul"])
 @pytest.mark.parametrize("layer", [False, True])
-@pytest.mark.parametrize("preload", [False, True])
-def test_norm_linear(B, K, N, act, layer, preload):
+def test_norm_linear(B, K, N, act, layer):
     torch.manual_seed(B * K + N)
     x = rnd(B, K) + 0.5
     nw, nb = rnd(K, scale=0.3) + 1, (rnd(K, scale=0.1) if layer else None)
@@ -48,7 +47,7 @@ def test_norm_linear(B, K, N, act, layer, preload):
     w, b = rnd(rows, K, scale=K**-0.5), (rnd(rows, scale=0.1) if act != "none" else None)
     out_dtype = torch.float32 if act == "none" else None
     ref = norm_linear_ref(x, nw, nb, 1e-5, w, b, act, out_dtype)
-    got = norm_linear(x, nw, nb, 1e-5, w, b, act, out_dtype, block_k=32, preload=preload)
+    got = norm_linear(x, nw, nb, 1e-5, w, b, act, out_dtype, block_k=32)
     assert got.shape == ref.shape and got.dtype == ref.dtype
     torch.testing.assert_close(got, ref, **TOL)
 
@@ -56,8 +55,7 @@ def test_norm_linear(B, K, N, act, layer, preload):
 @pytest.mark.parametrize("B,H,Hq,Hkv,D,programs", [(1, 48, 3, 1, 24, 1), (3, 40, 4, 2, 16, 1), (2, 64, 2, 2, 40, 1),
                                                   (3, 300, 4, 2, 16, 1000), (17, 520, 2, 1, 24, 64)])
 @pytest.mark.parametrize("rope,layer,bias", [(True, False, False), (True, False, True), (False, True, True)])
-@pytest.mark.parametrize("preload", [False, True])
-def test_norm_qkv(B, H, Hq, Hkv, D, programs, rope, layer, bias, preload):
+def test_norm_qkv(B, H, Hq, Hkv, D, programs, rope, layer, bias):
     torch.manual_seed(B + H + D)
     S = 11
     x = rnd(B, H) + 0.3
@@ -72,7 +70,7 @@ def test_norm_qkv(B, H, Hq, Hkv, D, programs, rope, layer, bias, preload):
     caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
     q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D)
     q = norm_qkv(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32,
-                 programs=programs, preload=preload)
+                 programs=programs)
     torch.testing.assert_close(q, q_ref, **TOL)
     torch.testing.assert_close(caches[2], caches[0], **TOL)  # K written at the slot, nothing else touched
     torch.testing.assert_close(caches[3], caches[1], **TOL)
@@ -81,12 +79,11 @@ def test_norm_qkv(B, H, Hq, Hkv, D, programs, rope, layer, bias, preload):
 
 @pytest.mark.parametrize("B,K,N,programs", [(1, 100, 24, 1), (3, 520, 40, 64), (9, 1100, 17, 1000)])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("preload", [False, True])
-def test_linear_residual(B, K, N, programs, bias, preload):
+def test_linear_residual(B, K, N, programs, bias):
     torch.manual_seed(K + N)
     x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
     b = rnd(N, scale=0.1) if bias else None
-    got = linear_residual(x, w, b, res, block_k=32, programs=programs, preload=preload)
+    got = linear_residual(x, w, b, res, block_k=32, programs=programs)
     torch.testing.assert_close(got, linear_residual_ref(x, w, b, res), **TOL)
 
 
@@ -373,7 +370,7 @@ def test_whole_step_kernels_vs_reference(name):
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
-@pytest.mark.parametrize("variant", ["as in the step", "preloading", "split-K everywhere, hidden 256, preloading"])
+@pytest.mark.parametrize("variant", ["as in the step", "split-K everywhere, hidden 256"])
 @torch.no_grad()
 def test_generate_with_the_kernels_equals_generate_with_the_references(name, variant):
     """Whole calls, as the decode loop makes them (left-padded batch of 4, its tokens and positions strided
@@ -381,9 +378,8 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
     keys and values in the cache (an unstrided test of each kernel alone missed that rows past the first read
     the wrong position for RoPE; the tokens of a tiny random model barely depend on it, the cached keys do).
     Llama's RMSNorms take their sums of squares from the hidden states' writers (NormSums), GPT-2's
-    LayerNorms do not. The "preloading" variants load each GEMV program's first weight tile before the
-    (here absent) wait; the last one also splits K in every QKV and output/down projection (tiny shapes on one
-    "SM" never split otherwise), all splits sharing one Tickets, as on a GPU."""
+    LayerNorms do not. The second variant also splits K in every QKV and output/down projection
+    (tiny shapes on one "SM" never split otherwise), all splits sharing one Tickets, as on a GPU."""
     import functools
     import overlapdecode as od
 
@@ -395,19 +391,16 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
     mask[2, :1] = 0
     outs, kv = [], []
     for kernels in ("torch", "triton"):
-        preload = kernels == "triton" and "preloading" in variant
-        dec = od.Decoder(model, fused_options=dict(kernels=kernels, compile_prefill=False, preload=preload))
-        assert dec.fused_model().preload == preload
-        if kernels == "triton" and variant.startswith("split-K"):
+        dec = od.Decoder(model, fused_options=dict(kernels=kernels, compile_prefill=False))
+        if kernels == "triton" and variant != "as in the step":
             fm, tickets = dec.fused_model(), Tickets(DEV)
             for K in (256, 512):  # the QKV and output projections' K, the down projection's: all split
                 assert split_k(2, K, 16, 10000) > 1
             sums = dict(norm_sums=fm.ops.embed.keywords["norm_sums"]) if name == "tiny-llama" else {}
             fm.ops = fm.ops._replace(
-                norm_qkv=functools.partial(norm_qkv, programs=10000, block_k=16, tickets=tickets, preload=True,
-                                           **sums),
+                norm_qkv=functools.partial(norm_qkv, programs=10000, block_k=16, tickets=tickets, **sums),
                 linear_residual=functools.partial(linear_residual, programs=10000, block_k=16, tickets=tickets,
-                                                  preload=True, **sums))
+                                                  **sums))
         outs.append(dec.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[],
                                  strategy=od.Strategy(cache="fused", stop_check="pingpong")))
         (cache,) = dec.fused_model()._caches.values()  # every slot written: by the prefill, then the steps

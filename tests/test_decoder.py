@@ -213,7 +213,6 @@ def test_fused_options_reach_the_fused_model(tiny_gpt2):
     (dict(compile_prefill=1), "compile_prefill must be a bool", False),
     (dict(symmetric_all_reduce="on"), "symmetric_all_reduce must be a bool", False),
     (dict(vocab_parallel=0), "vocab_parallel must be a bool", False),
-    (dict(preload=1), "preload must be a bool", False),
     (dict(tiles={("norm_qkv", 8): {}}), "tiles must map", False),
     (dict(tiles={("norm_qkv", "8", 4): {}}), "tiles must map", False),
     (dict(tiles={("norm_linear", 8, 4): dict(programs=264)}), r"tiles\[\('norm_linear', 8, 4\)\] must be", False),

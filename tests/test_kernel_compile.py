@@ -20,7 +20,7 @@ from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # 
 from overlapdecode.fused.kernels.greedy import _greedy_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import _norm_linear_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel  # noqa: E402
-from overlapdecode.fused.model import PRELOAD_DEFAULT, TILES  # noqa: E402
+from overlapdecode.fused.model import TILES  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 
@@ -86,26 +86,19 @@ GPT2 = {"embed": dict(HAS_POS=True, SUMS=False),
         "greedy": dict(BLOCK_M=16)}
 
 
-GEMVS = ("norm_qkv", "linear_residual", "norm_linear")  # the kernels with PRELOAD
-
-
 @pytest.mark.parametrize("pdl", [0, 1, 2, 3])
-@pytest.mark.parametrize("name,shape,preload", [(n, "llama", 0) for n in CASES] + [(n, "gpt2", 0) for n in GPT2]
-                         + [(n, s, 1) for n in GEMVS for s in ("llama", "gpt2")])
-def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, preload, pdl):
+@pytest.mark.parametrize("name,shape", [(n, "llama") for n in CASES] + [(n, "gpt2") for n in GPT2])
+def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, pdl):
     kernel, types, constants = CASES[name]
     if shape == "gpt2":
         constants = dict(constants, **GPT2[name])
-    if name in GEMVS:
-        constants = dict(constants, PRELOAD=preload)
     lines = ptx(kernel, types, dict(constants, PDL=pdl)).splitlines()
     waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
     launches = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
     assert len(waits) == (pdl >= 1)
     assert bool(launches) == (pdl >= 2)
-    if waits:  # pdl.py: nothing is read before the kernel ahead has finished, but a preloaded weight tile
-        early = [line for line in lines[:waits[0]] if "ld.global" in line]
-        assert bool(early) == bool(preload)
+    if waits:  # pdl.py: nothing is read before the kernel ahead has finished
+        assert not [line for line in lines[:waits[0]] if "ld.global" in line]
     if pdl >= 2:  # EARLY: right after the wait, before any load; LATE (3): after the main loop's loads
         loads_between = [line for line in lines[waits[0]:launches[0]] if "ld.global" in line]
         assert bool(loads_between) == (pdl == 3)
@@ -118,7 +111,7 @@ def test_the_tiles_of_the_table_compile_for_sm90(key):
     cfg = TILES[key]
     kernel, types, constants = CASES[fn]
     tile = {"block_n": "BLOCK_N", "half": "HALF", "block_k": "BLOCK_K"}
-    constants = dict(constants, PDL=3, PRELOAD=int(PRELOAD_DEFAULT), K=K, **{tile[k]: v for k, v in cfg.items() if k in tile})
+    constants = dict(constants, PDL=3, K=K, **{tile[k]: v for k, v in cfg.items() if k in tile})
     if "K_CHUNK" in constants:
         constants["K_CHUNK"] = K
         constants["SPLIT"] = 1

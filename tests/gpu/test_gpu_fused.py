@@ -33,11 +33,10 @@ def close(got, ref):
     assert (got.float() - ref.float()).abs().max().item() <= 1e-4 * max(scale, 1.0)
 
 
-@pytest.mark.parametrize("preload", [False, True])
 @pytest.mark.parametrize("B", [1, 8])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @torch.no_grad()
-def test_kernels_match_references_at_real_shapes(shape, B, preload):
+def test_kernels_match_references_at_real_shapes(shape, B):
     H, Hq, Hkv, D, I, V = SHAPES[shape]
     layer = shape == "gpt2"
     torch.manual_seed(0)
@@ -51,8 +50,7 @@ def test_kernels_match_references_at_real_shapes(shape, B, preload):
     slot = torch.randint(0, 300, (B,), device=DEV)
     c = [torch.zeros(B, Hkv, 300, D, device=DEV) for _ in range(4)]
     q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv, 1.0, pos, slot, c[0], c[1], Hq, Hkv, D)
-    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv, 1.0, pos, slot, c[2], c[3], Hq, Hkv, D, programs=528,
-                 preload=preload)  # split-K at 1B/8B
+    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv, 1.0, pos, slot, c[2], c[3], Hq, Hkv, D, programs=528)  # split-K at 1B/8B
     close(q, q_ref)
     close(c[2], c[0])  # K and V written at the slot, nothing else touched
     close(c[3], c[1])
@@ -60,16 +58,15 @@ def test_kernels_match_references_at_real_shapes(shape, B, preload):
     for K in (Hq * D, I):
         xk, wk, res = r(B, K), r(H, K, sc=K**-0.5), r(B, H)
         ref = linear_residual_ref(xk, wk, None, res)
-        close(linear_residual(xk, wk, None, res, programs=528, preload=preload), ref)
+        close(linear_residual(xk, wk, None, res, programs=528), ref)
         if ("linear_residual", H, K) in TILES:  # the shape's measured tiles
-            close(linear_residual(xk, wk, None, res, preload=preload, **TILES["linear_residual", H, K]), ref)
+            close(linear_residual(xk, wk, None, res, **TILES["linear_residual", H, K]), ref)
     # norm + gate/up (SiLU) or fc (GELU), and final norm + LM head
     act = "gelu_tanh" if layer else "silu_mul"
     wu = r(I if layer else 2 * I, H, sc=H**-0.5)
-    close(norm_linear(x, nw, nb, 1e-5, wu, None, act, preload=preload),
-          norm_linear_ref(x, nw, nb, 1e-5, wu, None, act))
+    close(norm_linear(x, nw, nb, 1e-5, wu, None, act), norm_linear_ref(x, nw, nb, 1e-5, wu, None, act))
     wv = r(V, H, sc=H**-0.5)
-    got = norm_linear(x, nw, nb, 1e-5, wv, None, "none", torch.float32, preload=preload)
+    got = norm_linear(x, nw, nb, 1e-5, wv, None, "none", torch.float32)
     close(got, norm_linear_ref(x, nw, nb, 1e-5, wv, None, "none", torch.float32))
 
 
@@ -221,8 +218,8 @@ def test_greedy_choice_in_a_captured_graph_equals_the_loops_choice(B, V):
 @pytest.mark.parametrize("name", ["gpt2-random", "llama-1b-random"])
 @torch.no_grad()
 def test_pdl_changes_no_logit(name):
-    """Programmatic dependent launch (any mode, and with the GEMVs' weight preload) only moves launches and
-    loads earlier: the logits are bit for bit those without it (the prefill is not compiled here: it is not what differs, and four compiled prefills of the 1B
+    """Programmatic dependent launch (any mode) only moves launches earlier: the logits are bit for bit those
+    without it (the prefill is not compiled here: it is not what differs, and four compiled prefills of the 1B
     shape outlasted a GPU call's test budget)."""
     model = od.load_model(name, dtype="bfloat16", device=DEV)
     ids, mask = prompts(model, 2, seed=12)
@@ -230,8 +227,6 @@ def test_pdl_changes_no_logit(name):
     off = fused_logits(FusedModel(model, pdl=0, compile_prefill=False), ids, mask, tokens)
     for mode in (1, 2, 3):
         assert torch.equal(fused_logits(FusedModel(model, pdl=mode, compile_prefill=False), ids, mask, tokens), off)
-    preloading = FusedModel(model, pdl=3, preload=True, compile_prefill=False)
-    assert torch.equal(fused_logits(preloading, ids, mask, tokens), off)
 
 
 @torch.no_grad()

@@ -31,8 +31,6 @@ KEEP_CACHES = 4
 # the fastest step in one graph at both measured shapes (H200, 0093964: Llama-1B 0.916 ms against WAIT's
 # 0.949 and no PDL's 0.962; GPT-2 0.334 against 0.362 and 0.373; docs/KERNELS.md).
 PDL_DEFAULT = 3
-# Whether the GEMV kernels load their first weight tile before their `gdc_wait` (kernels/pdl.py) where PDL is on.
-PRELOAD_DEFAULT = False
 # Tile keywords per (kernel, N, K) of the weight where a shape's measured best differs from the kernels'
 # defaults, for 16-bit weights (float32 keeps the defaults: twice the shared memory per stage). GPT-2's output
 # and down projections: 16 columns per program, twice the programs of the default 32 (kernel_sweep --shapes
@@ -102,14 +100,12 @@ class Tiled:
         return self.fn(*args, **kwargs, **self.keywords(tuple(args[self.w_arg].shape), args[0].shape[0]))
 
 
-def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, norm_sums: bool = False,
-               preload: bool = False) -> StepOps:
+def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, norm_sums: bool = False) -> StepOps:
     """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
     Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off), with the
     tiles of `tiles` (FusedModel's; None: the kernels' defaults everywhere); `norm_sums`: the hidden states'
     writers hand their RMSNorm sums of squares to their readers (kernels/norm_linear.py NormSums; for an
-    unsharded RMSNorm model); `preload`: the GEMVs load their first weight tile before their `gdc_wait`.
-    Imported here because Triton is an optional, heavy dependency of the CUDA path."""
+    unsharded RMSNorm model). Imported here because Triton is an optional, heavy dependency of the CUDA path."""
     from .kernels.embed import embed
     from .kernels.greedy import greedy_choice
     from .kernels.linear_residual import Tickets, linear_residual
@@ -127,13 +123,12 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
         decode_attention = functools.partial(decode_attention, pdl=pdl, tickets=tickets)
     tiles = {} if tiles is None else tiles
     sums = dict(norm_sums=NormSums()) if norm_sums else {}  # one, shared by the writers and readers of h
-    gemv = dict(sums, preload=preload)  # the GEMVs' keywords
-    return StepOps(Tiled(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl, **gemv), "norm_qkv",
+    return StepOps(Tiled(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl, **sums), "norm_qkv",
                          4, tiles),
                    decode_attention,
-                   Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, **gemv),
+                   Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
                          "linear_residual", 1, tiles),
-                   Tiled(functools.partial(norm_linear, pdl=pdl, **gemv), "norm_linear", 4, tiles),
+                   Tiled(functools.partial(norm_linear, pdl=pdl, **sums), "norm_linear", 4, tiles),
                    # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
                    # 1 (eaf04d0, benchmarks/h200-session7-verify): GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
                    functools.partial(embed, pdl=pdl, **sums),
@@ -148,7 +143,6 @@ class FusedOptions(NamedTuple):
     symmetric_all_reduce: bool
     tiles: dict | None  # None: TILES for 16-bit weights, none for float32
     vocab_parallel: bool  # under tp: each rank reads its rows of the LM head and the logits are gathered
-    preload: bool  # the GEMVs load their first weight tile before their gdc_wait (kernels/pdl.py)
 
 
 OPTION_NAMES = FusedOptions._fields
@@ -178,7 +172,7 @@ def check_option_values(**options) -> None:
     pdl = options.get("pdl")
     if not (pdl is None or isinstance(pdl, bool) or (_int(pdl) and 0 <= pdl <= 3)):
         raise ValueError(f"pdl must be 0, 1, 2, 3 or a bool (kernels/pdl.py), got {pdl!r}")
-    for name in ("compile_prefill", "symmetric_all_reduce", "vocab_parallel", "preload"):
+    for name in ("compile_prefill", "symmetric_all_reduce", "vocab_parallel"):
         if options.get(name) is not None and not isinstance(options[name], bool):
             raise ValueError(f"{name} must be a bool or None, got {options[name]!r}")
     tiles = options.get("tiles")
@@ -226,11 +220,8 @@ def check_options(model, **options) -> FusedOptions:
     if symmetric and (kernels != "triton" or not is_sharded(model)):
         raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
     vocab_parallel = options.get("vocab_parallel")
-    preload = options.get("preload")
-    if preload is None:
-        preload = PRELOAD_DEFAULT and bool(pdl)
     return FusedOptions(kernels, compile_prefill, int(pdl), symmetric, options.get("tiles"),
-                        True if vocab_parallel is None else vocab_parallel, preload)
+                        True if vocab_parallel is None else vocab_parallel)
 
 
 class FusedModel:
@@ -246,33 +237,29 @@ class FusedModel:
     tp=1 against 0.84x with NCCL, README).
     `vocab_parallel`: under tensor parallelism each rank reads only its rows of the LM head and the step gathers
     the logits (tp.VocabShard; default on; False keeps the head replicated, as the Hugging Face model has it).
-    `preload`: each GEMV program loads its first weight tile before its `gdc_wait`, so that under PDL the load
-    overlaps the kernel ahead (without PDL only the order changes; default PRELOAD_DEFAULT where PDL is on, else
-    off; kernels/pdl.py).
     Every option is checked (check_options) before the weights are touched.
     """
 
     def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
                  pdl: int | bool | None = None, symmetric_all_reduce: bool | None = False,
                  tiles: dict | None = None,
-                 vocab_parallel: bool | None = None, preload: bool | None = None):
+                 vocab_parallel: bool | None = None):
         opts = check_options(model, kernels=kernels, compile_prefill=compile_prefill, pdl=pdl,
                              symmetric_all_reduce=symmetric_all_reduce, tiles=tiles,
-                             vocab_parallel=vocab_parallel, preload=preload)  # before any GPU work
+                             vocab_parallel=vocab_parallel)  # before any GPU work
         self.weights = fuse_weights(model)
         if opts.vocab_parallel:
             shard_vocab(self.weights)
         param = self.weights.embed
         self.device, self.dtype = param.device, param.dtype
-        self.kernels, self.pdl, self.preload = opts.kernels, opts.pdl, opts.preload
+        self.kernels, self.pdl = opts.kernels, opts.pdl
         tiles = opts.tiles
         if tiles is None:
             tiles = TILES if self.dtype in (torch.bfloat16, torch.float16) else {}
         # RMSNorm sums handed from writer to reader (NormSums) where the norms are RMSNorms and no all-reduce
         # comes between a writer and its reader (unsharded)
         sums = self.weights.norm == "rms" and self.weights.tp is None
-        self.ops = (triton_ops(self.device, self.pdl, tiles, norm_sums=sums, preload=self.preload)
-                    if self.kernels == "triton" else REFERENCE_OPS)
+        self.ops = triton_ops(self.device, self.pdl, tiles, norm_sums=sums) if self.kernels == "triton" else REFERENCE_OPS
         # whether greedy_step can write each step's tokens and flag into a StepLog (its flags in pinned host
         # memory): the Triton kernel can on any device; the torch twin only where host and device memory are one (CPU)
         self.writes_step_log = self.kernels == "triton" or self.device.type == "cpu"

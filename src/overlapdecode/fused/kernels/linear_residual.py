@@ -90,8 +90,9 @@ def _linear_split_kernel(
     x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, ticket_ptr, ss_ptr,
     B, N, K: tl.constexpr, K_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SUMS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -101,16 +102,8 @@ def _linear_split_kernel(
     ks = tl.arange(0, BLOCK_K)
     k_lo = pid_k * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    if PRELOAD:  # the first weight tile, before the wait: no kernel of the step writes weights (pdl.py)
-        w0 = tl.load(w_ptr + cols[:, None] * K + (k_lo + ks)[None, :],
-                     mask=col_ok[:, None] & (k_lo + ks < k_hi)[None, :], other=0.0)
-    pdl_start(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if PRELOAD:
-        kk = k_lo + ks
-        xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
-        acc += tl.dot(xv, tl.trans(w0), input_precision="ieee")
-    for k0 in range(PRELOAD * BLOCK_K, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
+    for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
@@ -143,14 +136,13 @@ def _linear_split_kernel(
 
 def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, programs: int | None = None,
                     num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None, pdl: int = 0,
-                    out: torch.Tensor | None = None, norm_sums=None, preload: bool = False):
+                    out: torch.Tensor | None = None, norm_sums=None):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N).
     `programs`: the grid size split-K aims at (default 2 x the SMs); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
     dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
     result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_linear.NormSums): record the
-    output rows' sums of squares per column block there, for the RMSNorm that reads the output next;
-    `preload`: each program loads its first weight tile before its `gdc_wait` (pdl.py)."""
+    output rows' sums of squares per column block there, for the RMSNorm that reads the output next."""
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
@@ -173,7 +165,7 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
     _linear_split_kernel[(n_blocks, split, row_blocks)](
         x, w, b if b is not None else w, residual, out, part, counters, sums if sums is not None else part,
         B, N, K, k_chunk, SPLIT=split, HAS_BIAS=b is not None, SUMS=sums is not None, BLOCK_M=16, BLOCK_N=block_n,
-        BLOCK_K=block_k, PDL=int(pdl), PRELOAD=int(bool(preload)), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        BLOCK_K=block_k, PDL=int(pdl), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     if sums is not None:
         norm_sums.record(out, sums)

@@ -175,8 +175,8 @@ def _norm_linear_kernel(
     B, N, NB, eps, K: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
-    PRELOAD: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # batch rows
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
@@ -184,26 +184,13 @@ def _norm_linear_kernel(
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
-    if PRELOAD:  # the first weight tile, before the wait: no kernel of the step writes weights (pdl.py)
-        w0m = col_ok[:, None] & (ks < K)[None, :]
-        w0 = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=w0m, other=0.0)
-        if ACT == 2:
-            u0 = tl.load(w_ptr + (cols + N)[:, None] * K + ks[None, :], mask=w0m, other=0.0)
-    pdl_start(PDL)
 
     # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
     mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # the up rows of gate/up
-    if PRELOAD:  # the first K tile's product, from the preloaded weights
-        k_ok = ks < K
-        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, ks, k_ok, row_ok[:, None] & k_ok[None, :], mean, rstd, K, LAYER,
-                       dtype)
-        acc += tl.dot(xn, tl.trans(w0), input_precision="ieee")
-        if ACT == 2:
-            acc2 += tl.dot(xn, tl.trans(u0), input_precision="ieee")
-    for k0 in range(PRELOAD * BLOCK_K, K, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
         k_ok = kk < K
         m = row_ok[:, None] & k_ok[None, :]
@@ -240,12 +227,11 @@ def _norm_linear_kernel(
 
 def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int = 32,
                 block_k: int = 256, num_warps: int = 4, num_stages: int = 3, pdl: int = 0,
-                norm_sums: NormSums | None = None, preload: bool = False):
+                norm_sums: NormSums | None = None):
     """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
     Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128).
-    `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums); `preload`:
-    each program loads its first weight tile before its `gdc_wait` (pdl.py)."""
+    `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums, x, norm_b is not None)
     B, K = x.shape
@@ -257,7 +243,7 @@ def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, b
         B, n_out, nb, eps, K,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
         ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, NB_PAD=nb_pad,
-        PDL=int(pdl), PRELOAD=int(bool(preload)),
+        PDL=int(pdl),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     return out

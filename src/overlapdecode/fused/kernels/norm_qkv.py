@@ -99,8 +99,8 @@ def _norm_qkv_kernel(
     K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
     HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
-    PRELOAD: tl.constexpr,
 ):
+    pdl_start(PDL)
     head = tl.program_id(0) // tl.cdiv(D // 2, HALF)  # over Hq + 2 Hkv heads: Q, then K, then V
     part = tl.program_id(0) % tl.cdiv(D // 2, HALF)
     pid_k = tl.program_id(1)
@@ -112,28 +112,16 @@ def _norm_qkv_kernel(
     w2 = w1 + D // 2
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
-    k_lo = pid_k * K_CHUNK
-    k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    if PRELOAD:  # the first weight tiles, before the wait: no kernel of the step writes weights (pdl.py)
-        w0m = dim_ok[:, None] & (k_lo + ks < k_hi)[None, :]
-        wa0 = tl.load(w_ptr + w1[:, None] * K + (k_lo + ks)[None, :], mask=w0m, other=0.0)
-        wb0 = tl.load(w_ptr + w2[:, None] * K + (k_lo + ks)[None, :], mask=w0m, other=0.0)
-    pdl_start(PDL)
 
     # prologue: the norm's statistics over all of K (also in a split-K program: they scale its K range), from x
     # or from the partial sums of squares its writer left (NB_PAD > 0: NormSums)
     mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
 
+    k_lo = pid_k * K_CHUNK
+    k_hi = tl.minimum(k_lo + K_CHUNK, K)
     acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-    if PRELOAD:  # the first K tile's products, from the preloaded weights
-        kk = k_lo + ks
-        k_ok = kk < k_hi
-        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, row_ok[:, None] & k_ok[None, :], mean, rstd, K, LAYER,
-                       dtype)
-        acc1 += tl.dot(xn, tl.trans(wa0), input_precision="ieee")
-        acc2 += tl.dot(xn, tl.trans(wb0), input_precision="ieee")
-    for k0 in range(PRELOAD * BLOCK_K, K_CHUNK, BLOCK_K):
+    for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
@@ -170,13 +158,12 @@ def _norm_qkv_kernel(
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
              n_heads: int, n_kv: int, head_dim: int, half: int | None = None, block_k: int = 256,
              programs: int = 1, num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None,
-             pdl: int = 0, norm_sums: NormSums | None = None, preload: bool = False):
+             pdl: int = 0, norm_sums: NormSums | None = None):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
     dimensions of each half of a head (default: up to 32); with fewer head tiles than `programs`, K is split
     as in linear_residual (`tickets`: the counters, as there). `norm_sums`: where x's RMSNorm sums of squares
-    may have been recorded by its writer (NormSums); `preload`: each program loads its first weight tiles before
-    its `gdc_wait` (pdl.py)."""
+    may have been recorded by its writer (NormSums)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
@@ -201,8 +188,7 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
         x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
         counters, sums, B, S, n_heads, n_kv, pos.stride(0), slot.stride(0), nb, eps, rope_scale, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
-        HALF=half, BLOCK_M=16, BLOCK_K=block_k, NB_PAD=nb_pad, PDL=int(pdl), PRELOAD=int(bool(preload)),
-        num_warps=num_warps,
+        HALF=half, BLOCK_M=16, BLOCK_K=block_k, NB_PAD=nb_pad, PDL=int(pdl), num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(pdl),
     )
     return q

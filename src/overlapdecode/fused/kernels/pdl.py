@@ -5,9 +5,7 @@ finished: its launch and block set-up overlap that kernel's tail instead of foll
 graph the launch becomes a programmatic edge). `gdc_wait` then blocks until the kernel ahead has finished
 and its writes are visible, so it comes first, before any load: a kernel reads nothing early, and since every
 kernel of the chain waits, kernel i + 2 also sees kernel i's writes (the ticket counters and partial sums
-shared by consecutive split-K launches included). The one exception is a GEMV's weights (`PRELOAD`,
-FusedModel(preload=True)): no kernel of the step writes them, so a program may load its first weight tile
-before its `gdc_wait`, while the kernel ahead still runs.
+shared by consecutive split-K launches included).
 
 When the next kernel may start is the `PDL` mode:
 - 0: no PDL (CPU, the interpreter, GPUs before sm_90): both instructions compiled out.
