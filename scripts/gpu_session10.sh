@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 10 on one H200 (OVERLAPDECODE_COMMIT names the commit; results tar'd to $OUT/s10-<stage>.tgz: at most 8 files
+# come back from a call). Stage 1 ran at 1758cd1 (the weight preload, since dropped; that commit's version of this
+# script, benchmarks/h200-session10-preload). Stage 2 (about 5 min):
+# 1. the fused GPU tests that run the loop, after session 9's review fixes (0e998d0: the output copied out of the step
+#    log before the end event; the host wait after a late stop), which stage 1 did not reach: float32 200 tokens
+#    against HF, captured against eager, the late stops, and the second call from another stream, which now also
+#    checks the first call's output;
+# 2. scripts/call_timeline.py at GPT-2: where a 200-token call's time goes beyond its decode steps.
+set -uo pipefail
+STAGE=${1:?stage}
+export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown} PYTHONPATH=$PWD/src
+W=/tmp/s10-$STAGE; rm -rf $W; mkdir -p $W
+echo "$OVERLAPDECODE_COMMIT" > $W/commit.txt
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $W/gpu.txt 2>&1
+if [ "$STAGE" = 2 ]; then
+  timeout 150 python3 scripts/call_timeline.py $W/timeline-gpt2 > $W/timeline.log 2>&1; echo "timeline rc=$?" >> $W/timeline.log
+  tail -30 $W/timeline.log
+  PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 220 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider \
+    -rA -q -k "gpt2-random-4-fused] or llama-1b-random-1-fused] or late_stop or second_call or captured_once" \
+    > $W/gpu-tests.log 2>&1; echo "tests rc=$?" >> $W/gpu-tests.log
+  grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rc=|near tie" $W/gpu-tests.log | tail -16
+fi
+tar czf $OUT/s10-$STAGE.tgz -C /tmp s10-$STAGE
