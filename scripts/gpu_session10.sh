@@ -7,6 +7,8 @@
 #    against HF, captured against eager, the late stops, and the second call from another stream, which now also
 #    checks the first call's output;
 # 2. scripts/call_timeline.py at GPT-2: where a 200-token call's time goes beyond its decode steps.
+# Stage 3 (about 3 min): scripts/lm_head_ab.py at GPT-2, batch 1 and 8: the LM head's tiles and the greedy choice's
+# block in the step.
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown} PYTHONPATH=$PWD/src
@@ -20,5 +22,11 @@ if [ "$STAGE" = 2 ]; then
     -rA -q -k "gpt2-random-4-fused] or llama-1b-random-1-fused] or late_stop or second_call or captured_once" \
     > $W/gpu-tests.log 2>&1; echo "tests rc=$?" >> $W/gpu-tests.log
   grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rc=|near tie" $W/gpu-tests.log | tail -16
+fi
+if [ "$STAGE" = 3 ]; then
+  for B in 1 8; do
+    timeout 140 python3 scripts/lm_head_ab.py $W/lm-head-b$B.json $B > $W/lm-head-b$B.log 2>&1; echo "b$B rc=$?" >> $W/lm-head-b$B.log
+    grep -A16 '"step ms, median of rounds"' $W/lm-head-b$B.log; tail -1 $W/lm-head-b$B.log
+  done
 fi
 tar czf $OUT/s10-$STAGE.tgz -C /tmp s10-$STAGE
