@@ -9,6 +9,9 @@
 # 2. scripts/call_timeline.py at GPT-2: where a 200-token call's time goes beyond its decode steps.
 # Stage 3 (about 3 min): scripts/lm_head_ab.py at GPT-2, batch 1 and 8: the LM head's tiles and the greedy choice's
 # block in the step.
+# Stage 4 (about 5 min), with TILES' new GPT-2 LM head entry (128 x 64, 4 warps, 4 stages): a second lm_head_ab.py
+# sweep around it (batch 1); the GPU tests that use the entry (each kernel against its reference with the shape's
+# tiles; float32 GPT-2 with the 16-bit tiles forced on, 200 tokens against HF); the GPT-2 bench (fused, interleaved).
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown} PYTHONPATH=$PWD/src
@@ -28,5 +31,15 @@ if [ "$STAGE" = 3 ]; then
     timeout 140 python3 scripts/lm_head_ab.py $W/lm-head-b$B.json $B > $W/lm-head-b$B.log 2>&1; echo "b$B rc=$?" >> $W/lm-head-b$B.log
     grep -A16 '"step ms, median of rounds"' $W/lm-head-b$B.log; tail -1 $W/lm-head-b$B.log
   done
+fi
+if [ "$STAGE" = 4 ]; then
+  timeout 100 python3 scripts/lm_head_ab.py $W/lm-head-b1.json 1 > $W/lm-head-b1.log 2>&1; echo "b1 rc=$?" >> $W/lm-head-b1.log
+  grep -A12 '"step ms, median of rounds"' $W/lm-head-b1.log; tail -1 $W/lm-head-b1.log
+  PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 120 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider \
+    -rA -q -k "real_shapes and gpt2 or fused+tiles" > $W/gpu-tests.log 2>&1; echo "tests rc=$?" >> $W/gpu-tests.log
+  grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rc=|near tie" $W/gpu-tests.log | tail -8
+  timeout 120 python3 -m overlapdecode bench --lengths 200 --warmup 1 --repeats 3 --model gpt2-random \
+    --strategies fused,interleaved --peers none --dtype-batch bfloat16:1 --time-budget 80 --out $W/h200-fused-gpt2-s10 \
+    > $W/bench-gpt2.log 2>&1; echo "bench gpt2 rc=$?" >> $W/bench-gpt2.log; tail -12 $W/bench-gpt2.log
 fi
 tar czf $OUT/s10-$STAGE.tgz -C /tmp s10-$STAGE

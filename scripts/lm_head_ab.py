@@ -2,7 +2,7 @@
 
 In the GPT-2 step (H200, bfloat16, batch 1, 33aecf9, benchmarks/h200-session10-timeline) the LM head's kernel takes
 28.4 us of the step's 297 (77 MB, 2.7 TB/s), while Llama-1B's reaches 4.1 TB/s; scripts/kernel_sweep.py never
-swept it at GPT-2. Per candidate (tile keywords of norm_linear for ("norm_linear", 50257, 768), added to TILES; or
+swept it at GPT-2. Per candidate (tile keywords of norm_linear for ("norm_linear", 50257, 768), in TILES; or
 the greedy choice's logits per program): the step alone replayed from one CUDA graph (kernel_sweep.captured_step,
 do_bench median), ROUNDS rounds with the candidates alternating; and the kernel alone, replayed over weight copies
 that do not fit the L2 (kernel_sweep.time_rotated).
@@ -27,10 +27,13 @@ from overlapdecode.fused.model import TILES
 
 ROUNDS = 3
 KEY = ("norm_linear", 50257, 768)
-# (block_n, block_k, num_warps, num_stages); the first is norm_linear's default
-HEADS = [(32, 256, 4, 3), (64, 256, 4, 3), (64, 256, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4),
-         (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 2), (64, 256, 8, 2), (128, 256, 8, 2), (64, 128, 8, 4)]
-BLOCK_VS = (1024, 4096, 8192)  # the greedy choice's logits per program (its default for one row: 2048)
+# (block_n, block_k, num_warps, num_stages); the first is norm_linear's default; the first sweep (0512676) had
+# (32, 256, 4, 3), (64, 256, 4, 3), (64, 256, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (16, 256, 4, 3),
+# (32, 128, 4, 4), (32, 256, 4, 2), (64, 256, 8, 2), (128, 256, 8, 2), (64, 128, 8, 4); its best, (128, 64, 4, 4), is
+# TILES' entry since; this second sweep looks around it
+HEADS = [(32, 256, 4, 3), (128, 64, 4, 4), (256, 64, 4, 4), (256, 32, 4, 4), (128, 32, 4, 5), (128, 64, 4, 5),
+         (128, 64, 8, 4), (128, 64, 4, 3), (256, 64, 8, 4), (128, 128, 4, 4)]
+BLOCK_VS = (8192,)  # the greedy choice's logits per program (its default for one row: 2048)
 
 
 def cfg(t):
