@@ -12,6 +12,9 @@
 # Stage 4 (about 5 min), with TILES' new GPT-2 LM head entry (128 x 64, 4 warps, 4 stages): a second lm_head_ab.py
 # sweep around it (batch 1); the GPU tests that use the entry (each kernel against its reference with the shape's
 # tiles; float32 GPT-2 with the 16-bit tiles forced on, 200 tokens against HF); the GPT-2 bench (fused, interleaved).
+# Stage 5 (about 3 min): is `interleaved` at GPT-2 slower because of the code or the machine? scripts/preset_ab.py
+# (200-token calls, bfloat16 batch 1) with session 7's code (0a8ee8b, .carry/old/src: its bench gave 0.575 ms/token)
+# and this tree, alternating old, new, old, new on one machine.
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown} PYTHONPATH=$PWD/src
@@ -41,5 +44,15 @@ if [ "$STAGE" = 4 ]; then
   timeout 120 python3 -m overlapdecode bench --lengths 200 --warmup 1 --repeats 3 --model gpt2-random \
     --strategies fused,interleaved --peers none --dtype-batch bfloat16:1 --time-budget 80 --out $W/h200-fused-gpt2-s10 \
     > $W/bench-gpt2.log 2>&1; echo "bench gpt2 rc=$?" >> $W/bench-gpt2.log; tail -12 $W/bench-gpt2.log
+fi
+if [ "$STAGE" = 5 ]; then
+  for round in 1 2; do
+    for tree in old new; do
+      [ $tree = old ] && P=$PWD/.carry/old/src || P=$PWD/src
+      PYTHONPATH=$P timeout 70 python3 scripts/preset_ab.py $W/interleaved-$tree-$round.json $tree-$round \
+        > $W/interleaved-$tree-$round.log 2>&1; echo "rc=$?" >> $W/interleaved-$tree-$round.log
+      tail -2 $W/interleaved-$tree-$round.log
+    done
+  done
 fi
 tar czf $OUT/s10-$STAGE.tgz -C /tmp s10-$STAGE
