@@ -141,7 +141,7 @@ def captured_step(model, B: int, pdl: int | None = None, tiles: dict | None = No
 
     fm = FusedModel(model, pdl=pdl, tiles=tiles)
     if embed_torch:
-        fm.ops = fm.ops._replace(embed=embed_ref, embed_qkv=None)
+        fm.ops = fm.ops._replace(embed=embed_ref)
     if edit_ops is not None:
         fm.ops = edit_ops(fm.ops)
     cache = fm.cache_for(B, 300)

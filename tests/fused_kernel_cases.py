@@ -13,7 +13,7 @@ from overlapdecode.fused.kernels.embed import embed, embed_ref
 from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref, split_k
 from overlapdecode.fused.kernels.norm_linear import NormSums, norm_linear, norm_linear_ref
-from overlapdecode.fused.kernels.norm_qkv import embed_norm_qkv, embed_norm_qkv_ref, norm_qkv, norm_qkv_ref
+from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import FusedModel
 from overlapdecode.fused import reference
 from overlapdecode.step_graph import StepLog
@@ -342,52 +342,11 @@ def test_embed(B, H, block, positions):
     assert torch.equal(h[0], torch.zeros(H, device=DEV) if wpe is None else wpe[pos[0]])
 
 
-@pytest.mark.parametrize("B,H,Hq,Hkv,D,programs", [(1, 48, 3, 1, 24, 1), (3, 40, 4, 2, 16, 1), (17, 300, 2, 1, 24, 64),
-                                                  (2, 520, 4, 2, 16, 1000)])
-@pytest.mark.parametrize("style", ["gpt2", "llama"])
-def test_embed_norm_qkv(B, H, Hq, Hkv, D, programs, style):
-    """The step's embedding folded into layer 0's norm + QKV: q, the cache writes, and embed's outputs (h, slot,
-    length, written by one program per row block) equal the embedding then norm_qkv; GPT-2 style (position table,
-    LayerNorm, bias, no RoPE) and Llama style (RMSNorm, RoPE); rows in several row blocks, split K, tokens and
-    positions strided columns of a state, and an id outside the table, which reads zeros as embed's does."""
-    torch.manual_seed(B + H + D)
-    V, S = 13, 40
-    gpt2 = style == "gpt2"
-    wte, wpe = rnd(V, H), (rnd(S, H) if gpt2 else None)
-    nw, nb = rnd(H, scale=0.3) + 1, (rnd(H, scale=0.1) if gpt2 else None)
-    rows = (Hq + 2 * Hkv) * D
-    w, b = rnd(rows, H, scale=H**-0.5), (rnd(rows, scale=0.1) if gpt2 else None)
-    inv_freq = None if gpt2 else 1.0 / (500.0 ** (torch.arange(0, D, 2, device=DEV).float() / D))
-    ids = column(torch.randint(0, V, (B,), device=DEV), at=0)
-    pos = column(torch.randint(0, S - 10, (B,), device=DEV))
-    pad = column(torch.randint(0, 8, (B,), device=DEV), at=2)
-    caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
-    ref = embed_norm_qkv_ref(ids, pos, pad, wte, wpe, nw, nb, 1e-5, w, b, inv_freq, 0.9, caches[0], caches[1], Hq, Hkv,
-                             D)
-    if B > 1:  # an id past the table (the reference's embedding refuses it): its row of h is 0 (+ its position's)
-        ids[B // 2] = V
-        h = ref[1].clone()
-        h[B // 2] = 0 if wpe is None else wpe[pos[B // 2]]
-        caches[0].zero_(), caches[1].zero_()
-        q = norm_qkv_ref(h, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, ref[2], caches[0], caches[1], Hq, Hkv, D)
-        ref = (q, h, *ref[2:])
-    got = embed_norm_qkv(ids, pos, pad, wte, wpe, nw, nb, 1e-5, w, b, inv_freq, 0.9, caches[2], caches[3], Hq, Hkv, D,
-                         block_k=32, programs=programs)
-    torch.testing.assert_close(got[0], ref[0], **TOL)  # q
-    for g, r in zip(got[1:], ref[1:]):  # h, slot, length: a gather and one add, exact
-        assert g.dtype == r.dtype and g.shape == r.shape
-        torch.testing.assert_close(g, r, atol=0, rtol=0)
-    torch.testing.assert_close(caches[2], caches[0], **TOL)  # K and V at the slot, nothing else touched
-    torch.testing.assert_close(caches[3], caches[1], **TOL)
-    assert caches[0].abs().sum() > 0
-
-
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
 @torch.no_grad()
 def test_whole_step_kernels_vs_reference(name):
     """The decode step made of the kernels equals the one made of their references, cache writes included,
-    with the step's embedding folded into layer 0's QKV launch (as the step runs it), by the embedding kernel, and
-    by torch ops."""
+    with the step's embedding by the embedding kernel (as the step runs it) and by torch ops."""
     import overlapdecode as od
 
     model = od.load_model(name, device=DEV)
@@ -396,8 +355,7 @@ def test_whole_step_kernels_vs_reference(name):
     ids = column(torch.tensor([5, 17], device=DEV), at=0)
     pos = column(torch.tensor([6, 3], device=DEV))
     results = []
-    assert fm.ops.embed_qkv is not None
-    for ops in (REFERENCE_OPS, fm.ops, fm.ops._replace(embed_qkv=None), fm.ops._replace(embed_qkv=None, embed=embed_ref)):
+    for ops in (REFERENCE_OPS, fm.ops, fm.ops._replace(embed=embed_ref)):
         cache = fm.cache_for(B, S)
         torch.manual_seed(0)
         for t in cache.k + cache.v:
@@ -420,9 +378,8 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
     keys and values in the cache (an unstrided test of each kernel alone missed that rows past the first read
     the wrong position for RoPE; the tokens of a tiny random model barely depend on it, the cached keys do).
     Llama's RMSNorms take their sums of squares from the hidden states' writers (NormSums), GPT-2's
-    LayerNorms do not. The second variant also splits K in every QKV (layer 0's, with the embedding folded in,
-    too) and output/down projection (tiny shapes on one "SM" never split otherwise), all splits sharing one Tickets,
-    as on a GPU."""
+    LayerNorms do not. The second variant also splits K in every QKV and output/down projection
+    (tiny shapes on one "SM" never split otherwise), all splits sharing one Tickets, as on a GPU."""
     import functools
     import overlapdecode as od
 
@@ -443,8 +400,7 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
             fm.ops = fm.ops._replace(
                 norm_qkv=functools.partial(norm_qkv, programs=10000, block_k=16, tickets=tickets, **sums),
                 linear_residual=functools.partial(linear_residual, programs=10000, block_k=16, tickets=tickets,
-                                                  **sums),
-                embed_qkv=functools.partial(embed_norm_qkv, programs=10000, block_k=16, tickets=tickets))
+                                                  **sums))
         outs.append(dec.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[],
                                  strategy=od.Strategy(cache="fused", stop_check="pingpong")))
         (cache,) = dec.fused_model()._caches.values()  # every slot written: by the prefill, then the steps

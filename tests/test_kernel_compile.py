@@ -46,14 +46,13 @@ CASES = {
                               **{n: "i32" for n in ("B", "V", "H", "ids_stride", "pos_stride", "pad_stride")}},
               dict(HAS_POS=False, SUMS=True, BLOCK=1024)),
     "norm_qkv": (_norm_qkv_kernel,
-                 {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "q_ptr", "k_ptr", "v_ptr", "pe_ptr", "h_ptr"),
+                 {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "q_ptr", "k_ptr", "v_ptr"),
                   "inv_freq_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64", "part_ptr": "*fp32",
-                  "ticket_ptr": "*i32", "ss_ptr": "*fp32", "ids_ptr": "*i64", "slot_out_ptr": "*i64", "len_ptr": "*i64",
-                  **{n: "i32" for n in ("B", "S", "n_heads", "n_kv", "pos_stride", "slot_stride", "NB", "ids_stride",
-                                        "V")},
+                  "ticket_ptr": "*i32", "ss_ptr": "*fp32",
+                  **{n: "i32" for n in ("B", "S", "n_heads", "n_kv", "pos_stride", "slot_stride", "NB")},
                   "eps": "fp32", "rope_scale": "fp32"},
                  dict(K=2048, K_CHUNK=1024, SPLIT=2, LAYER=False, HAS_BIAS=False, ROPE=True, D=64, HALF=32,
-                      BLOCK_M=16, BLOCK_K=256, NB_PAD=64, EMBED=0)),
+                      BLOCK_M=16, BLOCK_K=256, NB_PAD=64)),
     "attention": (_split_kernel,
                   {**bf16("q_ptr", "k_ptr", "v_ptr", "out_ptr"), "start_ptr": "*i64", "length_ptr": "*i64",
                    "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "ticket_ptr": "*i32",
@@ -78,12 +77,8 @@ CASES = {
 }
 
 
-# layer 0's QKV with the embedding folded in (norm_qkv EMBED: 1 token table only, 2 with GPT-2's position table)
-CASES["embed_qkv"] = (CASES["norm_qkv"][0], CASES["norm_qkv"][1], dict(CASES["norm_qkv"][2], EMBED=1, NB_PAD=0))
-
 GPT2 = {"embed": dict(HAS_POS=True, SUMS=False),
         "norm_qkv": dict(K=768, K_CHUNK=768, SPLIT=1, LAYER=True, HAS_BIAS=True, ROPE=False, NB_PAD=0),
-        "embed_qkv": dict(K=768, K_CHUNK=768, SPLIT=1, LAYER=True, HAS_BIAS=True, ROPE=False, EMBED=2),
         "linear_residual": dict(K=3072, K_CHUNK=768, HAS_BIAS=True, SUMS=False),
         "norm_linear": dict(K=768, LAYER=True, HAS_BIAS=True, ACT=1, NB_PAD=0),
         "attention": dict(HQ=12, HKV=12, G=1),

@@ -70,9 +70,6 @@ class StepOps(NamedTuple):
     embed: object  # token (+ position) embedding, the rows' slots and lengths
     greedy: object  # the greedy choice and stop bookkeeping on the logits, in place (kernels/greedy.py)
     symmetric: object = None  # tp.SymmetricAllReduce for a sharded model's all-reduces, or None
-    # the embedding and layer 0's norm + QKV in one launch (kernels/norm_qkv.py embed_norm_qkv), or None: `embed`
-    # then norm_qkv (the references, and a sharded model)
-    embed_qkv: object = None
 
 
 REFERENCE_OPS = StepOps(norm_qkv_ref, reference.decode_attention_torch, linear_residual_ref, norm_linear_ref,
@@ -118,7 +115,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     from .kernels.greedy import greedy_choice
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import NormSums, norm_linear
-    from .kernels.norm_qkv import embed_norm_qkv, norm_qkv
+    from .kernels.norm_qkv import norm_qkv
 
     try:  # another module of the project; until it exists the step uses the torch attention of its contract
         from .kernels.decode_attention import decode_attention
@@ -141,9 +138,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
                    # 1 (eaf04d0, benchmarks/h200-session7-verify): GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
                    functools.partial(embed, pdl=pdl, **sums),
                    # one PDL launch instead of inductor's choice kernels and two copies (kernels/greedy.py)
-                   functools.partial(greedy_choice, tickets=tickets, pdl=pdl),
-                   embed_qkv=Tiled(functools.partial(embed_norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl),
-                                   "norm_qkv", 8, tiles))
+                   functools.partial(greedy_choice, tickets=tickets, pdl=pdl))
 
 
 class FusedOptions(NamedTuple):

@@ -39,20 +39,12 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     (ops.greedy, after the head); ids and pos may be views of that state: they are read before it is written."""
     # slot and length int64 (the attention takes either): a `pad.to(int32)` here was recomputed by inductor
     # before every layer's attention, 16 one-element kernels per step at Llama-1B (its output code, H200)
-    q = None
-    if ops.embed_qkv is not None and W.tp is None:  # the embedding folded into layer 0's QKV launch
-        l0 = W.layers[0]
-        q, h, slot, length = ops.embed_qkv(ids, pos, pad, W.embed, W.pos_embed, l0.norm1_w, l0.norm1_b, W.eps,
-                                           l0.w_qkv, l0.b_qkv, W.inv_freq, W.rope_scale, k_caches[0], v_caches[0],
-                                           W.n_heads, W.n_kv_heads, W.head_dim)
-    else:
-        h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad)  # (B, H), (B,), (B,)
+    h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad)  # (B, H), (B,), (B,)
     start = pad
     B = h.shape[0]
-    for i, (layer, kc, vc) in enumerate(zip(W.layers, k_caches, v_caches)):
-        if i > 0 or q is None:
-            q = ops.norm_qkv(h, layer.norm1_w, layer.norm1_b, W.eps, layer.w_qkv, layer.b_qkv, W.inv_freq,
-                             W.rope_scale, pos, slot, kc, vc, W.n_heads, W.n_kv_heads, W.head_dim)
+    for layer, kc, vc in zip(W.layers, k_caches, v_caches):
+        q = ops.norm_qkv(h, layer.norm1_w, layer.norm1_b, W.eps, layer.w_qkv, layer.b_qkv, W.inv_freq,
+                         W.rope_scale, pos, slot, kc, vc, W.n_heads, W.n_kv_heads, W.head_dim)
         a = ops.attention(q, kc, vc, start, length, layer.scale)
         # under tp (W.tp), w_o and w_down hold 1/tp of their inputs: reduce_residual sums the ranks' parts
         # (ops.symmetric: over symmetric memory; None: the functional collective)

@@ -123,27 +123,13 @@ def sums_args(norm_sums: NormSums | None, x: torch.Tensor, layer: bool) -> tuple
 
 
 @triton.jit
-def load_x(x_ptr, xrow, xok, pe_ptr, perow, kk, m, PE: tl.constexpr):
-    """The (BLOCK_M, BLOCK_K) tile of x at columns `kk` as float32, 0 where `m` is false: row r at x_ptr + xrow[r]
-    (0 where xok[r] is false). With PE, plus the row's position embedding at pe_ptr + perow[r], the sum rounded to
-    x's dtype as the embedding's add rounds it (kernels/embed.py): so a kernel can normalise rows gathered from
-    the embedding tables (norm_qkv's EMBED) as well as a hidden state (xrow = row * K)."""
-    x = tl.load(x_ptr + xrow[:, None] + kk[None, :], mask=m & xok[:, None], other=0.0)
-    if PE:
-        x = (x.to(tl.float32) + tl.load(pe_ptr + perow[:, None] + kk[None, :], mask=m, other=0.0).to(tl.float32)
-             ).to(x.dtype)
-    return x.to(tl.float32)
-
-
-@triton.jit
-def norm_stats(x_ptr, xrow, xok, pe_ptr, perow, PE: tl.constexpr, rows, row_ok, eps, K: tl.constexpr,
-               LAYER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ss_ptr, B, NB,
-               NB_PAD: tl.constexpr):
-    """The norm's per-row (mean, 1/std) over all K of x (B, K) (rows as `load_x` finds them), float32: the
-    prologue of every kernel that starts with a norm. RMSNorm (LAYER false) has mean 0. float32 also where
-    `eps` arrives as fp64 (as a Python float does under torch.compile), so that the normalised x is not computed
-    in fp64. With NB_PAD > 0 (RMSNorm only) the sum of squares is the sum of the NB partial sums at ss_ptr
-    (NB, B) (NormSums), not a pass over x."""
+def norm_stats(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_K: tl.constexpr, ss_ptr, B, NB, NB_PAD: tl.constexpr):
+    """The norm's per-row (mean, 1/std) over all K of x (B, K), float32: the prologue of every kernel that
+    starts with a norm. RMSNorm (LAYER false) has mean 0. float32 also where `eps` arrives as fp64 (as a
+    Python float does under torch.compile), so that the normalised x is not computed in fp64. With NB_PAD > 0
+    (RMSNorm only) the sum of squares is the sum of the NB partial sums at ss_ptr (NB, B) (NormSums), not a
+    pass over x."""
     if NB_PAD > 0:
         nb = tl.arange(0, NB_PAD)
         part = tl.load(ss_ptr + nb[:, None] * B + rows[None, :], mask=(nb < NB)[:, None] & row_ok[None, :],
@@ -156,12 +142,12 @@ def norm_stats(x_ptr, xrow, xok, pe_ptr, perow, PE: tl.constexpr, rows, row_ok, 
         s = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             m = row_ok[:, None] & (k0 + ks < K)[None, :]
-            s += tl.sum(load_x(x_ptr, xrow, xok, pe_ptr, perow, k0 + ks, m, PE), 1)
+            s += tl.sum(tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32), 1)
         mean = s / K
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         m = row_ok[:, None] & (k0 + ks < K)[None, :]
-        xv = load_x(x_ptr, xrow, xok, pe_ptr, perow, k0 + ks, m, PE)
+        xv = tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0).to(tl.float32)
         d = tl.where(m, xv - mean[:, None], 0.0)
         ss += tl.sum(d * d, 1)
     rstd = (1.0 / tl.sqrt(ss / K + eps)).to(tl.float32)
@@ -169,12 +155,11 @@ def norm_stats(x_ptr, xrow, xok, pe_ptr, perow, PE: tl.constexpr, rows, row_ok, 
 
 
 @triton.jit
-def norm_tile(x_ptr, xrow, xok, pe_ptr, perow, PE: tl.constexpr, nw_ptr, nb_ptr, kk, k_ok, m, mean, rstd,
-              LAYER: tl.constexpr, dtype: tl.constexpr):
-    """The normalised (BLOCK_M, BLOCK_K) tile of x at columns `kk` (rows as `load_x` finds them), in the model
-    dtype, rounded as Hugging Face's norms round (0 where `m` is false): the per-tile half of the norm prologue
-    (`norm_stats`)."""
-    xv = load_x(x_ptr, xrow, xok, pe_ptr, perow, kk, m, PE)
+def norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.constexpr, LAYER: tl.constexpr,
+              dtype: tl.constexpr):
+    """The normalised (BLOCK_M, BLOCK_K) tile of x at columns `kk`, in the model dtype, rounded as Hugging
+    Face's norms round (0 where `m` is false): the per-tile half of the norm prologue (`norm_stats`)."""
+    xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
     g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
     if LAYER:
         beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -201,9 +186,7 @@ def _norm_linear_kernel(
     dtype = w_ptr.dtype.element_ty
 
     # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
-    xrow = rows * K  # x's rows, as norm_stats and norm_tile find them
-    mean, rstd = norm_stats(x_ptr, xrow, row_ok, x_ptr, xrow, False, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K,
-                            ss_ptr, B, NB, NB_PAD)
+    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # the up rows of gate/up
@@ -211,8 +194,7 @@ def _norm_linear_kernel(
         kk = k0 + ks
         k_ok = kk < K
         m = row_ok[:, None] & k_ok[None, :]
-        xn = norm_tile(x_ptr, xrow, row_ok, x_ptr, xrow, False, nw_ptr, nb_ptr, kk, k_ok, m, mean, rstd, LAYER,
-                       dtype)
+        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
         wm = col_ok[:, None] & k_ok[None, :]
         wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=wm, other=0.0)
         acc += tl.dot(xn, tl.trans(wt), input_precision="ieee")

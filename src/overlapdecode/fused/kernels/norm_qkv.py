@@ -16,8 +16,7 @@ import triton
 import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
-from .embed import embed_ref
-from .norm_linear import NormSums, load_x, norm_ref, norm_stats, norm_tile, sums_args
+from .norm_linear import NormSums, norm_ref, norm_stats, norm_tile, sums_args
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 
@@ -56,9 +55,8 @@ def norm_qkv_ref(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, 
 @triton.jit
 def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
                 pos_stride, slot_stride, q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale,
-                HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr, SLOT_IS_PAD: tl.constexpr):
-    """Bias, rounding, RoPE and the stores of one (head, HALF dims) tile: shared by both launch shapes. With
-    SLOT_IS_PAD, slot_ptr holds the rows' left padding and the slot is position + padding (EMBED)."""
+                HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr):
+    """Bias, rounding, RoPE and the stores of one (head, HALF dims) tile: shared by both launch shapes."""
     dtype = q_ptr.dtype.element_ty
     if HAS_BIAS:
         acc1 += tl.load(b_ptr + w1, mask=dim_ok, other=0.0).to(tl.float32)[None, :]
@@ -84,8 +82,6 @@ def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_
         tl.store(q_ptr + q_off + D // 2 + dim[None, :], y2.to(dtype), mask=out_ok)
     else:
         slot = tl.load(slot_ptr + rows * slot_stride, mask=row_ok, other=0).to(tl.int64)
-        if SLOT_IS_PAD:
-            slot += tl.load(pos_ptr + rows * pos_stride, mask=row_ok, other=0).to(tl.int64)
         kv_head = (head - n_heads) % n_kv
         kv_off = ((rows.to(tl.int64)[:, None] * n_kv + kv_head) * S + slot[:, None]) * D
         if head < n_heads + n_kv:
@@ -100,16 +96,10 @@ def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_
 def _norm_qkv_kernel(
     x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, part_ptr, ticket_ptr,
     ss_ptr, B, S, n_heads, n_kv, pos_stride, slot_stride, NB, eps, rope_scale,
-    ids_ptr, ids_stride, pe_ptr, V, h_ptr, slot_out_ptr, len_ptr,
     K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
     HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
-    EMBED: tl.constexpr,
 ):
-    # EMBED 0: x (B, K) is the hidden state. EMBED 1 / 2: x_ptr is the token embedding table (V, K), each row's
-    # token at ids_ptr (plus, with 2, the position embedding table at pe_ptr), slot_ptr holds the left padding:
-    # layer 0 with the step's embedding folded in; the program (0, 0) of each row block also writes the hidden
-    # state h, the slot and the length (kernels/embed.py's outputs)
     pdl_start(PDL)
     head = tl.program_id(0) // tl.cdiv(D // 2, HALF)  # over Hq + 2 Hkv heads: Q, then K, then V
     part = tl.program_id(0) % tl.cdiv(D // 2, HALF)
@@ -122,21 +112,10 @@ def _norm_qkv_kernel(
     w2 = w1 + D // 2
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
-    if EMBED > 0:  # x's rows are the tokens' embedding rows (ids outside [0, V) read zeros, as embed's)
-        tok = tl.load(ids_ptr + rows * ids_stride, mask=row_ok, other=0).to(tl.int64)
-        xok = row_ok & (tok >= 0) & (tok < V)
-        xrow = tok * K
-        p = tl.load(pos_ptr + rows * pos_stride, mask=row_ok, other=0).to(tl.int64)
-        perow = p * K
-    else:
-        xok = row_ok
-        xrow = rows * K
-        perow = xrow
 
     # prologue: the norm's statistics over all of K (also in a split-K program: they scale its K range), from x
     # or from the partial sums of squares its writer left (NB_PAD > 0: NormSums)
-    mean, rstd = norm_stats(x_ptr, xrow, xok, pe_ptr, perow, EMBED == 2, rows, row_ok, eps, K, LAYER, BLOCK_M,
-                            BLOCK_K, ss_ptr, B, NB, NB_PAD)
+    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
 
     k_lo = pid_k * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
@@ -146,8 +125,7 @@ def _norm_qkv_kernel(
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
-        xn = norm_tile(x_ptr, xrow, xok, pe_ptr, perow, EMBED == 2, nw_ptr, nb_ptr, kk, k_ok, m, mean, rstd, LAYER,
-                       dtype)
+        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
         wm = dim_ok[:, None] & k_ok[None, :]
         wa = tl.load(w_ptr + w1[:, None] * K + kk[None, :], mask=wm, other=0.0)
         wb = tl.load(w_ptr + w2[:, None] * K + kk[None, :], mask=wm, other=0.0)
@@ -174,18 +152,7 @@ def _norm_qkv_kernel(
             tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
     if finish:
         _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
-                    pos_stride, slot_stride, q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale, HAS_BIAS, ROPE, D,
-                    EMBED > 0)
-    if EMBED > 0:
-        if (tl.program_id(0) == 0) & (pid_k == 0):  # one program per row block: embed's outputs
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + ks
-                m = row_ok[:, None] & (kk < K)[None, :]
-                xv = load_x(x_ptr, xrow, xok, pe_ptr, perow, kk, m, EMBED == 2)  # a dtype value: exact
-                tl.store(h_ptr + rows[:, None] * K + kk[None, :], xv.to(dtype), mask=m)
-            slot = p + tl.load(slot_ptr + rows * slot_stride, mask=row_ok, other=0).to(tl.int64)
-            tl.store(slot_out_ptr + rows, slot, mask=row_ok)
-            tl.store(len_ptr + rows, slot + 1, mask=row_ok)
+                    pos_stride, slot_stride, q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale, HAS_BIAS, ROPE, D)
 
 
 def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
@@ -198,79 +165,30 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
     as in linear_residual (`tickets`: the counters, as there). `norm_sums`: where x's RMSNorm sums of squares
     may have been recorded by its writer (NormSums)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq)
-    sums, nb, nb_pad = sums_args(norm_sums, x, norm_b is not None)
-    q = torch.empty((x.shape[0], n_heads, head_dim), dtype=x.dtype, device=x.device)
-    _launch(x, None, None, None, slot, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, q, k_cache, v_cache,
-            n_heads, n_kv, head_dim, sums, nb, nb_pad, half, block_k, programs, num_warps, num_stages, tickets, pdl)
-    return q
-
-
-def embed_norm_qkv_ref(ids, pos, pad, wte, wpe, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, k_cache, v_cache,
-                       n_heads: int, n_kv: int, head_dim: int):
-    """The step's embedding (`embed_ref`) then layer 0's `norm_qkv_ref`: ids, pos, pad (B,) long -> q (B, Hq, D),
-    h (B, H), slot and length (B,) long; writes layer 0's K and V at the slot."""
-    h, slot, length = embed_ref(wte, wpe, ids, pos, pad)
-    q = norm_qkv_ref(h, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache, n_heads, n_kv,
-                     head_dim)
-    return q, h, slot, length
-
-
-def embed_norm_qkv(ids, pos, pad, wte, wpe, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, k_cache, v_cache,
-                   n_heads: int, n_kv: int, head_dim: int, half: int | None = None, block_k: int = 256,
-                   programs: int = 1, num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None,
-                   pdl: int = 0):
-    """The Triton kernel of `embed_norm_qkv_ref`: norm_qkv (EMBED) reading each row's x from the embedding tables
-    (wte (V, H), wpe (positions, H) or None), so that the step's embedding is no launch of its own; the program
-    (0, 0) of each row block also writes h, the slot and the length. ids, pos, pad (B,) of any stride (columns of
-    the decode loop's state). Why: at GPT-2 the embedding kernel alone took 1.3 us and the QKV launch after it could
-    not hide its own start behind so short a kernel (H200, benchmarks/h200-session10-timeline)."""
-    require_32bit(wte=wte, wpe=wpe, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq)
-    B = ids.shape[0]
-    H = wte.shape[1]
-    h = torch.empty((B, H), dtype=wte.dtype, device=wte.device)
-    slot = torch.empty(B, dtype=torch.long, device=wte.device)
-    length = torch.empty_like(slot)
-    q = torch.empty((B, n_heads, head_dim), dtype=wte.dtype, device=wte.device)
-    _launch(wte, wpe, ids, (h, slot, length), pad, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, q,
-            k_cache, v_cache, n_heads, n_kv, head_dim, None, 0, 0, half, block_k, programs, num_warps, num_stages,
-            tickets, pdl)
-    return q, h, slot, length
-
-
-def _launch(x, wpe, ids, outs, slot, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, q, k_cache,
-            v_cache, n_heads, n_kv, head_dim, sums, nb, nb_pad, half, block_k, programs, num_warps, num_stages, tickets,
-            pdl):
-    """One launch of _norm_qkv_kernel. `ids` None: x (B, K) is the hidden state and `slot` the rows' slots; else x
-    is the token table, `wpe` the position table or None, `slot` the rows' left padding, and `outs` (h, slot,
-    length) what the EMBED programs write."""
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
-    B = pos.shape[0]
-    K = x.shape[1]
+    B, K = x.shape
+    sums, nb, nb_pad = sums_args(norm_sums, x, norm_b is not None)
     if half is None:
         half = min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
+    q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
     tiles = (n_heads + 2 * n_kv) * triton.cdiv(head_dim // 2, half)
     split = split_k(tiles, K, block_k, programs)
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     dummy = norm_w
     row_blocks = triton.cdiv(B, 16)
     if split > 1:
-        part = torch.empty((split, B, w.shape[0]), dtype=torch.float32, device=q.device)
-        counters = take_tickets(tickets, tiles * row_blocks, q.device)
+        part = torch.empty((split, B, w.shape[0]), dtype=torch.float32, device=x.device)
+        counters = take_tickets(tickets, tiles * row_blocks, x.device)
     else:  # never written with one split: pass read-only inputs
         part, counters = dummy, dummy
     b_arg = b if b is not None else dummy
     inv_arg = inv_freq if inv_freq is not None else dummy
     S = k_cache.shape[2]
-    if ids is None:
-        embed, ids_arg, pe_arg, V, (h, slot_out, length) = 0, pos, dummy, 0, (dummy, dummy, dummy)
-    else:
-        embed, ids_arg, V, (h, slot_out, length) = (2 if wpe is not None else 1), ids, x.shape[0], outs
-        pe_arg = wpe if wpe is not None else dummy
     _norm_qkv_kernel[(tiles, split, row_blocks)](
         x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
-        counters, sums if sums is not None else dummy, B, S, n_heads, n_kv, pos.stride(0), slot.stride(0), nb, eps,
-        rope_scale, ids_arg, ids_arg.stride(0), pe_arg, V, h, slot_out, length, K, k_chunk, split,
+        counters, sums, B, S, n_heads, n_kv, pos.stride(0), slot.stride(0), nb, eps, rope_scale, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
-        HALF=half, BLOCK_M=16, BLOCK_K=block_k, NB_PAD=nb_pad, PDL=int(pdl), EMBED=embed, num_warps=num_warps,
+        HALF=half, BLOCK_M=16, BLOCK_K=block_k, NB_PAD=nb_pad, PDL=int(pdl), num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(pdl),
     )
+    return q
