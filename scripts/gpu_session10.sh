@@ -15,6 +15,11 @@
 # Stage 5 (about 3 min): is `interleaved` at GPT-2 slower because of the code or the machine? scripts/preset_ab.py
 # (200-token calls, bfloat16 batch 1) with session 7's code (0a8ee8b, .carry/old/src: its bench gave 0.575 ms/token)
 # and this tree, alternating old, new, old, new on one machine.
+# Stage 6 (the last ~7 min of device time; results tar'd after each step, so that a call cut short still returns
+# what ran): the step's embedding folded into layer 0's QKV launch (embed_norm_qkv): its GPU tests (each kernel
+# against its reference at the GPT-2 and Llama-1B shapes, the folded one included; float32 200 tokens against HF at
+# GPT-2 b4 and Llama-1B b1; PDL changing no logit), scripts/embed_fold_ab.py (GPT-2 b1, Llama-1B b1), the GPT-2
+# bench, and scripts/preset_ab.py's interleaved old/new with the garbage collector's pauses per call.
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown} PYTHONPATH=$PWD/src
@@ -55,4 +60,21 @@ if [ "$STAGE" = 5 ]; then
     done
   done
 fi
-tar czf $OUT/s10-$STAGE.tgz -C /tmp s10-$STAGE
+if [ "$STAGE" = 6 ]; then
+  save() { tar czf $OUT/s10-6.tgz -C /tmp s10-6; }
+  PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 150 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider \
+    -rA -q -k "real_shapes and (gpt2 or llama-1b) or gpt2-random-4-fused] or llama-1b-random-1-fused] or pdl_changes" \
+    > $W/gpu-tests.log 2>&1; echo "tests rc=$?" >> $W/gpu-tests.log
+  grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rc=|near tie" $W/gpu-tests.log | tail -12; save
+  timeout 100 python3 scripts/embed_fold_ab.py $W/embed-fold.json > $W/embed-fold.log 2>&1; echo "ab rc=$?" >> $W/embed-fold.log
+  tail -3 $W/embed-fold.log; save
+  timeout 110 python3 -m overlapdecode bench --lengths 200 --warmup 1 --repeats 3 --model gpt2-random \
+    --strategies fused,interleaved --peers none --dtype-batch bfloat16:1 --time-budget 80 --out $W/h200-fused-gpt2-s10b \
+    > $W/bench-gpt2.log 2>&1; echo "bench gpt2 rc=$?" >> $W/bench-gpt2.log; tail -8 $W/bench-gpt2.log; save
+  for tree in old new; do
+    [ $tree = old ] && P=$PWD/.carry/old/src || P=$PWD/src
+    PYTHONPATH=$P timeout 45 python3 scripts/preset_ab.py $W/interleaved-$tree.json $tree > $W/interleaved-$tree.log 2>&1
+    echo "rc=$?" >> $W/interleaved-$tree.log; tail -2 $W/interleaved-$tree.log; save
+  done
+fi
+[ "$STAGE" = 6 ] || tar czf $OUT/s10-$STAGE.tgz -C /tmp s10-$STAGE
