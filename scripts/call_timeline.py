@@ -1,4 +1,5 @@
-"""Where a whole `fused` call's time goes beyond its decode steps, on a GPU: gpt2-random, bfloat16, batch 1, prompt 32.
+"""Where a whole `fused` call's time goes beyond its decode steps, on a GPU: MODEL (default gpt2-random), bfloat16,
+batch 1, prompt 32.
 
 1. Unprofiled: wall time of calls of N = 1, 2, 3, 10, 200 tokens (EOS off), ROUNDS alternating rounds after
    warm-up, medians: a call of N tokens costs about fixed + (N - 1) x step, and the differences show whether the
@@ -7,9 +8,15 @@
    the GPU's first kernel, the prefill's GPU span (first kernel to the end of the first greedy choice kernel,
    which ends step 0), the gap to the first decode step's first kernel, each decode step's span (the end of one
    greedy choice kernel to the next's), the GPU's idle gaps, and the time from the last kernel to the call's end.
-   The profiler adds host time per operation; the GPU spans are the kernels' own.
+   The profiler adds host time per operation; the GPU spans are the kernels' own. "Decode step spans" run from
+   the end of one greedy choice kernel to the next's, so the first includes the host's gap after the prefill.
+3. From that trace, the decode steps' kernels (steps 50 to 149): per position in the step, the kernel's median
+   duration; the step's median span (its first kernel's start to its last one's end); the median gap before each
+   kernel (negative: it started before the one ahead ended, PDL), the first one being the gap from the previous
+   step's last kernel (step-kernels.json). `--analyse TRACE.json.gz OUT.json` runs this part alone on a saved trace.
 
     python3 scripts/call_timeline.py OUT_DIR [MODEL]
+    python3 scripts/call_timeline.py --analyse TRACE.json.gz OUT.json
 """
 
 from __future__ import annotations
@@ -70,6 +77,30 @@ def analyse(trace: dict) -> dict:
     }
 
 
+def step_kernels(trace: dict, first: int = 50, last: int = 150) -> dict:
+    """Per kernel of a decode step (steps first .. last - 1 of the profiled call), its median duration and the
+    median gap before it; the step's median span and sums."""
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in trace["traceEvents"] if e.get("cat") == "kernel")
+    ends = [i for i, k in enumerate(kernels) if "greedy" in k[2]]  # the last kernel of each step (step 0's: prefill)
+    steps = [kernels[ends[i] + 1: ends[i + 1] + 1] for i in range(first, min(last, len(ends) - 1))]
+    n = len(steps[0])
+    if any(len(st) != n for st in steps):
+        raise SystemExit("the analysed steps do not all have the same kernels")
+    prev_end = [kernels[ends[i]][1] for i in range(first, first + len(steps))]
+    med = statistics.median
+    rows = []
+    for j in range(n):
+        gaps = [st[j][0] - (st[j - 1][1] if j else prev_end[k]) for k, st in enumerate(steps)]
+        rows.append({"kernel": steps[0][j][2][:60], "median us": round(med([st[j][1] - st[j][0] for st in steps]), 2),
+                     "median gap before it us": round(med(gaps), 2)})
+    return {"steps analysed": len(steps), "kernels per step": n,
+            "step span us (first kernel start to last kernel end), median": round(
+                med([st[-1][1] - st[0][0] for st in steps]), 1),
+            "sum of the kernels' durations per step us, median": round(
+                med([sum(e - b for b, e, _ in st) for st in steps]), 1),
+            "kernels": rows}
+
+
 def main(out_dir: str, name: str = "gpt2-random") -> None:
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise SystemExit(f"{out_dir} is not empty: choose a new directory (no run overwrites an earlier one)")
@@ -106,9 +137,17 @@ def main(out_dir: str, name: str = "gpt2-random") -> None:
     res["profiled 200-token call"] = analyse(trace)
     print(json.dumps(res["profiled 200-token call"], indent=1), flush=True)
     json.dump(res, open(os.path.join(out_dir, "timeline.json"), "w"), indent=1)
+    json.dump(step_kernels(trace), open(os.path.join(out_dir, "step-kernels.json"), "w"), indent=1)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        raise SystemExit("usage: python3 scripts/call_timeline.py OUT_DIR [MODEL]")
-    main(*sys.argv[1:])
+    if len(sys.argv) == 4 and sys.argv[1] == "--analyse":
+        if os.path.exists(sys.argv[3]):
+            raise SystemExit(f"{sys.argv[3]} exists: choose a new path (no run overwrites an earlier one)")
+        with gzip.open(sys.argv[2], "rt") as f:
+            result = step_kernels(json.load(f))
+        json.dump(result, open(sys.argv[3], "w"), indent=1)
+    elif len(sys.argv) in (2, 3) and not sys.argv[1].startswith("-"):
+        main(*sys.argv[1:])
+    else:
+        raise SystemExit("usage: python3 scripts/call_timeline.py OUT_DIR [MODEL] | --analyse TRACE.json.gz OUT.json")

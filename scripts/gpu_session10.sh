@@ -2,11 +2,11 @@
 # Session 10 on one H200 (OVERLAPDECODE_COMMIT names the commit; results tar'd to $OUT/s10-<stage>.tgz: at most 8 files
 # come back from a call). Stage 1 ran at 1758cd1 (the weight preload, since dropped; that commit's version of this
 # script, benchmarks/h200-session10-preload). Stage 2 (about 5 min):
-# 1. the fused GPU tests that run the loop, after session 9's review fixes (0e998d0: the output copied out of the step
+# 1. scripts/call_timeline.py at GPT-2: where a 200-token call's time goes beyond its decode steps;
+# 2. the fused GPU tests that run the loop, after session 9's review fixes (0e998d0: the output copied out of the step
 #    log before the end event; the host wait after a late stop), which stage 1 did not reach: float32 200 tokens
 #    against HF, captured against eager, the late stops, and the second call from another stream, which now also
-#    checks the first call's output;
-# 2. scripts/call_timeline.py at GPT-2: where a 200-token call's time goes beyond its decode steps.
+#    checks the first call's output.
 # Stage 3 (about 3 min): scripts/lm_head_ab.py at GPT-2, batch 1 and 8: the LM head's tiles and the greedy choice's
 # block in the step.
 # Stage 4 (about 5 min), with TILES' new GPT-2 LM head entry (128 x 64, 4 warps, 4 stages): a second lm_head_ab.py
@@ -15,8 +15,9 @@
 # Stage 5 (about 3 min): is `interleaved` at GPT-2 slower because of the code or the machine? scripts/preset_ab.py
 # (200-token calls, bfloat16 batch 1) with session 7's code (0a8ee8b, .carry/old/src: its bench gave 0.575 ms/token)
 # and this tree, alternating old, new, old, new on one machine.
-# Stage 6 (the last ~7 min of device time; results tar'd after each step, so that a call cut short still returns
-# what ran): the step's embedding folded into layer 0's QKV launch (embed_norm_qkv): its GPU tests (each kernel
+# Stage 6 (ran at a910f30 only: the embedding fold and scripts/embed_fold_ab.py were reverted after it, so it cannot
+# run at a later commit; the last ~7 min of device time; results tar'd after each step, so that a call cut short
+# still returns what ran): the step's embedding folded into layer 0's QKV launch (embed_norm_qkv): its GPU tests (each kernel
 # against its reference at the GPT-2 and Llama-1B shapes, the folded one included; float32 200 tokens against HF at
 # GPT-2 b4 and Llama-1B b1; PDL changing no logit), scripts/embed_fold_ab.py (GPT-2 b1, Llama-1B b1), the GPT-2
 # bench, and scripts/preset_ab.py's interleaved old/new with the garbage collector's pauses per call.

@@ -83,4 +83,6 @@ def main(out: str, B: int) -> None:
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3):
         raise SystemExit("usage: python3 scripts/lm_head_ab.py OUT.json [BATCH]")
+    if len(sys.argv) == 3 and not sys.argv[2].isdigit():
+        raise SystemExit(f"BATCH must be a positive integer, got {sys.argv[2]!r}")
     main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else 1)

@@ -24,8 +24,14 @@ import overlapdecode as od
 WARMUP, CALLS = 3, 9
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block and error
+        raise SystemExit(f"preset_ab.py: {message} (usage: python3 scripts/preset_ab.py OUT.json LABEL [--model M] "
+                         "[--strategy S] [--tokens N])")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = _Parser()
     ap.add_argument("out")
     ap.add_argument("label")
     ap.add_argument("--model", default="gpt2-random")
@@ -33,7 +39,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=200)
     a = ap.parse_args()
     if os.path.exists(a.out):
-        ap.error(f"{a.out} exists: choose a new path (no run overwrites an earlier one)")
+        raise SystemExit(f"{a.out} exists: choose a new path (no run overwrites an earlier one)")
     model = od.load_model(a.model, dtype="bfloat16", device="cuda")
     ids = torch.randint(0, 1000, (1, 32), device="cuda")
     pauses: list = []  # (generation, seconds) of the collections during the current call
@@ -59,6 +65,7 @@ def main() -> None:
             gc_counts.append([sum(1 for g, _ in pauses if g == gen) for gen in range(3)])
     gc.callbacks.remove(on_gc)
     res = {"label": a.label, "model": a.model, "strategy": a.strategy, "tokens": a.tokens,
+           "device": torch.cuda.get_device_name(), "commit": os.environ.get("OVERLAPDECODE_COMMIT", "unknown"),
            "ms/token median": round(statistics.median(times), 4), "ms/token calls": [round(x, 4) for x in times],
            "gc pause ms per call": gc_ms, "gc collections per call (gen 0, 1, 2)": gc_counts,
            "source": od.__file__}
