@@ -31,13 +31,16 @@ COMPILED = ["compiled", "interleaved", "fused"]
 N = 16  # new tokens; prompt 8 + 16 <= 64: one compiled shape per batch size
 
 
-def torchrun(spec: dict, tmp_path: Path, timeout: float) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """Run the worker on 2 gloo ranks; (the process, each rank's record). Raises on timeout (a hang)."""
+def torchrun(spec: dict, tmp_path: Path, timeout: float, env: dict | None = None
+             ) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run the worker on 2 gloo ranks; (the process, each rank's record). Raises on timeout (a hang). `env`: more
+    environment variables for the ranks."""
     out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
     out.mkdir()
     spec_file = out / "spec.json"
     spec_file.write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(WORKER.parents[1])]), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(WORKER.parents[1])]), OMP_NUM_THREADS="1",
+               **(env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(WORKER), str(spec_file), str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -163,6 +166,23 @@ def test_compiled_presets_match_one_process(tmp_path, tiny_llama, saved_models):
             dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4)]
     proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=420)
     check_records(proc, records, jobs)
+
+
+def test_fused_triton_kernels_under_tp_match_one_process(tmp_path, saved_models):
+    """The fused preset with the Triton kernels (Triton's interpreter, on CPU) on 2 gloo ranks: the sharded QKV,
+    the row-parallel projections' all-reduces, the vocabulary-parallel LM head (tiny Qwen2's 1001 rows: the last
+    rank's logits padded) gathered into the greedy choice kernel, which writes each step's tokens and flag into
+    the step log: every rank returns the one-process tokens, with EOS for some rows, for all at the first token
+    and at the last allowed one (batch 4, left padding). On a GPU this path has not run under tp yet."""
+    pytest.importorskip("triton")
+    qwen = od.load_model(saved_models["qwen2"], device="cpu")
+    cases = [c for c in cases_for(qwen, ["fused"], (4,), sampling=False) if not c["name"].endswith("-all")]
+    jobs = [dict(name="qwen2", model=saved_models["qwen2"], tp=2, cases=cases, kv_heads=2,
+                 fused_options=dict(kernels="triton", compile_prefill=False))]
+    proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=400, env={"TRITON_INTERPRET": "1"})
+    check_records(proc, records, jobs)
+    for record in records:  # the kernels that ran, and the step log they wrote
+        assert record["results"]["qwen2/fused-kernels"] == ["triton", True]
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,9 @@
 `python3 -m torch.distributed.run --nproc-per-node 2 tests/tp_worker.py SPEC.json OUT_DIR`.
 
 SPEC holds the loads that must fail (`errors_before`: before torch.distributed is started, so the checks
-read the environment; `errors_after`: once it is), then `jobs`: a model, a tp and generate() calls. Each
+read the environment; `errors_after`: once it is), then `jobs`: a model, a tp and generate() calls (with a job's
+`fused_options`, through an od.Decoder made with them: the Triton kernels, in Triton's interpreter when the
+environment has TRITON_INTERPRET=1). Each
 rank writes what it saw to OUT_DIR/rank{R}.json: the error messages and every call's tokens. With
 `"raise": true` the first expected error is re-raised after it is written, to show that every rank exits.
 
@@ -45,19 +47,23 @@ def _expect_errors(loads: list[dict], record: list[str], reraise: bool) -> None:
 
 def _run_job(job: dict, results: dict) -> None:
     model = _load(job)
+    options = job.get("fused_options")
+    decoder = od.Decoder(model, fused_options=options) if options else od.decoder_for(model)
     for case in job["cases"]:
         ids = torch.tensor(case["ids"])
         mask = torch.tensor(case["mask"])
         for strategy in case["strategies"]:
-            out = od.generate(
-                model, ids, attention_mask=mask, max_new_tokens=case["max_new_tokens"],
+            out = decoder.generate(
+                ids, attention_mask=mask, max_new_tokens=case["max_new_tokens"],
                 strategy=EXTRA.get(strategy, strategy),
                 eos_token_id=case["eos"], pad_token_id=case["pad"], **case.get("sampling", {}),
             )
             results[f"{job['name']}/{case['name']}/{strategy}"] = out.tolist()
             if "fused" in strategy:  # the fused step's LM head rows on this rank (tp.VocabShard), and the vocabulary
-                W = od.decoder_for(model).fused_model().weights
+                fm = decoder.fused_model()
+                W = fm.weights
                 results[f"{job['name']}/lm-head-rows"] = [W.lm_head.shape[0], W.vocab.vocab if W.vocab else None]
+                results[f"{job['name']}/fused-kernels"] = [fm.kernels, fm.writes_step_log]
     # the KV heads that Hugging Face's caches allocate on this rank
     for kind, cache in (("static", StaticCache(config=model.config, max_cache_len=16)),
                         ("dynamic", DynamicCache(config=model.config))):
@@ -88,4 +94,8 @@ def main(spec_path: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the Triton kernels in the interpreter, as in the kernel tests
+        from triton_interpreter import patch_loop_bounds  # tests/ is this script's directory
+
+        patch_loop_bounds()
     main(sys.argv[1], sys.argv[2])

@@ -11,16 +11,21 @@ from triton.runtime.jit import JITFunction
 INTERPRETING = not isinstance(tl.cdiv, JITFunction)  # triton was imported with TRITON_INTERPRET=1
 
 
-@pytest.fixture(autouse=True)
-def interpreter_loop_bounds(monkeypatch):
+def patch_loop_bounds(setattr_=setattr) -> None:
     """Triton 3.6's interpreter turns a runtime loop bound into an int with int() of a one-element array,
-    which NumPy >= 2.4 refuses ("only 0-dimensional arrays can be converted"); take the element instead."""
-    if not INTERPRETING:
-        return
+    which NumPy >= 2.4 refuses ("only 0-dimensional arrays can be converted"); take the element instead.
+    `setattr_`: how to set it (a monkeypatch's, to undo it after a test; plain setattr in a worker process)."""
     original = triton_interpreter._patch_lang_tensor
 
     def patch(tensor, scope):
         original(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
 
-    monkeypatch.setattr(triton_interpreter, "_patch_lang_tensor", patch)
+    setattr_(triton_interpreter, "_patch_lang_tensor", patch)
+
+
+@pytest.fixture(autouse=True)
+def interpreter_loop_bounds(monkeypatch):
+    """patch_loop_bounds for the test, where Triton interprets."""
+    if INTERPRETING:
+        patch_loop_bounds(monkeypatch.setattr)
