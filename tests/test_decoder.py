@@ -198,8 +198,13 @@ def test_the_decoder_generate_keeps_does_not_keep_the_model_alive():
 
 
 def test_fused_options_reach_the_fused_model(tiny_gpt2):
-    dec = od.Decoder(tiny_gpt2, fused_options=dict(kernels="torch", pdl=0))
-    assert dec.fused_model().kernels == "torch"
+    """Options that differ from what a CPU machine picks by itself (the torch twins, pdl 0) reach the model."""
+    pytest.importorskip("triton")
+    from overlapdecode.fused.model import FusedModel
+
+    assert FusedModel(tiny_gpt2).kernels == "torch"  # the default here
+    dec = od.Decoder(tiny_gpt2, fused_options=dict(kernels="triton", compile_prefill=False))
+    assert dec.fused_model().kernels == "triton"
     with pytest.raises(TypeError, match="fused_options must be a dict"):
         od.Decoder(tiny_gpt2, fused_options=["pdl"])
 

@@ -77,12 +77,18 @@ def test_custom_strategy_object(tiny_llama):
     assert torch.equal(out, naive_generate(tiny_llama, ids, mask, N, [], 0))
 
 
-def test_compiled_step_compiles_once_per_shape(tiny_gpt2):
+def test_compiled_step_compiles_once_per_shape():
+    """The first compiled call of a model compiles (the count rises: a step that silently ran eagerly would not),
+    and later calls of the same shape, by either compiled preset, compile nothing more. A model of its own, so
+    that no other test has compiled its shape before."""
+    model = od.load_model("tiny-gpt2", device="cpu")
     ids, mask = make_batch(4, seed=4)
-    od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy="compiled", eos_token_id=[])
+    start = od.compile_count()
+    od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="compiled", eos_token_id=[])
     before = od.compile_count()
+    assert before > start
     for preset in ("compiled", "interleaved", "compiled"):
-        od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=[])
+        od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=[])
     assert od.compile_count() == before
 
 

@@ -115,8 +115,10 @@ def _bad_inputs():
         r"q must be \(B, Hq, D\)": (q[0], k, v, start, length),
         "q must be float32, bfloat16 or float16": (q.double(), k, v, start, length),
         r"k_cache must be \(B, Hkv, S, D\)": (q, k[0], v, start, length),
-        "k_cache shape": (q, k[:, :, :, :8], v, start, length),
-        "v_cache shape": (q, k, v[:, :, :5], start, length),
+        # anchored: the v_cache check's message also names k_cache's shape
+        r"^k_cache shape \(3, 2, 37, 8\) does not match q shape": (q, k[:, :, :, :8], v[:, :, :, :8], start, length),
+        r"^k_cache shape \(2, 2, 37, 16\) does not match q shape": (q, k[:2], v[:2], start, length),  # batch
+        r"^v_cache shape": (q, k, v[:, :, :5], start, length),
         "v_cache dtype": (q, k, v.half(), start, length),
         r"q heads \(5\) must be a multiple of k_cache heads \(2\)": (q[:, :5], k, v, start, length),
         r"start must have shape \(3,\)": (q, k, v, start[:2], length),

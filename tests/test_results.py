@@ -42,16 +42,18 @@ def _one_line(capsys, *words):
         ("{\"rows\": [", "not valid JSON"),
         ("", "not valid JSON"),
         (dict(commands=[], config=CONFIG, rows=[{"strategy": "kv"}]), "row 0 lacks workload"),
-        (dict(commands=[], config=CONFIG, rows=[dict(_row(), seq_s_all=None) | {"seq_s": 1}]), None),
+        (dict(commands=[], config=CONFIG, rows=[dict(_row(), seq_s_all=None) | {"seq_s": 1}]),
+         "row 0 has seq_s_all of the wrong kind"),
+        (dict(commands=[], config=CONFIG, rows=[dict(_row(), ttft_ms="fast", seq_s_all=[])]),
+         "row 0 has ttft_ms, seq_s_all of the wrong kind"),
+        (dict(commands=[], config=CONFIG, rows=[{k: v for k, v in _row().items() if k != "ttft_ms"}]),
+         "row 0 lacks ttft_ms"),
         (dict(commands=[], config={}, rows=[]), "config must be an object with model"),
         (dict(commands="x", config=CONFIG, rows=[]), "commands must be a list"),
         (dict(commands=[], config=CONFIG, rows=[1, 2]), "rows must be a list of objects"),
     ],
 )
 def test_report_on_a_malformed_results_json_is_one_line_naming_the_file(tmp_path, capsys, content, words):
-    if words is None:  # a row whose figures are there but of the wrong kind
-        content["rows"][0].pop("ttft_ms")
-        words = "row 0 lacks ttft_ms"
     path = _write(str(tmp_path / "d"), content)
     assert main(["report", str(tmp_path / "d")]) == 2
     _one_line(capsys, path, words)

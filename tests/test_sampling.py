@@ -73,10 +73,10 @@ def test_top_k_and_top_p_restrict_the_support():
     assert abs((free == 0).float().mean().item() - 0.636) < 0.04
 
 
-@pytest.mark.parametrize("temperature", [1e-30, 1e-37, 1.2e-38])
+@pytest.mark.parametrize("temperature", [5e-37, 1e-37, 1.2e-38])
 def test_a_tiny_temperature_samples_the_greedy_token_not_nan(tiny_gpt2, temperature):
-    """logit / temperature overflows float32 for these: without the shift by the maximum, every probability is
-    NaN and every sampled token 0."""
+    """logit / temperature overflows float32 for these (200 / 5e-37 = 4e38 > 3.4e38; at 5e-37 only the second
+    row's): without the shift by the maximum, an overflowing row's probabilities are NaN and its token 0."""
     logits = torch.tensor([[3.0, 50.0, -20.0, 49.999], [-5.0, -4.0, 200.0, 0.0]])
     noise = torch.empty_like(logits).exponential_(generator=torch.Generator().manual_seed(0))
     tokens = pick_next(logits, noise, SamplingParams(do_sample=True, temperature=temperature))

@@ -331,9 +331,9 @@ def test_vocab_shard_rows_cover_the_vocabulary_once():
     for vocab, tp in ((1000, 2), (1001, 2), (128256, 8), (50257, 4), (10, 4)):
         shards = [tensor_parallel.VocabShard("g", r, tp, vocab) for r in range(tp)]
         rows = [s.rows for s in shards]
-        assert rows[0][0] == 0 and rows[-1][1] == vocab
-        assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
-        assert all(hi - lo <= shards[0].chunk for lo, hi in rows)
+        c = -(-vocab // tp)  # ceil(V / tp), computed here, not taken from the shard
+        assert all(s.chunk == c for s in shards)
+        assert rows == [(min(r * c, vocab), min((r + 1) * c, vocab)) for r in range(tp)]
     assert tensor_parallel.VocabShard("g", 3, 4, 9).rows == (9, 9)  # a toy vocabulary leaves a rank none
 
 
@@ -355,7 +355,10 @@ def test_reduce_residual_sums_the_kernels_own_output_buffer():
             self.summed.append(buf)
             return buf * 2
 
+    written = []  # the buffers the kernel was given to write into
+
     def kernel(x, w, b, residual, out=None):
+        written.append(out)
         out.copy_(linear_residual_ref(x, w, b, residual))
         return out
 
@@ -363,9 +366,12 @@ def test_reduce_residual_sums_the_kernels_own_output_buffer():
     x, w, b, res = torch.randn(2, 6), torch.randn(4, 6), torch.randn(4), torch.randn(2, 4)
     for rank in (0, 1):
         rec = Recorder()
+        written.clear()
         got = reduce_residual(kernel, x, w, b, res, RowReduce("g", rank), rec)
         part = linear_residual_ref(x, w, b, res) if rank == 0 else x @ w.T
-        assert rec.summed == rec.buffers and len(rec.buffers) == 1  # summed in place of the kernel's output
+        assert len(rec.buffers) == 1 and len(rec.summed) == 1 and len(written) == 1
+        # the kernel wrote straight into the all-reduce's buffer, and that very buffer was summed: no copy
+        assert written[0] is rec.buffers[0] and rec.summed[0] is rec.buffers[0]
         torch.testing.assert_close(got, 2 * part)
 
 

@@ -86,6 +86,10 @@ def latest_rows(rows: list[dict]) -> list[dict]:
     return [r for _, r in sorted(keep.values(), key=lambda p: p[0])]
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _check(results, path: str) -> dict:
     """The structure the report relies on, or a ResultsError saying what is missing."""
     if not isinstance(results, dict):
@@ -105,6 +109,12 @@ def _check(results, path: str) -> dict:
         lacking = [k for k in need if k not in r]
         if lacking:
             raise ResultsError(f"{path}: row {i} lacks {', '.join(lacking)}")
+        if "seq_s" in r:  # the figures the report computes with
+            wrong = [k for k in ("seq_s", "ms_per_token", "tokens_per_s", "ttft_ms", "first_call_s") if not _number(r[k])]
+            if not (isinstance(r["seq_s_all"], list) and r["seq_s_all"] and all(_number(t) for t in r["seq_s_all"])):
+                wrong.append("seq_s_all")
+            if wrong:
+                raise ResultsError(f"{path}: row {i} has {', '.join(wrong)} of the wrong kind (numbers expected)")
     env = results.get("environment")
     if not isinstance(env, dict):  # older or hand-made files: say so in the report rather than refuse
         results["environment"] = dict(recorded=False, note=f"{RESULTS} has no environment record")
