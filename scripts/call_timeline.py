@@ -26,22 +26,19 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 import overlapdecode as od
+from loop_ab import timed_call  # scripts/ is on the path when run as a script
 
 ROUNDS = 15
 LENGTHS = (1, 2, 3, 10, 200)
 
 
 def timed(model, ids, n: int) -> float:
-    torch.cuda.synchronize()  # host sync: timing boundary
-    t = time.perf_counter()
-    od.generate(model, ids, max_new_tokens=n, strategy="fused", eos_token_id=[])
-    torch.cuda.synchronize()  # host sync: the call's end, as the bench times it
-    return (time.perf_counter() - t) * 1e3
+    """ms of one `fused` call of n tokens, EOS off (loop_ab.timed_call)."""
+    return timed_call(model, ids, n, "fused") * 1e3
 
 
 def analyse(trace: dict) -> dict:

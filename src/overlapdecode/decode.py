@@ -268,7 +268,7 @@ class Decoder:
                 # host sync, only after a call that stopped with steps still queued: this call may drop (evict) a
                 # kept cache or graph those steps use, and a graph's pinned flags would go back to the host
                 # allocator's pool while the GPU still writes them (it sees no stream use of them)
-                self._end_event.synchronize()
+                self._wait_last_call()
             # stream hand-off: the last call's late steps are done before this call resets what they used
             main.wait_event(self._end_event)
 
