@@ -7,6 +7,8 @@
 #   graph, PDL changing no logit, the late stops, the second call); the eager late stops under the sanitizer.
 # Stage 2 (about 9 min): the bench at the current code for the README's Llama rows, measured at session 9's code
 #   (fa7357f / 4c7f861): llama-1b-random batch 1 and 8, then llama-8b-random batch 1 (fused, interleaved).
+# Stage 3 (added in session 11, about 5 min): scripts/step_tiles_ab.py at batch 1 and 8, Llama-1B's five GEMV tiles
+#   timed in the whole step (candidates the isolated sweep never tried, then the winners combined).
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown} PYTHONPATH=$PWD/src
@@ -28,4 +30,11 @@ if [ "$STAGE" = 2 ]; then
     > $W/bench-1b.log 2>&1; echo "bench 1b rc=$?" >> $W/bench-1b.log; tail -12 $W/bench-1b.log; save
   timeout 200 $B --model llama-8b-random --dtype-batch bfloat16:1 --time-budget 170 --out $W/h200-fused-8b-s11 \
     > $W/bench-8b.log 2>&1; echo "bench 8b rc=$?" >> $W/bench-8b.log; tail -8 $W/bench-8b.log; save
+fi
+if [ "$STAGE" = 3 ]; then
+  for B in 1 8; do
+    PYTHONPATH=$PYTHONPATH:$PWD/scripts timeout 260 python3 scripts/step_tiles_ab.py $W/step-tiles-b$B.json $B \
+      > $W/step-tiles-b$B.log 2>&1; echo "rc=$?" >> $W/step-tiles-b$B.log
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, v) for k, v in d.items() if 'phase' in k and 'rounds' not in k or 'error' in k]" $W/step-tiles-b$B.json; save
+  done
 fi
