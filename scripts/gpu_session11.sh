@@ -9,6 +9,9 @@
 #   (fa7357f / 4c7f861): llama-1b-random batch 1 and 8, then llama-8b-random batch 1 (fused, interleaved).
 # Stage 3 (added in session 11, about 5 min): scripts/step_tiles_ab.py at batch 1 and 8, Llama-1B's five GEMV tiles
 #   timed in the whole step (candidates the isolated sweep never tried, then the winners combined).
+# Stage 4 (added in session 11, about 5 min): the LM head's new batch >= 4 tile (stage 3's pick) confirmed at batch
+#   2 (control), 4, 8, 16 (step_tiles_ab.py --confirm); the kernels at real shapes against their references, every
+#   TILES entry included; the Llama-1B bench at batch 1 and 8 with it.
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown} PYTHONPATH=$PWD/src
@@ -37,4 +40,13 @@ if [ "$STAGE" = 3 ]; then
       > $W/step-tiles-b$B.log 2>&1; echo "rc=$?" >> $W/step-tiles-b$B.log
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, v) for k, v in d.items() if 'phase' in k and 'rounds' not in k or 'error' in k]" $W/step-tiles-b$B.json; save
   done
+fi
+if [ "$STAGE" = 4 ]; then
+  PYTHONPATH=$PYTHONPATH:$PWD/scripts timeout 150 python3 scripts/step_tiles_ab.py --confirm $W/confirm.json \
+    > $W/confirm.log 2>&1; echo "rc=$?" >> $W/confirm.log; grep -E "median|rc=" -A2 $W/confirm.log | grep -v rounds; save
+  PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 150 python3 -m pytest -m cuda tests/gpu/test_gpu_fused.py -p no:cacheprovider -rA \
+    -k "real_shapes" > $W/gpu-tests.log 2>&1; echo "tests rc=$?" >> $W/gpu-tests.log; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rc=" $W/gpu-tests.log; save
+  timeout 250 python3 -m overlapdecode bench --lengths 200 --warmup 1 --repeats 3 --strategies fused,interleaved --peers none \
+    --model llama-1b-random --dtype-batch bfloat16:1,bfloat16:8 --time-budget 220 --out $W/h200-fused-1b-s11b \
+    > $W/bench-1b.log 2>&1; echo "bench 1b rc=$?" >> $W/bench-1b.log; tail -12 $W/bench-1b.log; save
 fi

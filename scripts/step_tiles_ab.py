@@ -13,6 +13,12 @@ batch only.
 
     python3 scripts/step_tiles_ab.py OUT.json [BATCH]        (on a GPU)
     python3 scripts/step_tiles_ab.py --check                 (anywhere: every candidate table passes FusedModel's check)
+    python3 scripts/step_tiles_ab.py --confirm OUT.json      (on a GPU: CONFIRM_KEY's entry before and now, below)
+
+--confirm: phase 2 at batch 8 (6eb2c7e, benchmarks/h200-session11-step-tiles) picked the LM head's 128 x 128, 8 warps,
+3 stages (0.9594 -> 0.9548 ms). TILES now has it from 4 rows on; this times the table with the entry it had before
+(CONFIRM_OLD) against TILES, ROUNDS2 alternating rounds at batch 2 (where the entry does not apply: both tables run
+the same kernels, so the difference there is the noise), 4, 8 and 16.
 """
 
 from __future__ import annotations
@@ -63,6 +69,10 @@ def with_entry(tiles: dict, key: tuple, cfg: dict, B: int) -> dict:
     full = (*key, B)
     kept = {k: v for k, v in tiles.items() if (k if len(k) == 4 else (*k, 1)) != full}
     return {**kept, (full if B > 1 else key): cfg}
+
+
+CONFIRM_KEY = ("norm_linear", V, H, 4)
+CONFIRM_OLD = dict(block_n=64, block_k=128, num_warps=4, num_stages=3)  # the entry from session 7 to 11
 
 
 def tables(B: int) -> dict:
@@ -132,9 +142,39 @@ def main(out: str, B: int) -> None:
     json.dump(res, open(out, "w"), indent=1)
 
 
+def confirm(out: str) -> None:
+    import torch
+    import triton.testing
+
+    import overlapdecode as od
+    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
+
+    if os.path.exists(out):
+        raise SystemExit(f"{out} exists: choose a new path (no run overwrites an earlier one)")
+    model = od.load_model("llama-1b-random", dtype="bfloat16", device="cuda")
+    res = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("OVERLAPDECODE_COMMIT", "unknown"),
+           "key": str(CONFIRM_KEY), "before": CONFIRM_OLD, "now": TILES[CONFIRM_KEY], "rounds": ROUNDS2}
+    for B in (2, 4, 8, 16):
+        graphs = {"before": captured_step(model, B, tiles={**TILES, CONFIRM_KEY: CONFIRM_OLD}),
+                  "now": captured_step(model, B, tiles=dict(TILES))}
+        times = {k: [] for k in graphs}
+        for _ in range(ROUNDS2):
+            for k, (g, _keep) in graphs.items():
+                times[k].append(triton.testing.do_bench(g.replay, rep=200, return_mode="median"))
+        res[f"batch {B} step ms, median of rounds"] = {k: round(statistics.median(v), 4) for k, v in times.items()}
+        res[f"batch {B} step ms, rounds"] = {k: [round(x, 4) for x in v] for k, v in times.items()}
+        del graphs
+        torch.cuda.empty_cache()
+    print(json.dumps(res, indent=1), flush=True)
+    json.dump(res, open(out, "w"), indent=1)
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--check"]:
         check()
+        raise SystemExit(0)
+    if len(sys.argv) == 3 and sys.argv[1] == "--confirm":
+        confirm(sys.argv[2])
         raise SystemExit(0)
     if len(sys.argv) not in (2, 3):
         raise SystemExit("usage: python3 scripts/step_tiles_ab.py OUT.json [BATCH] | --check")

@@ -49,7 +49,7 @@ PDL_DEFAULT = 3
 TILES: dict = {
     ("linear_residual", 768, 768): dict(block_n=16, block_k=256, num_warps=4, num_stages=4),
     ("linear_residual", 768, 3072): dict(block_n=16, block_k=64, num_warps=2, num_stages=4),
-    ("norm_linear", 128256, 2048, 4): dict(block_n=64, block_k=128, num_warps=4, num_stages=3),
+    ("norm_linear", 128256, 2048, 4): dict(block_n=128, block_k=128, num_warps=8, num_stages=3),
     ("norm_linear", 50257, 768): dict(block_n=128, block_k=64, num_warps=4, num_stages=4),
 }
 # Prompts are padded on the right to a multiple of this, so nearby prompt lengths share one compiled prefill.
