@@ -34,7 +34,8 @@ ROUNDS, ROUNDS2, MIN_GAIN = 3, 5, 0.003
 H, I, V, QKV = 2048, 8192, 128256, 3072  # Llama-3.2-1B: hidden, intermediate, vocabulary, (32 + 2 x 8) heads x 64
 SMS = 132  # H200; `programs` is linear_residual's and norm_qkv's absolute split-K target
 # (kernel, N, K) -> candidates (keywords); the defaults (KERNELS.md "Tiles") are HALF 32 x 256, 4 warps, 3 stages,
-# 4 x SMs for QKV; 32 x 128, 4, 3, 2 x SMs for O and down; 32 x 256, 4, 3 for gate/up and the LM head (64 x 128 from 4 rows)
+# 4 x SMs for QKV; 32 x 128, 4, 3, 2 x SMs for O and down; 32 x 256, 4, 3 for gate/up and the LM head (TILES as of
+# 6eb2c7e: 64 x 128 from 4 rows)
 CANDIDATES = {
     ("norm_qkv", QKV, H): [dict(half=32, block_k=128, num_warps=4, num_stages=4, programs=4 * SMS),
                            dict(half=32, block_k=256, num_warps=4, num_stages=3, programs=8 * SMS),
@@ -134,7 +135,8 @@ def main(out: str, B: int) -> None:
             combo = with_entry(combo, key, named[best], B)
     res["phase 2 picked"] = picked
     if picked:
-        graphs = {"current": captured_step(model, B, tiles=dict(TILES)), "combined": captured_step(model, B, tiles=combo)}
+        graphs = {"current": captured_step(model, B, tiles=dict(TILES)),
+                  "combined": captured_step(model, B, tiles=combo)}
         times = timed(graphs, ROUNDS2)
         res["phase 2 step ms, median of rounds"] = {k: round(statistics.median(v), 4) for k, v in times.items()}
         res["phase 2 step ms, rounds"] = {k: [round(x, 4) for x in v] for k, v in times.items()}

@@ -37,11 +37,14 @@ PDL_DEFAULT = 3
 # gpt2, H200, d1ec7b9: step in one graph 0.332 -> 0.311 ms with these two alone; docs/KERNELS.md).
 # (The sweep's split-K targets, 4 and 2 x the H200's SMs, are left to the default, 2 x the SMs of the GPU at
 # hand: on the H200 the same splits, as 768 x 768 is not split at either.)
-# Llama-3's LM head at the 1B shape from 4 rows on: 64 columns per program, half the programs of the default,
-# each re-reading the (B, 2048) activations (kernel_sweep --shapes llama-1b --batch 8, H200, f06d607: 166 -> 147
-# us alone; step in one graph at batch 8 1.092/1.078 -> 1.062 ms with this entry alone; with all five batch-8
+# Llama-3's LM head at the 1B shape from 4 rows on: until session 11 64 columns per program, half the programs of
+# the default, each re-reading the (B, 2048) activations (kernel_sweep --shapes llama-1b --batch 8, H200, f06d607:
+# 166 -> 147 us alone; step in one graph at batch 8 1.092/1.078 -> 1.062 ms with this entry alone; with all five batch-8
 # bests, batch 4 1.061 -> 1.036 and batch 16 1.115 -> 1.119, the entry alone unmeasured there;
-# benchmarks/h200-session7-tiles).
+# benchmarks/h200-session7-tiles). Since session 11: 128 x 128, 8 warps, 3 stages, the best of 24 tiles in the step
+# at batch 8 (scripts/step_tiles_ab.py, H200, 6eb2c7e), then against the entry before (64 x 128, 4 warps), 5
+# alternating rounds, step in one graph: batch 4 0.9418 -> 0.9403 ms, 8 0.9637 -> 0.9595, 16 1.0143 -> 0.9985
+# (65ff587, benchmarks/h200-session11-step-tiles).
 # GPT-2's LM head (50257 x 768): 128 columns per program, K tiles of 64, 4 stages: 393 programs where the default
 # has 1571 (scripts/lm_head_ab.py, H200, 0512676, step in one graph, 3 alternating rounds: batch 1 0.3056 ->
 # 0.3002 ms, batch 8 0.3911 -> 0.3777; the kernel alone 28.0 -> 22.7 us, 2.76 -> 3.40 TB/s;
