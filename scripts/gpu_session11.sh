@@ -12,6 +12,8 @@
 # Stage 4 (added in session 11, about 5 min): the LM head's new batch >= 4 tile (stage 3's pick) confirmed at batch
 #   2 (control), 4, 8, 16 (step_tiles_ab.py --confirm); the kernels at real shapes against their references, every
 #   TILES entry included; the Llama-1B bench at batch 1 and 8 with it.
+# Stage 5 (added in session 11, about 2 min): scripts/call_timeline.py at Llama-1B: where a 1B call's and step's time
+#   goes, kernel by kernel in the step (KERNELS.md's 1B figures until now are each kernel alone, from the sweeps).
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown} PYTHONPATH=$PWD/src
@@ -49,4 +51,8 @@ if [ "$STAGE" = 4 ]; then
   timeout 250 python3 -m overlapdecode bench --lengths 200 --warmup 1 --repeats 3 --strategies fused,interleaved --peers none \
     --model llama-1b-random --dtype-batch bfloat16:1,bfloat16:8 --time-budget 220 --out $W/h200-fused-1b-s11b \
     > $W/bench-1b.log 2>&1; echo "bench 1b rc=$?" >> $W/bench-1b.log; tail -12 $W/bench-1b.log; save
+fi
+if [ "$STAGE" = 5 ]; then
+  PYTHONPATH=$PYTHONPATH:$PWD/scripts timeout 240 python3 scripts/call_timeline.py $W/timeline-1b llama-1b-random \
+    > $W/timeline-1b.log 2>&1; echo "rc=$?" >> $W/timeline-1b.log; tail -5 $W/timeline-1b.log; save
 fi
