@@ -14,6 +14,7 @@
 #   TILES entry included; the Llama-1B bench at batch 1 and 8 with it.
 # Stage 5 (added in session 11, about 2 min): scripts/call_timeline.py at Llama-1B: where a 1B call's and step's time
 #   goes, kernel by kernel in the step (KERNELS.md's 1B figures until now are each kernel alone, from the sweeps).
+# Stage 6 (added in session 11, about 2 min): step_tiles_ab.py --attention: the attention's pieces of 64, 32, 16 slots.
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown} PYTHONPATH=$PWD/src
@@ -55,4 +56,8 @@ fi
 if [ "$STAGE" = 5 ]; then
   PYTHONPATH=$PYTHONPATH:$PWD/scripts timeout 240 python3 scripts/call_timeline.py $W/timeline-1b llama-1b-random \
     > $W/timeline-1b.log 2>&1; echo "rc=$?" >> $W/timeline-1b.log; tail -5 $W/timeline-1b.log; save
+fi
+if [ "$STAGE" = 6 ]; then
+  PYTHONPATH=$PYTHONPATH:$PWD/scripts timeout 200 python3 scripts/step_tiles_ab.py --attention $W/attention.json \
+    > $W/attention.log 2>&1; echo "rc=$?" >> $W/attention.log; grep -E "median|rc=|error" -A5 $W/attention.log | grep -v rounds; save
 fi

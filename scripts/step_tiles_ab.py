@@ -15,6 +15,14 @@ batch only.
     python3 scripts/step_tiles_ab.py --check                 (anywhere: every candidate table passes FusedModel's check)
     python3 scripts/step_tiles_ab.py --confirm OUT.json      (on a GPU: CONFIRM_KEY's entry before and now, below)
 
+    python3 scripts/step_tiles_ab.py --attention OUT.json    (on a GPU: the attention's pieces, below)
+
+--attention: in the Llama-1B step's profile (benchmarks/h200-session11-timeline-1b) the attention kernel takes 6.1 us
+per layer (4.2 after the 1.9 it starts early under PDL) to read about 0.5 MB of cache: latency, not bandwidth. Its
+pieces are 64 cache slots (block_n), as many as the cache holds up to 64 per (row, KV head) (5 at the 300-slot cache of
+captured_step, 4 of them live at position 200). This times the step with smaller pieces, hence more of them in
+flight, at Llama-1B batch 1 and 8 and GPT-2 batch 1, ROUNDS2 alternating rounds.
+
 --confirm: phase 2 at batch 8 (6eb2c7e, benchmarks/h200-session11-step-tiles) picked the LM head's 128 x 128, 8 warps,
 3 stages (0.9594 -> 0.9548 ms). TILES now has it from 4 rows on; this times the table with the entry it had before
 (CONFIRM_OLD) against TILES, ROUNDS2 alternating rounds at batch 2 (where the entry does not apply: both tables run
@@ -171,7 +179,48 @@ def confirm(out: str) -> None:
     json.dump(res, open(out, "w"), indent=1)
 
 
+ATTENTION = [dict(), dict(block_n=32), dict(block_n=16), dict(block_n=32, num_splits=4)]
+
+
+def attention(out: str) -> None:
+    import functools
+
+    import torch
+    import triton.testing
+
+    import overlapdecode as od
+    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
+
+    if os.path.exists(out):
+        raise SystemExit(f"{out} exists: choose a new path (no run overwrites an earlier one)")
+    res = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("OVERLAPDECODE_COMMIT", "unknown"),
+           "rounds": ROUNDS2}
+    for name, B in (("llama-1b-random", 1), ("llama-1b-random", 8), ("gpt2-random", 1)):
+        model = od.load_model(name, dtype="bfloat16", device="cuda")
+        graphs = {}
+        for kw in ATTENTION:
+            edit = lambda ops, kw=kw: ops._replace(attention=functools.partial(ops.attention, **kw))  # noqa: E731
+            try:
+                graphs[str(kw) if kw else "default"] = captured_step(model, B, edit_ops=edit)
+            except Exception as e:  # a plan the kernel refuses is recorded
+                res[f"{name} {B} {kw} error"] = str(e)[:200]
+        times = {k: [] for k in graphs}
+        for _ in range(ROUNDS2):
+            for k, (g, _keep) in graphs.items():
+                times[k].append(triton.testing.do_bench(g.replay, rep=200, return_mode="median"))
+        res[f"{name} batch {B} step ms, median of rounds"] = {k: round(statistics.median(v), 4)
+                                                               for k, v in times.items()}
+        res[f"{name} batch {B} step ms, rounds"] = {k: [round(x, 4) for x in v] for k, v in times.items()}
+        del graphs, model
+        torch.cuda.empty_cache()
+    print(json.dumps(res, indent=1), flush=True)
+    json.dump(res, open(out, "w"), indent=1)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--attention":
+        attention(sys.argv[2])
+        raise SystemExit(0)
     if sys.argv[1:] == ["--check"]:
         check()
         raise SystemExit(0)
