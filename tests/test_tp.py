@@ -205,13 +205,21 @@ def test_bad_tp_fails_on_every_rank(tmp_path, bad_models):
             dict(model="tiny-llama", tp=3),
         ],
         "jobs": [dict(name="ok", model="tiny-llama", tp=2, cases=[], kv_heads=2)],  # starts the group
-        "errors_after": [dict(model="tiny-gpt2", tp=4)],
+        "errors_after": [
+            dict(model="tiny-gpt2", tp=4),
+            # ranks whose replicated weights differ would return different outputs and could stop apart
+            dict(model="tiny-llama", tp=2, per_rank=dict(seed=[0, 1], dtype=["float32", "bfloat16"])),
+        ],
     }
     proc, records = torchrun(spec, tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert len(records) == 2
     for record in records:
-        world, kv3, neox, three, world_after = record["errors"]
+        world, kv3, neox, three, world_after, differ = record["errors"]
+        assert differ == records[0]["errors"][-1]  # the same error on every rank
+        assert "tp=2: every rank must call load_model with the same arguments" in differ
+        assert "seed: rank 0 0, rank 1 1" in differ
+        assert "dtype: rank 0 'torch.float32', rank 1 'torch.bfloat16'" in differ
         assert "tp=4 must equal the number of processes, but torch.distributed has 2" in world
         assert "torchrun --nproc-per-node 4" in world
         assert "tp=2 does not divide the model's 3 KV heads" in kv3

@@ -30,7 +30,10 @@ EXTRA = {"fused-eager": od.Strategy(cache="fused", compile=False, stop_check="sy
 
 
 def _load(job: dict):
-    return od.load_model(job["model"], dtype="float32", device="cpu", tp=job["tp"])
+    """`per_rank`: load_model arguments that differ by rank ({name: [rank 0's, rank 1's]}), which must fail."""
+    kw = dict(dtype="float32", seed=0)
+    kw.update({k: v[int(os.environ["RANK"])] for k, v in job.get("per_rank", {}).items()})
+    return od.load_model(job["model"], device="cpu", tp=job["tp"], **kw)
 
 
 def _expect_errors(loads: list[dict], record: list[str], reraise: bool) -> None:
