@@ -247,6 +247,34 @@ def test_tp_without_torchrun(monkeypatch):
         od.load_model("tiny-llama", device="cpu", tp="2")
 
 
+def test_tp_probe_refuses_bad_arguments_before_any_work(monkeypatch, capsys):
+    """scripts/tp_probe.py answers an unknown --parts name, a --models list that does not name one model per
+    part, and a start outside torchrun in one line, before torch.distributed starts (before, a wrong part was
+    found only once the parts before it had run, and a short --models list at its part, as a KeyError)."""
+    import importlib.util
+
+    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "TORCH_NCCL_AVOID_RECORD_STREAMS"):
+        monkeypatch.delenv(var, raising=False)  # the script sets them on import; restored afterwards
+    spec = importlib.util.spec_from_file_location("tp_probe", WORKER.parents[1] / "scripts" / "tp_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    monkeypatch.setenv("RANK", "0")
+    cpu = ["out.json", "--device", "cpu"]
+    for argv, message in [
+        (cpu + ["--parts", "equal,spead"], "--parts: unknown part(s) 'spead'; the parts are equal, speed, big"),
+        (cpu + ["--models", "tiny-llama"], "--models takes 3 comma-separated names, the models of equal, speed"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            probe.parse_args(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1], argv
+    args = probe.parse_args(cpu + ["--models", "tiny-llama,tiny-llama,tiny-llama", "--parts", "equal,big"])
+    assert args.parts == "equal,big"
+    monkeypatch.delenv("RANK")
+    with pytest.raises(SystemExit):
+        probe.parse_args(cpu + ["--models", "tiny-llama,tiny-llama,tiny-llama"])
+    assert "run it under torchrun: torchrun --nproc-per-node 2" in capsys.readouterr().err
+
+
 def test_tp1_changes_nothing(tiny_llama):
     model = od.load_model("tiny-llama", device="cpu", tp=1)
     for (name, a), (_, b) in zip(model.named_parameters(), tiny_llama.named_parameters()):
