@@ -19,7 +19,7 @@ import torch
 from transformers import GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import overlapdecode as od
-from overlapdecode import random_init
+from overlapdecode import models, random_init
 from overlapdecode import tp as tensor_parallel
 
 from helpers import eos_hit_midway, make_batch, naive_generate
@@ -315,6 +315,31 @@ def test_random_shards_concatenate_to_the_unsharded_model(tp):
     assert head.config.head_dim == 8
     assert isinstance(head.model.layers[0].self_attn.o_proj, tensor_parallel.RowParallelLinear)
     assert head.model.rotary_emb.inv_freq.dtype == torch.float32 and not head.model.rotary_emb.inv_freq.is_meta
+
+
+@pytest.mark.parametrize("name, params", [("llama-1b-random", 1_235_814_400), ("llama-8b-random", 8_030_261_248),
+                                          ("llama-70b-random", 70_553_706_496)])
+def test_real_size_shapes_are_llama_3s_and_shard_in_whole_tiles(name, params):
+    """The embedded real-size shapes (never drawn on CPU: too large) have Llama-3's parameter counts, admit
+    tp 2, 4 and 8 and refuse 16 (8 KV heads), and every shard boundary of those tp falls between the tiles
+    random_init draws, so their shards are drawn directly and concatenate to the tp=1 weights."""
+    config = models.embedded_config(name)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert tensor_parallel.max_tp(config) == 8
+    with pytest.raises(ValueError, match="tp=16 does not divide the model's 8 KV heads"):
+        tensor_parallel.check_config(config, 16)
+    splits = tensor_parallel.param_splits(model)
+    assert len(splits) == 7 * config.num_hidden_layers
+    for pname, split in splits.items():
+        size = model.get_parameter(pname).shape[split.dim]
+        t = random_init.tile_size(size, split, 8)
+        for tp in (2, 4, 8):
+            tensor_parallel.check_config(config, tp)
+            for rank in range(tp):
+                assert all(a % t == 0 and b % t == 0 for a, b in
+                           tensor_parallel.local_ranges(size, split, rank, tp)), (pname, tp, rank)
 
 
 def test_random_init_draws_llama_statistics():
