@@ -203,7 +203,8 @@ def test_bad_tp_fails_on_every_rank(tmp_path, bad_models):
             dict(model=bad_models["neox"], tp=2),
             dict(model="tiny-llama", tp=3),
         ],
-        "jobs": [dict(name="ok", model="tiny-llama", tp=2, cases=[], kv_heads=2)],  # starts the group
+        "jobs": [dict(name="ok", model="tiny-llama", tp=2, cases=[], kv_heads=2,  # starts the group
+                      seedless_sampling=True)],
         "errors_after": [
             dict(model="tiny-gpt2", tp=4),
             # ranks whose replicated weights differ would return different outputs and could stop apart
@@ -225,6 +226,7 @@ def test_bad_tp_fails_on_every_rank(tmp_path, bad_models):
         assert "no sharding plan for model type 'gpt_neox'" in neox and "llama" in neox and "gpt2" in neox
         assert "tp=3 does not divide the model's 4 attention heads" in three
         assert world_after == world
+        assert record["results"]["ok/seedless-sampling"].startswith("seed: sampling under tensor parallelism needs")
 
 
 def test_uncaught_bad_tp_ends_every_rank(tmp_path):

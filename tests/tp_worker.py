@@ -67,6 +67,11 @@ def _run_job(job: dict, results: dict) -> None:
                 W = fm.weights
                 results[f"{job['name']}/lm-head-rows"] = [W.lm_head.shape[0], W.vocab.vocab if W.vocab else None]
                 results[f"{job['name']}/fused-kernels"] = [fm.kernels, fm.writes_step_log]
+    if job.get("seedless_sampling"):  # refused on every rank before any step: each rank's global generator differs
+        try:
+            decoder.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=2, strategy="kv", do_sample=True)
+        except ValueError as err:
+            results[f"{job['name']}/seedless-sampling"] = str(err)
     # the KV heads that Hugging Face's caches allocate on this rank
     for kind, cache in (("static", StaticCache(config=model.config, max_cache_len=16)),
                         ("dynamic", DynamicCache(config=model.config))):
