@@ -161,10 +161,17 @@ def test_compiled_presets_match_one_process(tmp_path, tiny_llama, saved_models):
     llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False)
     gpt2 = od.load_model(saved_models["gpt2"], device="cpu")
     gpt2_cases = cases_for(gpt2, ["interleaved", "fused"], (4,), sampling=False)
-    jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2),
+    jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2, stream_rank0=COMPILED),
             dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4)]
     proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=420)
     check_records(proc, records, jobs)
+    # a streamer on rank 0 only: both ranks return the tokens, rank 0 streams each kept step's (B,) tokens
+    case = llama_cases[0]
+    prompt = len(case["ids"][0])
+    steps = [list(col) for col in zip(*(row[prompt:] for row in case["expected"]))]
+    for strategy in COMPILED:
+        (out0, streamed0), (out1, streamed1) = (r["results"][f"llama/stream-rank0/{strategy}"] for r in records)
+        assert out0 == out1 == case["expected"] and streamed0 == steps and streamed1 == [], strategy
 
 
 def test_fused_triton_kernels_under_tp_match_one_process(tmp_path, saved_models):
