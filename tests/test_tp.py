@@ -43,9 +43,29 @@ def torchrun(spec: dict, tmp_path: Path, timeout: float, env: dict | None = None
                **(env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(WORKER), str(spec_file), str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_torchrun(cmd, env, timeout)
     records = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     return proc, records
+
+
+def run_torchrun(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run for torchrun, failing the test on a timeout (a hang) with the end of its output. torchrun
+    starts each rank in a session of its own: subprocess.run's SIGKILL on timeout would leave the ranks running,
+    orphaned, one of them waiting in its collective; SIGTERM makes torchrun end them first."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # torchrun ends every rank, then exits
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            stdout, stderr = "", "(torchrun did not end on SIGTERM: killed)"
+        pytest.fail(f"torchrun ran past {timeout} s (a rank left waiting in a collective?); its output ends:\n"
+                    f"{stdout[-2000:]}\n{stderr[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def first_eos(free: torch.Tensor, eos: list[int]) -> list[int | None]:
@@ -243,6 +263,23 @@ def test_uncaught_bad_tp_ends_every_rank(tmp_path):
     assert "tp=4 must equal the number of processes" in records[0]["errors"][0]
 
 
+def test_a_hung_rank_fails_the_test_and_ends(tmp_path):
+    """A launch that runs past its timeout fails the test and leaves no rank behind: rank 0 waits in a barrier
+    that rank 1 never joins (before, subprocess.run killed torchrun alone and both ranks lived on, orphaned)."""
+    import time
+
+    with pytest.raises(pytest.fail.Exception, match="torchrun ran past 20 s"):
+        torchrun({"hang": True}, tmp_path, timeout=20)
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("out-*/pid*"))]
+    assert len(pids) == 2  # both ranks had started
+    deadline = time.monotonic() + 30
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if Path(f"/proc/{pid}").exists()
+                and Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"]
+        time.sleep(0.2)
+    assert not pids, f"ranks still running: {pids}"
+
+
 def test_tp_without_torchrun(monkeypatch):
     for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
@@ -370,7 +407,7 @@ def test_bench_tp_writes_rank0_rows_with_tp(tmp_path):
            "overlapdecode", "bench", "--tp", "2", "--model", "tiny-llama", "--strategies", "kv,static",
            "--peers", "hf-dynamic", "--lengths", "6", "--repeats", "1", "--warmup", "0", "--no-profile",
            "--out", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_torchrun(cmd, env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["tp"] == 2

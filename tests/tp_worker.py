@@ -6,7 +6,9 @@ read the environment; `errors_after`: once it is), then `jobs`: a model, a tp an
 `fused_options`, through an od.Decoder made with them: the Triton kernels, in Triton's interpreter when the
 environment has TRITON_INTERPRET=1). Each
 rank writes what it saw to OUT_DIR/rank{R}.json: the error messages and every call's tokens. With
-`"raise": true` the first expected error is re-raised after it is written, to show that every rank exits.
+`"raise": true` the first expected error is re-raised after it is written, to show that every rank exits. With
+`"hang": true` each rank writes its pid to OUT_DIR/pid{R} and rank 0 waits in a barrier rank 1 never joins (the
+test of the launcher's timeout).
 
 Exit: a barrier, so that no rank tears the group down while another still needs it, then
 destroy_process_group() (gloo: prompt; on NCCL it has hung at exit, so scripts/tp_probe.py skips it).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -93,6 +96,13 @@ def main(spec_path: str, out_dir: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     rank = int(os.environ["RANK"])
+    if spec.get("hang"):  # for the harness's own test: rank 0 waits in a barrier that rank 1 never joins
+        with open(os.path.join(out_dir, f"pid{rank}"), "w") as f:
+            f.write(str(os.getpid()))
+        dist.init_process_group("gloo")
+        if rank == 0:
+            dist.barrier()
+        time.sleep(3600)
     seen = {"errors": [], "results": {}}
 
     def write():
