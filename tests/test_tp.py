@@ -178,7 +178,8 @@ def test_every_eager_preset_matches_one_process(tmp_path, tiny_llama, saved_mode
 
 def test_compiled_presets_match_one_process(tmp_path, tiny_llama, saved_models):
     # one compiled shape per model (batch 4); compiled and interleaved share it (fused compiles nothing on CPU)
-    llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False)
+    llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False) + cases_for(tiny_llama, ["fused"], (1,),
+                                                                                   sampling=False)
     gpt2 = od.load_model(saved_models["gpt2"], device="cpu")
     gpt2_cases = cases_for(gpt2, ["interleaved", "fused"], (4,), sampling=False)
     jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2, stream_rank0=COMPILED),
