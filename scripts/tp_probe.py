@@ -51,6 +51,7 @@ from overlapdecode.bench.worker import device_bandwidth_gbs, weight_bytes  # noq
 from overlapdecode.tp import VocabShard, is_sharded  # noqa: E402
 
 PROMPT_LEN = 16
+PARTS = ("equal", "speed", "big")  # in this order in --models
 
 
 def parse_args(argv=None):
@@ -78,6 +79,16 @@ def parse_args(argv=None):
                    help="fused: sum the decode step's partial products by the one-shot all-reduce over symmetric "
                         "memory (FusedModel(symmetric_all_reduce=True)) instead of NCCL")
     args = p.parse_args(argv)
+    # refused here, on every rank, before any device work: found at their part, they ended a run only after
+    # the earlier parts had taken their minutes of GPU time
+    unknown = sorted(set(args.parts.split(",")) - set(PARTS))
+    if unknown:
+        p.error(f"--parts: unknown part(s) {', '.join(map(repr, unknown))}; the parts are {', '.join(PARTS)}")
+    if len(args.models.split(",")) != len(PARTS):
+        p.error(f"--models takes {len(PARTS)} comma-separated names, the models of {', '.join(PARTS)}; "
+                f"got {args.models!r}")
+    if "RANK" not in os.environ:
+        p.error("run it under torchrun: torchrun --nproc-per-node 2 scripts/tp_probe.py OUT.json ...")
     if args.symmetric_all_reduce and args.device == "cpu":
         p.error("--symmetric-all-reduce needs CUDA (symmetric memory)")
     if args.one_shot and args.device == "cpu":
@@ -287,7 +298,7 @@ class Probe:
         return res
 
     def run(self):
-        names = dict(zip(("equal", "speed", "big"), self.args.models.split(",")))
+        names = dict(zip(PARTS, self.args.models.split(",")))
         for part in self.args.parts.split(","):
             self.report["running"] = part
             self.write()

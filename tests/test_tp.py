@@ -19,7 +19,7 @@ import torch
 from transformers import GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import overlapdecode as od
-from overlapdecode import random_init
+from overlapdecode import models, random_init
 from overlapdecode import tp as tensor_parallel
 
 from helpers import eos_hit_midway, make_batch, naive_generate
@@ -43,9 +43,29 @@ def torchrun(spec: dict, tmp_path: Path, timeout: float, env: dict | None = None
                **(env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(WORKER), str(spec_file), str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_torchrun(cmd, env, timeout)
     records = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     return proc, records
+
+
+def run_torchrun(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run for torchrun, failing the test on a timeout (a hang) with the end of its output. torchrun
+    starts each rank in a session of its own: subprocess.run's SIGKILL on timeout would leave the ranks running,
+    orphaned, one of them waiting in its collective; SIGTERM makes torchrun end them first."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # torchrun ends every rank, then exits
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            stdout, stderr = "", "(torchrun did not end on SIGTERM: killed)"
+        pytest.fail(f"torchrun ran past {timeout} s (a rank left waiting in a collective?); its output ends:\n"
+                    f"{stdout[-2000:]}\n{stderr[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def first_eos(free: torch.Tensor, eos: list[int]) -> list[int | None]:
@@ -157,15 +177,22 @@ def test_every_eager_preset_matches_one_process(tmp_path, tiny_llama, saved_mode
 
 
 def test_compiled_presets_match_one_process(tmp_path, tiny_llama, saved_models):
-    # one compiled shape per model (batch 4); compiled and interleaved share it
-    llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False)
+    # one compiled shape per model (batch 4); compiled and interleaved share it (fused compiles nothing on CPU)
+    llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False) + cases_for(tiny_llama, ["fused"], (1,),
+                                                                                   sampling=False)
     gpt2 = od.load_model(saved_models["gpt2"], device="cpu")
-    gpt2_cases = [dict(c, strategies=["interleaved"]) for c in cases_for(gpt2, COMPILED, (4,), sampling=False)
-                  if c["name"].endswith(("some", "all"))]
-    jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2),
+    gpt2_cases = cases_for(gpt2, ["interleaved", "fused"], (4,), sampling=False)
+    jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2, stream_rank0=COMPILED),
             dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4)]
     proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=420)
     check_records(proc, records, jobs)
+    # a streamer on rank 0 only: both ranks return the tokens, rank 0 streams each kept step's (B,) tokens
+    case = llama_cases[0]
+    prompt = len(case["ids"][0])
+    steps = [list(col) for col in zip(*(row[prompt:] for row in case["expected"]))]
+    for strategy in COMPILED:
+        (out0, streamed0), (out1, streamed1) = (r["results"][f"llama/stream-rank0/{strategy}"] for r in records)
+        assert out0 == out1 == case["expected"] and streamed0 == steps and streamed1 == [], strategy
 
 
 def test_fused_triton_kernels_under_tp_match_one_process(tmp_path, saved_models):
@@ -204,20 +231,30 @@ def test_bad_tp_fails_on_every_rank(tmp_path, bad_models):
             dict(model=bad_models["neox"], tp=2),
             dict(model="tiny-llama", tp=3),
         ],
-        "jobs": [dict(name="ok", model="tiny-llama", tp=2, cases=[], kv_heads=2)],  # starts the group
-        "errors_after": [dict(model="tiny-gpt2", tp=4)],
+        "jobs": [dict(name="ok", model="tiny-llama", tp=2, cases=[], kv_heads=2,  # starts the group
+                      seedless_sampling=True)],
+        "errors_after": [
+            dict(model="tiny-gpt2", tp=4),
+            # ranks whose replicated weights differ would return different outputs and could stop apart
+            dict(model="tiny-llama", tp=2, per_rank=dict(seed=[0, 1], dtype=["float32", "bfloat16"])),
+        ],
     }
     proc, records = torchrun(spec, tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert len(records) == 2
     for record in records:
-        world, kv3, neox, three, world_after = record["errors"]
+        world, kv3, neox, three, world_after, differ = record["errors"]
+        assert differ == records[0]["errors"][-1]  # the same error on every rank
+        assert "tp=2: every rank must call load_model with the same arguments" in differ
+        assert "seed: rank 0 0, rank 1 1" in differ
+        assert "dtype: rank 0 'torch.float32', rank 1 'torch.bfloat16'" in differ
         assert "tp=4 must equal the number of processes, but torch.distributed has 2" in world
         assert "torchrun --nproc-per-node 4" in world
         assert "tp=2 does not divide the model's 3 KV heads" in kv3
         assert "no sharding plan for model type 'gpt_neox'" in neox and "llama" in neox and "gpt2" in neox
         assert "tp=3 does not divide the model's 4 attention heads" in three
         assert world_after == world
+        assert record["results"]["ok/seedless-sampling"].startswith("seed: sampling under tensor parallelism needs")
 
 
 def test_uncaught_bad_tp_ends_every_rank(tmp_path):
@@ -225,6 +262,23 @@ def test_uncaught_bad_tp_ends_every_rank(tmp_path):
     assert proc.returncode != 0
     assert [r["errors"] for r in records] == [[records[0]["errors"][0]]] * 2
     assert "tp=4 must equal the number of processes" in records[0]["errors"][0]
+
+
+def test_a_hung_rank_fails_the_test_and_ends(tmp_path):
+    """A launch that runs past its timeout fails the test and leaves no rank behind: rank 0 waits in a barrier
+    that rank 1 never joins (before, subprocess.run killed torchrun alone and both ranks lived on, orphaned)."""
+    import time
+
+    with pytest.raises(pytest.fail.Exception, match="torchrun ran past 20 s"):
+        torchrun({"hang": True}, tmp_path, timeout=20)
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("out-*/pid*"))]
+    assert len(pids) == 2  # both ranks had started
+    deadline = time.monotonic() + 30
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if Path(f"/proc/{pid}").exists()
+                and Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"]
+        time.sleep(0.2)
+    assert not pids, f"ranks still running: {pids}"
 
 
 def test_tp_without_torchrun(monkeypatch):
@@ -238,6 +292,34 @@ def test_tp_without_torchrun(monkeypatch):
         od.load_model("tiny-llama", device="cpu", tp=True)
     with pytest.raises(TypeError, match=r"tp must be an int"):
         od.load_model("tiny-llama", device="cpu", tp="2")
+
+
+def test_tp_probe_refuses_bad_arguments_before_any_work(monkeypatch, capsys):
+    """scripts/tp_probe.py answers an unknown --parts name, a --models list that does not name one model per
+    part, and a start outside torchrun in one line, before torch.distributed starts (before, a wrong part was
+    found only once the parts before it had run, and a short --models list at its part, as a KeyError)."""
+    import importlib.util
+
+    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "TORCH_NCCL_AVOID_RECORD_STREAMS"):
+        monkeypatch.delenv(var, raising=False)  # the script sets them on import; restored afterwards
+    spec = importlib.util.spec_from_file_location("tp_probe", WORKER.parents[1] / "scripts" / "tp_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    monkeypatch.setenv("RANK", "0")
+    cpu = ["out.json", "--device", "cpu"]
+    for argv, message in [
+        (cpu + ["--parts", "equal,spead"], "--parts: unknown part(s) 'spead'; the parts are equal, speed, big"),
+        (cpu + ["--models", "tiny-llama"], "--models takes 3 comma-separated names, the models of equal, speed"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            probe.parse_args(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1], argv
+    args = probe.parse_args(cpu + ["--models", "tiny-llama,tiny-llama,tiny-llama", "--parts", "equal,big"])
+    assert args.parts == "equal,big"
+    monkeypatch.delenv("RANK")
+    with pytest.raises(SystemExit):
+        probe.parse_args(cpu + ["--models", "tiny-llama,tiny-llama,tiny-llama"])
+    assert "run it under torchrun: torchrun --nproc-per-node 2" in capsys.readouterr().err
 
 
 def test_tp1_changes_nothing(tiny_llama):
@@ -282,6 +364,31 @@ def test_random_shards_concatenate_to_the_unsharded_model(tp):
     assert head.model.rotary_emb.inv_freq.dtype == torch.float32 and not head.model.rotary_emb.inv_freq.is_meta
 
 
+@pytest.mark.parametrize("name, params", [("llama-1b-random", 1_235_814_400), ("llama-8b-random", 8_030_261_248),
+                                          ("llama-70b-random", 70_553_706_496)])
+def test_real_size_shapes_are_llama_3s_and_shard_in_whole_tiles(name, params):
+    """The embedded real-size shapes (never drawn on CPU: too large) have Llama-3's parameter counts, admit
+    tp 2, 4 and 8 and refuse 16 (8 KV heads), and every shard boundary of those tp falls between the tiles
+    random_init draws, so their shards are drawn directly and concatenate to the tp=1 weights."""
+    config = models.embedded_config(name)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert tensor_parallel.max_tp(config) == 8
+    with pytest.raises(ValueError, match="tp=16 does not divide the model's 8 KV heads"):
+        tensor_parallel.check_config(config, 16)
+    splits = tensor_parallel.param_splits(model)
+    assert len(splits) == 7 * config.num_hidden_layers
+    for pname, split in splits.items():
+        size = model.get_parameter(pname).shape[split.dim]
+        t = random_init.tile_size(size, split, 8)
+        for tp in (2, 4, 8):
+            tensor_parallel.check_config(config, tp)
+            for rank in range(tp):
+                assert all(a % t == 0 and b % t == 0 for a, b in
+                           tensor_parallel.local_ranges(size, split, rank, tp)), (pname, tp, rank)
+
+
 def test_random_init_draws_llama_statistics():
     model = _random_llama(0, 1, torch.bfloat16)
     w = model.model.layers[1].mlp.down_proj.weight.float()
@@ -301,7 +408,7 @@ def test_bench_tp_writes_rank0_rows_with_tp(tmp_path):
            "overlapdecode", "bench", "--tp", "2", "--model", "tiny-llama", "--strategies", "kv,static",
            "--peers", "hf-dynamic", "--lengths", "6", "--repeats", "1", "--warmup", "0", "--no-profile",
            "--out", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_torchrun(cmd, env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["tp"] == 2

@@ -6,7 +6,9 @@ read the environment; `errors_after`: once it is), then `jobs`: a model, a tp an
 `fused_options`, through an od.Decoder made with them: the Triton kernels, in Triton's interpreter when the
 environment has TRITON_INTERPRET=1). Each
 rank writes what it saw to OUT_DIR/rank{R}.json: the error messages and every call's tokens. With
-`"raise": true` the first expected error is re-raised after it is written, to show that every rank exits.
+`"raise": true` the first expected error is re-raised after it is written, to show that every rank exits. With
+`"hang": true` each rank writes its pid to OUT_DIR/pid{R} and rank 0 waits in a barrier rank 1 never joins (the
+test of the launcher's timeout).
 
 Exit: a barrier, so that no rank tears the group down while another still needs it, then
 destroy_process_group() (gloo: prompt; on NCCL it has hung at exit, so scripts/tp_probe.py skips it).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -30,7 +33,10 @@ EXTRA = {"fused-eager": od.Strategy(cache="fused", compile=False, stop_check="sy
 
 
 def _load(job: dict):
-    return od.load_model(job["model"], dtype="float32", device="cpu", tp=job["tp"])
+    """`per_rank`: load_model arguments that differ by rank ({name: [rank 0's, rank 1's]}), which must fail."""
+    kw = dict(dtype="float32", seed=0)
+    kw.update({k: v[int(os.environ["RANK"])] for k, v in job.get("per_rank", {}).items()})
+    return od.load_model(job["model"], device="cpu", tp=job["tp"], **kw)
 
 
 def _expect_errors(loads: list[dict], record: list[str], reraise: bool) -> None:
@@ -59,11 +65,26 @@ def _run_job(job: dict, results: dict) -> None:
                 eos_token_id=case["eos"], pad_token_id=case["pad"], **case.get("sampling", {}),
             )
             results[f"{job['name']}/{case['name']}/{strategy}"] = out.tolist()
+            if case is job["cases"][0] and strategy in job.get("stream_rank0", ()):
+                # a streamer on rank 0 alone (the one that prints): host copies only, no collective, so the
+                # ranks still issue the same collectives and return the same tokens
+                streamed = []
+                out = decoder.generate(
+                    ids, attention_mask=mask, max_new_tokens=case["max_new_tokens"],
+                    strategy=EXTRA.get(strategy, strategy), eos_token_id=case["eos"], pad_token_id=case["pad"],
+                    streamer=(lambda t: streamed.append(t.tolist())) if os.environ["RANK"] == "0" else None,
+                )
+                results[f"{job['name']}/stream-rank0/{strategy}"] = [out.tolist(), streamed]
             if "fused" in strategy:  # the fused step's LM head rows on this rank (tp.VocabShard), and the vocabulary
                 fm = decoder.fused_model()
                 W = fm.weights
                 results[f"{job['name']}/lm-head-rows"] = [W.lm_head.shape[0], W.vocab.vocab if W.vocab else None]
                 results[f"{job['name']}/fused-kernels"] = [fm.kernels, fm.writes_step_log]
+    if job.get("seedless_sampling"):  # refused on every rank before any step: each rank's global generator differs
+        try:
+            decoder.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=2, strategy="kv", do_sample=True)
+        except ValueError as err:
+            results[f"{job['name']}/seedless-sampling"] = str(err)
     # the KV heads that Hugging Face's caches allocate on this rank
     for kind, cache in (("static", StaticCache(config=model.config, max_cache_len=16)),
                         ("dynamic", DynamicCache(config=model.config))):
@@ -75,6 +96,13 @@ def main(spec_path: str, out_dir: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     rank = int(os.environ["RANK"])
+    if spec.get("hang"):  # for the harness's own test: rank 0 waits in a barrier that rank 1 never joins
+        with open(os.path.join(out_dir, f"pid{rank}"), "w") as f:
+            f.write(str(os.getpid()))
+        dist.init_process_group("gloo")
+        if rank == 0:
+            dist.barrier()
+        time.sleep(3600)
     seen = {"errors": [], "results": {}}
 
     def write():

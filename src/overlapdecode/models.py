@@ -157,9 +157,10 @@ def load_model(
 
     `tp=N` > 1, in each process of `torchrun --nproc-per-node N`: this rank's tensor-parallel shard (tp.py),
     on cuda:LOCAL_RANK when `device` is CUDA without an index; torch.distributed is started if the caller
-    has not. Call `generate` on every rank with the same arguments. Hub models and directories are read
-    whole on the host by every rank, then cut; the real-size llama-*-random shapes are drawn directly as
-    shards (random_init.py), equal to their tp=1 weights on the same kind of device.
+    has not. Every rank must load with the same arguments (a ValueError on every rank otherwise) and call
+    `generate` with the same arguments. Hub models and directories are read whole on the host by every rank,
+    then cut; the real-size llama-*-random shapes are drawn directly as shards (random_init.py), equal to
+    their tp=1 weights on the same kind of device.
     """
     check_model_path(name_or_path)
     torch_dtype = parse_dtype(dtype)
@@ -171,6 +172,8 @@ def load_model(
         config = embedded_config(name_or_path)
         config._attn_implementation = attn_implementation
         place = tensor_parallel.prepare(tp, device, config)  # validates tp on every rank; starts the group
+        tensor_parallel.check_same_on_every_rank(place, name_or_path=name_or_path, dtype=str(torch_dtype),
+                                                 seed=seed, attn_implementation=attn_implementation)
         device = place.device
         cls = GPT2LMHeadModel if config.model_type == "gpt2" else LlamaForCausalLM
         if name_or_path in _LLAMA_SHAPES:  # drawn as shards, so that a 70B shape never exists whole
@@ -189,6 +192,8 @@ def load_model(
 
     path = os.path.expanduser(name_or_path)
     place = tensor_parallel.prepare(tp, device, AutoConfig.from_pretrained(path) if tp > 1 else None)
+    tensor_parallel.check_same_on_every_rank(place, name_or_path=name_or_path, dtype=str(torch_dtype),
+                                             attn_implementation=attn_implementation)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
     return tensor_parallel.shard_(model, place).to(place.device).eval()
 

@@ -180,6 +180,21 @@ def prepare(tp: int, device: torch.device, config) -> Placement:
     return Placement(dist.get_rank(), tp, device, dist.group.WORLD.group_name)
 
 
+def check_same_on_every_rank(place: Placement, **arguments) -> None:
+    """ValueError, on every rank alike, when the ranks were given different `arguments` (load_model's).
+    Why: ranks whose replicated weights differ (another seed, dtype or model) compute different logits, so
+    they return different "full" outputs and may stop at different steps, one rank then waiting in a
+    collective another has left. One all-gather of a few strings, at load time only."""
+    if place.tp == 1:
+        return
+    seen = [None] * place.tp
+    dist.all_gather_object(seen, arguments)  # collective: every rank, after the group is up
+    differ = [k for k in arguments if any(s[k] != seen[0][k] for s in seen)]
+    if differ:
+        detail = "; ".join(f"{k}: " + ", ".join(f"rank {r} {s[k]!r}" for r, s in enumerate(seen)) for k in differ)
+        raise ValueError(f"tp={place.tp}: every rank must call load_model with the same arguments ({detail})")
+
+
 def local_ranges(size: int, split: Split, rank: int, tp: int) -> list[tuple[int, int]]:
     """[start, stop) index ranges along split.dim that rank keeps of a dim of `size`, in order."""
     block = size // split.blocks
