@@ -25,6 +25,7 @@ from .sampling import SamplingParams, check_sampling, draw_noise, make_generator
 from .step_graph import StepGraph
 from .stopping import Slots, make_check, mark_finished
 from .strategy import LATE_CHECKS, Strategy, resolve_strategy
+from .tp import is_sharded
 
 # Captured fused steps kept per fused cache (one per count of EOS ids, pad id and sampling setting).
 KEEP_GRAPHS = 4
@@ -192,7 +193,7 @@ class Decoder:
                 f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
                 f"{req.max_new_tokens}; use a lag <= max_new_tokens"
             )
-        if params.do_sample and seed is None and _sharded():
+        if params.do_sample and seed is None and is_sharded(self.model):
             raise ValueError(
                 "seed: sampling under tensor parallelism needs an explicit seed, so that every rank draws the "
                 "same noise and picks the same token (each rank's global generator may differ)"
@@ -396,12 +397,6 @@ def _fused_greedy_step(fused, cache, pad_id: int, state, eos_ids, noise, done, l
     """The greedy fused decode step StepGraph captures: FusedModel.greedy_step, which advances state, done and
     the step log in place (one kernel after the head chooses: no inductor choice kernels, no copies)."""
     fused.greedy_step(cache, state, eos_ids, pad_id, done, log)
-
-
-def _sharded() -> bool:
-    """Whether this process is one rank of several (tensor parallelism, tp.py)."""
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 class _TokenSink:

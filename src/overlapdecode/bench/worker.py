@@ -188,6 +188,10 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device))
                 row["weight_bytes"] = weight_bytes(model)
             except torch.cuda.OutOfMemoryError as err:  # a figure we could not get is recorded as such
+                if cfg.tp > 1:
+                    # one rank's out-of-memory: its peers may be inside this row's collectives, and a rank that went
+                    # on to the next row would leave them waiting for ever; only ending every rank is safe
+                    raise
                 row = dict(base, strategy=name, error=f"out of memory: {err}".splitlines()[0])
             sink.write(json.dumps(row) + "\n")
             sink.flush()
