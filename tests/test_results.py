@@ -137,3 +137,14 @@ def test_the_runner_refuses_an_empty_plan(tmp_path):
     with pytest.raises(BenchError, match="nothing to measure"):
         run_bench(BenchConfig(dtypes=(), device="cpu"), str(tmp_path / "o"), "x", progress=False)
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_report_markdown_never_replaces_a_results_json(tmp_path, capsys):
+    """`--markdown DIR/results.json` (a slip of the tab key) wrote the gathered markdown over the measurements."""
+    d = str(tmp_path / "d")
+    path = _write(d, dict(commands=["x"], config=CONFIG, rows=[_row()]))
+    before = open(path).read()
+    assert main(["report", d, "--markdown", path]) == 2
+    _one_line(capsys, f"--markdown {path}: is a JSON file of measurements")
+    assert open(path).read() == before
+    assert main(["report", d, "--markdown", str(tmp_path / "B.md")]) == 0  # a markdown path still works

@@ -331,6 +331,10 @@ def cmd_report(args) -> int:
 
     if args.markdown:
         writable_file(args.markdown, "--markdown")
+        if os.path.isfile(args.markdown) and args.markdown.endswith((".json", ".jsonl", ".gz")):
+            # results.json, summary.json, rows*.jsonl, traces: measurements that the markdown would replace
+            raise CliError(f"--markdown {args.markdown}: is a JSON file of measurements, which it would replace; "
+                           f"give a .md path (such as BENCHMARKS.md)")
     if args.interrupted is not None:
         if len(args.dir) != 1 or not rows_files(args.dir[0]):
             raise CliError("--interrupted takes one directory holding the rows*.jsonl of a stopped run")
