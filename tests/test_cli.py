@@ -173,3 +173,29 @@ def test_python_dash_m_runs_the_command():
     bad = subprocess.run([sys.executable, "-m", "overlapdecode", "report", "/nonexistent/dir"], capture_output=True,
                          text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "results.json not found" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--strategy", "fastest"], "--strategy: unknown strategy 'fastest'"),
+    (["--do-sample", "--temperature", "0"], "--temperature: temperature must be > 0"),
+    (["--do-sample", "--top-k", "0"], "--top-k: top_k must be >= 1"),
+    (["--do-sample", "--top-p", "0"], "--top-p: top_p must be in (0, 1]"),
+    (["--do-sample", "--seed", "-2"], "--seed: seed must be in [0, 2**64)"),
+])
+def test_generate_flags_are_checked_before_the_model_is_loaded(flags, words, monkeypatch, capsys):
+    """These were checked by generate() only, after load_model: llama-1b-random took 50-58 s and 5 GB of host
+    memory on CPU to say that the strategy was misspelt."""
+    import overlapdecode.models
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the flags were checked")
+
+    monkeypatch.setattr(overlapdecode.models, "load_model", no_load)
+    assert main(["generate", "--model", "llama-1b-random", "--prompt-ids", "1,2"] + flags) == 2
+    _one_line(capsys, words)
+
+
+def test_a_directory_that_is_not_a_model_is_named_as_model(tmp_path, capsys):
+    """from_pretrained's ValueError ("Unrecognized model in DIR...") went out without the flag."""
+    assert main(["generate", "--prompt-ids", "1,2", "--model", str(tmp_path), "--strategy", "kv"]) == 2
+    _one_line(capsys, f"--model {tmp_path}: cannot load this directory (ValueError: Unrecognized model")
