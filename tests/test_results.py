@@ -174,3 +174,13 @@ def test_an_incomplete_environment_record_is_said_not_refused(tmp_path):
     assert main(["report", d]) == 0
     assert "environment record lacks torch, transformers, python, git_commit" in open(
         os.path.join(d, "report.md")).read()
+
+
+@pytest.mark.parametrize("content", ['{"strategies": []}', '{"strategies": "x"}'])
+def test_a_malformed_profile_summary_is_one_line_naming_the_file(tmp_path, capsys, content):
+    """`strategies` not an object ended in a traceback (AttributeError: ... has no attribute 'items')."""
+    d = tmp_path / "p"
+    d.mkdir()
+    (d / "summary.json").write_text(content)
+    assert main(["report", str(d)]) == 2
+    _one_line(capsys, f"{d / 'summary.json'}: cannot be used (AttributeError")

@@ -343,7 +343,7 @@ def cmd_report(args) -> int:
         if os.path.exists(os.path.join(d, "summary.json")) and not os.path.exists(os.path.join(d, "results.json")):
             try:
                 rebuild(d)  # a profile directory: analyse its saved traces again
-            except (OSError, ValueError, KeyError, TypeError) as err:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # a malformed summary.json
                 raise CliError(f"{os.path.join(d, 'summary.json')}: cannot be used ({type(err).__name__}: {err})") \
                     from None
             print(f"profile summary: {os.path.join(d, 'summary.md')}")
