@@ -70,6 +70,13 @@ def test_profile_writes_trace_and_summary_without_faking_gpu_figures(tmp_path, c
         assert s["decode_steps"] == 5  # the NVTX/record_function ranges were found: 6 tokens = prefill + 5
     text = open(os.path.join(out, "summary.md")).read()
     assert "unavailable" in text and "Made by `overlapdecode profile --model tiny-gpt2" in text
+    # a second profile into the same directory replaced the first one's summary and traces without a word
+    before = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
+    capsys.readouterr()
+    assert main(["profile", "--model", "tiny-gpt2", "--strategies", "kv", "--new-tokens", "3", "--prompt-len", "4",
+                 "--out", out, "--device", "cpu"]) == 2
+    _one_line(capsys, f"--out {out} already holds a profile (summary.json): choose another --out")
+    assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
 
 
 def _one_line(capsys, words):
