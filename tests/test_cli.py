@@ -206,3 +206,10 @@ def test_a_directory_that_is_not_a_model_is_named_as_model(tmp_path, capsys):
     """from_pretrained's ValueError ("Unrecognized model in DIR...") went out without the flag."""
     assert main(["generate", "--prompt-ids", "1,2", "--model", str(tmp_path), "--strategy", "kv"]) == 2
     _one_line(capsys, f"--model {tmp_path}: cannot load this directory (ValueError: Unrecognized model")
+
+
+@pytest.mark.parametrize("eos", ["", " , "])
+def test_an_empty_eos_is_refused_not_taken_for_none(eos, capsys):
+    """`--eos ""` (say, an unset shell variable) silently meant 'never stop early', which only 'none' asks for."""
+    assert main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "kv", "--eos", eos]) == 2
+    _one_line(capsys, "names no id: give ids such as 2,3, or 'none'")

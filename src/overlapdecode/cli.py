@@ -95,6 +95,8 @@ def cmd_generate(args) -> int:
     if args.prompt is not None and not args.prompt:
         raise CliError("--prompt is empty: give at least one character")
     eos = None if args.eos is None else ([] if args.eos == "none" else ints(args.eos, "--eos"))
+    if eos == [] and args.eos != "none":  # an empty --eos "$EOS" must not silently mean "never stop early"
+        raise CliError(f"--eos {args.eos!r} names no id: give ids such as 2,3, or 'none' to never stop early")
     _check_before_loading(args)
     model, tokenizer = _load(args)
     device = next(model.parameters()).device
