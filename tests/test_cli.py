@@ -70,6 +70,13 @@ def test_profile_writes_trace_and_summary_without_faking_gpu_figures(tmp_path, c
         assert s["decode_steps"] == 5  # the NVTX/record_function ranges were found: 6 tokens = prefill + 5
     text = open(os.path.join(out, "summary.md")).read()
     assert "unavailable" in text and "Made by `overlapdecode profile --model tiny-gpt2" in text
+    # a second profile into the same directory replaced the first one's summary and traces without a word
+    before = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
+    capsys.readouterr()
+    assert main(["profile", "--model", "tiny-gpt2", "--strategies", "kv", "--new-tokens", "3", "--prompt-len", "4",
+                 "--out", out, "--device", "cpu"]) == 2
+    _one_line(capsys, f"--out {out} already holds a profile (summary.json): choose another --out")
+    assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
 
 
 def _one_line(capsys, words):
@@ -173,3 +180,36 @@ def test_python_dash_m_runs_the_command():
     bad = subprocess.run([sys.executable, "-m", "overlapdecode", "report", "/nonexistent/dir"], capture_output=True,
                          text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "results.json not found" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--strategy", "fastest"], "--strategy: unknown strategy 'fastest'"),
+    (["--do-sample", "--temperature", "0"], "--temperature: temperature must be > 0"),
+    (["--do-sample", "--top-k", "0"], "--top-k: top_k must be >= 1"),
+    (["--do-sample", "--top-p", "0"], "--top-p: top_p must be in (0, 1]"),
+    (["--do-sample", "--seed", "-2"], "--seed: seed must be in [0, 2**64)"),
+])
+def test_generate_flags_are_checked_before_the_model_is_loaded(flags, words, monkeypatch, capsys):
+    """These were checked by generate() only, after load_model: llama-1b-random took 50-58 s and 5 GB of host
+    memory on CPU to say that the strategy was misspelt."""
+    import overlapdecode.models
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the flags were checked")
+
+    monkeypatch.setattr(overlapdecode.models, "load_model", no_load)
+    assert main(["generate", "--model", "llama-1b-random", "--prompt-ids", "1,2"] + flags) == 2
+    _one_line(capsys, words)
+
+
+def test_a_directory_that_is_not_a_model_is_named_as_model(tmp_path, capsys):
+    """from_pretrained's ValueError ("Unrecognized model in DIR...") went out without the flag."""
+    assert main(["generate", "--prompt-ids", "1,2", "--model", str(tmp_path), "--strategy", "kv"]) == 2
+    _one_line(capsys, f"--model {tmp_path}: cannot load this directory (ValueError: Unrecognized model")
+
+
+@pytest.mark.parametrize("eos", ["", " , "])
+def test_an_empty_eos_is_refused_not_taken_for_none(eos, capsys):
+    """`--eos ""` (say, an unset shell variable) silently meant 'never stop early', which only 'none' asks for."""
+    assert main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "kv", "--eos", eos]) == 2
+    _one_line(capsys, "names no id: give ids such as 2,3, or 'none'")

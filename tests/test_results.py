@@ -137,3 +137,50 @@ def test_the_runner_refuses_an_empty_plan(tmp_path):
     with pytest.raises(BenchError, match="nothing to measure"):
         run_bench(BenchConfig(dtypes=(), device="cpu"), str(tmp_path / "o"), "x", progress=False)
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_report_markdown_never_replaces_a_results_json(tmp_path, capsys):
+    """`--markdown DIR/results.json` (a slip of the tab key) wrote the gathered markdown over the measurements."""
+    d = str(tmp_path / "d")
+    path = _write(d, dict(commands=["x"], config=CONFIG, rows=[_row()]))
+    before = open(path).read()
+    assert main(["report", d, "--markdown", path]) == 2
+    _one_line(capsys, f"--markdown {path}: is a JSON file of measurements")
+    assert open(path).read() == before
+    assert main(["report", d, "--markdown", str(tmp_path / "B.md")]) == 0  # a markdown path still works
+
+
+@pytest.mark.parametrize(
+    "row, words",
+    [
+        (dict(batch="one"), "row 0 has batch of the wrong kind"),  # was: '<' not supported between str and int
+        (dict(max_new_tokens=None), "row 0 has max_new_tokens of the wrong kind"),
+        (dict(strategy=None), "row 0 has strategy of the wrong kind"),  # was a traceback (AttributeError)
+        (dict(device=None), "row 0 has device of the wrong kind"),  # likewise
+        (dict(seq_s=0), "row 0 has seq_s of the wrong kind"),  # was: matplotlib's "'yerr' must not contain..."
+        (dict(peak_reserved_mb="x"), "row 0 has peak_reserved_mb of the wrong kind"),
+    ],
+)
+def test_rows_of_the_wrong_kind_are_one_line_naming_the_file(tmp_path, capsys, row, words):
+    path = _write(str(tmp_path / "d"), dict(commands=["x"], config=CONFIG, rows=[_row() | row, _row("static")]))
+    assert main(["report", str(tmp_path / "d")]) == 2
+    _one_line(capsys, path, words)
+
+
+def test_an_incomplete_environment_record_is_said_not_refused(tmp_path):
+    """An environment without the versions the report prints was a traceback (KeyError: 'torch')."""
+    d = str(tmp_path / "d")
+    _write(d, dict(commands=["x"], config=CONFIG, environment=dict(gpu=None), rows=[_row(), _row("static")]))
+    assert main(["report", d]) == 0
+    assert "environment record lacks torch, transformers, python, git_commit" in open(
+        os.path.join(d, "report.md")).read()
+
+
+@pytest.mark.parametrize("content", ['{"strategies": []}', '{"strategies": "x"}'])
+def test_a_malformed_profile_summary_is_one_line_naming_the_file(tmp_path, capsys, content):
+    """`strategies` not an object ended in a traceback (AttributeError: ... has no attribute 'items')."""
+    d = tmp_path / "p"
+    d.mkdir()
+    (d / "summary.json").write_text(content)
+    assert main(["report", str(d)]) == 2
+    _one_line(capsys, f"{d / 'summary.json'}: cannot be used (AttributeError")

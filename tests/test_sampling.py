@@ -104,3 +104,16 @@ def test_chunked_argmax_is_torch_argmax(V, dtype):
     x[6, ARGMAX_CHUNK - 1], x[6, ARGMAX_CHUNK] = float("inf"), float("inf")
     x[7, 2 * ARGMAX_CHUNK + 5], x[7, ARGMAX_CHUNK + 5] = 40, 40
     assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("setting", [dict(temperature=0.0), dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0)],
+                         ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_greedy_ignores_sampling_values_as_hugging_face_does(tiny_gpt2, setting):
+    """Hugging Face generate(do_sample=False, temperature=0.0) decodes greedily (its warpers are only built for
+    sampling); od.generate refused it with "temperature must be > 0". Types are still checked."""
+    ids, mask = make_batch(2, seed=5)
+    out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=6, strategy="kv", **setting)
+    hf = tiny_gpt2.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, **setting)
+    assert torch.equal(out, hf)
+    with pytest.raises(TypeError, match="top_k must be an int or None"):
+        od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=6, strategy="kv", top_k=2.5)

@@ -7,6 +7,7 @@ it inside the command functions), so `overlapdecode --help` answers at once.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .bench import cli as bench_cli
@@ -38,21 +39,37 @@ def _add_generate(sub):
     p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 <= seed < 2**64 (default: random)")
 
 
+def _check_before_loading(args) -> None:
+    """The strategy and sampling flags, named by flag, before the model is loaded: a real-size model takes a
+    minute and gigabytes to build, which a misspelt strategy or a zero temperature must not cost."""
+    from .sampling import check_sampling
+    from .strategy import resolve_strategy
+
+    try:
+        resolve_strategy(args.strategy)
+    except ValueError as err:
+        raise CliError(f"--strategy: {err}") from None
+    try:
+        check_sampling(args.do_sample, args.temperature, args.top_k, args.top_p, args.seed)
+    except (ValueError, TypeError) as err:  # each message starts with the argument's name, e.g. "top_k must..."
+        raise CliError(f"--{str(err).split()[0].replace('_', '-')}: {err}") from None
+
+
 def _load(args):
     """The model and its tokenizer (None if it has none), every failure named by its flag."""
-    from .models import check_device, check_model_path, load_model, load_tokenizer  # imported here: fast --help
+    from .models import check_device, check_model_path, load_model, load_tokenizer, parse_dtype  # fast --help
 
-    for flag, check, value in (("--model", check_model_path, args.model), ("--device", check_device, args.device)):
+    for flag, check, value in (("--model", check_model_path, args.model), ("--dtype", parse_dtype, args.dtype),
+                               ("--device", check_device, args.device)):
         try:
             check(value)
         except (ValueError, TypeError) as err:
             raise CliError(f"{flag}: {err}") from None
     try:
         model = load_model(args.model, dtype=args.dtype, device=args.device)
-    except ValueError as err:
-        raise CliError(f"{err}") from None
     except Exception as err:  # from_pretrained's own errors (no such hub name, offline, not a causal LM...)
-        what = "directory" if looks_like_path(args.model) else "hub name"
+        what = "directory" if looks_like_path(args.model) or os.path.isdir(os.path.expanduser(args.model)) else (
+            "embedded model" if args.model in _embedded_names() else "hub name")
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CliError(f"--model {args.model}: cannot load this {what} ({type(err).__name__}: {first})") from None
     try:
@@ -78,6 +95,9 @@ def cmd_generate(args) -> int:
     if args.prompt is not None and not args.prompt:
         raise CliError("--prompt is empty: give at least one character")
     eos = None if args.eos is None else ([] if args.eos == "none" else ints(args.eos, "--eos"))
+    if eos == [] and args.eos != "none":  # an empty --eos "$EOS" must not silently mean "never stop early"
+        raise CliError(f"--eos {args.eos!r} names no id: give ids such as 2,3, or 'none' to never stop early")
+    _check_before_loading(args)
     model, tokenizer = _load(args)
     device = next(model.parameters()).device
     if args.prompt is not None:

@@ -43,11 +43,20 @@ class SamplingParams:
 
 
 def check_sampling(do_sample, temperature, top_k, top_p, seed) -> SamplingParams:
-    """Validate the sampling arguments (ValueError/TypeError naming the argument)."""
+    """Validate the sampling arguments (ValueError/TypeError naming the argument). Greedy (do_sample=False)
+    checks their types only and ignores their values, as Hugging Face generate() does: temperature=0 is a
+    common way to ask for greedy decoding."""
     if not isinstance(do_sample, bool):
         raise TypeError(f"do_sample must be a bool, got {type(do_sample).__name__}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
+    for name, value, kind in (("top_k", top_k, (int,)), ("top_p", top_p, (int, float))):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise TypeError(f"{name} must be {'an int' if kind == (int,) else 'a number'} or None, got "
+                            f"{type(value).__name__}")
+    check_seed(seed)
+    if not do_sample:
+        return SamplingParams(False)
     if not temperature > 0:  # also rejects NaN
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if temperature < MIN_TEMPERATURE:
@@ -55,17 +64,10 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed) -> SamplingParams
                          f"{MIN_TEMPERATURE:.3g}); use do_sample=False for greedy")
     if temperature == float("inf"):
         raise ValueError("temperature must be finite, got inf")
-    if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int):
-            raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None:
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
-            raise TypeError(f"top_p must be a number or None, got {type(top_p).__name__}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    check_seed(seed)
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     return SamplingParams(do_sample, float(temperature), top_k, None if top_p is None else float(top_p))
 
 

@@ -77,7 +77,8 @@ def add_commands(sub) -> None:
     p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (random ids)")
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)}")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
-    p.add_argument("--out", default="profile-out", help="output directory (traces, timelines, summary)")
+    p.add_argument("--out", default="profile-out",
+                   help="output directory (traces, timelines, summary); must not hold an earlier profile's summary.json")
 
     r = sub.add_parser("report", help="rebuild report.md and the plots of a bench directory from its JSON")
     r.add_argument("dir", nargs="+", help="bench directories (results.json) or profile directories (summary.json)")
@@ -312,6 +313,9 @@ def cmd_profile(args) -> int:
     model = args.model or ("gpt2-random" if device.type == "cuda" else "tiny-gpt2")
     _check_model_name(model)
     _check_positions(model, args.prompt_len, args.new_tokens)
+    if os.path.exists(os.path.join(args.out, "summary.json")):  # as bench: an earlier measurement is never replaced
+        raise CliError(f"--out {args.out} already holds a profile (summary.json): choose another --out (an earlier "
+                       f"profile's traces and summary are never overwritten)")
     writable_dir(args.out, "--out")
     result = profile_strategies(model, strategies, args.batch, args.new_tokens, args.out, dtype=args.dtype,
                                 prompt_len=args.prompt_len, device=str(device), command=_command(args))
@@ -331,6 +335,10 @@ def cmd_report(args) -> int:
 
     if args.markdown:
         writable_file(args.markdown, "--markdown")
+        if os.path.isfile(args.markdown) and args.markdown.endswith((".json", ".jsonl", ".gz")):
+            # results.json, summary.json, rows*.jsonl, traces: measurements that the markdown would replace
+            raise CliError(f"--markdown {args.markdown}: is a JSON file of measurements, which it would replace; "
+                           f"give a .md path (such as BENCHMARKS.md)")
     if args.interrupted is not None:
         if len(args.dir) != 1 or not rows_files(args.dir[0]):
             raise CliError("--interrupted takes one directory holding the rows*.jsonl of a stopped run")
@@ -339,7 +347,7 @@ def cmd_report(args) -> int:
         if os.path.exists(os.path.join(d, "summary.json")) and not os.path.exists(os.path.join(d, "results.json")):
             try:
                 rebuild(d)  # a profile directory: analyse its saved traces again
-            except (OSError, ValueError, KeyError, TypeError) as err:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # a malformed summary.json
                 raise CliError(f"{os.path.join(d, 'summary.json')}: cannot be used ({type(err).__name__}: {err})") \
                     from None
             print(f"profile summary: {os.path.join(d, 'summary.md')}")

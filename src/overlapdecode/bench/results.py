@@ -23,6 +23,11 @@ RESULTS = "results.json"
 ROW_KEYS = ("strategy", "workload", "allocator", "dtype", "batch", "max_new_tokens")
 TIMED_KEYS = ("seq_s", "seq_s_all", "ms_per_token", "tokens_per_s", "ttft_ms", "first_call_s", "new_tokens")
 CONFIG_KEYS = ("model", "prompt_len", "repeats", "warmup")
+# Figures a timed row may carry (None where not measured, e.g. memory on CPU): numbers when present.
+OPTIONAL_FIGURES = ("peak_reserved_mb", "peak_allocated_mb", "fragmentation", "weight_bytes", "bandwidth_gbs",
+                    "device_mallocs")
+# What the report's "Machine:" line reads from an environment record.
+ENV_KEYS = ("torch", "transformers", "python", "git_commit")
 
 
 class ResultsError(ValueError):
@@ -90,6 +95,11 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _time(v) -> bool:
+    """A measured time: a finite number > 0 (the report divides by it and plots it on log axes)."""
+    return _number(v) and 0 < v < float("inf")
+
+
 def _check(results, path: str) -> dict:
     """The structure the report relies on, or a ResultsError saying what is missing."""
     if not isinstance(results, dict):
@@ -109,15 +119,28 @@ def _check(results, path: str) -> dict:
         lacking = [k for k in need if k not in r]
         if lacking:
             raise ResultsError(f"{path}: row {i} lacks {', '.join(lacking)}")
+        # the report sorts and groups rows by these and compares them with numbers and names
+        wrong = [k for k in ("batch", "max_new_tokens") if not (isinstance(r[k], int) and not isinstance(r[k], bool))]
+        wrong += [k for k in ("strategy", "workload", "allocator", "dtype", "device")
+                  if k in r and not isinstance(r[k], str)]
+        if wrong:
+            raise ResultsError(f"{path}: row {i} has {', '.join(wrong)} of the wrong kind (integers for batch and "
+                               f"max_new_tokens, strings for names)")
         if "seq_s" in r:  # the figures the report computes with
             wrong = [k for k in ("seq_s", "ms_per_token", "tokens_per_s", "ttft_ms", "first_call_s") if not _number(r[k])]
-            if not (isinstance(r["seq_s_all"], list) and r["seq_s_all"] and all(_number(t) for t in r["seq_s_all"])):
+            if not (isinstance(r["seq_s_all"], list) and r["seq_s_all"] and all(_time(t) for t in r["seq_s_all"])):
                 wrong.append("seq_s_all")
+            wrong += [k for k in ("seq_s",) if k not in wrong and not _time(r[k])]
+            wrong += [k for k in OPTIONAL_FIGURES if r.get(k) is not None and not _number(r[k])]
             if wrong:
-                raise ResultsError(f"{path}: row {i} has {', '.join(wrong)} of the wrong kind (numbers expected)")
+                raise ResultsError(f"{path}: row {i} has {', '.join(wrong)} of the wrong kind (numbers expected, "
+                                   f"times > 0)")
     env = results.get("environment")
     if not isinstance(env, dict):  # older or hand-made files: say so in the report rather than refuse
         results["environment"] = dict(recorded=False, note=f"{RESULTS} has no environment record")
+    elif env.get("recorded") is not False and any(k not in env for k in ENV_KEYS):
+        results["environment"] = dict(recorded=False, note=f"{RESULTS}'s environment record lacks "
+                                                           f"{', '.join(k for k in ENV_KEYS if k not in env)}")
     return results
 
 
