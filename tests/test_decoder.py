@@ -171,6 +171,17 @@ def test_fused_model_is_made_again_after_the_model_moved():
     assert torch.equal(dec.generate(ids, **kw), naive_generate(model, ids, mask, 6, [], 0))
 
 
+def test_keep_static_is_checked_when_the_decoder_is_made(tiny_gpt2):
+    """keep_static=-1 ended the first static call in KeyError('dictionary is empty') from the cache eviction, and
+    1.5 was taken; 0 keeps nothing and works."""
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=r"keep_static must be an int >= 0"):
+            od.Decoder(tiny_gpt2, keep_static=bad)
+    ids, _ = make_batch(1, seed=3)
+    out = od.Decoder(tiny_gpt2, keep_static=0).generate(ids, max_new_tokens=2, strategy="static")
+    assert torch.equal(out, od.generate(tiny_gpt2, ids, max_new_tokens=2, strategy="kv"))
+
+
 def test_sampling_without_a_seed_is_refused_only_for_a_shard(tiny_gpt2, monkeypatch):
     """Under tensor parallelism each rank would draw from its own global generator: ranks could pick different
     tokens and then wait for each other's collectives for ever. So a shard refuses seedless sampling (on two gloo

@@ -117,3 +117,22 @@ def test_greedy_ignores_sampling_values_as_hugging_face_does(tiny_gpt2, setting)
     assert torch.equal(out, hf)
     with pytest.raises(TypeError, match="top_k must be an int or None"):
         od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=6, strategy="kv", top_k=2.5)
+
+
+def test_greedy_warns_of_the_sampling_values_it_ignores():
+    """Not silently: temperature=0.7 without do_sample=True is usually a forgotten flag (Hugging Face warns too);
+    the defaults and temperature=0, the usual way to ask for greedy, give no warning."""
+    import warnings
+
+    from overlapdecode.sampling import check_sampling
+
+    with pytest.warns(UserWarning, match=r"do_sample=False: temperature, top_k ignored, the decoding is greedy"):
+        check_sampling(False, 0.7, 5, None, None)
+    with pytest.warns(UserWarning, match=r"do_sample=False: top_p ignored"):
+        check_sampling(False, 1.0, None, 0.9, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_sampling(False, 1.0, None, None, None)
+        check_sampling(False, 0, None, None, None)
+        check_sampling(False, 0.0, None, None, 3)
+        check_sampling(True, 0.7, 5, 0.9, 3)

@@ -103,6 +103,8 @@ class Decoder:
 
     def __init__(self, model, keep_static: int = 4, fused_options: dict | None = None, _weak: bool = False):
         check_model(model)
+        if isinstance(keep_static, bool) or not isinstance(keep_static, int) or keep_static < 0:
+            raise ValueError(f"keep_static must be an int >= 0 (the static cache shapes kept), got {keep_static!r}")
         if fused_options is not None and not isinstance(fused_options, dict):
             raise TypeError(f"fused_options must be a dict of FusedModel options or None, got "
                             f"{type(fused_options).__name__}")

@@ -13,6 +13,7 @@ probabilities). A temperature below float32's smallest normal number is refused:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +46,8 @@ class SamplingParams:
 def check_sampling(do_sample, temperature, top_k, top_p, seed) -> SamplingParams:
     """Validate the sampling arguments (ValueError/TypeError naming the argument). Greedy (do_sample=False)
     checks their types only and ignores their values, as Hugging Face generate() does: temperature=0 is a
-    common way to ask for greedy decoding."""
+    common way to ask for greedy decoding; any other value than the defaults (temperature 1, top_k and top_p
+    None) gets a UserWarning that it is ignored, as Hugging Face warns."""
     if not isinstance(do_sample, bool):
         raise TypeError(f"do_sample must be a bool, got {type(do_sample).__name__}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
@@ -56,6 +58,11 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed) -> SamplingParams
                             f"{type(value).__name__}")
     check_seed(seed)
     if not do_sample:
+        ignored = [name for name, value, unset in (("temperature", temperature, (0, 1)), ("top_k", top_k, (None,)),
+                                                   ("top_p", top_p, (None,))) if value not in unset]
+        if ignored:  # Hugging Face generate() says so too: a sampling value with greedy is usually a mistake
+            warnings.warn(f"do_sample=False: {', '.join(ignored)} ignored, the decoding is greedy; pass "
+                          f"do_sample=True to sample", UserWarning, stacklevel=3)
         return SamplingParams(False)
     if not temperature > 0:  # also rejects NaN
         raise ValueError(f"temperature must be > 0, got {temperature}")
