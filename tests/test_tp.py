@@ -418,7 +418,9 @@ def test_bench_tp_writes_rank0_rows_with_tp(tmp_path):
     assert proc.stdout.count("report:") == 1  # rank 0 alone reports
 
 
-def test_bench_tp_refuses_what_ranks_could_disagree_on(monkeypatch, tmp_path, capsys):
+def test_bench_tp_refuses_what_ranks_could_disagree_on(monkeypatch, tmp_path, capsys, bad_models):
+    """Also, before any worker: bench without --tp under torchrun (every process would write --out) and a --tp
+    the model's heads refuse (each rank's worker ended in a traceback and left its rows file in --out)."""
     from overlapdecode.cli import main
 
     base = ["bench", "--model", "tiny-llama", "--device", "cpu", "--out", str(tmp_path / "b")]
@@ -430,6 +432,15 @@ def test_bench_tp_refuses_what_ranks_could_disagree_on(monkeypatch, tmp_path, ca
     assert "--tp and --time-budget exclude each other" in capsys.readouterr().err
     assert main(base + ["--tp", "0"]) == 2
     assert "--tp must be >= 1, got 0" in capsys.readouterr().err
+    assert main(base) == 2
+    assert "WORLD_SIZE=2 (torchrun) without --tp: every process would write --out" in capsys.readouterr().err
+    bad = ["bench", "--model", bad_models["kv3"], "--device", "cpu", "--tp", "2", "--out", str(tmp_path / "c")]
+    assert main(bad) == 2
+    assert "--tp: tp=2 does not divide the model's 3 KV heads" in capsys.readouterr().err
+    bad[2] = bad_models["neox"]
+    assert main(bad) == 2
+    assert "--tp: tp > 1: no sharding plan for model type 'gpt_neox'" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
 
 
 def test_vocab_shard_rows_cover_the_vocabulary_once():

@@ -186,6 +186,8 @@ def bench_config(args):
     _check_positions(model, prompt_len, max(lengths + eos_lengths))
     gpus = _check_gpus(args.gpus, args.device) if args.gpus else ()
     _check_tp(args)
+    if args.tp > 1:
+        _check_tp_model(model, args.tp)
     _check_out(args.out, args.append)
     return BenchConfig(tp=args.tp, gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths,
                        batches=batches, dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
@@ -198,9 +200,13 @@ def _check_tp(args) -> None:
     the ranks decide differently (a time budget read on each host clock, units spread over GPUs) is refused."""
     if args.tp < 1:
         raise CliError(f"--tp must be >= 1, got {args.tp}")
-    if args.tp == 1:
-        return
     world = os.environ.get("WORLD_SIZE")
+    if args.tp == 1:
+        if world not in (None, "1"):
+            raise CliError(f"WORLD_SIZE={world} (torchrun) without --tp: every process would write --out; run "
+                           f"torchrun --nproc-per-node {world} -m overlapdecode bench --tp {world} ..., or bench "
+                           f"without torchrun")
+        return
     if world != str(args.tp):
         raise CliError(f"--tp {args.tp} runs under torchrun: torchrun --nproc-per-node {args.tp} -m overlapdecode "
                        f"bench --tp {args.tp} ... (this process has WORLD_SIZE={world})")
@@ -208,6 +214,27 @@ def _check_tp(args) -> None:
         raise CliError("--tp and --gpus exclude each other: with --tp every rank uses its own GPU (cuda:LOCAL_RANK)")
     if args.time_budget is not None:
         raise CliError("--tp and --time-budget exclude each other: the ranks must run the same configurations")
+
+
+def _check_tp_model(model: str, tp: int) -> None:
+    """--tp against the model's heads and sharding plan, before any worker starts: a worker would fail on every
+    rank with a traceback and leave its rows file in --out."""
+    from ..models import EMBEDDED, embedded_config  # torch: imported when a command runs, not for --help
+    from ..tp import check_config
+
+    if model in EMBEDDED:
+        config = embedded_config(model)
+    else:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(os.path.expanduser(model))
+        except (OSError, ValueError) as err:
+            raise CliError(f"--model {model}: {err}") from None
+    try:
+        check_config(config, tp)
+    except ValueError as err:
+        raise CliError(f"--tp: {err}") from None
 
 
 def _default_device():
