@@ -15,6 +15,8 @@
 # Stage 5 (added in session 11, about 2 min): scripts/call_timeline.py at Llama-1B: where a 1B call's and step's time
 #   goes, kernel by kernel in the step (KERNELS.md's 1B figures until now are each kernel alone, from the sweeps).
 # Stage 6 (added in session 11, about 2 min): step_tiles_ab.py --attention: the attention's pieces of 64, 32, 16 slots.
+# Stage 7 (added in session 11, at most 6 min): after the merges of session 11's reviews (sampling, decoder, CLI, tp
+#   checks), the decoder's GPU tests and the fused ones at GPT-2, the second call and the late stops, at HEAD.
 set -uo pipefail
 STAGE=${1:?stage}
 export PYTHONUNBUFFERED=1 OVERLAPDECODE_COMMIT=${OVERLAPDECODE_COMMIT:-unknown} PYTHONPATH=$PWD/src
@@ -60,4 +62,9 @@ fi
 if [ "$STAGE" = 6 ]; then
   PYTHONPATH=$PYTHONPATH:$PWD/scripts timeout 200 python3 scripts/step_tiles_ab.py --attention $W/attention.json \
     > $W/attention.log 2>&1; echo "rc=$?" >> $W/attention.log; grep -E "median|rc=|error" -A5 $W/attention.log | grep -v rounds; save
+fi
+if [ "$STAGE" = 7 ]; then
+  PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 330 python3 -m pytest -m cuda tests/gpu/test_gpu_decoder.py tests/gpu/test_gpu_fused.py \
+    -p no:cacheprovider -rA -k "test_gpu_decoder or gpt2 or second_call or late_stop or greedy_choice" > $W/gpu-tests.log 2>&1
+  echo "tests rc=$?" >> $W/gpu-tests.log; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rc=" $W/gpu-tests.log; save
 fi
