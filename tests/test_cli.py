@@ -208,6 +208,19 @@ def test_a_directory_that_is_not_a_model_is_named_as_model(tmp_path, capsys):
     _one_line(capsys, f"--model {tmp_path}: cannot load this directory (ValueError: Unrecognized model")
 
 
+def test_generate_warns_once_of_an_ignored_sampling_value(capsys):
+    """--temperature 0.7 without --do-sample: greedy, with the library's warning once (the flags' check before
+    loading gave it a second time)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--max-new-tokens", "2",
+                     "--strategy", "kv", "--temperature", "0.7"]) == 0
+    ignored = [w for w in seen if "temperature ignored, the decoding is greedy" in str(w.message)]
+    assert len(ignored) == 1, [str(w.message) for w in seen]
+
+
 @pytest.mark.parametrize("eos", ["", " , "])
 def test_an_empty_eos_is_refused_not_taken_for_none(eos, capsys):
     """`--eos ""` (say, an unset shell variable) silently meant 'never stop early', which only 'none' asks for."""

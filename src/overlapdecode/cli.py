@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 from .bench import cli as bench_cli
 from .cliargs import DTYPE_NAMES, STRATEGY_HELP, CliError, OneLineParser, ints, lag_of, looks_like_path
@@ -50,7 +51,9 @@ def _check_before_loading(args) -> None:
     except ValueError as err:
         raise CliError(f"--strategy: {err}") from None
     try:
-        check_sampling(args.do_sample, args.temperature, args.top_k, args.top_p, args.seed)
+        with warnings.catch_warnings():  # greedy's "ignored" warning: generate() itself gives it, once
+            warnings.simplefilter("ignore", UserWarning)
+            check_sampling(args.do_sample, args.temperature, args.top_k, args.top_p, args.seed)
     except (ValueError, TypeError) as err:  # each message starts with the argument's name, e.g. "top_k must..."
         raise CliError(f"--{str(err).split()[0].replace('_', '-')}: {err}") from None
 

@@ -130,7 +130,8 @@ def _check(results, path: str) -> dict:
             wrong = [k for k in ("seq_s", "ms_per_token", "tokens_per_s", "ttft_ms", "first_call_s") if not _number(r[k])]
             if not (isinstance(r["seq_s_all"], list) and r["seq_s_all"] and all(_time(t) for t in r["seq_s_all"])):
                 wrong.append("seq_s_all")
-            wrong += [k for k in ("seq_s",) if k not in wrong and not _time(r[k])]
+            if "seq_s" not in wrong and not _time(r["seq_s"]):
+                wrong.append("seq_s")
             wrong += [k for k in OPTIONAL_FIGURES if r.get(k) is not None and not _number(r[k])]
             if wrong:
                 raise ResultsError(f"{path}: row {i} has {', '.join(wrong)} of the wrong kind (numbers expected, "
