@@ -59,21 +59,17 @@ def _run_job(job: dict, results: dict) -> None:
         ids = torch.tensor(case["ids"])
         mask = torch.tensor(case["mask"])
         for strategy in case["strategies"]:
-            out = decoder.generate(
-                ids, attention_mask=mask, max_new_tokens=case["max_new_tokens"],
-                strategy=EXTRA.get(strategy, strategy),
-                eos_token_id=case["eos"], pad_token_id=case["pad"], **case.get("sampling", {}),
-            )
+            kw = dict(attention_mask=mask, max_new_tokens=case["max_new_tokens"],
+                      strategy=EXTRA.get(strategy, strategy), eos_token_id=case["eos"], pad_token_id=case["pad"],
+                      **case.get("sampling", {}))
+            out = decoder.generate(ids, **kw)
             results[f"{job['name']}/{case['name']}/{strategy}"] = out.tolist()
             if case is job["cases"][0] and strategy in job.get("stream_rank0", ()):
                 # a streamer on rank 0 alone (the one that prints): host copies only, no collective, so the
                 # ranks still issue the same collectives and return the same tokens
                 streamed = []
                 out = decoder.generate(
-                    ids, attention_mask=mask, max_new_tokens=case["max_new_tokens"],
-                    strategy=EXTRA.get(strategy, strategy), eos_token_id=case["eos"], pad_token_id=case["pad"],
-                    streamer=(lambda t: streamed.append(t.tolist())) if os.environ["RANK"] == "0" else None,
-                )
+                    ids, **kw, streamer=(lambda t: streamed.append(t.tolist())) if os.environ["RANK"] == "0" else None)
                 results[f"{job['name']}/stream-rank0/{strategy}"] = [out.tolist(), streamed]
             if "fused" in strategy:  # the fused step's LM head rows on this rank (tp.VocabShard), and the vocabulary
                 fm = decoder.fused_model()
