@@ -100,9 +100,19 @@ def check() -> None:
     print(f"{len(tables(1))} tables per batch pass check_option_values")
 
 
+def timed(graphs: dict, rounds: int) -> dict:
+    """name -> ms of each round: every graph replayed (do_bench median) once per round, the graphs alternating."""
+    import triton.testing
+
+    times = {k: [] for k in graphs}
+    for _ in range(rounds):
+        for k, (g, _keep) in graphs.items():
+            times[k].append(triton.testing.do_bench(g.replay, rep=200, return_mode="median"))
+    return times
+
+
 def main(out: str, B: int) -> None:
     import torch
-    import triton.testing
 
     import overlapdecode as od
     from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
@@ -112,13 +122,6 @@ def main(out: str, B: int) -> None:
     model = od.load_model("llama-1b-random", dtype="bfloat16", device="cuda")
     res = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("OVERLAPDECODE_COMMIT", "unknown"),
            "batch": B, "rounds": ROUNDS}
-
-    def timed(graphs: dict, rounds: int) -> dict:
-        times = {k: [] for k in graphs}
-        for _ in range(rounds):
-            for k, (g, _keep) in graphs.items():
-                times[k].append(triton.testing.do_bench(g.replay, rep=200, return_mode="median"))
-        return times
 
     graphs = {}
     for name, t in tables(B).items():
@@ -154,7 +157,6 @@ def main(out: str, B: int) -> None:
 
 def confirm(out: str) -> None:
     import torch
-    import triton.testing
 
     import overlapdecode as od
     from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
@@ -167,10 +169,7 @@ def confirm(out: str) -> None:
     for B in (2, 4, 8, 16):
         graphs = {"before": captured_step(model, B, tiles={**TILES, CONFIRM_KEY: CONFIRM_OLD}),
                   "now": captured_step(model, B, tiles=dict(TILES))}
-        times = {k: [] for k in graphs}
-        for _ in range(ROUNDS2):
-            for k, (g, _keep) in graphs.items():
-                times[k].append(triton.testing.do_bench(g.replay, rep=200, return_mode="median"))
+        times = timed(graphs, ROUNDS2)
         res[f"batch {B} step ms, median of rounds"] = {k: round(statistics.median(v), 4) for k, v in times.items()}
         res[f"batch {B} step ms, rounds"] = {k: [round(x, 4) for x in v] for k, v in times.items()}
         del graphs
@@ -186,7 +185,6 @@ def attention(out: str) -> None:
     import functools
 
     import torch
-    import triton.testing
 
     import overlapdecode as od
     from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
@@ -204,10 +202,7 @@ def attention(out: str) -> None:
                 graphs[str(kw) if kw else "default"] = captured_step(model, B, edit_ops=edit)
             except Exception as e:  # a plan the kernel refuses is recorded
                 res[f"{name} {B} {kw} error"] = str(e)[:200]
-        times = {k: [] for k in graphs}
-        for _ in range(ROUNDS2):
-            for k, (g, _keep) in graphs.items():
-                times[k].append(triton.testing.do_bench(g.replay, rep=200, return_mode="median"))
+        times = timed(graphs, ROUNDS2)
         res[f"{name} batch {B} step ms, median of rounds"] = {k: round(statistics.median(v), 4)
                                                                for k, v in times.items()}
         res[f"{name} batch {B} step ms, rounds"] = {k: [round(x, 4) for x in v] for k, v in times.items()}
