@@ -1,10 +1,25 @@
-"""Choosing the next token without a host sync: greedy argmax, or temperature / top-k / top-p sampling.
+"""Choosing the next token without a host sync: greedy argmax, or sampling with Hugging Face's processors.
 
-`torch.multinomial` on CUDA is fine too, but its use with a seeded generator inside the step is awkward and
-its draw depends on the kernel; instead each step draws `noise ~ Exponential(1)` of shape (B, V) from a
-seeded generator and picks `argmax(probs / noise)`, which samples exactly from `probs` (the exponential race,
-as in gpt-fast). Every strategy draws the same noise for the same step, so a seed gives the same tokens
-whatever the strategy. Nothing here reads a device value on the host.
+The processors and their order are Hugging Face `generate()`'s: the repetition penalty on the raw logits (also
+when greedy), then temperature, top-k, top-p and min-p. The sampler sorts nothing and its shapes never depend
+on the data, so that no compiler path for sorts or long scans is taken (inductor's split-scan code generation
+fails on a `cumsum` over a long row on CUDA, pytorch/pytorch#180221) and nothing here reads a device value on
+the host:
+
+- top-k keeps every score >= the k-th largest (ties with it kept, as Hugging Face does), from `torch.topk`;
+- top-p keeps a token when the probability of every token scored at or below it exceeds `1 - top_p` (Hugging
+  Face's rule on its ascending sort: the cumulative probability <= 1 - top_p is removed). The boundary score
+  is found by a fixed number of bisection rounds over the scores' bits, each one masked sum. Ties: a group of
+  equal scores across the boundary is kept whole, where Hugging Face keeps the part its sort places last; that
+  order is unspecified (`torch.sort` with stable=False does not keep index order on CPU), so the kept set is
+  Hugging Face's plus, at most, the rest of that one group;
+- min-p keeps the tokens whose probability is at least `min_p` times the largest.
+
+The draw is the exponential race: each step draws `noise ~ Exponential(1)` of shape (B, V) from a seeded
+generator and picks the kept token with the largest `p / noise`, which samples exactly from the kept,
+renormalised probabilities (as in gpt-fast). Every preset draws the same noise for the same step, so a seed gives
+the same tokens under every preset. The fused path's Triton sampler (fused/kernels/sample.py) computes the same
+choice with this module as its reference.
 
 A small temperature sharpens towards greedy: the logits are shifted by their maximum before the division,
 so that `logit / temperature` can only overflow to -inf (probability 0), never to +inf (inf - inf = NaN
@@ -13,16 +28,18 @@ probabilities). A temperature below float32's smallest normal number is refused:
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
 import torch
 
-
 # torch.Generator.manual_seed takes a 64-bit unsigned seed.
 SEED_LIMIT = 2**64
 # The smallest normal float32: below it a temperature is a subnormal or rounds to 0 on the device.
 MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
+# Bisection rounds over a score's order-preserving int32 key: the keys span less than 2**32.
+KEY_ROUNDS = 33
 
 
 def check_seed(seed, allow_none: bool = True) -> None:
@@ -37,33 +54,54 @@ def check_seed(seed, allow_none: bool = True) -> None:
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How a step picks its token. `repetition_penalty` applies to greedy decoding too (a processor in Hugging
+    Face, not a warper); the other fields only when `do_sample`."""
+
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+    @property
+    def uses_seen(self) -> bool:
+        """Whether a step needs the (B, V) mask of the tokens each row has seen (prompt and generated)."""
+        return self.repetition_penalty is not None
 
 
-def check_sampling(do_sample, temperature, top_k, top_p, seed) -> SamplingParams:
+def _number(name: str, value, kind=(int, float), what: str = "a number") -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+        raise TypeError(f"{name} must be {what} or None, got {type(value).__name__}")
+
+
+def check_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None, repetition_penalty=None) -> SamplingParams:
     """Validate the sampling arguments (ValueError/TypeError naming the argument). Greedy (do_sample=False)
-    checks their types only and ignores their values, as Hugging Face generate() does: temperature=0 is a
-    common way to ask for greedy decoding; any other value than the defaults (temperature 1, top_k and top_p
-    None) gets a UserWarning that it is ignored, as Hugging Face warns."""
+    checks the warpers' types only and ignores their values, as Hugging Face generate() does: temperature=0 is a
+    common way to ask for greedy decoding; any other value than the defaults (temperature 1, top_k, top_p and
+    min_p None) gets a UserWarning that it is ignored, as Hugging Face warns. The repetition penalty applies to
+    greedy decoding as well; 1.0 (no penalty) is the same as None."""
     if not isinstance(do_sample, bool):
         raise TypeError(f"do_sample must be a bool, got {type(do_sample).__name__}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
-    for name, value, kind in (("top_k", top_k, (int,)), ("top_p", top_p, (int, float))):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
-            raise TypeError(f"{name} must be {'an int' if kind == (int,) else 'a number'} or None, got "
-                            f"{type(value).__name__}")
+    _number("top_k", top_k, (int,), "an int")
+    _number("top_p", top_p)
+    _number("min_p", min_p)
+    _number("repetition_penalty", repetition_penalty)
     check_seed(seed)
+    if repetition_penalty is not None:
+        if not (repetition_penalty > 0 and math.isfinite(repetition_penalty)):  # also rejects NaN
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {repetition_penalty}")
+        repetition_penalty = None if repetition_penalty == 1 else float(repetition_penalty)
     if not do_sample:
         ignored = [name for name, value, unset in (("temperature", temperature, (0, 1)), ("top_k", top_k, (None,)),
-                                                   ("top_p", top_p, (None,))) if value not in unset]
+                                                   ("top_p", top_p, (None,)), ("min_p", min_p, (None,)))
+                   if value not in unset]
         if ignored:  # Hugging Face generate() says so too: a sampling value with greedy is usually a mistake
             warnings.warn(f"do_sample=False: {', '.join(ignored)} ignored, the decoding is greedy; pass "
                           f"do_sample=True to sample", UserWarning, stacklevel=3)
-        return SamplingParams(False)
+        return SamplingParams(False, repetition_penalty=repetition_penalty)
     if not temperature > 0:  # also rejects NaN
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if temperature < MIN_TEMPERATURE:
@@ -71,11 +109,19 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed) -> SamplingParams
                          f"{MIN_TEMPERATURE:.3g}); use do_sample=False for greedy")
     if temperature == float("inf"):
         raise ValueError("temperature must be finite, got inf")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0: no top-k, as in Hugging Face), got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    return SamplingParams(do_sample, float(temperature), top_k, None if top_p is None else float(top_p))
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    return SamplingParams(
+        do_sample, float(temperature),
+        top_k=top_k or None,  # 0 is Hugging Face's "no top-k"
+        top_p=None if top_p is None or top_p == 1 else float(top_p),  # 1 keeps every token: no warper
+        min_p=None if min_p is None else float(min_p),
+        repetition_penalty=repetition_penalty,
+    )
 
 
 def make_generator(params: SamplingParams, seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -99,6 +145,27 @@ def draw_noise(logits_shape, device, generator: torch.Generator | None, out: tor
     return out.exponential_(generator=generator)
 
 
+def seen_tokens(input_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B, P) prompt ids -> the (B, V) bool mask of the tokens each row has seen. Every column counts, left
+    padding included: Hugging Face's repetition penalty reads the whole `input_ids`, pad tokens too."""
+    seen = torch.zeros((input_ids.shape[0], vocab), dtype=torch.bool, device=input_ids.device)
+    return seen.scatter_(1, input_ids, True)
+
+
+def mark_seen(seen: torch.Tensor, tokens: torch.Tensor) -> None:
+    """Add this step's (B,) tokens to the seen mask, in place (a finished row's pad too, as Hugging Face
+    appends it to `input_ids`)."""
+    seen.scatter_(1, tokens[:, None], True)
+
+
+def penalize(logits: torch.Tensor, seen: torch.Tensor | None, penalty: float | None) -> torch.Tensor:
+    """Hugging Face's repetition penalty on float32 logits (B, V): a seen token's logit is divided by the
+    penalty when positive, multiplied by it when negative."""
+    if penalty is None:
+        return logits
+    return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
 ARGMAX_CHUNK = 1024
 
 
@@ -117,22 +184,60 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return chunk * ARGMAX_CHUNK + within.gather(1, chunk[:, None])[:, 0]
 
 
-def pick_next(logits: torch.Tensor, noise: torch.Tensor | None, params: SamplingParams) -> torch.Tensor:
-    """(B, V) logits -> (B,) token ids. Same order of warpers as Hugging Face: temperature, top-k, top-p."""
-    if noise is None:
-        return argmax_rows(logits)
-    logits = logits.float()
-    # shifted by the row maximum first: the division can then only overflow to -inf (see the docstring)
-    scores = (logits - logits.amax(dim=-1, keepdim=True)) / params.temperature
-    if params.top_k is not None and params.top_k < scores.shape[-1]:
+def scaled_scores(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, V) logits -> float32 scores after the repetition penalty and temperature, shifted so that each row's
+    maximum is 0 (then exp(score) is the unnormalised probability, at most 1)."""
+    x = penalize(logits.float(), seen, params.repetition_penalty)
+    # shifted by the row maximum first: the division can then only overflow to -inf (see the docstring); + 0.0
+    # turns -0.0 into 0.0, so that equal scores have equal keys
+    return (x - x.amax(dim=-1, keepdim=True)) / params.temperature + 0.0
+
+
+def score_keys(scores: torch.Tensor) -> torch.Tensor:
+    """(B, V) float32 -> int64 keys in the scores' order: the float bits as an order-preserving int32 (the
+    magnitude bits of negative floats flipped), so that a bisection over keys finds a score exactly."""
+    bits = scores.view(torch.int32)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
+
+
+def kept_tokens(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None):
+    """The tokens Hugging Face's warpers keep at this step: (scores (B, V) float32, kept (B, V) bool)."""
+    scores = scaled_scores(logits, params, seen)
+    B, V = scores.shape
+    kept = scores > float("-inf")
+    if params.top_k is not None and params.top_k < V:
         kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]  # (B, 1)
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p is not None and params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
-        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cum <= (1 - params.top_p)
-        drop_sorted[:, -1] = False  # always keep the most likely token
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
-    probs = scores.softmax(dim=-1)
-    return argmax_rows(probs / noise)
+        kept = kept & (scores >= kth)  # ties with the k-th kept, as Hugging Face does
+    if params.top_p is not None:
+        e = torch.where(kept, scores.exp(), 0.0)
+        probs = e / e.sum(dim=-1, keepdim=True)  # the softmax over the top-k set
+        keys = score_keys(scores)
+        limit = 1.0 - params.top_p
+        # bisection for the smallest score key whose mass at or below it exceeds 1 - top_p: `hi` always
+        # satisfies it (all the mass is at or below the largest key), `lo` never does (none is below the least)
+        hi = keys.amax(dim=-1)  # (B,)
+        lo = keys.amin(dim=-1) - 1
+        for _ in range(KEY_ROUNDS):
+            mid = lo + (hi - lo) // 2
+            over = torch.where(keys <= mid[:, None], probs, 0.0).sum(dim=-1) > limit
+            hi = torch.where(over, mid, hi)
+            lo = torch.where(over, lo, mid)
+        kept = kept & (keys >= hi[:, None])
+    if params.min_p is not None:
+        # probability >= min_p x the largest; the largest score is 0, so its unnormalised probability is 1
+        kept = kept & (scores.exp() >= params.min_p)
+    return scores, kept
+
+
+def pick_next(logits: torch.Tensor, noise: torch.Tensor | None, params: SamplingParams,
+              seen: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, V) logits -> (B,) token ids: greedy (after the repetition penalty), or the exponential race over the
+    kept tokens (`noise` (B, V) float32, Exponential(1)). `seen`: the (B, V) mask of seen tokens, needed when
+    params.uses_seen."""
+    if params.uses_seen and seen is None:
+        raise ValueError("seen: the repetition penalty needs the mask of the tokens each row has seen")
+    if noise is None:
+        return argmax_rows(penalize(logits.float(), seen, params.repetition_penalty) if params.uses_seen else logits)
+    scores, kept = kept_tokens(logits, params, seen)
+    race = torch.where(kept, scores.exp() / noise, -1.0)  # a kept token always beats a dropped one
+    return argmax_rows(race)
