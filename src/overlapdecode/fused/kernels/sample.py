@@ -1,0 +1,309 @@
+"""The sampled token choice of a decode step in four launches after the LM head, with its stop bookkeeping.
+
+What it computes, per row b (the contract of `sample_finish_ref`, which is the decode loop's own `choose_next`
+for sampling: sampling.pick_next, then stopping.mark_finished):
+
+    token = the kept token with the largest exp(score) / noise     the exponential race over Hugging Face's
+                                                                   kept set (sampling.py: penalty, temperature,
+                                                                   top-k, top-p, min-p)
+    token = pad_id if finished[b];  finished[b] |= token in eos_ids
+    state[b] = (token, position[b] + 1, finished[b]);  done = all rows finished;  seen[b, token] = True
+
+Why not sampling.pick_next compiled: its top-p bisection is KEY_ROUNDS masked sums over the vocabulary, one
+kernel each; here top-p needs no search at all. The race winner over every top-k and min-p token, `x0`, is the
+answer whenever top-p keeps it (the winner over a set is the winner over any subset holding it), which it does
+with probability about top_p. Otherwise every token scored at or below x0 is dropped too (top-p keeps an upper
+set of scores), and the answer is the race winner among the tokens scored above x0: the next candidate, checked
+the same way. Each check is one masked sum. The four launches, each over a (BLOCK_M, BLOCK_V) tile of the
+(B, V) logits per program, grid (cdiv(V, BLOCK_V), cdiv(B, BLOCK_M)), each storing (NBLK, B) partials:
+
+    1. _max_kernel      the row maximum of the penalised logits
+    2. _race_kernel     scores, the top-k set's mass Z, and the race winner x0 of the top-k and min-p tokens
+    3. _check_kernel    the mass of the tokens scored <= x0 and the race winner x1 among those scored above
+    4. _finish_kernel   one program: x0 if top-p keeps it, else x1, else (rarely) the chain of candidates
+                        continued over the whole row; then the state, flag and seen mask
+
+Each kernel reduces the partials of the one before when it starts (NBLK per row, from L2): no tickets, no
+cross-program waits. The top-k threshold comes from `torch.topk` (one launch more, only with top-k).
+
+Ties: the race takes the first index of the largest exp(score) / noise, as `argmax` does; blocks are reduced in
+column order, so the reduction order never changes the winner.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...sampling import SamplingParams, mark_seen, penalize, pick_next
+from ...stopping import mark_finished
+from .greedy import BIG_INDEX, REDUCE_BLOCKS, block_v_for
+
+
+def sample_finish_ref(logits, noise, params: SamplingParams, seen, state, eos, pad_id: int, done) -> None:
+    """The decode loop's sampled choice on (B, V) logits, written into state (B, 3), done (0-d) and seen."""
+    tokens, finished, all_done = mark_finished(pick_next(logits, noise, params, seen), state[:, 2].bool(), eos,
+                                               pad_id)
+    state.copy_(torch.stack([tokens, state[:, 1] + 1, finished.long()], dim=1))
+    done.copy_(all_done)
+    if seen is not None:
+        mark_seen(seen, tokens)
+
+
+@triton.jit
+def _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY: tl.constexpr):
+    """The (BLOCK_M, BLOCK_V) tile of float32 logits after the repetition penalty (-inf outside `ok`)."""
+    x = tl.load(logits_ptr + rows[:, None].to(tl.int64) * row_stride + cols[None, :], mask=ok, other=float("-inf"))
+    if PENALTY:
+        s = tl.load(seen_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=0) != 0
+        x = tl.where(s, tl.where(x < 0, x * rep, x / rep), x)
+    return x
+
+
+@triton.jit
+def _row_max(pmax_ptr, NBLK, B, rows, row_ok, BLOCK_M: tl.constexpr):
+    """Each row's maximum from the (NBLK, B) partial maxima."""
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    for c0 in range(0, NBLK, REDUCE_BLOCKS):
+        blk = c0 + tl.arange(0, REDUCE_BLOCKS)
+        ok = (blk < NBLK)[:, None] & row_ok[None, :]
+        m = tl.maximum(m, tl.max(tl.load(pmax_ptr + blk[:, None] * B + rows[None, :], mask=ok,
+                                         other=float("-inf")), 0))
+    return m
+
+
+@triton.jit
+def _row_sum(part_ptr, NBLK, B, rows, row_ok, BLOCK_M: tl.constexpr):
+    """Each row's sum of the (NBLK, B) partial sums, in block order."""
+    z = tl.zeros((BLOCK_M,), tl.float32)
+    for c0 in range(0, NBLK, REDUCE_BLOCKS):
+        blk = c0 + tl.arange(0, REDUCE_BLOCKS)
+        ok = (blk < NBLK)[:, None] & row_ok[None, :]
+        z += tl.sum(tl.load(part_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=0.0), 0)
+    return z
+
+
+@triton.jit
+def _row_best(val_ptr, idx_ptr, NBLK, B, rows, row_ok, BLOCK_M: tl.constexpr):
+    """Each row's largest race value and its first index from the (NBLK, B) partials (blocks in column order:
+    an earlier block wins a tie)."""
+    best = tl.full((BLOCK_M,), -2.0, tl.float32)
+    best_idx = tl.full((BLOCK_M,), BIG_INDEX, tl.int32)
+    for c0 in range(0, NBLK, REDUCE_BLOCKS):
+        blk = c0 + tl.arange(0, REDUCE_BLOCKS)
+        ok = (blk < NBLK)[:, None] & row_ok[None, :]
+        v = tl.load(val_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=-2.0)
+        i = tl.load(idx_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=BIG_INDEX)
+        c_max = tl.max(v, 0)
+        c_idx = tl.min(tl.where(v == c_max[None, :], i, BIG_INDEX), 0)
+        take = c_max > best
+        best = tl.where(take, c_max, best)
+        best_idx = tl.where(take, c_idx, best_idx)
+    return best, best_idx
+
+
+@triton.jit
+def _scores(x, m, kth_l, temperature):
+    """Penalised logits -> (scores, top-k membership), as sampling.scaled_scores computes them (the shift
+    by the row maximum, the division, + 0.0 for -0.0); the k-th largest logit scored the same way."""
+    s = (x - m[:, None]) / temperature + 0.0
+    kth = (kth_l - m) / temperature + 0.0
+    return s, (s >= kth[:, None]) & (s > float("-inf"))
+
+
+@triton.jit
+def _block_best(r, cols, val_ptr, idx_ptr, pid_n, B, rows, row_ok):
+    """Store the tile's largest race value per row and its first column at (pid_n, row)."""
+    b = tl.max(r, 1)
+    first = tl.min(tl.where(r == b[:, None], cols[None, :], BIG_INDEX), 1)
+    tl.store(val_ptr + pid_n * B + rows, b, mask=row_ok)
+    tl.store(idx_ptr + pid_n * B + rows, first, mask=row_ok)
+
+
+@triton.jit
+def _max_kernel(logits_ptr, seen_ptr, pmax_ptr, B, V, row_stride, rep,
+                BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr):
+    pid_n = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_ok = rows < B
+    ok = row_ok[:, None] & (cols < V)[None, :]
+    x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+    tl.store(pmax_ptr + pid_n * B + rows, tl.max(x, 1), mask=row_ok)
+
+
+@triton.jit
+def _race_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, B, V, row_stride,
+                 rep, temperature, min_p, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr):
+    pid_n = tl.program_id(0)
+    nblk = tl.num_programs(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_ok = rows < B
+    ok = row_ok[:, None] & (cols < V)[None, :]
+    m = _row_max(pmax_ptr, nblk, B, rows, row_ok, BLOCK_M)
+    x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+    s, in_k = _scores(x, m, tl.load(kth_ptr + rows, mask=row_ok, other=0.0), temperature)
+    e = tl.where(in_k & ok, tl.exp(s), 0.0)
+    tl.store(pz_ptr + pid_n * B + rows, tl.sum(e, 1), mask=row_ok)
+    noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
+    r = tl.where(in_k & ok & (e >= min_p), e / noise, -1.0)
+    _block_best(r, cols, pr_ptr, pi_ptr, pid_n, B, rows, row_ok)
+
+
+@triton.jit
+def _candidate_score(logits_ptr, seen_ptr, token, rows, row_ok, m, V, row_stride, rep, temperature,
+                     PENALTY: tl.constexpr):
+    """The score of each row's candidate `token` (BLOCK_M,), computed as the tiles compute it."""
+    t = tl.where(row_ok & (token < V), token, 0)
+    x = tl.load(logits_ptr + rows.to(tl.int64) * row_stride + t, mask=row_ok, other=float("-inf"))
+    if PENALTY:
+        seen = tl.load(seen_ptr + rows.to(tl.int64) * V + t, mask=row_ok, other=0) != 0
+        x = tl.where(seen, tl.where(x < 0, x * rep, x / rep), x)
+    return (x - m) / temperature + 0.0
+
+
+@triton.jit
+def _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok, m, z, pivot, V, row_stride, rep,
+                temperature, min_p, PENALTY: tl.constexpr):
+    """Over one tile: the probability of the tokens scored <= pivot (B,), and the race values of the
+    tokens scored above it (-1 elsewhere)."""
+    ok = row_ok[:, None] & (cols < V)[None, :]
+    x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+    s, in_k = _scores(x, m, kth_l, temperature)
+    e = tl.where(in_k & ok, tl.exp(s), 0.0)
+    mass = tl.sum(tl.where(s <= pivot[:, None], e / z[:, None], 0.0), 1)
+    noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
+    r = tl.where(in_k & ok & (e >= min_p) & (s > pivot[:, None]), e / noise, -1.0)
+    return mass, r
+
+
+@triton.jit
+def _check_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, pmass_ptr, pr2_ptr,
+                  pi2_ptr, B, V, row_stride, rep, temperature, min_p,
+                  BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr):
+    pid_n = tl.program_id(0)
+    nblk = tl.num_programs(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_ok = rows < B
+    m = _row_max(pmax_ptr, nblk, B, rows, row_ok, BLOCK_M)
+    z = _row_sum(pz_ptr, nblk, B, rows, row_ok, BLOCK_M)
+    _, x0 = _row_best(pr_ptr, pi_ptr, nblk, B, rows, row_ok, BLOCK_M)
+    pivot = _candidate_score(logits_ptr, seen_ptr, x0, rows, row_ok, m, V, row_stride, rep, temperature, PENALTY)
+    kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0)
+    mass, r = _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok, m, z, pivot, V, row_stride,
+                          rep, temperature, min_p, PENALTY)
+    tl.store(pmass_ptr + pid_n * B + rows, mass, mask=row_ok)
+    _block_best(r, cols, pr2_ptr, pi2_ptr, pid_n, B, rows, row_ok)
+
+
+@triton.jit
+def _finish_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, pmass_ptr, pr2_ptr,
+                   pi2_ptr, NBLK, B, V, row_stride, rep, temperature, min_p, limit, state_ptr, eos_ptr, E, pad_id,
+                   done_ptr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr,
+                   TOP_P: tl.constexpr):
+    all_done = tl.full((BLOCK_M,), 1, tl.int32)
+    for r0 in range(0, B, BLOCK_M):
+        rows = r0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < B
+        _, x0 = _row_best(pr_ptr, pi_ptr, NBLK, B, rows, row_ok, BLOCK_M)
+        token = x0
+        if TOP_P:
+            m = _row_max(pmax_ptr, NBLK, B, rows, row_ok, BLOCK_M)
+            z = _row_sum(pz_ptr, NBLK, B, rows, row_ok, BLOCK_M)
+            kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0)
+            kept = (_row_sum(pmass_ptr, NBLK, B, rows, row_ok, BLOCK_M) > limit) | ~row_ok
+            _, x1 = _row_best(pr2_ptr, pi2_ptr, NBLK, B, rows, row_ok, BLOCK_M)
+            token = tl.where(kept, x0, x1)
+            # rarely: x1 is not kept either; continue the chain over the whole row, one candidate per pass.
+            # It ends: the top-scored token is always kept, and each pass moves to a strictly higher score.
+            while tl.min(kept.to(tl.int32), 0) == 0:
+                pivot = _candidate_score(logits_ptr, seen_ptr, token, rows, row_ok, m, V, row_stride, rep,
+                                         temperature, PENALTY)
+                mass = tl.zeros((BLOCK_M,), tl.float32)
+                best = tl.full((BLOCK_M,), -2.0, tl.float32)
+                best_idx = tl.full((BLOCK_M,), BIG_INDEX, tl.int32)
+                for c0 in range(0, V, BLOCK_V):
+                    cols = c0 + tl.arange(0, BLOCK_V)
+                    mass_c, r = _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok & ~kept, m, z,
+                                            pivot, V, row_stride, rep, temperature, min_p, PENALTY)
+                    mass += mass_c
+                    c_max = tl.max(r, 1)
+                    c_idx = tl.min(tl.where(r == c_max[:, None], cols[None, :], BIG_INDEX), 1)
+                    take = c_max > best
+                    best = tl.where(take, c_max, best)
+                    best_idx = tl.where(take, c_idx, best_idx)
+                now = mass > limit
+                token = tl.where(kept | now, token, best_idx)
+                kept = kept | now
+        token = token.to(tl.int64)
+        fin = tl.load(state_ptr + rows * 3 + 2, mask=row_ok, other=1) != 0
+        pos = tl.load(state_ptr + rows * 3 + 1, mask=row_ok, other=0)
+        token = tl.where(fin, pad_id, token)
+        is_eos = rows < 0  # all false
+        for e in range(E):
+            is_eos = is_eos | (token == tl.load(eos_ptr + e))
+        fin = fin | is_eos
+        tl.store(state_ptr + rows * 3, token, mask=row_ok)
+        tl.store(state_ptr + rows * 3 + 1, pos + 1, mask=row_ok)
+        tl.store(state_ptr + rows * 3 + 2, fin.to(tl.int64), mask=row_ok)
+        if PENALTY:
+            tl.store(seen_ptr + rows.to(tl.int64) * V + token, 1, mask=row_ok)
+        all_done = all_done & tl.where(row_ok, fin.to(tl.int32), 1)
+    tl.store(done_ptr, (tl.min(all_done, 0) > 0).to(tl.uint8))
+
+
+def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingParams, seen, state: torch.Tensor,
+                  eos: torch.Tensor, pad_id: int, done: torch.Tensor, block_v: int | None = None) -> None:
+    """The Triton kernels of `sample_finish_ref`: logits (B, V) float32 with contiguous rows, noise (B, V)
+    float32, seen (B, V) bool when params.uses_seen (else None), state (B, 3) long, eos (E,) long, done 0-d
+    bool; writes state, done and seen in place. No host sync: every value stays on the device."""
+    if not params.do_sample:
+        raise ValueError("params: sample_choice samples; the greedy choice is kernels/greedy.py's")
+    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be a (B, V) float32 tensor with contiguous rows, got {tuple(logits.shape)} "
+                         f"{logits.dtype}")
+    B, V = logits.shape
+    if noise.shape != (B, V) or noise.dtype != torch.float32 or not noise.is_contiguous():
+        raise ValueError(f"noise must be a contiguous ({B}, {V}) float32 tensor, got {tuple(noise.shape)}")
+    if params.uses_seen != (seen is not None):
+        raise ValueError("seen: the (B, V) seen mask is needed exactly when the repetition penalty is on")
+    if seen is not None and (seen.shape != (B, V) or seen.dtype != torch.bool or not seen.is_contiguous()):
+        raise ValueError(f"seen must be a contiguous ({B}, {V}) bool tensor, got {tuple(seen.shape)} {seen.dtype}")
+    if state.shape != (B, 3) or state.dtype != torch.long or not state.is_contiguous():
+        raise ValueError(f"state must be a contiguous ({B}, 3) long tensor, got {tuple(state.shape)}")
+    if done.shape != () or done.dtype != torch.bool:
+        raise ValueError("done must be a 0-d bool tensor")
+    block_v = block_v or block_v_for(B)
+    block_m = min(16, triton.next_power_of_2(B))
+    grid = (triton.cdiv(V, block_v), triton.cdiv(B, block_m))
+    dev = logits.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    pmax, pz, pr, pmass, pr2 = (torch.empty((grid[0], B), **f32) for _ in range(5))
+    pi, pi2 = (torch.empty((grid[0], B), dtype=torch.int32, device=dev) for _ in range(2))
+    if params.top_k is not None and params.top_k < V:
+        # the k-th largest penalised logit; the kernels score it as they score the tiles
+        kth = torch.topk(penalize(logits, seen, params.repetition_penalty), params.top_k, dim=-1).values[:, -1]
+        kth = kth.contiguous()
+    else:
+        kth = torch.full((B,), float("-inf"), **f32)
+    seen_arg = seen.view(torch.uint8) if seen is not None else state  # never read without the penalty
+    rep = params.repetition_penalty or 1.0
+    temperature = params.temperature
+    min_p = params.min_p or 0.0
+    penalty = seen is not None
+    common = dict(BLOCK_M=block_m, BLOCK_V=block_v, PENALTY=penalty, num_warps=4)
+    _max_kernel[grid](logits, seen_arg, pmax, B, V, logits.stride(0), rep, **common)
+    _race_kernel[grid](logits, seen_arg, noise, kth, pmax, pz, pr, pi, B, V, logits.stride(0), rep, temperature,
+                       min_p, **common)
+    top_p = params.top_p is not None
+    if top_p:
+        _check_kernel[grid](logits, seen_arg, noise, kth, pmax, pz, pr, pi, pmass, pr2, pi2, B, V, logits.stride(0),
+                            rep, temperature, min_p, **common)
+    eos_arg = eos if eos.numel() else state  # never read when E == 0
+    limit = 1.0 - params.top_p if top_p else 0.0
+    _finish_kernel[(1,)](logits, seen_arg, noise, kth, pmax, pz, pr, pi, pmass, pr2, pi2, grid[0], B, V,
+                         logits.stride(0), rep, temperature, min_p, limit, state, eos_arg, eos.numel(), int(pad_id),
+                         done.view(torch.uint8), TOP_P=top_p, **common)

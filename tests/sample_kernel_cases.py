@@ -1,0 +1,92 @@
+"""Cases for the sampled-choice kernels (fused/kernels/sample.py) against their torch reference; run by
+test_sample_kernel.py in a process with TRITON_INTERPRET=1 (CPU), or directly on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from overlapdecode.fused.kernels.sample import sample_choice, sample_finish_ref
+from overlapdecode.sampling import check_sampling, seen_tokens
+from triton_interpreter import interpreter_loop_bounds  # noqa: F401 (a fixture)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SETTINGS = [
+    dict(temperature=0.8),
+    dict(top_k=7),
+    dict(top_p=0.9),
+    dict(top_p=0.2),
+    dict(min_p=0.2),
+    dict(repetition_penalty=1.4),
+    dict(temperature=0.7, top_k=40, top_p=0.95),
+    dict(temperature=1.3, top_k=30, top_p=0.5, min_p=0.05, repetition_penalty=1.2),
+]
+
+
+def params_of(s):
+    return check_sampling(True, s.get("temperature", 1.0), s.get("top_k"), s.get("top_p"), None, s.get("min_p"),
+                          s.get("repetition_penalty"))
+
+
+def run_both(B, V, setting, seed, block_v=None, eos=(), finished=()):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, V, generator=g) * 3).to(DEVICE)
+    logits[0, 5:9] = logits[0].max()  # ties at the top of row 0
+    noise = torch.empty(B, V).exponential_(generator=g).to(DEVICE)
+    params = params_of(setting)
+    seen = seen_tokens(torch.randint(0, V, (B, 6), generator=g).to(DEVICE), V) if params.uses_seen else None
+    state = torch.zeros(B, 3, dtype=torch.long, device=DEVICE)
+    state[:, 1] = torch.arange(B) + 10
+    for r in finished:
+        state[r, 2] = 1
+    eos_t = torch.tensor(list(eos), dtype=torch.long, device=DEVICE)
+    out = {}
+    for name, fn in (("ref", sample_finish_ref), ("kernel", sample_choice)):
+        st, done = state.clone(), torch.zeros((), dtype=torch.bool, device=DEVICE)
+        sn = seen.clone() if seen is not None else None
+        kw = dict(block_v=block_v) if name == "kernel" else {}
+        fn(logits, noise, params, sn, st, eos_t, 0, done, **kw)
+        out[name] = (st, done, sn)
+    return out
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("B,V,block_v", [(1, 1000, 128), (3, 2051, 256), (5, 300, 64)])
+def test_sample_choice_equals_the_loops_choice(setting, B, V, block_v):
+    for seed in range(3):
+        got = run_both(B, V, setting, seed, block_v)
+        (rs, rd, rn), (ks, kd, kn) = got["ref"], got["kernel"]
+        assert torch.equal(ks, rs), (setting, seed, ks[:, 0], rs[:, 0])
+        assert torch.equal(kd, rd)
+        if rn is not None:
+            assert torch.equal(kn, rn)
+
+
+def test_sample_choice_pads_finished_rows_and_stops_on_eos():
+    got = run_both(4, 500, dict(top_p=0.9), 1, 64, finished=(1,))
+    tokens = got["ref"][0][:, 0]
+    eos = (int(tokens[0]), int(tokens[2]))
+    got = run_both(4, 500, dict(top_p=0.9), 1, 64, eos=eos, finished=(1, 3))
+    (rs, rd, _), (ks, kd, _) = got["ref"], got["kernel"]
+    assert torch.equal(ks, rs) and torch.equal(kd, rd)
+    assert ks[1, 0] == 0 and ks[:, 2].tolist() == [1, 1, 1, 1] and bool(kd)
+
+
+def test_sample_choice_runs_the_chain_when_candidates_are_rejected():
+    """top_p small: the first two candidates are usually outside the nucleus, so the finish kernel's chain runs;
+    over many rows it must still make the reference's choice."""
+    got = run_both(16, 700, dict(top_p=0.05), 4, 128)
+    assert torch.equal(got["kernel"][0], got["ref"][0])
+
+
+def test_sample_choice_refuses_bad_buffers():
+    params = params_of(dict(top_p=0.9))
+    logits = torch.zeros(2, 10, device=DEVICE)
+    state = torch.zeros(2, 3, dtype=torch.long, device=DEVICE)
+    done = torch.zeros((), dtype=torch.bool, device=DEVICE)
+    eos = torch.zeros(0, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match="noise"):
+        sample_choice(logits, torch.zeros(2, 9, device=DEVICE), params, None, state, eos, 0, done)
+    with pytest.raises(ValueError, match="seen"):
+        sample_choice(logits, torch.ones(2, 10, device=DEVICE), params_of(dict(repetition_penalty=1.1)), None,
+                      state, eos, 0, done)
