@@ -185,7 +185,7 @@ def test_python_dash_m_runs_the_command():
 @pytest.mark.parametrize("flags, words", [
     (["--strategy", "fastest"], "--strategy: unknown strategy 'fastest'"),
     (["--do-sample", "--temperature", "0"], "--temperature: temperature must be > 0"),
-    (["--do-sample", "--top-k", "0"], "--top-k: top_k must be >= 1"),
+    (["--do-sample", "--top-k", "-1"], "--top-k: top_k must be >= 0"),
     (["--do-sample", "--top-p", "0"], "--top-p: top_p must be in (0, 1]"),
     (["--do-sample", "--seed", "-2"], "--seed: seed must be in [0, 2**64)"),
 ])

@@ -43,7 +43,7 @@ def call(model, **kw):
         (dict(eos_token_id="x"), TypeError, "eos_token_id must be"),
         (dict(pad_token_id=5000), ValueError, "pad_token_id [5000] outside"),
         (dict(do_sample=True, temperature=0.0), ValueError, "temperature must be > 0"),
-        (dict(do_sample=True, top_k=0), ValueError, "top_k must be >= 1"),
+        (dict(do_sample=True, top_k=-1), ValueError, "top_k must be >= 0"),
         (dict(do_sample=True, top_p=1.5), ValueError, "top_p must be in (0, 1]"),
         (dict(seed="1"), TypeError, "seed must be an int"),
         (dict(streamer=5), TypeError, "streamer must be callable"),

@@ -34,10 +34,12 @@ def test_seed_gives_the_same_tokens_for_every_eager_strategy(tiny_model, setting
 
 
 def test_seed_gives_the_same_tokens_compiled_with_a_late_stop(tiny_gpt2):
-    """Compiled sampling (one graph for compiled and interleaved) and the late stop of the ping-pong: the rows
-    stop at different steps, chosen from a free sampled run, and interleaved drops the tokens of its late step."""
+    """Compiled sampling with every control (one graph for compiled and interleaved) and the late stop of the
+    ping-pong: the rows stop at different steps, chosen from a free sampled run, and interleaved drops the tokens
+    of its late step."""
     ids, mask = make_batch(4, seed=32)
-    kw = dict(attention_mask=mask, max_new_tokens=N, do_sample=True, temperature=0.9, top_k=50, top_p=0.9, seed=7)
+    kw = dict(attention_mask=mask, max_new_tokens=N, do_sample=True, temperature=0.9, top_k=50, top_p=0.9, min_p=0.02,
+              repetition_penalty=1.2, seed=7)
     free = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=[], **kw)[:, ids.shape[1]:]
     eos = sorted({int(free[r, 2 * r + 2]) for r in range(4)})  # row r stops at step 2r+2 at the latest
     ref = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=eos, **kw)

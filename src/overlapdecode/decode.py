@@ -21,7 +21,7 @@ import torch
 
 from . import caches, markers
 from .inputs import Request, check_model, check_request, model_device
-from .sampling import SamplingParams, check_sampling, draw_noise, make_generator, pick_next
+from .sampling import SamplingParams, check_sampling, draw_noise, make_generator, mark_seen, pick_next, seen_tokens
 from .step_graph import StepGraph
 from .stopping import Slots, make_check, mark_finished
 from .strategy import LATE_CHECKS, Strategy, resolve_strategy
@@ -32,33 +32,27 @@ KEEP_GRAPHS = 4
 
 
 def decode_step(model, model_kwargs: dict, state, eos_ids, pad_id: int, noise, params: SamplingParams,
-                choose=None):
+                choose=None, seen=None):
     """One forward and token choice, all on the device.
 
     `state` (B, 3) long holds, per row, the last token, its position and the finished flag. A decode step
     (no `input_ids` in `model_kwargs`) feeds the token at its position; the prefill passes the prompt.
-    `choose`: `choose_next` or a compiled copy of it. -> the new state (B, 3) and the all-finished flag (0-d bool).
+    `choose`: `choose_next` or a compiled copy of it. `seen`: the (B, V) mask of the tokens each row has seen,
+    for the repetition penalty (read here; the loop adds each step's tokens). -> the new state (B, 3) and the
+    all-finished flag (0-d bool).
     """
     if "input_ids" not in model_kwargs:
         model_kwargs = dict(model_kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
     logits = model(**model_kwargs).logits[:, -1, :]  # (B, V)
     position = model_kwargs["position_ids"][:, -1]  # (B,)
-    return (choose or choose_next)(logits, position, state, eos_ids, pad_id, noise, params)
+    return (choose or choose_next)(logits, position, state, eos_ids, pad_id, noise, params, seen)
 
 
-def choose_next(logits, position, state, eos_ids, pad_id: int, noise, params: SamplingParams):
+def choose_next(logits, position, state, eos_ids, pad_id: int, noise, params: SamplingParams, seen=None):
     """(B, V) logits of the tokens at `position` (B,) -> the new state (B, 3) and the all-finished flag."""
-    tokens = pick_next(logits, noise, params)
+    tokens = pick_next(logits, noise, params, seen)
     tokens, finished, done = mark_finished(tokens, state[:, 2].bool(), eos_ids, pad_id)
     return torch.stack([tokens, position + 1, finished.long()], dim=1), done
-
-
-@functools.cache
-def compiled_choose_next():
-    """`choose_next` compiled without CUDA graphs, for the steps StepGraph captures itself: a handful of
-    fused kernels instead of a dozen eager ones."""
-    _raise_recompile_limits()
-    return torch.compile(choose_next, fullgraph=True, dynamic=False)
 
 
 @functools.cache
@@ -179,6 +173,8 @@ class Decoder:
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
         seed: int | None = None,
         streamer=None,
     ) -> torch.Tensor:
@@ -189,7 +185,7 @@ class Decoder:
         """
         strat = resolve_strategy(strategy)
         req = check_request(self.model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
-        params = check_sampling(do_sample, temperature, top_k, top_p, seed)
+        params = check_sampling(do_sample, temperature, top_k, top_p, seed, min_p, repetition_penalty)
         if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:
             raise ValueError(
                 f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
@@ -244,16 +240,18 @@ class Decoder:
         if graph is None:
             from .fused.cache import decode_kwargs  # the fused package is imported on first fused use (Triton)
 
-            if params.do_sample:
-                choose = compiled_choose_next()
-                step = functools.partial(_fused_step, self._fused, decode_kwargs(fused_cache), pad_id, params, choose)
+            if params.do_sample or params.uses_seen:
+                # the sampled choice (fused/kernels/sample.py), or greedy after the repetition penalty
+                step = functools.partial(_fused_step, self._fused, decode_kwargs(fused_cache), pad_id, params)
             else:  # one kernel chooses the token and updates state and flag (fused/kernels/greedy.py)
                 step = functools.partial(_fused_greedy_step, self._fused, fused_cache, pad_id)
             noise = (batch, vocab) if params.do_sample else None
             # the greedy step writes each step's tokens and flag where the loop reads them (StepLog): one column
             # per position of a call, as many as the cache has slots
-            log = fused_cache.length if not params.do_sample and self._fused.writes_step_log else 0
-            graph = StepGraph(step, batch, len(eos_ids), noise, device, log_length=log)
+            plain_greedy = not (params.do_sample or params.uses_seen)
+            log = fused_cache.length if plain_greedy and self._fused.writes_step_log else 0
+            graph = StepGraph(step, batch, len(eos_ids), noise, device, log_length=log,
+                              seen_vocab=vocab if params.uses_seen else 0)
         fused_cache.graphs[key] = graph
         while len(fused_cache.graphs) > KEEP_GRAPHS:
             fused_cache.graphs.popitem(last=False)
@@ -294,6 +292,11 @@ class Decoder:
                 graph = self._step_graph(cache.cache, B, eos_ids, req.pad_id, params, vocab_out, device)
                 graph.eos.copy_(eos_ids)
         log = graph.log if graph is not None else None
+        seen = None
+        if params.uses_seen:  # the repetition penalty's (B, V) mask of seen tokens: the prompt's, then each step's
+            seen = seen_tokens(req.input_ids, vocab_out)
+            if graph is not None:
+                seen = graph.seen.copy_(seen)  # the graph's step reads and updates it in place
         # (B, P + N); with a log, the graph's steps write their tokens into it, which is this call's output
         # (returned as a copy: the next call writes it again), and their flags into its pinned slots, at column P + j
         out = _output(B, P + N, req.input_ids, device, log)
@@ -323,21 +326,27 @@ class Decoder:
                 with check.step(j), markers.phase(markers.PREFILL if j == 0 else markers.DECODE_STEP, cuda):
                     kwargs = cache.model_kwargs(j)
                     noise = draw_noise((B, vocab_out), device, generator, out=graph.noise if graph else None)
-                    if j == 0 and graph is not None and not params.do_sample:
+                    if j == 0 and graph is not None and not (params.do_sample or params.uses_seen):
                         # greedy fused: the prefill, then the step's own choice kernel (FusedModel.greedy_prefill)
                         step_model.greedy_prefill(cache.cache, kwargs["input_ids"], kwargs["attention_mask"],
                                                   kwargs["position_ids"], state, eos_ids, req.pad_id, graph.done)
                         done = graph.done
                     elif j == 0 or not strat.compile:
-                        new_state, done = decode_step(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                        new_state, done = decode_step(step_model, kwargs, state, eos_ids, req.pad_id, noise, params,
+                                                      seen=seen)
                         state.copy_(new_state)
+                        if seen is not None:
+                            mark_seen(seen, state[:, 0])
                     elif graph is not None:
                         graph.run()  # advances state and graph.done in place
                         done = graph.done
                     else:
                         torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
-                        new_state, done = step_fn(step_model, kwargs, state, eos_ids, req.pad_id, noise, params)
+                        new_state, done = step_fn(step_model, kwargs, state, eos_ids, req.pad_id, noise, params,
+                                                  seen=seen)
                         state.copy_(new_state)  # before the next replay overwrites new_state
+                        if seen is not None:  # outside the graph: its inputs stay unmutated
+                            mark_seen(seen, state[:, 0])
                     if log is None or j == 0:
                         out[:, P + j] = state[:, 0]
                         check.publish(j, done, state[:, 0])
@@ -384,15 +393,26 @@ def _output(batch: int, length: int, input_ids, device, log) -> torch.Tensor:
     return out
 
 
-def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, choose, state, eos_ids, noise, done,
-                log=None):
-    """The sampling fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`: its cache), then
-    `choose`, its results copied into the graph's state and flag (no step log: `log` must be None)."""
+def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, state, eos_ids, noise, done, log=None,
+                seen=None):
+    """The sampling (or penalised greedy) fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`:
+    its cache), then the token choice, which advances state, done and `seen` in place (no step log: `log` must
+    be None). On CUDA a sampled choice is fused/kernels/sample.py's kernels; elsewhere, and for greedy decoding
+    with a repetition penalty, the decode loop's own choice."""
     if log is not None:
         raise ValueError("log: the sampling step does not write a step log; make its StepGraph without one")
-    new_state, all_done = decode_step(fused, kwargs, state, eos_ids, pad_id, noise, params, choose)
+    kwargs = dict(kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
+    logits = fused(**kwargs).logits[:, -1, :]  # (B, V)
+    if params.do_sample and logits.is_cuda:
+        from .fused.kernels.sample import sample_choice  # Triton: imported with the fused path
+
+        sample_choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done)
+        return
+    new_state, all_done = choose_next(logits, state[:, 1], state, eos_ids, pad_id, noise, params, seen)
     state.copy_(new_state)
     done.copy_(all_done)
+    if seen is not None:
+        mark_seen(seen, state[:, 0])
 
 
 def _fused_greedy_step(fused, cache, pad_id: int, state, eos_ids, noise, done, log=None):
@@ -468,6 +488,8 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
     seed: int | None = None,
     streamer=None,
 ) -> torch.Tensor:
@@ -480,5 +502,5 @@ def generate(
     return decoder_for(model).generate(
         input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, strategy=strategy,
         eos_token_id=eos_token_id, pad_token_id=pad_token_id, do_sample=do_sample, temperature=temperature,
-        top_k=top_k, top_p=top_p, seed=seed, streamer=streamer,
+        top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, streamer=streamer,
     )

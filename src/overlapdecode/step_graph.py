@@ -54,17 +54,20 @@ Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor
 class StepGraph:
     """The step `step` over buffers of one shape: `state` (B, 3) long (last token, its position, finished),
     `eos` (E,) long, `noise` (B, V) float32 when sampling (else None), `done` 0-d bool, and with `log_length` > 0
-    a StepLog `log` of that many columns (the step must write it). `run()` advances `state` and `done` (and the
+    a StepLog `log` of that many columns (the step must write it), and with `seen_vocab` > 0 a (B, V) bool `seen`
+    passed to the step as a keyword. `run()` advances `state` and `done` (and the
     log) by one step, in place, on the current stream. On a CPU device nothing is captured: the step runs
     eagerly every time over the same buffers."""
 
     def __init__(self, step: Step, batch: int, eos_count: int, noise_shape: tuple | None, device: torch.device,
-                 log_length: int = 0):
+                 log_length: int = 0, seen_vocab: int = 0):
         self.state = torch.zeros((batch, 3), dtype=torch.long, device=device)
         self.eos = torch.zeros((eos_count,), dtype=torch.long, device=device)
         self.noise = None if noise_shape is None else torch.zeros(noise_shape, dtype=torch.float32, device=device)
         self.done = torch.zeros((), dtype=torch.bool, device=device)
         self.log = StepLog.empty(batch, log_length, device) if log_length > 0 else None
+        # the repetition penalty's (B, V) mask of seen tokens, which the step reads and updates (keyword `seen`)
+        self.seen = torch.zeros((batch, seen_vocab), dtype=torch.bool, device=device) if seen_vocab > 0 else None
         self._step = step
         self._capture = device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -72,7 +75,8 @@ class StepGraph:
 
     def _body(self) -> None:
         # in place: the next step (or replay) reads the same addresses
-        self._step(self.state, self.eos, self.noise, self.done, self.log)
+        extra = {} if self.seen is None else {"seen": self.seen}
+        self._step(self.state, self.eos, self.noise, self.done, self.log, **extra)
 
     def run(self) -> None:
         if self.graph is not None:
