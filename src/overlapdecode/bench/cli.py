@@ -119,14 +119,20 @@ def check_strategies(text: str, flag: str, max_new_tokens: int) -> tuple[str, ..
     refused here, before a worker starts (it would only allocate K + 1 pinned slots for nothing)."""
     from ..strategy import resolve_strategy
 
+    from ..sampling import check_sampling
+    from .variants import split_variant
+
     found = names(text)
     for n in found:
         try:
-            resolve_strategy(n)
-        except ValueError as err:
+            base, sampling = split_variant(n)
+            resolve_strategy(base)
+            check_sampling(sampling.get("do_sample", False), sampling.get("temperature", 1.0), sampling.get("top_k"),
+                           sampling.get("top_p"), 0, sampling.get("min_p"), sampling.get("repetition_penalty"))
+        except (ValueError, TypeError) as err:
             raise CliError(f"{flag}: {err}") from None
-        if lag_of(n) > max_new_tokens:
-            raise CliError(f"{flag} {n}: a lag of {lag_of(n)} is beyond the {max_new_tokens} new tokens of the "
+        if lag_of(base) > max_new_tokens:
+            raise CliError(f"{flag} {n}: a lag of {lag_of(base)} is beyond the {max_new_tokens} new tokens of the "
                            f"shortest run (the flag of the last step is read after the loop anyway)")
     return tuple(found)
 

@@ -31,6 +31,7 @@ from . import memory, timeline
 from .config import BenchConfig, config_from_json, plan
 from .peers import PEERS, peer_compiles, run_peer
 from .results import environment
+from .variants import generate_kwargs, split_variant
 from .workloads import ForcedEOS, eos_steps, prompt
 
 
@@ -81,11 +82,13 @@ def weight_bytes(model) -> int:
     return total
 
 
-def _runner(name, model, ids, max_new, eos, pad):
+def _runner(name, model, ids, max_new, eos, pad, seed: int = 0):
     if name in PEERS:
         return lambda n=max_new: run_peer(name, model, ids, torch.ones_like(ids), n, eos, pad)
-    return lambda n=max_new: od.generate(model, ids, max_new_tokens=n, strategy=name, eos_token_id=eos,
-                                         pad_token_id=pad)
+    base, _ = split_variant(name)  # a sampled variant: NAME+key=value (variants.py)
+    sampling = generate_kwargs(name, seed)
+    return lambda n=max_new: od.generate(model, ids, max_new_tokens=n, strategy=base, eos_token_id=eos,
+                                         pad_token_id=pad, **sampling)
 
 
 def _busy(fn, device) -> dict:
@@ -97,7 +100,7 @@ def _busy(fn, device) -> dict:
 
 
 def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> dict:
-    run = _runner(name, model, ids, max_new, eos, pad)
+    run = _runner(name, model, ids, max_new, eos, pad, cfg.seed)
     first, _ = _timed(run, device)
     for _ in range(cfg.warmup):
         _timed(run, device)
@@ -116,7 +119,7 @@ def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> di
     return dict(
         strategy=name,
         kind="peer" if name in PEERS else "overlapdecode",
-        compiled=peer_compiles(name, device) if name in PEERS else od.resolve_strategy(name).compile,
+        compiled=peer_compiles(name, device) if name in PEERS else od.resolve_strategy(split_variant(name)[0]).compile,
         new_tokens=n_new,
         seq_s=med,
         seq_s_all=times,
@@ -175,7 +178,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
             print(f"STEP {i} {dtype} b{batch} {workload} n{n} {name}", flush=True)
             try:
                 if workload == "profile":
-                    run = _runner(name, model, ids, n, [], eos_id)
+                    run = _runner(name, model, ids, n, [], eos_id, cfg.seed)
                     run()  # same shape as the sweep's shortest length: compiled already
                     row = dict(base, strategy=name, busy=_busy(run, device))
                 elif workload == "eos":

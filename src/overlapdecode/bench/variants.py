@@ -1,0 +1,38 @@
+"""Sampled variants of a strategy in the benchmark: `NAME+key=value+...`, measured beside NAME in one run.
+
+`fused+top_p=0.9` is the `fused` preset sampling with top-p 0.9 (seeded by the run's seed), `fused+sample`
+plain sampling, `kv+repetition_penalty=1.2` greedy decoding with a penalty. The keys are od.generate's:
+temperature, top_k, top_p, min_p, repetition_penalty; any key but the penalty turns sampling on.
+"""
+
+from __future__ import annotations
+
+SAMPLE_KEYS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float}
+
+
+def split_variant(name: str) -> tuple[str, dict]:
+    """'fused+top_p=0.9' -> ('fused', {'do_sample': True, 'top_p': 0.9}); 'fused' -> ('fused', {}).
+    ValueError naming the part that is not understood."""
+    base, *parts = name.split("+")
+    kwargs: dict = {}
+    for part in parts:
+        if part == "sample":
+            kwargs["do_sample"] = True
+            continue
+        key, eq, value = part.partition("=")
+        if key not in SAMPLE_KEYS or not eq:
+            raise ValueError(f"{name}: {part!r} is not a sampling setting; use +sample or +KEY=VALUE with KEY one of "
+                             f"{', '.join(SAMPLE_KEYS)}")
+        try:
+            kwargs[key] = SAMPLE_KEYS[key](value)
+        except ValueError:
+            raise ValueError(f"{name}: {key} takes a number, got {value!r}") from None
+        if key != "repetition_penalty":
+            kwargs["do_sample"] = True
+    return base, kwargs
+
+
+def generate_kwargs(name: str, seed: int) -> dict:
+    """The sampling keywords of od.generate for the variant `name` (a seed when it samples)."""
+    _, kwargs = split_variant(name)
+    return dict(kwargs, seed=seed) if kwargs.get("do_sample") else kwargs
