@@ -8,6 +8,7 @@ import torch
 
 from overlapdecode.fused.kernels.sample import sample_choice, sample_finish_ref
 from overlapdecode.sampling import check_sampling, seen_tokens
+from overlapdecode.step_graph import StepLog
 from triton_interpreter import interpreter_loop_bounds  # noqa: F401 (a fixture)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,7 +29,7 @@ def params_of(s):
                           s.get("repetition_penalty"))
 
 
-def run_both(B, V, setting, seed, block_v=None, eos=(), finished=()):
+def run_both(B, V, setting, seed, block_v=None, eos=(), finished=(), log_length=0):
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(B, V, generator=g) * 3).to(DEVICE)
     logits[0, 5:9] = logits[0].max()  # ties at the top of row 0
@@ -45,8 +46,12 @@ def run_both(B, V, setting, seed, block_v=None, eos=(), finished=()):
         st, done = state.clone(), torch.zeros((), dtype=torch.bool, device=DEVICE)
         sn = seen.clone() if seen is not None else None
         kw = dict(block_v=block_v) if name == "kernel" else {}
-        fn(logits, noise, params, sn, st, eos_t, 0, done, **kw)
-        out[name] = (st, done, sn)
+        log = None
+        if log_length and (name == "kernel" or DEVICE == "cpu"):
+            log = StepLog.empty(B, log_length, torch.device(DEVICE))
+            log.count.fill_(log_length - 2)
+        fn(logits, noise, params, sn, st, eos_t, 0, done, log=log, **kw)
+        out[name] = (st, done, sn, log)
     return out
 
 
@@ -55,7 +60,7 @@ def run_both(B, V, setting, seed, block_v=None, eos=(), finished=()):
 def test_sample_choice_equals_the_loops_choice(setting, B, V, block_v):
     for seed in range(3):
         got = run_both(B, V, setting, seed, block_v)
-        (rs, rd, rn), (ks, kd, kn) = got["ref"], got["kernel"]
+        (rs, rd, rn, _), (ks, kd, kn, _) = got["ref"], got["kernel"]
         assert torch.equal(ks, rs), (setting, seed, ks[:, 0], rs[:, 0])
         assert torch.equal(kd, rd)
         if rn is not None:
@@ -67,9 +72,19 @@ def test_sample_choice_pads_finished_rows_and_stops_on_eos():
     tokens = got["ref"][0][:, 0]
     eos = (int(tokens[0]), int(tokens[2]))
     got = run_both(4, 500, dict(top_p=0.9), 1, 64, eos=eos, finished=(1, 3))
-    (rs, rd, _), (ks, kd, _) = got["ref"], got["kernel"]
+    (rs, rd, _, _), (ks, kd, _, log) = got["ref"], got["kernel"]
     assert torch.equal(ks, rs) and torch.equal(kd, rd)
     assert ks[1, 0] == 0 and ks[:, 2].tolist() == [1, 1, 1, 1] and bool(kd)
+
+
+def test_sample_choice_writes_the_step_log():
+    """As the greedy choice: the tokens and the flag at column log.count, then the count advanced; nothing past
+    the log's end."""
+    got = run_both(3, 400, dict(top_p=0.8, repetition_penalty=1.2), 2, 64, log_length=6)
+    (rs, rd, _, _), (ks, kd, _, log) = got["ref"], got["kernel"]
+    assert torch.equal(ks, rs)
+    assert torch.equal(log.tokens[:, 4], ks[:, 0]) and int(log.count) == 5 and bool(log.flags[4]) == bool(kd)
+    assert int(log.tokens[:, :4].abs().sum()) == 0 and int(log.tokens[:, 5].abs().sum()) == 0
 
 
 def test_sample_choice_runs_the_chain_when_candidates_are_rejected():
@@ -90,3 +105,23 @@ def test_sample_choice_refuses_bad_buffers():
     with pytest.raises(ValueError, match="seen"):
         sample_choice(logits, torch.ones(2, 10, device=DEVICE), params_of(dict(repetition_penalty=1.1)), None,
                       state, eos, 0, done)
+
+
+def test_sample_choice_takes_the_second_candidate_when_the_first_is_dropped():
+    """Two tokens hold most of the mass and top-p keeps only them: when the race winner is outside, the next
+    candidate (round 2 of the checks) is usually one of the two and must be the reference's pick; token 0 is one of
+    them, so a round that left its candidate unset (index 0) would pick it wrongly half the time."""
+    B, V = 32, 500
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(B, V, generator=g) * 0.5
+    logits[:, 0] = logits[:, 7] = 6.5  # p ~ 0.35 each: the nucleus of 0.5 is {0, 7}
+    noise = torch.empty(B, V).exponential_(generator=g)
+    params = params_of(dict(top_p=0.5))
+    picks = {}
+    for name, fn in (("ref", sample_finish_ref), ("kernel", sample_choice)):
+        state = torch.zeros(B, 3, dtype=torch.long, device=DEVICE)
+        fn(logits.to(DEVICE), noise.to(DEVICE), params, None, state, torch.zeros(0, dtype=torch.long, device=DEVICE),
+           0, torch.zeros((), dtype=torch.bool, device=DEVICE))
+        picks[name] = state[:, 0].cpu()
+    assert set(picks["ref"].tolist()) == {0, 7}
+    assert torch.equal(picks["kernel"], picks["ref"])

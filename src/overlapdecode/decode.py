@@ -249,7 +249,8 @@ class Decoder:
             # the greedy step writes each step's tokens and flag where the loop reads them (StepLog): one column
             # per position of a call, as many as the cache has slots
             plain_greedy = not (params.do_sample or params.uses_seen)
-            log = fused_cache.length if plain_greedy and self._fused.writes_step_log else 0
+            # greedy and sampled steps write their tokens and flag into a step log; greedy with a penalty does not
+            log = fused_cache.length if (plain_greedy or params.do_sample) and self._fused.writes_step_log else 0
             graph = StepGraph(step, batch, len(eos_ids), noise, device, log_length=log,
                               seen_vocab=vocab if params.uses_seen else 0)
         fused_cache.graphs[key] = graph
@@ -396,18 +397,19 @@ def _output(batch: int, length: int, input_ids, device, log) -> torch.Tensor:
 def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, state, eos_ids, noise, done, log=None,
                 seen=None):
     """The sampling (or penalised greedy) fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`:
-    its cache), then the token choice, which advances state, done and `seen` in place (no step log: `log` must
-    be None). On CUDA a sampled choice is fused/kernels/sample.py's kernels; elsewhere, and for greedy decoding
-    with a repetition penalty, the decode loop's own choice."""
-    if log is not None:
-        raise ValueError("log: the sampling step does not write a step log; make its StepGraph without one")
+    its cache), then the token choice, which advances state, done, `seen` and the step log in place. A sampled
+    choice is fused/kernels/sample.py's: its kernels on CUDA, its torch twin elsewhere; greedy decoding with a
+    repetition penalty is the decode loop's own choice (no step log)."""
     kwargs = dict(kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
     logits = fused(**kwargs).logits[:, -1, :]  # (B, V)
-    if params.do_sample and logits.is_cuda:
-        from .fused.kernels.sample import sample_choice  # Triton: imported with the fused path
+    if params.do_sample:
+        from .fused.kernels.sample import sample_choice, sample_finish_ref  # Triton: imported with the fused path
 
-        sample_choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done)
+        choice = sample_choice if logits.is_cuda else sample_finish_ref
+        choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log)
         return
+    if log is not None:
+        raise ValueError("log: the penalised greedy step does not write a step log; make its StepGraph without one")
     new_state, all_done = choose_next(logits, state[:, 1], state, eos_ids, pad_id, noise, params, seen)
     state.copy_(new_state)
     done.copy_(all_done)

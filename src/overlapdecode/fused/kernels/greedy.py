@@ -70,15 +70,19 @@ def greedy_finish_ref(logits: torch.Tensor, finish: GreedyFinish) -> None:
     tokens, finished, done = mark_finished(argmax_rows(logits), state[:, 2].bool(), finish.eos, finish.pad_id)
     state.copy_(torch.stack([tokens, state[:, 1] + 1, finished.long()], dim=1))
     finish.done.copy_(done)
-    log = finish.log
-    if log is not None:
-        if log.count.device.type != "cpu":
-            raise ValueError("finish.log: the torch twin writes a step log on CPU only (the kernel on any device)")
-        column = int(log.count)  # host memory: no sync
-        if 0 <= column < log.flags.numel():  # as the kernel: nothing written past the log's end
-            log.tokens[:, column] = tokens
-            log.flags[column] = done
-        log.count.add_(1)
+    if finish.log is not None:
+        greedy_finish_ref_log(finish.log, tokens, done)
+
+
+def greedy_finish_ref_log(log: StepLog, tokens: torch.Tensor, done: torch.Tensor) -> None:
+    """The torch twins' step log: tokens (B,) and done into column log.count, then the count advanced."""
+    if log.count.device.type != "cpu":
+        raise ValueError("finish.log: the torch twin writes a step log on CPU only (the kernel on any device)")
+    column = int(log.count)  # host memory: no sync
+    if 0 <= column < log.flags.numel():  # as the kernel: nothing written past the log's end
+        log.tokens[:, column] = tokens
+        log.flags[column] = done
+    log.count.add_(1)
 
 
 @triton.jit

@@ -20,11 +20,15 @@ the same way. Each check is one masked sum. The four launches, each over a (BLOC
     1. _max_kernel      the row maximum of the penalised logits
     2. _race_kernel     scores, the top-k set's mass Z, and the race winner x0 of the top-k and min-p tokens
     3. _check_kernel    the mass of the tokens scored <= x0 and the race winner x1 among those scored above
-    4. _finish_kernel   one program: x0 if top-p keeps it, else x1, else (rarely) the chain of candidates
-                        continued over the whole row; then the state, flag and seen mask
+    4. _check_kernel    (round 2) the same for x1 where x0 was dropped, giving x2
+    5. _finish_kernel   one program: the first of x0, x1 kept, else (about one row in a thousand at top_p 0.9)
+                        the chain continued from x2 over the whole row; then the state, the flag, the seen mask
+                        and the step log
 
-Each kernel reduces the partials of the one before when it starts (NBLK per row, from L2): no tickets, no
-cross-program waits. The top-k threshold comes from `torch.topk` (one launch more, only with top-k).
+Each kernel reduces the partials of the ones before when it starts (NBLK per row, from L2): no tickets, no
+cross-program waits. Without top-p only launches 1, 2 and 5 run. The top-k threshold comes from `torch.topk`
+(one launch more, only with top-k). With a step log (step_graph.StepLog) the finish writes the tokens and
+the flag where the decode loop reads them, as the greedy choice does.
 
 Ties: the race takes the first index of the largest exp(score) / noise, as `argmax` does; blocks are reduced in
 column order, so the reduction order never changes the winner.
@@ -38,17 +42,22 @@ import triton.language as tl
 
 from ...sampling import SamplingParams, mark_seen, penalize, pick_next
 from ...stopping import mark_finished
-from .greedy import BIG_INDEX, REDUCE_BLOCKS, block_v_for
+from ...step_graph import StepLog
+from .greedy import BIG_INDEX, REDUCE_BLOCKS, block_v_for, greedy_finish_ref_log, check_finish, GreedyFinish
 
 
-def sample_finish_ref(logits, noise, params: SamplingParams, seen, state, eos, pad_id: int, done) -> None:
-    """The decode loop's sampled choice on (B, V) logits, written into state (B, 3), done (0-d) and seen."""
+def sample_finish_ref(logits, noise, params: SamplingParams, seen, state, eos, pad_id: int, done,
+                      log: StepLog | None = None) -> None:
+    """The decode loop's sampled choice on (B, V) logits, written into state (B, 3), done (0-d) and seen (and
+    the step log, on CPU, as kernels/greedy.py's twin writes it)."""
     tokens, finished, all_done = mark_finished(pick_next(logits, noise, params, seen), state[:, 2].bool(), eos,
                                                pad_id)
     state.copy_(torch.stack([tokens, state[:, 1] + 1, finished.long()], dim=1))
     done.copy_(all_done)
     if seen is not None:
         mark_seen(seen, tokens)
+    if log is not None:
+        greedy_finish_ref_log(log, tokens, all_done)
 
 
 @triton.jit
@@ -181,8 +190,10 @@ def _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok, m, z
 
 @triton.jit
 def _check_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, pmass_ptr, pr2_ptr,
-                  pi2_ptr, B, V, row_stride, rep, temperature, min_p,
-                  BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr):
+                  pi2_ptr, pmass_out, pr_out, pi_out, B, V, row_stride, rep, temperature, min_p, limit,
+                  BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr, ROUND: tl.constexpr):
+    """Round 1: the mass at or below x0 and the winner x1 above it. Round 2: where round 1 dropped x0, the same
+    for x1 (x2 above it); rows already decided store nothing that counts (mass 0, no candidate)."""
     pid_n = tl.program_id(0)
     nblk = tl.num_programs(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -190,21 +201,29 @@ def _check_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr
     row_ok = rows < B
     m = _row_max(pmax_ptr, nblk, B, rows, row_ok, BLOCK_M)
     z = _row_sum(pz_ptr, nblk, B, rows, row_ok, BLOCK_M)
-    _, x0 = _row_best(pr_ptr, pi_ptr, nblk, B, rows, row_ok, BLOCK_M)
-    pivot = _candidate_score(logits_ptr, seen_ptr, x0, rows, row_ok, m, V, row_stride, rep, temperature, PENALTY)
+    _, cand = _row_best(pr_ptr, pi_ptr, nblk, B, rows, row_ok, BLOCK_M)
+    live = row_ok
+    if ROUND == 2:
+        live = live & (_row_sum(pmass_ptr, nblk, B, rows, row_ok, BLOCK_M) <= limit)  # x0 dropped
+        _, cand = _row_best(pr2_ptr, pi2_ptr, nblk, B, rows, row_ok, BLOCK_M)
+    pivot = _candidate_score(logits_ptr, seen_ptr, cand, rows, live, m, V, row_stride, rep, temperature, PENALTY)
     kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0)
-    mass, r = _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok, m, z, pivot, V, row_stride,
+    mass, r = _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, live, m, z, pivot, V, row_stride,
                           rep, temperature, min_p, PENALTY)
-    tl.store(pmass_ptr + pid_n * B + rows, mass, mask=row_ok)
-    _block_best(r, cols, pr2_ptr, pi2_ptr, pid_n, B, rows, row_ok)
+    tl.store(pmass_out + pid_n * B + rows, mass, mask=row_ok)
+    _block_best(r, cols, pr_out, pi_out, pid_n, B, rows, row_ok)
 
 
 @triton.jit
 def _finish_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, pmass_ptr, pr2_ptr,
-                   pi2_ptr, NBLK, B, V, row_stride, rep, temperature, min_p, limit, state_ptr, eos_ptr, E, pad_id,
-                   done_ptr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr,
-                   TOP_P: tl.constexpr):
+                   pi2_ptr, pmass2_ptr, pr3_ptr, pi3_ptr, NBLK, B, V, row_stride, rep, temperature, min_p, limit,
+                   state_ptr, eos_ptr, E, pad_id, done_ptr, tokens_ptr, flags_ptr, count_ptr, L,
+                   BLOCK_M: tl.constexpr, CHAIN_V: tl.constexpr, PENALTY: tl.constexpr, TOP_P: tl.constexpr,
+                   LOG: tl.constexpr):
     all_done = tl.full((BLOCK_M,), 1, tl.int32)
+    if LOG:  # the log's column: the previous step's finish advanced the count
+        column = tl.load(count_ptr)
+        in_log = (column >= 0) & (column < L)  # never past the log's end
     for r0 in range(0, B, BLOCK_M):
         rows = r0 + tl.arange(0, BLOCK_M)
         row_ok = rows < B
@@ -214,19 +233,22 @@ def _finish_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, p
             m = _row_max(pmax_ptr, NBLK, B, rows, row_ok, BLOCK_M)
             z = _row_sum(pz_ptr, NBLK, B, rows, row_ok, BLOCK_M)
             kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0)
-            kept = (_row_sum(pmass_ptr, NBLK, B, rows, row_ok, BLOCK_M) > limit) | ~row_ok
+            kept0 = _row_sum(pmass_ptr, NBLK, B, rows, row_ok, BLOCK_M) > limit
+            kept1 = _row_sum(pmass2_ptr, NBLK, B, rows, row_ok, BLOCK_M) > limit
             _, x1 = _row_best(pr2_ptr, pi2_ptr, NBLK, B, rows, row_ok, BLOCK_M)
-            token = tl.where(kept, x0, x1)
-            # rarely: x1 is not kept either; continue the chain over the whole row, one candidate per pass.
-            # It ends: the top-scored token is always kept, and each pass moves to a strictly higher score.
+            _, x2 = _row_best(pr3_ptr, pi3_ptr, NBLK, B, rows, row_ok, BLOCK_M)
+            token = tl.where(kept0, x0, tl.where(kept1, x1, x2))
+            kept = kept0 | kept1 | ~row_ok
+            # rarely: x2 is to be checked; continue the chain over the whole row, one candidate per pass. It ends:
+            # the top-scored token is always kept, and each pass moves to a strictly higher score.
             while tl.min(kept.to(tl.int32), 0) == 0:
                 pivot = _candidate_score(logits_ptr, seen_ptr, token, rows, row_ok, m, V, row_stride, rep,
                                          temperature, PENALTY)
                 mass = tl.zeros((BLOCK_M,), tl.float32)
                 best = tl.full((BLOCK_M,), -2.0, tl.float32)
                 best_idx = tl.full((BLOCK_M,), BIG_INDEX, tl.int32)
-                for c0 in range(0, V, BLOCK_V):
-                    cols = c0 + tl.arange(0, BLOCK_V)
+                for c0 in range(0, V, CHAIN_V):
+                    cols = c0 + tl.arange(0, CHAIN_V)
                     mass_c, r = _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok & ~kept, m, z,
                                             pivot, V, row_stride, rep, temperature, min_p, PENALTY)
                     mass += mass_c
@@ -251,15 +273,23 @@ def _finish_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, p
         tl.store(state_ptr + rows * 3 + 2, fin.to(tl.int64), mask=row_ok)
         if PENALTY:
             tl.store(seen_ptr + rows.to(tl.int64) * V + token, 1, mask=row_ok)
+        if LOG:
+            tl.store(tokens_ptr + rows.to(tl.int64) * L + column, token, mask=row_ok & in_log)
         all_done = all_done & tl.where(row_ok, fin.to(tl.int32), 1)
-    tl.store(done_ptr, (tl.min(all_done, 0) > 0).to(tl.uint8))
+    flag = (tl.min(all_done, 0) > 0).to(tl.uint8)
+    tl.store(done_ptr, flag)
+    if LOG:  # pinned host memory on CUDA: the host reads it after the step's event
+        tl.store(flags_ptr + column, flag, mask=in_log)
+        tl.store(count_ptr, column + 1)
 
 
 def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingParams, seen, state: torch.Tensor,
-                  eos: torch.Tensor, pad_id: int, done: torch.Tensor, block_v: int | None = None) -> None:
+                  eos: torch.Tensor, pad_id: int, done: torch.Tensor, log: StepLog | None = None,
+                  block_v: int | None = None) -> None:
     """The Triton kernels of `sample_finish_ref`: logits (B, V) float32 with contiguous rows, noise (B, V)
     float32, seen (B, V) bool when params.uses_seen (else None), state (B, 3) long, eos (E,) long, done 0-d
-    bool; writes state, done and seen in place. No host sync: every value stays on the device."""
+    bool, log a step_graph.StepLog or None; writes state, done, seen and the log in place. No host sync: every
+    value stays on the device."""
     if not params.do_sample:
         raise ValueError("params: sample_choice samples; the greedy choice is kernels/greedy.py's")
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
@@ -272,17 +302,14 @@ def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingPar
         raise ValueError("seen: the (B, V) seen mask is needed exactly when the repetition penalty is on")
     if seen is not None and (seen.shape != (B, V) or seen.dtype != torch.bool or not seen.is_contiguous()):
         raise ValueError(f"seen must be a contiguous ({B}, {V}) bool tensor, got {tuple(seen.shape)} {seen.dtype}")
-    if state.shape != (B, 3) or state.dtype != torch.long or not state.is_contiguous():
-        raise ValueError(f"state must be a contiguous ({B}, 3) long tensor, got {tuple(state.shape)}")
-    if done.shape != () or done.dtype != torch.bool:
-        raise ValueError("done must be a 0-d bool tensor")
+    check_finish(GreedyFinish(state, eos, int(pad_id), done, log), B, logits.device)
     block_v = block_v or block_v_for(B)
     block_m = min(16, triton.next_power_of_2(B))
     grid = (triton.cdiv(V, block_v), triton.cdiv(B, block_m))
     dev = logits.device
     f32 = dict(dtype=torch.float32, device=dev)
-    pmax, pz, pr, pmass, pr2 = (torch.empty((grid[0], B), **f32) for _ in range(5))
-    pi, pi2 = (torch.empty((grid[0], B), dtype=torch.int32, device=dev) for _ in range(2))
+    pmax, pz, pr, pmass, pr2, pmass2, pr3 = (torch.empty((grid[0], B), **f32) for _ in range(7))
+    pi, pi2, pi3 = (torch.empty((grid[0], B), dtype=torch.int32, device=dev) for _ in range(3))
     if params.top_k is not None and params.top_k < V:
         # the k-th largest penalised logit; the kernels score it as they score the tiles
         kth = torch.topk(penalize(logits, seen, params.repetition_penalty), params.top_k, dim=-1).values[:, -1]
@@ -293,17 +320,25 @@ def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingPar
     rep = params.repetition_penalty or 1.0
     temperature = params.temperature
     min_p = params.min_p or 0.0
-    penalty = seen is not None
-    common = dict(BLOCK_M=block_m, BLOCK_V=block_v, PENALTY=penalty, num_warps=4)
-    _max_kernel[grid](logits, seen_arg, pmax, B, V, logits.stride(0), rep, **common)
-    _race_kernel[grid](logits, seen_arg, noise, kth, pmax, pz, pr, pi, B, V, logits.stride(0), rep, temperature,
-                       min_p, **common)
     top_p = params.top_p is not None
-    if top_p:
-        _check_kernel[grid](logits, seen_arg, noise, kth, pmax, pz, pr, pi, pmass, pr2, pi2, B, V, logits.stride(0),
-                            rep, temperature, min_p, **common)
-    eos_arg = eos if eos.numel() else state  # never read when E == 0
     limit = 1.0 - params.top_p if top_p else 0.0
-    _finish_kernel[(1,)](logits, seen_arg, noise, kth, pmax, pz, pr, pi, pmass, pr2, pi2, grid[0], B, V,
-                         logits.stride(0), rep, temperature, min_p, limit, state, eos_arg, eos.numel(), int(pad_id),
-                         done.view(torch.uint8), TOP_P=top_p, **common)
+    stride = logits.stride(0)
+    common = dict(BLOCK_M=block_m, PENALTY=seen is not None, num_warps=4)
+    _max_kernel[grid](logits, seen_arg, pmax, B, V, stride, rep, BLOCK_V=block_v, **common)
+    _race_kernel[grid](logits, seen_arg, noise, kth, pmax, pz, pr, pi, B, V, stride, rep, temperature, min_p,
+                       BLOCK_V=block_v, **common)
+    if top_p:
+        for round_, outs in ((1, (pmass, pr2, pi2)), (2, (pmass2, pr3, pi3))):
+            _check_kernel[grid](logits, seen_arg, noise, kth, pmax, pz, pr, pi, pmass, pr2, pi2, *outs, B, V, stride,
+                                rep, temperature, min_p, limit, BLOCK_V=block_v, ROUND=round_, **common)
+    eos_arg = eos if eos.numel() else state  # never read when E == 0
+    done_u8 = done.view(torch.uint8)
+    if log is not None:
+        tokens, flags, count = log.tokens, log.flags.view(torch.uint8), log.count
+    else:
+        tokens, flags, count = state, done_u8, done_u8  # never read or written without a log
+    chain_v = max(1024, 8192 // block_m)
+    _finish_kernel[(1,)](logits, seen_arg, noise, kth, pmax, pz, pr, pi, pmass, pr2, pi2, pmass2, pr3, pi3, grid[0],
+                         B, V, stride, rep, temperature, min_p, limit, state, eos_arg, eos.numel(), int(pad_id),
+                         done_u8, tokens, flags, count, flags.numel(), BLOCK_M=block_m, CHAIN_V=chain_v,
+                         PENALTY=seen is not None, TOP_P=top_p, LOG=log is not None, num_warps=8)
