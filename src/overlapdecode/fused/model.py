@@ -322,7 +322,7 @@ class FusedModel:
     def greedy_step(self, cache: FusedCache, state: torch.Tensor, eos_ids: torch.Tensor, pad_id: int,
                     done: torch.Tensor, log=None) -> None:
         """One greedy decode step over the loop's state: the token state[:, 0] at position state[:, 1] of each
-        row through the model, then the greedy choice and stop bookkeeping of `decode.choose_next`, written into
+        row through the model, then the greedy choice and stop bookkeeping of `steps.choose_next`, written into
         `state` (B, 3) long and `done` (0-d bool) in place, by one kernel after the LM head with the Triton kernels
         (kernels/greedy.py). `log` (step_graph.StepLog): also write the tokens and done into its next column (see
         `writes_step_log`)."""
@@ -336,7 +336,7 @@ class FusedModel:
 
     def greedy_prefill(self, cache: FusedCache, input_ids, attention_mask, position_ids, state: torch.Tensor,
                        eos_ids: torch.Tensor, pad_id: int, done: torch.Tensor) -> None:
-        """Step 0 of a greedy call: the prefill, then the greedy choice of `decode.choose_next` on its logits by
+        """Step 0 of a greedy call: the prefill, then the greedy choice of `steps.choose_next` on its logits by
         the step's own choice operation (kernels/greedy.py), written into `state` (B, 3) long, which must hold no
         finished row, and `done` in place. Why: the time to the first token is mostly host time, and this is
         two launches where the eager choice was a dozen."""
