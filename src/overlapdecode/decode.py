@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 import weakref
 
@@ -108,7 +109,8 @@ class Decoder:
         seed: int | None = None,
         streamer=None,
     ) -> torch.Tensor:
-        """Generate up to `max_new_tokens` tokens after each prompt (the arguments of `od.generate`).
+        """Generate up to `max_new_tokens` tokens after each prompt (`od.generate` takes the same arguments,
+        after the model; docs/DESIGN.md states the contract).
 
         Returns (B, P + n) ids: the prompt, then the generated tokens (pad after a row's EOS); n is the
         number of steps until every row emitted EOS, or max_new_tokens.
@@ -290,29 +292,27 @@ def decoder_for(model) -> Decoder:
         return dec
 
 
-def generate(
-    model,
-    input_ids,
-    attention_mask=None,
-    max_new_tokens: int = 64,
-    strategy="interleaved",
-    eos_token_id=None,
-    pad_token_id=None,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    streamer=None,
-) -> torch.Tensor:
-    """Generate up to `max_new_tokens` tokens after each prompt with the decoder kept for `model`.
+def generate(model, *args, **kwargs) -> torch.Tensor:
+    """Generate up to `max_new_tokens` tokens after each prompt with the decoder kept for `model`: the arguments
+    of `Decoder.generate`, after the model.
 
     The contract (arguments, output, errors, stop-check semantics) is in docs/DESIGN.md. Returns (B, P + n)
     ids: the prompt, then the generated tokens (pad after a row's EOS); n is the number of steps until every
     row emitted EOS, or max_new_tokens. One call at a time per model (RuntimeError otherwise).
     """
-    return decoder_for(model).generate(
-        input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, strategy=strategy,
-        eos_token_id=eos_token_id, pad_token_id=pad_token_id, do_sample=do_sample, temperature=temperature,
-        top_k=top_k, top_p=top_p, seed=seed, streamer=streamer,
-    )
+    try:
+        generate.__signature__.bind(model, *args, **kwargs)  # an unknown or missing argument, before any work
+    except TypeError as err:
+        raise TypeError(f"generate(): {err}") from None
+    return decoder_for(model).generate(*args, **kwargs)
+
+
+def _model_first(method) -> inspect.Signature:
+    """The signature of a Decoder method as a function of the model: `self` becomes `model`."""
+    sig = inspect.signature(method)
+    params = list(sig.parameters.values())
+    return sig.replace(parameters=[params[0].replace(name="model"), *params[1:]])
+
+
+# one signature, written once (Decoder.generate's): help(od.generate) shows its arguments and defaults
+generate.__signature__ = _model_first(Decoder.generate)
