@@ -17,12 +17,14 @@ a device value on the host.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
 import torch
 
 from . import caches
+from .compiling import recompile_limits
 from .inputs import Request
 from .sampling import SamplingParams, draw_noise, pick_next
 from .stopping import mark_finished
@@ -54,32 +56,19 @@ def choose_next(logits, position, state, eos_ids, pad_id: int, noise, params: Sa
 @functools.cache
 def compiled_choose_next():
     """`choose_next` compiled without CUDA graphs, for the steps StepGraph captures itself: a handful of
-    fused kernels instead of a dozen eager ones."""
-    _raise_recompile_limits()
+    fused kernels instead of a dozen eager ones. Called under `recompile_limits()` where it may compile."""
     return torch.compile(choose_next, fullgraph=True, dynamic=False)
 
 
 @functools.cache
 def compiled_decode_step():
-    """`decode_step` compiled once per process; dynamo specialises per model and shape.
+    """`decode_step` compiled once per process; dynamo specialises per model and shape. Called under
+    `recompile_limits()` where it may compile (a call's first step).
 
     The static cache tensors are marked static addresses by Hugging Face, so the CUDA graph of a shape is
     recorded once and replayed on every later call of that shape.
     """
-    _raise_recompile_limits()
     return torch.compile(decode_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
-
-
-def _raise_recompile_limits() -> None:
-    # Each (model, batch, cache length, sampling) is one specialisation; the default limit of 8 would make
-    # a benchmark sweep fall back to eager silently.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 512)
-
-
-def compile_count() -> int:
-    """How many graphs dynamo has compiled in this process (for the no-recompilation checks)."""
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 @dataclass(frozen=True)
@@ -167,7 +156,9 @@ class CompiledSteps(EagerSteps):
         kwargs = self.cache.model_kwargs(j)
         noise = self._noise()
         torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
-        new_state, done = self._compiled(self.model, kwargs, self.state, i.eos_ids, i.pad_id, noise, i.params)
+        # a call's first compiled step is where dynamo may compile (a new model, shape or setting)
+        with recompile_limits() if j == 1 else contextlib.nullcontext():
+            new_state, done = self._compiled(self.model, kwargs, self.state, i.eos_ids, i.pad_id, noise, i.params)
         self.state.copy_(new_state)  # before the next replay overwrites new_state
         self._emit(j)
         return done
@@ -189,7 +180,9 @@ class CapturedSteps(Steps):
 
     def step(self, j: int) -> torch.Tensor:
         self._noise(self.graph.noise)
-        self.graph.run()  # advances state and graph.done in place
+        # a graph's first run is eager, and compiles its token choice when sampling (compiled_choose_next)
+        with recompile_limits() if self.graph.eager_runs == 0 else contextlib.nullcontext():
+            self.graph.run()  # advances state and graph.done in place
         if self.graph.log is None:
             self._emit(j)
         return self.graph.done

@@ -9,12 +9,14 @@ out once (layout.py) and shared with the Hugging Face model, which keeps working
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
 
+from ..compiling import recompile_limits
 from ..tp import SymmetricAllReduce, is_sharded
 from . import reference
 from .cache import FusedCache
@@ -283,6 +285,7 @@ class FusedModel:
         mode = "reduce-overhead" if self.device.type == "cuda" else None
         self._prefill = (torch.compile(reference.prefill, dynamic=False, mode=mode) if compile_prefill
                          else reference.prefill)
+        self._compiled_prefill = compile_prefill
         for t in self.weights.tensors():
             torch._dynamo.mark_static_address(t)  # a CUDA graph reads the weights in place
         self._caches: OrderedDict = OrderedDict()
@@ -356,4 +359,10 @@ class FusedModel:
         last = torch.full((1,), P - 1, dtype=torch.long, device=input_ids.device)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's logits were consumed by its caller
-        return self._prefill(self.weights, cache.k, cache.v, cache.pad, input_ids, position_ids, last)
+        # a prompt length this cache has not met (or a new cache) may compile: under raised recompile limits
+        seen = (input_ids.shape[1], torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+        new = self._compiled_prefill and seen not in cache.prefilled
+        with recompile_limits() if new else contextlib.nullcontext():
+            logits = self._prefill(self.weights, cache.k, cache.v, cache.pad, input_ids, position_ids, last)
+        cache.prefilled.add(seen)
+        return logits
