@@ -30,7 +30,7 @@ from .sampling import SamplingParams, check_sampling, make_generator
 from .steps import StepInputs, hf_steps
 from .stopping import Slots, make_check
 from .strategy import LATE_CHECKS, Strategy, resolve_strategy
-from .tp import is_sharded
+from .tp.shard import is_sharded
 
 
 class Decoder:

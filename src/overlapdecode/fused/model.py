@@ -17,7 +17,8 @@ from typing import NamedTuple
 import torch
 
 from ..compiling import recompile_limits
-from ..tp import SymmetricAllReduce, is_sharded
+from ..tp.collectives import SymmetricAllReduce
+from ..tp.shard import is_sharded
 from . import reference
 from .cache import FusedCache
 from .kernels.embed import embed_ref
