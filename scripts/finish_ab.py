@@ -21,7 +21,7 @@ import sys
 import torch
 
 import overlapdecode as od
-from overlapdecode import decode
+from overlapdecode import fused_path
 from overlapdecode.fused.cache import decode_kwargs
 from overlapdecode.fused.model import FusedModel
 from overlapdecode.sampling import SamplingParams
@@ -33,9 +33,9 @@ REPLAYS, ROUNDS, START = 64, 15, 100
 
 
 def graphs(fm: FusedModel, cache, B: int) -> dict:
-    before = functools.partial(decode._fused_step, fm, decode_kwargs(cache), 0, SamplingParams(),
-                               decode.compiled_choose_next())
-    now = functools.partial(decode._fused_greedy_step, fm, cache, 0)
+    before = functools.partial(fused_path._fused_step, fm, decode_kwargs(cache), 0, SamplingParams(),
+                               fused_path.compiled_choose_next())
+    now = functools.partial(fused_path._fused_greedy_step, fm, cache, 0)
     return {"choose after the head": StepGraph(before, B, 1, None, DEV),
             "greedy kernel": StepGraph(now, B, 1, None, DEV)}
 

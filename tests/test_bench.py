@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
-from overlapdecode.bench.report import fit_exponent
+from overlapdecode.bench.figures import fit_exponent
 from overlapdecode.cli import main
 
 STRATEGIES = ["baseline", "kv", "static", "interleaved", "nocheck"]
@@ -63,12 +64,14 @@ def test_report_and_plots_written_and_rebuilt(bench_dir):
     os.remove(os.path.join(bench_dir, "report.md"))
     assert main(["report", bench_dir]) == 0
     text = open(os.path.join(bench_dir, "report.md")).read()
-    assert "## The brief's claims, checked against this run" in text
+    assert "## The progression, checked against this run" in text
     assert "| interleaved |" in text and "| hf-dynamic |" in text
     assert "EOS forced per row" in text
     assert "This run is on CPU" in text and "not stated: measured on CPU" in text
     assert "First-call overhead (compile" in text and "first call s" not in text
     assert "Hugging Face peers ran transformers" in text
+    # the report talks about the code and its measurements only
+    assert not re.search(r"\b(brief|session|round)s?\b", text, flags=re.I), re.findall(r".*\b(?:brief|session|round).*", text)
 
 
 def test_fit_exponent():
@@ -123,7 +126,7 @@ def test_interrupted_run_is_kept_and_gathered(bench_dir, tmp_path):
     md = tmp_path / "ALL.md"
     assert main(["report", bench_dir, str(d), "--markdown", str(md)]) == 0
     text = md.read_text()
-    assert text.count("### The brief's claims") == 2 and "(cut/time_vs_length.png)" in text
+    assert text.count("### The progression, checked") == 2 and "(cut/time_vs_length.png)" in text
 
 
 def test_units_split_over_gpus_and_merged(tmp_path):
@@ -186,7 +189,7 @@ def _claim_rows(**kw):
 
 def test_claims_are_stated_where_the_figures_carry_them():
     """GPU rows, 3 calls each, 1% spread: exponents, ratios and fragmentation are stated."""
-    from overlapdecode.bench.report import claims
+    from overlapdecode.bench.claims import claims
 
     rows = _claim_rows()
     rows += [_claim_row("kv", 400, 4.0, "default", 800, 600), _claim_row("kv", 400, 4.0, "expandable", 640, 600)]
@@ -199,7 +202,7 @@ def test_claims_are_stated_where_the_figures_carry_them():
 
 
 def test_claims_are_not_stated_from_noise_few_calls_or_a_cpu():
-    from overlapdecode.bench.report import claims
+    from overlapdecode.bench.claims import claims
 
     noisy = "\n".join(claims({"rows": _claim_rows(spread=0.9)}))  # calls 90% apart: 1.40x may be noise
     assert "vs compiled: not stated: the difference (+40.0%) is within the spread of the timed calls (90%)" in noisy
@@ -221,7 +224,7 @@ def test_plots_tick_at_the_lengths_and_show_the_spread(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from overlapdecode.bench.report import _err, _log_ticks_at, plots
+    from overlapdecode.bench.plots import _err, _log_ticks_at, plots
 
     fig, ax = plt.subplots()
     ax.set_xscale("log")
@@ -256,7 +259,7 @@ def test_latest_rows_measured_beats_not_run():
 
 
 def test_mbu_is_weight_bytes_over_bandwidth_over_time():
-    from overlapdecode.bench.report import mbu
+    from overlapdecode.bench.figures import mbu
 
     row = dict(weight_bytes=2.0e9, bandwidth_gbs=4000.0, ms_per_token=1.0)  # 2 GB at 4 TB/s = 0.5 ms floor
     assert mbu(row) == pytest.approx(0.5)

@@ -153,3 +153,32 @@ def test_python_dash_m_is_the_command_and_help_is_fast():
                           env=env, timeout=120)
     assert done.returncode == 0 and "--strategies" in done.stdout
     assert time.perf_counter() - start < 3.0  # importing torch alone takes longer than this on the CI machine
+
+
+def test_generate_has_one_signature_the_decoders():
+    """od.generate's arguments are Decoder.generate's after the model (written once), shown by help() with
+    their defaults; a wrong argument is a TypeError naming it before any work (the model is not looked at)."""
+    import inspect
+    import pydoc
+
+    import overlapdecode as od
+
+    ours = inspect.signature(od.generate).parameters
+    theirs = inspect.signature(od.Decoder.generate).parameters
+    assert list(ours)[0] == "model" and list(ours)[1:] == list(theirs)[1:]
+    assert [(p.default, p.kind) for p in list(ours.values())[1:]] == [(p.default, p.kind) for p in list(theirs.values())[1:]]
+    shown = pydoc.render_doc(od.generate, renderer=pydoc.plaintext)
+    assert "generate(model, input_ids, attention_mask=None, max_new_tokens: 'int' = 64, strategy='interleaved'" in shown
+    for bad in (dict(bogus=1), dict(max_new_token=4)):
+        try:
+            od.generate("not a model", [[1, 2]], **bad)
+        except TypeError as err:
+            assert repr(next(iter(bad))) in str(err), err
+        else:
+            raise AssertionError(f"{bad} was accepted")
+    try:
+        od.generate("not a model")
+    except TypeError as err:
+        assert "'input_ids'" in str(err), err
+    else:
+        raise AssertionError("a call without input_ids was accepted")

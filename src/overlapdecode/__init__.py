@@ -22,7 +22,7 @@ _EXPORTS = {
     "VARIANTS": "strategy",
     "ByteTokenizer": "tokenizer",
     "Strategy": "strategy",
-    "compile_count": "decode",
+    "compile_count": "compiling",
     "decoder_for": "decode",
     "generate": "decode",
     "load_model": "models",
@@ -33,7 +33,8 @@ __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .decode import Decoder, compile_count, decoder_for, generate
+    from .decode import Decoder, decoder_for, generate
+    from .compiling import compile_count
     from .strategy import PRESETS, VARIANTS, Strategy, resolve_strategy
     from .models import EMBEDDED, load_model, load_tokenizer
     from .tokenizer import ByteTokenizer

@@ -3,79 +3,34 @@
 One loop serves every strategy: step 0 is the (eager) prefill, step j >= 1 feeds token j-1 through one
 model forward, picks token j, replaces it by pad on finished rows and updates the finished mask, all on the
 device. A strategy (strategy.py) chooses the cache (caches.py), whether the one-token step is compiled, and
-the stop check (stopping.py). The tokens do not depend on the strategy: the tests compare every preset with
-Hugging Face `generate()` and with the no-cache loop.
+the stop check (stopping.py); the step objects (steps.py, fused_path.py for the fused cache) run the steps,
+the same way for every strategy as seen from the loop. The tokens do not depend on the strategy: the tests
+compare every preset with Hugging Face `generate()` and with the no-cache loop.
 
-A `Decoder` owns what outlives one call: the kept static caches, the two side streams, the pinned stop-flag
-slots, the compiled step, and the event that marks the end of its last call. It runs one call at a time.
+A `Decoder` owns what outlives one call: the kept static caches, the fused model and its captured steps
+(fused_path.py), the two side streams, the pinned stop-flag slots, and the event that marks the end of its
+last call. It runs one call at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 import weakref
 
 import torch
 
-from . import caches, markers
+from . import markers
+from .caches import StaticCaches
+from .fused_path import FusedPath
 from .inputs import Request, check_model, check_request, model_device
-from .sampling import SamplingParams, check_sampling, draw_noise, make_generator, mark_seen, pick_next, seen_tokens
-from .step_graph import StepGraph
-from .stopping import Slots, make_check, mark_finished
+from .sampling import SamplingParams, check_sampling, make_generator, seen_tokens
+from .steps import StepInputs, hf_steps
+from .stopping import Slots, make_check
 from .strategy import LATE_CHECKS, Strategy, resolve_strategy
-from .tp import is_sharded
-
-# Captured fused steps kept per fused cache (one per count of EOS ids, pad id and sampling setting).
-KEEP_GRAPHS = 4
-
-
-def decode_step(model, model_kwargs: dict, state, eos_ids, pad_id: int, noise, params: SamplingParams,
-                choose=None, seen=None):
-    """One forward and token choice, all on the device.
-
-    `state` (B, 3) long holds, per row, the last token, its position and the finished flag. A decode step
-    (no `input_ids` in `model_kwargs`) feeds the token at its position; the prefill passes the prompt.
-    `choose`: `choose_next` or a compiled copy of it. `seen`: the (B, V) mask of the tokens each row has seen,
-    for the repetition penalty (read here; the loop adds each step's tokens). -> the new state (B, 3) and the
-    all-finished flag (0-d bool).
-    """
-    if "input_ids" not in model_kwargs:
-        model_kwargs = dict(model_kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
-    logits = model(**model_kwargs).logits[:, -1, :]  # (B, V)
-    position = model_kwargs["position_ids"][:, -1]  # (B,)
-    return (choose or choose_next)(logits, position, state, eos_ids, pad_id, noise, params, seen)
-
-
-def choose_next(logits, position, state, eos_ids, pad_id: int, noise, params: SamplingParams, seen=None):
-    """(B, V) logits of the tokens at `position` (B,) -> the new state (B, 3) and the all-finished flag."""
-    tokens = pick_next(logits, noise, params, seen)
-    tokens, finished, done = mark_finished(tokens, state[:, 2].bool(), eos_ids, pad_id)
-    return torch.stack([tokens, position + 1, finished.long()], dim=1), done
-
-
-@functools.cache
-def compiled_decode_step():
-    """`decode_step` compiled once per process; dynamo specialises per model and shape.
-
-    The static cache tensors are marked static addresses by Hugging Face, so the CUDA graph of a shape is
-    recorded once and replayed on every later call of that shape.
-    """
-    _raise_recompile_limits()
-    return torch.compile(decode_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
-
-
-def _raise_recompile_limits() -> None:
-    # Each (model, batch, cache length, sampling) is one specialisation; the default limit of 8 would make
-    # a benchmark sweep fall back to eager silently.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 512)
-
-
-def compile_count() -> int:
-    """How many graphs dynamo has compiled in this process (for the no-recompilation checks)."""
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+from .tp.shard import is_sharded
 
 
 class Decoder:
@@ -99,30 +54,23 @@ class Decoder:
         check_model(model)
         if isinstance(keep_static, bool) or not isinstance(keep_static, int) or keep_static < 0:
             raise ValueError(f"keep_static must be an int >= 0 (the static cache shapes kept), got {keep_static!r}")
-        if fused_options is not None and not isinstance(fused_options, dict):
-            raise TypeError(f"fused_options must be a dict of FusedModel options or None, got "
-                            f"{type(fused_options).__name__}")
         # the decoder od.generate keeps per model (decoder_for) holds it weakly: a strong reference from the
         # value of a weakly keyed dictionary to its key would keep every model ever used alive
         self._model = weakref.ref(model) if _weak else (lambda: model)
-        # FusedModel's keywords (pdl, tiles, symmetric_all_reduce, ...): their names and values checked now, what
-        # depends on the device (the model may still move) when the fused model is made (first use)
-        self.fused_options = dict(fused_options or {})
-        if self.fused_options:
-            try:
-                from .fused.model import check_option_values  # Triton: a heavy import, only where options are
-            except ImportError:
-                pass  # no Triton: the first fused call says so (fused_model)
-            else:
-                check_option_values(**self.fused_options)
-        self.static_caches = caches.StaticCaches(keep_static)
+        # FusedModel's keywords (pdl, tiles, symmetric_all_reduce, ...), checked now as far as they can be
+        self._fused = FusedPath(fused_options)
+        self.static_caches = StaticCaches(keep_static)
         self._lock = threading.Lock()
         self._side_streams: dict = {}  # device -> two streams, made once: new streams per call would each
         # get their own allocator pool (and library workspaces), raising reserved memory
         self._slots: dict = {}  # (slots, batch, device) -> Slots, pinned host memory reused call after call
         self._end_event: torch.cuda.Event | None = None  # the last call's last step, on its caller's stream
         self._late_steps = False  # whether the last call returned with steps still queued (a late stop)
-        self._fused = None  # the FusedModel (re-laid weights, fused caches), made on the first fused call
+
+    @property
+    def fused_options(self) -> dict:
+        """FusedModel's keywords for this decoder's fused calls (read when the fused model is made)."""
+        return self._fused.options
 
     @property
     def model(self):
@@ -138,28 +86,13 @@ class Decoder:
             self._wait_last_call()
             self.static_caches.clear()
             self._slots.clear()
-            if self._fused is not None:
-                self._fused.clear_caches()
+            self._fused.clear()
 
     def fused_model(self):
         """The fused decode of this model (fused/): its weights are re-laid out once, on first use, and the
         Hugging Face model's parameters become views of them (it keeps working). ValueError if the model's
         family is not supported."""
-        embed = self.model.get_input_embeddings().weight
-        if self._fused is None or self._fused.weights.embed.data_ptr() != embed.data_ptr():
-            # first use, or the model was moved or cast since (`.to` breaks the views): fuse again
-            try:
-                from .fused.model import FusedModel  # imported on first use: Triton is a heavy import
-            except ImportError as err:
-                raise ValueError(
-                    f"strategy: 'fused' needs Triton ({err}); it comes with CUDA builds of torch, and on CPU "
-                    "`pip install triton` provides the module its torch reference lives beside"
-                ) from None
-            if self._fused is not None:
-                self._wait_last_call()
-                self._fused.clear_caches()  # the old weights' caches and graphs go now, with the old weights
-            self._fused = FusedModel(self.model, **self.fused_options)
-        return self._fused
+        return self._fused.model_for(self.model, self._wait_last_call)
 
     def generate(
         self,
@@ -178,7 +111,8 @@ class Decoder:
         seed: int | None = None,
         streamer=None,
     ) -> torch.Tensor:
-        """Generate up to `max_new_tokens` tokens after each prompt (the arguments of `od.generate`).
+        """Generate up to `max_new_tokens` tokens after each prompt (`od.generate` takes the same arguments,
+        after the model; docs/DESIGN.md states the contract).
 
         Returns (B, P + n) ids: the prompt, then the generated tokens (pad after a row's EOS); n is the
         number of steps until every row emitted EOS, or max_new_tokens.
@@ -231,32 +165,13 @@ class Decoder:
             self._slots[key] = Slots(n, batch, device)
         return self._slots[key]
 
-    def _step_graph(self, fused_cache, batch: int, eos_ids, pad_id: int, params: SamplingParams, vocab: int,
-                    device: torch.device) -> StepGraph:
-        """The captured fused step of this cache for these stop and sampling settings, kept with the cache
-        (a few per cache) so that later calls replay it."""
-        key = (len(eos_ids), pad_id, params)
-        graph = fused_cache.graphs.pop(key, None)
-        if graph is None:
-            from .fused.cache import decode_kwargs  # the fused package is imported on first fused use (Triton)
-
-            if params.do_sample or params.uses_seen:
-                # the sampled choice (fused/kernels/sample.py), or greedy after the repetition penalty
-                step = functools.partial(_fused_step, self._fused, decode_kwargs(fused_cache), pad_id, params)
-            else:  # one kernel chooses the token and updates state and flag (fused/kernels/greedy.py)
-                step = functools.partial(_fused_greedy_step, self._fused, fused_cache, pad_id)
-            noise = (batch, vocab) if params.do_sample else None
-            # the greedy step writes each step's tokens and flag where the loop reads them (StepLog): one column
-            # per position of a call, as many as the cache has slots
-            plain_greedy = not (params.do_sample or params.uses_seen)
-            # greedy and sampled steps write their tokens and flag into a step log; greedy with a penalty does not
-            log = fused_cache.length if (plain_greedy or params.do_sample) and self._fused.writes_step_log else 0
-            graph = StepGraph(step, batch, len(eos_ids), noise, device, log_length=log,
-                              seen_vocab=vocab if params.uses_seen else 0)
-        fused_cache.graphs[key] = graph
-        while len(fused_cache.graphs) > KEEP_GRAPHS:
-            fused_cache.graphs.popitem(last=False)
-        return graph
+    def _steps_maker(self, strat: Strategy):
+        """What makes the step objects (steps.py) of a call of `strat`: the fused path's (its fused model made
+        now, or refused) or the Hugging Face model's."""
+        if strat.cache == "fused":
+            self.fused_model()
+            return self._fused.steps
+        return functools.partial(hf_steps, self.model, store=self.static_caches)
 
     def _decode(self, req: Request, strat: Strategy, params: SamplingParams, seed, sink) -> torch.Tensor:
         model = self.model
@@ -274,87 +189,34 @@ class Decoder:
             # stream hand-off: the last call's late steps are done before this call resets what they used
             main.wait_event(self._end_event)
 
-        # an unsupported family is refused here, before any buffer is made on the device
-        fused = self.fused_model() if strat.cache == "fused" else None
+        make_steps = self._steps_maker(strat)  # an unsupported family is refused here, before any device buffer
 
         # 1) buffers made once on the caller's stream, before the loop
         eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
         generator = make_generator(params, seed, device)
         vocab_out = model.get_output_embeddings().weight.shape[0]
-        graph = None
-        if strat.cache == "fused":
-            from .fused.cache import FusedKV  # imported on first use: Triton is a heavy import
-
-            cache = FusedKV(fused, req.input_ids, req.attention_mask, caches.static_cache_len(P, N),
-                            caches.position_ids_for_prompt(req.attention_mask))
-            step_model = cache.model  # the fused step replaces the Hugging Face forward
-            if strat.compile:
-                # the fused step is captured by StepGraph (step_graph.py), not by torch.compile's CUDA graphs
-                graph = self._step_graph(cache.cache, B, eos_ids, req.pad_id, params, vocab_out, device)
-                graph.eos.copy_(eos_ids)
-        log = graph.log if graph is not None else None
-        seen = None
-        if params.uses_seen:  # the repetition penalty's (B, V) mask of seen tokens: the prompt's, then each step's
-            seen = seen_tokens(req.input_ids, vocab_out)
-            if graph is not None:
-                seen = graph.seen.copy_(seen)  # the graph's step reads and updates it in place
-        # (B, P + N); with a log, the graph's steps write their tokens into it, which is this call's output
-        # (returned as a copy: the next call writes it again), and their flags into its pinned slots, at column P + j
-        out = _output(B, P + N, req.input_ids, device, log)
-        if strat.cache != "fused":
-            cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N,
-                                      self.static_caches, strat.compile)  # the no-cache step reads `out`
-            step_model = model
-        if graph is not None:
-            state = graph.state  # the graph reads and advances it in place
-            state.zero_()
-        else:
-            # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's
-            # outputs are overwritten by its next replay, so they are copied here before the next step runs.
-            state = torch.zeros((B, 3), dtype=torch.long, device=device)
+        # the repetition penalty's (B, V) mask of the tokens each row has seen: the prompt's, then each step's
+        seen = seen_tokens(req.input_ids, vocab_out) if params.uses_seen else None
+        inputs = StepInputs(P, eos_ids, req.pad_id, params, generator, (B, vocab_out), device, seen)
+        steps = make_steps(req, strat, inputs)  # this call's cache, output buffer (B, P + N) and state (B, 3)
+        out = steps.out
         side = self._streams_for(device) if cuda and strat.stop_check == "pingpong" else None
         slots = self._slots_for(strat.lag + 1, B, device) if strat.stop_check in LATE_CHECKS else None
         if sink is not None:
             sink.start(req.input_ids)
         check = make_check(strat.stop_check, strat.lag, N, main, side, slots, out[:, P:], eos_ids,
                            sink.put if sink is not None else None)
-        step_fn = compiled_decode_step() if strat.compile and graph is None else decode_step
 
         finished, result = False, None
         try:
             # 2) the loop: step j enqueues token j; the check reads the flag it owes after each step
             for j in range(N):
                 with check.step(j), markers.phase(markers.PREFILL if j == 0 else markers.DECODE_STEP, cuda):
-                    kwargs = cache.model_kwargs(j)
-                    noise = draw_noise((B, vocab_out), device, generator, out=graph.noise if graph else None)
-                    if j == 0 and graph is not None and not (params.do_sample or params.uses_seen):
-                        # greedy fused: the prefill, then the step's own choice kernel (FusedModel.greedy_prefill)
-                        step_model.greedy_prefill(cache.cache, kwargs["input_ids"], kwargs["attention_mask"],
-                                                  kwargs["position_ids"], state, eos_ids, req.pad_id, graph.done)
-                        done = graph.done
-                    elif j == 0 or not strat.compile:
-                        new_state, done = decode_step(step_model, kwargs, state, eos_ids, req.pad_id, noise, params,
-                                                      seen=seen)
-                        state.copy_(new_state)
-                        if seen is not None:
-                            mark_seen(seen, state[:, 0])
-                    elif graph is not None:
-                        graph.run()  # advances state and graph.done in place
-                        done = graph.done
-                    else:
-                        torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
-                        new_state, done = step_fn(step_model, kwargs, state, eos_ids, req.pad_id, noise, params,
-                                                  seen=seen)
-                        state.copy_(new_state)  # before the next replay overwrites new_state
-                        if seen is not None:  # outside the graph: its inputs stay unmutated
-                            mark_seen(seen, state[:, 0])
-                    if log is None or j == 0:
-                        out[:, P + j] = state[:, 0]
-                        check.publish(j, done, state[:, 0])
-                    else:  # the step wrote its tokens into `out` and its flag into pinned host memory itself
-                        check.publish(j, done, state[:, 0], log.flags[P + j])
+                    done = steps.prefill() if j == 0 else steps.step(j)
+                    # a host flag: the step wrote its tokens into `out` and its flag into pinned host memory itself
+                    check.publish(j, done, steps.state[:, 0], steps.host_flag(j))
                 if j == 0 and side is not None:
-                    cache.used_on(side)
+                    steps.used_on(side)
                 with markers.phase(markers.STOP_CHECK, cuda):
                     n = check.after_step(j)
                 if n is not None:
@@ -367,9 +229,9 @@ class Decoder:
         finally:
             check.finish()  # the caller's stream waits for every step enqueued, also if a streamer raised
             if finished:
-                # on the caller's stream, after every step and before the end event: a log is the kept graph's,
-                # which the next call (whatever its stream) writes again once that event has passed
-                result = out if n == N and log is None else out[:, : P + n].clone()
+                # on the caller's stream, after every step and before the end event: a kept output is the kept
+                # graph's log, which the next call (whatever its stream) writes again once that event has passed
+                result = out if n == N and not steps.out_is_kept else out[:, : P + n].clone()
             self._late_steps = not finished or n < check.last + 1  # steps n .. last may still be running
             if cuda:
                 self._end_event = torch.cuda.Event()
@@ -377,50 +239,6 @@ class Decoder:
             if sink is not None:
                 sink.end()  # also on error: an iterator streamer's reader must not wait for ever
         return result
-
-
-def _output(batch: int, length: int, input_ids, device, log) -> torch.Tensor:
-    """A call's (B, P + N) output buffer, the prompt in its first columns: the first P + N columns of a StepGraph's
-    `log` (whose steps write their tokens there; its count set to the first graph step's column), or a new one."""
-    P = input_ids.shape[1]
-    if log is None:
-        out = torch.empty((batch, length), dtype=torch.long, device=device)
-    else:
-        if length > log.tokens.shape[1]:  # the log has a column per cache slot, and the cache holds P + N
-            raise RuntimeError(f"internal: a step log of {log.tokens.shape[1]} columns for a call of {length}")
-        out = log.tokens[:, :length]
-        log.count.fill_(P + 1)  # step 1 is the graph's first
-    out[:, :P] = input_ids
-    return out
-
-
-def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, state, eos_ids, noise, done, log=None,
-                seen=None):
-    """The sampling (or penalised greedy) fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`:
-    its cache), then the token choice, which advances state, done, `seen` and the step log in place. A sampled
-    choice is fused/kernels/sample.py's: its kernels on CUDA, its torch twin elsewhere; greedy decoding with a
-    repetition penalty is the decode loop's own choice (no step log)."""
-    kwargs = dict(kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
-    logits = fused(**kwargs).logits[:, -1, :]  # (B, V)
-    if params.do_sample:
-        from .fused.kernels.sample import sample_choice, sample_finish_ref  # Triton: imported with the fused path
-
-        choice = sample_choice if logits.is_cuda else sample_finish_ref
-        choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log)
-        return
-    if log is not None:
-        raise ValueError("log: the penalised greedy step does not write a step log; make its StepGraph without one")
-    new_state, all_done = choose_next(logits, state[:, 1], state, eos_ids, pad_id, noise, params, seen)
-    state.copy_(new_state)
-    done.copy_(all_done)
-    if seen is not None:
-        mark_seen(seen, state[:, 0])
-
-
-def _fused_greedy_step(fused, cache, pad_id: int, state, eos_ids, noise, done, log=None):
-    """The greedy fused decode step StepGraph captures: FusedModel.greedy_step, which advances state, done and
-    the step log in place (one kernel after the head chooses: no inductor choice kernels, no copies)."""
-    fused.greedy_step(cache, state, eos_ids, pad_id, done, log)
 
 
 class _TokenSink:
@@ -478,31 +296,27 @@ def decoder_for(model) -> Decoder:
         return dec
 
 
-def generate(
-    model,
-    input_ids,
-    attention_mask=None,
-    max_new_tokens: int = 64,
-    strategy="interleaved",
-    eos_token_id=None,
-    pad_token_id=None,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float | None = None,
-    seed: int | None = None,
-    streamer=None,
-) -> torch.Tensor:
-    """Generate up to `max_new_tokens` tokens after each prompt with the decoder kept for `model`.
+def generate(model, *args, **kwargs) -> torch.Tensor:
+    """Generate up to `max_new_tokens` tokens after each prompt with the decoder kept for `model`: the arguments
+    of `Decoder.generate`, after the model.
 
     The contract (arguments, output, errors, stop-check semantics) is in docs/DESIGN.md. Returns (B, P + n)
     ids: the prompt, then the generated tokens (pad after a row's EOS); n is the number of steps until every
     row emitted EOS, or max_new_tokens. One call at a time per model (RuntimeError otherwise).
     """
-    return decoder_for(model).generate(
-        input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, strategy=strategy,
-        eos_token_id=eos_token_id, pad_token_id=pad_token_id, do_sample=do_sample, temperature=temperature,
-        top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, streamer=streamer,
-    )
+    try:
+        generate.__signature__.bind(model, *args, **kwargs)  # an unknown or missing argument, before any work
+    except TypeError as err:
+        raise TypeError(f"generate(): {err}") from None
+    return decoder_for(model).generate(*args, **kwargs)
+
+
+def _model_first(method) -> inspect.Signature:
+    """The signature of a Decoder method as a function of the model: `self` becomes `model`."""
+    sig = inspect.signature(method)
+    params = list(sig.parameters.values())
+    return sig.replace(parameters=[params[0].replace(name="model"), *params[1:]])
+
+
+# one signature, written once (Decoder.generate's): help(od.generate) shows its arguments and defaults
+generate.__signature__ = _model_first(Decoder.generate)

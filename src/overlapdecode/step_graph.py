@@ -47,7 +47,7 @@ class StepLog(NamedTuple):
 
 # step(state, eos, noise, done, log): advances state (B, 3) long and done (0-d bool: all rows finished) in place,
 # and when `log` (a StepLog) is given writes the tokens and done into its column log.count and advances it; see
-# decode._fused_greedy_step
+# fused_path._fused_greedy_step
 Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor, "StepLog | None"], None]
 
 

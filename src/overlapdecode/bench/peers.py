@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from transformers import GenerationConfig
 
+from ..compiling import recompile_limits
+
 PEERS = {
     "hf-dynamic": dict(cache_implementation="dynamic", disable_compile=True),
     "hf-static": dict(cache_implementation="static", disable_compile=True),
@@ -29,4 +31,6 @@ def run_peer(name: str, model, input_ids, attention_mask, max_new_tokens: int, e
         pad_token_id=pad_id,
         **PEERS[name],
     )
-    return model.generate(input_ids, attention_mask=attention_mask, generation_config=config)
+    # hf-compiled compiles a new specialisation per batch and cache length, as ours do: the same raised limits
+    with recompile_limits():
+        return model.generate(input_ids, attention_mask=attention_mask, generation_config=config)

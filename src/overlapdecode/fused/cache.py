@@ -18,12 +18,14 @@ import torch
 class FusedCache:
     """The cache of one (batch, length, dtype): kept by the FusedModel and reused call after call, with the
     captured decode steps that read it (`graphs`: the Decoder's StepGraphs, one per stop/sampling setting;
-    they go when the cache goes)."""
+    they go when the cache goes) and the prompt lengths its prefill has met (`prefilled`: a compiled prefill
+    compiles for a new one)."""
 
     k: list[torch.Tensor]  # per layer (B, Hkv, S, D)
     v: list[torch.Tensor]
     pad: torch.Tensor  # (B,) long: left padding of each row of the current call
     graphs: OrderedDict = field(default_factory=OrderedDict)
+    prefilled: set = field(default_factory=set)  # (padded prompt length, inference mode, grad mode)
 
     @classmethod
     def empty(cls, n_layers: int, batch: int, n_kv: int, length: int, head_dim: int, dtype, device):

@@ -9,13 +9,16 @@ out once (layout.py) and shared with the Hugging Face model, which keeps working
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
 
-from ..tp import SymmetricAllReduce, is_sharded
+from ..compiling import recompile_limits
+from ..tp.collectives import SymmetricAllReduce
+from ..tp.shard import is_sharded
 from . import reference
 from .cache import FusedCache
 from .kernels.embed import embed_ref
@@ -283,6 +286,7 @@ class FusedModel:
         mode = "reduce-overhead" if self.device.type == "cuda" else None
         self._prefill = (torch.compile(reference.prefill, dynamic=False, mode=mode) if compile_prefill
                          else reference.prefill)
+        self._compiled_prefill = compile_prefill
         for t in self.weights.tensors():
             torch._dynamo.mark_static_address(t)  # a CUDA graph reads the weights in place
         self._caches: OrderedDict = OrderedDict()
@@ -322,7 +326,7 @@ class FusedModel:
     def greedy_step(self, cache: FusedCache, state: torch.Tensor, eos_ids: torch.Tensor, pad_id: int,
                     done: torch.Tensor, log=None) -> None:
         """One greedy decode step over the loop's state: the token state[:, 0] at position state[:, 1] of each
-        row through the model, then the greedy choice and stop bookkeeping of `decode.choose_next`, written into
+        row through the model, then the greedy choice and stop bookkeeping of `steps.choose_next`, written into
         `state` (B, 3) long and `done` (0-d bool) in place, by one kernel after the LM head with the Triton kernels
         (kernels/greedy.py). `log` (step_graph.StepLog): also write the tokens and done into its next column (see
         `writes_step_log`)."""
@@ -336,7 +340,7 @@ class FusedModel:
 
     def greedy_prefill(self, cache: FusedCache, input_ids, attention_mask, position_ids, state: torch.Tensor,
                        eos_ids: torch.Tensor, pad_id: int, done: torch.Tensor) -> None:
-        """Step 0 of a greedy call: the prefill, then the greedy choice of `decode.choose_next` on its logits by
+        """Step 0 of a greedy call: the prefill, then the greedy choice of `steps.choose_next` on its logits by
         the step's own choice operation (kernels/greedy.py), written into `state` (B, 3) long, which must hold no
         finished row, and `done` in place. Why: the time to the first token is mostly host time, and this is
         two launches where the eager choice was a dozen."""
@@ -356,4 +360,10 @@ class FusedModel:
         last = torch.full((1,), P - 1, dtype=torch.long, device=input_ids.device)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's logits were consumed by its caller
-        return self._prefill(self.weights, cache.k, cache.v, cache.pad, input_ids, position_ids, last)
+        # a prompt length this cache has not met (or a new cache) may compile: under raised recompile limits
+        seen = (input_ids.shape[1], torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+        new = self._compiled_prefill and seen not in cache.prefilled
+        with recompile_limits() if new else contextlib.nullcontext():
+            logits = self._prefill(self.weights, cache.k, cache.v, cache.pad, input_ids, position_ids, last)
+        cache.prefilled.add(seen)
+        return logits

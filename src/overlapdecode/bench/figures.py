@@ -1,0 +1,100 @@
+"""The figures the report reads from results.json's rows: the timed rows by configuration and strategy, the
+time-vs-length exponents, the spread of a row's timed calls, MBU and the first-call overheads.
+
+Nothing here measures or formats: claims.py, report.py and plots.py turn these into text and figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+# the progression's order (presets, then the named variants, then the Hugging Face peers): tables and plots
+ORDER = ["baseline", "kv", "static", "compiled", "deferred", "interleaved", "nocheck", "hf-dynamic", "hf-static",
+         "hf-compiled"]
+
+
+def order(names) -> list:
+    """The distinct `names` in ORDER's order, others after them by name."""
+    return sorted(set(names), key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+
+
+def timed(rows, workload="fixed"):
+    return [r for r in rows if r.get("workload") == workload and "seq_s" in r]
+
+
+def fit_exponent(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope of log(time) against log(N): about 1 for O(N), 2 for O(N^2)."""
+    pts = [(math.log(n), math.log(t)) for n, t in points if n > 0 and t > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    den = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / den if den else None
+
+
+def series(rows) -> dict:
+    """(allocator, dtype, batch) -> strategy -> sorted [(length, row)] for the fixed workload."""
+    out: dict = defaultdict(lambda: defaultdict(list))
+    for r in timed(rows):
+        out[(r["allocator"], r["dtype"], r["batch"])][r["strategy"]].append((r["max_new_tokens"], r))
+    for per in out.values():
+        for s in per:
+            per[s].sort(key=lambda p: p[0])
+    return out
+
+
+def exponents(points) -> tuple[float | None, float | None]:
+    """(over all lengths, over the two longest lengths)."""
+    xy = [(n, r["seq_s"]) for n, r in points]
+    return fit_exponent(xy), fit_exponent(xy[-2:])
+
+
+def at(points, n):
+    """The row of length `n` among `points` [(length, row)], or None."""
+    for m, r in points:
+        if m == n:
+            return r
+    return None
+
+
+def nearest(lengths, target):
+    return min(lengths, key=lambda n: abs(n - target)) if lengths else None
+
+
+def mbu(row) -> float | None:
+    """Model-bandwidth utilisation: weight bytes / the device's measured bandwidth / time per step (None
+    without both figures, e.g. on CPU)."""
+    if not row.get("weight_bytes") or not row.get("bandwidth_gbs") or not row.get("ms_per_token"):
+        return None
+    return row["weight_bytes"] / (row["bandwidth_gbs"] * 1e9) / (row["ms_per_token"] / 1e3)
+
+
+def spread(row) -> float:
+    """(slowest - fastest) / median of a row's timed calls: how far apart two medians must be to mean anything."""
+    times = row.get("seq_s_all") or [row["seq_s"]]
+    return (max(times) - min(times)) / row["seq_s"]
+
+
+def repeats(row) -> int:
+    """How many timed calls a row's median rests on."""
+    return len(row.get("seq_s_all") or [row["seq_s"]])
+
+
+def exponent_range(points) -> tuple[float, float] | None:
+    """(lowest, highest) exponent between the shortest and the longest length that the timed calls allow."""
+    (n0, r0), (n1, r1) = points[0], points[-1]
+    if n1 <= n0:
+        return None
+    t0, t1 = r0.get("seq_s_all") or [r0["seq_s"]], r1.get("seq_s_all") or [r1["seq_s"]]
+    span = math.log(n1 / n0)
+    return math.log(min(t1) / max(t0)) / span, math.log(max(t1) / min(t0)) / span
+
+
+def first_call_overheads(per: dict) -> dict:
+    """strategy -> [(length, first call - median timed call)]: compile, CUDA-graph recording and warm-up.
+
+    A process compiles a shape once, at the first configuration that meets it, so the overhead shows at one
+    length and not at the others; the largest of them is the strategy's compile time in this run."""
+    return {s: [(n, r["first_call_s"] - r["seq_s"]) for n, r in pts] for s, pts in per.items()}
