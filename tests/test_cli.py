@@ -226,3 +226,30 @@ def test_an_empty_eos_is_refused_not_taken_for_none(eos, capsys):
     """`--eos ""` (say, an unset shell variable) silently meant 'never stop early', which only 'none' asks for."""
     assert main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "kv", "--eos", eos]) == 2
     _one_line(capsys, "names no id: give ids such as 2,3, or 'none'")
+
+
+def test_no_library_module_imports_the_command_line():
+    """The library (load_model, generate...) stands without the command line: no module outside cli.py,
+    cliargs.py, __main__.py and bench/ imports one of those, at the top or inside a function."""
+    import ast
+    import pkgutil
+
+    pkg_dir = os.path.dirname(od.__file__)
+    command_line = ("overlapdecode.cli", "overlapdecode.cliargs", "overlapdecode.__main__", "overlapdecode.bench")
+    found = []
+    for info in pkgutil.walk_packages([pkg_dir], "overlapdecode."):
+        if info.name.startswith(command_line):
+            continue
+        path = os.path.join(pkg_dir, *info.name.split(".")[1:]) + ("/__init__.py" if info.ispkg else ".py")
+        package = info.name.split(".") if info.ispkg else info.name.split(".")[:-1]
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                targets = [target] + [f"{target}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            found += [(info.name, t) for t in targets if t.startswith(command_line)]
+    assert found == [], found

@@ -12,7 +12,7 @@ import sys
 import warnings
 
 from .bench import cli as bench_cli
-from .cliargs import DTYPE_NAMES, STRATEGY_HELP, CliError, OneLineParser, ints, lag_of, looks_like_path
+from .cliargs import DTYPE_NAMES, STRATEGY_HELP, CliError, OneLineParser, ints, lag_of
 
 DEFAULT_MODEL = "gpt2-random"
 
@@ -60,7 +60,8 @@ def _check_before_loading(args) -> None:
 
 def _load(args):
     """The model and its tokenizer (None if it has none), every failure named by its flag."""
-    from .models import check_device, check_model_path, load_model, load_tokenizer, parse_dtype  # fast --help
+    from .models import (  # imported here: fast --help
+        check_device, check_model_path, load_model, load_tokenizer, looks_like_path, parse_dtype)
 
     for flag, check, value in (("--model", check_model_path, args.model), ("--dtype", parse_dtype, args.dtype),
                                ("--device", check_device, args.device)):

@@ -83,15 +83,6 @@ def lag_of(strategy: str) -> int:
     return int(k) if k.isdigit() else 0
 
 
-def looks_like_path(name: str) -> bool:
-    """A model name meant as a local path rather than a hub name: it starts with /, . or ~, or has more than
-    one '/' (a hub id is 'name' or 'org/name', so one '/' alone does not make a path), or a backslash
-    separator on Windows."""
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
-        return True
-    return os.sep != "/" and os.sep in name
-
-
 def writable_dir(path: str, flag: str) -> str:
     """`path` as an output directory, made now if missing and probed with a file, so that a long run never
     fails at its end (and so that a check of permission bits, which root ignores, is not all we rely on)."""

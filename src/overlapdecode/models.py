@@ -20,7 +20,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHea
 
 from . import random_init
 from . import tp as tensor_parallel
-from .cliargs import looks_like_path
 from .sampling import check_seed
 from .tokenizer import ByteTokenizer
 
@@ -123,6 +122,15 @@ def check_device(device) -> torch.device:
     if dev.index is not None and dev.index >= count:
         raise ValueError(f"device={dev}: this machine has {count} CUDA device(s), indices 0-{count - 1}")
     return dev
+
+
+def looks_like_path(name: str) -> bool:
+    """A model name meant as a local path rather than a hub name: it starts with /, . or ~, or has more than
+    one '/' (a hub id is 'name' or 'org/name', so one '/' alone does not make a path), or a backslash
+    separator on Windows."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        return True
+    return os.sep != "/" and os.sep in name
 
 
 def check_model_path(name_or_path) -> None:
