@@ -66,3 +66,62 @@ def test_text_through_generate_and_hugging_face_streamers(tiny_llama):
 def test_too_small_a_vocabulary_is_refused():
     with pytest.raises(ValueError, match="vocab_size 100 is too small"):
         ByteTokenizer(100)
+
+
+def _save_tiny_with_bpe_tokenizer(path):
+    """tiny-gpt2 and a byte-level BPE tokenizer trained here on a few strings, saved as from the hub: right
+    padding and no pad token, as GPT-2's own tokenizer is saved."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["The quick brown fox jumps over the lazy dog", "Hello world", "hello there, fox"],
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"]))
+    saved = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
+    assert saved.padding_side == "right" and saved.pad_token is None
+    model = od.load_model("tiny-gpt2", device="cpu")
+    model.save_pretrained(path)
+    saved.save_pretrained(path)
+    return model
+
+
+def test_a_hugging_face_tokenizer_comes_set_for_generation(tmp_path):
+    """Prompts of different lengths through a real Hugging Face tokenizer: it pads (EOS as pad), on the left,
+    and generate gives Hugging Face's tokens."""
+    from helpers import hf_generate
+
+    model = _save_tiny_with_bpe_tokenizer(tmp_path)
+    tok = od.load_tokenizer(str(tmp_path))
+    assert tok.padding_side == "left" and tok.pad_token == "<eos>"
+    enc = tok(["The quick brown fox jumps", "Hello", "hello there"], padding=True, return_tensors="pt")
+    assert enc.attention_mask[:, 0].tolist() == [1, 0, 0] and enc.attention_mask[:, -1].tolist() == [1, 1, 1]
+    want = hf_generate(model, enc.input_ids, enc.attention_mask, 8, [999], 999)
+    for strategy in ("baseline", "kv", "static"):
+        got = od.generate(model, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=8,
+                          strategy=strategy)
+        assert torch.equal(got, want), strategy
+
+
+def test_the_readme_example_with_a_hugging_face_tokenizer(tmp_path):
+    """The README's Python example as written, with a saved model and tokenizer as `name` (and the eager
+    `kv` strategy, so that CPU does not compile again)."""
+    import contextlib
+    import io
+    import os
+    import re
+
+    _save_tiny_with_bpe_tokenizer(tmp_path)
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+        (block,) = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+    block, named = re.subn(r"^name = .*$", f"name = {str(tmp_path)!r}", block, flags=re.M)
+    block, eager = re.subn(r'strategy="interleaved"', 'strategy="kv"', block)
+    assert named == eager == 1
+    scope: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - the README's own code
+    out, batch = scope["out"], scope["batch"]
+    assert out.shape[0] == 2 and out.shape[1] > batch.input_ids.shape[1]
+    assert eval(printed.getvalue()) == scope["tokenizer"].batch_decode(  # noqa: S307 - the list it printed
+        out[:, batch.input_ids.shape[1]:], skip_special_tokens=True)

@@ -207,8 +207,14 @@ def load_model(
 
 
 def load_tokenizer(name_or_path: str):
-    """The tokenizer of a model: the byte-level one (tokenizer.py) for an embedded name, else the one saved
-    with the model (hub name or directory), or None for a directory saved without one."""
+    """The tokenizer of a model, set for generation: the byte-level one (tokenizer.py) for an embedded name,
+    else the one saved with the model (hub name or directory), or None for a directory saved without one.
+
+    A Hugging Face tokenizer is returned with `padding_side="left"` (generate refuses right padding, which is
+    what most tokenizers are saved with) and, when it has no pad token, EOS as its pad token (GPT-2's has
+    none, so `tokenizer(texts, padding=True)` would fail); padded positions are masked, so their id does not
+    change the tokens.
+    """
     check_model_path(name_or_path)
     if name_or_path in EMBEDDED:
         cfg = embedded_config(name_or_path)
@@ -223,4 +229,9 @@ def load_tokenizer(name_or_path: str):
             return None
         raise
     # transformers 5 builds an empty tokenizer (no vocabulary) for a directory saved without one
-    return tokenizer if getattr(tokenizer, "vocab_size", 1) > 0 else None
+    if getattr(tokenizer, "vocab_size", 1) == 0:
+        return None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
