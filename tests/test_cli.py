@@ -10,7 +10,7 @@ import torch
 
 import overlapdecode as od
 from overlapdecode.cli import main
-from test_models import save_tiny_with_tokenizer
+from test_models import save_tiny_with_bpe_tokenizer, save_tiny_with_tokenizer
 
 
 def test_generate_prints_ids_with_random_weights_note(capsys):
@@ -46,6 +46,29 @@ def test_generate_text_with_an_embedded_model(capsys):
     ref = od.generate(model, ids, max_new_tokens=8, strategy="kv", eos_token_id=[])
     assert "\n".join(lines[1:-1]) == tok.decode(ref[0], skip_special_tokens=True)
     assert lines[-1] == "[8 new tokens, strategy kv]"
+
+
+@pytest.mark.parametrize("hugging_face", [False, True])
+def test_generate_shows_every_id_as_text_or_as_its_number(hugging_face, tmp_path, capsys):
+    """tiny-gpt2's byte tokenizer knows ids 3..258 of its 1000, the saved BPE tokenizer fewer than 300: the
+    other ids a random model emits printed nothing (gpt2-random's `--prompt Hello` printed no text at all)."""
+    from overlapdecode.tokenizer import OFFSET, readable
+
+    name = "tiny-gpt2"
+    if hugging_face:
+        name = str(tmp_path)
+        save_tiny_with_bpe_tokenizer(tmp_path)
+    assert main(["generate", "--model", name, "--prompt", "Hello", "--max-new-tokens", "12", "--strategy", "kv",
+                 "--eos", "none"]) == 0
+    out = capsys.readouterr().out
+    model, tok = od.load_model(name, device="cpu"), od.load_tokenizer(name)
+    ids = tok("Hello", return_tensors="pt").input_ids
+    new = od.generate(model, ids, max_new_tokens=12, strategy="kv", eos_token_id=[])[0, ids.shape[1]:].tolist()
+    known = range(len(tok)) if hugging_face else range(OFFSET, OFFSET + 256)
+    unknown = [t for t in new if t not in known]
+    assert unknown  # this random model emits ids its tokenizer cannot decode
+    printed = out.split("Hello", 1)[1].rsplit("\n[12 new tokens, strategy kv]\n", 1)[0]  # random bytes: any chars
+    assert printed == readable(tok, new) and all(f"<{t}>" in printed for t in unknown)
 
 
 def test_prompt_text_needs_a_tokenizer(tmp_path, capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 import overlapdecode as od
@@ -20,6 +20,23 @@ def save_tiny_with_tokenizer(path):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="w999", unk_token="w0")
     model.save_pretrained(path)
     fast.save_pretrained(path)
+    return model
+
+
+def save_tiny_with_bpe_tokenizer(path):
+    """tiny-gpt2 and a byte-level BPE tokenizer trained here on a few strings, saved as from the hub: right
+    padding and no pad token, as GPT-2's own tokenizer is saved. Its vocabulary (under 300 ids) is smaller
+    than the model's 1000, so most ids the random model emits are ones it cannot decode."""
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["The quick brown fox jumps over the lazy dog", "Hello world", "hello there, fox"],
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"]))
+    saved = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
+    assert saved.padding_side == "right" and saved.pad_token is None
+    model = od.load_model("tiny-gpt2", device="cpu")
+    model.save_pretrained(path)
+    saved.save_pretrained(path)
     return model
 
 

@@ -8,6 +8,7 @@ from transformers import TextIteratorStreamer, TextStreamer
 
 import overlapdecode as od
 from overlapdecode.tokenizer import OFFSET, ByteTokenizer
+from test_models import save_tiny_with_bpe_tokenizer
 
 
 @pytest.mark.parametrize("name", od.EMBEDDED)
@@ -30,6 +31,8 @@ def test_round_trip_utf8_and_special_ids():
     assert tok.decode(torch.tensor(ids)) == text
     assert tok.decode(ids + [2], skip_special_tokens=True) == text  # EOS dropped
     assert tok.decode(ids + [2]) == text + "<2>"
+    # an id that is no byte and no special token is shown even when special tokens are skipped
+    assert tok.decode([500] + ids + [2], skip_special_tokens=True) == "<500>" + text
     assert tok.decode(tok.encode("✓")[:2]) == "\ufffd"  # a cut character is replaced, never raises
     assert tok.batch_decode([tok.encode("a"), tok.encode("bc")]) == ["a", "bc"]
 
@@ -68,31 +71,12 @@ def test_too_small_a_vocabulary_is_refused():
         ByteTokenizer(100)
 
 
-def _save_tiny_with_bpe_tokenizer(path):
-    """tiny-gpt2 and a byte-level BPE tokenizer trained here on a few strings, saved as from the hub: right
-    padding and no pad token, as GPT-2's own tokenizer is saved."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(["The quick brown fox jumps over the lazy dog", "Hello world", "hello there, fox"],
-                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"]))
-    saved = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
-    assert saved.padding_side == "right" and saved.pad_token is None
-    model = od.load_model("tiny-gpt2", device="cpu")
-    model.save_pretrained(path)
-    saved.save_pretrained(path)
-    return model
-
-
 def test_a_hugging_face_tokenizer_comes_set_for_generation(tmp_path):
     """Prompts of different lengths through a real Hugging Face tokenizer: it pads (EOS as pad), on the left,
     and generate gives Hugging Face's tokens."""
     from helpers import hf_generate
 
-    model = _save_tiny_with_bpe_tokenizer(tmp_path)
+    model = save_tiny_with_bpe_tokenizer(tmp_path)
     tok = od.load_tokenizer(str(tmp_path))
     assert tok.padding_side == "left" and tok.pad_token == "<eos>"
     enc = tok(["The quick brown fox jumps", "Hello", "hello there"], padding=True, return_tensors="pt")
@@ -112,7 +96,7 @@ def test_the_readme_example_with_a_hugging_face_tokenizer(tmp_path):
     import os
     import re
 
-    _save_tiny_with_bpe_tokenizer(tmp_path)
+    save_tiny_with_bpe_tokenizer(tmp_path)
     with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
         (block,) = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
     block, named = re.subn(r"^name = .*$", f"name = {str(tmp_path)!r}", block, flags=re.M)
@@ -125,3 +109,18 @@ def test_the_readme_example_with_a_hugging_face_tokenizer(tmp_path):
     assert out.shape[0] == 2 and out.shape[1] > batch.input_ids.shape[1]
     assert eval(printed.getvalue()) == scope["tokenizer"].batch_decode(  # noqa: S307 - the list it printed
         out[:, batch.input_ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_readable_shows_every_id_a_tokenizer_cannot_decode(tmp_path):
+    """Hugging Face's decode drops an id beyond its vocabulary without a word; readable shows it as <id>."""
+    from overlapdecode.tokenizer import readable
+
+    save_tiny_with_bpe_tokenizer(tmp_path)
+    tok = od.load_tokenizer(str(tmp_path))
+    hello = tok.encode("Hello")
+    beyond = len(tok) + 5
+    assert tok.decode(hello + [beyond] + hello) == "HelloHello"  # what Hugging Face does
+    assert readable(tok, hello + [beyond] + hello) == f"Hello<{beyond}>Hello"
+    assert readable(tok, hello + [tok.eos_token_id]) == "Hello"  # special tokens skipped, as before
+    byte_tok = od.load_tokenizer("gpt2-random")
+    assert readable(byte_tok, byte_tok.encode("Hi") + [1234, 50256]) == "Hi<1234>"  # EOS is special

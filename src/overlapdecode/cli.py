@@ -87,6 +87,7 @@ def cmd_generate(args) -> int:
     import torch  # imported here: fast --help
 
     from .decode import generate
+    from .tokenizer import readable
 
     if args.max_new_tokens < 1:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -122,10 +123,11 @@ def cmd_generate(args) -> int:
     else:
         header = args.prompt
         if args.model in _embedded_names():
-            header = f"note: {args.model} has random weights: the text below is random bytes\n" + header
+            header = (f"note: {args.model} has random weights: the text below is random bytes, <id> for an id that "
+                      f"is no byte\n" + header)
     prompt_list = ids[0].tolist()
     generated: list[int] = []
-    shown = [tokenizer.decode(prompt_list, skip_special_tokens=True) if tokenizer is not None else ""]
+    shown = [readable(tokenizer, prompt_list) if tokenizer is not None else ""]
 
     def streamer(tokens):
         if not started[0]:
@@ -137,9 +139,10 @@ def cmd_generate(args) -> int:
         else:
             # Decode prompt and tokens together and print what is new: the tokenizer decides the spacing
             # between the prompt and the first token (a word-level one puts a space there, bytes do not),
-            # and a character cut over several tokens prints whole once complete.
+            # and a character cut over several tokens prints whole once complete. An id the tokenizer
+            # cannot decode shows as <id>: a random model's text is mostly those, and none may vanish.
             generated.append(token)
-            text = tokenizer.decode(prompt_list + generated, skip_special_tokens=True)
+            text = readable(tokenizer, prompt_list + generated)
             out.write(text[len(shown[0]):] if text.startswith(shown[0]) else "")
             shown[0] = text if text.startswith(shown[0]) else shown[0]
         out.flush()
