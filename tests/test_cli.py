@@ -171,6 +171,7 @@ def test_an_unknown_hub_name_is_one_line(monkeypatch, capsys):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them\n"
                       "in the cached files.")
 
+    monkeypatch.setattr(overlapdecode.models.AutoConfig, "from_pretrained", offline)  # the config is read first
     monkeypatch.setattr(overlapdecode.models.AutoModelForCausalLM, "from_pretrained", offline)
     assert main(["generate", "--prompt-ids", "1,2", "--model", "nobody/no-such-model"]) == 2
     _one_line(capsys, "--model nobody/no-such-model: cannot load this hub name (OSError: We couldn't connect")

@@ -134,3 +134,52 @@ def test_a_name_is_a_non_empty_string():
     for bad in ("", None, 3):
         with pytest.raises(TypeError, match="name_or_path must be a non-empty string"):
             od.load_model(bad)
+
+
+def _tiny_bert_config(**kw):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=64, **kw)
+
+
+def test_a_saved_masked_lm_is_refused_not_loaded_as_a_causal_lm(tmp_path, capsys):
+    """AutoModelForCausalLM loads a saved BertForMaskedLM as BertLMHeadModel (is_decoder=False: it attends both
+    ways) and generate ran it; the docs say masked-LM models are refused."""
+    from transformers import BertForMaskedLM, BertForSequenceClassification, BertLMHeadModel
+
+    from overlapdecode.cli import main
+
+    BertForMaskedLM(_tiny_bert_config()).save_pretrained(tmp_path / "mlm")
+    with pytest.raises(ValueError, match=r"name_or_path .*mlm was saved as BertForMaskedLM, which is not a causal"):
+        od.load_model(str(tmp_path / "mlm"), device="cpu")
+    BertForSequenceClassification(_tiny_bert_config()).save_pretrained(tmp_path / "cls")
+    with pytest.raises(ValueError, match="saved as BertForSequenceClassification, which is not a causal LM"):
+        od.load_model(str(tmp_path / "cls"), device="cpu")
+    # saved as a causal LM head but without is_decoder: an encoder all the same
+    BertLMHeadModel(_tiny_bert_config()).save_pretrained(tmp_path / "enc")
+    with pytest.raises(ValueError, match=r"is an encoder \(bert with is_decoder=False"):
+        od.load_model(str(tmp_path / "enc"), device="cpu")
+    # the same class as a decoder loads and generates Hugging Face's tokens
+    decoder = BertLMHeadModel(_tiny_bert_config(is_decoder=True)).eval()
+    decoder.save_pretrained(tmp_path / "dec")
+    loaded = od.load_model(str(tmp_path / "dec"), device="cpu")
+    ids, mask = make_batch(2, seed=3, high=100)
+    out = od.generate(loaded, ids, attention_mask=mask, max_new_tokens=5, strategy="kv", eos_token_id=[])
+    assert torch.equal(out, hf_generate(decoder, ids, mask, 5, [], 0))
+    capsys.readouterr()
+    for argv in (["generate", "--prompt-ids", "1,2"], ["bench", "--out", str(tmp_path / "out"), "--device", "cpu"]):
+        assert main(argv + ["--model", str(tmp_path / "mlm")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"overlapdecode {argv[0]}: error: --model {tmp_path / 'mlm'} was saved as BertForMaskedLM, "
+                       f"which is not a causal LM (masked-LM and classification heads are refused); generate needs "
+                       f"a decoder-only causal LM")
+    assert not (tmp_path / "out").exists()  # refused before any worker or directory
+
+
+def test_an_encoder_model_object_is_refused_by_generate():
+    from transformers import BertLMHeadModel
+
+    model = BertLMHeadModel(_tiny_bert_config()).eval()
+    with pytest.raises(ValueError, match=r"model BertLMHeadModel is an encoder \(bert with is_decoder=False"):
+        od.generate(model, torch.tensor([[5, 6]]), max_new_tokens=2, strategy="kv")

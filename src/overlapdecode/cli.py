@@ -7,12 +7,12 @@ it inside the command functions), so `overlapdecode --help` answers at once.
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
 from .bench import cli as bench_cli
-from .cliargs import DTYPE_NAMES, STRATEGY_HELP, CliError, OneLineParser, ints, lag_of
+from .cliargs import (DTYPE_NAMES, STRATEGY_HELP, CliError, OneLineParser, cannot_load, check_model_flag, ints,
+                      lag_of)
 
 DEFAULT_MODEL = "gpt2-random"
 
@@ -60,22 +60,18 @@ def _check_before_loading(args) -> None:
 
 def _load(args):
     """The model and its tokenizer (None if it has none), every failure named by its flag."""
-    from .models import (  # imported here: fast --help
-        check_device, check_model_path, load_model, load_tokenizer, looks_like_path, parse_dtype)
+    from .models import check_device, load_model, load_tokenizer, parse_dtype  # imported here: fast --help
 
-    for flag, check, value in (("--model", check_model_path, args.model), ("--dtype", parse_dtype, args.dtype),
-                               ("--device", check_device, args.device)):
+    check_model_flag(args.model)
+    for flag, check, value in (("--dtype", parse_dtype, args.dtype), ("--device", check_device, args.device)):
         try:
             check(value)
         except (ValueError, TypeError) as err:
             raise CliError(f"{flag}: {err}") from None
     try:
         model = load_model(args.model, dtype=args.dtype, device=args.device)
-    except Exception as err:  # from_pretrained's own errors (no such hub name, offline, not a causal LM...)
-        what = "directory" if looks_like_path(args.model) or os.path.isdir(os.path.expanduser(args.model)) else (
-            "embedded model" if args.model in _embedded_names() else "hub name")
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CliError(f"--model {args.model}: cannot load this {what} ({type(err).__name__}: {first})") from None
+    except Exception as err:  # from_pretrained's own errors (no such hub name, offline, a broken directory...)
+        raise CliError(cannot_load(args.model, err)) from None
     try:
         tokenizer = load_tokenizer(args.model)
     except Exception:  # a model loaded but its tokenizer did not: ids still work

@@ -7,7 +7,9 @@ only the text is meaningless, which the command line says. Their tokenizer is th
 tokenizer.py (random text out, but text in and out with no download).
 
 Every argument is checked before anything is built or downloaded: a device that does not exist, a seed a
-generator cannot take, or a path that does not exist is a ValueError/TypeError naming the argument.
+generator cannot take, or a path that does not exist is a ValueError/TypeError naming the argument; a
+directory or hub model whose config is no decoder-only causal LM (a saved BertForMaskedLM, which
+AutoModelForCausalLM would load as a BertLMHeadModel attending both ways) is refused from its config alone.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHea
 
 from . import random_init
 from . import tp as tensor_parallel
+from .inputs import check_causal_config
 from .sampling import check_seed
 from .tokenizer import ByteTokenizer
 
@@ -150,6 +153,16 @@ def check_model_path(name_or_path) -> None:
                          f"{', '.join(EMBEDDED)})")
 
 
+def pretrained_config(name_or_path: str, what: str | None = None):
+    """The config of a directory or hub name, checked to be a decoder-only causal LM (inputs.check_causal_config)
+    before any weight is read; from_pretrained's own errors otherwise. `what` starts the message of a config
+    that is no causal LM (default: "name_or_path NAME")."""
+    check_model_path(name_or_path)
+    config = AutoConfig.from_pretrained(os.path.expanduser(name_or_path))
+    check_causal_config(config, what or f"name_or_path {name_or_path}")
+    return config
+
+
 def load_model(
     name_or_path: str,
     dtype: str | torch.dtype = "float32",
@@ -199,10 +212,12 @@ def load_model(
         return model.eval()
 
     path = os.path.expanduser(name_or_path)
-    place = tensor_parallel.prepare(tp, device, AutoConfig.from_pretrained(path) if tp > 1 else None)
+    config = pretrained_config(name_or_path)
+    place = tensor_parallel.prepare(tp, device, config if tp > 1 else None)
     tensor_parallel.check_same_on_every_rank(place, name_or_path=name_or_path, dtype=str(torch_dtype),
                                              attn_implementation=attn_implementation)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
+                                                 attn_implementation=attn_implementation)
     return tensor_parallel.shard_(model, place).to(place.device).eval()
 
 
