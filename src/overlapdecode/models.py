@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import urllib.parse
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
@@ -153,12 +155,45 @@ def check_model_path(name_or_path) -> None:
                          f"{', '.join(EMBEDDED)})")
 
 
+def _hub_unreachable(timeout: float = 5.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here, or None (reachable, or behind a proxy, which only
+    the hub client knows how to use)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                                         "all_proxy")):
+        return None
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=timeout).close()
+    except OSError as err:
+        return f"{url.hostname}: {err.strerror or err}"
+    return None
+
+
 def pretrained_config(name_or_path: str, what: str | None = None):
     """The config of a directory or hub name, checked to be a decoder-only causal LM (inputs.check_causal_config)
-    before any weight is read; from_pretrained's own errors otherwise. `what` starts the message of a config
-    that is no causal LM (default: "name_or_path NAME")."""
+    before any weight is read; from_pretrained's own errors otherwise.
+
+    A hub name is looked up in the local Hugging Face cache first; one that is not there while the hub cannot
+    be reached is an OSError at once (the hub client retries for about 30 s before it says so). `what` starts
+    the message of a config that is no causal LM (default: "name_or_path NAME")."""
     check_model_path(name_or_path)
-    config = AutoConfig.from_pretrained(os.path.expanduser(name_or_path))
+    path = os.path.expanduser(name_or_path)
+    if os.path.isdir(path):
+        config = AutoConfig.from_pretrained(path)
+    else:
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+        except OSError:
+            why = _hub_unreachable()
+            if why is not None:
+                raise OSError(f"{name_or_path} is neither a directory nor in the local Hugging Face cache, and the "
+                              f"hub cannot be reached to look it up ({why})") from None
+            config = AutoConfig.from_pretrained(path)
     check_causal_config(config, what or f"name_or_path {name_or_path}")
     return config
 
