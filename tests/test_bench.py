@@ -302,3 +302,52 @@ def test_tp_probe_results_are_gathered_with_their_command(tmp_path):
     assert "| fused | 2 | 200 | 24.28 | 72.7 | 61% | 69% | 61 |" in text
     assert "tp=2 / tp=1 = 0.75 (decode 0.74)" in text and "| tp2 | fused | 3.000 |" in text
     assert "| fused | True | True |" in text and "commit abc1234" in text
+
+
+def test_a_hub_name_that_cannot_be_looked_up_is_one_line_at_once(tmp_path, capsys):
+    """`bench --model no-such-model` started its workers, which ended after ~33 s (the hub client's retries
+    while offline) in traceback frames, and left a directory that could neither be reused nor reported."""
+    import time
+
+    start = time.perf_counter()
+    assert main(["bench", "--model", "no-such-model", "--device", "cpu", "--out", str(tmp_path / "out")]) == 2
+    assert time.perf_counter() - start < 15  # offline: the hub is found unreachable at once; online: a 404
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("overlapdecode bench: error: --model no-such-model: cannot load this hub name (")
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_hub_is_named_without_waiting_for_retries(monkeypatch):
+    import overlapdecode.models as models
+
+    asked = []
+    monkeypatch.setattr(models, "_hub_unreachable", lambda: "huggingface.co: Name or service not known")
+    monkeypatch.setattr(models.AutoConfig, "from_pretrained", lambda *a, **k: asked.append(k) or (_ for _ in ()).throw(
+        OSError("not in the cache")))
+    with pytest.raises(OSError, match="nobody/x is neither a directory nor in the local Hugging Face cache, and the "
+                                      r"hub cannot be reached to look it up \(huggingface.co: Name or service"):
+        models.load_model("nobody/x", device="cpu")
+    assert asked == [dict(local_files_only=True)]  # the network lookup (and its ~30 s of retries) never started
+
+
+def test_a_failed_worker_is_one_line_and_leaves_the_directory_reusable(tmp_path, capsys):
+    """A model whose config loads but whose weights do not: the worker fails after starting. One line (its
+    exception and its log's path), and --out holds no rows or config of the run, so that it takes a new one."""
+    import overlapdecode as od
+
+    od.load_model("tiny-gpt2", device="cpu").save_pretrained(tmp_path / "broken")
+    (tmp_path / "broken" / "model.safetensors").write_bytes(b"not a safetensors file")
+    capsys.readouterr()  # save_pretrained's progress bar
+    out = tmp_path / "out"
+    flags = ["--strategies", "kv", "--peers", "none", "--lengths", "4", "--prompt-len", "4", "--repeats", "1",
+             "--warmup", "0", "--no-profile", "--device", "cpu", "--out", str(out)]
+    assert main(["bench", "--model", str(tmp_path / "broken")] + flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and 'File "' not in err, err
+    assert "the default worker failed (exit 1): " in err and f"(its log: {out / 'worker-default.log'})" in err
+    assert err.endswith(f"nothing was measured; {out} can take a new run")
+    assert sorted(os.listdir(out)) == ["worker-default.log"]
+    assert main(["bench", "--model", "tiny-gpt2"] + flags) == 0  # the same --out takes the next run
+    assert os.path.exists(out / "results.json")
+

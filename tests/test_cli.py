@@ -10,7 +10,7 @@ import torch
 
 import overlapdecode as od
 from overlapdecode.cli import main
-from test_models import save_tiny_with_tokenizer
+from test_models import save_tiny_with_bpe_tokenizer, save_tiny_with_tokenizer
 
 
 def test_generate_prints_ids_with_random_weights_note(capsys):
@@ -46,6 +46,29 @@ def test_generate_text_with_an_embedded_model(capsys):
     ref = od.generate(model, ids, max_new_tokens=8, strategy="kv", eos_token_id=[])
     assert "\n".join(lines[1:-1]) == tok.decode(ref[0], skip_special_tokens=True)
     assert lines[-1] == "[8 new tokens, strategy kv]"
+
+
+@pytest.mark.parametrize("hugging_face", [False, True])
+def test_generate_shows_every_id_as_text_or_as_its_number(hugging_face, tmp_path, capsys):
+    """tiny-gpt2's byte tokenizer knows ids 3..258 of its 1000, the saved BPE tokenizer fewer than 300: the
+    other ids a random model emits printed nothing (gpt2-random's `--prompt Hello` printed no text at all)."""
+    from overlapdecode.tokenizer import OFFSET, readable
+
+    name = "tiny-gpt2"
+    if hugging_face:
+        name = str(tmp_path)
+        save_tiny_with_bpe_tokenizer(tmp_path)
+    assert main(["generate", "--model", name, "--prompt", "Hello", "--max-new-tokens", "12", "--strategy", "kv",
+                 "--eos", "none"]) == 0
+    out = capsys.readouterr().out
+    model, tok = od.load_model(name, device="cpu"), od.load_tokenizer(name)
+    ids = tok("Hello", return_tensors="pt").input_ids
+    new = od.generate(model, ids, max_new_tokens=12, strategy="kv", eos_token_id=[])[0, ids.shape[1]:].tolist()
+    known = range(len(tok)) if hugging_face else range(OFFSET, OFFSET + 256)
+    unknown = [t for t in new if t not in known]
+    assert unknown  # this random model emits ids its tokenizer cannot decode
+    printed = out.split("Hello", 1)[1].rsplit("\n[12 new tokens, strategy kv]\n", 1)[0]  # random bytes: any chars
+    assert printed == readable(tok, new) and all(f"<{t}>" in printed for t in unknown)
 
 
 def test_prompt_text_needs_a_tokenizer(tmp_path, capsys):
@@ -148,6 +171,8 @@ def test_an_unknown_hub_name_is_one_line(monkeypatch, capsys):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them\n"
                       "in the cached files.")
 
+    monkeypatch.setattr(overlapdecode.models, "_hub_unreachable", lambda: None)  # as on a machine with a network
+    monkeypatch.setattr(overlapdecode.models.AutoConfig, "from_pretrained", offline)  # the config is read first
     monkeypatch.setattr(overlapdecode.models.AutoModelForCausalLM, "from_pretrained", offline)
     assert main(["generate", "--prompt-ids", "1,2", "--model", "nobody/no-such-model"]) == 2
     _one_line(capsys, "--model nobody/no-such-model: cannot load this hub name (OSError: We couldn't connect")
@@ -226,3 +251,31 @@ def test_an_empty_eos_is_refused_not_taken_for_none(eos, capsys):
     """`--eos ""` (say, an unset shell variable) silently meant 'never stop early', which only 'none' asks for."""
     assert main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "kv", "--eos", eos]) == 2
     _one_line(capsys, "names no id: give ids such as 2,3, or 'none'")
+
+
+def test_no_library_module_imports_the_command_line():
+    """The library (load_model, generate...) stands without the command line: no module outside cli.py,
+    cliargs.py, __main__.py and bench/ imports one of those, at the top or inside a function."""
+    import ast
+    import pkgutil
+
+    pkg_dir = os.path.dirname(od.__file__)
+    command_line = ("overlapdecode.cli", "overlapdecode.cliargs", "overlapdecode.__main__", "overlapdecode.bench")
+    found = []
+    for info in pkgutil.walk_packages([pkg_dir], "overlapdecode."):
+        if info.name.startswith(command_line):
+            continue
+        path = os.path.join(pkg_dir, *info.name.split(".")[1:]) + ("/__init__.py" if info.ispkg else ".py")
+        package = info.name.split(".") if info.ispkg else info.name.split(".")[:-1]
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                targets = [target] + [f"{target}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            found += [(info.name, t) for t in targets if t.startswith(command_line)]
+    assert found == [], found
+

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 import overlapdecode as od
@@ -20,6 +20,23 @@ def save_tiny_with_tokenizer(path):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="w999", unk_token="w0")
     model.save_pretrained(path)
     fast.save_pretrained(path)
+    return model
+
+
+def save_tiny_with_bpe_tokenizer(path):
+    """tiny-gpt2 and a byte-level BPE tokenizer trained here on a few strings, saved as from the hub: right
+    padding and no pad token, as GPT-2's own tokenizer is saved. Its vocabulary (under 300 ids) is smaller
+    than the model's 1000, so most ids the random model emits are ones it cannot decode."""
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["The quick brown fox jumps over the lazy dog", "Hello world", "hello there, fox"],
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"]))
+    saved = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
+    assert saved.padding_side == "right" and saved.pad_token is None
+    model = od.load_model("tiny-gpt2", device="cpu")
+    model.save_pretrained(path)
+    saved.save_pretrained(path)
     return model
 
 
@@ -117,3 +134,52 @@ def test_a_name_is_a_non_empty_string():
     for bad in ("", None, 3):
         with pytest.raises(TypeError, match="name_or_path must be a non-empty string"):
             od.load_model(bad)
+
+
+def _tiny_bert_config(**kw):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=64, **kw)
+
+
+def test_a_saved_masked_lm_is_refused_not_loaded_as_a_causal_lm(tmp_path, capsys):
+    """AutoModelForCausalLM loads a saved BertForMaskedLM as BertLMHeadModel (is_decoder=False: it attends both
+    ways) and generate ran it; the docs say masked-LM models are refused."""
+    from transformers import BertForMaskedLM, BertForSequenceClassification, BertLMHeadModel
+
+    from overlapdecode.cli import main
+
+    BertForMaskedLM(_tiny_bert_config()).save_pretrained(tmp_path / "mlm")
+    with pytest.raises(ValueError, match=r"name_or_path .*mlm was saved as BertForMaskedLM, which is not a causal"):
+        od.load_model(str(tmp_path / "mlm"), device="cpu")
+    BertForSequenceClassification(_tiny_bert_config()).save_pretrained(tmp_path / "cls")
+    with pytest.raises(ValueError, match="saved as BertForSequenceClassification, which is not a causal LM"):
+        od.load_model(str(tmp_path / "cls"), device="cpu")
+    # saved as a causal LM head but without is_decoder: an encoder all the same
+    BertLMHeadModel(_tiny_bert_config()).save_pretrained(tmp_path / "enc")
+    with pytest.raises(ValueError, match=r"is an encoder \(bert with is_decoder=False"):
+        od.load_model(str(tmp_path / "enc"), device="cpu")
+    # the same class as a decoder loads and generates Hugging Face's tokens
+    decoder = BertLMHeadModel(_tiny_bert_config(is_decoder=True)).eval()
+    decoder.save_pretrained(tmp_path / "dec")
+    loaded = od.load_model(str(tmp_path / "dec"), device="cpu")
+    ids, mask = make_batch(2, seed=3, high=100)
+    out = od.generate(loaded, ids, attention_mask=mask, max_new_tokens=5, strategy="kv", eos_token_id=[])
+    assert torch.equal(out, hf_generate(decoder, ids, mask, 5, [], 0))
+    capsys.readouterr()
+    for argv in (["generate", "--prompt-ids", "1,2"], ["bench", "--out", str(tmp_path / "out"), "--device", "cpu"]):
+        assert main(argv + ["--model", str(tmp_path / "mlm")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"overlapdecode {argv[0]}: error: --model {tmp_path / 'mlm'} was saved as BertForMaskedLM, "
+                       f"which is not a causal LM (masked-LM and classification heads are refused); generate needs "
+                       f"a decoder-only causal LM")
+    assert not (tmp_path / "out").exists()  # refused before any worker or directory
+
+
+def test_an_encoder_model_object_is_refused_by_generate():
+    from transformers import BertLMHeadModel
+
+    model = BertLMHeadModel(_tiny_bert_config()).eval()
+    with pytest.raises(ValueError, match=r"model BertLMHeadModel is an encoder \(bert with is_decoder=False"):
+        od.generate(model, torch.tensor([[5, 6]]), max_new_tokens=2, strategy="kv")

@@ -8,6 +8,7 @@ from transformers import TextIteratorStreamer, TextStreamer
 
 import overlapdecode as od
 from overlapdecode.tokenizer import OFFSET, ByteTokenizer
+from test_models import save_tiny_with_bpe_tokenizer
 
 
 @pytest.mark.parametrize("name", od.EMBEDDED)
@@ -30,6 +31,8 @@ def test_round_trip_utf8_and_special_ids():
     assert tok.decode(torch.tensor(ids)) == text
     assert tok.decode(ids + [2], skip_special_tokens=True) == text  # EOS dropped
     assert tok.decode(ids + [2]) == text + "<2>"
+    # an id that is no byte and no special token is shown even when special tokens are skipped
+    assert tok.decode([500] + ids + [2], skip_special_tokens=True) == "<500>" + text
     assert tok.decode(tok.encode("✓")[:2]) == "\ufffd"  # a cut character is replaced, never raises
     assert tok.batch_decode([tok.encode("a"), tok.encode("bc")]) == ["a", "bc"]
 
@@ -66,3 +69,58 @@ def test_text_through_generate_and_hugging_face_streamers(tiny_llama):
 def test_too_small_a_vocabulary_is_refused():
     with pytest.raises(ValueError, match="vocab_size 100 is too small"):
         ByteTokenizer(100)
+
+
+def test_a_hugging_face_tokenizer_comes_set_for_generation(tmp_path):
+    """Prompts of different lengths through a real Hugging Face tokenizer: it pads (EOS as pad), on the left,
+    and generate gives Hugging Face's tokens."""
+    from helpers import hf_generate
+
+    model = save_tiny_with_bpe_tokenizer(tmp_path)
+    tok = od.load_tokenizer(str(tmp_path))
+    assert tok.padding_side == "left" and tok.pad_token == "<eos>"
+    enc = tok(["The quick brown fox jumps", "Hello", "hello there"], padding=True, return_tensors="pt")
+    assert enc.attention_mask[:, 0].tolist() == [1, 0, 0] and enc.attention_mask[:, -1].tolist() == [1, 1, 1]
+    want = hf_generate(model, enc.input_ids, enc.attention_mask, 8, [999], 999)
+    for strategy in ("baseline", "kv", "static"):
+        got = od.generate(model, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=8,
+                          strategy=strategy)
+        assert torch.equal(got, want), strategy
+
+
+def test_the_readme_example_with_a_hugging_face_tokenizer(tmp_path):
+    """The README's Python example as written, with a saved model and tokenizer as `name` (and the eager
+    `kv` strategy, so that CPU does not compile again)."""
+    import contextlib
+    import io
+    import os
+    import re
+
+    save_tiny_with_bpe_tokenizer(tmp_path)
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+        (block,) = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+    block, named = re.subn(r"^name = .*$", f"name = {str(tmp_path)!r}", block, flags=re.M)
+    block, eager = re.subn(r'strategy="interleaved"', 'strategy="kv"', block)
+    assert named == eager == 1
+    scope: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - the README's own code
+    out, batch = scope["out"], scope["batch"]
+    assert out.shape[0] == 2 and out.shape[1] > batch.input_ids.shape[1]
+    assert eval(printed.getvalue()) == scope["tokenizer"].batch_decode(  # noqa: S307 - the list it printed
+        out[:, batch.input_ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_readable_shows_every_id_a_tokenizer_cannot_decode(tmp_path):
+    """Hugging Face's decode drops an id beyond its vocabulary without a word; readable shows it as <id>."""
+    from overlapdecode.tokenizer import readable
+
+    save_tiny_with_bpe_tokenizer(tmp_path)
+    tok = od.load_tokenizer(str(tmp_path))
+    hello = tok.encode("Hello")
+    beyond = len(tok) + 5
+    assert tok.decode(hello + [beyond] + hello) == "HelloHello"  # what Hugging Face does
+    assert readable(tok, hello + [beyond] + hello) == f"Hello<{beyond}>Hello"
+    assert readable(tok, hello + [tok.eos_token_id]) == "Hello"  # special tokens skipped, as before
+    byte_tok = od.load_tokenizer("gpt2-random")
+    assert readable(byte_tok, byte_tok.encode("Hi") + [1234, 50256]) == "Hi<1234>"  # EOS is special

@@ -7,12 +7,12 @@ it inside the command functions), so `overlapdecode --help` answers at once.
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
 from .bench import cli as bench_cli
-from .cliargs import DTYPE_NAMES, STRATEGY_HELP, CliError, OneLineParser, ints, lag_of, looks_like_path
+from .cliargs import (DTYPE_NAMES, STRATEGY_HELP, CliError, OneLineParser, cannot_load, check_model_flag, ints,
+                      lag_of)
 
 DEFAULT_MODEL = "gpt2-random"
 
@@ -60,21 +60,18 @@ def _check_before_loading(args) -> None:
 
 def _load(args):
     """The model and its tokenizer (None if it has none), every failure named by its flag."""
-    from .models import check_device, check_model_path, load_model, load_tokenizer, parse_dtype  # fast --help
+    from .models import check_device, load_model, load_tokenizer, parse_dtype  # imported here: fast --help
 
-    for flag, check, value in (("--model", check_model_path, args.model), ("--dtype", parse_dtype, args.dtype),
-                               ("--device", check_device, args.device)):
+    check_model_flag(args.model)
+    for flag, check, value in (("--dtype", parse_dtype, args.dtype), ("--device", check_device, args.device)):
         try:
             check(value)
         except (ValueError, TypeError) as err:
             raise CliError(f"{flag}: {err}") from None
     try:
         model = load_model(args.model, dtype=args.dtype, device=args.device)
-    except Exception as err:  # from_pretrained's own errors (no such hub name, offline, not a causal LM...)
-        what = "directory" if looks_like_path(args.model) or os.path.isdir(os.path.expanduser(args.model)) else (
-            "embedded model" if args.model in _embedded_names() else "hub name")
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CliError(f"--model {args.model}: cannot load this {what} ({type(err).__name__}: {first})") from None
+    except Exception as err:  # from_pretrained's own errors (no such hub name, offline, a broken directory...)
+        raise CliError(cannot_load(args.model, err)) from None
     try:
         tokenizer = load_tokenizer(args.model)
     except Exception:  # a model loaded but its tokenizer did not: ids still work
@@ -86,6 +83,7 @@ def cmd_generate(args) -> int:
     import torch  # imported here: fast --help
 
     from .decode import generate
+    from .tokenizer import readable
 
     if args.max_new_tokens < 1:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -121,10 +119,11 @@ def cmd_generate(args) -> int:
     else:
         header = args.prompt
         if args.model in _embedded_names():
-            header = f"note: {args.model} has random weights: the text below is random bytes\n" + header
+            header = (f"note: {args.model} has random weights: the text below is random bytes, <id> for an id that "
+                      f"is no byte\n" + header)
     prompt_list = ids[0].tolist()
     generated: list[int] = []
-    shown = [tokenizer.decode(prompt_list, skip_special_tokens=True) if tokenizer is not None else ""]
+    shown = [readable(tokenizer, prompt_list) if tokenizer is not None else ""]
 
     def streamer(tokens):
         if not started[0]:
@@ -136,9 +135,10 @@ def cmd_generate(args) -> int:
         else:
             # Decode prompt and tokens together and print what is new: the tokenizer decides the spacing
             # between the prompt and the first token (a word-level one puts a space there, bytes do not),
-            # and a character cut over several tokens prints whole once complete.
+            # and a character cut over several tokens prints whole once complete. An id the tokenizer
+            # cannot decode shows as <id>: a random model's text is mostly those, and none may vanish.
             generated.append(token)
-            text = tokenizer.decode(prompt_list + generated, skip_special_tokens=True)
+            text = readable(tokenizer, prompt_list + generated)
             out.write(text[len(shown[0]):] if text.startswith(shown[0]) else "")
             shown[0] = text if text.startswith(shown[0]) else shown[0]
         out.flush()

@@ -83,13 +83,36 @@ def lag_of(strategy: str) -> int:
     return int(k) if k.isdigit() else 0
 
 
-def looks_like_path(name: str) -> bool:
-    """A model name meant as a local path rather than a hub name: it starts with /, . or ~, or has more than
-    one '/' (a hub id is 'name' or 'org/name', so one '/' alone does not make a path), or a backslash
-    separator on Windows."""
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
-        return True
-    return os.sep != "/" and os.sep in name
+def cannot_load(model: str, err: Exception) -> str:
+    """The one line for a --model that from_pretrained could not load (no such hub name, offline, not a model
+    directory...): its kind, and the first line of the error."""
+    from .models import EMBEDDED, looks_like_path  # torch: imported when a command runs, not for --help
+
+    what = "directory" if looks_like_path(model) or os.path.isdir(os.path.expanduser(model)) else (
+        "embedded model" if model in EMBEDDED else "hub name")
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"--model {model}: cannot load this {what} ({type(err).__name__}: {first})"
+
+
+def check_model_flag(model: str):
+    """--model before any work: an embedded name (None), or a directory or hub name whose config loads and is
+    a decoder-only causal LM (the config); anything else is a CliError naming --model. A hub name that is not
+    cached while the hub cannot be reached fails at once (models.pretrained_config)."""
+    from .inputs import NotCausalLM  # torch: imported when a command runs, not for --help
+    from .models import EMBEDDED, check_model_path, pretrained_config
+
+    try:
+        check_model_path(model)
+    except (ValueError, TypeError) as err:
+        raise CliError(f"--model: {err}") from None
+    if model in EMBEDDED:
+        return None
+    try:
+        return pretrained_config(model, what=f"--model {model}")
+    except NotCausalLM as err:
+        raise CliError(str(err)) from None
+    except Exception as err:  # from_pretrained's own errors: no such hub name, offline, not a model directory...
+        raise CliError(cannot_load(model, err)) from None
 
 
 def writable_dir(path: str, flag: str) -> str:

@@ -7,9 +7,12 @@ before the loop, never on the per-step path.
 
 The model is checked first, from its class and config only (no forward): it must be a decoder-only causal
 LM with an LM head (what `AutoModelForCausalLM` loads), its weights must be real (not on the meta device),
-and it must be in eval mode. A model in training mode is refused rather than switched: its dropout would
-make two calls differ, and changing the caller's module behind its back (also for other threads using it)
-is worse than asking for `model.eval()`.
+and it must be in eval mode. `AutoModelForCausalLM` also loads an encoder's directory (a saved
+`BertForMaskedLM` comes back as `BertLMHeadModel`, attending both ways, as its config has is_decoder=False):
+`check_causal_config` refuses those from the config alone, before any weight is read (load_model calls it
+too). A model in training mode is refused rather than switched: its dropout would make two calls differ,
+and changing the caller's module behind its back (also for other threads using it) is worse than asking
+for `model.eval()`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,34 @@ class Request:
     pad_id: int
 
 
+# Heads of a saved architecture that are no causal LM: a directory naming only these is refused.
+_NOT_CAUSAL_HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
+                     "ForMultipleChoice", "ForNextSentencePrediction", "ForPreTraining")
+
+
+class NotCausalLM(ValueError):
+    """A model (or a saved config) that is no decoder-only causal LM."""
+
+
+def check_causal_config(config, what: str) -> None:
+    """A NotCausalLM (ValueError), starting with `what` (the argument: "model X", "name_or_path X"), for a
+    config that is no decoder-only causal LM: an encoder-decoder; saved architectures that are all masked-LM,
+    classification or other encoder heads; an encoder family (one with a masked-LM class, such as BERT or
+    RoBERTa) whose config does not say is_decoder=True, so that its causal-LM class would attend both ways."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if getattr(config, "is_encoder_decoder", False):
+        raise NotCausalLM(f"{what} is an encoder-decoder model ({config.model_type}); generate needs a "
+                          f"decoder-only causal LM")
+    archs = list(getattr(config, "architectures", None) or [])
+    if archs and all(a.endswith(_NOT_CAUSAL_HEADS) for a in archs):
+        raise NotCausalLM(f"{what} was saved as {', '.join(archs)}, which is not a causal LM (masked-LM and "
+                          f"classification heads are refused); generate needs a decoder-only causal LM")
+    if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
+        raise NotCausalLM(f"{what} is an encoder ({config.model_type} with is_decoder=False: its causal-LM class "
+                          f"would attend both ways); generate needs a decoder-only causal LM")
+
+
 def check_model(model) -> None:
     """A decoder-only causal LM with an LM head, with real weights, in eval mode; else a ValueError/TypeError
     naming `model`. Cheap: class, config and one parameter's device."""
@@ -47,6 +78,7 @@ def check_model(model) -> None:
     if model.get_output_embeddings() is None or not (callable(can_generate) and can_generate()):
         raise ValueError(f"model {name} is not a causal LM with an LM head (load it with AutoModelForCausalLM "
                          f"or overlapdecode.load_model)")
+    check_causal_config(config, f"model {name}")  # a generating class can still be an encoder (BertLMHeadModel)
     param = next(model.parameters(), None)
     if param is None:
         raise ValueError(f"model {name} has no parameters")

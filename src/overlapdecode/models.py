@@ -7,20 +7,24 @@ only the text is meaningless, which the command line says. Their tokenizer is th
 tokenizer.py (random text out, but text in and out with no download).
 
 Every argument is checked before anything is built or downloaded: a device that does not exist, a seed a
-generator cannot take, or a path that does not exist is a ValueError/TypeError naming the argument.
+generator cannot take, or a path that does not exist is a ValueError/TypeError naming the argument; a
+directory or hub model whose config is no decoder-only causal LM (a saved BertForMaskedLM, which
+AutoModelForCausalLM would load as a BertLMHeadModel attending both ways) is refused from its config alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import urllib.parse
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from . import random_init
 from . import tp as tensor_parallel
-from .cliargs import looks_like_path
+from .inputs import check_causal_config
 from .sampling import check_seed
 from .tokenizer import ByteTokenizer
 
@@ -125,6 +129,15 @@ def check_device(device) -> torch.device:
     return dev
 
 
+def looks_like_path(name: str) -> bool:
+    """A model name meant as a local path rather than a hub name: it starts with /, . or ~, or has more than
+    one '/' (a hub id is 'name' or 'org/name', so one '/' alone does not make a path), or a backslash
+    separator on Windows."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        return True
+    return os.sep != "/" and os.sep in name
+
+
 def check_model_path(name_or_path) -> None:
     """Refuse, naming it as a path, a name that is meant as a local path (has a separator, or starts with
     . or ~) but is not a directory; an embedded name or a would-be hub name passes."""
@@ -140,6 +153,49 @@ def check_model_path(name_or_path) -> None:
     if looks_like_path(name_or_path):
         raise ValueError(f"path {name_or_path} does not exist (give a model directory, a hub name or one of "
                          f"{', '.join(EMBEDDED)})")
+
+
+def _hub_unreachable(timeout: float = 5.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here, or None (reachable, or behind a proxy, which only
+    the hub client knows how to use)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                                         "all_proxy")):
+        return None
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=timeout).close()
+    except OSError as err:
+        return f"{url.hostname}: {err.strerror or err}"
+    return None
+
+
+def pretrained_config(name_or_path: str, what: str | None = None):
+    """The config of a directory or hub name, checked to be a decoder-only causal LM (inputs.check_causal_config)
+    before any weight is read; from_pretrained's own errors otherwise.
+
+    A hub name is looked up in the local Hugging Face cache first; one that is not there while the hub cannot
+    be reached is an OSError at once (the hub client retries for about 30 s before it says so). `what` starts
+    the message of a config that is no causal LM (default: "name_or_path NAME")."""
+    check_model_path(name_or_path)
+    path = os.path.expanduser(name_or_path)
+    if os.path.isdir(path):
+        config = AutoConfig.from_pretrained(path)
+    else:
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+        except OSError:
+            why = _hub_unreachable()
+            if why is not None:
+                raise OSError(f"{name_or_path} is neither a directory nor in the local Hugging Face cache, and the "
+                              f"hub cannot be reached to look it up ({why})") from None
+            config = AutoConfig.from_pretrained(path)
+    check_causal_config(config, what or f"name_or_path {name_or_path}")
+    return config
 
 
 def load_model(
@@ -191,16 +247,24 @@ def load_model(
         return model.eval()
 
     path = os.path.expanduser(name_or_path)
-    place = tensor_parallel.prepare(tp, device, AutoConfig.from_pretrained(path) if tp > 1 else None)
+    config = pretrained_config(name_or_path)
+    place = tensor_parallel.prepare(tp, device, config if tp > 1 else None)
     tensor_parallel.check_same_on_every_rank(place, name_or_path=name_or_path, dtype=str(torch_dtype),
                                              attn_implementation=attn_implementation)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
+                                                 attn_implementation=attn_implementation)
     return tensor_parallel.shard_(model, place).to(place.device).eval()
 
 
 def load_tokenizer(name_or_path: str):
-    """The tokenizer of a model: the byte-level one (tokenizer.py) for an embedded name, else the one saved
-    with the model (hub name or directory), or None for a directory saved without one."""
+    """The tokenizer of a model, set for generation: the byte-level one (tokenizer.py) for an embedded name,
+    else the one saved with the model (hub name or directory), or None for a directory saved without one.
+
+    A Hugging Face tokenizer is returned with `padding_side="left"` (generate refuses right padding, which is
+    what most tokenizers are saved with) and, when it has no pad token, EOS as its pad token (GPT-2's has
+    none, so `tokenizer(texts, padding=True)` would fail); padded positions are masked, so their id does not
+    change the tokens.
+    """
     check_model_path(name_or_path)
     if name_or_path in EMBEDDED:
         cfg = embedded_config(name_or_path)
@@ -215,4 +279,9 @@ def load_tokenizer(name_or_path: str):
             return None
         raise
     # transformers 5 builds an empty tokenizer (no vocabulary) for a directory saved without one
-    return tokenizer if getattr(tokenizer, "vocab_size", 1) > 0 else None
+    if getattr(tokenizer, "vocab_size", 1) == 0:
+        return None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -3,12 +3,16 @@
 Token id = UTF-8 byte + OFFSET: the ids below OFFSET are left to the models' special tokens (tiny-llama's
 BOS 1 and EOS 2), and the models' own EOS (tiny-gpt2's 999, gpt2-random's 50256, the Llama shapes' 128001)
 lie above every byte id, so no byte is ever taken for EOS. The weights are random, so the text that comes
-out is random bytes: this is for trying the text path, not for reading the output.
+out is random bytes (and `<id>` for the ids above them): this is for trying the text path, not for reading it.
 
 It has what `overlapdecode generate --prompt`, a Python caller and Hugging Face's `TextStreamer` /
 `TextIteratorStreamer` use: `encode`, `decode` (invalid UTF-8 is replaced, so a cut multi-byte character
-never raises), `batch_decode`, and `__call__` returning `input_ids` and `attention_mask` with left padding,
-as a Hugging Face tokenizer with `padding_side="left"` would.
+never raises; an id that is no byte and no special token is shown as `<id>`, so every id of a large
+vocabulary leaves a trace), `batch_decode`, and `__call__` returning `input_ids` and `attention_mask` with
+left padding, as a Hugging Face tokenizer with `padding_side="left"` would.
+
+`readable` is the command line's text of a sequence for any tokenizer: a Hugging Face tokenizer's decode drops
+ids beyond its vocabulary without a word, which it shows as `<id>` too.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class _Encoding(dict):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as token ids (byte + OFFSET); every id outside the byte range is special."""
+    """UTF-8 bytes as token ids (byte + OFFSET); the model's EOS, BOS and pad ids are its special tokens."""
 
     padding_side = "left"
 
@@ -49,7 +53,8 @@ class ByteTokenizer:
         return [b + OFFSET for b in text.encode("utf-8")]
 
     def decode(self, ids, skip_special_tokens: bool = False, **_) -> str:
-        """ids -> text; ids that are not bytes are dropped with `skip_special_tokens`, else shown as <id>."""
+        """ids -> text; an id outside the byte range is shown as <id>, except a special one (EOS, BOS, pad)
+        with `skip_special_tokens`, which is dropped (gpt2-random's ids 259..50255 are neither)."""
         if isinstance(ids, torch.Tensor):
             ids = ids.reshape(-1).tolist()
         elif isinstance(ids, int):
@@ -63,7 +68,7 @@ class ByteTokenizer:
                 continue
             parts.append(run.decode("utf-8", errors="replace"))
             run = bytearray()
-            if not skip_special_tokens:
+            if not (skip_special_tokens and i in self.all_special_ids):
                 parts.append(f"<{i}>")
         parts.append(run.decode("utf-8", errors="replace"))
         return "".join(parts)
@@ -88,3 +93,25 @@ class ByteTokenizer:
         if isinstance(text, str):
             return _Encoding(input_ids=input_ids[0], attention_mask=mask[0])
         return _Encoding(input_ids=input_ids, attention_mask=mask)
+
+
+def readable(tokenizer, ids: list[int]) -> str:
+    """`ids` as text for a person: the tokenizer's text of every id it knows (special tokens skipped), `<id>`
+    for an id it cannot decode, which a Hugging Face tokenizer's decode drops without a word (the ids a
+    model's vocabulary has beyond its tokenizer's, say)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return tokenizer.decode(ids, skip_special_tokens=True)  # already shows every id it cannot decode
+    known = len(tokenizer)
+    parts: list[str] = []
+    run: list[int] = []
+    for i in ids:
+        if 0 <= i < known:
+            run.append(i)
+            continue
+        if run:
+            parts.append(tokenizer.decode(run, skip_special_tokens=True))
+            run = []
+        parts.append(f"<{i}>")
+    if run:
+        parts.append(tokenizer.decode(run, skip_special_tokens=True))
+    return "".join(parts)

@@ -13,6 +13,7 @@ from ..cliargs import (
     DTYPE_NAMES,
     STRATEGY_HELP,
     CliError,
+    check_model_flag,
     ints,
     lag_of,
     names,
@@ -188,12 +189,12 @@ def bench_config(args):
     if args.warmup < 0 or args.repeats < 1:
         raise CliError("--warmup must be >= 0 and --repeats >= 1")
     model = args.model or ("gpt2-random" if cuda else "tiny-gpt2")
-    _check_model_name(model)
+    config = _check_model_name(model)
     _check_positions(model, prompt_len, max(lengths + eos_lengths))
     gpus = _check_gpus(args.gpus, args.device) if args.gpus else ()
     _check_tp(args)
     if args.tp > 1:
-        _check_tp_model(model, args.tp)
+        _check_tp_model(model, args.tp, config)
     _check_out(args.out, args.append)
     return BenchConfig(tp=args.tp, gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths,
                        batches=batches, dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
@@ -222,21 +223,14 @@ def _check_tp(args) -> None:
         raise CliError("--tp and --time-budget exclude each other: the ranks must run the same configurations")
 
 
-def _check_tp_model(model: str, tp: int) -> None:
+def _check_tp_model(model: str, tp: int, config) -> None:
     """--tp against the model's heads and sharding plan, before any worker starts: a worker would fail on every
-    rank with a traceback and leave its rows file in --out."""
-    from ..models import EMBEDDED, embedded_config  # torch: imported when a command runs, not for --help
+    rank with a traceback and leave its rows file in --out. `config`: the model's, None for an embedded one."""
+    from ..models import embedded_config  # torch: imported when a command runs, not for --help
     from ..tp import check_config
 
-    if model in EMBEDDED:
+    if config is None:
         config = embedded_config(model)
-    else:
-        from transformers import AutoConfig
-
-        try:
-            config = AutoConfig.from_pretrained(os.path.expanduser(model))
-        except (OSError, ValueError) as err:
-            raise CliError(f"--model {model}: {err}") from None
     try:
         check_config(config, tp)
     except ValueError as err:
@@ -249,15 +243,10 @@ def _default_device():
     return library_check(None)
 
 
-def _check_model_name(model: str) -> None:
-    """An embedded name, an existing directory, or something that may be a hub name; a path that does not
-    exist is named as a path (the workers would only fail later, one per unit)."""
-    from ..models import check_model_path  # torch: imported when a command runs, not for --help
-
-    try:
-        check_model_path(model)
-    except (ValueError, TypeError) as err:
-        raise CliError(f"--model: {err}") from None
+def _check_model_name(model: str):
+    """An embedded name (None), or a directory or hub name whose config loads and is a causal LM (its config),
+    checked here: a worker would only fail later, after starting, with its log's traceback."""
+    return check_model_flag(model)
 
 
 def _check_out(out: str, append: bool) -> None:

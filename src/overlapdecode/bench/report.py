@@ -45,7 +45,8 @@ def _header(results: dict) -> list[str]:
     md.append("Made by: " + "; then ".join(f"`{c}`" for c in results["commands"]))
     md.append("")
     if results.get("interrupted"):
-        md += ["**Interrupted run**: its workers were stopped before the end (a time limit); the rows below are "
+        md += [f"**Interrupted run**: its workers were stopped before the end ("
+               f"{results.get('interrupted_reason') or 'the reason was not recorded'}); the rows below are "
                "those measured before that, and configurations missing from the tables were not measured.", ""]
     if env.get("recorded") is False:
         md.append(f"Machine: not recorded in the JSON ({env.get('note')}).")

@@ -176,9 +176,11 @@ def write(out_dir: str, results: dict) -> None:
     os.replace(tmp, path)
 
 
-def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupted: bool = False) -> dict:
+def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupted: bool = False,
+             reason: str | None = None) -> dict:
     """Turn DIR/rows*.jsonl (one per worker; + config.json) into DIR/results.json. The environment is the one
-    the workers recorded as they started (the GPU side); `interrupted` marks a run whose workers did not finish.
+    the workers recorded as they started (the GPU side); `interrupted` marks a run whose workers did not finish,
+    and `reason` says why where it is known (`interrupted_reason`: Ctrl-C, a worker that failed).
 
     A run that measured nothing (no row without an error) leaves any earlier results.json untouched and
     raises ResultsError."""
@@ -214,11 +216,15 @@ def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupte
     if gpus:
         env["gpus_used"] = gpus  # one worker per GPU at a time (CUDA_VISIBLE_DEVICES of each worker)
     results = dict(commands=[command], environment=env, config=cfg, rows=rows, interrupted=interrupted)
+    if interrupted and reason:
+        results["interrupted_reason"] = reason
     if earlier is not None:
         results["commands"] = earlier["commands"] + [command]
         results["configs"] = earlier.get("configs", [earlier["config"]]) + [cfg]
         results["rows"] = latest_rows(earlier["rows"] + rows)  # a row measured now replaces a "not run" one
         results["interrupted"] = interrupted or earlier.get("interrupted", False)
+        if not interrupted and earlier.get("interrupted_reason"):
+            results["interrupted_reason"] = earlier["interrupted_reason"]
     write(out_dir, results)
     for path in rows_paths:
         os.remove(path)

@@ -14,6 +14,8 @@ alone (report.py), so `overlapdecode report DIR` rebuilds them anywhere.
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import queue
 import shutil
@@ -28,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import report
 from .config import BenchConfig, config_json, plan
-from .results import RESULTS, finalize, load, rows_files
+from .results import RESULTS, ResultsError, finalize, load, rows_files
 
 ALLOCATORS = {"default": None, "expandable": "expandable_segments:True"}
 
@@ -45,6 +47,16 @@ def cpu_shares(slots: int) -> list[list[int] | None]:
     cpus = sorted(os.sched_getaffinity(0))
     k = max(1, len(cpus) // slots)
     return [cpus[i * k:(i + 1) * k] or cpus for i in range(slots)]
+
+
+def _last_line(path: str) -> str:
+    """The last non-empty line of a worker's log: the exception of a traceback."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "nothing in its log"
 
 
 def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_line, gpu: int | None = None,
@@ -71,9 +83,8 @@ def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_lin
             on_line(line.rstrip("\n"))
         proc.wait()
     if proc.returncode != 0:
-        with open(log_path) as f:
-            tail = f.read().strip().splitlines()[-15:]
-        raise BenchError(f"the {allocator} worker failed (exit {proc.returncode}); end of {log_path}:\n" + "\n".join(tail))
+        raise BenchError(f"the {allocator} worker failed (exit {proc.returncode}): {_last_line(log_path)} "
+                         f"(its log: {log_path})")
 
 
 def work_units(cfg: BenchConfig) -> list[tuple[str, BenchConfig]]:
@@ -115,10 +126,34 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         f.write(config_json(cfg))
-    _run_units(cfg, out_dir, progress)
+    try:
+        _run_units(cfg, out_dir, progress)
+    except BenchError as err:
+        kept = _keep_or_clear(out_dir, command, earlier, f"a worker failed: {err}")
+        raise BenchError(f"{err}; {kept}") from None
     results = finalize(out_dir, command, earlier)
     report.build(out_dir)
     return results
+
+
+def _keep_or_clear(out_dir: str, command: str, earlier: dict | None, reason: str) -> str:
+    """After a run that did not finish: its measured rows go into results.json and the report, marked
+    interrupted with `reason`; without any, the run's rows and config files are removed (its worker logs
+    stay), so that out_dir takes a new run as it is. Returns what became of them, as a sentence."""
+    try:
+        results = finalize(out_dir, command, earlier, interrupted=True, reason=reason)
+    except ResultsError:  # nothing measured: an earlier results.json, if any, is left as it was
+        for path in rows_files(out_dir) + glob.glob(os.path.join(out_dir, "config*.json")):
+            os.remove(path)
+        if earlier is not None:
+            with open(os.path.join(out_dir, "config.json"), "w") as f:  # the earlier run's, as --append found it
+                json.dump(earlier["config"], f)
+            return f"nothing was measured; {out_dir} holds the earlier results as they were"
+        return f"nothing was measured; {out_dir} can take a new run"
+    report.build(out_dir)
+    measured = sum("error" not in r for r in results["rows"])
+    return (f"the {measured} measured rows are kept in {os.path.join(out_dir, RESULTS)} and "
+            f"{os.path.join(out_dir, 'report.md')} (add to them with --append)")
 
 
 def _check_out_dir(cfg: BenchConfig, out_dir: str, append: bool) -> dict | None:
@@ -196,4 +231,4 @@ def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
             futures = [pool.submit(run_unit, i, label, unit_cfg) for i, (label, unit_cfg) in enumerate(units)]
             errors = [str(f.exception()) for f in futures if f.exception() is not None]
     if errors:
-        raise BenchError("\n".join(errors))
+        raise BenchError("; ".join(errors))
