@@ -24,7 +24,7 @@ already there; run `python3 scripts/ab.py SUBCOMMAND --help` for its options.
   stop-check-pairs   interleaved against nocheck in pairs alternating which runs first, alone and with processes
                      spinning on the host's cores (the ping-pong's host work must stay ahead of the GPU)
 
-Figures are medians over rounds; "fastest" is the best round. Tables of tile keywords use FusedModel's `tiles`
+Figures are medians over alternating passes ("rounds" in the JSON); "fastest" is the best pass. Tables of tile keywords use FusedModel's `tiles`
 format ((kernel, N, K) or (kernel, N, K, min_batch) -> keywords).
 """
 
@@ -93,7 +93,7 @@ def timed_call(model, ids, n: int, strategy) -> float:
 
 
 def graph_rounds(graphs: dict, rounds: int) -> dict:
-    """name -> ms of each round: every graph replayed (do_bench median) once per round, the graphs alternating."""
+    """name -> ms of each pass: every graph replayed (do_bench median) once per pass, the graphs alternating."""
     import triton.testing
 
     times = {k: [] for k in graphs}

@@ -11,7 +11,7 @@
                                     [--no-steps]
 
 Writes DIR/kernel-sweep.json (after each part, so a run cut short keeps what it measured) and the step profiles'
-kernel tables. Also the home of the timing helpers scripts/ab.py uses (captured_step, rotated, time_rotated,
+kernel tables. Also the home of the timing functions scripts/ab.py uses (captured_step, rotated, time_rotated,
 per_token_ms).
 """
 
