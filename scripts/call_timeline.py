@@ -13,31 +13,32 @@ batch 1, prompt 32.
 3. From that trace, the decode steps' kernels (steps 50 to 149): per position in the step, the kernel's median
    duration; the step's median span (its first kernel's start to its last one's end); the median gap before each
    kernel (negative: it started before the one ahead ended, PDL), the first one being the gap from the previous
-   step's last kernel (step-kernels.json). `--analyse TRACE.json.gz OUT.json` runs this part alone on a saved trace.
+   step's last kernel (step-kernels.json). `--analyse TRACE.json.gz` runs this part alone on a saved trace.
 
-    python3 scripts/call_timeline.py OUT_DIR [MODEL]
-    python3 scripts/call_timeline.py --analyse TRACE.json.gz OUT.json
+    python3 scripts/call_timeline.py --out DIR [--model MODEL]      (on a GPU: timeline.json, step-kernels.json,
+                                                                     trace.json.gz)
+    python3 scripts/call_timeline.py --analyse TRACE.json.gz --out DIR   (anywhere: DIR/step-kernels.json)
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import os
 import statistics
-import sys
 
 import torch
 
 import overlapdecode as od
-from loop_ab import timed_call  # scripts/ is on the path when run as a script
+from ab import timed_call  # scripts/ is on the path when run as a script
 
 ROUNDS = 15
 LENGTHS = (1, 2, 3, 10, 200)
 
 
 def timed(model, ids, n: int) -> float:
-    """ms of one `fused` call of n tokens, EOS off (loop_ab.timed_call)."""
+    """ms of one `fused` call of n tokens, EOS off (ab.timed_call)."""
     return timed_call(model, ids, n, "fused") * 1e3
 
 
@@ -98,9 +99,7 @@ def step_kernels(trace: dict, first: int = 50, last: int = 150) -> dict:
             "kernels": rows}
 
 
-def main(out_dir: str, name: str = "gpt2-random") -> None:
-    if os.path.exists(out_dir) and os.listdir(out_dir):
-        raise SystemExit(f"{out_dir} is not empty: choose a new directory (no run overwrites an earlier one)")
+def measure(out_dir: str, name: str = "gpt2-random") -> None:
     os.makedirs(out_dir, exist_ok=True)
     model = od.load_model(name, dtype="bfloat16", device="cuda")
     ids = torch.randint(0, 1000, (1, 32), device="cuda")
@@ -137,14 +136,22 @@ def main(out_dir: str, name: str = "gpt2-random") -> None:
     json.dump(step_kernels(trace), open(os.path.join(out_dir, "step-kernels.json"), "w"), indent=1)
 
 
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--analyse":
-        if os.path.exists(sys.argv[3]):
-            raise SystemExit(f"{sys.argv[3]} exists: choose a new path (no run overwrites an earlier one)")
-        with gzip.open(sys.argv[2], "rt") as f:
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="directory for the results (must be empty or new)")
+    ap.add_argument("--model", default="gpt2-random", help="default: %(default)s")
+    ap.add_argument("--analyse", metavar="TRACE.json.gz", help="only analyse a saved trace's decode steps")
+    args = ap.parse_args(argv)
+    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+        ap.error(f"--out {args.out} is not an empty directory (no run overwrites an earlier one)")
+    if args.analyse:
+        with gzip.open(args.analyse, "rt") as f:
             result = step_kernels(json.load(f))
-        json.dump(result, open(sys.argv[3], "w"), indent=1)
-    elif len(sys.argv) in (2, 3) and not sys.argv[1].startswith("-"):
-        main(*sys.argv[1:])
+        os.makedirs(args.out, exist_ok=True)
+        json.dump(result, open(os.path.join(args.out, "step-kernels.json"), "w"), indent=1)
     else:
-        raise SystemExit("usage: python3 scripts/call_timeline.py OUT_DIR [MODEL] | --analyse TRACE.json.gz OUT.json")
+        measure(args.out, args.model)
+
+
+if __name__ == "__main__":
+    main()

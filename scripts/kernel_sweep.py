@@ -7,16 +7,20 @@
 2. The whole fused step of llama-1b-random (bfloat16, batch 1 and 8), captured in one CUDA graph, under the
    torch profiler: kernels per step and the time of each kind of kernel.
 
-    python3 scripts/kernel_sweep.py OUT_DIR [--quick] [--shapes llama-1b,llama-8b,gpt2] [--budget S] [--batch B]
+    python3 scripts/kernel_sweep.py --out DIR [--quick] [--shapes llama-1b,llama-8b,gpt2] [--budget S] [--batch B]
                                     [--no-steps]
+
+Writes DIR/kernel-sweep.json (after each part, so a run cut short keeps what it measured) and the step profiles'
+kernel tables. Also the home of the timing functions scripts/ab.py uses (captured_step, rotated, time_rotated,
+per_token_ms).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import random
 import os
-import sys
+import random
 import time
 
 import torch
@@ -133,7 +137,7 @@ def captured_step(model, B: int, pdl: int | None = None, tiles: dict | None = No
                   edit_ops=None):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
     `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own); `embed_torch`: the
-    step's embedding, slot and length by torch ops (`embed_ref`, as before a6f0222) instead of the kernel of
+    step's embedding, slot and length by torch ops (`embed_ref`, its torch twin) instead of the kernel of
     kernels/embed.py, to compare; `edit_ops`: a function of the FusedModel's StepOps returning those to capture
     (another attention split, for example)."""
     from overlapdecode.fused.kernels.embed import embed_ref
@@ -241,32 +245,45 @@ def best_tiles(rows: list[dict]) -> dict:
     return table
 
 
-def main() -> None:
-    """OUT_DIR [--quick] [--shapes a,b] [--budget SECONDS per kernel] [--batch B] [--no-steps]"""
-    out_dir = sys.argv[1]
-    quick = "--quick" in sys.argv
-    arg = lambda name, default: sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default  # noqa: E731
-    shapes = arg("--shapes", ",".join(SHAPES)).split(",")
-    budget = float(arg("--budget", 25.0))
-    batch = int(arg("--batch", 1))
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="directory for kernel-sweep.json and the profiles (made if needed)")
+    ap.add_argument("--quick", action="store_true", help="two tiles per kernel only")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of %(default)s")
+    ap.add_argument("--budget", type=float, default=25.0, help="seconds per kernel (default: %(default)s)")
+    ap.add_argument("--batch", type=int, default=1, help="rows of the sweep (default: %(default)s)")
+    ap.add_argument("--no-steps", action="store_true", help="skip the step and generate profiles")
+    args = ap.parse_args(argv)
+    unknown = sorted(set(args.shapes.split(",")) - set(SHAPES))
+    if unknown:
+        ap.error(f"--shapes: unknown {', '.join(unknown)}; the shapes are {', '.join(SHAPES)}")
+    path = os.path.join(args.out, "kernel-sweep.json")
+    if os.path.exists(path):
+        ap.error(f"{path} exists: choose a new --out (no run overwrites an earlier one)")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    out_dir = args.out
     os.makedirs(out_dir, exist_ok=True)
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                  "copy_gbs": round(copy_gbs(), 1), "steps": [], "sweep": []}
     print("copy GB/s", res["copy_gbs"], flush=True)
     path = os.path.join(out_dir, "kernel-sweep.json")
-    for B in () if "--no-steps" in sys.argv else (1, 8):
+    for B in () if args.no_steps else (1, 8):
         t = time.time()
         res["steps"].append(step_profile(B, out_dir))
         print("step", res["steps"][-1], f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
-    if "--no-steps" not in sys.argv:
+    if not args.no_steps:
         t = time.time()
         res["generate"] = generate_profile(1, out_dir)
         print("generate", res["generate"], f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
-    for shape in shapes:
+    for shape in args.shapes.split(","):
         t = time.time()
-        res["sweep"] += sweep(shape, batch, quick, budget=budget)
+        res["sweep"] += sweep(shape, args.batch, args.quick, budget=args.budget)
         print(shape, f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
 

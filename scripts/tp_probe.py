@@ -1,6 +1,6 @@
 """The GPU proof of tensor parallelism, for a host with two GPUs:
 
-    torchrun --nproc-per-node 2 scripts/tp_probe.py OUT.json [--parts equal,speed,big]
+    torchrun --nproc-per-node 2 scripts/tp_probe.py --out DIR [--parts equal,speed,big]
 
 Parts (every rank runs every part; a tp=1 run happens on rank 0 alone while rank 1 waits at a CPU barrier):
 - equal: llama-1b-random, float32, batch 1, 200 new tokens: the tokens of tp=2 (eager `static`, compiled
@@ -13,7 +13,7 @@ Parts (every rank runs every part; a tp=1 run happens on rank 0 alone while rank
 - big: llama-70b-random, bfloat16, tp=2: ms/token, weight bytes per GPU, achieved bandwidth and MBU
   (bytes read per token / time / peak), against the spec peak and a measured device copy.
 ms/token is reported two ways: the whole call / new tokens (as `overlapdecode bench`), and the decode steps
-alone ((call of N - call of 1) / (N - 1)). Rank 0 writes OUT.json after every part, so a later failure
+alone ((call of N - call of 1) / (N - 1)). Rank 0 writes DIR/tp.json after every part, so a later failure
 keeps the earlier results; a part that runs past --part-timeout dumps every thread's stack and exits.
 
 Exit: destroy_process_group() has hung at exit under torchrun on the GPU machine, so after a CPU barrier
@@ -21,7 +21,7 @@ every rank leaves with os._exit (output flushed first), skipping the NCCL teardo
 `--device cpu` (gloo) with `--models tiny-llama,tiny-llama,tiny-llama` runs the same control flow on CPU.
 
 On a device machine whose commands are limited to 10 minutes, run the parts one per command
-(`--parts equal`, `--parts speed`, `--parts big`, each OUT.json its own): the 70B compile alone takes minutes.
+(`--parts equal`, `--parts speed`, `--parts big`, each its own --out): the 70B compile alone takes minutes.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ PARTS = ("equal", "speed", "big")  # in this order in --models
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", help="JSON file written by rank 0")
+    p.add_argument("--out", required=True,
+                   help="directory: rank 0 writes DIR/tp.json, a failing rank DIR/tp.json.rankN.error.txt")
     p.add_argument("--parts", default="equal,speed,big")
     p.add_argument("--models", default="llama-1b-random,llama-8b-random,llama-70b-random",
                    help="the models of equal, speed and big")
@@ -74,7 +75,7 @@ def parse_args(argv=None):
                         "memory's one-shot all-reduce (peers' buffers read over NVLink, no NCCL launch)")
     p.add_argument("--replicated-head", action="store_true",
                    help="fused under tp: every rank reads the whole LM head (FusedModel(vocab_parallel=False)) "
-                        "instead of its rows with a gather of the logits (the default since session 7)")
+                        "instead of its rows with a gather of the logits (the default)")
     p.add_argument("--symmetric-all-reduce", action="store_true",
                    help="fused: sum the decode step's partial products by the one-shot all-reduce over symmetric "
                         "memory (FusedModel(symmetric_all_reduce=True)) instead of NCCL")
@@ -88,11 +89,17 @@ def parse_args(argv=None):
         p.error(f"--models takes {len(PARTS)} comma-separated names, the models of {', '.join(PARTS)}; "
                 f"got {args.models!r}")
     if "RANK" not in os.environ:
-        p.error("run it under torchrun: torchrun --nproc-per-node 2 scripts/tp_probe.py OUT.json ...")
+        p.error("run it under torchrun: torchrun --nproc-per-node 2 scripts/tp_probe.py --out DIR ...")
     if args.symmetric_all_reduce and args.device == "cpu":
         p.error("--symmetric-all-reduce needs CUDA (symmetric memory)")
     if args.one_shot and args.device == "cpu":
         p.error("--one-shot needs CUDA (symmetric memory)")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        p.error(f"--out {args.out} is a file, not a directory")
+    args.json = os.path.join(args.out, "tp.json")
+    if os.path.exists(args.json):
+        p.error(f"{args.json} exists: choose a new --out (no run overwrites an earlier one)")
+    os.makedirs(args.out, exist_ok=True)
     return args
 
 
@@ -140,10 +147,10 @@ class Probe:
 
     def write(self):
         if self.rank == 0:
-            tmp = self.args.out + ".tmp"
+            tmp = self.args.json + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(self.report, f, indent=1)
-            os.replace(tmp, self.args.out)
+            os.replace(tmp, self.args.json)
 
     def sync(self):
         if self.cuda:
@@ -329,7 +336,7 @@ def main():
         probe.run()
     except BaseException:
         traceback.print_exc()
-        with open(f"{args.out}.rank{probe.rank}.error.txt", "w") as f:
+        with open(f"{args.json}.rank{probe.rank}.error.txt", "w") as f:
             f.write(f"part: {probe.report.get('running')}\n")
             traceback.print_exc(file=f)
         probe.write()  # rank 0: the parts done so far, and the error

@@ -5,18 +5,18 @@ alternating rounds of 20 calls per setting), the host's Python profile of
 20 such calls (cProfile, top functions), and the GPU's kernels of one call; and the whole 200-token call's
 ms per token per setting (as the bench's ms/token).
 
-    python3 scripts/ttft_profile.py OUT_DIR
+    python3 scripts/ttft_profile.py --out DIR     (ttft.json, the host's and the GPU's tables per model and setting)
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import json
 import os
 import pstats
 import statistics
-import sys
 import time
 
 import torch
@@ -34,7 +34,12 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def main(out_dir: str) -> None:
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="directory for ttft.json and the profiles (made if needed)")
+    out_dir = ap.parse_args(argv).out
+    if os.path.exists(os.path.join(out_dir, "ttft.json")):
+        ap.error(f"{out_dir}/ttft.json exists: choose a new --out (no run overwrites an earlier one)")
     os.makedirs(out_dir, exist_ok=True)
     res = {}
     for name in ("gpt2-random", "llama-1b-random"):
@@ -83,4 +88,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

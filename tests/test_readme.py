@@ -1,4 +1,6 @@
-"""The README's Python example runs as written (here on CPU), and the README agrees with the test setup."""
+"""The README and the docs say what the code does: the Python example runs as written (here on CPU), the results
+table is what bench/results_table.py makes of results/, the test commands are the ones CI and the skip reason use,
+and every relative link of the markdown files points at a file that exists."""
 
 from __future__ import annotations
 
@@ -7,16 +9,19 @@ import io
 import os
 import re
 
-README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+from overlapdecode.bench import results_table
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
+README = os.path.join(ROOT, "README.md")
 
 
-def _python_blocks() -> list[str]:
+def _readme() -> str:
     with open(README) as f:
-        return re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+        return f.read()
 
 
 def test_the_readme_python_example_runs_as_written():
-    blocks = _python_blocks()
+    blocks = re.findall(r"```python\n(.*?)```", _readme(), flags=re.S)
     assert len(blocks) == 1
     printed = io.StringIO()
     scope: dict = {}
@@ -24,14 +29,52 @@ def test_the_readme_python_example_runs_as_written():
         exec(compile(blocks[0], "README.md", "exec"), scope)  # noqa: S102 - the README's own code
     out, batch, tokenizer = scope["out"], scope["batch"], scope["tokenizer"]
     assert out.shape[0] == 2 and out.shape[1] > batch.input_ids.shape[1]
+    assert (batch.attention_mask[:, -1] == 1).all()  # left padding, as load_tokenizer promises
     texts = eval(printed.getvalue())  # noqa: S307 - the list the example printed
     assert texts == tokenizer.batch_decode(out[:, batch.input_ids.shape[1]:], skip_special_tokens=True)
 
 
-def test_the_readme_names_the_gpu_test_command_of_the_skip_reason():
-    with open(os.path.join(os.path.dirname(__file__), "conftest.py")) as f:
+def test_the_readme_results_table_is_the_one_results_table_makes():
+    text = _readme()
+    assert text.count(results_table.BEGIN) == 1 and text.count(results_table.END) == 1
+    region = text.split(results_table.BEGIN, 1)[1].split(results_table.END, 1)[0]
+    expected = results_table.render(os.path.join(ROOT, "results", "h200"), relative_to=ROOT)
+    assert region == "\n" + expected, ("the README's table differs from results/h200: run python3 -m "
+                                       "overlapdecode.bench.results_table results/h200 --readme README.md")
+
+
+def test_the_readme_names_the_test_commands_ci_and_the_skip_reason_run():
+    text = " ".join(_readme().split())
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci = f.read()
+    assert "python3 -m pytest -q tests" in ci and "```bash python3 -m pytest -q tests ```" in text
+    with open(os.path.join(ROOT, "tests", "conftest.py")) as f:
         reason = re.search(r'reason="needs a CUDA GPU \(on a CUDA machine: ([^)]*)\)"', f.read()).group(1)
-    with open(README) as f:
-        text = " ".join(f.read().split())
     assert f"`{reason}`" in text
-    assert "TESTS_TIME" not in text  # the measured duration is filled in
+    assert "`bash scripts/gpu_tests.sh --out DIR`" in text
+
+
+def _markdown_files() -> list[str]:
+    found = []
+    for top in ("README.md", "CHANGELOG.md", "docs", "results"):
+        path = os.path.join(ROOT, top)
+        if os.path.isfile(path):
+            found.append(path)
+        for base, _dirs, files in os.walk(path):
+            found += [os.path.join(base, f) for f in files if f.endswith(".md")]
+    return found
+
+
+def test_every_relative_link_of_the_markdown_files_exists():
+    files = _markdown_files()
+    assert README in files and os.path.join(ROOT, "docs", "BENCHMARKING.md") in files
+    broken = []
+    for path in files:
+        with open(path) as f:
+            text = f.read()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            if not os.path.exists(os.path.join(os.path.dirname(path), target.split("#")[0])):
+                broken.append(f"{os.path.relpath(path, ROOT)}: {target}")
+    assert broken == []

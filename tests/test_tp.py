@@ -294,10 +294,10 @@ def test_tp_without_torchrun(monkeypatch):
         od.load_model("tiny-llama", device="cpu", tp="2")
 
 
-def test_tp_probe_refuses_bad_arguments_before_any_work(monkeypatch, capsys):
+def test_tp_probe_refuses_bad_arguments_before_any_work(monkeypatch, capsys, tmp_path):
     """scripts/tp_probe.py answers an unknown --parts name, a --models list that does not name one model per
-    part, and a start outside torchrun in one line, before torch.distributed starts (before, a wrong part was
-    found only once the parts before it had run, and a short --models list at its part, as a KeyError)."""
+    part, an --out holding an earlier tp.json, and a start outside torchrun in one line, before
+    torch.distributed starts (a wrong part found at its turn would end a run after the parts before it)."""
     import importlib.util
 
     for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "TORCH_NCCL_AVOID_RECORD_STREAMS"):
@@ -306,16 +306,19 @@ def test_tp_probe_refuses_bad_arguments_before_any_work(monkeypatch, capsys):
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     monkeypatch.setenv("RANK", "0")
-    cpu = ["out.json", "--device", "cpu"]
+    cpu = ["--out", str(tmp_path / "probe"), "--device", "cpu"]
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "tp.json").write_text("{}")
     for argv, message in [
         (cpu + ["--parts", "equal,spead"], "--parts: unknown part(s) 'spead'; the parts are equal, speed, big"),
         (cpu + ["--models", "tiny-llama"], "--models takes 3 comma-separated names, the models of equal, speed"),
+        (["--out", str(tmp_path / "earlier"), "--device", "cpu"], "tp.json exists: choose a new --out"),
     ]:
         with pytest.raises(SystemExit) as exit_:
             probe.parse_args(argv)
         assert exit_.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1], argv
     args = probe.parse_args(cpu + ["--models", "tiny-llama,tiny-llama,tiny-llama", "--parts", "equal,big"])
-    assert args.parts == "equal,big"
+    assert args.parts == "equal,big" and args.json == str(tmp_path / "probe" / "tp.json")
     monkeypatch.delenv("RANK")
     with pytest.raises(SystemExit):
         probe.parse_args(cpu + ["--models", "tiny-llama,tiny-llama,tiny-llama"])

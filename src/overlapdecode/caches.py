@@ -1,4 +1,4 @@
-"""The KV-cache choices of the brief, and the only module that knows Hugging Face cache classes.
+"""The KV-cache choices of the presets, and the only module that knows Hugging Face cache classes.
 
 Each cache kind turns "decode step j" into the keyword arguments of one model forward. Step 0 is the
 prefill (the whole prompt); step j >= 1 feeds token j-1 and yields the logits of token j.

@@ -1,7 +1,7 @@
 """Load a causal LM: a Hugging Face hub name, a local directory, or an embedded random config.
 
 The embedded configs exist so that the benchmark and the tests run with no download: `gpt2-random` is the
-GPT-2 124M architecture with random weights (the reference model of the brief), `tiny-gpt2` and
+GPT-2 124M architecture with random weights (the benchmark's reference model), `tiny-gpt2` and
 `tiny-llama` are small enough for CPU tests. Random weights give the same time per token as trained ones;
 only the text is meaningless, which the command line says. Their tokenizer is the byte-level one of
 tokenizer.py (random text out, but text in and out with no download).

@@ -31,7 +31,7 @@ class StepLog(NamedTuple):
     into the device's address space); the host reads a step's slot once the event recorded after that step
     has completed (stopping.StopCheck). `count` (1,) int32 on the device. Why: the copy of the token into the
     output and of the flag to pinned memory after each replay were two more operations on the GPU's queue per
-    token (H200, GPT-2: 0.305 ms/token with them, 0.297 without the flag's, benchmarks/h200-session9-loop)."""
+    token (H200, GPT-2: 0.305 ms/token with them, 0.297 without the flag's)."""
 
     tokens: torch.Tensor
     flags: torch.Tensor

@@ -6,10 +6,10 @@ reads the "every row finished" flag of step j, its *lag* (the one definition of 
 number of steps enqueued after step j before the host reads step j's flag):
 
 - `SyncCheck`     lag 0: right after enqueuing step j, with `.item()`: the host waits for the GPU to drain,
-                  then the GPU waits while the host launches step j+1 (the brief's step 6).
+                  then the GPU waits while the host launches step j+1.
 - `PingPongCheck` lag k >= 1: step j runs on side stream j % 2 after an event wait on step j-1; its flag is
                   copied without blocking into pinned slot j % (k+1) and that slot's event recorded; the host
-                  reads the flag of step j-k, which is done or nearly so, while step j is queued (step 7).
+                  reads the flag of step j-k, which is done or nearly so, while step j is queued.
 - `DeferredCheck` the same late read with every step on the caller's stream.
 - `EndCheck`      no read during the loop (lag = max_new_tokens); one read after the last step, and the
                   output is trimmed where every row had finished. The upper bound for speed, still exact.

@@ -179,7 +179,7 @@ def test_greedy_choice_in_a_captured_graph_equals_the_loops_choice(B, V):
     """greedy_choice (kernels/greedy.py) captured in one CUDA graph with PDL (LATE) behind a kernel that writes
     its logits, replayed over logits with ties, NaN and infinities placed anew before each replay: the state and
     flag of the decode loop's own choice (greedy_finish_ref: argmax_rows and mark_finished) every time, and the
-    ticket back at 0. (A reviewer's ad-hoc check in session 8 did the same with the LM head kernel; this keeps it.)"""
+    ticket back at 0."""
     from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref
     from overlapdecode.fused.kernels.linear_residual import Tickets
 

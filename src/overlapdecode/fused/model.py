@@ -31,27 +31,21 @@ from .layout import fuse_weights, shard_vocab
 # Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
 KEEP_CACHES = 4
 # The programmatic dependent launch mode of the step's kernels where the GPU has it (kernels/pdl.py): LATE,
-# the fastest step in one graph at both measured shapes (H200, 0093964: Llama-1B 0.916 ms against WAIT's
-# 0.949 and no PDL's 0.962; GPT-2 0.334 against 0.362 and 0.373; docs/KERNELS.md).
+# the fastest step in one graph at both measured shapes (H200: Llama-1B 0.916 ms against WAIT's 0.949 and no
+# PDL's 0.962; GPT-2 0.334 against 0.362 and 0.373; results/h200/pdl-modes, docs/KERNELS.md).
 PDL_DEFAULT = 3
 # Tile keywords per (kernel, N, K) of the weight where a shape's measured best differs from the kernels'
-# defaults, for 16-bit weights (float32 keeps the defaults: twice the shared memory per stage). GPT-2's output
-# and down projections: 16 columns per program, twice the programs of the default 32 (kernel_sweep --shapes
-# gpt2, H200, d1ec7b9: step in one graph 0.332 -> 0.311 ms with these two alone; docs/KERNELS.md).
-# (The sweep's split-K targets, 4 and 2 x the H200's SMs, are left to the default, 2 x the SMs of the GPU at
-# hand: on the H200 the same splits, as 768 x 768 is not split at either.)
-# Llama-3's LM head at the 1B shape from 4 rows on: until session 11 64 columns per program, half the programs of
-# the default, each re-reading the (B, 2048) activations (kernel_sweep --shapes llama-1b --batch 8, H200, f06d607:
-# 166 -> 147 us alone; step in one graph at batch 8 1.092/1.078 -> 1.062 ms with this entry alone; with all five batch-8
-# bests, batch 4 1.061 -> 1.036 and batch 16 1.115 -> 1.119, the entry alone unmeasured there;
-# benchmarks/h200-session7-tiles). Since session 11: 128 x 128, 8 warps, 3 stages, the best of 24 tiles in the step
-# at batch 8 (scripts/step_tiles_ab.py, H200, 6eb2c7e), then against the entry before (64 x 128, 4 warps), 5
-# alternating rounds, step in one graph: batch 4 0.9418 -> 0.9403 ms, 8 0.9637 -> 0.9595, 16 1.0143 -> 0.9985
-# (65ff587, benchmarks/h200-session11-step-tiles).
+# defaults, for 16-bit weights (float32 keeps the defaults: twice the shared memory per stage). Each entry was
+# timed in the whole step in one CUDA graph on an H200 (docs/KERNELS.md, "Tiles"). GPT-2's output and down
+# projections: 16 columns per program, twice the programs of the default 32 (step 0.332 -> 0.309 ms with the
+# sweep's bests, 0.311 with these two alone; results/h200/gpt2-kernel-sweep). (The sweep's split-K targets, 4 and
+# 2 x the H200's SMs, are left to the default, 2 x the SMs of the GPU at hand: on the H200 the same splits, as
+# 768 x 768 is not split at either.) Llama-3's LM head at the 1B shape from 4 rows on: 128 x 128, 8 warps, 3
+# stages, the one winner of 24 tiles tried in the step at batch 8, then against the entry it replaced (64 x 128,
+# 4 warps): batch 4 0.9418 -> 0.9403 ms, 8 0.9637 -> 0.9595, 16 1.0143 -> 0.9985 (results/h200/llama-1b-step-tiles).
 # GPT-2's LM head (50257 x 768): 128 columns per program, K tiles of 64, 4 stages: 393 programs where the default
-# has 1571 (scripts/lm_head_ab.py, H200, 0512676, step in one graph, 3 alternating rounds: batch 1 0.3056 ->
-# 0.3002 ms, batch 8 0.3911 -> 0.3777; the kernel alone 28.0 -> 22.7 us, 2.76 -> 3.40 TB/s;
-# benchmarks/h200-session10-lm-head). Measured at batch 1 and 8; applied at every batch.
+# has 1571 (batch 1 0.3056 -> 0.3002 ms, batch 8 0.3911 -> 0.3777; the kernel alone 28.0 -> 22.7 us, 2.76 -> 3.40
+# TB/s; results/h200/gpt2-lm-head-tiles). Measured at batch 1 and 8; applied at every batch.
 TILES: dict = {
     ("linear_residual", 768, 768): dict(block_n=16, block_k=256, num_warps=4, num_stages=4),
     ("linear_residual", 768, 3072): dict(block_n=16, block_k=64, num_warps=2, num_stages=4),
@@ -141,7 +135,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
                          "linear_residual", 1, tiles),
                    Tiled(functools.partial(norm_linear, pdl=pdl, **sums), "norm_linear", 4, tiles),
                    # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
-                   # 1 (eaf04d0, benchmarks/h200-session7-verify): GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
+                   # 1: GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
                    functools.partial(embed, pdl=pdl, **sums),
                    # one PDL launch instead of inductor's choice kernels and two copies (kernels/greedy.py)
                    functools.partial(greedy_choice, tickets=tickets, pdl=pdl))
@@ -245,7 +239,7 @@ class FusedModel:
     Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a
     tensor-parallel shard's decode step sums its partial products by a one-shot all-reduce over symmetric memory
     (tp.SymmetricAllReduce) instead of NCCL (default off; on two H200s: tp=1's float32 tokens, 8B tp=2 0.74x of
-    tp=1 against 0.84x with NCCL, README).
+    tp=1 against 0.84x with NCCL, docs/TENSOR_PARALLEL.md).
     `vocab_parallel`: under tensor parallelism each rank reads only its rows of the LM head and the step gathers
     the logits (tp.VocabShard; default on; False keeps the head replicated, as the Hugging Face model has it).
     Every option is checked (check_options) before the weights are touched.
@@ -278,11 +272,11 @@ class FusedModel:
             self.ops = self.ops._replace(symmetric=SymmetricAllReduce(self.weights.tp.group, self.device))
         compile_prefill = opts.compile_prefill
         # on CUDA the compiled prefill of each bucket is also one CUDA graph (torch.compile's, reduce-overhead): its
-        # few hundred launches otherwise cost milliseconds of host time before the first token (H200, 39d90f8:
-        # TTFT 5.1 ms at Llama-1B, 5.9 ms at GPT-2, against decode steps of 0.95 and 0.36 ms). Its guards and
+        # few hundred launches otherwise cost milliseconds of host time before the first token (H200: TTFT 5.1
+        # ms at Llama-1B, 5.9 ms at GPT-2, against decode steps of 0.95 and 0.36 ms). Its guards and
         # input checks run once per call, not per token; its logits are consumed before the next call replays it.
-        # (Captured by hand instead, as the decode step is, it crashed on the H200 with an illegal memory access,
-        # 90fd970, and gained GPT-2 0.4 ms of TTFT where it ran: removed; the session-8 note in the issue says more.)
+        # (Captured by hand instead, as the decode step is, it crashed on the H200 with an illegal memory access
+        # and gained GPT-2 0.4 ms of TTFT where it ran: removed; CHANGELOG.md, "Tried and dropped".)
         mode = "reduce-overhead" if self.device.type == "cuda" else None
         self._prefill = (torch.compile(reference.prefill, dynamic=False, mode=mode) if compile_prefill
                          else reference.prefill)

@@ -1,0 +1,662 @@
+"""A/B measurements of the decode path on a GPU: two or more variants timed in alternation in one process (or one
+process per source tree, alternated by the caller), so that a difference is not the machine drifting.
+
+Every subcommand writes one JSON file (with the device and the commit) under --out DIR and refuses a file that is
+already there; run `python3 scripts/ab.py SUBCOMMAND --help` for its options.
+
+  greedy-choice      the greedy token choice by one kernel after the LM head (fused/kernels/greedy.py) against
+                     choose_next by torch ops plus two copies, in the whole step graph (StepGraph), bfloat16:
+                     gpt2-random batch 1, llama-1b-random batch 1 and 8; ms per replay and kernels per replay
+  lm-head            GPT-2's LM head (norm_linear at (50257, 768)): tiles in the step in one CUDA graph, the greedy
+                     choice's logits per program, and each tile alone over weight copies that do not fit the L2
+  step-tiles         Llama-1B's five GEMVs: candidate tiles put into the whole step one (kernel, N, K) at a time
+                     (phase 1), then each kernel's winner combined (phase 2); --check validates every candidate
+                     table on any machine
+  tile-confirm       one TILES entry against the one it replaced (CONFIRM_KEY), at batch 2 (where it does not
+                     apply: the noise), 4, 8 and 16
+  attention-pieces   the decode attention's pieces (cache slots per program, number of pieces) in the step
+  step-gap           the step alone in one graph per programmatic-dependent-launch mode and with the embedding by
+                     torch ops, against `generate`'s decode steps (fused, fused without stop check, interleaved);
+                     a trace and kernel table of one 32-token fused call
+  loop               the decode loop around the step graph (ping-pong, deferred, no per-step check): decode ms per
+                     token, the 200-token call and TTFT, for the source tree on PYTHONPATH (--label names it)
+  preset             a preset's whole calls for the source tree on PYTHONPATH, with the garbage collector's pauses
+  stop-check-pairs   interleaved against nocheck in pairs alternating which runs first, alone and with processes
+                     spinning on the host's cores (the ping-pong's host work must stay ahead of the GPU)
+
+Figures are medians over alternating passes ("rounds" in the JSON); "fastest" is the best pass. Tables of tile keywords use FusedModel's `tiles`
+format ((kernel, N, K) or (kernel, N, K, min_batch) -> keywords).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+ROUNDS, ROUNDS_CONFIRM, MIN_GAIN = 3, 5, 0.003
+H, I, V, QKV = 2048, 8192, 128256, 3072  # Llama-3.2-1B: hidden, intermediate, vocabulary, (32 + 2 x 8) heads x 64
+SMS = 132  # H200; `programs` is linear_residual's and norm_qkv's absolute split-K target
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# shared: output, timing
+
+
+def fail(message: str):
+    """A user's mistake: one line on stderr, exit status 2, before any GPU work."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def out_path(out_dir: str, name: str) -> str:
+    """DIR/name, DIR made if needed; a file already there is refused (no run overwrites an earlier one)."""
+    path = os.path.join(out_dir, name)
+    if os.path.exists(path):
+        fail(f"ab.py: {path} exists: choose a new --out (no run overwrites an earlier one)")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        fail(f"ab.py: --out {out_dir} is a file, not a directory")
+    os.makedirs(out_dir, exist_ok=True)
+    return path
+
+
+def write(path: str, res: dict) -> None:
+    print(json.dumps(res, indent=1), flush=True)
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+def meta(**extra) -> dict:
+    import torch
+
+    from overlapdecode.bench.results import git_commit
+
+    return {"device": torch.cuda.get_device_name(), "commit": git_commit(), **extra}
+
+
+def timed_call(model, ids, n: int, strategy) -> float:
+    """Seconds of one `od.generate` call of n tokens, EOS off, synchronised as the bench times it."""
+    import torch
+
+    import overlapdecode as od
+
+    torch.cuda.synchronize()  # host sync: timing boundary
+    t = time.perf_counter()
+    od.generate(model, ids, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+    torch.cuda.synchronize()  # host sync: the call's end, as the bench times it
+    return time.perf_counter() - t
+
+
+def graph_rounds(graphs: dict, rounds: int) -> dict:
+    """name -> ms of each pass: every graph replayed (do_bench median) once per pass, the graphs alternating."""
+    import triton.testing
+
+    times = {k: [] for k in graphs}
+    for _ in range(rounds):
+        for k, (g, _keep) in graphs.items():
+            times[k].append(triton.testing.do_bench(g.replay, rep=200, return_mode="median"))
+    return times
+
+
+def medians(times: dict) -> dict:
+    return {k: round(statistics.median(v), 4) for k, v in times.items()}
+
+
+def every_round(times: dict) -> dict:
+    return {k: [round(x, 4) for x in v] for k, v in times.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# greedy-choice
+
+
+def greedy_choice(args) -> None:
+    path = out_path(args.out, "greedy-choice.json")
+    import torch
+
+    import overlapdecode as od
+    from overlapdecode import fused_path, steps
+    from overlapdecode.fused.cache import decode_kwargs
+    from overlapdecode.fused.model import FusedModel
+    from overlapdecode.sampling import SamplingParams
+    from overlapdecode.step_graph import StepGraph
+
+    def _choose_after_head(fm, kwargs, pad_id, choose, state, eos_ids, noise, done, log=None):
+        """The greedy step with the choice made by torch ops (compiled `choose_next`) after the head."""
+        new_state, all_done = steps.decode_step(fm, kwargs, state, eos_ids, pad_id, noise, SamplingParams(), choose)
+        state.copy_(new_state)
+        done.copy_(all_done)
+
+    dev = torch.device("cuda")
+    replays, rounds, start = 64, 15, 100
+
+    def reset(g, init):
+        g.state.copy_(init)
+        g.eos.fill_(-1)  # never met: every replay runs the whole step
+
+    def timed_round(g, init) -> float:
+        reset(g, init)
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        for _ in range(replays):
+            g.run()
+        t1.record()
+        t1.synchronize()  # host sync: timing boundary
+        return t0.elapsed_time(t1) / replays
+
+    def kernels_per_replay(g, init) -> float:
+        reset(g, init)
+        torch.cuda.synchronize()  # host sync: profile boundary
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(8):
+                g.run()
+            torch.cuda.synchronize()  # host sync: profile boundary
+        n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                and not e.name.startswith(("Memcpy", "Memset"))
+                and getattr(e, "kind", "kernel") in ("kernel", "gpu_op"))
+        return n / 8
+
+    res = meta(replays=replays, rounds=rounds)
+    for name, B in (("gpt2-random", 1), ("llama-1b-random", 1), ("llama-1b-random", 8)):
+        model = od.load_model(name, dtype="bfloat16", device=dev)
+        fm = FusedModel(model)
+        cache = fm.cache_for(B, 300)
+        init = torch.stack([torch.randint(0, 1000, (B,)), torch.full((B,), start), torch.zeros(B, dtype=torch.long)],
+                           1).to(dev)
+        by_ops = functools.partial(_choose_after_head, fm, decode_kwargs(cache), 0,
+                                   torch.compile(steps.choose_next, fullgraph=True, dynamic=False))
+        by_kernel = functools.partial(fused_path._fused_greedy_step, fm, cache, 0)
+        gs = {"choose after the head": StepGraph(by_ops, B, 1, None, dev),
+              "greedy kernel": StepGraph(by_kernel, B, 1, None, dev)}
+        tokens = {}
+        for label, g in gs.items():  # eager step, capture, and a check that both choose the same tokens
+            reset(g, init)
+            for _ in range(4):
+                g.run()
+            tokens[label] = g.state.clone()
+        times = {label: [] for label in gs}
+        for _ in range(rounds):
+            for label, g in gs.items():
+                times[label].append(timed_round(g, init))
+        key = f"{name} b{B}"
+        res[key] = {label: dict(ms_per_replay=round(statistics.median(t), 4), fastest=round(min(t), 4),
+                                kernels=kernels_per_replay(gs[label], init)) for label, t in times.items()}
+        res[key]["same tokens after 4 steps"] = torch.equal(*tokens.values())
+        del gs, cache, fm, model
+        torch.cuda.empty_cache()
+    write(path, res)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# lm-head
+
+LM_HEAD_KEY = ("norm_linear", 50257, 768)
+# (block_n, block_k, num_warps, num_stages); the first is norm_linear's default, the second TILES' entry
+LM_HEADS = [(32, 256, 4, 3), (128, 64, 4, 4), (64, 256, 4, 3), (64, 256, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3),
+            (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 2), (64, 256, 8, 2), (128, 256, 8, 2), (64, 128, 8, 4),
+            (256, 64, 4, 4), (256, 32, 4, 4), (128, 32, 4, 5), (128, 64, 4, 5), (128, 64, 8, 4), (128, 64, 4, 3),
+            (256, 64, 8, 4), (128, 128, 4, 4)]
+GREEDY_BLOCKS = (1024, 4096, 8192)  # the greedy choice's logits per program (its default for one row: 2048)
+
+
+def _head_cfg(t) -> dict:
+    return dict(block_n=t[0], block_k=t[1], num_warps=t[2], num_stages=t[3])
+
+
+def lm_head(args) -> None:
+    path = out_path(args.out, f"lm-head-b{args.batch}.json")
+    import torch
+
+    import overlapdecode as od
+    from kernel_sweep import captured_step, rotated, time_rotated  # scripts/ is on the path when run as a script
+    from overlapdecode.fused.kernels.norm_linear import norm_linear
+    from overlapdecode.fused.model import TILES
+
+    B = args.batch
+    model = od.load_model("gpt2-random", dtype="bfloat16", device="cuda")
+    res = meta(batch=B, rounds=ROUNDS)
+    graphs = {}
+    for t in LM_HEADS:
+        try:
+            graphs[f"head {t}"] = captured_step(model, B, tiles={**TILES, LM_HEAD_KEY: _head_cfg(t)})
+        except Exception as e:  # a configuration that does not compile (shared memory, registers) is recorded
+            res[f"head {t} error"] = str(e)[:200]
+    for bv in GREEDY_BLOCKS:
+        edit = lambda ops, bv=bv: ops._replace(greedy=functools.partial(ops.greedy, block_v=bv))  # noqa: E731
+        graphs[f"greedy block_v {bv}"] = captured_step(model, B, edit_ops=edit)
+    times = graph_rounds(graphs, ROUNDS)
+    res["step ms, median of rounds"] = medians(times)
+    res["step ms, rounds"] = every_round(times)
+    del graphs
+    torch.cuda.empty_cache()
+    x = torch.randn(B, 768, device="cuda", dtype=torch.bfloat16)
+    nw, nb = torch.ones(768, device="cuda", dtype=torch.bfloat16), torch.zeros(768, device="cuda", dtype=torch.bfloat16)
+    sets = rotated(lambda: (torch.randn(50257, 768, device="cuda", dtype=torch.bfloat16) * 0.02,), 50257 * 768 * 2)
+    alone = {}
+    for t in LM_HEADS:
+        if f"head {t} error" in res:
+            continue
+        fn = lambda w, t=t: norm_linear(x, nw, nb, 1e-5, w, None, "none", torch.float32, **_head_cfg(t))  # noqa: E731
+        us = time_rotated(fn, sets)
+        alone[str(t)] = {"us": round(us, 2), "GB/s": round(50257 * 768 * 2 / us / 1e3, 1)}
+    res["LM head alone (cold L2)"] = alone
+    write(path, res)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# step-tiles, tile-confirm, attention-pieces
+
+# (kernel, N, K) -> candidates (keywords); the defaults (docs/KERNELS.md "Tiles") are HALF 32 x 256, 4 warps,
+# 3 stages, 4 x SMs for QKV; 32 x 128, 4, 3, 2 x SMs for O and down; 32 x 256, 4, 3 for gate/up and the LM head
+CANDIDATES = {
+    ("norm_qkv", QKV, H): [dict(half=32, block_k=128, num_warps=4, num_stages=4, programs=4 * SMS),
+                           dict(half=32, block_k=256, num_warps=4, num_stages=3, programs=8 * SMS),
+                           dict(half=16, block_k=256, num_warps=4, num_stages=3, programs=4 * SMS),
+                           dict(half=32, block_k=256, num_warps=8, num_stages=3, programs=4 * SMS),
+                           dict(half=32, block_k=128, num_warps=4, num_stages=3, programs=2 * SMS)],
+    ("linear_residual", H, H): [dict(block_n=64, block_k=128, num_warps=4, num_stages=3, programs=2 * SMS),
+                                dict(block_n=128, block_k=64, num_warps=4, num_stages=4, programs=2 * SMS),
+                                dict(block_n=32, block_k=128, num_warps=4, num_stages=3, programs=4 * SMS),
+                                dict(block_n=64, block_k=64, num_warps=4, num_stages=4, programs=4 * SMS),
+                                dict(block_n=16, block_k=128, num_warps=4, num_stages=4, programs=2 * SMS)],
+    ("norm_linear", 2 * I, H): [dict(block_n=64, block_k=128, num_warps=4, num_stages=3),
+                                dict(block_n=128, block_k=64, num_warps=4, num_stages=4),
+                                dict(block_n=128, block_k=64, num_warps=8, num_stages=4),
+                                dict(block_n=64, block_k=64, num_warps=4, num_stages=4),
+                                dict(block_n=64, block_k=256, num_warps=8, num_stages=3)],
+    ("linear_residual", H, I): [dict(block_n=64, block_k=128, num_warps=4, num_stages=3, programs=2 * SMS),
+                                dict(block_n=128, block_k=64, num_warps=4, num_stages=4, programs=2 * SMS),
+                                dict(block_n=32, block_k=128, num_warps=4, num_stages=4, programs=4 * SMS),
+                                dict(block_n=64, block_k=128, num_warps=8, num_stages=3, programs=4 * SMS),
+                                dict(block_n=32, block_k=64, num_warps=4, num_stages=4, programs=2 * SMS)],
+    ("norm_linear", V, H): [dict(block_n=32, block_k=256, num_warps=4, num_stages=3),
+                            dict(block_n=64, block_k=128, num_warps=4, num_stages=3),
+                            dict(block_n=128, block_k=64, num_warps=4, num_stages=4),
+                            dict(block_n=128, block_k=128, num_warps=8, num_stages=3)],
+}
+# tile-confirm: TILES' entry for the 1B LM head from 4 rows on, against the entry it replaced
+CONFIRM_KEY = ("norm_linear", V, H, 4)
+CONFIRM_OLD = dict(block_n=64, block_k=128, num_warps=4, num_stages=3)
+# attention-pieces: the decode attention's keywords (default: 64 cache slots per piece, as many pieces as needed)
+ATTENTION = [dict(), dict(block_n=32), dict(block_n=16), dict(block_n=32, num_splits=4)]
+
+
+def with_entry(tiles: dict, key: tuple, cfg: dict, B: int) -> dict:
+    """`tiles` with `cfg` for (kernel, N, K) at B rows and more: a (kernel, N, K, B) entry, replacing an entry of
+    that very min_batch (a 3-tuple key is min_batch 1)."""
+    full = (*key, B)
+    kept = {k: v for k, v in tiles.items() if (k if len(k) == 4 else (*k, 1)) != full}
+    return {**kept, (full if B > 1 else key): cfg}
+
+
+def tile_tables(B: int) -> dict:
+    """name -> tiles table: the current one and each candidate."""
+    from overlapdecode.fused.model import TILES
+
+    out = {"current": dict(TILES)}
+    for key, cands in CANDIDATES.items():
+        for cfg in cands:
+            out[f"{key[0]} {key[1]}x{key[2]} {cfg}"] = with_entry(TILES, key, cfg, B)
+    return out
+
+
+def check_tables() -> int:
+    """Every candidate table passes FusedModel's check of its `tiles` option (any machine); the number checked."""
+    from overlapdecode.fused.model import check_option_values
+
+    n = 0
+    for B in (1, 8):
+        for t in tile_tables(B).values():
+            check_option_values(tiles=t)
+            n += 1
+    return n
+
+
+def step_tiles(args) -> None:
+    if args.check:
+        print(f"{check_tables()} candidate tables pass check_option_values")
+        return
+    if args.out is None:
+        fail("ab.py step-tiles: --out is required (or --check)")
+    path = out_path(args.out, f"step-tiles-b{args.batch}.json")
+    import torch
+
+    import overlapdecode as od
+    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
+    from overlapdecode.fused.model import TILES
+
+    B = args.batch
+    model = od.load_model("llama-1b-random", dtype="bfloat16", device="cuda")
+    res = meta(batch=B, rounds=ROUNDS)
+    graphs = {}
+    for name, t in tile_tables(B).items():
+        try:
+            graphs[name] = captured_step(model, B, tiles=t)
+        except Exception as e:  # a configuration that does not compile (shared memory, registers) is recorded
+            res[f"{name} error"] = str(e)[:200]
+    times = graph_rounds(graphs, ROUNDS)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    res["phase 1 step ms, median of rounds"] = medians(times)
+    res["phase 1 step ms, rounds"] = every_round(times)
+    del graphs
+    torch.cuda.empty_cache()
+
+    combo, picked = dict(TILES), {}
+    for key, cands in CANDIDATES.items():
+        named = {f"{key[0]} {key[1]}x{key[2]} {cfg}": cfg for cfg in cands}
+        scored = [(med[n], n) for n in named if n in med]
+        if scored and min(scored)[0] < med["current"] * (1 - MIN_GAIN):
+            best = min(scored)[1]
+            picked[str(key)] = named[best]
+            combo = with_entry(combo, key, named[best], B)
+    res["phase 2 picked"] = picked
+    if picked:
+        graphs = {"current": captured_step(model, B, tiles=dict(TILES)),
+                  "combined": captured_step(model, B, tiles=combo)}
+        times = graph_rounds(graphs, ROUNDS_CONFIRM)
+        res["phase 2 step ms, median of rounds"] = medians(times)
+        res["phase 2 step ms, rounds"] = every_round(times)
+    write(path, res)
+
+
+def tile_confirm(args) -> None:
+    path = out_path(args.out, "tile-confirm.json")
+    import torch
+
+    import overlapdecode as od
+    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
+    from overlapdecode.fused.model import TILES
+
+    model = od.load_model("llama-1b-random", dtype="bfloat16", device="cuda")
+    res = meta(key=str(CONFIRM_KEY), before=CONFIRM_OLD, now=TILES[CONFIRM_KEY], rounds=ROUNDS_CONFIRM)
+    for B in (2, 4, 8, 16):
+        graphs = {"before": captured_step(model, B, tiles={**TILES, CONFIRM_KEY: CONFIRM_OLD}),
+                  "now": captured_step(model, B, tiles=dict(TILES))}
+        times = graph_rounds(graphs, ROUNDS_CONFIRM)
+        res[f"batch {B} step ms, median of rounds"] = medians(times)
+        res[f"batch {B} step ms, rounds"] = every_round(times)
+        del graphs
+        torch.cuda.empty_cache()
+    write(path, res)
+
+
+def attention_pieces(args) -> None:
+    path = out_path(args.out, "attention-pieces.json")
+    import torch
+
+    import overlapdecode as od
+    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
+
+    res = meta(rounds=ROUNDS_CONFIRM)
+    for name, B in (("llama-1b-random", 1), ("llama-1b-random", 8), ("gpt2-random", 1)):
+        model = od.load_model(name, dtype="bfloat16", device="cuda")
+        graphs = {}
+        for kw in ATTENTION:
+            edit = lambda ops, kw=kw: ops._replace(attention=functools.partial(ops.attention, **kw))  # noqa: E731
+            try:
+                graphs[str(kw) if kw else "default"] = captured_step(model, B, edit_ops=edit)
+            except Exception as e:  # a plan the kernel refuses is recorded
+                res[f"{name} {B} {kw} error"] = str(e)[:200]
+        times = graph_rounds(graphs, ROUNDS_CONFIRM)
+        res[f"{name} batch {B} step ms, median of rounds"] = medians(times)
+        res[f"{name} batch {B} step ms, rounds"] = every_round(times)
+        del graphs, model
+        torch.cuda.empty_cache()
+    write(path, res)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# step-gap
+
+
+def step_gap(args) -> None:
+    path = out_path(args.out, "step-gap.json")
+    import torch
+    import triton.testing
+
+    import overlapdecode as od
+    from kernel_sweep import captured_step, per_token_ms  # scripts/ is on the path when run as a script
+
+    def graph_step_ms(model, B: int, pdl: int | None = None, embed_torch: bool = False) -> float:
+        g, _keep = captured_step(model, B, pdl=pdl, embed_torch=embed_torch)
+        return round(triton.testing.do_bench(g.replay, rep=200, return_mode="median"), 4)
+
+    cases = (("llama-1b-random", 1), ("llama-1b-random", 8), ("gpt2-random", 1))
+    res = meta()
+    for name, B in cases:
+        model = od.load_model(name, dtype="bfloat16", device="cuda")
+        ids = torch.randint(0, 1000, (B, 32), device="cuda")
+        r = res[f"{name} b{B}"] = {}
+        for pdl in (0, 1, 2, 3):  # kernels/pdl.py: off, WAIT, EARLY, LATE
+            r[f"graph step ms, pdl {pdl}"] = graph_step_ms(model, B, pdl)
+        r["graph step ms, embedding by torch ops"] = graph_step_ms(model, B, embed_torch=True)
+        r["fused ms/token"] = per_token_ms(model, ids, "fused")
+        r["fused, no stop check, ms/token"] = per_token_ms(model, ids, od.Strategy(cache="fused", compile=True,
+                                                                                   stop_check="end"))
+        r["interleaved ms/token"] = per_token_ms(model, ids, "interleaved")
+        if (name, B) == cases[0]:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
+                od.generate(model, ids, max_new_tokens=32, strategy="fused", eos_token_id=[])
+                torch.cuda.synchronize()  # host sync: end of the profiled call
+            prof.export_chrome_trace(os.path.join(args.out, "fused-generate-trace.json"))
+            with open(os.path.join(args.out, "fused-generate-kernels.txt"), "w") as f:
+                f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=60))
+        del model
+        torch.cuda.empty_cache()
+    write(path, res)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# loop, preset
+
+
+def loop(args) -> None:
+    path = out_path(args.out, f"loop-{args.label}.json")
+    import torch
+
+    import overlapdecode as od
+
+    strategies = {
+        "fused": "fused",
+        "fused, deferred check": od.Strategy(cache="fused", compile=True, stop_check="deferred", lag=1),
+        "fused, no per-step check": od.Strategy(cache="fused", compile=True, stop_check="end"),
+    }
+    rounds, ttft_calls = 7, 40
+    res = meta(label=args.label, source=od.__file__)
+    for name in args.models.split(","):
+        model = od.load_model(name, dtype="bfloat16", device="cuda")
+        ids = torch.randint(0, 1000, (1, 32), device="cuda")
+        if args.ttft:
+            for _ in range(3):
+                timed_call(model, ids, 1, "fused")  # compiles, captures
+            first = [timed_call(model, ids, 1, "fused") for _ in range(ttft_calls)]
+            res[f"{name} b1, fused TTFT ms"] = {"median": round(statistics.median(first) * 1e3, 3),
+                                               "fastest": round(min(first) * 1e3, 3)}
+        else:
+            for sname, strategy in strategies.items():
+                for n in (16, 208, 200):
+                    timed_call(model, ids, n, strategy)  # compiles, captures
+                short, long, whole, first = [], [], [], []
+                for _ in range(rounds):
+                    first.append(timed_call(model, ids, 1, strategy))
+                    short.append(timed_call(model, ids, 16, strategy))
+                    long.append(timed_call(model, ids, 208, strategy))
+                    whole.append(timed_call(model, ids, 200, strategy))
+                res[f"{name} b1, {sname}"] = {
+                    "decode ms/token": round((statistics.median(long) - statistics.median(short)) / 192 * 1e3, 4),
+                    "200-token call ms/token": round(statistics.median(whole) / 200 * 1e3, 4),
+                    "fastest 200-token call ms/token": round(min(whole) / 200 * 1e3, 4),
+                    "TTFT ms (a 1-token call)": round(statistics.median(first) * 1e3, 3),
+                }
+        del model
+        torch.cuda.empty_cache()
+    write(path, res)
+
+
+def preset(args) -> None:
+    path = out_path(args.out, f"preset-{args.label}.json")
+    import gc
+
+    import torch
+
+    import overlapdecode as od
+
+    warmup, calls = 3, 9
+    model = od.load_model(args.model, dtype="bfloat16", device="cuda")
+    ids = torch.randint(0, 1000, (1, 32), device="cuda")
+    pauses: list = []  # (generation, seconds) of the collections during the current call
+    started: dict = {}
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started["t"] = time.perf_counter()
+        elif "t" in started:
+            pauses.append((info["generation"], time.perf_counter() - started.pop("t")))
+
+    gc.callbacks.append(on_gc)
+    times, gc_ms, gc_counts = [], [], []
+    try:
+        for i in range(warmup + calls):
+            pauses.clear()
+            seconds = timed_call(model, ids, args.tokens, args.strategy)
+            if i >= warmup:
+                times.append(seconds * 1e3 / args.tokens)
+                gc_ms.append(round(sum(p for _, p in pauses) * 1e3, 3))
+                gc_counts.append([sum(1 for g, _ in pauses if g == gen) for gen in range(3)])
+    finally:
+        gc.callbacks.remove(on_gc)
+    res = meta(label=args.label, model=args.model, strategy=args.strategy, tokens=args.tokens, source=od.__file__)
+    res.update({"ms/token median": round(statistics.median(times), 4), "ms/token calls": [round(x, 4) for x in times],
+                "gc pause ms per call": gc_ms, "gc collections per call (gen 0, 1, 2)": gc_counts})
+    write(path, res)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# stop-check-pairs
+
+
+def _spin(stop) -> None:
+    x = 0
+    while not stop.is_set():
+        for _ in range(10000):
+            x += 1
+
+
+def stop_check_pairs(args) -> None:
+    path = out_path(args.out, "stop-check-pairs.json")
+    import torch
+
+    import overlapdecode as od
+
+    def timed_ms(model, ids, strategy) -> float:
+        return statistics.median(timed_call(model, ids, args.new_tokens, strategy) / args.new_tokens * 1e3
+                                 for _ in range(args.calls))
+
+    rows = []
+    for pair in args.dtype_batch.split(","):
+        dtype, batch = pair.split(":")
+        model = od.load_model(args.model, dtype=dtype, device="cuda")
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, model.config.vocab_size - 1, (int(batch), 32), generator=g).cuda()
+        for s in ("interleaved", "nocheck"):  # compile and record the graphs before any timing
+            for _ in range(2):
+                timed_call(model, ids, args.new_tokens, s)
+        for cond, nburn in [("alone", 0)] + ([("burn", args.burn)] if args.burn else []):
+            stop = mp.Event()
+            procs = [mp.Process(target=_spin, args=(stop,), daemon=True) for _ in range(nburn)]
+            for p in procs:
+                p.start()
+            try:
+                for i in range(args.pairs):
+                    order = ("interleaved", "nocheck") if i % 2 == 0 else ("nocheck", "interleaved")
+                    for s in order:
+                        rows.append(dict(condition=cond, pair=i, strategy=s, first=order[0], dtype=dtype,
+                                         batch=int(batch), burners=nburn, ms_per_token=timed_ms(model, ids, s)))
+            finally:
+                stop.set()
+                for p in procs:
+                    p.join(timeout=10)
+            got = [r for r in rows if (r["condition"], r["dtype"], r["batch"]) == (cond, dtype, int(batch))]
+            inter = [r["ms_per_token"] for r in got if r["strategy"] == "interleaved"]
+            noch = [r["ms_per_token"] for r in got if r["strategy"] == "nocheck"]
+            ratios = [a / b for a, b in zip(inter, noch)]
+            print(f"{dtype} b{batch} {cond:5s}: interleaved median {statistics.median(inter):.3f} "
+                  f"[{min(inter):.3f}-{max(inter):.3f}] nocheck {statistics.median(noch):.3f} "
+                  f"[{min(noch):.3f}-{max(noch):.3f}] ms/token; ratio per pair median "
+                  f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    env = meta(torch=torch.__version__, cpus=os.cpu_count(), args={k: v for k, v in vars(args).items() if k != "fn"})
+    write(path, {"environment": env, "rows": rows})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        fail(f"{self.prog}: {message} (see --help)")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="ab.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add(name, fn, help_text, out_required=True):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--out", required=out_required, help="directory for the JSON (made if needed)")
+        p.set_defaults(fn=fn)
+        return p
+
+    add("greedy-choice", greedy_choice, "the greedy choice kernel against choose_next by torch ops, in the step graph")
+    p = add("lm-head", lm_head, "GPT-2's LM head tiles and the greedy choice's block, in the step and alone")
+    p.add_argument("--batch", type=_positive, default=1, help="rows (default: 1)")
+    p = add("step-tiles", step_tiles, "Llama-1B's GEMV tiles in the whole step", out_required=False)
+    p.add_argument("--batch", type=_positive, default=1, help="rows (default: 1)")
+    p.add_argument("--check", action="store_true", help="only check every candidate table (no GPU needed)")
+    add("tile-confirm", tile_confirm, "one TILES entry against the entry it replaced, at batch 2, 4, 8, 16")
+    add("attention-pieces", attention_pieces, "the decode attention's pieces in the step")
+    add("step-gap", step_gap, "the step alone per PDL mode against generate's decode steps")
+    p = add("loop", loop, "the decode loop around the step graph, for the tree on PYTHONPATH")
+    p.add_argument("--label", required=True, help="names the tree measured (the file is loop-LABEL.json)")
+    p.add_argument("--ttft", action="store_true", help="only the time to first token of fused")
+    p.add_argument("--models", default="gpt2-random,llama-1b-random", help="comma-separated (default: %(default)s)")
+    p = add("preset", preset, "a preset's whole calls with the collector's pauses, for the tree on PYTHONPATH")
+    p.add_argument("--label", required=True, help="names the tree measured (the file is preset-LABEL.json)")
+    p.add_argument("--model", default="gpt2-random", help="default: %(default)s")
+    p.add_argument("--strategy", default="interleaved", help="default: %(default)s")
+    p.add_argument("--tokens", type=_positive, default=200, help="new tokens per call (default: %(default)s)")
+    p = add("stop-check-pairs", stop_check_pairs, "interleaved against nocheck in pairs, alone and on a busy host")
+    p.add_argument("--model", default="gpt2-random", help="default: %(default)s")
+    p.add_argument("--dtype-batch", default="bfloat16:1,bfloat16:8", help="default: %(default)s")
+    p.add_argument("--new-tokens", type=_positive, default=400, help="default: %(default)s")
+    p.add_argument("--pairs", type=_positive, default=10, help="default: %(default)s")
+    p.add_argument("--calls", type=_positive, default=3,
+                   help="calls per timing, the median taken (default: %(default)s)")
+    p.add_argument("--burn", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                   help="host processes spinning in the contended condition, 0 to skip it (default: cores - 1)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    args.fn(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

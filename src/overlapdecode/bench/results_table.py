@@ -1,0 +1,157 @@
+"""The README's "which preset to use" table, made from measured results alone: results/<gpu>/*/results.json.
+
+    python -m overlapdecode.bench.results_table results/h200 [--readme README.md] [--new-tokens 200]
+
+One line per (GPU, model, dtype, batch, prompt length) measured at --new-tokens with EOS off and the default
+allocator: the fastest preset measured there (variants such as `nocheck` are not presets: they are not offered as
+an answer), its figures, the fastest Hugging Face peer measured at the same configuration, the presets that were
+measured at all (a preset missing from that list was not measured, not beaten), and the folders the figures come
+from. Figures of one line may come from different folders (a peer measured in another run); the line names each.
+
+With --readme the table replaces the lines between BEGIN and END in that file (the markers stay); without it the
+table is printed. A results file the report cannot read is refused with one line naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..strategy import PRESETS
+from .results import RESULTS, ResultsError, load
+
+BEGIN = "<!-- results table: made by python -m overlapdecode.bench.results_table; edit results/, not this table -->"
+END = "<!-- end of results table -->"
+HEADER = ("model", "dtype", "batch", "preset", "ms/token", "ms/step", "TTFT ms", "MBU",
+          "Hugging Face peer: ms/token (speed-up)", "presets measured", "results")
+
+
+def runs(results_dir: str) -> list[tuple[str, dict]]:
+    """(folder, checked results) of every folder under `results_dir` holding a results.json, in name order;
+    folders of other tools (tensor-parallel probes, profiles) are not bench runs and are skipped."""
+    if not os.path.isdir(results_dir):
+        raise ResultsError(f"{results_dir}: not a directory of results folders")
+    found = []
+    for name in sorted(os.listdir(results_dir)):
+        folder = os.path.join(results_dir, name)
+        if os.path.isfile(os.path.join(folder, RESULTS)):
+            found.append((folder, load(folder)))
+    if not found:
+        raise ResultsError(f"{results_dir}: no folder in it holds a {RESULTS}")
+    return found
+
+
+def _comparable(row: dict, new_tokens: int) -> bool:
+    """A measured row of the table's kind: timed, not an error, EOS off, default allocator, one process."""
+    return ("seq_s" in row and "error" not in row and row["workload"] == "fixed" and row["allocator"] == "default"
+            and row["max_new_tokens"] == new_tokens and row.get("tp", 1) == 1)
+
+
+def ms_per_step(row: dict) -> float:
+    """ms per decode step, prefill excluded: (the whole call - a one-token call) / (new tokens - 1)."""
+    return (row["seq_s"] * 1e3 - row["ttft_ms"]) / max(row["new_tokens"] - 1, 1)
+
+
+def mbu(row: dict) -> float | None:
+    """Weight bytes / the device's measured bandwidth / ms per token (None without both figures)."""
+    if not row.get("weight_bytes") or not row.get("bandwidth_gbs"):
+        return None
+    return row["weight_bytes"] / (row["bandwidth_gbs"] * 1e9) / (row["ms_per_token"] / 1e3)
+
+
+def lines(found: list[tuple[str, dict]], new_tokens: int) -> list[dict]:
+    """One dict per configuration: key, the fastest preset's row and folder, the fastest peer's, the presets seen."""
+    groups: dict = {}
+    for folder, results in found:
+        gpu = results["environment"].get("gpu") or "CPU"
+        for row in results["rows"]:
+            if not _comparable(row, new_tokens):
+                continue
+            key = (gpu, row.get("model", results["config"]["model"]), row["dtype"], row["batch"],
+                   row.get("prompt_len", results["config"]["prompt_len"]))
+            g = groups.setdefault(key, {"key": key, "preset": None, "peer": None, "presets": set()})
+            if row.get("kind") == "peer":
+                slot = "peer"
+            elif row["strategy"] in PRESETS:
+                slot = "preset"
+                g["presets"].add(row["strategy"])
+            else:  # a variant or a lagged check: measured, but not a preset to recommend
+                continue
+            if g[slot] is None or row["ms_per_token"] < g[slot][1]["ms_per_token"]:
+                g[slot] = (folder, row)
+    return [groups[k] for k in sorted(groups) if groups[k]["preset"] is not None]
+
+
+def render(results_dir: str, new_tokens: int = 200, relative_to: str = ".") -> str:
+    """The table (markdown, with a line saying what it shows) of the folders under `results_dir`; links are
+    relative to the directory `relative_to` (the README's)."""
+    found = runs(results_dir)
+    table = lines(found, new_tokens)
+    if not table:
+        raise ResultsError(f"{results_dir}: no folder measured a preset at {new_tokens} new tokens "
+                           "(EOS off, default allocator)")
+
+    def link(folder: str) -> str:
+        target = os.path.relpath(os.path.join(folder, "report.md"), relative_to)
+        return f"[{os.path.basename(folder)}]({target})"
+
+    order = list(PRESETS)
+    prompts = sorted({g["key"][4] for g in table})
+    out = [f"Measured by `overlapdecode bench` on {', '.join(sorted({g['key'][0] for g in table}))}: prompt "
+           f"{'/'.join(map(str, prompts))} tokens, {new_tokens} new tokens, EOS off, medians of the timed calls.", "",
+           "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for g in table:
+        _gpu, model, dtype, batch, _prompt = g["key"]
+        folder, row = g["preset"]
+        m = mbu(row)
+        if g["peer"] is None:
+            peer, folders = "not measured", [folder]
+        else:
+            peer_folder, peer_row = g["peer"]
+            peer = (f"`{peer_row['strategy']}` {peer_row['ms_per_token']:.3f} "
+                    f"({peer_row['ms_per_token'] / row['ms_per_token']:.2f}x)")
+            folders = [folder] + ([peer_folder] if peer_folder != folder else [])
+        cells = [f"`{model}`", dtype, str(batch), f"**`{row['strategy']}`**", f"{row['ms_per_token']:.3f}",
+                 f"{ms_per_step(row):.3f}", f"{row['ttft_ms']:.1f}", "-" if m is None else f"{m * 100:.0f}%", peer,
+                 ", ".join(sorted(g["presets"], key=order.index)), ", ".join(link(f) for f in folders)]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def replace_region(text: str, table: str, path: str) -> str:
+    """`text` with the lines between BEGIN and END replaced by `table`."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ResultsError(f"{path}: needs one line {BEGIN!r} and, after it, one line {END!r} around the table")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table}{END}{tail}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m overlapdecode.bench.results_table",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("results_dir", help="a folder of results folders, e.g. results/h200")
+    ap.add_argument("--readme", help="rewrite the table between the markers of this markdown file (default: print it)")
+    ap.add_argument("--new-tokens", type=int, default=200, help="the length the table compares (default: %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        if args.readme is None:
+            sys.stdout.write(render(args.results_dir, args.new_tokens))
+            return 0
+        with open(args.readme) as f:
+            text = f.read()
+        table = render(args.results_dir, args.new_tokens, relative_to=os.path.dirname(os.path.abspath(args.readme)))
+        new = replace_region(text, table, args.readme)
+    except (ResultsError, OSError) as err:
+        print(f"results_table: {err}", file=sys.stderr)
+        return 2
+    if new != text:
+        with open(args.readme, "w") as f:
+            f.write(new)
+    print(f"{args.readme}: results table {'rewritten' if new != text else 'already up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

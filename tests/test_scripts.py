@@ -1,0 +1,144 @@
+"""The contributor tools in scripts/: every one that writes output takes --out and refuses to overwrite an earlier
+run before any GPU work; what they can check without a GPU, checked here."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SCRIPTS = os.path.join(ROOT, "scripts")
+
+
+def _script(name: str):
+    """scripts/NAME.py as a module, with scripts/ on the path as when it runs as a script."""
+    if SCRIPTS not in sys.path:
+        sys.path.insert(0, SCRIPTS)
+    spec = importlib.util.spec_from_file_location(f"script_{name}", os.path.join(SCRIPTS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# subcommand -> the file it writes under --out (and its extra required arguments)
+AB_OUTPUTS = {
+    "greedy-choice": ("greedy-choice.json", []),
+    "lm-head": ("lm-head-b1.json", []),
+    "step-tiles": ("step-tiles-b1.json", []),
+    "tile-confirm": ("tile-confirm.json", []),
+    "attention-pieces": ("attention-pieces.json", []),
+    "step-gap": ("step-gap.json", []),
+    "loop": ("loop-old.json", ["--label", "old"]),
+    "preset": ("preset-old.json", ["--label", "old"]),
+    "stop-check-pairs": ("stop-check-pairs.json", []),
+}
+
+
+def test_every_ab_subcommand_needs_out_and_refuses_an_earlier_result(tmp_path, capsys):
+    ab = _script("ab")
+    sub = next(a for a in ab.build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert set(sub.choices) == set(AB_OUTPUTS)
+    for name, (filename, extra) in AB_OUTPUTS.items():
+        with pytest.raises(SystemExit) as exit_:
+            ab.main([name, *extra])
+        assert exit_.value.code == 2 and "--out" in capsys.readouterr().err, name
+        out = tmp_path / name
+        out.mkdir()
+        (out / filename).write_text("{}")
+        with pytest.raises(SystemExit) as exit_:  # before any model is loaded: this machine has no GPU
+            ab.main([name, *extra, "--out", str(out)])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and f"{filename} exists" in err and len(err.splitlines()) == 1, (name, err)
+        assert (out / filename).read_text() == "{}"
+
+
+def test_ab_refuses_a_bad_number_in_one_line(capsys):
+    ab = _script("ab")
+    with pytest.raises(SystemExit) as exit_:
+        ab.main(["lm-head", "--out", "x", "--batch", "0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--batch: expected a positive integer, got '0'" in err
+
+
+def test_every_step_tile_candidate_passes_the_fused_models_check():
+    ab = _script("ab")
+    tables = ab.tile_tables(8)
+    assert len(tables) == 1 + sum(len(c) for c in ab.CANDIDATES.values())
+    key, cfg = next(iter(ab.CANDIDATES.items()))
+    assert tables[f"{key[0]} {key[1]}x{key[2]} {cfg[0]}"][(*key, 8)] == cfg[0]  # a batch-8 entry, the rest kept
+    assert ab.check_tables() == 2 * len(tables)
+
+
+def test_with_entry_replaces_only_the_entry_of_that_min_batch():
+    ab = _script("ab")
+    key = ("norm_linear", 10, 20)
+    tiles = {key: {"block_n": 1}, (*key, 4): {"block_n": 2}}
+    assert ab.with_entry(tiles, key, {"block_n": 3}, 1) == {key: {"block_n": 3}, (*key, 4): {"block_n": 2}}
+    assert ab.with_entry(tiles, key, {"block_n": 3}, 4) == {key: {"block_n": 1}, (*key, 4): {"block_n": 3}}
+    assert ab.with_entry(tiles, key, {"block_n": 3}, 8) == {**tiles, (*key, 8): {"block_n": 3}}
+
+
+def _trace(steps: int) -> dict:
+    """A profiler trace of `steps` decode steps of two kernels and the greedy choice, 10 us apart."""
+    events, t = [], 0.0
+    for _ in range(steps):
+        for name, dur in (("norm_qkv_kernel", 3.0), ("linear_kernel", 4.0), ("greedy_choice_kernel", 1.0)):
+            events.append({"cat": "kernel", "name": name, "ts": t, "dur": dur})
+            t += dur + 2.0
+    return {"traceEvents": events}
+
+
+def test_call_timeline_analyses_a_saved_trace_into_out(tmp_path):
+    trace = tmp_path / "trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump(_trace(160), f)
+    timeline = _script("call_timeline")
+    timeline.main(["--analyse", str(trace), "--out", str(tmp_path / "analysis")])
+    result = json.loads((tmp_path / "analysis" / "step-kernels.json").read_text())
+    assert result["steps analysed"] == 100 and result["kernels per step"] == 3
+    assert [k["median us"] for k in result["kernels"]] == [3.0, 4.0, 1.0]
+    assert [k["median gap before it us"] for k in result["kernels"]] == [2.0, 2.0, 2.0]
+    assert result["step span us (first kernel start to last kernel end), median"] == 12.0
+    with pytest.raises(SystemExit):  # the directory now holds a result
+        timeline.main(["--analyse", str(trace), "--out", str(tmp_path / "analysis")])
+
+
+def test_the_python_scripts_take_out():
+    code = ("import sys, contextlib, io\n"
+            f"sys.path.insert(0, {SCRIPTS!r})\n"
+            "import kernel_sweep, ttft_profile, call_timeline, tp_probe\n"
+            "for main in (kernel_sweep.parse_args, ttft_profile.main, call_timeline.main, tp_probe.parse_args):\n"
+            "    buf = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):\n"
+            "        main(['--help'])\n"
+            "    assert '--out' in buf.getvalue(), main.__module__\n"
+            "    with contextlib.redirect_stderr(io.StringIO()) as err, contextlib.suppress(SystemExit):\n"
+            "        main([])\n"
+            "    assert 'required: --out' in err.getvalue(), (main.__module__, err.getvalue())\n"
+            "print('ok')")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_gpu_tests_sh_needs_out_and_writes_its_logs_there(tmp_path):
+    script = os.path.join(SCRIPTS, "gpu_tests.sh")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "--out DIR is required" in done.stderr
+    out = tmp_path / "gpu"
+    # on this CPU machine every GPU test skips: the run shows the script's plumbing, not the GPU
+    done = subprocess.run(["bash", script, "--out", str(out), "--tests", "tests/gpu/test_gpu_tp_symmetric.py",
+                           "--sanitizer-k", "planted_race"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {p.name for p in out.iterdir()} == {"gpu.txt", "gpu-tests.log", "sanitizer.log"}
+    assert "torch" in (out / "gpu.txt").read_text()
+    assert "skipped" in (out / "gpu-tests.log").read_text() and "skipped" in (out / "sanitizer.log").read_text()
+    done = subprocess.run(["bash", script, "--out", str(out)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "gpu-tests.log exists" in done.stderr
