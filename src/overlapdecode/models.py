@@ -4,9 +4,9 @@ The embedded configs exist so that the benchmark and the tests run with no downl
 GPT-2 124M architecture with random weights (the reference model of the brief), `tiny-gpt2` and
 `tiny-llama` are small enough for CPU tests. The `llama-*-random` shapes are Llama-3's; `smollm2-*-random` and
 `qwen2.5-*-random` are smaller Llama-family shapes with other head counts and GQA ratios (SmolLM2-360M and -1.7B,
-Qwen2.5-0.5B and -1.5B, the Qwen2 ones with their QKV biases), to measure the fused step on. Random weights give the same time per token as trained ones;
-only the text is meaningless, which the command line says. Their tokenizer is the byte-level one of
-tokenizer.py (random text out, but text in and out with no download).
+Qwen2.5-0.5B and -1.5B, the Qwen2 ones with their QKV biases), to measure the fused step on. Random weights
+give the same time per token as trained ones; only the text is meaningless, which the command line says.
+Their tokenizer is the byte-level one of tokenizer.py (random text out, but text in and out with no download).
 
 Every argument is checked before anything is built or downloaded: a device that does not exist, a seed a
 generator cannot take, or a path that does not exist is a ValueError/TypeError naming the argument.
