@@ -8,6 +8,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 import overlapdecode as od
+from overlapdecode import random_init
+from overlapdecode import tp as tensor_parallel
 from helpers import hf_generate, make_batch
 
 
@@ -183,3 +185,58 @@ def test_an_encoder_model_object_is_refused_by_generate():
     model = BertLMHeadModel(_tiny_bert_config()).eval()
     with pytest.raises(ValueError, match=r"model BertLMHeadModel is an encoder \(bert with is_decoder=False"):
         od.generate(model, torch.tensor([[5, 6]]), max_new_tokens=2, strategy="kv")
+
+# name -> (parameters, heads, kv heads, head size, Q/K/V bias, largest tp): the published models' counts
+SMALL_SHAPES = {
+    "smollm2-360m-random": (361_821_120, 15, 5, 64, False, 5),
+    "qwen2.5-0.5b-random": (494_032_768, 14, 2, 64, True, 2),
+    "qwen2.5-1.5b-random": (1_543_714_304, 12, 2, 128, True, 2),
+    "smollm2-1.7b-random": (1_711_376_384, 32, 32, 64, False, 32),
+}
+
+
+def _meta_model(name: str, **overrides):
+    config = od.models.embedded_config(name)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    with torch.device("meta"):
+        return od.models._CAUSAL_LM[config.model_type](config)
+
+
+@pytest.mark.parametrize("name", list(SMALL_SHAPES))
+def test_small_llama_family_shapes_are_the_published_ones(name):
+    """Built on the meta device (no memory): the parameter count of the model each shape follows, its heads,
+    head size, biases and tied embeddings, and that every shard boundary of each tp it admits falls between
+    random_init's tiles (so load_model can draw it, also as shards)."""
+    params, heads, kv, head_dim, bias, tp = SMALL_SHAPES[name]
+    model = _meta_model(name)
+    cfg = model.config
+    assert sum(p.numel() for p in model.parameters()) == params
+    attn = model.model.layers[0].self_attn
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, attn.head_dim) == (heads, kv, head_dim)
+    assert (attn.q_proj.bias is not None) == bias and model.lm_head.weight is model.model.embed_tokens.weight
+    assert 12 <= cfg.num_hidden_layers <= 32 and name in od.EMBEDDED
+    assert tensor_parallel.max_tp(cfg) == tp
+    splits = tensor_parallel.param_splits(model)
+    for pname, split in splits.items():
+        size = model.get_parameter(pname).shape[split.dim]
+        t = random_init.tile_size(size, split, tp)
+        for ranks in {1, tp}:
+            for rank in range(ranks):
+                assert all(a % t == 0 and b % t == 0 for a, b in tensor_parallel.local_ranges(size, split, rank, ranks))
+
+
+@pytest.mark.parametrize("name", list(SMALL_SHAPES))
+def test_small_shapes_run_fused_at_one_layer(name):
+    """Each shape's layer (full width, one layer, a small vocabulary) drawn by random_init as load_model draws it,
+    then `fused` (the torch twins of the kernels, float32) against Hugging Face's greedy tokens."""
+    config = od.models.embedded_config(name)
+    config.num_hidden_layers, config.vocab_size = 1, 1000
+    config.bos_token_id = config.eos_token_id = 999
+    model = random_init.random_model(od.models._CAUSAL_LM[config.model_type], config, tensor_parallel.Placement(
+        0, 1, torch.device("cpu")), torch.float32, seed=0).eval()
+    assert model.model.layers[0].mlp.down_proj.weight.shape == (config.hidden_size, config.intermediate_size)
+    ids, mask = make_batch(2, seed=4)
+    ref = hf_generate(model, ids, mask, 4, [], 0)
+    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=4, strategy="fused", eos_token_id=[])
+    assert torch.equal(out, ref)

@@ -21,7 +21,8 @@ def _add_generate(sub):
     p = sub.add_parser("generate", help="generate tokens (or text) from a prompt, printed as they come")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="hub name, local directory, or an embedded random model: gpt2-random, tiny-gpt2, tiny-llama, "
-                        "llama-1b-random, llama-8b-random, llama-70b-random")
+                        "llama-1b-random, llama-8b-random, llama-70b-random, smollm2-360m-random, qwen2.5-0.5b-random, "
+                        "qwen2.5-1.5b-random, smollm2-1.7b-random")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (through the model's tokenizer; embedded models use a byte-level "
                                       "one, and their random weights give random text); this or --prompt-ids is required")

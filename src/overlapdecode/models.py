@@ -2,9 +2,11 @@
 
 The embedded configs exist so that the benchmark and the tests run with no download: `gpt2-random` is the
 GPT-2 124M architecture with random weights (the benchmark's reference model), `tiny-gpt2` and
-`tiny-llama` are small enough for CPU tests. Random weights give the same time per token as trained ones;
-only the text is meaningless, which the command line says. Their tokenizer is the byte-level one of
-tokenizer.py (random text out, but text in and out with no download).
+`tiny-llama` are small enough for CPU tests. The `llama-*-random` shapes are Llama-3's; `smollm2-*-random` and
+`qwen2.5-*-random` are smaller Llama-family shapes with other head counts and GQA ratios (SmolLM2-360M and -1.7B,
+Qwen2.5-0.5B and -1.5B, the Qwen2 ones with their QKV biases), to measure the fused step on. Random weights
+give the same time per token as trained ones; only the text is meaningless, which the command line says.
+Their tokenizer is the byte-level one of tokenizer.py (random text out, but text in and out with no download).
 
 Every argument is checked before anything is built or downloaded: a device that does not exist, a seed a
 generator cannot take, or a path that does not exist is a ValueError/TypeError naming the argument; a
@@ -20,7 +22,8 @@ import socket
 import urllib.parse
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 from . import random_init
 from . import tp as tensor_parallel
@@ -28,7 +31,8 @@ from .inputs import check_causal_config
 from .sampling import check_seed
 from .tokenizer import ByteTokenizer
 
-EMBEDDED = ("gpt2-random", "llama-1b-random", "llama-8b-random", "llama-70b-random", "tiny-gpt2", "tiny-llama")
+EMBEDDED = ("gpt2-random", "llama-1b-random", "llama-8b-random", "llama-70b-random", "smollm2-360m-random",
+            "qwen2.5-0.5b-random", "qwen2.5-1.5b-random", "smollm2-1.7b-random", "tiny-gpt2", "tiny-llama")
 
 # Real-size Llama shapes: (hidden, layers, heads, kv heads, intermediate, tied embeddings, rope theta, rope
 # scaling). Llama-3.2-1B, Llama-3-8B, Llama-3-70B; vocabulary 128256. Random weights, made on the device.
@@ -39,6 +43,17 @@ _LLAMA_SHAPES = {
     "llama-8b-random": (4096, 32, 32, 8, 14336, False, 500000.0, None),
     "llama-70b-random": (8192, 80, 64, 8, 28672, False, 500000.0, None),
 }
+# Smaller Llama-family shapes, 0.36B to 1.7B parameters, 24 to 32 layers, GQA ratios 1 to 7: (config class,
+# hidden, layers, heads, kv heads, intermediate, vocabulary, rope theta, RMSNorm eps, BOS = EOS id, positions).
+# All tie the embeddings; the Qwen2 ones have Q/K/V biases (zeros in a random draw, as Hugging Face initialises
+# them). Random weights, drawn on the device as the Llama-3 shapes are.
+_SMALL_SHAPES = {
+    "smollm2-360m-random": (LlamaConfig, 960, 32, 15, 5, 2560, 49152, 100000.0, 1e-5, 0, 8192),  # ratio 3
+    "qwen2.5-0.5b-random": (Qwen2Config, 896, 24, 14, 2, 4864, 151936, 1000000.0, 1e-6, 151643, 32768),  # 7
+    "qwen2.5-1.5b-random": (Qwen2Config, 1536, 28, 12, 2, 8960, 151936, 1000000.0, 1e-6, 151643, 32768),  # 6
+    "smollm2-1.7b-random": (LlamaConfig, 2048, 24, 32, 32, 8192, 49152, 130000.0, 1e-5, 0, 8192),  # ratio 1
+}
+_CAUSAL_LM = {"gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
 
 _DTYPES = {
     "float32": torch.float32,
@@ -73,6 +88,14 @@ def embedded_config(name: str):
             num_key_value_heads=kv_heads, intermediate_size=inter, tie_word_embeddings=tied,
             max_position_embeddings=131072 if scaling else 8192, rms_norm_eps=1e-5, rope_parameters=rope,
             bos_token_id=128000, eos_token_id=128001,
+        )
+    if name in _SMALL_SHAPES:
+        cls, hidden, layers, heads, kv_heads, inter, vocab, theta, eps, eos, positions = _SMALL_SHAPES[name]
+        return cls(
+            vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            num_key_value_heads=kv_heads, intermediate_size=inter, tie_word_embeddings=True,
+            max_position_embeddings=positions, rms_norm_eps=eps,
+            rope_parameters=dict(rope_type="default", rope_theta=theta), bos_token_id=eos, eos_token_id=eos,
         )
     if name == "tiny-gpt2":
         return GPT2Config(
@@ -231,8 +254,8 @@ def load_model(
         tensor_parallel.check_same_on_every_rank(place, name_or_path=name_or_path, dtype=str(torch_dtype),
                                                  seed=seed, attn_implementation=attn_implementation)
         device = place.device
-        cls = GPT2LMHeadModel if config.model_type == "gpt2" else LlamaForCausalLM
-        if name_or_path in _LLAMA_SHAPES:  # drawn as shards, so that a 70B shape never exists whole
+        cls = _CAUSAL_LM[config.model_type]
+        if name_or_path in _LLAMA_SHAPES or name_or_path in _SMALL_SHAPES:  # drawn as shards: a 70B never exists whole
             model = random_init.random_model(cls, config, place, torch_dtype, seed)
         else:
             # Made directly on the device in the asked dtype, then cut (small shapes). The seed fixes the

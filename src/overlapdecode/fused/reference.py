@@ -40,23 +40,28 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     # slot and length int64 (the attention takes either): a `pad.to(int32)` here was recomputed by inductor
     # before every layer's attention, 16 one-element kernels per step at Llama-1B (its output code, H200)
     h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad)  # (B, H), (B,), (B,)
-    start = pad
-    B = h.shape[0]
     for layer, kc, vc in zip(W.layers, k_caches, v_caches):
-        q = ops.norm_qkv(h, layer.norm1_w, layer.norm1_b, W.eps, layer.w_qkv, layer.b_qkv, W.inv_freq,
-                         W.rope_scale, pos, slot, kc, vc, W.n_heads, W.n_kv_heads, W.head_dim)
-        a = ops.attention(q, kc, vc, start, length, layer.scale)
-        # under tp (W.tp), w_o and w_down hold 1/tp of their inputs: reduce_residual sums the ranks' parts
-        # (ops.symmetric: over symmetric memory; None: the functional collective)
-        h = reduce_residual(ops.linear_residual, a.reshape(B, -1), layer.w_o, layer.b_o, h, W.tp, ops.symmetric)
-        m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
-        h = reduce_residual(ops.linear_residual, m, layer.w_down, layer.b_down, h, W.tp, ops.symmetric)
+        h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops)
     logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32)
     if W.vocab is not None:
         logits = W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
     if finish is not None:
         ops.greedy(logits, finish)
     return logits
+
+
+def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, length, ops):
+    """One decoder layer of the one-token step: h (B, H) -> the layer's output (B, H); writes K/V at `slot` of
+    its cache; row b attends to slots [start[b], length[b]). Five operations of `ops` (model.StepOps)."""
+    B = h.shape[0]
+    q = ops.norm_qkv(h, layer.norm1_w, layer.norm1_b, W.eps, layer.w_qkv, layer.b_qkv, W.inv_freq,
+                     W.rope_scale, pos, slot, k_cache, v_cache, W.n_heads, W.n_kv_heads, W.head_dim)
+    a = ops.attention(q, k_cache, v_cache, start, length, layer.scale)
+    # under tp (W.tp), w_o and w_down hold 1/tp of their inputs: reduce_residual sums the ranks' parts
+    # (ops.symmetric: over symmetric memory; None: the functional collective)
+    h = reduce_residual(ops.linear_residual, a.reshape(B, -1), layer.w_o, layer.b_o, h, W.tp, ops.symmetric)
+    m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
+    return reduce_residual(ops.linear_residual, m, layer.w_down, layer.b_down, h, W.tp, ops.symmetric)
 
 
 def _add_linear(x, w, b, residual):

@@ -1,0 +1,177 @@
+"""The persistent layer kernel against the five kernels of the same layer (and their torch references), on odd
+shapes, in Triton's interpreter. Not collected by itself: the interpreter must be chosen before Triton is first
+imported, so test_persistent_layer.py runs this file in a fresh process with TRITON_INTERPRET=1 (on CPU). On a GPU
+it can be run directly (`pytest tests/persistent_layer_cases.py`; there the waits are real spins across programs).
+
+The interpreter runs programs one after another, so there one program (or several with the claim ticket: the
+first claims every task) runs the whole schedule in order; a static hand-out to two programs makes the first
+wait for the second, which has not run: the bounded spin gives up and the wrapper raises.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from overlapdecode.fused import reference
+from overlapdecode.fused.kernels.persistent_layer import PersistentLayer, matching_ops
+from overlapdecode.fused.kernels.persistent_schedule import make_plan
+from overlapdecode.fused.layout import fuse_weights
+from overlapdecode.fused.model import REFERENCE_OPS
+from triton_interpreter import INTERPRETING, interpreter_loop_bounds  # noqa: F401 (autouse fixture)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# small tiles and large split targets, so that every phase is split (and its tickets used) at these sizes
+SMALL = dict(qkv_block_k=16, o_block_k=16, up_block_k=16, down_block_k=16, o_block_n=16, down_block_n=16,
+             up_block_n=16, att_block_n=16, qkv_programs=10**4, o_programs=10**4, down_programs=10**4)
+
+
+def _model(family: str, H: int, Hq: int, Hkv: int, D: int, I: int, dtype=torch.float32):
+    """One layer of `family` with random biases and norm weights too (Hugging Face's 0 and 1 would hide a dropped
+    bias or norm weight), in `dtype`; its FusedWeights."""
+    torch.manual_seed(H + Hq + Hkv + D + I)
+    if family == "gpt2":  # LayerNorm, biases everywhere, tanh GELU, no RoPE
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=64, n_embd=H, n_layer=1, n_head=Hq,
+                                           n_inner=I, activation_function="gelu_pytorch_tanh"))
+    else:
+        cls, cfg = (Qwen2ForCausalLM, Qwen2Config) if family == "qwen2" else (LlamaForCausalLM, LlamaConfig)
+        model = cls(cfg(vocab_size=50, hidden_size=H, intermediate_size=I, num_hidden_layers=1,
+                        num_attention_heads=Hq, num_key_value_heads=Hkv, head_dim=D, max_position_embeddings=64))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            elif "norm" in name or ".ln_" in name:
+                p.normal_(1.0, 0.1)
+    return fuse_weights(model.eval().to(DEV, dtype))
+
+
+def _inputs(W, B: int, S: int, dtype, seed: int):
+    """h, the caches, and each row's position, slot, start (its left padding) and length (slot + 1): rows of
+    different lengths, so that some attention pieces are empty."""
+    g = torch.Generator().manual_seed(seed)
+    H, Hkv, D = W.hidden, W.n_kv_heads, W.head_dim
+    h = (torch.randn(B, H, generator=g) + 0.3).to(DEV, dtype)
+    kc = torch.randn(B, Hkv, S, D, generator=g).to(DEV, dtype)
+    vc = torch.randn(B, Hkv, S, D, generator=g).to(DEV, dtype)
+    pad = torch.randint(0, 4, (B,), generator=g)
+    pos = torch.randint(0, S - 4, (B,), generator=g)
+    pos[0] = S - 4  # the longest row fills the cache: every piece of it is live
+    state = torch.randint(100, 200, (B, 3), generator=g)
+    state[:, 1] = pos  # the decode loop's positions are a strided column of its (B, 3) state
+    slot = pos + pad
+    return h, kc, vc, state[:, 1].to(DEV), slot.to(DEV), pad.to(DEV), (slot + 1).to(DEV)
+
+
+def _layer(fn, W, h, kc, vc, pos, slot, start, length):
+    """fn's layer output and the caches it leaves (on copies)."""
+    k, v = kc.clone(), vc.clone()
+    return fn(W, W.layers[0], h, k, v, pos, slot, start, length), k, v
+
+
+def _five(ops):
+    return lambda W, layer, *a: reference.decode_layer(W, layer, *a, ops)
+
+
+# (family, B, hidden, heads, kv heads, head size, MLP width): hidden not a power of two, GQA ratios 1, 4 and 8,
+# two row blocks (17 rows)
+SHAPES = [("llama", 3, 136, 4, 4, 32, 200), ("llama", 2, 152, 8, 2, 24, 136), ("llama", 17, 136, 8, 1, 16, 264),
+          ("qwen2", 1, 168, 4, 2, 32, 152), ("gpt2", 2, 144, 3, 3, 48, 288)]
+
+
+@pytest.mark.parametrize("family,B,H,Hq,Hkv,D,I", SHAPES)
+def test_layer_equals_the_five_kernels_in_float32(family, B, H, Hq, Hkv, D, I):
+    W = _model(family, H, Hq, Hkv, D, I)
+    S = 40
+    args = _inputs(W, B, S, torch.float32, seed=B + H)
+    plan = make_plan(B, H, Hq, Hkv, D, I, S, torch.float32, sms=1, **SMALL)
+    assert min(plan.qkv_split, plan.o_split, plan.down_split, plan.att_splits) > 1  # every ticket path runs
+    five, k5, v5 = _layer(_five(matching_ops(plan)), W, *args)
+    ref, kr, vr = _layer(_five(REFERENCE_OPS), W, *args)
+    torch.testing.assert_close(five, ref, atol=1e-4, rtol=1e-4)
+    claims = (("dynamic", 1), ("static", 1), ("dynamic", 3)) if (B, Hkv) == (2, 2) else (("dynamic", 1),)
+    if not INTERPRETING:  # on a GPU: the default grid (the SMs' programs share the tasks)
+        claims = (("dynamic", None), ("static", None))
+    for claim, programs in claims:
+        layer = PersistentLayer(plan, DEV, torch.float32, claim=claim, programs=programs)
+        out, k, v = _layer(layer, W, *args)
+        assert torch.equal(out, five) and torch.equal(k, k5) and torch.equal(v, v5), (claim, programs)
+        assert not layer.counters.any()  # every counter back to 0 by the launch itself
+        layer.check()  # no wait gave up
+
+
+@pytest.mark.parametrize("family,B,H,Hq,Hkv,D,I", [SHAPES[1], SHAPES[4]])
+def test_layer_in_float16_equals_the_five_kernels(family, B, H, Hq, Hkv, D, I):
+    """float16 stands in for bfloat16 (the interpreter's bfloat16 conversions truncate); the persistent layer
+    rounds where the five kernels round, and both stay within 16-bit tolerances of the torch references."""
+    W = _model(family, H, Hq, Hkv, D, I, torch.float16)
+    S = 40
+    args = _inputs(W, B, S, torch.float16, seed=5)
+    plan = make_plan(B, H, Hq, Hkv, D, I, S, torch.float16, sms=1, **SMALL)
+    five, k5, v5 = _layer(_five(matching_ops(plan)), W, *args)
+    ref, _, _ = _layer(_five(REFERENCE_OPS), W, *args)
+    out, k, v = _layer(PersistentLayer(plan, DEV, torch.float16), W, *args)
+    assert out.dtype == torch.float16
+    assert torch.equal(out, five) and torch.equal(k, k5) and torch.equal(v, v5)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_repeated_launches_reuse_the_counters():
+    """A second launch of one PersistentLayer (the counters reset by the one before) on other inputs equals the
+    five kernels too; so do the default tiles (no split at these sizes)."""
+    W = _model("llama", 136, 8, 2, 16, 200)
+    B, S = 2, 40
+    plan = make_plan(B, 136, 8, 2, 16, 200, S, torch.float32, sms=1, **SMALL)
+    layer = PersistentLayer(plan, DEV, torch.float32)
+    for seed in (1, 2):
+        args = _inputs(W, B, S, torch.float32, seed=seed)
+        five, k5, _ = _layer(_five(matching_ops(plan)), W, *args)
+        out, k, _ = _layer(layer, W, *args)
+        assert torch.equal(out, five) and torch.equal(k, k5)
+        assert not layer.counters.any()
+    plan = make_plan(B, 136, 8, 2, 16, 200, S, torch.float32, sms=1)
+    args = _inputs(W, B, S, torch.float32, seed=4)
+    five, _, _ = _layer(_five(matching_ops(plan)), W, *args)
+    assert torch.equal(_layer(PersistentLayer(plan, DEV, torch.float32), W, *args)[0], five)
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="programs run one after another only in the interpreter")
+def test_a_wait_that_cannot_be_met_ends_and_is_reported():
+    """Static hand-out to two programs: program 0 reaches a task whose inputs program 1 computes, which has not
+    run (the interpreter runs program 0 to its end first). The spin gives up after its limit, the launch ends,
+    and the wrapper raises naming the task; the error flag is then cleared and a good launch passes."""
+    W = _model("llama", 152, 8, 2, 24, 136)
+    B, S = 2, 40
+    args = _inputs(W, B, S, torch.float32, seed=7)
+    plan = make_plan(B, 152, 8, 2, 24, 136, S, torch.float32, sms=1, **SMALL)
+    layer = PersistentLayer(plan, DEV, torch.float32, claim="static", programs=2)
+    with pytest.raises(RuntimeError, match=r"task \d+ .* waited past the spin limit"):
+        _layer(layer, W, *args)
+    assert not layer.error.any() and not layer.counters.any()
+    five, _, _ = _layer(_five(matching_ops(plan)), W, *args)
+    good = PersistentLayer(plan, DEV, torch.float32, claim="static", programs=1)
+    assert torch.equal(_layer(good, W, *args)[0], five)
+
+
+def test_bad_arguments_are_named():
+    W = _model("llama", 152, 8, 2, 24, 136)
+    B, S = 2, 40
+    h, kc, vc, pos, slot, start, length = _inputs(W, B, S, torch.float32, seed=8)
+    plan = make_plan(B, 152, 8, 2, 24, 136, S, torch.float32, sms=1)
+    layer = PersistentLayer(plan, DEV, torch.float32)
+    L = W.layers[0]
+    with pytest.raises(ValueError, match="batch: the plan was made for 2, got 1"):
+        layer(W, L, h[:1], kc[:1], vc[:1], pos[:1], slot[:1], start[:1], length[:1])
+    with pytest.raises(ValueError, match="cache_len: the plan was made for 40, got 20"):
+        layer(W, L, h, kc[:, :, :20].contiguous(), vc[:, :, :20].contiguous(), pos, slot, start, length)
+    with pytest.raises(ValueError, match="k_cache must be contiguous"):
+        layer(W, L, h, kc.transpose(2, 3).contiguous().transpose(2, 3), vc, pos, slot, start, length)
+    with pytest.raises(ValueError, match="out must be"):
+        layer(W, L, h, kc, vc, pos, slot, start, length, out=h)
+    with pytest.raises(ValueError, match="h must be torch.float16"):
+        PersistentLayer(plan, DEV, torch.float16)(W, L, h, kc, vc, pos, slot, start, length)
+    with pytest.raises(ValueError, match="claim must be one of"):
+        PersistentLayer(plan, DEV, torch.float32, claim="round-robin")
+    with pytest.raises(ValueError, match="programs must be a positive int"):
+        PersistentLayer(plan, DEV, torch.float32, programs=0)
