@@ -58,7 +58,7 @@ CASES = {
                   {**bf16("q_ptr", "k_ptr", "v_ptr", "out_ptr"), "start_ptr": "*i64", "length_ptr": "*i64",
                    "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "ticket_ptr": "*i32",
                    "qk_scale": "fp32", "S": "i32"},
-                  dict(HQ=32, HKV=8, G=4, GROUP_PAD=16, D=64, BLOCK_N=64, BLOCK_D=64, NUM_SPLITS=8, DIRECT=False,
+                  dict(HQ=32, HKV=8, G=4, GROUP_PAD=16, D=64, BLOCK_N=64, BLOCK_D=64, NUM_SPLITS=8, SPLIT_PAD=8, DIRECT=False,
                        IEEE=False)),
     "linear_residual": (_linear_split_kernel,
                         {**bf16("x_ptr", "w_ptr", "b_ptr", "res_ptr", "out_ptr"), "part_ptr": "*fp32",
