@@ -46,8 +46,8 @@ about two per SM of the GPU at hand (TARGET_PROGRAMS, an H200's, in the interpre
 keys of the cache, at most MAX_SPLITS; a row shorter than the cache spreads its live range over the same
 pieces, and pieces past it return at once. The combine reads every piece's max and sum in one load and each
 query head's accumulators in one more (G loads in all, not two per piece: with 33 pieces at one row and 4K
-keys, the serial loop's 66 dependent round trips to L2 were the combining program's whole time, reasoned from
-the code, not profiled). These are reasoned defaults, not measured optima.
+keys a serial loop makes 66 dependent round trips to L2; reasoned, not profiled). These are reasoned defaults,
+not measured optima.
 
 CUDA graphs: the grids, constexprs and workspace size depend only on (B, Hq, Hkv, S, D, dtype); start and
 length are only read by the kernels. There are no host syncs in this module (no .item(), no value-dependent
