@@ -87,6 +87,59 @@ def test_linear_residual(B, K, N, programs, bias):
     torch.testing.assert_close(got, linear_residual_ref(x, w, b, res), **TOL)
 
 
+@pytest.mark.parametrize("B,swap", [(3, True), (3, False), (40, True), (40, False), (128, True)])
+def test_swapped_and_row_block_tiles_match_the_references(B, swap):
+    """Both orientations of every GEMV kernel (swap_ab.py: the weight rows as the MMA's M and the batch as its N,
+    or 16-row blocks of the batch) on odd shapes, at a few rows, at 40 (a partial batch tile of 64) and at 128 rows,
+    split-K (programs=1000) and not, with their epilogues: norm + SiLU-mul and LayerNorm + GELU + bias, norm + QKV
+    with RoPE, bias and the cache write (heads of 24 dims: tiles of 16 or 64 span heads), the residual add."""
+    torch.manual_seed(B + swap)
+    K, N = 72, 50
+    x = rnd(B, K) + 0.5
+    nw, nb = rnd(K, scale=0.3) + 1, rnd(K, scale=0.1)
+    for act, layer, programs in (("silu_mul", False, 1), ("gelu_tanh", True, 1000), ("none", False, 1000)):
+        w = rnd(2 * N if act == "silu_mul" else N, K, scale=K**-0.5)
+        b = rnd(w.shape[0], scale=0.1) if act == "gelu_tanh" else None
+        ref = norm_linear_ref(x, nw, nb if layer else None, 1e-5, w, b, act)
+        got = norm_linear(x, nw, nb if layer else None, 1e-5, w, b, act, block_k=16, swap=swap, programs=programs)
+        torch.testing.assert_close(got, ref, **TOL)
+    Hq, Hkv, D, S = 4, 2, 24, 13
+    rows = (Hq + 2 * Hkv) * D
+    w, b = rnd(rows, K, scale=K**-0.5), rnd(rows, scale=0.1)
+    inv_freq = 1.0 / (500.0 ** (torch.arange(0, D, 2, device=DEV).float() / D))
+    pos = column(torch.randint(0, 50, (B,), device=DEV))
+    slot = torch.randint(0, S, (B,), device=DEV)
+    for programs, half in ((1, None), (1000, 16)):
+        caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
+        q_ref = norm_qkv_ref(x, nw, None, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D)
+        q = norm_qkv(x, nw, None, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D,
+                     half=half, block_k=16, programs=programs, swap=swap)
+        torch.testing.assert_close(q, q_ref, **TOL)
+        torch.testing.assert_close(caches[2], caches[0], **TOL)
+        torch.testing.assert_close(caches[3], caches[1], **TOL)
+    Kd = 300
+    xd, wd, res = rnd(B, Kd), rnd(N, Kd, scale=Kd**-0.5), rnd(B, N)
+    for programs in (1, 1000):
+        got = linear_residual(xd, wd, b[:N], res, block_k=16, programs=programs, swap=swap)
+        torch.testing.assert_close(got, linear_residual_ref(xd, wd, b[:N], res), **TOL)
+
+
+def test_swapped_tiles_in_16_bit_follow_the_row_block_tiles():
+    """float16 (bfloat16's stand-in in the interpreter): the swapped kernels round where the row-block kernels
+    round; only the order of the float32 sums inside a dot may differ, a rounding flip now and then."""
+    torch.manual_seed(9)
+    h, B, K, N = torch.float16, 40, 96, 64
+    x, nw = (rnd(B, K) + 0.3).to(h), (rnd(K, scale=0.3) + 1).to(h)
+    w = rnd(2 * N, K, scale=K**-0.5).to(h)
+    a, c = (norm_linear(x, nw, None, 1e-5, w, None, "silu_mul", block_k=32, swap=s) for s in (True, False))
+    assert (a != c).float().mean() < 0.05
+    torch.testing.assert_close(a, c, atol=4e-3, rtol=2e-3)
+    res = rnd(B, N).to(h)
+    a, c = (linear_residual(x, w[:N], None, res, block_k=32, swap=s, programs=1000) for s in (True, False))
+    assert (a != c).float().mean() < 0.05
+    torch.testing.assert_close(a, c, atol=4e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("B,H,block_n,programs", [(1, 40, 16, 1), (3, 72, 16, 64), (17, 100, 32, 1000)])
 def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
     """The writers of a hidden state (embed, linear_residual, split or not) record its rows' sums of squares
@@ -369,8 +422,9 @@ def test_whole_step_kernels_vs_reference(name):
             torch.testing.assert_close(a, b, **TOL)
 
 
-@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
-@pytest.mark.parametrize("variant", ["as in the step", "split-K everywhere, hidden 256"])
+@pytest.mark.parametrize("name,variant", [(n, v) for n in ("tiny-gpt2", "tiny-llama")
+                                          for v in ("as in the step", "split-K everywhere, hidden 256")]
+                         + [("tiny-llama", "40 rows: swapped tiles")])
 @torch.no_grad()
 def test_generate_with_the_kernels_equals_generate_with_the_references(name, variant):
     """Whole calls, as the decode loop makes them (left-padded batch of 4, its tokens and positions strided
@@ -379,16 +433,18 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
     the wrong position for RoPE; the tokens of a tiny random model barely depend on it, the cached keys do).
     Llama's RMSNorms take their sums of squares from the hidden states' writers (NormSums), GPT-2's
     LayerNorms do not. The second variant also splits K in every QKV and output/down projection
-    (tiny shapes on one "SM" never split otherwise), all splits sharing one Tickets, as on a GPU."""
+    (tiny shapes on one "SM" never split otherwise), all splits sharing one Tickets, as on a GPU. The third runs
+    40 rows, mixed prompt lengths: every GEMV swapped (swap_ab.py), the batch one partial tile of 64."""
     import functools
     import overlapdecode as od
 
     model = od.load_model(name, device=DEV)
     torch.manual_seed(0)
-    ids = torch.randint(0, 500, (4, 6), device=DEV)
+    ids = torch.randint(0, 500, (40 if variant.startswith("40") else 4, 6), device=DEV)
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
     mask[2, :1] = 0
+    mask[5::3, :3] = 0
     outs, kv = [], []
     for kernels in ("torch", "triton"):
         dec = od.Decoder(model, fused_options=dict(kernels=kernels, compile_prefill=False))
@@ -401,7 +457,8 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
                 norm_qkv=functools.partial(norm_qkv, programs=10000, block_k=16, tickets=tickets, **sums),
                 linear_residual=functools.partial(linear_residual, programs=10000, block_k=16, tickets=tickets,
                                                   **sums))
-        outs.append(dec.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[],
+        outs.append(dec.generate(ids, attention_mask=mask, max_new_tokens=6 if ids.shape[0] > 16 else 12,
+                                 eos_token_id=[],
                                  strategy=od.Strategy(cache="fused", stop_check="pingpong")))
         (cache,) = dec.fused_model()._caches.values()  # every slot written: by the prefill, then the steps
         kv.append(torch.stack(cache.k + cache.v))

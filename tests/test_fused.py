@@ -76,6 +76,22 @@ def test_fused_matches_hf_eos_midway_and_never(model, batch):
         assert lengths[0] < lengths[1] == ids.shape[1] + N  # with EOS the row really stopped early
 
 
+@pytest.mark.parametrize("batch", [128])
+def test_fused_matches_hf_at_large_batches(model, batch):
+    """128 rows, the most the fused kernels serve in one tile: mixed prompt lengths (left padding on every other
+    row), EOS per row (a token row 0 emits mid-way: some rows stop, others run to the end), exactly Hugging Face's
+    tokens. (The kernels themselves at these row counts: fused_kernel_cases.py, in the interpreter.)"""
+    ids, mask = make_batch(batch, seed=batch + 3, prompt_len=11)
+    free = hf_generate(model, ids, mask, 12, [], 0)
+    eos = [int(free[0, 11 + 4])]
+    ref = hf_generate(model, ids, mask, 12, eos, 5)
+    stopped = (ref[:, 11:-1] == eos[0]).any(1)
+    assert 0 < int(stopped.sum()) < batch, "EOS must stop some rows early and not others; change the seed"
+    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=12, strategy="fused", eos_token_id=eos,
+                      pad_token_id=5)
+    assert torch.equal(out, ref)
+
+
 def test_eager_fused_and_long_prompt_match_hf(model):
     """Uncompiled, and a prompt longer than one prefill bucket (the prefill pads it on the right)."""
     ids, mask = make_batch(2, seed=31, prompt_len=70)
@@ -186,6 +202,13 @@ def test_tiles_choose_keywords_by_the_weights_shape():
     for rows in (1, 3, 4, 7, 8, 16):
         op(torch.zeros(rows, 4), torch.zeros(8, 4), None, None)
     assert calls == [((8, 4), 16, 64)] * 2 + [((8, 4), 32, 256)] * 2 + [((8, 4), 64, 128)] * 2
+    # past 16 rows the kernels swap their tiles (kernels/swap_ab.py): the entries of up to 16 rows no longer
+    # apply, one of a larger min_batch does
+    op = Tiled(kernel, "linear_residual", 1, {**tiles, ("linear_residual", 8, 4, 32): dict(block_n=128)})
+    calls.clear()
+    for rows in (16, 17, 31, 32, 128):
+        op(torch.zeros(rows, 4), torch.zeros(8, 4), None, None)
+    assert calls == [((8, 4), 16, 64)] + [((8, 4), 32, 128)] * 2 + [((8, 4), 128, 128)] * 2
     model = od.load_model("tiny-gpt2", device="cpu")
     for bad in ({("norm_qkv", 8): {}}, {("attention", 8, 4): {}}, {("norm_qkv", 8, 4): 16}, [1],
                 {("norm_qkv", 8, 4, 0): {}}, {("norm_qkv", 8, 4, 8, 1): {}},

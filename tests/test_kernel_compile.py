@@ -20,6 +20,7 @@ from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # 
 from overlapdecode.fused.kernels.greedy import _greedy_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import _norm_linear_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel  # noqa: E402
+from overlapdecode.fused.kernels.swap_ab import swap_tiles  # noqa: E402
 from overlapdecode.fused.model import TILES  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -52,23 +53,23 @@ CASES = {
                   **{n: "i32" for n in ("B", "S", "n_heads", "n_kv", "pos_stride", "slot_stride", "NB")},
                   "eps": "fp32", "rope_scale": "fp32"},
                  dict(K=2048, K_CHUNK=1024, SPLIT=2, LAYER=False, HAS_BIAS=False, ROPE=True, D=64, HALF=32,
-                      BLOCK_M=16, BLOCK_K=256, NB_PAD=64)),
+                      BLOCK_M=16, BLOCK_K=256, NB_PAD=64, SWAP=False)),
     "attention": (_split_kernel,
                   {**bf16("q_ptr", "k_ptr", "v_ptr", "out_ptr"), "start_ptr": "*i64", "length_ptr": "*i64",
                    "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "ticket_ptr": "*i32",
                    "qk_scale": "fp32", "S": "i32"},
-                  dict(HQ=32, HKV=8, G=4, GROUP_PAD=16, D=64, BLOCK_N=64, BLOCK_D=64, NUM_SPLITS=8, DIRECT=False,
+                  dict(HQ=32, HKV=8, G=4, GROUP_PAD=16, D=64, BLOCK_N=64, BLOCK_D=64, NUM_SPLITS=8, SPLIT_PAD=8, DIRECT=False,
                        IEEE=False)),
     "linear_residual": (_linear_split_kernel,
                         {**bf16("x_ptr", "w_ptr", "b_ptr", "res_ptr", "out_ptr"), "part_ptr": "*fp32",
                          "ticket_ptr": "*i32", "ss_ptr": "*fp32", "B": "i32", "N": "i32"},
                         dict(K=8192, K_CHUNK=2048, SPLIT=4, HAS_BIAS=False, SUMS=True, BLOCK_M=16, BLOCK_N=32,
-                             BLOCK_K=128)),
+                             BLOCK_K=128, SWAP=False)),
     "norm_linear": (_norm_linear_kernel,
                     {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "out_ptr"), "ss_ptr": "*fp32",
-                     "B": "i32", "N": "i32", "NB": "i32", "eps": "fp32"},
-                    dict(K=2048, LAYER=False, HAS_BIAS=False, ACT=2, ROUND_OUT=True, BLOCK_M=16, BLOCK_N=32,
-                         BLOCK_K=256, NB_PAD=64)),
+                     "part_ptr": "*fp32", "ticket_ptr": "*i32", "B": "i32", "N": "i32", "NB": "i32", "eps": "fp32"},
+                    dict(K=2048, K_CHUNK=2048, SPLIT=1, LAYER=False, HAS_BIAS=False, ACT=2, ROUND_OUT=True,
+                         BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, NB_PAD=64, SWAP=False)),
     "greedy": (_greedy_kernel,
                {"logits_ptr": "*fp32", "val_ptr": "*fp32", "idx_ptr": "*i32", "ticket_ptr": "*i32", "state_ptr": "*i64",
                 "eos_ptr": "*i64", "E": "i32", "pad_id": "i32", "done_ptr": "*u8", "tokens_ptr": "*i64",
@@ -80,7 +81,7 @@ CASES = {
 GPT2 = {"embed": dict(HAS_POS=True, SUMS=False),
         "norm_qkv": dict(K=768, K_CHUNK=768, SPLIT=1, LAYER=True, HAS_BIAS=True, ROPE=False, NB_PAD=0),
         "linear_residual": dict(K=3072, K_CHUNK=768, HAS_BIAS=True, SUMS=False),
-        "norm_linear": dict(K=768, LAYER=True, HAS_BIAS=True, ACT=1, NB_PAD=0),
+        "norm_linear": dict(K=768, K_CHUNK=768, LAYER=True, HAS_BIAS=True, ACT=1, NB_PAD=0),
         "attention": dict(HQ=12, HKV=12, G=1),
         # (the batch, not GPT-2, sets BLOCK_M: 16 rows, as from batch 16 on)
         "greedy": dict(BLOCK_M=16)}
@@ -117,3 +118,44 @@ def test_the_tiles_of_the_table_compile_for_sm90(key):
         constants["SPLIT"] = 1
     text = ptx(kernel, types, constants, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3))
     assert "griddepcontrol.wait" in text
+
+
+# (kernel, N per accumulator, K, accumulators, the kernel's constexprs) of the swapped tiles at the Llama-1B and
+# Llama-8B shapes
+SWAPPED = {"qkv": ("norm_qkv", 1536, 2048, 2, dict(D=64)), "o": ("linear_residual", 2048, 2048, 1, {}),
+           "gate/up": ("norm_linear", 8192, 2048, 2, dict(ACT=2)), "down": ("linear_residual", 2048, 8192, 1, {}),
+           "head": ("norm_linear", 128256, 2048, 1, dict(ACT=0, ROUND_OUT=False)),
+           "8b qkv": ("norm_qkv", 3072, 4096, 2, dict(D=128)), "8b down": ("linear_residual", 4096, 14336, 1, {})}
+
+
+def spill_bytes(text: str) -> int:
+    """The bytes of spill stores ptxas reports for `text` (PTX for sm_90)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(text)
+        report = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", os.devnull], capture_output=True,
+                                text=True, check=True).stderr
+    return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
+
+
+@pytest.mark.parametrize("rows", [32, 128])
+@pytest.mark.parametrize("name", sorted(SWAPPED))
+def test_swapped_tiles_compile_to_warpgroup_mmas_without_spills(name, rows):
+    """The swapped tiles swap_ab.swap_tiles picks (bfloat16, 132 SMs, split, PDL LATE) compile for sm_90 to
+    warpgroup MMAs (wgmma: tensor cores with the weight rows as M) and spill at most a few dozen bytes."""
+    fn, N, K, accs, extra = SWAPPED[name]
+    tiles = swap_tiles(rows, N, K, 2, accs, 132)
+    kernel, types, constants = CASES[fn]
+    constants = dict(constants, **extra, PDL=3, SWAP=True, BLOCK_M=tiles["block_m"], BLOCK_K=tiles["block_k"], K=K,
+                     K_CHUNK=K // 2, SPLIT=2)
+    constants["HALF" if fn == "norm_qkv" else "BLOCK_N"] = tiles["block_n"]
+    text = ptx(kernel, types, constants, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
+    assert "wgmma.mma_async" in text
+    assert spill_bytes(text) <= 128

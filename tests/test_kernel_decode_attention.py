@@ -173,6 +173,10 @@ def test_num_splits_follow_shapes_alone():
     assert choose_num_splits(4, 8, 2048, 64) == triton_cdiv(TARGET_PROGRAMS, 32)
     assert choose_num_splits(64, 8, 2048, 64) == 1  # enough programs already: no split, no combine
     assert choose_num_splits(1, 1, 1 << 20, 64) == MAX_SPLITS
+    # the grid target is the GPU's (2 x its SMs): a smaller GPU splits less, more rows split less
+    assert choose_num_splits(1, 8, 4096, 64, programs=2 * 132) == 33
+    assert choose_num_splits(1, 8, 4096, 64, programs=2 * 78) == 20
+    assert choose_num_splits(8, 8, 4096, 64, programs=2 * 132) == 5
     assert workspace_numel(2, 4, 64, 1) == 0 and workspace_numel(2, 4, 64, 3) == 2 * 4 * 3 * 66
 
 

@@ -26,6 +26,7 @@ from .kernels.greedy import GreedyFinish, greedy_finish_ref
 from .kernels.linear_residual import linear_residual_ref
 from .kernels.norm_linear import norm_linear_ref
 from .kernels.norm_qkv import norm_qkv_ref
+from .kernels.swap_ab import ROW_TILE
 from .layout import fuse_weights, shard_vocab
 
 # Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
@@ -86,7 +87,9 @@ class Tiled:
     K) of the weight (positional argument `w_arg`), or (kernel name, N, K, min_batch), to keywords (block sizes,
     warps, stages, split target). A call with B rows (its first argument's rows) takes the entry of its
     shape with the largest min_batch <= B (a 3-tuple key is min_batch 1); shapes not in it keep the kernel's
-    defaults."""
+    defaults. Entries of min_batch <= ROW_TILE (16) serve calls of up to ROW_TILE rows only: past that the kernels
+    swap their tiles (kernels/swap_ab.py), whose own rule chooses them unless an entry of a larger min_batch says
+    otherwise."""
 
     def __init__(self, fn, name: str, w_arg: int, tiles: dict):
         self.fn, self.w_arg = fn, w_arg
@@ -99,7 +102,8 @@ class Tiled:
 
     def keywords(self, shape: tuple, batch: int) -> dict:
         """The tile keywords of a weight of `shape` (N, K) at `batch` rows."""
-        return next((cfg for min_batch, cfg in self.tiles.get(shape, ()) if min_batch <= batch), {})
+        return next((cfg for min_batch, cfg in self.tiles.get(shape, ())
+                     if min_batch <= batch and (batch <= ROW_TILE or min_batch > ROW_TILE)), {})
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs, **self.keywords(tuple(args[self.w_arg].shape), args[0].shape[0]))
@@ -133,7 +137,8 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
                    decode_attention,
                    Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
                          "linear_residual", 1, tiles),
-                   Tiled(functools.partial(norm_linear, pdl=pdl, **sums), "norm_linear", 4, tiles),
+                   Tiled(functools.partial(norm_linear, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
+                         "norm_linear", 4, tiles),
                    # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
                    # 1: GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
                    functools.partial(embed, pdl=pdl, **sums),
@@ -157,7 +162,7 @@ OPTION_NAMES = FusedOptions._fields
 TILE_KEYWORDS = {
     "norm_qkv": ("half", "block_k", "programs", "num_warps", "num_stages"),
     "linear_residual": ("block_n", "block_k", "programs", "num_warps", "num_stages"),
-    "norm_linear": ("block_n", "block_k", "num_warps", "num_stages"),
+    "norm_linear": ("block_n", "block_k", "programs", "num_warps", "num_stages"),
 }
 
 

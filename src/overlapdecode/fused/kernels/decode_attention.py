@@ -41,9 +41,13 @@ as 64 with the last 16 lanes masked); D > 256 is refused with a ValueError (the 
 registers). D is a constexpr (a model constant), so the mask folds away when BLOCK_D == D and the loads stay
 vectorised. BLOCK_N (keys per step) is 64 for D <= 64, and 32 (16-bit) or 16 (float32) for D = 128: the
 largest that Triton 3.6 compiles for sm_90 without register spills (ptxas resource usage, not timed).
-num_splits is picked from the shapes alone: enough programs for about two per SM of an H200
-(TARGET_PROGRAMS), at most one per block of keys, at most MAX_SPLITS. These are reasoned defaults, not
-measured optima.
+num_splits is picked from the shapes alone (so one CUDA graph serves every step of a call): enough programs for
+about two per SM of the GPU at hand (TARGET_PROGRAMS, an H200's, in the interpreter), at most one per block of
+keys of the cache, at most MAX_SPLITS; a row shorter than the cache spreads its live range over the same
+pieces, and pieces past it return at once. The combine reads every piece's max and sum in one load and each
+query head's accumulators in one more (G loads in all, not two per piece: with 33 pieces at one row and 4K
+keys a serial loop makes 66 dependent round trips to L2; reasoned, not profiled). These are reasoned defaults,
+not measured optima.
 
 CUDA graphs: the grids, constexprs and workspace size depend only on (B, Hq, Hkv, S, D, dtype); start and
 length are only read by the kernels. There are no host syncs in this module (no .item(), no value-dependent
@@ -67,6 +71,7 @@ from triton.runtime.jit import JITFunction
 
 from .linear_residual import Tickets, last_of_split, require_contiguous, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
+from .swap_ab import sm_count
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
@@ -81,7 +86,7 @@ def _split_kernel(
     part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, ticket_ptr,
     qk_scale, S,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLIT_PAD: tl.constexpr,
     DIRECT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
@@ -160,25 +165,26 @@ def _split_kernel(
         # loads of the partials bypass L1, as last_of_split requires).
         n_live = tl.cdiv(n_blocks, per_split)  # the pieces that are not empty
         if last_of_split(ticket_ptr, pid_bh, n_live):
+            # every piece's max and sum in one load of (GROUP_PAD, SPLIT_PAD), then per query head of the group
+            # one load of its (SPLIT_PAD, BLOCK_D) accumulators: G round trips to L2, not two per piece
+            sp = tl.arange(0, SPLIT_PAD)
+            sp_ok = sp < n_live
             first = heads.to(tl.int64) * NUM_SPLITS  # (b, h, 0) of each group row
-            m_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-            for sp in range(NUM_SPLITS):
-                ok = mask_g & (sp < n_live)
-                m_max = tl.maximum(m_max, tl.load(part_m_ptr + first + sp, mask=ok, other=float("-inf"),
-                                                  cache_modifier=".cg"))
-            den = tl.zeros([GROUP_PAD], tl.float32)
-            o = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-            for sp in range(NUM_SPLITS):  # fixed order: deterministic, whichever program came last
-                ok = mask_g & (sp < n_live)
-                m_s = tl.load(part_m_ptr + first + sp, mask=ok, other=float("-inf"), cache_modifier=".cg")
-                l_s = tl.load(part_l_ptr + first + sp, mask=ok, other=0.0, cache_modifier=".cg")
-                w = tl.where(ok, tl.math.exp2(m_s - m_max), 0.0)
-                den += w * l_s
-                a_s = tl.load(part_acc_ptr + (first + sp)[:, None] * D + offs_d[None, :],
-                              mask=ok[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
-                o += w[:, None] * a_s
-            o_offs = heads.to(tl.int64)[:, None] * D + offs_d[None, :]
-            tl.store(out_ptr + o_offs, (o / den[:, None]).to(out_ptr.dtype.element_ty), mask=store_mask)
+            ml_ok = mask_g[:, None] & sp_ok[None, :]
+            m_s = tl.load(part_m_ptr + first[:, None] + sp[None, :], mask=ml_ok, other=float("-inf"),
+                          cache_modifier=".cg")
+            l_s = tl.load(part_l_ptr + first[:, None] + sp[None, :], mask=ml_ok, other=0.0, cache_modifier=".cg")
+            m_max = tl.max(m_s, 1)
+            w = tl.where(ml_ok, tl.math.exp2(m_s - m_max[:, None]), 0.0)  # (GROUP_PAD, SPLIT_PAD)
+            den = tl.sum(w * l_s, 1)
+            for g in tl.static_range(G):  # sums in a fixed order: deterministic, whichever program came last
+                head = b * HQ + head0 + g
+                a_s = tl.load(part_acc_ptr + (head.to(tl.int64) * NUM_SPLITS + sp)[:, None] * D + offs_d[None, :],
+                              mask=sp_ok[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
+                w_g = tl.sum(tl.where(offs_g[:, None] == g, w, 0.0), 0)  # (SPLIT_PAD,): row g of w
+                den_g = tl.sum(tl.where(offs_g == g, den, 0.0), 0)
+                o = tl.sum(w_g[:, None] * a_s, 0) / den_g
+                tl.store(out_ptr + head.to(tl.int64) * D + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
             tl.store(ticket_ptr + pid_bh, 0)  # back to zero for the next launch
 
 
@@ -254,10 +260,10 @@ def block_sizes(D: int, dtype: torch.dtype) -> tuple[int, int]:
     return (32 if block_d == 128 else 16), block_d
 
 
-def choose_num_splits(B: int, Hkv: int, S: int, block_n: int) -> int:
-    """Splits per (row, kv head), from shapes alone: enough programs to fill the GPU, no more splits than
-    blocks of keys, at most MAX_SPLITS."""
-    want = triton.cdiv(TARGET_PROGRAMS, B * Hkv)
+def choose_num_splits(B: int, Hkv: int, S: int, block_n: int, programs: int = TARGET_PROGRAMS) -> int:
+    """Splits per (row, kv head), from shapes alone: enough programs to reach `programs` (the fused step: 2 x
+    the GPU's SMs), no more splits than blocks of keys of the cache, at most MAX_SPLITS."""
+    want = triton.cdiv(programs, B * Hkv)
     return max(1, min(want, triton.cdiv(S, block_n), MAX_SPLITS))
 
 
@@ -266,12 +272,17 @@ def workspace_numel(B: int, Hq: int, D: int, num_splits: int) -> int:
     return 0 if num_splits == 1 else B * Hq * num_splits * (D + 2)
 
 
+def default_programs(device) -> int:
+    """The grid the split aims at: 2 x the SMs of a CUDA device, TARGET_PROGRAMS elsewhere (the interpreter)."""
+    return 2 * sm_count(device) if torch.device(device).type == "cuda" else TARGET_PROGRAMS
+
+
 def make_workspace(q: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
     """The float32 workspace `decode_attention(q, k_cache, ...)` uses with its default plan, for a caller
     (a CUDA graph) that keeps it across calls."""
     B, Hq, D = q.shape
     _, Hkv, S, _ = k_cache.shape
-    splits = choose_num_splits(B, Hkv, S, block_sizes(D, q.dtype)[0])
+    splits = choose_num_splits(B, Hkv, S, block_sizes(D, q.dtype)[0], default_programs(q.device))
     return torch.empty(workspace_numel(B, Hq, D, splits), dtype=torch.float32, device=q.device)
 
 
@@ -299,7 +310,7 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
     elif not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
     if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, S, block_n)
+        num_splits = choose_num_splits(B, Hkv, S, block_n, default_programs(q.device))
     elif not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
     if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype
@@ -330,7 +341,7 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
         q, k_cache, v_cache, start, length, part_acc, part_m, part_l, out, counters,
         scale * LOG2E, S,
         HQ=Hq, HKV=Hkv, G=G, GROUP_PAD=max(16, triton.next_power_of_2(G)), D=D,
-        BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+        BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLIT_PAD=triton.next_power_of_2(num_splits),
         DIRECT=direct, IEEE=q.dtype == torch.float32, PDL=int(pdl), num_warps=4, num_stages=2, **pdl_launch(pdl),
     )
     return out

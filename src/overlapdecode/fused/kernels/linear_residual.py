@@ -6,7 +6,9 @@ N / BLOCK_N programs alone would leave most SMs idle; split-K gives each of SPLI
 one K range. Partial sums go to a small float32 buffer (SPLIT, B, N); the program that finishes its column
 block last (a ticket counter, `Tickets`) sums them in a fixed order (deterministic, unlike atomic adds of
 floats), adds the bias and the residual, and resets the counter: one launch, no second kernel. With
-SPLIT = 1 the one program of a column block finishes the job itself.
+SPLIT = 1 the one program of a column block finishes the job itself. From 17 rows on the tile is swapped (the
+weight rows as the MMA's M, every row of the batch as its N: swap_ab.py), so the weights are read once for up
+to 128 rows instead of once per 16.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .pdl import pdl_launch, pdl_release, pdl_start
+from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_swap
 
 
 def linear_residual_ref(x, w, b, residual):
@@ -90,7 +93,7 @@ def _linear_split_kernel(
     x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, ticket_ptr, ss_ptr,
     B, N, K: tl.constexpr, K_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SUMS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, SWAP: tl.constexpr,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -102,14 +105,15 @@ def _linear_split_kernel(
     ks = tl.arange(0, BLOCK_K)
     k_lo = pid_k * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
     for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(xv, tl.trans(wt), input_precision="ieee")
+        acc = acc_dot(acc, xv, wt, SWAP)
     pdl_release(PDL)
+    acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
     out_ok = row_ok[:, None] & col_ok[None, :]
     finish = True
     if SPLIT > 1:
@@ -134,10 +138,13 @@ def _linear_split_kernel(
             tl.store(ss_ptr + pid_n * B + rows, tl.sum(yf * yf, 1), mask=row_ok)
 
 
-def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, programs: int | None = None,
-                    num_warps: int = 4, num_stages: int = 3, tickets: Tickets | None = None, pdl: int = 0,
-                    out: torch.Tensor | None = None, norm_sums=None):
+def linear_residual(x, w, b, residual, block_n: int | None = None, block_k: int | None = None,
+                    programs: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                    tickets: Tickets | None = None, pdl: int = 0, out: torch.Tensor | None = None, norm_sums=None,
+                    swap: bool | None = None):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N).
+    `swap`: the swapped tile (swap_ab.py; default from 17 rows on); the tile keywords left None are the row-block
+    kernel's defaults (32 x 128, 4 warps, 3 stages) or, swapped, swap_ab.swap_tiles's.
     `programs`: the grid size split-K aims at (default 2 x the SMs); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
     dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
@@ -146,17 +153,27 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
+    if programs is None:
+        programs = 2 * sm_count(x.device) if x.is_cuda else 1
+    swapped = use_swap(B, swap)
+    tiles = swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device)) if swapped else \
+        dict(block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3)
+    block_m = tiles["block_m"]
+    block_n = block_n or tiles["block_n"]
+    block_k = block_k or tiles["block_k"]
+    num_warps = num_warps or tiles["num_warps"]
+    num_stages = num_stages or tiles["num_stages"]
     n_blocks = triton.cdiv(N, block_n)
     sums = norm_sums.buffer(n_blocks, B, x.device, out) if norm_sums is not None else None
     if out is None:
         out = torch.empty_like(residual)
     elif out.shape != residual.shape or out.dtype != residual.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {residual.dtype} tensor of shape {tuple(residual.shape)}")
-    if programs is None:
-        programs = 2 * torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
     split = split_k(n_blocks, K, block_k, programs)
+    if swapped:
+        split = min(split, split_limit(B, K, w.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
-    row_blocks = triton.cdiv(B, 16)
+    row_blocks = triton.cdiv(B, block_m)
     if split > 1:
         part = torch.empty((split, B, N), dtype=torch.float32, device=x.device)
         counters = take_tickets(tickets, n_blocks * row_blocks, x.device)
@@ -164,8 +181,9 @@ def linear_residual(x, w, b, residual, block_n: int = 32, block_k: int = 128, pr
         part, counters = residual, residual
     _linear_split_kernel[(n_blocks, split, row_blocks)](
         x, w, b if b is not None else w, residual, out, part, counters, sums if sums is not None else part,
-        B, N, K, k_chunk, SPLIT=split, HAS_BIAS=b is not None, SUMS=sums is not None, BLOCK_M=16, BLOCK_N=block_n,
-        BLOCK_K=block_k, PDL=int(pdl), num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        B, N, K, k_chunk, SPLIT=split, HAS_BIAS=b is not None, SUMS=sums is not None, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, PDL=int(pdl), SWAP=swapped, num_warps=num_warps, num_stages=num_stages,
+        **pdl_launch(pdl),
     )
     if sums is not None:
         norm_sums.record(out, sums)

@@ -6,7 +6,10 @@ weight bytes exactly once, for every row of the batch, and nothing else of note.
 saves a launch and a round trip of the normalised activations; the activation in the epilogue saves one of
 the (B, 2I) gate/up output. Each program owns BLOCK_N output columns and all of K (K is the hidden size,
 short enough that the grid of N / BLOCK_N programs fills the GPU); rows of the batch are padded to 16 so
-that the product is one `tl.dot` per K tile.
+that the product is one `tl.dot` per K tile. From 17 rows on the tile is swapped (swap_ab.py: the weight rows
+as the MMA's M, all rows of the batch as its N, the weights read once for up to 128 rows); its wider weight
+tiles make fewer programs, so there K is split as in linear_residual where the grid would leave the GPU short
+(float32 partials, the last program of a tile reduces them in a fixed order and runs the epilogue).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .linear_residual import require_32bit
+from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
+from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_swap
 
 ACTS = ("none", "gelu_tanh", "silu_mul")
 _ACT_CODE = {a: i for i, a in enumerate(ACTS)}
@@ -171,13 +175,15 @@ def norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.conste
 
 @triton.jit
 def _norm_linear_kernel(
-    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr, ss_ptr,
-    B, N, NB, eps, K: tl.constexpr,
+    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr, ss_ptr, part_ptr, ticket_ptr,
+    B, N, NB, eps, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
     LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
+    pid_k = tl.program_id(2)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # batch rows
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
     row_ok = rows < B
@@ -188,21 +194,53 @@ def _norm_linear_kernel(
     # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
     mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # the up rows of gate/up
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
-        k_ok = kk < K
+    k_lo = pid_k * K_CHUNK
+    k_hi = tl.minimum(k_lo + K_CHUNK, K)
+    acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
+    acc2 = acc_zeros(BLOCK_M, BLOCK_N, SWAP)  # the up rows of gate/up
+    for k0 in range(0, K_CHUNK, BLOCK_K):
+        kk = k_lo + k0 + ks
+        k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
         xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
         wm = col_ok[:, None] & k_ok[None, :]
         wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=wm, other=0.0)
-        acc += tl.dot(xn, tl.trans(wt), input_precision="ieee")
+        acc = acc_dot(acc, xn, wt, SWAP)
         if ACT == 2:
             wu = tl.load(w_ptr + (cols + N)[:, None] * K + kk[None, :], mask=wm, other=0.0)
-            acc2 += tl.dot(xn, tl.trans(wu), input_precision="ieee")
+            acc2 = acc_dot(acc2, xn, wu, SWAP)
 
     pdl_release(PDL)
+    acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
+    acc2 = acc_rows(acc2, SWAP)
+    if SPLIT > 1:  # partial sums (SPLIT, B, N or 2N) float32; the last program of the tile finishes it
+        n_part = 2 * N if ACT == 2 else N
+        ok = row_ok[:, None] & col_ok[None, :]
+        base = part_ptr + (pid_k * B + rows[:, None]) * n_part + cols[None, :]
+        tl.store(base, acc, mask=ok)
+        if ACT == 2:
+            tl.store(base + N, acc2, mask=ok)
+        tile = tl.program_id(1) * tl.num_programs(0) + pid_n
+        if last_of_split(ticket_ptr, tile, SPLIT):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT):  # fixed order: deterministic, whichever program came last
+                base = part_ptr + (s * B + rows[:, None]) * n_part + cols[None, :]
+                acc += tl.load(base, mask=ok, other=0.0, cache_modifier=".cg")
+                if ACT == 2:
+                    acc2 += tl.load(base + N, mask=ok, other=0.0, cache_modifier=".cg")
+            tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
+            _norm_linear_finish(acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N, HAS_BIAS, ACT, ROUND_OUT,
+                                dtype)
+    else:
+        _norm_linear_finish(acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N, HAS_BIAS, ACT, ROUND_OUT,
+                            dtype)
+
+
+@triton.jit
+def _norm_linear_finish(acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N, HAS_BIAS: tl.constexpr,
+                        ACT: tl.constexpr, ROUND_OUT: tl.constexpr, dtype: tl.constexpr):
+    """Bias, activation, rounding and the store of one (BLOCK_M, BLOCK_N) output tile."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if ACT == 2:
@@ -225,25 +263,47 @@ def _norm_linear_kernel(
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
 
 
-def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int = 32,
-                block_k: int = 256, num_warps: int = 4, num_stages: int = 3, pdl: int = 0,
-                norm_sums: NormSums | None = None):
+def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int | None = None,
+                block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                pdl: int = 0, norm_sums: NormSums | None = None, swap: bool | None = None,
+                programs: int | None = None, tickets: Tickets | None = None):
     """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
     Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128).
+    `swap`: the swapped tile (swap_ab.py; default from 17 rows on), whose tile keywords left None are
+    swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default 2 x the SMs; the
+    row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums, x, norm_b is not None)
     B, K = x.shape
     n_out = w.shape[0] // 2 if act == "silu_mul" else w.shape[0]
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
-    grid = (triton.cdiv(n_out, block_n), triton.cdiv(B, 16))
-    _norm_linear_kernel[grid](
-        x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w, out, sums,
-        B, n_out, nb, eps, K,
+    swapped = use_swap(B, swap)
+    accs = 2 if act == "silu_mul" else 1
+    tiles = swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device)) if swapped else \
+        dict(block_m=ROW_TILE, block_n=32, block_k=256, num_warps=4, num_stages=3)
+    block_m = tiles["block_m"]
+    block_n = block_n or tiles["block_n"]
+    block_k = block_k or tiles["block_k"]
+    n_blocks, row_blocks = triton.cdiv(n_out, block_n), triton.cdiv(B, block_m)
+    split = 1
+    if swapped:
+        if programs is None:
+            programs = 2 * sm_count(x.device) if x.is_cuda else 1
+        split = min(split_k(n_blocks, K, block_k, programs), split_limit(B, K, w.element_size()))
+    k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
+    if split > 1:
+        part = torch.empty((split, B, accs * n_out), dtype=torch.float32, device=x.device)
+        counters = take_tickets(tickets, n_blocks * row_blocks, x.device)
+    else:  # never written with one split: pass read-only inputs
+        part, counters = norm_w, norm_w
+    _norm_linear_kernel[(n_blocks, row_blocks, split)](
+        x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w, out, sums, part,
+        counters, B, n_out, nb, eps, K, k_chunk, split,
         LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
-        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, NB_PAD=nb_pad,
-        PDL=int(pdl),
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, NB_PAD=nb_pad,
+        PDL=int(pdl), SWAP=swapped,
+        num_warps=num_warps or tiles["num_warps"], num_stages=num_stages or tiles["num_stages"], **pdl_launch(pdl),
     )
     return out

@@ -1,0 +1,95 @@
+"""Decode over batch rows and prompt lengths, fused against interleaved, in one process (bench/scale.py computes
+the figures): ms/step, tok/s, MBU and the per-layer toll with the KV bytes each step reads, kernels per step.
+
+    python3 scripts/scale_sweep.py --out DIR [--model llama-1b-random] [--dtype bfloat16]
+        [--rows 1,16,32,64,128] [--prompts 32] [--long-rows 1,8] [--long-prompts 4096,8192,16384]
+        [--strategies fused,interleaved] [--new-tokens 64] [--long-new-tokens 32] [--repeats 3]
+        [--time-budget 220] [--no-kernels]
+
+Points run strategy by strategy (each strategy's short prompts, then its long ones); past --time-budget seconds no
+new point starts and the rest are listed as not run. DIR gets scale.json, scale.md (the table) and, unless
+--no-kernels, one profiler trace per point (traces/). A point that runs out of memory is recorded as such. On CPU it
+runs too (no bandwidth, hence no MBU or toll; no kernel counts): `--model tiny-llama --dtype float32`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+import overlapdecode as od
+from overlapdecode.bench import scale
+from overlapdecode.bench.worker import device_bandwidth_gbs, weight_bytes
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive ints, got {text!r}")
+    return values
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="llama-1b-random")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--rows", type=_ints, default=[1, 16, 32, 64, 128])
+    ap.add_argument("--prompts", type=_ints, default=[32])
+    ap.add_argument("--long-rows", type=_ints, default=[1, 8])
+    ap.add_argument("--long-prompts", type=_ints, default=[4096, 8192, 16384])
+    ap.add_argument("--strategies", default="fused,interleaved")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--long-new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--time-budget", type=float, default=220.0)
+    ap.add_argument("--no-kernels", action="store_true", help="no profiler trace per point (no kernels/step)")
+    args = ap.parse_args(argv)
+    if args.new_tokens < 2 or args.long_new_tokens < 2:
+        ap.error("--new-tokens and --long-new-tokens must be >= 2 (decode time = call of N - call of 1)")
+    if os.path.exists(os.path.join(args.out, "scale.json")):
+        ap.error(f"--out {args.out} already holds a sweep (scale.json); choose another directory")
+    strategies = [s for s in args.strategies.split(",") if s]
+    os.makedirs(args.out, exist_ok=True)
+    traces = None if args.no_kernels else os.path.join(args.out, "traces")
+    if traces:
+        os.makedirs(traces, exist_ok=True)
+
+    start = time.monotonic()
+    model = od.load_model(args.model, dtype=args.dtype)
+    device = next(model.parameters()).device
+    bandwidth = device_bandwidth_gbs(device)
+    wbytes = weight_bytes(model)
+    decoder = od.Decoder(model)
+    todo = scale.points(args.rows, args.prompts, args.long_rows, args.long_prompts, strategies)
+    result = dict(config=dict(vars(args), strategies=strategies), bandwidth_gbs=bandwidth, weight_bytes=wbytes,
+                  device=str(device), rows=[], not_run=[])
+    for i, (name, rows, prompt_len) in enumerate(todo):
+        if time.monotonic() - start > args.time_budget:
+            result["not_run"] = [list(p) for p in todo[i:]]
+            break
+        n = args.new_tokens if prompt_len in args.prompts else args.long_new_tokens
+        try:
+            row = scale.measure_point(decoder, model, name, rows, prompt_len, n, args.repeats, bandwidth, wbytes,
+                                      traces)
+        except torch.OutOfMemoryError:
+            row = dict(strategy=name, rows=rows, prompt_len=prompt_len, error="out of memory")
+            decoder = od.Decoder(model)  # drop the kept caches and graphs
+            torch.cuda.empty_cache()
+        result["rows"].append(row)
+        scale.write(args.out, result)
+        print(scale.markdown(result).splitlines()[-1], flush=True)
+    scale.write(args.out, result)
+    print(scale.markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The swapped orientation of the fused GEMV kernels ("swap-AB") and the rule that chooses it and its tiles.
+
+Why: the row-block kernels compute a (16 rows x BLOCK_N outputs) tile per program, `tl.dot(x, w^T)`, with the
+batch as the MMA's M. Past 16 rows they launch one grid per 16 rows, and each grid reads the whole weight matrix
+again (from HBM: a layer's matrices are larger than the L2): at 64 rows four times, at 128 rows eight. Swapped,
+a program holds a tile of BLOCK_N weight rows as the MMA's M (64 or 128, a Hopper warpgroup MMA's natural M) and
+all the rows of the batch, padded to a power of two from 16 to 128, as its N: `tl.dot(w, x^T)`, acc
+(BLOCK_N, BLOCK_M). Each weight byte is then read once for up to 128 rows, on tensor cores in 16-bit dtypes,
+and the same prologues and epilogues (norm, RoPE and the cache write, SiLU-mul, GELU, bias, residual, the norm
+sums) run on the transposed accumulator (`acc_rows`), so nothing else of a kernel changes.
+
+The rule (`use_swap`, `swap_tiles`), from the row count and the weight's shape, reasoned, not measured (the
+sweep of scripts/scale_sweep.sh measures it):
+- swapped from 17 rows on: up to 16 rows one row block already reads the weights once, and its tiles are the
+  measured ones (docs/KERNELS.md);
+- BLOCK_M = the rows rounded up to a power of two, 16 .. 128 (more rows: several row blocks of 128);
+- BLOCK_N = 128 weight rows for one accumulator of up to 64 rows where the matrix has at least one such tile
+  per SM, else 64 (more programs; gate/up and QKV hold two accumulators);
+- 8 warps (two warpgroups), 3 stages, BLOCK_K 64, or 32 where the accumulators hold more than 8 K floats (gate/up
+  and QKV at 128 rows), halved further while a pipeline stage exceeds the shared-memory budget. These are the
+  tiles ptxas compiles for sm_90 without spilling registers (or a few dozen bytes), to warpgroup MMAs
+  (tests/test_kernel_compile.py); 4 warps, BLOCK_K 128 or BLOCK_N 128 at 128 rows spilled hundreds of bytes;
+- split-K (`split_k`, as the row-block kernels) until the grid reaches the kernel's program target, but never
+  so far that the float32 partial sums (SPLIT x B x N) outweigh the weight bytes they serve.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+ROW_TILE = 16  # rows per program of the row-block kernels (the MMA's smallest M, and N)
+MAX_BATCH_TILE = 128  # rows per program of the swapped kernels
+SMEM_BUDGET = 160 * 1024  # bytes of shared memory a swapped kernel's pipeline may take (H100/H200: 227 KB)
+MAX_ACC = 8 * 1024  # float32 accumulator elements per program with K tiles of 64 (32 registers per thread at 8 warps)
+
+
+def use_swap(rows: int, swap: bool | None = None) -> bool:
+    """Whether a launch over `rows` rows runs swapped: `swap` if given, else from ROW_TILE + 1 rows on."""
+    return rows > ROW_TILE if swap is None else bool(swap)
+
+
+def batch_tile(rows: int) -> int:
+    """BLOCK_M of a swapped launch: the rows rounded up to a power of two, at least 16 (tl.dot's N), at most 128."""
+    return min(MAX_BATCH_TILE, max(ROW_TILE, triton.next_power_of_2(rows)))
+
+
+def swap_tiles(rows: int, n_out: int, K: int, elt_bytes: int, accs: int, sms: int, stages: int = 3) -> dict:
+    """Tile keywords of a swapped launch (block_m, block_n, block_k, num_warps, num_stages) for a weight of
+    `n_out` output rows per accumulator (`accs` of them: gate/up 2, QKV's two halves of a head 2) and K inputs of
+    `elt_bytes` bytes each, on a GPU of `sms` SMs (see the module docstring)."""
+    block_m = batch_tile(rows)
+    block_n = 128 if accs == 1 and block_m <= 64 and triton.cdiv(n_out, 128) >= sms else 64
+    block_k = 64 if accs * block_n * block_m <= MAX_ACC else 32
+    while block_k > 16 and (accs * block_n + block_m) * block_k * elt_bytes * stages > SMEM_BUDGET:
+        block_k //= 2
+    return dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=8, num_stages=stages)
+
+
+def split_limit(rows: int, K: int, elt_bytes: int) -> int:
+    """The largest power-of-two split whose float32 partial sums (split x rows x N) weigh no more than the weights
+    (N x K)."""
+    most = max(1, (K * elt_bytes) // (4 * rows))
+    return 1 << (most.bit_length() - 1)
+
+
+@triton.jit
+def acc_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
+    """A float32 accumulator of BLOCK_M rows x BLOCK_N outputs: (BLOCK_M, BLOCK_N), or swapped its transpose."""
+    if SWAP:
+        return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def acc_dot(acc, x, w, SWAP: tl.constexpr):
+    """acc + x @ w^T for x (BLOCK_M, BLOCK_K) and w (BLOCK_N, BLOCK_K), in acc's orientation: swapped, the weight
+    tile is the MMA's M and the rows its N (w @ x^T)."""
+    if SWAP:
+        return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+    else:
+        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+
+
+@triton.jit
+def acc_rows(acc, SWAP: tl.constexpr):
+    """The accumulator as (BLOCK_M rows, BLOCK_N outputs), for the epilogues, whichever its orientation."""
+    if SWAP:
+        return tl.trans(acc)
+    else:
+        return acc
+
+
+@functools.cache
+def _sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device) -> int:
+    """The SMs of a CUDA device (1 elsewhere: the interpreter runs one program at a time)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    return _sms(device.index if device.index is not None else torch.cuda.current_device())

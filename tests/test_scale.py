@@ -1,0 +1,82 @@
+"""bench/scale.py's figures (KV bytes per step, MBU and toll with them, tok/s) and scripts/scale_sweep.py's run, on
+CPU: the arithmetic against numbers worked by hand, the sweep end to end on a tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import overlapdecode as od
+from overlapdecode.bench import scale
+
+LLAMA_1B = scale.Shape(layers=16, kv_heads=8, head_dim=64, elt_bytes=2)
+
+
+def test_kv_bytes_per_step_count_every_rows_keys_and_values_in_every_layer():
+    # one row of 16384 slots at Llama-1B in bfloat16: 16 layers x 2 x 8 heads x 64 x 2 bytes x 16384 = 2**29
+    assert scale.kv_bytes_per_step(LLAMA_1B, 1, 16384) == 2**29
+    assert scale.kv_bytes_per_step(LLAMA_1B, 8, 16384) == 8 * 2**29
+    assert scale.mean_context(4096, 32) == 4112  # the steps attend to 4097 .. 4127 slots
+    with pytest.raises(ValueError, match="new_tokens must be >= 2"):
+        scale.mean_context(32, 1)
+
+
+def test_mbu_and_toll_charge_the_kv_bytes_to_the_floor_not_to_the_kernels():
+    # 2.5 GB of weights and 0.5 GB of cache at 5000 GB/s: a floor of 0.6 ms; a 1.0 ms step over 16 layers leaves
+    # 0.4 ms, 25 us per layer; MBU 60% (50% counting the weights alone)
+    got = scale.step_figures(1.0, 8, 2.5e9, 0.5e9, 5000.0, 16)
+    assert got["floor_ms"] == pytest.approx(0.6)
+    assert got["mbu"] == pytest.approx(0.6) and got["mbu_weights_only"] == pytest.approx(0.5)
+    assert got["toll_us_per_layer"] == pytest.approx(25.0)
+    assert got["tok_s"] == pytest.approx(8000.0)
+    cpu = scale.step_figures(2.0, 4, 1e6, 1e5, None, 2)  # no measured bandwidth: no MBU, no toll
+    assert cpu["mbu"] is None and cpu["toll_us_per_layer"] is None and cpu["tok_s"] == pytest.approx(2000.0)
+
+
+def test_model_shape_reads_layers_kv_heads_and_head_size():
+    assert scale.model_shape(od.load_model("tiny-llama", device="cpu")) == scale.Shape(2, 2, 16, 4)
+    assert scale.model_shape(od.load_model("tiny-gpt2", device="cpu", dtype="bfloat16")) == scale.Shape(2, 4, 16, 2)
+
+
+def test_points_run_strategy_by_strategy_short_prompts_first():
+    assert scale.points([1, 64], [32], [8], [4096], ["fused", "interleaved"]) == [
+        ("fused", 1, 32), ("fused", 64, 32), ("fused", 8, 4096),
+        ("interleaved", 1, 32), ("interleaved", 64, 32), ("interleaved", 8, 4096)]
+
+
+def _script():
+    path = Path(__file__).parent.parent / "scripts" / "scale_sweep.py"
+    spec = importlib.util.spec_from_file_location("scale_sweep", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sweep_runs_end_to_end_and_refuses_an_earlier_sweeps_directory(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    args = ["--out", str(out), "--model", "tiny-llama", "--dtype", "float32", "--rows", "1,3", "--long-rows", "2",
+            "--long-prompts", "70", "--strategies", "fused", "--new-tokens", "3", "--long-new-tokens", "2",
+            "--repeats", "1", "--no-kernels"]
+    assert _script().main(args) == 0
+    result = json.loads((out / "scale.json").read_text())
+    assert [(r["rows"], r["prompt_len"]) for r in result["rows"]] == [(1, 32), (3, 32), (2, 70)]
+    for r in result["rows"]:
+        assert r["ms_per_step"] > 0 and r["tok_s"] == pytest.approx(r["rows"] / r["ms_per_step"] * 1e3)
+        assert r["kv_bytes"] == scale.kv_bytes_per_step(scale.Shape(2, 2, 16, 4), r["rows"],
+                                                        r["prompt_len"] + r["new_tokens"] / 2)
+    table = (out / "scale.md").read_text().splitlines()
+    assert sum(line.startswith("| fused |") for line in table) == 3
+    with pytest.raises(SystemExit):
+        _script().main(args)
+    assert "already holds a sweep" in capsys.readouterr().err
+
+
+def test_the_table_lists_points_out_of_memory_and_not_run():
+    result = dict(config=dict(model="m", dtype="bfloat16"), bandwidth_gbs=None, weight_bytes=1e9,
+                  not_run=[["fused", 8, 16384]],
+                  rows=[dict(strategy="fused", rows=8, prompt_len=8192, error="out of memory")])
+    text = scale.markdown(result)
+    assert "| fused | 8 | 8192 | out of memory |" in text and "| fused | 8 | 16384 | not run: time budget |" in text
