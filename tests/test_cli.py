@@ -213,6 +213,8 @@ def test_python_dash_m_runs_the_command():
     (["--do-sample", "--top-k", "-1"], "--top-k: top_k must be >= 0"),
     (["--do-sample", "--top-p", "0"], "--top-p: top_p must be in (0, 1]"),
     (["--do-sample", "--seed", "-2"], "--seed: seed must be in [0, 2**64)"),
+    (["--do-sample", "--min-p", "1.5"], "--min-p: min_p must be in [0, 1]"),
+    (["--repetition-penalty", "0"], "--repetition-penalty: repetition_penalty must be a finite number > 0"),
 ])
 def test_generate_flags_are_checked_before_the_model_is_loaded(flags, words, monkeypatch, capsys):
     """These were checked by generate() only, after load_model: llama-1b-random took 50-58 s and 5 GB of host
@@ -279,3 +281,19 @@ def test_no_library_module_imports_the_command_line():
             found += [(info.name, t) for t in targets if t.startswith(command_line)]
     assert found == [], found
 
+
+
+def test_generate_samples_with_every_sampling_flag(capsys):
+    """The sampling flags reach od.generate: the printed ids are those of the same call in Python."""
+    import overlapdecode as od
+
+    flags = ["--do-sample", "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.05",
+             "--repetition-penalty", "1.3", "--seed", "4"]
+    assert main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "5,6,7", "--max-new-tokens", "6",
+                 "--strategy", "kv", "--eos", "none"] + flags) == 0
+    printed = capsys.readouterr().out
+    model = od.load_model("tiny-gpt2", device="cpu")
+    want = od.generate(model, torch.tensor([[5, 6, 7]]), max_new_tokens=6, strategy="kv", eos_token_id=[],
+                       do_sample=True, temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
+                       seed=4)[0, 3:].tolist()
+    assert "ids: " + " ".join(map(str, want)) in printed, (printed, want)

@@ -36,8 +36,15 @@ def _add_generate(sub):
                    help="EOS ids, comma-separated, or 'none' to never stop early (default: the model's)")
     p.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default: all tokens)")
-    p.add_argument("--top-p", type=float, default=None, help="sample among the most likely tokens of total probability p (default: 1, all)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample among the k most likely tokens (default, or 0: all tokens)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="sample among the most likely tokens of total probability p (default: 1, all)")
+    p.add_argument("--min-p", type=float, default=None,
+                   help="sample among the tokens at least p times as likely as the most likely one (default: all)")
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="divide (or, if negative, multiply) the logit of every token already in the row by this "
+                        "factor, greedy or sampled, as Hugging Face does (default: none)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 <= seed < 2**64 (default: random)")
 
 
@@ -54,7 +61,8 @@ def _check_before_loading(args) -> None:
     try:
         with warnings.catch_warnings():  # greedy's "ignored" warning: generate() itself gives it, once
             warnings.simplefilter("ignore", UserWarning)
-            check_sampling(args.do_sample, args.temperature, args.top_k, args.top_p, args.seed)
+            check_sampling(args.do_sample, args.temperature, args.top_k, args.top_p, args.seed, args.min_p,
+                           args.repetition_penalty)
     except (ValueError, TypeError) as err:  # each message starts with the argument's name, e.g. "top_k must..."
         raise CliError(f"--{str(err).split()[0].replace('_', '-')}: {err}") from None
 
@@ -154,6 +162,8 @@ def cmd_generate(args) -> int:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
         seed=args.seed,
         streamer=streamer,
     )
