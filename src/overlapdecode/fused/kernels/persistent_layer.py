@@ -476,6 +476,8 @@ class PersistentLayer:
         if plan.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head size {plan.head_dim} > {MAX_HEAD_DIM} is not supported")
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # "cuda" names the current device: compare as cuda:N
+            device = torch.device("cuda", torch.cuda.current_device())
         if device.type != "cuda" and not _INTERPRETED:
             raise ValueError(f"device {device}: the persistent layer needs a CUDA device (or TRITON_INTERPRET=1 set "
                              "before triton is imported, to run it on CPU)")

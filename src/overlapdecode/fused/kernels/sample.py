@@ -113,12 +113,15 @@ def _row_best(val_ptr, idx_ptr, NBLK, B, rows, row_ok, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _scores(x, m, kth_l, temperature):
+def _scores(x, m, kth_l, temperature, TOP_K: tl.constexpr):
     """Penalised logits -> (scores, top-k membership), as sampling.scaled_scores computes them (the shift
     by the row maximum, the division, + 0.0 for -0.0); the k-th largest logit scored the same way."""
     s = (x - m[:, None]) / temperature + 0.0
-    kth = (kth_l - m) / temperature + 0.0
-    return s, (s >= kth[:, None]) & (s > float("-inf"))
+    in_k = s > float("-inf")
+    if TOP_K:
+        kth = (kth_l - m) / temperature + 0.0
+        in_k = in_k & (s >= kth[:, None])
+    return s, in_k
 
 
 @triton.jit
@@ -144,7 +147,8 @@ def _max_kernel(logits_ptr, seen_ptr, pmax_ptr, B, V, row_stride, rep,
 
 @triton.jit
 def _race_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, B, V, row_stride,
-                 rep, temperature, min_p, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr):
+                 rep, temperature, min_p, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr,
+                 TOP_K: tl.constexpr):
     pid_n = tl.program_id(0)
     nblk = tl.num_programs(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -153,7 +157,8 @@ def _race_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_
     ok = row_ok[:, None] & (cols < V)[None, :]
     m = _row_max(pmax_ptr, nblk, B, rows, row_ok, BLOCK_M)
     x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
-    s, in_k = _scores(x, m, tl.load(kth_ptr + rows, mask=row_ok, other=0.0), temperature)
+    kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0) if TOP_K else m
+    s, in_k = _scores(x, m, kth_l, temperature, TOP_K)
     e = tl.where(in_k & ok, tl.exp(s), 0.0)
     tl.store(pz_ptr + pid_n * B + rows, tl.sum(e, 1), mask=row_ok)
     noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
@@ -175,12 +180,12 @@ def _candidate_score(logits_ptr, seen_ptr, token, rows, row_ok, m, V, row_stride
 
 @triton.jit
 def _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok, m, z, pivot, V, row_stride, rep,
-                temperature, min_p, PENALTY: tl.constexpr):
+                temperature, min_p, PENALTY: tl.constexpr, TOP_K: tl.constexpr):
     """Over one tile: the probability of the tokens scored <= pivot (B,), and the race values of the
     tokens scored above it (-1 elsewhere)."""
     ok = row_ok[:, None] & (cols < V)[None, :]
     x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
-    s, in_k = _scores(x, m, kth_l, temperature)
+    s, in_k = _scores(x, m, kth_l, temperature, TOP_K)
     e = tl.where(in_k & ok, tl.exp(s), 0.0)
     mass = tl.sum(tl.where(s <= pivot[:, None], e / z[:, None], 0.0), 1)
     noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
@@ -191,7 +196,8 @@ def _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok, m, z
 @triton.jit
 def _check_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, pmass_ptr, pr2_ptr,
                   pi2_ptr, pmass_out, pr_out, pi_out, B, V, row_stride, rep, temperature, min_p, limit,
-                  BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr, ROUND: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr, TOP_K: tl.constexpr,
+                  ROUND: tl.constexpr):
     """Round 1: the mass at or below x0 and the winner x1 above it. Round 2: where round 1 dropped x0, the same
     for x1 (x2 above it); rows already decided store nothing that counts (mass 0, no candidate)."""
     pid_n = tl.program_id(0)
@@ -207,9 +213,9 @@ def _check_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr
         live = live & (_row_sum(pmass_ptr, nblk, B, rows, row_ok, BLOCK_M) <= limit)  # x0 dropped
         _, cand = _row_best(pr2_ptr, pi2_ptr, nblk, B, rows, row_ok, BLOCK_M)
     pivot = _candidate_score(logits_ptr, seen_ptr, cand, rows, live, m, V, row_stride, rep, temperature, PENALTY)
-    kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0)
+    kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0) if TOP_K else m
     mass, r = _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, live, m, z, pivot, V, row_stride,
-                          rep, temperature, min_p, PENALTY)
+                          rep, temperature, min_p, PENALTY, TOP_K)
     tl.store(pmass_out + pid_n * B + rows, mass, mask=row_ok)
     _block_best(r, cols, pr_out, pi_out, pid_n, B, rows, row_ok)
 
@@ -218,8 +224,8 @@ def _check_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr
 def _finish_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, pmass_ptr, pr2_ptr,
                    pi2_ptr, pmass2_ptr, pr3_ptr, pi3_ptr, NBLK, B, V, row_stride, rep, temperature, min_p, limit,
                    state_ptr, eos_ptr, E, pad_id, done_ptr, tokens_ptr, flags_ptr, count_ptr, L,
-                   BLOCK_M: tl.constexpr, CHAIN_V: tl.constexpr, PENALTY: tl.constexpr, TOP_P: tl.constexpr,
-                   LOG: tl.constexpr):
+                   BLOCK_M: tl.constexpr, CHAIN_V: tl.constexpr, PENALTY: tl.constexpr, TOP_K: tl.constexpr,
+                   TOP_P: tl.constexpr, LOG: tl.constexpr):
     all_done = tl.full((BLOCK_M,), 1, tl.int32)
     if LOG:  # the log's column: the previous step's finish advanced the count
         column = tl.load(count_ptr)
@@ -232,7 +238,7 @@ def _finish_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, p
         if TOP_P:
             m = _row_max(pmax_ptr, NBLK, B, rows, row_ok, BLOCK_M)
             z = _row_sum(pz_ptr, NBLK, B, rows, row_ok, BLOCK_M)
-            kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0)
+            kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0) if TOP_K else m
             kept0 = _row_sum(pmass_ptr, NBLK, B, rows, row_ok, BLOCK_M) > limit
             kept1 = _row_sum(pmass2_ptr, NBLK, B, rows, row_ok, BLOCK_M) > limit
             _, x1 = _row_best(pr2_ptr, pi2_ptr, NBLK, B, rows, row_ok, BLOCK_M)
@@ -250,7 +256,7 @@ def _finish_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, p
                 for c0 in range(0, V, CHAIN_V):
                     cols = c0 + tl.arange(0, CHAIN_V)
                     mass_c, r = _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok & ~kept, m, z,
-                                            pivot, V, row_stride, rep, temperature, min_p, PENALTY)
+                                            pivot, V, row_stride, rep, temperature, min_p, PENALTY, TOP_K)
                     mass += mass_c
                     c_max = tl.max(r, 1)
                     c_idx = tl.min(tl.where(r == c_max[:, None], cols[None, :], BIG_INDEX), 1)
@@ -303,19 +309,22 @@ def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingPar
     if seen is not None and (seen.shape != (B, V) or seen.dtype != torch.bool or not seen.is_contiguous()):
         raise ValueError(f"seen must be a contiguous ({B}, {V}) bool tensor, got {tuple(seen.shape)} {seen.dtype}")
     check_finish(GreedyFinish(state, eos, int(pad_id), done, log), B, logits.device)
-    block_v = block_v or block_v_for(B)
     block_m = min(16, triton.next_power_of_2(B))
+    # 4096 logits per program at one row, down to 1024 at 8 rows and more: a few dozen to a hundred programs at
+    # a 128K vocabulary, so that each program's reduction of the partials (NBLK per row) stays short
+    block_v = block_v or max(1024, min(4096, 8192 // block_m))
     grid = (triton.cdiv(V, block_v), triton.cdiv(B, block_m))
     dev = logits.device
     f32 = dict(dtype=torch.float32, device=dev)
     pmax, pz, pr, pmass, pr2, pmass2, pr3 = (torch.empty((grid[0], B), **f32) for _ in range(7))
     pi, pi2, pi3 = (torch.empty((grid[0], B), dtype=torch.int32, device=dev) for _ in range(3))
-    if params.top_k is not None and params.top_k < V:
+    top_k = params.top_k is not None and params.top_k < V
+    if top_k:
         # the k-th largest penalised logit; the kernels score it as they score the tiles
         kth = torch.topk(penalize(logits, seen, params.repetition_penalty), params.top_k, dim=-1).values[:, -1]
         kth = kth.contiguous()
     else:
-        kth = torch.full((B,), float("-inf"), **f32)
+        kth = pmax  # never read without top-k
     seen_arg = seen.view(torch.uint8) if seen is not None else state  # never read without the penalty
     rep = params.repetition_penalty or 1.0
     temperature = params.temperature
@@ -323,8 +332,9 @@ def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingPar
     top_p = params.top_p is not None
     limit = 1.0 - params.top_p if top_p else 0.0
     stride = logits.stride(0)
-    common = dict(BLOCK_M=block_m, PENALTY=seen is not None, num_warps=4)
-    _max_kernel[grid](logits, seen_arg, pmax, B, V, stride, rep, BLOCK_V=block_v, **common)
+    common = dict(BLOCK_M=block_m, PENALTY=seen is not None, TOP_K=top_k, num_warps=4 if block_m * block_v <= 4096 else 8)
+    _max_kernel[grid](logits, seen_arg, pmax, B, V, stride, rep, BLOCK_V=block_v, BLOCK_M=block_m,
+                      PENALTY=seen is not None, num_warps=common["num_warps"])
     _race_kernel[grid](logits, seen_arg, noise, kth, pmax, pz, pr, pi, B, V, stride, rep, temperature, min_p,
                        BLOCK_V=block_v, **common)
     if top_p:
@@ -341,4 +351,4 @@ def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingPar
     _finish_kernel[(1,)](logits, seen_arg, noise, kth, pmax, pz, pr, pi, pmass, pr2, pi2, pmass2, pr3, pi3, grid[0],
                          B, V, stride, rep, temperature, min_p, limit, state, eos_arg, eos.numel(), int(pad_id),
                          done_u8, tokens, flags, count, flags.numel(), BLOCK_M=block_m, CHAIN_V=chain_v,
-                         PENALTY=seen is not None, TOP_P=top_p, LOG=log is not None, num_warps=8)
+                         PENALTY=seen is not None, TOP_K=top_k, TOP_P=top_p, LOG=log is not None, num_warps=8)
