@@ -348,3 +348,46 @@ def test_a_failed_worker_is_one_line_and_leaves_the_directory_reusable(tmp_path,
     assert main(["bench", "--model", "tiny-gpt2"] + flags) == 0  # the same --out takes the next run
     assert os.path.exists(out / "results.json")
 
+
+@pytest.mark.parametrize("whom", ["process group", "parent only"])
+def test_ctrl_c_is_one_line_and_keeps_what_was_measured(whom, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group, or to the bench process alone, whose workers then
+    go on unless it stops them) printed a 16-20 frame traceback, and the interrupted report gave "a time
+    limit" as its reason. Now: one line, the rows measured so far in results.json and the report, marked
+    interrupted by Ctrl-C, and a directory that takes an --append run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from overlapdecode.bench.config import config_from_json
+    from overlapdecode.bench.runner import _check_out_dir
+
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    cmd = [sys.executable, "-m", "overlapdecode", "bench", "--model", "tiny-gpt2", "--strategies", "baseline,kv",
+           "--peers", "none", "--lengths", "8,16,32,64,96,128,160,192", "--batch", "1,2", "--no-profile",
+           "--device", "cpu", "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    rows = out / "rows-default.jsonl"
+    deadline = time.monotonic() + 240
+    while not (rows.exists() and len(rows.read_text().splitlines()) >= 2):  # the meta line and a measured row
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    if whom == "process group":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    err = stderr.strip()
+    assert proc.returncode == 130, (stdout, stderr)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("overlapdecode bench: interrupted; the ") and "measured rows are kept in" in err, err
+    res = json.load(open(out / "results.json"))
+    assert res["interrupted"] is True and res["interrupted_reason"] == "Ctrl-C"
+    assert 1 <= len(res["rows"]) < 2 * 8 * 2 and all("error" not in r for r in res["rows"])
+    report = (out / "report.md").read_text()
+    assert "stopped before the end (Ctrl-C)" in report and "time limit" not in report
+    assert not [f for f in os.listdir(out) if f.startswith("rows") or f.startswith("config-")]
+    assert _check_out_dir(config_from_json((out / "config.json").read_text()), str(out), append=True)

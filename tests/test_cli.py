@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -279,3 +280,38 @@ def test_no_library_module_imports_the_command_line():
             found += [(info.name, t) for t in targets if t.startswith(command_line)]
     assert found == [], found
 
+
+@pytest.mark.parametrize("when", ["while loading", "while streaming"])
+def test_ctrl_c_in_generate_is_one_line(when, monkeypatch, capsys):
+    """Ctrl-C printed the traceback of wherever it landed (16-20 frames inside torch or transformers)."""
+    import overlapdecode.decode
+    import overlapdecode.models
+
+    real = overlapdecode.decode.generate
+
+    def interrupted_load(*a, **k):
+        raise KeyboardInterrupt
+
+    def interrupted_after_a_step(*a, streamer, **k):
+        def first_step_then_ctrl_c(tokens):
+            streamer(tokens)
+            raise KeyboardInterrupt
+
+        return real(*a, streamer=first_step_then_ctrl_c, **k)
+
+    if when == "while loading":
+        monkeypatch.setattr(overlapdecode.models, "load_model", interrupted_load)
+    else:
+        monkeypatch.setattr(overlapdecode.decode, "generate", interrupted_after_a_step)
+    try:
+        rc = main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "kv"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C went out of main as a KeyboardInterrupt (a traceback)")
+    assert rc == 130
+    captured = capsys.readouterr()
+    assert captured.err == "overlapdecode generate: interrupted\n"
+    if when == "while loading":
+        assert captured.out == ""
+    else:  # the streamed line is ended before the notice, not left dangling
+        lines = captured.out.split("\n")
+        assert lines[-1] == "" and re.fullmatch(r"ids: \d+", lines[-2]), captured.out

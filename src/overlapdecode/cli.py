@@ -11,8 +11,8 @@ import sys
 import warnings
 
 from .bench import cli as bench_cli
-from .cliargs import (DTYPE_NAMES, STRATEGY_HELP, CliError, OneLineParser, cannot_load, check_model_flag, ints,
-                      lag_of)
+from .cliargs import (DTYPE_NAMES, STRATEGY_HELP, CliError, Interrupted, OneLineParser, cannot_load,
+                      check_model_flag, ints, lag_of)
 
 DEFAULT_MODEL = "gpt2-random"
 
@@ -143,19 +143,25 @@ def cmd_generate(args) -> int:
             shown[0] = text if text.startswith(shown[0]) else shown[0]
         out.flush()
 
-    result = generate(
-        model,
-        ids.to(device),
-        max_new_tokens=args.max_new_tokens,
-        strategy=args.strategy,
-        eos_token_id=eos,
-        do_sample=args.do_sample,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        streamer=streamer,
-    )
+    try:
+        result = generate(
+            model,
+            ids.to(device),
+            max_new_tokens=args.max_new_tokens,
+            strategy=args.strategy,
+            eos_token_id=eos,
+            do_sample=args.do_sample,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            streamer=streamer,
+        )
+    except KeyboardInterrupt:
+        if started[0]:
+            out.write("\n")  # end the line being streamed before the one-line notice on stderr
+            out.flush()
+        raise
     print(f"\n[{result.shape[1] - ids.shape[1]} new tokens, strategy {args.strategy}]")
     return 0
 
@@ -182,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"generate": cmd_generate, **bench_cli.HANDLERS}
     try:
         return handlers[args.command](args)
+    except Interrupted as err:
+        print(f"overlapdecode {args.command}: interrupted; {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # Ctrl-C: one line, never the traceback of wherever it landed
+        print(f"overlapdecode {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (CliError, ValueError, TypeError) as err:
         message = " ".join(str(err).split("\n", 1)[0].split()) if not isinstance(err, CliError) else str(err)
         print(f"overlapdecode {args.command}: error: {message}", file=sys.stderr)

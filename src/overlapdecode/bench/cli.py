@@ -13,6 +13,7 @@ from ..cliargs import (
     DTYPE_NAMES,
     STRATEGY_HELP,
     CliError,
+    Interrupted,
     check_model_flag,
     ints,
     lag_of,
@@ -290,11 +291,13 @@ def cmd_bench(args) -> int:
     from rich.table import Table
 
     from .report import _order, series
-    from .runner import BenchError, run_bench
+    from .runner import BenchError, BenchInterrupted, run_bench
 
     cfg = bench_config(args)
     try:
         results = run_bench(cfg, args.out, _command(args), append=args.append)
+    except BenchInterrupted as err:
+        raise Interrupted(str(err)) from None
     except BenchError as err:
         raise CliError(str(err)) from None
     if results is None:  # a tensor-parallel rank other than 0: it measured in step with rank 0, which reports
