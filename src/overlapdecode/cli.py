@@ -58,6 +58,21 @@ def _check_before_loading(args) -> None:
         raise CliError(f"--{str(err).split()[0].replace('_', '-')}: {err}") from None
 
 
+def _as_flag_error(err: Exception, args) -> CliError:
+    """A library error of generate() as one line naming the flag: every message starts with the argument's
+    name ("input_ids holds...", "strategy: ..."), which maps onto the flag it came from."""
+    text = " ".join(str(err).split())
+    prompt = "--prompt-ids" if args.prompt_ids is not None else "--prompt"
+    flags = (("prompt length", f"{prompt} and --max-new-tokens"), ("input_ids", prompt), ("attention_mask", prompt),
+             ("eos_token_id", "--eos"), ("pad_token_id", "--eos"), ("max_new_tokens", "--max-new-tokens"),
+             ("strategy", "--strategy"), ("model", "--model"), ("do_sample", "--do-sample"),
+             ("temperature", "--temperature"), ("top_k", "--top-k"), ("top_p", "--top-p"), ("seed", "--seed"))
+    for name, flag in flags:
+        if text.startswith(name):
+            return CliError(f"{flag}: {text.removeprefix(name + ': ')}")
+    return CliError(text)
+
+
 def _load(args):
     """The model and its tokenizer (None if it has none), every failure named by its flag."""
     from .models import check_device, load_model, load_tokenizer, parse_dtype  # imported here: fast --help
@@ -162,6 +177,8 @@ def cmd_generate(args) -> int:
             out.write("\n")  # end the line being streamed before the one-line notice on stderr
             out.flush()
         raise
+    except (ValueError, TypeError) as err:  # generate checks every argument before the first step
+        raise _as_flag_error(err, args) from None
     print(f"\n[{result.shape[1] - ids.shape[1]} new tokens, strategy {args.strategy}]")
     return 0
 

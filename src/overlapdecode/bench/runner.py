@@ -201,8 +201,8 @@ def _keep_or_clear(out_dir: str, command: str, earlier: dict | None, reason: str
 def _check_out_dir(cfg: BenchConfig, out_dir: str, append: bool) -> dict | None:
     """The results of an earlier run to append to (or None); a BenchError if out_dir cannot take this run."""
     if rows_files(out_dir):  # an interrupted run's measurements: never deleted by a new run
-        raise BenchError(f"{out_dir} holds the rows of an interrupted run: keep them with `overlapdecode report "
-                         f"{out_dir} --interrupted 'THE BENCH COMMAND'`, or choose another --out")
+        raise BenchError(f"--out {out_dir} holds the rows of an interrupted run: keep them with `overlapdecode "
+                         f"report {out_dir} --interrupted 'THE BENCH COMMAND'`, or choose another --out")
     earlier = None
     if append:
         earlier = load(out_dir)
@@ -211,8 +211,8 @@ def _check_out_dir(cfg: BenchConfig, out_dir: str, append: bool) -> dict | None:
             raise BenchError(f"--append: {out_dir} holds {was[0]} with prompt {was[1]} at tp={was[2]}, not "
                              f"{cfg.model} with prompt {cfg.prompt_len} at tp={cfg.tp}")
     elif os.path.exists(os.path.join(out_dir, RESULTS)):
-        raise BenchError(f"{os.path.join(out_dir, RESULTS)} already exists: add to it with --append, or choose "
-                         f"another --out (an earlier run's results are never overwritten)")
+        raise BenchError(f"--out {out_dir} already holds {RESULTS}: add to it with --append, or choose another "
+                         f"--out (an earlier run's results are never overwritten)")
     if not plan(cfg)[1]:
         raise BenchError("nothing to measure: the configuration has no strategy, peer, dtype, batch or length")
     return earlier
