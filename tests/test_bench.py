@@ -391,3 +391,28 @@ def test_ctrl_c_is_one_line_and_keeps_what_was_measured(whom, tmp_path):
     assert "stopped before the end (Ctrl-C)" in report and "time limit" not in report
     assert not [f for f in os.listdir(out) if f.startswith("rows") or f.startswith("config-")]
     assert _check_out_dir(config_from_json((out / "config.json").read_text()), str(out), append=True)
+
+
+def test_the_terminal_table_shows_the_spread_and_warns_where_it_hides_the_effect():
+    """On a busy host the table printed "compiled 36.09x" from calls spread 57-248%, with no spread column.
+    Now each row has its spread, and a speed-up inside the spread (the row's or the baseline's) is flagged."""
+    from rich.console import Console
+
+    from overlapdecode.bench.cli import summary_tables
+
+    rows = [_claim_row("baseline", 400, 1.0, spread=0.1), _claim_row("compiled", 400, 0.8, spread=0.5),
+            _claim_row("interleaved", 400, 0.1, spread=0.05), _claim_row("kv", 400, 0.9, calls=1)]
+    for r in rows:
+        r.update(tokens_per_s=400 / r["seq_s"], ttft_ms=1.0)
+    ((table, warnings),) = summary_tables(rows, "m")
+    console = Console(record=True, width=200)
+    console.print(table)
+    lines = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+             for line in console.export_text().replace("┃", "│").splitlines() if line.count("│") > 3}
+    assert lines["strategy"][4] == "spread"
+    assert lines["baseline"][3:5] == ["1.00x", "10%"]
+    assert lines["compiled"][3:5] == ["1.25x !", "50%"]  # 25% faster, calls 50% apart: not resolved
+    assert lines["interleaved"][3:5] == ["10.00x", "5%"]
+    assert lines["kv"][4] == "-"  # one timed call: no spread to show
+    assert warnings == ["! compiled: 1.25x the baseline is within the spread of the timed calls (50%): not "
+                        "resolved on this run"]
