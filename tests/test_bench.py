@@ -14,7 +14,7 @@ from overlapdecode.bench.report import fit_exponent
 from overlapdecode.cli import main
 
 STRATEGIES = ["baseline", "kv", "static", "interleaved", "nocheck"]
-PEERS = ["hf-dynamic", "hf-static"]
+PEERS = ["hf-dynamic", "hf-static", "hf-compiled"]
 LENGTHS = [8, 24]
 
 
@@ -416,3 +416,22 @@ def test_the_terminal_table_shows_the_spread_and_warns_where_it_hides_the_effect
     assert lines["kv"][4] == "-"  # one timed call: no spread to show
     assert warnings == ["! compiled: 1.25x the baseline is within the spread of the timed calls (50%): not "
                         "resolved on this run"]
+
+
+def test_hf_compiled_on_cpu_is_labelled_eager(bench_dir):
+    """Hugging Face compiles only on CUDA: on CPU `hf-compiled` runs like `hf-static`, and the table and the
+    report's rows said `hf-compiled` all the same."""
+    from rich.console import Console
+
+    from overlapdecode.bench.cli import summary_tables
+
+    res = json.load(open(os.path.join(bench_dir, "results.json")))
+    assert {r["compiled"] for r in res["rows"] if r["strategy"] == "hf-compiled"} == {False}
+    console = Console(record=True, width=200)
+    for table, _ in summary_tables(res["rows"], "tiny-gpt2"):
+        console.print(table)
+    shown = console.export_text()
+    assert shown.count("hf-compiled (eager on CPU)") == 2 and shown.count("hf-compiled") == 2  # batch 1 and 2
+    report = open(os.path.join(bench_dir, "report.md")).read()
+    rows = [line for line in report.splitlines() if line.startswith("|") and "hf-compiled" in line]
+    assert rows and all("| hf-compiled (eager on CPU) |" in line for line in rows), rows

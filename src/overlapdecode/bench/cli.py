@@ -298,6 +298,7 @@ def summary_tables(rows, model: str) -> list:
     such a difference: on a busy host a figure such as "36x" can rest on calls far apart."""
     from rich.table import Table  # imported when the command runs, not for --help
 
+    from .peers import label
     from .report import _order, series
 
     out = []
@@ -318,9 +319,9 @@ def summary_tables(rows, model: str) -> list:
                 vs = f"{ratio:.2f}x"
                 if r is not base and abs(ratio - 1) <= noise:
                     vs += " !"
-                    warnings.append(f"! {s}: {ratio:.2f}x the baseline is within the spread of the timed calls "
+                    warnings.append(f"! {label(r)}: {ratio:.2f}x the baseline is within the spread of the timed calls "
                                     f"({noise * 100:.0f}%): not resolved on this run")
-            table.add_row(s, f"{r['ms_per_token']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['ttft_ms']:.2f}", vs,
+            table.add_row(label(r), f"{r['ms_per_token']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['ttft_ms']:.2f}", vs,
                           f"{spread(r) * 100:.0f}%" if len(r.get("seq_s_all") or ()) > 1 else "-",
                           "-" if r.get("peak_reserved_mb") is None else f"{r['peak_reserved_mb']:.0f}")
         out.append((table, warnings))

@@ -12,6 +12,7 @@ import os
 import re
 from collections import defaultdict
 
+from .peers import label
 from .results import load
 
 ORDER = ["baseline", "kv", "static", "compiled", "deferred", "interleaved", "nocheck", "hf-dynamic", "hf-static",
@@ -287,7 +288,7 @@ def build(out_dir: str) -> str:
         for s in _order(per):
             e_all, e_long = exponents(per[s])
             cells = [_f(_at(per[s], n)["ms_per_token"], "{:.3f}") if _at(per[s], n) else "-" for n in lengths]
-            body.append([s] + cells + [_f(e_all), _f(e_long)])
+            body.append([label(per[s][0][1])] + cells + [_f(e_all), _f(e_long)])
         md.append(_table(["strategy"] + [f"N={n}" for n in lengths] + ["exponent", "exponent (last two)"], body))
         n = lengths[-1]
         base = _at(per.get("baseline", []), n)
@@ -299,7 +300,7 @@ def build(out_dir: str) -> str:
                 continue
             frag = r.get("fragmentation")
             body.append([
-                s, _f(r["seq_s"], "{:.3f}"), _f(r["ms_per_token"], "{:.3f}"), _f(r["tokens_per_s"], "{:.0f}"),
+                label(r), _f(r["seq_s"], "{:.3f}"), _f(r["ms_per_token"], "{:.3f}"), _f(r["tokens_per_s"], "{:.0f}"),
                 f"{_spread(r) * 100:.0f}%", _f(r["ttft_ms"], "{:.2f}"),
                 _f(base["seq_s"] / r["seq_s"], "{:.2f}x") if base else "-",
                 _f(r.get("peak_allocated_mb"), "{:.0f}"), _f(r.get("peak_reserved_mb"), "{:.0f}"),
@@ -314,14 +315,14 @@ def build(out_dir: str) -> str:
                    f"in seconds, per length: a process compiles a shape once, at the first configuration that meets "
                    f"it, so the largest figure of a strategy is its compile time here ({dtype}, batch {batch}, "
                    f"allocator {alloc}):", ""]
-        body = [[s] + [_f(dict(over[s]).get(m), "{:.2f}") for m in lengths]
+        body = [[label(per[s][0][1])] + [_f(dict(over[s]).get(m), "{:.2f}") for m in lengths]
                 + [_f(max(v for _, v in over[s]), "{:.2f}")] for s in _order(per)]
         md.append(_table(["strategy"] + [f"N={m}" for m in lengths] + ["largest (compile)"], body))
 
     eos = timed(rows, "eos")
     if eos:
         md += ["", "## EOS forced per row (early stop exercised)", ""]
-        body = [[r["allocator"], r["dtype"], r["batch"], r["max_new_tokens"], r["strategy"], r["new_tokens"],
+        body = [[r["allocator"], r["dtype"], r["batch"], r["max_new_tokens"], label(r), r["new_tokens"],
                  _f(r["seq_s"], "{:.3f}"), _f(r["ms_per_token"], "{:.3f}")] for r in
                 sorted(eos, key=lambda r: (r["allocator"], r["dtype"], r["batch"], _order([r["strategy"]])[0]))]
         md.append(_table(["allocator", "dtype", "batch", "max new", "strategy", "steps run", "s/seq", "ms/token"],
@@ -334,17 +335,17 @@ def build(out_dir: str) -> str:
         for r in busy:
             b = r["busy"]
             if b.get("available") and b.get("decode_steps") is None:  # a peer: whole call, prefill included
-                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"],
+                body.append([r["allocator"], r["dtype"], r["batch"], label(r),
                              f"{b['busy_fraction'] * 100:.1f}% (whole call)", "-", f"{b['host_sync_ms']:.2f}", "-",
                              "-"])
             elif b.get("available"):
                 fed = f" (fed {b['fed_fraction'] * 100:.1f}%)" if "fed_fraction" in b else ""
-                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"],
+                body.append([r["allocator"], r["dtype"], r["batch"], label(r),
                              f"{b['busy_fraction'] * 100:.1f}%{fed}",
                              f"{b['median_idle_gap_us']:.1f}", f"{b['host_sync_ms']:.2f}",
                              f"{b['launches_per_step']:.1f}", f"{b['kernels_per_step']:.1f}"])
             else:
-                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"], "unavailable: " + b["reason"],
+                body.append([r["allocator"], r["dtype"], r["batch"], label(r), "unavailable: " + b["reason"],
                              "-", "-", "-", "-"])
         md.append(_table(["allocator", "dtype", "batch", "strategy", "GPU busy", "median idle gap us",
                           "host blocked ms", "launch calls/step", "kernels/step"], body))
