@@ -15,7 +15,7 @@ from overlapdecode.bench.figures import fit_exponent
 from overlapdecode.cli import main
 
 STRATEGIES = ["baseline", "kv", "static", "interleaved", "nocheck"]
-PEERS = ["hf-dynamic", "hf-static"]
+PEERS = ["hf-dynamic", "hf-static", "hf-compiled"]
 LENGTHS = [8, 24]
 
 
@@ -351,3 +351,90 @@ def test_a_failed_worker_is_one_line_and_leaves_the_directory_reusable(tmp_path,
     assert main(["bench", "--model", "tiny-gpt2"] + flags) == 0  # the same --out takes the next run
     assert os.path.exists(out / "results.json")
 
+
+@pytest.mark.parametrize("whom", ["process group", "parent only"])
+def test_ctrl_c_is_one_line_and_keeps_what_was_measured(whom, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group, or to the bench process alone, whose workers then
+    go on unless it stops them) printed a 16-20 frame traceback, and the interrupted report gave "a time
+    limit" as its reason. Now: one line, the rows measured so far in results.json and the report, marked
+    interrupted by Ctrl-C, and a directory that takes an --append run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from overlapdecode.bench.config import config_from_json
+    from overlapdecode.bench.runner import _check_out_dir
+
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    cmd = [sys.executable, "-m", "overlapdecode", "bench", "--model", "tiny-gpt2", "--strategies", "baseline,kv",
+           "--peers", "none", "--lengths", "8,16,32,64,96,128,160,192", "--batch", "1,2", "--no-profile",
+           "--device", "cpu", "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    rows = out / "rows-default.jsonl"
+    deadline = time.monotonic() + 240
+    while not (rows.exists() and len(rows.read_text().splitlines()) >= 2):  # the meta line and a measured row
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    if whom == "process group":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    err = stderr.strip()
+    assert proc.returncode == 130, (stdout, stderr)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("overlapdecode bench: interrupted; the ") and "measured rows are kept in" in err, err
+    res = json.load(open(out / "results.json"))
+    assert res["interrupted"] is True and res["interrupted_reason"] == "Ctrl-C"
+    assert 1 <= len(res["rows"]) < 2 * 8 * 2 and all("error" not in r for r in res["rows"])
+    report = (out / "report.md").read_text()
+    assert "stopped before the end (Ctrl-C)" in report and "time limit" not in report
+    assert not [f for f in os.listdir(out) if f.startswith("rows") or f.startswith("config-")]
+    assert _check_out_dir(config_from_json((out / "config.json").read_text()), str(out), append=True)
+
+
+def test_the_terminal_table_shows_the_spread_and_warns_where_it_hides_the_effect():
+    """On a busy host the table printed "compiled 36.09x" from calls spread 57-248%, with no spread column.
+    Now each row has its spread, and a speed-up inside the spread (the row's or the baseline's) is flagged."""
+    from rich.console import Console
+
+    from overlapdecode.bench.cli import summary_tables
+
+    rows = [_claim_row("baseline", 400, 1.0, spread=0.1), _claim_row("compiled", 400, 0.8, spread=0.5),
+            _claim_row("interleaved", 400, 0.1, spread=0.05), _claim_row("kv", 400, 0.9, calls=1)]
+    for r in rows:
+        r.update(tokens_per_s=400 / r["seq_s"], ttft_ms=1.0)
+    ((table, warnings),) = summary_tables(rows, "m")
+    console = Console(record=True, width=200)
+    console.print(table)
+    lines = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+             for line in console.export_text().replace("┃", "│").splitlines() if line.count("│") > 3}
+    assert lines["strategy"][4] == "spread"
+    assert lines["baseline"][3:5] == ["1.00x", "10%"]
+    assert lines["compiled"][3:5] == ["1.25x !", "50%"]  # 25% faster, calls 50% apart: not resolved
+    assert lines["interleaved"][3:5] == ["10.00x", "5%"]
+    assert lines["kv"][4] == "-"  # one timed call: no spread to show
+    assert warnings == ["! compiled: 1.25x the baseline is within the spread of the timed calls (50%): not "
+                        "resolved on this run"]
+
+
+def test_hf_compiled_on_cpu_is_labelled_eager(bench_dir):
+    """Hugging Face compiles only on CUDA: on CPU `hf-compiled` runs like `hf-static`, and the table and the
+    report's rows said `hf-compiled` all the same."""
+    from rich.console import Console
+
+    from overlapdecode.bench.cli import summary_tables
+
+    res = json.load(open(os.path.join(bench_dir, "results.json")))
+    assert {r["compiled"] for r in res["rows"] if r["strategy"] == "hf-compiled"} == {False}
+    console = Console(record=True, width=200)
+    for table, _ in summary_tables(res["rows"], "tiny-gpt2"):
+        console.print(table)
+    shown = console.export_text()
+    assert shown.count("hf-compiled (eager on CPU)") == 2 and shown.count("hf-compiled") == 2  # batch 1 and 2
+    report = open(os.path.join(bench_dir, "report.md")).read()
+    rows = [line for line in report.splitlines() if line.startswith("|") and "hf-compiled" in line]
+    assert rows and all("| hf-compiled (eager on CPU) |" in line for line in rows), rows

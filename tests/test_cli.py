@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -132,7 +133,16 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the answer of a 
         (["bench", "--dtype", "", "--device", "cpu"], "--dtype names no dtype"),
         (["bench", "--dtype-batch", "", "--device", "cpu"], "--dtype-batch names no pair"),
         (["bench", "--workloads", ",", "--device", "cpu"], "--workloads names no workload"),
-        (["generate", "--prompt-ids", "1,5000", "--model", "tiny-gpt2"], "outside the vocabulary"),
+        (["generate", "--prompt-ids", "1,5000", "--model", "tiny-gpt2"],
+         "--prompt-ids: input_ids holds ids in [1, 5000], outside the vocabulary [0, 1000)"),
+        (["generate", "--prompt", "hi", "--model", "tiny-gpt2", "--max-new-tokens", "255"],
+         "--prompt and --max-new-tokens: prompt length 2 + max_new_tokens 255 = 257 exceeds the model's 256"),
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--eos", "5000"],
+         "--eos: eos_token_id [5000] outside the vocabulary [0, 1000)"),
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--eos=-3"],
+         "--eos: eos_token_id [-3] outside the vocabulary"),
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--max-new-tokens", "300"],
+         "--prompt-ids and --max-new-tokens: prompt length 2 + max_new_tokens 300"),
         (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--do-sample", "--seed", "-1"],
          "seed must be in [0, 2**64)"),
         (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--do-sample", "--temperature", "1e-45"],
@@ -143,7 +153,8 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the answer of a 
 def test_user_mistakes_get_one_line_naming_the_flag(argv, words, capsys, tmp_path):
     out = ["--out", str(tmp_path / "out")] if argv[0] in ("bench", "profile") else []  # never the working dir
     assert main(argv + out) == 2
-    _one_line(capsys, words)
+    err = _one_line(capsys, words)
+    assert err.split(": error: ", 1)[1].startswith("--"), err  # the flag comes first
     assert not (tmp_path / "out" / "results.json").exists()
 
 
@@ -297,3 +308,45 @@ def test_generate_samples_with_every_sampling_flag(capsys):
                        do_sample=True, temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
                        seed=4)[0, 3:].tolist()
     assert "ids: " + " ".join(map(str, want)) in printed, (printed, want)
+
+
+@pytest.mark.parametrize("when", ["while loading", "while streaming"])
+def test_ctrl_c_in_generate_is_one_line(when, monkeypatch, capsys):
+    """Ctrl-C printed the traceback of wherever it landed (16-20 frames inside torch or transformers)."""
+    import overlapdecode.decode
+    import overlapdecode.models
+
+    real = overlapdecode.decode.generate
+
+    def interrupted_load(*a, **k):
+        raise KeyboardInterrupt
+
+    def interrupted_after_a_step(*a, streamer, **k):
+        def first_step_then_ctrl_c(tokens):
+            streamer(tokens)
+            raise KeyboardInterrupt
+
+        return real(*a, streamer=first_step_then_ctrl_c, **k)
+
+    if when == "while loading":
+        monkeypatch.setattr(overlapdecode.models, "load_model", interrupted_load)
+    else:
+        monkeypatch.setattr(overlapdecode.decode, "generate", interrupted_after_a_step)
+    try:
+        rc = main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--strategy", "kv"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C went out of main as a KeyboardInterrupt (a traceback)")
+    assert rc == 130
+    captured = capsys.readouterr()
+    assert captured.err == "overlapdecode generate: interrupted\n"
+    if when == "while loading":
+        assert captured.out == ""
+    else:  # the streamed line is ended before the notice, not left dangling
+        lines = captured.out.split("\n")
+        assert lines[-1] == "" and re.fullmatch(r"ids: \d+", lines[-2]), captured.out
+
+
+def test_an_out_holding_an_interrupted_runs_rows_is_named_as_out(tmp_path, capsys):
+    (tmp_path / "rows-default.jsonl").write_text('{"meta": {}}\n')  # a run killed outright (kill -9)
+    assert main(["bench", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    _one_line(capsys, f"--out {tmp_path} holds the rows of an interrupted run: keep them with")

@@ -240,3 +240,24 @@ def test_small_shapes_run_fused_at_one_layer(name):
     ref = hf_generate(model, ids, mask, 4, [], 0)
     out = od.generate(model, ids, attention_mask=mask, max_new_tokens=4, strategy="fused", eos_token_id=[])
     assert torch.equal(out, ref)
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_the_cache_goes_under_the_forwards_own_keyword(name):
+    """transformers 5.24 renamed the forward's `past_key_values` to `cache` and warns (FutureWarning) at every
+    call that still passes the old name; 5.17 has no `cache` parameter (its **kwargs would swallow one and run
+    without a cache). Either way the keyword must be a named parameter of the forward, and no call warns."""
+    import inspect
+    import warnings
+
+    from overlapdecode.caches import cache_keyword
+
+    model = od.load_model(name, device="cpu")
+    assert cache_keyword(model) in inspect.signature(type(model).forward).parameters
+    ids, mask = make_batch(2, seed=4)
+    want = hf_generate(model, ids, mask, 6, [], 0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for strategy in ("kv", "static"):
+            out = od.generate(model, ids, attention_mask=mask, max_new_tokens=6, strategy=strategy, eos_token_id=[])
+            assert torch.equal(out, want), strategy
+    assert [str(w.message) for w in seen if "past_key_values" in str(w.message)] == []

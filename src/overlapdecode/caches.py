@@ -9,11 +9,16 @@ Hugging Face 5.17 quirks handled here:
   advances it and a cache reused across calls must be `reset()`;
 - `StaticCache` sizes the attention mask to `max_cache_len`, and pads a shorter 2D mask with zeros, so the
   2D mask we pass covers the whole cache: the prompt's mask, then ones (causality hides the future);
-- `StaticCache` allocates lazily, on the first update (the prefill), on the prefill's stream.
+- `StaticCache` allocates lazily, on the first update (the prefill), on the prefill's stream;
+- the forward's cache keyword: `past_key_values` up to 5.23, `cache` from 5.24 (which still takes
+  `past_key_values` with a FutureWarning at every call); `cache_keyword` reads which one from the forward's
+  signature (5.17 has no `cache` parameter: its `**kwargs` would swallow one and run without a cache).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import OrderedDict
 
 import torch
@@ -36,6 +41,16 @@ def position_ids_for_prompt(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, P) positions as Hugging Face generate makes them: count of real tokens - 1, 0 on left padding."""
     pos = attention_mask.long().cumsum(-1) - 1
     return pos.masked_fill(attention_mask == 0, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword_of(cls) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def cache_keyword(model) -> str:
+    """The keyword under which `model`'s forward takes its KV cache (see the module docstring)."""
+    return _cache_keyword_of(type(model))
 
 
 class NoCache:
@@ -71,8 +86,9 @@ class NoCache:
 class _WithCache:
     """Shared by the dynamic and static kinds: prefill the prompt, then one token per step."""
 
-    def __init__(self, cache, input_ids: torch.Tensor, full_mask: torch.Tensor, prompt_len: int):
+    def __init__(self, model, cache, input_ids: torch.Tensor, full_mask: torch.Tensor, prompt_len: int):
         self.cache = cache
+        self.keyword = cache_keyword(model)
         self.input_ids = input_ids  # (B, P)
         self.full_mask = full_mask  # (B, P + N) or (B, max_cache_len)
         self.prompt_len = prompt_len
@@ -92,12 +108,12 @@ class _WithCache:
                 input_ids=self.input_ids,
                 attention_mask=self.mask_for_step(0),
                 position_ids=position_ids_for_prompt(self.full_mask[:, : self.prompt_len]),
-                past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **{self.keyword: self.cache},
             )
-        return dict(attention_mask=self.mask_for_step(step), past_key_values=self.cache, use_cache=True,
-                    logits_to_keep=1)
+        return dict(attention_mask=self.mask_for_step(step), use_cache=True, logits_to_keep=1,
+                    **{self.keyword: self.cache})
 
 
 class DynamicKV(_WithCache):
@@ -109,7 +125,7 @@ class DynamicKV(_WithCache):
         B, P = input_ids.shape
         full = torch.ones((B, P + max_new_tokens), dtype=attention_mask.dtype, device=input_ids.device)
         full[:, :P] = attention_mask
-        super().__init__(DynamicCache(config=model.config), input_ids, full, P)
+        super().__init__(model, DynamicCache(config=model.config), input_ids, full, P)
 
     def mask_for_step(self, step: int) -> torch.Tensor:
         return self.full_mask[:, : self.prompt_len + step]
@@ -142,7 +158,7 @@ class StaticKV(_WithCache):
             )
         full.fill_(1)
         full[:, :P] = attention_mask
-        super().__init__(cache, input_ids, full, P)
+        super().__init__(model, cache, input_ids, full, P)
         self.max_cache_len = max_cache_len
 
     def mask_for_step(self, step: int) -> torch.Tensor:

@@ -11,8 +11,8 @@ import sys
 import warnings
 
 from .bench import cli as bench_cli
-from .cliargs import (DTYPE_NAMES, STRATEGY_HELP, CliError, OneLineParser, cannot_load, check_model_flag, ints,
-                      lag_of)
+from .cliargs import (DTYPE_NAMES, STRATEGY_HELP, CliError, Interrupted, OneLineParser, cannot_load,
+                      check_model_flag, ints, lag_of)
 
 DEFAULT_MODEL = "gpt2-random"
 
@@ -65,6 +65,21 @@ def _check_before_loading(args) -> None:
                            args.repetition_penalty)
     except (ValueError, TypeError) as err:  # each message starts with the argument's name, e.g. "top_k must..."
         raise CliError(f"--{str(err).split()[0].replace('_', '-')}: {err}") from None
+
+
+def _as_flag_error(err: Exception, args) -> CliError:
+    """A library error of generate() as one line naming the flag: every message starts with the argument's
+    name ("input_ids holds...", "strategy: ..."), which maps onto the flag it came from."""
+    text = " ".join(str(err).split())
+    prompt = "--prompt-ids" if args.prompt_ids is not None else "--prompt"
+    flags = (("prompt length", f"{prompt} and --max-new-tokens"), ("input_ids", prompt), ("attention_mask", prompt),
+             ("eos_token_id", "--eos"), ("pad_token_id", "--eos"), ("max_new_tokens", "--max-new-tokens"),
+             ("strategy", "--strategy"), ("model", "--model"), ("do_sample", "--do-sample"),
+             ("temperature", "--temperature"), ("top_k", "--top-k"), ("top_p", "--top-p"), ("seed", "--seed"))
+    for name, flag in flags:
+        if text.startswith(name):
+            return CliError(f"{flag}: {text.removeprefix(name + ': ')}")
+    return CliError(text)
 
 
 def _load(args):
@@ -152,21 +167,29 @@ def cmd_generate(args) -> int:
             shown[0] = text if text.startswith(shown[0]) else shown[0]
         out.flush()
 
-    result = generate(
-        model,
-        ids.to(device),
-        max_new_tokens=args.max_new_tokens,
-        strategy=args.strategy,
-        eos_token_id=eos,
-        do_sample=args.do_sample,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        streamer=streamer,
-    )
+    try:
+        result = generate(
+            model,
+            ids.to(device),
+            max_new_tokens=args.max_new_tokens,
+            strategy=args.strategy,
+            eos_token_id=eos,
+            do_sample=args.do_sample,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            seed=args.seed,
+            streamer=streamer,
+        )
+    except KeyboardInterrupt:
+        if started[0]:
+            out.write("\n")  # end the line being streamed before the one-line notice on stderr
+            out.flush()
+        raise
+    except (ValueError, TypeError) as err:  # generate checks every argument before the first step
+        raise _as_flag_error(err, args) from None
     print(f"\n[{result.shape[1] - ids.shape[1]} new tokens, strategy {args.strategy}]")
     return 0
 
@@ -193,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"generate": cmd_generate, **bench_cli.HANDLERS}
     try:
         return handlers[args.command](args)
+    except Interrupted as err:
+        print(f"overlapdecode {args.command}: interrupted; {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # Ctrl-C: one line, never the traceback of wherever it landed
+        print(f"overlapdecode {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (CliError, ValueError, TypeError) as err:
         message = " ".join(str(err).split("\n", 1)[0].split()) if not isinstance(err, CliError) else str(err)
         print(f"overlapdecode {args.command}: error: {message}", file=sys.stderr)

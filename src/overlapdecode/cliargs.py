@@ -29,6 +29,10 @@ class CliError(Exception):
     """A user error to print as one line (exit status 2)."""
 
 
+class Interrupted(CliError):
+    """Ctrl-C, with what became of the work done so far: one line, exit status 130 (as a shell reports it)."""
+
+
 class _DefaultsFormatter(argparse.HelpFormatter):
     """Appends "(default: X)" to a flag's help, unless the help already says its default (a None default
     means "chosen at run time", which the help text explains) or the flag is a switch."""

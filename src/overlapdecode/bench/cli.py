@@ -13,6 +13,7 @@ from ..cliargs import (
     DTYPE_NAMES,
     STRATEGY_HELP,
     CliError,
+    Interrupted,
     check_model_flag,
     ints,
     lag_of,
@@ -290,36 +291,69 @@ def _command(args) -> str:
     return "overlapdecode " + " ".join(shlex.quote(a) for a in args.argv)
 
 
+def spread(row) -> float:
+    """(slowest - fastest) / median of a row's timed calls."""
+    times = row.get("seq_s_all") or [row["seq_s"]]
+    return (max(times) - min(times)) / row["seq_s"]
+
+
+def summary_tables(rows, model: str) -> list:
+    """The terminal's summary: per (allocator, dtype, batch), a rich Table of each strategy at the longest
+    length, with the spread of its timed calls, and the warnings for rows whose speed-up over the baseline
+    is inside that spread (that of the row or of the baseline, the larger), as the report refuses to state
+    such a difference: on a busy host a figure such as "36x" can rest on calls far apart."""
+    from rich.table import Table  # imported when the command runs, not for --help
+
+    from .peers import label
+    from .report import _order, series
+
+    out = []
+    for (alloc, dtype, batch), per in sorted(series(rows).items()):
+        n = max(m for pts in per.values() for m, _ in pts)
+        base = dict(per.get("baseline", [])).get(n)
+        table = Table(title=f"{model}, {dtype}, batch {batch}, allocator {alloc}, {n} new tokens")
+        for col in ("strategy", "ms/token", "tok/s", "TTFT ms", "vs baseline", "spread", "peak reserved MB"):
+            table.add_column(col, justify="right")
+        warnings = []
+        for s in _order(per):
+            r = dict(per[s]).get(n)
+            if r is None:
+                continue
+            vs = "-"
+            if base:
+                ratio, noise = base["seq_s"] / r["seq_s"], max(spread(r), spread(base))
+                vs = f"{ratio:.2f}x"
+                if r is not base and abs(ratio - 1) <= noise:
+                    vs += " !"
+                    warnings.append(f"! {label(r)}: {ratio:.2f}x the baseline is within the spread of the timed calls "
+                                    f"({noise * 100:.0f}%): not resolved on this run")
+            table.add_row(label(r), f"{r['ms_per_token']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['ttft_ms']:.2f}", vs,
+                          f"{spread(r) * 100:.0f}%" if len(r.get("seq_s_all") or ()) > 1 else "-",
+                          "-" if r.get("peak_reserved_mb") is None else f"{r['peak_reserved_mb']:.0f}")
+        out.append((table, warnings))
+    return out
+
+
 def cmd_bench(args) -> int:
     # imported when the command runs, not for --help
     from rich.console import Console
-    from rich.table import Table
 
-    from .report import _order, series
-    from .runner import BenchError, run_bench
+    from .runner import BenchError, BenchInterrupted, run_bench
 
     cfg = bench_config(args)
     try:
         results = run_bench(cfg, args.out, _command(args), append=args.append)
+    except BenchInterrupted as err:
+        raise Interrupted(str(err)) from None
     except BenchError as err:
         raise CliError(str(err)) from None
     if results is None:  # a tensor-parallel rank other than 0: it measured in step with rank 0, which reports
         return 0
     console = Console()
-    for (alloc, dtype, batch), per in sorted(series(results["rows"]).items()):
-        n = max(m for pts in per.values() for m, _ in pts)
-        base = dict(per.get("baseline", [])).get(n)
-        table = Table(title=f"{cfg.model}, {dtype}, batch {batch}, allocator {alloc}, {n} new tokens")
-        for col in ("strategy", "ms/token", "tok/s", "TTFT ms", "vs baseline", "peak reserved MB"):
-            table.add_column(col, justify="right")
-        for s in _order(per):
-            r = dict(per[s]).get(n)
-            if r is None:
-                continue
-            table.add_row(s, f"{r['ms_per_token']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['ttft_ms']:.2f}",
-                          f"{base['seq_s'] / r['seq_s']:.2f}x" if base else "-",
-                          "-" if r.get("peak_reserved_mb") is None else f"{r['peak_reserved_mb']:.0f}")
+    for table, warnings in summary_tables(results["rows"], cfg.model):
         console.print(table)
+        for line in warnings:
+            console.print(line, markup=False)
     console.print(f"report: {args.out}/report.md (results: {args.out}/results.json)")
     return 0
 

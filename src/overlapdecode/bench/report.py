@@ -16,6 +16,7 @@ from .figures import order as _order  # noqa: F401  (bench/cli.py's name for it)
 from .gather import gather  # noqa: F401  (`overlapdecode report --markdown`, bench/cli.py)
 from .markdown import fmt, table
 from .plots import plots
+from .peers import label
 from .results import load
 from .tp_summary import tp_probe_summary  # noqa: F401  (bench/cli.py)
 
@@ -104,7 +105,7 @@ def _configurations(rows) -> list[str]:
         for s in order(per):
             e_all, e_long = exponents(per[s])
             cells = [fmt(at(per[s], n)["ms_per_token"], "{:.3f}") if at(per[s], n) else "-" for n in lengths]
-            body.append([s] + cells + [fmt(e_all), fmt(e_long)])
+            body.append([label(per[s][0][1])] + cells + [fmt(e_all), fmt(e_long)])
         md.append(table(["strategy"] + [f"N={n}" for n in lengths] + ["exponent", "exponent (last two)"], body))
         n = lengths[-1]
         base = at(per.get("baseline", []), n)
@@ -116,7 +117,7 @@ def _configurations(rows) -> list[str]:
                 continue
             frag = r.get("fragmentation")
             body.append([
-                s, fmt(r["seq_s"], "{:.3f}"), fmt(r["ms_per_token"], "{:.3f}"), fmt(r["tokens_per_s"], "{:.0f}"),
+                label(r), fmt(r["seq_s"], "{:.3f}"), fmt(r["ms_per_token"], "{:.3f}"), fmt(r["tokens_per_s"], "{:.0f}"),
                 f"{spread(r) * 100:.0f}%", fmt(r["ttft_ms"], "{:.2f}"),
                 fmt(base["seq_s"] / r["seq_s"], "{:.2f}x") if base else "-",
                 fmt(r.get("peak_allocated_mb"), "{:.0f}"), fmt(r.get("peak_reserved_mb"), "{:.0f}"),
@@ -131,7 +132,7 @@ def _configurations(rows) -> list[str]:
                    f"in seconds, per length: a process compiles a shape once, at the first configuration that meets "
                    f"it, so the largest figure of a strategy is its compile time here ({dtype}, batch {batch}, "
                    f"allocator {alloc}):", ""]
-        body = [[s] + [fmt(dict(over[s]).get(m), "{:.2f}") for m in lengths]
+        body = [[label(per[s][0][1])] + [fmt(dict(over[s]).get(m), "{:.2f}") for m in lengths]
                 + [fmt(max(v for _, v in over[s]), "{:.2f}")] for s in order(per)]
         md.append(table(["strategy"] + [f"N={m}" for m in lengths] + ["largest (compile)"], body))
 
@@ -143,7 +144,7 @@ def _eos(rows) -> list[str]:
     eos = timed(rows, "eos")
     if eos:
         md += ["", "## EOS forced per row (early stop exercised)", ""]
-        body = [[r["allocator"], r["dtype"], r["batch"], r["max_new_tokens"], r["strategy"], r["new_tokens"],
+        body = [[r["allocator"], r["dtype"], r["batch"], r["max_new_tokens"], label(r), r["new_tokens"],
                  fmt(r["seq_s"], "{:.3f}"), fmt(r["ms_per_token"], "{:.3f}")] for r in
                 sorted(eos, key=lambda r: (r["allocator"], r["dtype"], r["batch"], order([r["strategy"]])[0]))]
         md.append(table(["allocator", "dtype", "batch", "max new", "strategy", "steps run", "s/seq", "ms/token"],
@@ -161,17 +162,17 @@ def _busy(rows) -> list[str]:
         for r in busy:
             b = r["busy"]
             if b.get("available") and b.get("decode_steps") is None:  # a peer: whole call, prefill included
-                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"],
+                body.append([r["allocator"], r["dtype"], r["batch"], label(r),
                              f"{b['busy_fraction'] * 100:.1f}% (whole call)", "-", f"{b['host_sync_ms']:.2f}", "-",
                              "-"])
             elif b.get("available"):
                 fed = f" (fed {b['fed_fraction'] * 100:.1f}%)" if "fed_fraction" in b else ""
-                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"],
+                body.append([r["allocator"], r["dtype"], r["batch"], label(r),
                              f"{b['busy_fraction'] * 100:.1f}%{fed}",
                              f"{b['median_idle_gap_us']:.1f}", f"{b['host_sync_ms']:.2f}",
                              f"{b['launches_per_step']:.1f}", f"{b['kernels_per_step']:.1f}"])
             else:
-                body.append([r["allocator"], r["dtype"], r["batch"], r["strategy"], "unavailable: " + b["reason"],
+                body.append([r["allocator"], r["dtype"], r["batch"], label(r), "unavailable: " + b["reason"],
                              "-", "-", "-", "-"])
         md.append(table(["allocator", "dtype", "batch", "strategy", "GPU busy", "median idle gap us",
                           "host blocked ms", "launch calls/step", "kernels/step"], body))

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -37,6 +38,43 @@ ALLOCATORS = {"default": None, "expandable": "expandable_segments:True"}
 
 class BenchError(RuntimeError):
     pass
+
+
+class BenchInterrupted(BenchError):
+    """Ctrl-C during a run: the workers were stopped, what they measured kept (the message says where)."""
+
+
+class Workers:
+    """The worker processes of one run, so that Ctrl-C can stop them all and no unit starts after it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._procs: list[subprocess.Popen] = []
+        self.stopped = False
+
+    def start(self, cmd, env, log) -> subprocess.Popen | None:
+        """A new worker process, or None once the run is stopped."""
+        with self._lock:
+            if self.stopped:
+                return None
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+            self._procs.append(proc)
+            return proc
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Start no more workers; end the running ones (SIGTERM, then SIGKILL after `grace_s`)."""
+        with self._lock:
+            self.stopped = True
+            procs = list(self._procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def cpu_shares(slots: int) -> list[list[int] | None]:
@@ -59,8 +97,8 @@ def _last_line(path: str) -> str:
     return lines[-1] if lines else "nothing in its log"
 
 
-def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_line, gpu: int | None = None,
-            cpus: list[int] | None = None, tp_port: int | None = None) -> None:
+def _worker(workers: Workers, cfg_path: str, rows_path: str, allocator: str, log_path: str, on_line,
+            gpu: int | None = None, cpus: list[int] | None = None, tp_port: int | None = None) -> None:
     env = os.environ.copy()
     if tp_port is not None:
         # a tensor-parallel unit: this rank's worker joins the same unit's worker on every other rank through
@@ -78,11 +116,13 @@ def _worker(cfg_path: str, rows_path: str, allocator: str, log_path: str, on_lin
         env["OMP_NUM_THREADS"] = env["TORCHINDUCTOR_COMPILE_THREADS"] = str(len(cpus))
     cmd = [sys.executable, "-m", "overlapdecode.bench.worker", "--config", cfg_path, "--out", rows_path]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = workers.start(cmd, env, log)
+        if proc is None:  # the run was stopped before this unit started
+            return
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
         proc.wait()
-    if proc.returncode != 0:
+    if proc.returncode != 0 and not workers.stopped:
         raise BenchError(f"the {allocator} worker failed (exit {proc.returncode}): {_last_line(log_path)} "
                          f"(its log: {log_path})")
 
@@ -128,6 +168,8 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
         f.write(config_json(cfg))
     try:
         _run_units(cfg, out_dir, progress)
+    except KeyboardInterrupt:
+        raise BenchInterrupted(_keep_or_clear(out_dir, command, earlier, "Ctrl-C")) from None
     except BenchError as err:
         kept = _keep_or_clear(out_dir, command, earlier, f"a worker failed: {err}")
         raise BenchError(f"{err}; {kept}") from None
@@ -159,8 +201,8 @@ def _keep_or_clear(out_dir: str, command: str, earlier: dict | None, reason: str
 def _check_out_dir(cfg: BenchConfig, out_dir: str, append: bool) -> dict | None:
     """The results of an earlier run to append to (or None); a BenchError if out_dir cannot take this run."""
     if rows_files(out_dir):  # an interrupted run's measurements: never deleted by a new run
-        raise BenchError(f"{out_dir} holds the rows of an interrupted run: keep them with `overlapdecode report "
-                         f"{out_dir} --interrupted 'THE BENCH COMMAND'`, or choose another --out")
+        raise BenchError(f"--out {out_dir} holds the rows of an interrupted run: keep them with `overlapdecode "
+                         f"report {out_dir} --interrupted 'THE BENCH COMMAND'`, or choose another --out")
     earlier = None
     if append:
         earlier = load(out_dir)
@@ -169,8 +211,8 @@ def _check_out_dir(cfg: BenchConfig, out_dir: str, append: bool) -> dict | None:
             raise BenchError(f"--append: {out_dir} holds {was[0]} with prompt {was[1]} at tp={was[2]}, not "
                              f"{cfg.model} with prompt {cfg.prompt_len} at tp={cfg.tp}")
     elif os.path.exists(os.path.join(out_dir, RESULTS)):
-        raise BenchError(f"{os.path.join(out_dir, RESULTS)} already exists: add to it with --append, or choose "
-                         f"another --out (an earlier run's results are never overwritten)")
+        raise BenchError(f"--out {out_dir} already holds {RESULTS}: add to it with --append, or choose another "
+                         f"--out (an earlier run's results are never overwritten)")
     if not plan(cfg)[1]:
         raise BenchError("nothing to measure: the configuration has no strategy, peer, dtype, batch or length")
     return earlier
@@ -190,6 +232,7 @@ def _rank0_verdict(problem: str | None) -> str | None:
 def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
     """Every work unit's worker, their rows into out_dir/rows-*.jsonl; a BenchError if any failed."""
     units = work_units(cfg)
+    workers = Workers()
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not progress, transient=False) as bar:
@@ -221,14 +264,20 @@ def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
 
                 # tensor parallel: the same unit on every rank meets at the same port (one unit at a time)
                 tp_port = int(os.environ["MASTER_PORT"]) + 1 + index if cfg.tp > 1 else None
-                _worker(cfg_path, os.path.join(out_dir, f"rows-{label}.jsonl"), unit_cfg.allocators[0],
+                _worker(workers, cfg_path, os.path.join(out_dir, f"rows-{label}.jsonl"), unit_cfg.allocators[0],
                         os.path.join(out_dir, f"worker-{label}.log"), on_line, *slot, tp_port=tp_port)
                 os.remove(cfg_path)
             finally:
                 free.put(slot)
 
-        with ThreadPoolExecutor(max_workers=len(gpus)) as pool:
+        pool = ThreadPoolExecutor(max_workers=len(gpus))
+        try:
             futures = [pool.submit(run_unit, i, label, unit_cfg) for i, (label, unit_cfg) in enumerate(units)]
             errors = [str(f.exception()) for f in futures if f.exception() is not None]
+        except KeyboardInterrupt:  # the workers had Ctrl-C too (one process group), unless it came from kill
+            workers.stop()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     if errors:
         raise BenchError("; ".join(errors))

@@ -91,6 +91,11 @@ def _runner(name, model, ids, max_new, eos, pad, seed: int = 0):
                                          pad_token_id=pad, **sampling)
 
 
+def _compiles(name: str, device) -> bool:
+    """Whether the strategy or peer `name` runs compiled on `device` (Hugging Face compiles on CUDA only)."""
+    return peer_compiles(name, device) if name in PEERS else od.resolve_strategy(split_variant(name)[0]).compile
+
+
 def _busy(fn, device) -> dict:
     """Profile one call; the decode-loop summary (busy fraction etc.), or why it is unavailable."""
     if device.type != "cuda":
@@ -119,7 +124,7 @@ def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> di
     return dict(
         strategy=name,
         kind="peer" if name in PEERS else "overlapdecode",
-        compiled=peer_compiles(name, device) if name in PEERS else od.resolve_strategy(split_variant(name)[0]).compile,
+        compiled=_compiles(name, device),
         new_tokens=n_new,
         seq_s=med,
         seq_s_all=times,
@@ -180,7 +185,8 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 if workload == "profile":
                     run = _runner(name, model, ids, n, [], eos_id, cfg.seed)
                     run()  # same shape as the sweep's shortest length: compiled already
-                    row = dict(base, strategy=name, busy=_busy(run, device))
+                    row = dict(base, strategy=name, busy=_busy(run, device),
+                               compiled=_compiles(name, device))
                 elif workload == "eos":
                     if forced is None:  # registered once, kept: see plan()
                         forced = ForcedEOS(model, eos_id, max(b for _, b in combos), device).__enter__()
