@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..inputs import model_limits
 from ..tp import SymmetricAllReduce, is_sharded
 from . import reference
 from .cache import FusedCache
@@ -261,6 +262,7 @@ class FusedModel:
                              symmetric_all_reduce=symmetric_all_reduce, tiles=tiles,
                              vocab_parallel=vocab_parallel)  # before any GPU work
         self.weights = fuse_weights(model)
+        self.max_positions = model_limits(model)[1]  # the cache never holds more slots (None: no limit known)
         if opts.vocab_parallel:
             shard_vocab(self.weights)
         param = self.weights.embed
