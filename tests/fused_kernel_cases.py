@@ -125,8 +125,9 @@ def test_swapped_and_row_block_tiles_match_the_references(B, swap):
 
 
 def test_swapped_tiles_in_16_bit_follow_the_row_block_tiles():
-    """float16 (bfloat16's stand-in in the interpreter): the swapped kernels round where the row-block kernels
-    round; only the order of the float32 sums inside a dot may differ, a rounding flip now and then."""
+    """float16 (bfloat16's stand-in in the interpreter): the swapped kernels convert to the dtype where the
+    row-block kernels do; only the order of the float32 sums inside a dot may differ, a flipped last bit now and
+    then."""
     torch.manual_seed(9)
     h, B, K, N = torch.float16, 40, 96, 64
     x, nw = (rnd(B, K) + 0.3).to(h), (rnd(K, scale=0.3) + 1).to(h)

@@ -232,7 +232,7 @@ def test_fused_options_reach_the_fused_model(tiny_gpt2):
     (dict(vocab_parallel=0), "vocab_parallel must be a bool", False),
     (dict(tiles={("norm_qkv", 8): {}}), "tiles must map", False),
     (dict(tiles={("norm_qkv", "8", 4): {}}), "tiles must map", False),
-    (dict(tiles={("norm_linear", 8, 4): dict(programs=264)}), r"tiles\[\('norm_linear', 8, 4\)\] must be", False),
+    (dict(tiles={("norm_linear", 8, 4): dict(half=16)}), r"tiles\[\('norm_linear', 8, 4\)\] must be", False),
     (dict(tiles={("linear_residual", 8, 4): dict(blok_n=16)}), "keys among block_n, block_k", False),
     (dict(tiles={("linear_residual", 8, 4): dict(block_n=0)}), "must be a dict of positive ints", False),
     (dict(pdl=1), "pdl needs the Triton kernels", True),

@@ -92,6 +92,20 @@ def test_fused_matches_hf_at_large_batches(model, batch):
     assert torch.equal(out, ref)
 
 
+def test_the_cache_is_sized_to_the_call_but_never_past_the_models_positions():
+    """The cache holds the call's length rounded up to 64 (nearby calls share it), at most the model's positions:
+    a call of 91 tokens on a model of 100 positions gets 100 slots, not 128, and Hugging Face's tokens."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**dict(SMALL, max_position_embeddings=100))).eval()
+    ids, mask = make_batch(3, seed=2, prompt_len=11)
+    dec = od.Decoder(model)
+    out = dec.generate(ids, attention_mask=mask, max_new_tokens=80, strategy="fused", eos_token_id=[])
+    assert torch.equal(out, hf_generate(model, ids, mask, 80, [], 0))
+    assert [c.length for c in dec.fused_model()._caches.values()] == [100]
+    dec.generate(ids, attention_mask=mask, max_new_tokens=20, strategy="fused", eos_token_id=[])
+    assert sorted(c.length for c in dec.fused_model()._caches.values()) == [64, 100]
+
+
 def test_eager_fused_and_long_prompt_match_hf(model):
     """Uncompiled, and a prompt longer than one prefill bucket (the prefill pads it on the right)."""
     ids, mask = make_batch(2, seed=31, prompt_len=70)

@@ -41,10 +41,10 @@ def test_model_shape_reads_layers_kv_heads_and_head_size():
     assert scale.model_shape(od.load_model("tiny-gpt2", device="cpu", dtype="bfloat16")) == scale.Shape(2, 4, 16, 2)
 
 
-def test_points_run_strategy_by_strategy_short_prompts_first():
-    assert scale.points([1, 64], [32], [8], [4096], ["fused", "interleaved"]) == [
-        ("fused", 1, 32), ("fused", 64, 32), ("fused", 8, 4096),
-        ("interleaved", 1, 32), ("interleaved", 64, 32), ("interleaved", 8, 4096)]
+def test_points_run_every_strategy_at_a_point_short_prompts_first():
+    assert scale.points([1, 64], [32], [8], [4096, 8192], ["fused", "interleaved"]) == [
+        ("fused", 1, 32), ("interleaved", 1, 32), ("fused", 64, 32), ("interleaved", 64, 32),
+        ("fused", 8, 4096), ("interleaved", 8, 4096), ("fused", 8, 8192), ("interleaved", 8, 8192)]
 
 
 def _script():

@@ -76,13 +76,11 @@ def step_figures(ms_per_step: float, rows: int, weight_bytes: int, kv_bytes: flo
 
 def points(rows: list[int], prompts: list[int], long_rows: list[int], long_prompts: list[int],
            strategies: list[str]) -> list[tuple[str, int, int]]:
-    """(strategy, rows, prompt) in the order they run: each strategy's short prompts over `rows`, then its long
-    prompts over `long_rows`; the first strategy's points first (a time budget cuts the later ones)."""
-    out = []
-    for name in strategies:
-        out += [(name, r, p) for p in prompts for r in rows]
-        out += [(name, r, p) for p in long_prompts for r in long_rows]
-    return out
+    """(strategy, rows, prompt) in the order they run: the short prompts over `rows`, then the long prompts over
+    `long_rows`, every strategy at a point before the next point, so that a time budget that cuts the run leaves
+    whole comparisons."""
+    grid = [(r, p) for p in prompts for r in rows] + [(r, p) for p in long_prompts for r in long_rows]
+    return [(name, r, p) for r, p in grid for name in strategies]
 
 
 def _sync(device) -> None:

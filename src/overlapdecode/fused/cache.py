@@ -60,7 +60,10 @@ class FusedKV:
                 f"sliding window of {window} tokens and the call may reach {cache_len}; use a shorter call"
             )
         self.model = fused_model  # what the loop calls instead of the Hugging Face model
-        self.cache = fused_model.cache_for(B, cache_len)
+        # the call's length rounded up (nearby calls share a cache and its graphs), but never past the model's
+        # positions: the request was checked to fit them
+        limit = getattr(fused_model, "max_positions", None)
+        self.cache = fused_model.cache_for(B, cache_len if limit is None else min(cache_len, limit))
         self.input_ids = input_ids
         self.attention_mask = attention_mask
         self.position_ids = position_ids

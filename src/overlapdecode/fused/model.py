@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from ..compiling import recompile_limits
+from ..inputs import model_limits
 from ..tp.collectives import SymmetricAllReduce
 from ..tp.shard import is_sharded
 from . import reference
@@ -258,6 +259,7 @@ class FusedModel:
                              symmetric_all_reduce=symmetric_all_reduce, tiles=tiles,
                              vocab_parallel=vocab_parallel)  # before any GPU work
         self.weights = fuse_weights(model)
+        self.max_positions = model_limits(model)[1]  # the cache never holds more slots (None: no limit known)
         if opts.vocab_parallel:
             shard_vocab(self.weights)
         param = self.weights.embed

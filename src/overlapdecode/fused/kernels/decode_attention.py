@@ -46,7 +46,7 @@ about two per SM of the GPU at hand (TARGET_PROGRAMS, an H200's, in the interpre
 keys of the cache, at most MAX_SPLITS; a row shorter than the cache spreads its live range over the same
 pieces, and pieces past it return at once. The combine reads every piece's max and sum in one load and each
 query head's accumulators in one more (G loads in all, not two per piece: with 33 pieces at one row and 4K
-keys a serial loop makes 66 dependent round trips to L2; reasoned, not profiled). These are reasoned defaults,
+keys a serial loop makes 66 dependent loads from L2; reasoned, not profiled). These are reasoned defaults,
 not measured optima.
 
 CUDA graphs: the grids, constexprs and workspace size depend only on (B, Hq, Hkv, S, D, dtype); start and
@@ -166,7 +166,7 @@ def _split_kernel(
         n_live = tl.cdiv(n_blocks, per_split)  # the pieces that are not empty
         if last_of_split(ticket_ptr, pid_bh, n_live):
             # every piece's max and sum in one load of (GROUP_PAD, SPLIT_PAD), then per query head of the group
-            # one load of its (SPLIT_PAD, BLOCK_D) accumulators: G round trips to L2, not two per piece
+            # one load of its (SPLIT_PAD, BLOCK_D) accumulators: G loads from L2, not two per piece
             sp = tl.arange(0, SPLIT_PAD)
             sp_ok = sp < n_live
             first = heads.to(tl.int64) * NUM_SPLITS  # (b, h, 0) of each group row
