@@ -1,6 +1,6 @@
 """The fused step's Triton kernels equal their torch references, run on CPU by Triton's interpreter.
 
-The interpreter must be chosen before Triton is first imported (and the test session has imported it), so
+The interpreter must be chosen before Triton is first imported (and this test process has imported it), so
 the cases (fused_kernel_cases.py) run in a fresh process with TRITON_INTERPRET=1.
 """
 

@@ -18,10 +18,9 @@ maximum and first column holding it (NaN first), (NBLK, B) partials; the program
 reduces them in column-block order (the first block holding a row's maximum wins: the first index, whichever
 program came last) and writes the state and the flag.
 
-Tried first (4f77f6c, H200, `benchmarks/h200-session8-finish`): the same partials and reduction in the LM
-head's own programs, saving the launch. Fewer kernels (GPT-2 67 -> 62 per step) but a slower step: GPT-2
-0.297 -> 0.306 ms, Llama-1B batch 1 0.912 -> 0.938, batch 8 0.958 -> 1.008 (the step graph, scripts/finish_ab.py):
-the head, the one kernel at full bandwidth, lost more than the launches saved.
+Folding the same partials and reduction into the LM head's own programs saves the launch but makes the step
+slower: the head, the one kernel at full bandwidth, loses more than the launch saves (CHANGELOG.md, "tried and
+dropped").
 
 Where: FusedModel.greedy_step (the fused path's greedy step) with the Triton kernels; elsewhere its torch twin.
 """

@@ -57,10 +57,9 @@ class NormSums:
 
     Why: a norm prologue computes each row's 1/rms before its tiles can be normalised, and every program of a
     norm kernel did it again over all of x (B, K): at batch 8 and Llama-1B, 32 KB per program, 528 programs of
-    norm_qkv and 512 of the gate/up projection per layer (scripts/kernel_sweep.py, H200, each alone: QKV 8.6 us
-    at batch 1 in benchmarks/h200-kernel-sweep/d738b59, 11.2 at batch 8 in benchmarks/h200-session7-tiles;
-    gate/up 19.3 and 22.8; two sweeps of different sessions). The writers (`embed`, `linear_residual`) already hold their
-    output tile in registers: each stores the sum of squares of its tile's rows (of the values as stored, in
+    norm_qkv and 512 of the gate/up projection per layer (scripts/kernel_sweep.py on an H200, each kernel alone:
+    QKV 8.6 us at batch 1, 11.2 at batch 8; gate/up 19.3 and 22.8; CHANGELOG.md has the runs). The writers
+    (`embed`, `linear_residual`) already hold their output tile in registers: each stores the sum of squares of its tile's rows (of the values as stored, in
     the model dtype), (NB, B) float32, NB = its column blocks; the reader sums those NB in a fixed order.
 
     The link from a hidden state to its sums is the tensor object itself (`record`, `of`): sums are used only
@@ -69,10 +68,8 @@ class NormSums:
     kernels; host-side bookkeeping only, at launch (or capture) time, nothing per replay.
 
     Writers record sums from `min_rows` rows on. At one row the pass over x is 4 KB per program and the sums
-    cost more than they save (H200, e820448, Llama-1B bfloat16 step in one graph, two rounds:
-    batch 1 0.9151/0.9201 ms without, 0.9208/0.9304 with; batch 4 1.046 -> 0.945, batch 8 1.069/1.071 ->
-    0.968/0.970, batch 16 1.128 -> 1.020; Llama-8B batch 1 4.427 without, 4.435 with;
-    benchmarks/h200-session7-sums)."""
+    cost more than they save (H200, Llama-1B bfloat16 step in one graph: batch 1 0.915-0.920 ms without,
+    0.921-0.930 with; batch 8 1.069 -> 0.968; CHANGELOG.md)."""
 
     def __init__(self, min_rows: int = 2):
         self.min_rows = min_rows
