@@ -50,7 +50,8 @@ def torchrun(spec: dict, tmp_path: Path, timeout: float, env: dict | None = None
 
 def run_torchrun(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
     """subprocess.run for torchrun, failing the test on a timeout (a hang) with the end of its output. torchrun
-    starts each rank detached (setsid): subprocess.run's SIGKILL on timeout would leave the ranks running, orphaned, one of them waiting in its collective; SIGTERM makes torchrun end them first."""
+    starts each rank detached (setsid): subprocess.run's SIGKILL on timeout would leave the ranks running,
+    orphaned, one of them waiting in its collective; SIGTERM makes torchrun end them first."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
