@@ -130,8 +130,8 @@ def test_units_split_over_gpus_and_merged(tmp_path):
     """--gpus: one worker per allocator x dtype:batch unit, pinned by CUDA_VISIBLE_DEVICES, rows merged.
 
     On CPU the pinning is inert, but the split, the scheduling over two slots and the merge are the real ones."""
-    from overlapdecode.bench.runner import run_bench, work_units
     from overlapdecode.bench.config import BenchConfig
+    from overlapdecode.bench.runner import run_bench, work_units
 
     cfg = BenchConfig(model="tiny-gpt2", strategies=("kv", "interleaved"), peers=("hf-dynamic",), lengths=(6,),
                       pairs=("float32:1", "float32:2", "bfloat16:1"), prompt_len=4, warmup=0, repeats=1,

@@ -11,8 +11,17 @@ import sys
 import warnings
 
 from .bench import cli as bench_cli
-from .cliargs import (DTYPE_NAMES, STRATEGY_HELP, CliError, Interrupted, OneLineParser, cannot_load,
-                      check_model_flag, ints, lag_of)
+from .cliargs import (
+    DTYPE_NAMES,
+    STRATEGY_HELP,
+    CliError,
+    Interrupted,
+    OneLineParser,
+    cannot_load,
+    check_model_flag,
+    ints,
+    lag_of,
+)
 
 DEFAULT_MODEL = "gpt2-random"
 
@@ -24,7 +33,8 @@ def _add_generate(sub):
                         "llama-1b-random, llama-8b-random, llama-70b-random")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (through the model's tokenizer; embedded models use a byte-level "
-                                      "one, and their random weights give random text); this or --prompt-ids is required")
+                                      "one, and their random weights give random text); this or --prompt-ids is "
+                                      "required")
     src.add_argument("--prompt-ids", help="prompt token ids, comma-separated, e.g. 464,2068,7586; this or --prompt "
                                           "is required")
     p.add_argument("--strategy", default="interleaved", help=STRATEGY_HELP)
@@ -35,8 +45,10 @@ def _add_generate(sub):
                    help="EOS ids, comma-separated, or 'none' to never stop early (default: the model's)")
     p.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (default: all tokens)")
-    p.add_argument("--top-p", type=float, default=None, help="sample among the most likely tokens of total probability p (default: 1, all)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample among the k most likely tokens (default: all tokens)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="sample among the most likely tokens of total probability p (default: 1, all)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 <= seed < 2**64 (default: random)")
 
 

@@ -63,7 +63,8 @@ def add_commands(sub) -> None:
                    help=f"batch sizes, comma-separated (default: {MAIN_BATCH_CUDA} for {MAIN_MODEL_CUDA} on CUDA, "
                         f"else 1)")
     b.add_argument("--dtype-batch", default=None,
-                   help="dtype:batch pairs measured instead of every --dtype x --batch, e.g. float32:1,bfloat16:8 (default: every --dtype x --batch)")
+                   help="dtype:batch pairs measured instead of every --dtype x --batch, e.g. float32:1,bfloat16:8 "
+                        "(default: every --dtype x --batch)")
     b.add_argument("--dtype", default="float32", help=f"comma-separated: {', '.join(DTYPE_NAMES)}")
     b.add_argument("--allocator", default="default",
                    help="comma-separated: default, expandable (expandable_segments:True; CUDA only); each runs in "
@@ -99,14 +100,17 @@ def add_commands(sub) -> None:
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)}")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--out", default="profile-out",
-                   help="output directory (traces, timelines, summary); must not hold an earlier profile's summary.json")
+                   help="output directory (traces, timelines, summary); must not hold an earlier profile's "
+                        "summary.json")
 
     r = sub.add_parser("report", help="rebuild report.md and the plots of a bench directory from its JSON")
     r.add_argument("dir", nargs="+", help="bench directories (results.json) or profile directories (summary.json)")
     r.add_argument("--markdown", default=None,
-                   help="also write one markdown file gathering every directory's report (e.g. BENCHMARKS.md; default: none)")
+                   help="also write one markdown file gathering every directory's report (e.g. BENCHMARKS.md; "
+                        "default: none)")
     r.add_argument("--interrupted", metavar="COMMAND", default=None,
-                   help="DIR holds rows.jsonl of a run stopped early: keep its rows, recording COMMAND as its command (default: off)")
+                   help="DIR holds rows.jsonl of a run stopped early: keep its rows, recording COMMAND as its "
+                        "command (default: off)")
 
 
 def check_device(text: str | None, flag: str = "--device"):
@@ -217,7 +221,8 @@ def bench_config(args):
         _check_tp_model(model, args.tp, config)
     _check_out(args.out, args.append)
     return BenchConfig(tp=args.tp, gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths,
-                       batches=batches, dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
+                       batches=batches, dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget,
+                       allocators=allocators,
                        workloads=workloads, eos_lengths=eos_lengths, prompt_len=prompt_len, warmup=args.warmup,
                        repeats=args.repeats, profile=not args.no_profile, device=args.device)
 
@@ -423,7 +428,8 @@ def cmd_profile(args) -> int:
     for name, s in result["strategies"].items():
         busy = (f"GPU busy {s['busy_fraction'] * 100:.1f}%, fed {s['fed_fraction'] * 100:.1f}%" if s.get("available")
                 else s["reason"])
-        print(f"{name}: {busy}; host blocked {s['host_sync_ms']:.2f} ms; {s['launches_per_step']:.1f} launch calls/step")
+        print(f"{name}: {busy}; host blocked {s['host_sync_ms']:.2f} ms; "
+              f"{s['launches_per_step']:.1f} launch calls/step")
     print(f"summary: {args.out}/summary.md")
     return 0
 
