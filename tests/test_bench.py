@@ -133,8 +133,8 @@ def test_units_split_over_gpus_and_merged(tmp_path):
     """--gpus: one worker per allocator x dtype:batch unit, pinned by CUDA_VISIBLE_DEVICES, rows merged.
 
     On CPU the pinning is inert, but the split, the scheduling over two slots and the merge are the real ones."""
-    from overlapdecode.bench.runner import run_bench, work_units
     from overlapdecode.bench.config import BenchConfig
+    from overlapdecode.bench.runner import run_bench, work_units
 
     cfg = BenchConfig(model="tiny-gpt2", strategies=("kv", "interleaved"), peers=("hf-dynamic",), lengths=(6,),
                       pairs=("float32:1", "float32:2", "bfloat16:1"), prompt_len=4, warmup=0, repeats=1,
@@ -438,3 +438,42 @@ def test_hf_compiled_on_cpu_is_labelled_eager(bench_dir):
     report = open(os.path.join(bench_dir, "report.md")).read()
     rows = [line for line in report.splitlines() if line.startswith("|") and "hf-compiled" in line]
     assert rows and all("| hf-compiled (eager on CPU) |" in line for line in rows), rows
+
+
+def _config_of(argv, tmp_path, monkeypatch=None, cuda=False):
+    import torch
+
+    import overlapdecode.bench.cli as bench_cli
+    from overlapdecode.cli import build_parser
+
+    if cuda:  # the choice a CUDA machine makes; nothing runs
+        monkeypatch.setattr(bench_cli, "_default_device", lambda: torch.device("cuda"))
+    return bench_cli.bench_config(build_parser().parse_args(["bench"] + argv + ["--out", str(tmp_path / "o")]))
+
+
+def test_the_main_job_on_cuda_shows_fused_and_the_baselines_growth(tmp_path, monkeypatch):
+    """`overlapdecode bench` on a CUDA machine measured neither `fused` nor lengths where the baseline's
+    O(N^2) growth shows (batch 1, 64 and 96 tokens: the report said 'not stated'). On CPU it stays as it was."""
+    cpu = _config_of([], tmp_path)
+    assert (cpu.model, cpu.lengths, cpu.batches, cpu.dtypes) == ("tiny-gpt2", (16, 48), (1,), ("float32",))
+    assert cpu.strategies == ("baseline", "kv", "static", "compiled", "interleaved")
+    main_job = _config_of([], tmp_path, monkeypatch, cuda=True)
+    assert (main_job.model, main_job.lengths, main_job.batches) == ("gpt2-random", (48, 192), (16,))
+    assert main_job.strategies == ("baseline", "kv", "static", "compiled", "interleaved", "fused")
+    assert main_job.peers == ("hf-dynamic", "hf-static", "hf-compiled") and main_job.prompt_len == 32
+    other = _config_of(["--model", "tiny-llama"], tmp_path, monkeypatch, cuda=True)  # a Llama: fused applies
+    assert (other.lengths, other.batches, other.strategies[-1]) == ((64, 96), (1,), "fused")
+    asked = _config_of(["--strategies", "kv", "--batch", "2", "--lengths", "8"], tmp_path, monkeypatch, cuda=True)
+    assert (asked.strategies, asked.batches, asked.lengths) == (("kv",), (2,), (8,))
+
+
+def test_the_cuda_default_leaves_fused_out_where_the_family_has_none(tmp_path, monkeypatch):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    small = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    GPTNeoXForCausalLM(GPTNeoXConfig(**small)).save_pretrained(tmp_path / "neox")  # a family fused has not
+    Qwen2ForCausalLM(Qwen2Config(**small, num_key_value_heads=2, use_sliding_window=True, sliding_window=16,
+                                 max_window_layers=0)).save_pretrained(tmp_path / "sliding")  # Qwen2, windowed
+    for name in ("neox", "sliding"):
+        cfg = _config_of(["--model", str(tmp_path / name)], tmp_path, monkeypatch, cuda=True)
+        assert cfg.strategies == ("baseline", "kv", "static", "compiled", "interleaved"), name

@@ -43,7 +43,7 @@ def position_ids_for_prompt(attention_mask: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill(attention_mask == 0, 0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_keyword_of(cls) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 

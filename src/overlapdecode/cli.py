@@ -11,8 +11,17 @@ import sys
 import warnings
 
 from .bench import cli as bench_cli
-from .cliargs import (DTYPE_NAMES, STRATEGY_HELP, CliError, Interrupted, OneLineParser, cannot_load,
-                      check_model_flag, ints, lag_of)
+from .cliargs import (
+    DTYPE_NAMES,
+    STRATEGY_HELP,
+    CliError,
+    Interrupted,
+    OneLineParser,
+    cannot_load,
+    check_model_flag,
+    ints,
+    lag_of,
+)
 
 DEFAULT_MODEL = "gpt2-random"
 
@@ -25,7 +34,8 @@ def _add_generate(sub):
                         "qwen2.5-1.5b-random, smollm2-1.7b-random")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (through the model's tokenizer; embedded models use a byte-level "
-                                      "one, and their random weights give random text); this or --prompt-ids is required")
+                                      "one, and their random weights give random text); this or --prompt-ids is "
+                                      "required")
     src.add_argument("--prompt-ids", help="prompt token ids, comma-separated, e.g. 464,2068,7586; this or --prompt "
                                           "is required")
     p.add_argument("--strategy", default="interleaved", help=STRATEGY_HELP)

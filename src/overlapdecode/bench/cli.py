@@ -25,6 +25,19 @@ from ..cliargs import (
 from .config import BenchConfig
 
 ALLOCATOR_NAMES = ("default", "expandable")  # bench.runner.ALLOCATORS (a test keeps them equal)
+BASE_STRATEGIES = ("baseline", "kv", "static", "compiled", "interleaved")  # + fused on CUDA where it applies
+
+# `overlapdecode bench` with no arguments (the main job). On CUDA: gpt2-random in float32 at batch 16, where
+# the baseline's per-step work (the whole sequence, batch x length tokens) outgrows the launch-bound floor of
+# an eager step (about 6 ms on an H200) within the first tens of tokens, so its O(N^2) growth shows between
+# 48 and 192 new tokens, and batch 16 is one row tile of the fused kernels. Estimated from the GPT-2 124M
+# rows in benchmarks/h200-full (float32 batch 8: 6-7 ms per eager step, the baseline's extra time per
+# token-position, first calls of 10-20 s where a shape is compiled) at about 2.5 minutes on an H200. On CPU
+# the quick sweep of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline at
+# batch 16 would take many minutes.
+MAIN_MODEL_CUDA = "gpt2-random"
+MAIN_LENGTHS_CUDA, MAIN_BATCH_CUDA = (48, 192), 16
+OTHER_LENGTHS_CUDA, LENGTHS_CPU = (64, 96), (16, 48)
 PEER_NAMES = ("hf-dynamic", "hf-static", "hf-compiled")  # bench.peers.PEERS (likewise)
 WORKLOAD_NAMES = ("fixed", "eos")  # bench.workloads.WORKLOADS (likewise)
 
@@ -36,15 +49,22 @@ def add_commands(sub) -> None:
                                    "new --out.")
     b.add_argument("--model", default=None,
                    help="embedded name, local directory or hub name (default: gpt2-random on CUDA, tiny-gpt2 on CPU)")
-    b.add_argument("--strategies", default="baseline,kv,static,compiled,interleaved",
-                   help=f"comma-separated; {STRATEGY_HELP}")
+    b.add_argument("--strategies", default=None,
+                   help=f"comma-separated; {STRATEGY_HELP} (default: {','.join(BASE_STRATEGIES)}, and fused on CUDA "
+                        f"where the model's family has it)")
     b.add_argument("--peers", default=",".join(PEER_NAMES),
                    help=f"Hugging Face generate() peers, comma-separated ({', '.join(PEER_NAMES)}), or 'none'")
     b.add_argument("--lengths", default=None,
-                   help="new tokens per sequence, comma-separated (default: 64,96 on CUDA; 16,48 on CPU)")
-    b.add_argument("--batch", default="1", help="batch sizes, comma-separated")
+                   help=f"new tokens per sequence, comma-separated (default: "
+                        f"{','.join(map(str, MAIN_LENGTHS_CUDA))} for {MAIN_MODEL_CUDA} on CUDA, where the baseline's "
+                        f"O(N^2) growth shows; {','.join(map(str, OTHER_LENGTHS_CUDA))} for another model on CUDA; "
+                        f"{','.join(map(str, LENGTHS_CPU))} on CPU)")
+    b.add_argument("--batch", default=None,
+                   help=f"batch sizes, comma-separated (default: {MAIN_BATCH_CUDA} for {MAIN_MODEL_CUDA} on CUDA, "
+                        f"else 1)")
     b.add_argument("--dtype-batch", default=None,
-                   help="dtype:batch pairs measured instead of every --dtype x --batch, e.g. float32:1,bfloat16:8 (default: every --dtype x --batch)")
+                   help="dtype:batch pairs measured instead of every --dtype x --batch, e.g. float32:1,bfloat16:8 "
+                        "(default: every --dtype x --batch)")
     b.add_argument("--dtype", default="float32", help=f"comma-separated: {', '.join(DTYPE_NAMES)}")
     b.add_argument("--allocator", default="default",
                    help="comma-separated: default, expandable (expandable_segments:True; CUDA only); each runs in "
@@ -80,14 +100,17 @@ def add_commands(sub) -> None:
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)}")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--out", default="profile-out",
-                   help="output directory (traces, timelines, summary); must not hold an earlier profile's summary.json")
+                   help="output directory (traces, timelines, summary); must not hold an earlier profile's "
+                        "summary.json")
 
     r = sub.add_parser("report", help="rebuild report.md and the plots of a bench directory from its JSON")
     r.add_argument("dir", nargs="+", help="bench directories (results.json) or profile directories (summary.json)")
     r.add_argument("--markdown", default=None,
-                   help="also write one markdown file gathering every directory's report (e.g. BENCHMARKS.md; default: none)")
+                   help="also write one markdown file gathering every directory's report (e.g. BENCHMARKS.md; "
+                        "default: none)")
     r.add_argument("--interrupted", metavar="COMMAND", default=None,
-                   help="DIR holds rows.jsonl of a run stopped early: keep its rows, recording COMMAND as its command (default: off)")
+                   help="DIR holds rows.jsonl of a run stopped early: keep its rows, recording COMMAND as its "
+                        "command (default: off)")
 
 
 def check_device(text: str | None, flag: str = "--device"):
@@ -152,14 +175,19 @@ def _check_dtype(d: str, flag: str) -> str:
 def bench_config(args):
     device = check_device(args.device) if args.device is not None else None
     cuda = (device.type if device is not None else _default_device().type) == "cuda"
-    lengths = _positive(ints(args.lengths, "--lengths") if args.lengths else ([64, 96] if cuda else [16, 48]),
-                        "--lengths")
+    model = args.model or (MAIN_MODEL_CUDA if cuda else "tiny-gpt2")
+    main_job = cuda and model == MAIN_MODEL_CUDA
+    default_lengths = MAIN_LENGTHS_CUDA if main_job else OTHER_LENGTHS_CUDA if cuda else LENGTHS_CPU
+    lengths = _positive(ints(args.lengths, "--lengths") if args.lengths else list(default_lengths), "--lengths")
     eos_lengths = _positive(ints(args.eos_lengths, "--eos-lengths"), "--eos-lengths") if args.eos_lengths else ()
-    strategies = check_strategies(args.strategies, "--strategies", min(lengths + eos_lengths))
+    strategies = None  # by default, chosen once the model's config is known (fused where its family has it)
+    if args.strategies is not None:
+        strategies = check_strategies(args.strategies, "--strategies", min(lengths + eos_lengths))
     peers = () if args.peers.strip() == "none" else _check_names(names(args.peers), PEER_NAMES, "--peers")
-    if not strategies and not peers:
+    if strategies == () and not peers:
         raise CliError("--strategies and --peers are both empty: nothing to measure")
-    batches = _positive(ints(args.batch, "--batch"), "--batch")
+    batches = _positive(ints(args.batch, "--batch") if args.batch is not None else
+                        [MAIN_BATCH_CUDA if main_job else 1], "--batch")
     dtypes = tuple(_check_dtype(d, "--dtype") for d in names(args.dtype))
     if not dtypes and not args.dtype_batch:
         raise CliError(f"--dtype names no dtype ({args.dtype!r}): nothing to measure; choose from "
@@ -189,8 +217,9 @@ def bench_config(args):
         raise CliError(f"--prompt-len must be >= 1, got {prompt_len}")
     if args.warmup < 0 or args.repeats < 1:
         raise CliError("--warmup must be >= 0 and --repeats >= 1")
-    model = args.model or ("gpt2-random" if cuda else "tiny-gpt2")
     config = _check_model_name(model)
+    if strategies is None:
+        strategies = default_strategies(model, config, cuda)
     _check_positions(model, prompt_len, max(lengths + eos_lengths))
     gpus = _check_gpus(args.gpus, args.device) if args.gpus else ()
     _check_tp(args)
@@ -198,9 +227,36 @@ def bench_config(args):
         _check_tp_model(model, args.tp, config)
     _check_out(args.out, args.append)
     return BenchConfig(tp=args.tp, gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths,
-                       batches=batches, dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget, allocators=allocators,
+                       batches=batches, dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget,
+                       allocators=allocators,
                        workloads=workloads, eos_lengths=eos_lengths, prompt_len=prompt_len, warmup=args.warmup,
                        repeats=args.repeats, profile=not args.no_profile, device=args.device)
+
+
+def default_strategies(model: str, config, cuda: bool) -> tuple[str, ...]:
+    """The strategies of a run without --strategies: the presets, with `fused` on CUDA where the model's
+    family has it (`config`: the model's, None for an embedded one). On CPU `fused` runs its kernels' torch
+    twins, compiled: a slow start for no figure of its own, so the CPU default leaves it out."""
+    return BASE_STRATEGIES + ("fused",) if cuda and _fused_applies(model, config) else BASE_STRATEGIES
+
+
+def _fused_applies(model: str, config) -> bool:
+    """Whether the fused path takes this model: its family (Llama, Qwen2, Mistral, GPT-2) and no sliding-window
+    layers, read from the config alone (the other checks need the weights; they refuse very few models)."""
+    from types import SimpleNamespace
+
+    from ..models import embedded_config  # torch: imported when a command runs, not for --help
+
+    try:
+        from ..fused.layout import model_family  # Triton: imported only where fused may be measured
+    except ImportError:
+        return False
+    config = embedded_config(model) if config is None else config
+    try:
+        model_family(SimpleNamespace(config=config))
+    except ValueError:
+        return False
+    return "sliding_attention" not in (getattr(config, "layer_types", None) or [])
 
 
 def _check_tp(args) -> None:
@@ -378,7 +434,8 @@ def cmd_profile(args) -> int:
     for name, s in result["strategies"].items():
         busy = (f"GPU busy {s['busy_fraction'] * 100:.1f}%, fed {s['fed_fraction'] * 100:.1f}%" if s.get("available")
                 else s["reason"])
-        print(f"{name}: {busy}; host blocked {s['host_sync_ms']:.2f} ms; {s['launches_per_step']:.1f} launch calls/step")
+        print(f"{name}: {busy}; host blocked {s['host_sync_ms']:.2f} ms; "
+              f"{s['launches_per_step']:.1f} launch calls/step")
     print(f"summary: {args.out}/summary.md")
     return 0
 

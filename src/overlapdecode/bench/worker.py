@@ -7,8 +7,8 @@ they are measured; progress lines go to stdout for the runner's progress bar.
 Per configuration: a first call (compile and CUDA-graph recording included, reported as `first_call_s`),
 `warmup` more calls, then `repeats` timed calls (host clock around a synchronised call; the median is the
 figure; the last one starts from an emptied allocator cache and gives the allocator figures), then
-`repeats` timed one-token calls for time to first token. The GPU busy fraction comes from one profiled call per strategy at
-the shortest length (timeline.analyze).
+`repeats` timed one-token calls for time to first token. The GPU busy fraction comes from one profiled call
+per strategy at the shortest length (timeline.analyze).
 """
 
 from __future__ import annotations
