@@ -1,4 +1,5 @@
-"""How to decode: the `Strategy` dataclass, the presets of the brief and the named variants.
+"""How to decode: the `Strategy` dataclass, the presets (the progression baseline -> kv -> static -> compiled ->
+interleaved, then fused) and the named variants.
 
 A strategy composes three independent choices (the cache, whether the one-token step is compiled, the stop
 check and its lag); the tokens never depend on it, only the speed does. This module imports nothing heavy,
@@ -53,7 +54,7 @@ PRESETS: dict[str, Strategy] = {
     "fused": Strategy(cache="fused", compile=True, stop_check="pingpong", lag=1),
 }
 
-# Not presets of the brief, but named so the benchmark and the command line can ask for them.
+# Not presets, but named so the benchmark and the command line can ask for them.
 VARIANTS: dict[str, Strategy] = {
     "deferred": Strategy(cache="static", compile=True, stop_check="deferred", lag=1),
     "nocheck": Strategy(cache="static", compile=True, stop_check="end"),  # upper bound: no per-step read
