@@ -26,9 +26,9 @@ def _resolve(module: str, is_pkg: bool, level: int, name: str | None) -> str:
     return ".".join(base + ([name] if name else []))
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the package modules it imports at its top level (function-local imports are not edges: they
-    run only when the function does)."""
+def import_graph(local: bool = False) -> dict[str, set[str]]:
+    """module -> the package modules it imports at its top level; with `local`, also those imported inside
+    functions (which run only when the function does: not edges of the import-time graph)."""
     mods = set(_modules()) | {"overlapdecode"}
     graph = {}
     for mod in mods:
@@ -37,7 +37,7 @@ def import_graph() -> dict[str, set[str]]:
         with open(spec.origin) as f:
             tree = ast.parse(f.read())
         edges = set()
-        for node in tree.body:  # top level only
+        for node in ast.walk(tree) if local else tree.body:
             if isinstance(node, ast.ImportFrom):
                 target = _resolve(mod, is_pkg, node.level, node.module) if node.level else node.module
                 for alias in node.names:
@@ -81,6 +81,38 @@ def test_every_module_imports_and_there_is_no_import_cycle():
     graph = import_graph()
     assert "overlapdecode.bench.results" in graph["overlapdecode.bench.report"]  # the walk sees relative imports
     assert find_cycle(graph) is None, find_cycle(graph)
+
+
+def test_no_cycle_even_through_function_local_imports():
+    graph = import_graph(local=True)
+    assert "overlapdecode.fused.model" in graph["overlapdecode.fused_path"]  # the walk sees imports in functions
+    assert find_cycle(graph) is None, find_cycle(graph)
+
+
+# the command line's modules: argparse, one-line errors, exit codes
+CLI_MODULES = {"overlapdecode.__main__", "overlapdecode.cli", "overlapdecode.cliargs", "overlapdecode.bench.cli"}
+# library modules that take a torch-free parsing helper from cliargs: models (looks_like_path) and bench.config
+# (split_pair); no other library module may import a command-line module
+CLIARGS_HELPERS_USED_BY = {"overlapdecode.models", "overlapdecode.bench.config"}
+
+
+def test_no_library_module_imports_the_command_line():
+    graph = import_graph(local=True)
+    assert "overlapdecode.cliargs" in graph["overlapdecode.cli"]  # the walk sees them
+    for mod, edges in sorted(graph.items()):
+        if mod in CLI_MODULES:
+            continue
+        allowed = {"overlapdecode.cliargs"} if mod in CLIARGS_HELPERS_USED_BY else set()
+        assert not (edges & CLI_MODULES) - allowed, (mod, sorted(edges & CLI_MODULES))
+
+
+def test_the_decoder_imports_no_fused_module():
+    """The decode loop sees the fused path through its step objects only (fused_path.py imports fused/ when
+    first used): nothing of fused/ (Triton) is imported by decode.py or steps.py, not even inside a function."""
+    graph = import_graph(local=True)
+    for mod in ("overlapdecode.decode", "overlapdecode.steps"):
+        assert not {e for e in graph[mod] if e.split(".")[:2] == ["overlapdecode", "fused"]}, (mod, graph[mod])
+    assert "overlapdecode.fused_path" in graph["overlapdecode.decode"]
 
 
 def test_the_cycle_finder_finds_one():

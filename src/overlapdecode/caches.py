@@ -1,4 +1,4 @@
-"""The KV-cache choices of the presets, and the only module that knows Hugging Face cache classes.
+"""The KV-cache kinds of the presets, and the only module that knows Hugging Face cache classes.
 
 Each cache kind turns "decode step j" into the keyword arguments of one model forward. Step 0 is the
 prefill (the whole prompt); step j >= 1 feeds token j-1 and yields the logits of token j.
@@ -55,8 +55,6 @@ def cache_keyword(model) -> str:
 
 class NoCache:
     """`baseline`: every step re-runs the whole sequence, read from the output buffer (O(N^2) work)."""
-
-    kind = "none"
 
     def used_on(self, streams: list) -> None:
         """Nothing made by the prefill is freed during the loop."""
@@ -119,8 +117,6 @@ class _WithCache:
 class DynamicKV(_WithCache):
     """`kv`: Hugging Face `DynamicCache`, grown by concatenation every step; the mask grows with it."""
 
-    kind = "dynamic"
-
     def __init__(self, model, input_ids, attention_mask, max_new_tokens: int):
         B, P = input_ids.shape
         full = torch.ones((B, P + max_new_tokens), dtype=attention_mask.dtype, device=input_ids.device)
@@ -144,8 +140,6 @@ class DynamicKV(_WithCache):
 class StaticKV(_WithCache):
     """`static`: Hugging Face `StaticCache` pre-allocated for prompt + max_new_tokens; one fixed-shape mask."""
 
-    kind = "static"
-
     def __init__(self, model, input_ids, attention_mask, max_new_tokens: int, store: "StaticCaches",
                  compiled: bool = False):
         B, P = input_ids.shape
@@ -159,7 +153,6 @@ class StaticKV(_WithCache):
         full.fill_(1)
         full[:, :P] = attention_mask
         super().__init__(model, cache, input_ids, full, P)
-        self.max_cache_len = max_cache_len
 
     def mask_for_step(self, step: int) -> torch.Tensor:
         return self.full_mask  # fixed shape and address: what a CUDA graph needs

@@ -1,4 +1,5 @@
-"""How to decode: the `Strategy` dataclass, the presets and the named variants.
+"""How to decode: the `Strategy` dataclass, the presets (the progression baseline -> kv -> static -> compiled ->
+interleaved, then fused) and the named variants.
 
 A strategy composes three independent choices (the cache, whether the one-token step is compiled, the stop
 check and its lag); the tokens never depend on it, only the speed does. This module imports nothing heavy,

@@ -49,8 +49,6 @@ class FusedKV:
     prefill derives the padding); later steps pass only the cache: the token and its position come from
     the loop's device state."""
 
-    kind = "fused"
-
     def __init__(self, fused_model, input_ids, attention_mask, cache_len: int, position_ids):
         B, P = input_ids.shape
         window = fused_model.weights.sliding_window

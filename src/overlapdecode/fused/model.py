@@ -116,26 +116,21 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     tiles of `tiles` (FusedModel's; None: the kernels' defaults everywhere); `norm_sums`: the hidden states'
     writers hand their RMSNorm sums of squares to their readers (kernels/norm_linear.py NormSums; for an
     unsharded RMSNorm model). Imported here because Triton is an optional, heavy dependency of the CUDA path."""
+    from .kernels.decode_attention import decode_attention
     from .kernels.embed import embed
     from .kernels.greedy import greedy_choice
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import NormSums, norm_linear
     from .kernels.norm_qkv import norm_qkv
 
-    try:  # another module of the project; until it exists the step uses the torch attention of its contract
-        from .kernels.decode_attention import decode_attention
-    except ImportError:
-        decode_attention = reference.decode_attention_torch
+    # grid targets of the split-K kernels (programs= below): measured by scripts/kernel_sweep.py (docs/KERNELS.md)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     tickets = Tickets(device)
-    # grid targets of the split-K kernels: measured by scripts/kernel_sweep.py (docs/KERNELS.md)
-    if decode_attention is not reference.decode_attention_torch:
-        decode_attention = functools.partial(decode_attention, pdl=pdl, tickets=tickets)
     tiles = {} if tiles is None else tiles
     sums = dict(norm_sums=NormSums()) if norm_sums else {}  # one, shared by the writers and readers of h
     return StepOps(Tiled(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl, **sums), "norm_qkv",
                          4, tiles),
-                   decode_attention,
+                   functools.partial(decode_attention, pdl=pdl, tickets=tickets),
                    Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
                          "linear_residual", 1, tiles),
                    Tiled(functools.partial(norm_linear, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),

@@ -9,20 +9,18 @@ shared by consecutive split-K launches included).
 
 When the next kernel may start is the `PDL` mode:
 - 0: no PDL (CPU, the interpreter, GPUs before sm_90): both instructions compiled out.
-- 1 (`WAIT`): the next kernel is scheduled as this kernel's programs exit.
-- 2 (`EARLY`): also `gdc_launch_dependents` at the start: the next kernel is scheduled as soon as every
+- 1 (wait): the next kernel is scheduled as this kernel's programs exit.
+- 2 (early): also `gdc_launch_dependents` at the start: the next kernel is scheduled as soon as every
   program of this one has started; its programs then wait on the SMs that happen to be free, which can
   leave a GEMV's programs unevenly spread (measured: Llama-1B step 0.965 -> 1.008 ms, GPT-2 0.374 ->
   0.338 ms, H200, commit cacedb8).
-- 3 (`LATE`): `gdc_launch_dependents` once a program has finished its main loop (`pdl_release`), so the next
+- 3 (late): `gdc_launch_dependents` once a program has finished its main loop (`pdl_release`), so the next
   kernel is scheduled during this one's epilogues (the split-K finish, RoPE, the stores), when every SM is
   about to free up. The default on sm_90+: the fastest at every measured shape (docs/KERNELS.md).
 """
 
 import triton
 import triton.language as tl
-
-OFF, WAIT, EARLY, LATE = 0, 1, 2, 3
 
 
 @triton.jit
