@@ -153,9 +153,11 @@ def test_kernel_matches_the_five_kernels_in_the_interpreter():
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
 
 
-def test_kernel_compiles_for_sm90():
+@pytest.mark.parametrize("claim_next,prefetch", [(True, 0), (False, 256)])
+def test_kernel_compiles_for_sm90(claim_next, prefetch):
     """At the Llama-1B constexprs in bfloat16 under PDL LATE: nothing is loaded before griddepcontrol.wait, the
-    waits are one thread's acquire loads, the signals release adds, and the shared memory fits an SM."""
+    waits are one thread's acquire loads, the signals release adds, the shared memory fits an SM; with the
+    weight prefetch, L2 prefetches (and none without)."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -177,8 +179,8 @@ def test_kernel_compiles_for_sm90():
                   BK_QKV=p.qkv_block_k, KC_QKV=p.qkv_chunk, SPLIT_QKV=p.qkv_split, GROUP_PAD=16, BN_ATT=p.att_block_n,
                   BD_ATT=p.att_block_d, SPLIT_ATT=p.att_splits, IEEE=False, BN_O=p.o_block_n, BK_O=p.o_block_k,
                   KC_O=p.o_chunk, SPLIT_O=p.o_split, BN_UP=p.up_block_n, BK_UP=p.up_block_k, BN_DN=p.down_block_n,
-                  BK_DN=p.down_block_k, KC_DN=p.down_chunk, SPLIT_DN=p.down_split, NF=9, CLAIM_NEXT=True,
-                  SPIN_LIMIT=1 << 20, BLOCK_M=16, PDL=3)
+                  BK_DN=p.down_block_k, KC_DN=p.down_chunk, SPLIT_DN=p.down_split, NF=9, CLAIM_NEXT=claim_next,
+                  SPIN_LIMIT=1 << 20, BLOCK_M=16, PREFETCH=prefetch, LINE=64, PDL=3)
     signature = {n: types.get(n, "constexpr") for n in kernel.arg_names}
     assert not [n for n, t in signature.items() if t == "constexpr" and n not in consts]
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),
@@ -189,3 +191,18 @@ def test_kernel_compiles_for_sm90():
     assert any("ld.global.gpu.acquire" in line for line in lines)  # the waits
     assert any("atom.global.gpu.release.add" in line for line in lines)  # the signals
     assert compiled.metadata.shared <= 227 * 1024
+    assert any("prefetch.global.L2" in line for line in lines) == bool(prefetch)
+    assert any("atom.global.gpu.relaxed.add" in line for line in lines) == claim_next  # the claim ticket
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the A/B script runs on a GPU here")
+def test_the_ab_script_refuses_a_machine_without_cuda(tmp_path):
+    out = tmp_path / "ab.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(HERE.parent / "scripts" / "persistent_layer_ab.py"), "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
+    proc = subprocess.run([sys.executable, str(HERE.parent / "scripts" / "persistent_layer_ab.py"), "--out", str(out),
+                           "--shapes", "llama-2b"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "llama-2b" in proc.stderr and "Traceback" not in proc.stderr

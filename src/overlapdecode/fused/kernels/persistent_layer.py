@@ -71,6 +71,18 @@ def _signal(cnt_ptr, first, n):
 
 
 @triton.jit
+def _prefetch(w_ptr, row0, N, K: tl.constexpr, k_lo, ROWS: tl.constexpr, COLS: tl.constexpr, LINE: tl.constexpr):
+    """Ask L2 for COLS columns from k_lo of weight rows row0 .. row0 + ROWS - 1 of w (N, K), one request per
+    LINE elements (128 bytes), addresses clamped inside w: a task's first weight tiles, requested before its wait
+    (the weights do not depend on the inputs it waits for). sm_90 PTX; never in the interpreter."""
+    rows = tl.minimum(row0 + tl.arange(0, ROWS), N - 1)
+    cols = tl.minimum(k_lo + tl.arange(0, COLS // LINE) * LINE, K - 1)
+    ptrs = w_ptr + rows[:, None] * K + cols[None, :]
+    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _norm_stats_cg(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_K: tl.constexpr):
     """norm_stats (norm_linear.py) over x written in this launch: the same sums, x read past L1."""
@@ -352,7 +364,7 @@ def _persistent_layer_kernel(
     BN_UP: tl.constexpr, BK_UP: tl.constexpr,
     BN_DN: tl.constexpr, BK_DN: tl.constexpr, KC_DN: tl.constexpr, SPLIT_DN: tl.constexpr,
     NF: tl.constexpr, CLAIM_NEXT: tl.constexpr, SPIN_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
     programs = tl.num_programs(0)
@@ -375,6 +387,16 @@ def _persistent_layer_kernel(
         signal = tl.load(row + 6)
         n_signal = tl.load(row + 7)
         ticket = tl.load(row + 8)
+        if PREFETCH > 0:  # this task's first weight columns on their way to L2 while it waits
+            if need > 0:
+                if op == 2:
+                    _prefetch(wo_ptr, tile * BN_O, H, HQ * D, split * KC_O, BN_O, PREFETCH, LINE)
+                elif op == 3:
+                    _prefetch(wup_ptr, tile * BN_UP, I, H, 0, BN_UP, PREFETCH, LINE)
+                    if ACT == 2:
+                        _prefetch(wup_ptr + I * H, tile * BN_UP, I, H, 0, BN_UP, PREFETCH, LINE)
+                elif op == 4:
+                    _prefetch(wdn_ptr, tile * BN_DN, H, I, split * KC_DN, BN_DN, PREFETCH, LINE)
         _wait(cnt_ptr, err_ptr, wait, need, task, SPIN_LIMIT)
         if op == 0:
             _qkv_task(tile, split, rb, signal, ticket, x_ptr, nw1_ptr, nb1_ptr, wqkv_ptr, bqkv_ptr, inv_ptr, pos_ptr,
@@ -430,11 +452,13 @@ class PersistentLayer:
     `programs`: the persistent grid (default: on CUDA `per_sm` x the SMs, per_sm at most what fits on an SM; 1 in
     the interpreter). `claim`: "dynamic" (tasks handed out by a CLAIM ticket: no residency needed) or "static"
     (program p runs p, p + P, ...: every program must be resident, so `programs` is refused above what fits).
-    `spin_limit`: polls before a wait gives up and records an error (check). `pdl`: kernels/pdl.py's mode."""
+    `spin_limit`: polls before a wait gives up and records an error (check). `pdl`: kernels/pdl.py's mode.
+    `prefetch`: weight columns per row that an O, gate/up or down task asks L2 for before its wait (0: none).
+    `per_sm`, `num_warps`, `num_stages`: the default grid's programs per SM and the kernel's launch options."""
 
     def __init__(self, plan: LayerPlan, device, dtype: torch.dtype, programs: int | None = None,
                  claim: str = "dynamic", spin_limit: int | None = None, pdl: int = 0, per_sm: int = 2,
-                 num_warps: int = 4, num_stages: int = 3):
+                 num_warps: int = 4, num_stages: int = 3, prefetch: int = 0):
         if claim not in CLAIMS:
             raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
         for name, v in (("programs", programs), ("spin_limit", spin_limit)):
@@ -442,6 +466,13 @@ class PersistentLayer:
                 raise ValueError(f"{name} must be a positive int or None, got {v!r}")
         if isinstance(pdl, bool) or pdl not in (0, 1, 2, 3):
             raise ValueError(f"pdl must be 0, 1, 2 or 3 (kernels/pdl.py), got {pdl!r}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0 or prefetch & (prefetch - 1):
+            raise ValueError(f"prefetch must be 0 or a power of two (weight columns per row), got {prefetch!r}")
+        if prefetch and _INTERPRETED:
+            raise ValueError("prefetch needs a CUDA GPU (its L2 prefetch is PTX, which the interpreter does not run)")
+        if claim == "static" and pdl == 2:  # EARLY: the next launch's programs may hold SMs this grid still needs
+            raise ValueError("claim='static' needs every program resident, which pdl=2 (EARLY) does not leave; use "
+                             "claim='dynamic' or another pdl mode")
         if plan.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head size {plan.head_dim} > {MAX_HEAD_DIM} is not supported")
         device = torch.device(device)
@@ -452,6 +483,7 @@ class PersistentLayer:
             raise ValueError("pdl needs a CUDA GPU of compute capability 9.0 or later")
         self.plan, self.device, self.dtype, self.claim = plan, device, dtype, claim
         self.pdl, self.per_sm, self.num_warps, self.num_stages = int(pdl), per_sm, num_warps, num_stages
+        self.prefetch = prefetch
         self.spin_limit = spin_limit or (SPIN_LIMIT_GPU if device.type == "cuda" else SPIN_LIMIT_INTERPRETED)
         self.schedule = build_schedule(plan)
         check_schedule(self.schedule)  # host-side, once: every wait on smaller tasks, every count matched
@@ -561,10 +593,11 @@ class PersistentLayer:
                       BN_O=p.o_block_n, BK_O=p.o_block_k, KC_O=p.o_chunk, SPLIT_O=p.o_split, BN_UP=p.up_block_n,
                       BK_UP=p.up_block_k, BN_DN=p.down_block_n, BK_DN=p.down_block_k, KC_DN=p.down_chunk,
                       SPLIT_DN=p.down_split, NF=len(FIELDS), CLAIM_NEXT=self.claim == "dynamic",
-                      SPIN_LIMIT=self.spin_limit, BLOCK_M=BLOCK_M, PDL=self.pdl, num_warps=self.num_warps,
+                      SPIN_LIMIT=self.spin_limit, BLOCK_M=BLOCK_M, PREFETCH=self.prefetch,
+                      LINE=128 // h.element_size(), PDL=self.pdl, num_warps=self.num_warps,
                       num_stages=self.num_stages)
-            if warmup:
-                return _persistent_layer_kernel.warmup(*args, grid=(1,), **kw)
+            if warmup:  # compiled (the same variant as the launch: launch_pdl is one of its options), not run
+                return _persistent_layer_kernel.warmup(*args, grid=(1,), **kw, **pdl_launch(self.pdl))
             _persistent_layer_kernel[(self.programs,)](*args, **kw, **pdl_launch(self.pdl))
             return None
 
