@@ -8,13 +8,18 @@ warm-up. Reported per layer: us, the weight floor (the layer's weight bytes over
 device-to-device copy measured in the same run) and the toll over it. Exactness, on layer 0 from the same input:
 the persistent layer against the five kernels with the persistent plan's own tiles (matching_ops: the same
 partial sums, so bitwise equal unless programs race), against the step's five kernels, and both against the torch
-references; with --fp32 (on by default while the budget lasts) the same in float32 on Llama-1B's layer 0.
+references; the same in float32 on the first shape's layer 0 (unless --no-fp32, while the budget lasts).
 
     python3 scripts/persistent_layer_ab.py --out OUT.json [--shapes llama-1b,gpt2,llama-8b] [--batches 1,8]
         [--layers 16] [--rounds 7] [--replays 20] [--time-budget 150] [--variants dynamic,per-sm-1,static,prefetch]
         [--no-fp32]
+    TRITON_INTERPRET=1 python3 scripts/persistent_layer_ab.py --out OUT.json --dry-run    (CPU: the script itself)
 
-Order of the work: the first shape with every variant, its float32 check (Llama-1B), the other shapes with the
+--dry-run runs the script's code paths on CPU in Triton's interpreter with tiny-llama (2 layers, batch 3, a
+64-slot cache, the first variant, eager calls for the graphs, the host clock for CUDA events): its times mean
+nothing, its exactness checks are real.
+
+Order of the work: the first shape with every variant, its float32 check, the other shapes with the
 first variant, then their other variants; what the budget leaves out is listed in the JSON ("skipped") and the
 summary. Needs a CUDA GPU (PDL: sm_90).
 """
@@ -33,11 +38,12 @@ import torch
 # shape -> embedded model; the layer shapes are that model's
 MODELS = {"llama-1b": "llama-1b-random", "gpt2": "gpt2-random", "llama-8b": "llama-8b-random",
           "smollm2-360m": "smollm2-360m-random", "qwen2.5-0.5b": "qwen2.5-0.5b-random",
-          "qwen2.5-1.5b": "qwen2.5-1.5b-random", "smollm2-1.7b": "smollm2-1.7b-random"}
+          "qwen2.5-1.5b": "qwen2.5-1.5b-random", "smollm2-1.7b": "smollm2-1.7b-random", "tiny-llama": "tiny-llama"}
 # variant -> PersistentLayer keywords
 VARIANTS = {"dynamic": {}, "per-sm-1": dict(per_sm=1), "static": dict(claim="static"),
             "prefetch": dict(prefetch=256)}
 CACHE, POSITION = 512, 255  # cache slots; every row at this position (row b padded by b % 4 on the left)
+DRY_CACHE, DRY_POSITION = 64, 40  # --dry-run's: the interpreter is slow
 
 
 def parse(argv):
@@ -51,7 +57,11 @@ def parse(argv):
     ap.add_argument("--time-budget", type=float, default=150.0, help="seconds; later work is skipped past it")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--no-fp32", action="store_true", help="skip the float32 exactness check")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1: the script's code on tiny-llama")
     args = ap.parse_args(argv)
+    if args.dry_run:
+        args.shapes, args.batches, args.layers, args.rounds, args.replays = "tiny-llama", "3", 2, 1, 1
+        args.variants, args.time_budget = "dynamic", float("inf")
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.variants = [v for v in args.variants.split(",") if v]
     bad = [s for s in args.shapes if s not in MODELS] + [v for v in args.variants if v not in VARIANTS]
@@ -72,26 +82,34 @@ def layer_bytes(layer) -> int:
     return sum(t.numel() * t.element_size() for t in vars(layer).values() if isinstance(t, torch.Tensor))
 
 
-def inputs(W, B: int, n_layers: int, dtype, seed: int = 0):
-    """h (B, H), per layer (B, Hkv, CACHE, D) caches of random keys and values, each row's position, slot, start
+def inputs(W, B: int, n_layers: int, dtype, dev, cache: int, position: int, seed: int = 0):
+    """h (B, H), per layer (B, Hkv, cache, D) caches of random keys and values, each row's position, slot, start
     (its left padding) and length (slot + 1)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(seed)
     h = torch.randn(B, W.hidden, device=dev, generator=g).to(dtype)
-    shape = (B, W.n_kv_heads, CACHE, W.head_dim)
+    shape = (B, W.n_kv_heads, cache, W.head_dim)
     caches = [(torch.randn(shape, device=dev, generator=g).to(dtype), torch.randn(shape, device=dev, generator=g)
                .to(dtype)) for _ in range(n_layers)]
     start = torch.arange(B, device=dev) % 4
     state = torch.zeros(B, 3, dtype=torch.long, device=dev)
-    state[:, 1] = POSITION  # the decode loop's positions are a strided column of its state
+    state[:, 1] = position  # the decode loop's positions are a strided column of its state
     pos = state[:, 1]
     slot = pos + start
     return h, caches, pos, slot, start, slot + 1
 
 
+class Eager:
+    """--dry-run's stand-in for a CUDA graph: replay() calls the layers."""
+
+    def __init__(self, run_layers, h0):
+        self.replay = lambda: run_layers(h0)
+
+
 def capture(run_layers, h0):
     """run_layers(h0) -> the list of layer outputs, warmed up eagerly (Triton compiles there) on a side stream,
-    then captured in one CUDA graph: (graph, the captured outputs)."""
+    then captured in one CUDA graph: (graph, the captured outputs). Off CUDA (--dry-run): run once, and Eager."""
+    if h0.device.type != "cuda":
+        return Eager(run_layers, h0), run_layers(h0)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())  # stream hand-off: the inputs were made on the default stream
     with torch.cuda.stream(s), torch.no_grad():
@@ -109,14 +127,21 @@ def time_graphs(graphs: dict, rounds: int, replays: int) -> dict:
     times = {name: [] for name in graphs}
     for r in range(rounds + 1):
         for name, g in graphs.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(replays):
-                g.replay()
-            end.record()
-            end.synchronize()  # host sync: timing boundary
+            if isinstance(g, Eager):  # --dry-run: the host clock
+                t = time.perf_counter()
+                for _ in range(replays):
+                    g.replay()
+                ms = (time.perf_counter() - t) * 1e3
+            else:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(replays):
+                    g.replay()
+                end.record()
+                end.synchronize()  # host sync: timing boundary
+                ms = start.elapsed_time(end)
             if r:
-                times[name].append(start.elapsed_time(end) / replays)
+                times[name].append(ms / replays)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -168,13 +193,17 @@ class Run:
 
     def __init__(self, args, argv):
         self.args, self.t0 = args, time.perf_counter()
-        self.dev = torch.device("cuda")
-        self.sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
         from overlapdecode.bench.worker import device_bandwidth_gbs
 
-        self.gbs = device_bandwidth_gbs(self.dev, 1 << 31)
-        self.result = {"device": torch.cuda.get_device_name(self.dev), "sms": self.sms, "bandwidth_gbs": self.gbs,
-                       "cache_slots": CACHE, "position": POSITION,
+        self.dev = torch.device("cpu" if args.dry_run else "cuda")
+        self.cache, self.position = (DRY_CACHE, DRY_POSITION) if args.dry_run else (CACHE, POSITION)
+        if args.dry_run:  # no bandwidth to measure: 1 GB/s, the floors mean nothing
+            self.sms, self.gbs, name = 1, 1.0, "cpu (dry run: Triton's interpreter)"
+        else:
+            self.sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
+            self.gbs, name = device_bandwidth_gbs(self.dev, 1 << 31), torch.cuda.get_device_name(self.dev)
+        self.result = {"device": name, "dry_run": args.dry_run, "sms": self.sms, "bandwidth_gbs": self.gbs,
+                       "cache_slots": self.cache, "position": self.position,
                        "command": "python3 scripts/persistent_layer_ab.py " + " ".join(argv),
                        "rows": [], "exactness": [], "skipped": []}
         self.loaded = (None, None)  # (shape, FusedModel)
@@ -190,7 +219,9 @@ class Run:
         if self.loaded[0] != shape:
             self.loaded = (None, None)
             torch.cuda.empty_cache()
-            self.loaded = (shape, FusedModel(od.load_model(MODELS[shape], dtype="bfloat16", device="cuda")))
+            dtype = "float16" if self.args.dry_run else "bfloat16"  # the interpreter's bfloat16 truncates
+            model = od.load_model(MODELS[shape], dtype=dtype, device=self.dev)
+            self.loaded = (shape, FusedModel(model, kernels="triton"))
         return self.loaded[1]
 
 
@@ -210,9 +241,10 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
         if run.left() <= 0:
             run.result["skipped"].append(f"{shape} batch {B}: {', '.join(variants)} (time budget)")
             continue
-        h0, caches, pos, slot, start, length = inputs(W, B, L, torch.bfloat16)
-        plan = make_plan(B, W.hidden, W.n_heads, W.n_kv_heads, W.head_dim, W.layers[0].w_down.shape[1], CACHE,
-                         torch.bfloat16, run.sms)
+        dtype = W.embed.dtype
+        h0, caches, pos, slot, start, length = inputs(W, B, L, dtype, run.dev, run.cache, run.position)
+        plan = make_plan(B, W.hidden, W.n_heads, W.n_kv_heads, W.head_dim, W.layers[0].w_down.shape[1], run.cache,
+                         dtype, run.sms)
 
         def five(h):
             outs = []
@@ -224,7 +256,7 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
         graphs = {"five": capture(five, h0)[0]}
         layers = {}
         for variant in variants:
-            pl = PersistentLayer(plan, run.dev, torch.bfloat16, pdl=fm.pdl, **VARIANTS[variant])
+            pl = PersistentLayer(plan, run.dev, dtype, pdl=fm.pdl, **VARIANTS[variant])
             bufs = [torch.empty_like(h0) for _ in range(L)]
 
             def persistent(h, pl=pl, bufs=bufs):
@@ -251,8 +283,8 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
                   f"  P={pl.programs} tasks={pl.schedule.n_tasks}", flush=True)
         if variants[0] == args.variants[0]:
             ex = exactness(W, W.layers[0], plan, layers[variants[0]], fm.ops, h0, caches[0], pos, slot, start, length)
-            run.result["exactness"].append({"shape": shape, "batch": B, "dtype": "bfloat16", **ex})
-            print_exactness(f"{shape} B={B} bfloat16", ex)
+            run.result["exactness"].append({"shape": shape, "batch": B, "dtype": str(dtype)[6:], **ex})
+            print_exactness(f"{shape} B={B} {str(dtype)[6:]}", ex)
         del graphs, layers
         torch.cuda.empty_cache()
 
@@ -262,32 +294,44 @@ def print_exactness(label: str, ex: dict) -> None:
                                                for k, v in ex.items()), flush=True)
 
 
-def run_fp32(run: Run) -> None:
-    """Llama-1B's layer 0 in float32: the persistent layer against the five kernels (the step's, for float32:
-    no tiles table) and the torch references."""
+def run_fp32(run: Run, shape: str) -> None:
+    """`shape`'s layer 0 in float32: the persistent layer against the five kernels (the step's, for float32: no
+    tiles table) and the torch references."""
     from overlapdecode.fused.kernels.persistent_layer import PersistentLayer
     from overlapdecode.fused.kernels.persistent_schedule import make_plan
     from overlapdecode.fused.model import triton_ops
 
-    W32 = one_layer_fp32(run.fused("llama-1b").weights)
-    ops32 = triton_ops(run.dev, 3, {}, norm_sums=True)
+    fm = run.fused(shape)
+    W32 = one_layer_fp32(fm.weights)
+    ops32 = triton_ops(run.dev, fm.pdl, {}, norm_sums=W32.norm == "rms")
     for B in run.args.batches:
         if run.left() <= 0:
             run.result["skipped"].append(f"float32 exactness batch {B} (time budget)")
             continue
-        h0, caches, pos, slot, start, length = inputs(W32, B, 1, torch.float32)
+        h0, caches, pos, slot, start, length = inputs(W32, B, 1, torch.float32, run.dev, run.cache, run.position)
         plan = make_plan(B, W32.hidden, W32.n_heads, W32.n_kv_heads, W32.head_dim, W32.layers[0].w_down.shape[1],
-                         CACHE, torch.float32, run.sms)
-        pl = PersistentLayer(plan, run.dev, torch.float32, pdl=3, **VARIANTS[run.args.variants[0]])
+                         run.cache, torch.float32, run.sms)
+        pl = PersistentLayer(plan, run.dev, torch.float32, pdl=fm.pdl, **VARIANTS[run.args.variants[0]])
         ex = exactness(W32, W32.layers[0], plan, pl, ops32, h0, caches[0], pos, slot, start, length)
-        run.result["exactness"].append({"shape": "llama-1b", "batch": B, "dtype": "float32", **ex})
-        print_exactness(f"llama-1b B={B} float32", ex)
+        run.result["exactness"].append({"shape": shape, "batch": B, "dtype": "float32", **ex})
+        print_exactness(f"{shape} B={B} float32", ex)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
-    if not torch.cuda.is_available():
+    if args.dry_run:
+        import triton.language as tl
+        from triton.runtime.jit import JITFunction
+
+        if isinstance(tl.cdiv, JITFunction):
+            print("persistent_layer_ab.py: --dry-run needs TRITON_INTERPRET=1 in the environment", file=sys.stderr)
+            return 2
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+        from triton_interpreter import patch_loop_bounds
+
+        patch_loop_bounds()  # the interpreter's runtime loop bounds under NumPy >= 2.4 (tests/triton_interpreter.py)
+    elif not torch.cuda.is_available():
         print("persistent_layer_ab.py: needs a CUDA GPU (none here); nothing was run", file=sys.stderr)
         return 2
     run = Run(args, argv)
@@ -295,7 +339,7 @@ def main(argv=None) -> int:
     print(f"{res['device']}: {run.sms} SMs, copy bandwidth {run.gbs:.0f} GB/s", flush=True)
     first, rest = args.shapes[0], args.shapes[1:]
     stages = [("shape", first, args.variants)]
-    if not args.no_fp32 and first == "llama-1b":
+    if not args.no_fp32:
         stages.append(("fp32", first, []))
     stages += [("shape", s, args.variants[:1]) for s in rest]
     stages += [("shape", s, args.variants[1:]) for s in rest if len(args.variants) > 1]
@@ -305,7 +349,7 @@ def main(argv=None) -> int:
             res["skipped"].append(f"{shape}: {', '.join(variants) or 'float32 exactness'} (time budget)")
             continue
         if kind == "fp32":
-            run_fp32(run)
+            run_fp32(run, shape)
         else:
             run_shape(run, shape, variants)
     run.loaded = (None, None)

@@ -206,3 +206,25 @@ def test_the_ab_script_refuses_a_machine_without_cuda(tmp_path):
     proc = subprocess.run([sys.executable, str(HERE.parent / "scripts" / "persistent_layer_ab.py"), "--out", str(out),
                            "--shapes", "llama-2b"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "llama-2b" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the A/B script runs on a GPU here")
+def test_the_ab_script_runs_its_code_on_cpu_in_the_interpreter(tmp_path):
+    """--dry-run: tiny-llama in Triton's interpreter, eager calls for the graphs; the JSON has the rows and the
+    exactness checks (bitwise equal to the plan's five kernels, in float16 and float32)."""
+    import json
+
+    out = tmp_path / "ab.json"
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-W", "ignore::RuntimeWarning", str(HERE.parent / "scripts" /
+                           "persistent_layer_ab.py"), "--out", str(out), "--dry-run"],
+                          env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["dry_run"] and [(r["variant"], r["batch"]) for r in result["rows"]] == [("dynamic", 3)]
+    assert [e["dtype"] for e in result["exactness"]] == ["float16", "float32"] and not result["skipped"]
+    for e in result["exactness"]:
+        assert e["persistent_vs_plan_kernels"]["equal"] and e["cache_vs_plan_kernels"]["equal"], e
+        assert e["persistent_vs_torch"]["max_abs"] < 1e-2
+    assert "speedup" in proc.stdout
