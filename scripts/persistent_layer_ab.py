@@ -41,7 +41,7 @@ MODELS = {"llama-1b": "llama-1b-random", "gpt2": "gpt2-random", "llama-8b": "lla
           "qwen2.5-1.5b": "qwen2.5-1.5b-random", "smollm2-1.7b": "smollm2-1.7b-random", "tiny-llama": "tiny-llama"}
 # variant -> PersistentLayer keywords
 VARIANTS = {"dynamic": {}, "per-sm-1": dict(per_sm=1), "static": dict(claim="static"),
-            "prefetch": dict(prefetch=256)}
+            "prefetch": dict(prefetch=256), "no-sums": dict(norm_sums=False)}
 CACHE, POSITION = 512, 255  # cache slots; every row at this position (row b padded by b % 4 on the left)
 DRY_CACHE, DRY_POSITION = 64, 40  # --dry-run's: the interpreter is slow
 
@@ -154,6 +154,7 @@ def exactness(W, layer, plan, pl, step_ops, h, kv, pos, slot, start, length) -> 
     """Layer 0 from one input (each on copies of its cache): persistent vs the plan's five kernels, vs the step's
     five kernels, vs the torch references; the step's five kernels vs the torch references."""
     from overlapdecode.fused import reference
+    from overlapdecode.fused.kernels.norm_linear import NormSums
     from overlapdecode.fused.kernels.persistent_layer import matching_ops
     from overlapdecode.fused.model import REFERENCE_OPS
 
@@ -165,8 +166,8 @@ def exactness(W, layer, plan, pl, step_ops, h, kv, pos, slot, start, length) -> 
 
     per, kp = run(lambda k, v: pl(W, layer, h, k, v, pos, slot, start, length))
     pl.check()  # host sync: no wait gave up
-    plan_k, kk = run(lambda k, v: reference.decode_layer(W, layer, h, k, v, pos, slot, start, length,
-                                                         matching_ops(plan)))
+    plan_ops = matching_ops(plan, norm_sums=NormSums(min_rows=1) if pl.norm_sums else None)  # sums as pl hands them
+    plan_k, kk = run(lambda k, v: reference.decode_layer(W, layer, h, k, v, pos, slot, start, length, plan_ops))
     step, _ = run(lambda k, v: reference.decode_layer(W, layer, h, k, v, pos, slot, start, length, step_ops))
     ref, _ = run(lambda k, v: reference.decode_layer(W, layer, h, k, v, pos, slot, start, length, REFERENCE_OPS))
     return {"persistent_vs_plan_kernels": diff(per, plan_k), "cache_vs_plan_kernels": diff(kp, kk),

@@ -15,6 +15,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from overlapdecode.fused import reference
+from overlapdecode.fused.kernels.norm_linear import NormSums
 from overlapdecode.fused.kernels.persistent_layer import PersistentLayer, matching_ops
 from overlapdecode.fused.kernels.persistent_schedule import make_plan
 from overlapdecode.fused.layout import fuse_weights
@@ -27,16 +28,16 @@ SMALL = dict(qkv_block_k=16, o_block_k=16, up_block_k=16, down_block_k=16, o_blo
              up_block_n=16, att_block_n=16, qkv_programs=10**4, o_programs=10**4, down_programs=10**4)
 
 
-def _model(family: str, H: int, Hq: int, Hkv: int, D: int, I: int, dtype=torch.float32):
-    """One layer of `family` with random biases and norm weights too (Hugging Face's 0 and 1 would hide a dropped
-    bias or norm weight), in `dtype`; its FusedWeights."""
+def _model(family: str, H: int, Hq: int, Hkv: int, D: int, I: int, dtype=torch.float32, layers: int = 1):
+    """`layers` layers of `family` with random biases and norm weights too (Hugging Face's 0 and 1 would hide a
+    dropped bias or norm weight), in `dtype`; its FusedWeights."""
     torch.manual_seed(H + Hq + Hkv + D + I)
     if family == "gpt2":  # LayerNorm, biases everywhere, tanh GELU, no RoPE
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=64, n_embd=H, n_layer=1, n_head=Hq,
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=64, n_embd=H, n_layer=layers, n_head=Hq,
                                            n_inner=I, activation_function="gelu_pytorch_tanh"))
     else:
         cls, cfg = (Qwen2ForCausalLM, Qwen2Config) if family == "qwen2" else (LlamaForCausalLM, LlamaConfig)
-        model = cls(cfg(vocab_size=50, hidden_size=H, intermediate_size=I, num_hidden_layers=1,
+        model = cls(cfg(vocab_size=50, hidden_size=H, intermediate_size=I, num_hidden_layers=layers,
                         num_attention_heads=Hq, num_key_value_heads=Hkv, head_dim=D, max_position_embeddings=64))
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -74,6 +75,11 @@ def _five(ops):
     return lambda W, layer, *a: reference.decode_layer(W, layer, *a, ops)
 
 
+def _plan_ops(plan, sums: bool):
+    """The five kernels the persistent layer equals: with the RMSNorm sums handed on as it hands them, or not."""
+    return matching_ops(plan, norm_sums=NormSums(min_rows=1) if sums else None)
+
+
 # (family, B, hidden, heads, kv heads, head size, MLP width): hidden not a power of two, GQA ratios 1, 4 and 8,
 # two row blocks (17 rows)
 SHAPES = [("llama", 3, 136, 4, 4, 32, 200), ("llama", 2, 152, 8, 2, 24, 136), ("llama", 17, 136, 8, 1, 16, 264),
@@ -87,16 +93,21 @@ def test_layer_equals_the_five_kernels_in_float32(family, B, H, Hq, Hkv, D, I):
     args = _inputs(W, B, S, torch.float32, seed=B + H)
     plan = make_plan(B, H, Hq, Hkv, D, I, S, torch.float32, sms=1, **SMALL)
     assert min(plan.qkv_split, plan.o_split, plan.down_split, plan.att_splits) > 1  # every ticket path runs
-    five, k5, v5 = _layer(_five(matching_ops(plan)), W, *args)
     ref, kr, vr = _layer(_five(REFERENCE_OPS), W, *args)
-    torch.testing.assert_close(five, ref, atol=1e-4, rtol=1e-4)
-    claims = (("dynamic", 1), ("static", 1), ("dynamic", 3)) if (B, Hkv) == (2, 2) else (("dynamic", 1),)
+    runs = [(True, "dynamic", 1)]
+    if (B, Hkv) == (2, 2):  # one shape with the rest: no sums, the static hand-out, three programs
+        runs += [(False, "dynamic", 1), (True, "static", 1), (True, "dynamic", 3)]
     if not INTERPRETING:  # on a GPU: the default grid (the SMs' programs share the tasks)
-        claims = (("dynamic", None), ("static", None))
-    for claim, programs in claims:
-        layer = PersistentLayer(plan, DEV, torch.float32, claim=claim, programs=programs)
+        runs = [(True, "dynamic", None), (True, "static", None), (False, "dynamic", None)]
+    fives = {}
+    for sums, claim, programs in runs:
+        if sums not in fives:
+            fives[sums] = _layer(_five(_plan_ops(plan, sums)), W, *args)
+            torch.testing.assert_close(fives[sums][0], ref, atol=1e-4, rtol=1e-4)
+        five, k5, v5 = fives[sums]
+        layer = PersistentLayer(plan, DEV, torch.float32, claim=claim, programs=programs, norm_sums=sums)
         out, k, v = _layer(layer, W, *args)
-        assert torch.equal(out, five) and torch.equal(k, k5) and torch.equal(v, v5), (claim, programs)
+        assert torch.equal(out, five) and torch.equal(k, k5) and torch.equal(v, v5), (sums, claim, programs)
         assert not layer.counters.any()  # every counter back to 0 by the launch itself
         layer.check()  # no wait gave up
 
@@ -109,7 +120,7 @@ def test_layer_in_float16_equals_the_five_kernels(family, B, H, Hq, Hkv, D, I):
     S = 40
     args = _inputs(W, B, S, torch.float16, seed=5)
     plan = make_plan(B, H, Hq, Hkv, D, I, S, torch.float16, sms=1, **SMALL)
-    five, k5, v5 = _layer(_five(matching_ops(plan)), W, *args)
+    five, k5, v5 = _layer(_five(_plan_ops(plan, True)), W, *args)
     ref, _, _ = _layer(_five(REFERENCE_OPS), W, *args)
     out, k, v = _layer(PersistentLayer(plan, DEV, torch.float16), W, *args)
     assert out.dtype == torch.float16
@@ -117,22 +128,30 @@ def test_layer_in_float16_equals_the_five_kernels(family, B, H, Hq, Hkv, D, I):
     torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
 
 
-def test_repeated_launches_reuse_the_counters():
-    """A second launch of one PersistentLayer (the counters reset by the one before) on other inputs equals the
-    five kernels too; so do the default tiles (no split at these sizes)."""
-    W = _model("llama", 136, 8, 2, 16, 200)
+def test_layers_in_a_row_reuse_the_counters_and_hand_on_the_sums():
+    """Two layers in a row through one PersistentLayer (the counters reset by the launch before; the second
+    layer's QKV norm reads the sums the first layer's down projection left) equal the five kernels in a row with
+    the same sums; then a new input (not a layer output: normalised from its row) too; and the default tiles
+    (no split at these sizes)."""
+    W = _model("llama", 136, 8, 2, 16, 200, layers=2)
     B, S = 2, 40
     plan = make_plan(B, 136, 8, 2, 16, 200, S, torch.float32, sms=1, **SMALL)
     layer = PersistentLayer(plan, DEV, torch.float32)
-    for seed in (1, 2):
-        args = _inputs(W, B, S, torch.float32, seed=seed)
-        five, k5, _ = _layer(_five(matching_ops(plan)), W, *args)
-        out, k, _ = _layer(layer, W, *args)
-        assert torch.equal(out, five) and torch.equal(k, k5)
+    h, kc, vc, pos, slot, start, length = _inputs(W, B, S, torch.float32, seed=1)
+    ops = _plan_ops(plan, True)
+    caches = [(kc.clone(), vc.clone()) for _ in range(4)]
+    x5, x = h, h
+    for i, L in enumerate(W.layers):
+        x5 = reference.decode_layer(W, L, x5, *caches[i], pos, slot, start, length, ops)
+        x = layer(W, L, x, *caches[2 + i], pos, slot, start, length)
+        assert torch.equal(x, x5) and torch.equal(caches[2 + i][0], caches[i][0]), i
         assert not layer.counters.any()
+    assert layer.sums.of(x) is not None  # the second call read the first call's sums: its output has its own
+    args = _inputs(W, B, S, torch.float32, seed=2)
+    five, _, _ = _layer(_five(_plan_ops(plan, True)), W, *args)
+    assert torch.equal(_layer(layer, W, *args)[0], five)
     plan = make_plan(B, 136, 8, 2, 16, 200, S, torch.float32, sms=1)
-    args = _inputs(W, B, S, torch.float32, seed=4)
-    five, _, _ = _layer(_five(matching_ops(plan)), W, *args)
+    five, _, _ = _layer(_five(_plan_ops(plan, True)), W, *args)
     assert torch.equal(_layer(PersistentLayer(plan, DEV, torch.float32), W, *args)[0], five)
 
 
@@ -149,7 +168,7 @@ def test_a_wait_that_cannot_be_met_ends_and_is_reported():
     with pytest.raises(RuntimeError, match=r"task \d+ .* waited past the spin limit"):
         _layer(layer, W, *args)
     assert not layer.error.any() and not layer.counters.any()
-    five, _, _ = _layer(_five(matching_ops(plan)), W, *args)
+    five, _, _ = _layer(_five(_plan_ops(plan, True)), W, *args)
     good = PersistentLayer(plan, DEV, torch.float32, claim="static", programs=1)
     assert torch.equal(_layer(good, W, *args)[0], five)
 

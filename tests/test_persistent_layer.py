@@ -157,7 +157,7 @@ def test_kernel_matches_the_five_kernels_in_the_interpreter():
 def test_kernel_compiles_for_sm90(claim_next, prefetch):
     """At the Llama-1B constexprs in bfloat16 under PDL LATE: nothing is loaded before griddepcontrol.wait, the
     waits are one thread's acquire loads, the signals release adds, the shared memory fits an SM; with the
-    weight prefetch, L2 prefetches (and none without)."""
+    weight prefetch, L2 prefetches (and none without); with and without the RMSNorm sums."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -168,10 +168,10 @@ def test_kernel_compiles_for_sm90(claim_next, prefetch):
                                   "wqkv_ptr", "bqkv_ptr", "wo_ptr", "bo_ptr", "nw2_ptr", "nb2_ptr", "wup_ptr",
                                   "bup_ptr", "wdn_ptr", "bdn_ptr", "k_ptr", "v_ptr")}
     types.update({n: "*fp32" for n in ("inv_ptr", "pqkv_ptr", "po_ptr", "pdn_ptr", "att_acc_ptr", "att_m_ptr",
-                                      "att_l_ptr")})
+                                      "att_l_ptr", "ss_in_ptr", "ss_mid_ptr", "ss_out_ptr")})
     types.update({n: "*i64" for n in ("pos_ptr", "slot_ptr", "start_ptr", "len_ptr")})
     types.update({n: "*i32" for n in ("table_ptr", "cnt_ptr", "err_ptr")})
-    types.update({n: "i32" for n in ("B", "S", "n_tasks", "n_counters", "pos_stride", "slot_stride")})
+    types.update({n: "i32" for n in ("B", "S", "n_tasks", "n_counters", "pos_stride", "slot_stride", "nb_in")})
     types.update({n: "fp32" for n in ("eps", "rope_scale", "qk_scale")})
     p = make_plan(*PLANS["llama-1b-b1"], torch.bfloat16, sms=132)
     consts = dict(H=p.hidden, I=p.inter, HQ=p.n_heads, HKV=p.n_kv, D=p.head_dim, G=p.group, LAYER=False,
@@ -180,7 +180,8 @@ def test_kernel_compiles_for_sm90(claim_next, prefetch):
                   BD_ATT=p.att_block_d, SPLIT_ATT=p.att_splits, IEEE=False, BN_O=p.o_block_n, BK_O=p.o_block_k,
                   KC_O=p.o_chunk, SPLIT_O=p.o_split, BN_UP=p.up_block_n, BK_UP=p.up_block_k, BN_DN=p.down_block_n,
                   BK_DN=p.down_block_k, KC_DN=p.down_chunk, SPLIT_DN=p.down_split, NF=9, CLAIM_NEXT=claim_next,
-                  SPIN_LIMIT=1 << 20, BLOCK_M=16, PREFETCH=prefetch, LINE=64, PDL=3)
+                  SPIN_LIMIT=1 << 20, BLOCK_M=16, PREFETCH=prefetch, LINE=64, IN_SUMS=64 if prefetch else 0,
+                  MID_SUMS=64 if prefetch else 0, OUT_SUMS=bool(prefetch), PDL=3)
     signature = {n: types.get(n, "constexpr") for n in kernel.arg_names}
     assert not [n for n, t in signature.items() if t == "constexpr" and n not in consts]
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),

@@ -37,7 +37,7 @@ from triton.runtime.jit import JITFunction
 
 from .decode_attention import LOG2E, MAX_HEAD_DIM, workspace_numel
 from .linear_residual import last_of_split, require_32bit, require_contiguous
-from .norm_linear import _ACT_CODE, norm_stats, norm_tile
+from .norm_linear import _ACT_CODE, NormSums, norm_stats, norm_tile
 from .norm_qkv import _qkv_finish
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .persistent_schedule import BLOCK_M, CLAIM, FIELDS, LayerPlan, build_schedule, check_schedule
@@ -84,8 +84,15 @@ def _prefetch(w_ptr, row0, N, K: tl.constexpr, k_lo, ROWS: tl.constexpr, COLS: t
 
 @triton.jit
 def _norm_stats_cg(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
-    """norm_stats (norm_linear.py) over x written in this launch: the same sums, x read past L1."""
+                   BLOCK_K: tl.constexpr, ss_ptr, B, NB, NB_PAD: tl.constexpr):
+    """norm_stats (norm_linear.py) over x written in this launch: the same sums, x (or its writers' partial sums
+    of squares, NB_PAD > 0) read past L1."""
+    if NB_PAD > 0:
+        nb = tl.arange(0, NB_PAD)
+        part = tl.load(ss_ptr + nb[:, None] * B + rows[None, :], mask=(nb < NB)[:, None] & row_ok[None, :],
+                       other=0.0, cache_modifier=".cg")
+        rstd = (1.0 / tl.sqrt(tl.sum(part, 0) / K + eps)).to(tl.float32)
+        return tl.zeros((BLOCK_M,), dtype=tl.float32), rstd
     ks = tl.arange(0, BLOCK_K)
     mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if LAYER:
@@ -122,11 +129,12 @@ def _norm_tile_cg(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.co
 
 @triton.jit
 def _qkv_task(tile, s, r, signal, ticket, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_ptr, pos_ptr, slot_ptr,
-              q_ptr, k_ptr, v_ptr, part_ptr, cnt_ptr, B, S, pos_stride, slot_stride, eps, rope_scale,
+              q_ptr, k_ptr, v_ptr, part_ptr, cnt_ptr, ss_ptr, B, S, NB, pos_stride, slot_stride, eps, rope_scale,
               HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, K: tl.constexpr,
               K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, LAYER: tl.constexpr, HAS_BIAS: tl.constexpr,
-              ROPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One program of _norm_qkv_kernel: tile = head x parts + part, K range s, row block r."""
+              ROPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr):
+    """One program of _norm_qkv_kernel: tile = head x parts + part, K range s, row block r; with NB_PAD > 0 the
+    norm's sums of squares are the NB partial sums at ss_ptr its writer (the launch before) left."""
     PARTS: tl.constexpr = (D // 2 + HALF - 1) // HALF
     head = tile // PARTS
     part = tile % PARTS
@@ -138,8 +146,8 @@ def _qkv_task(tile, s, r, signal, ticket, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, i
     w2 = w1 + D // 2
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
-    # x is this launch's input (written before it started): read as norm_qkv reads it
-    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, x_ptr, B, 0, 0)
+    # x and its sums are this launch's input (written before it started): read as norm_qkv reads them
+    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
     k_lo = s * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
     acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
@@ -262,11 +270,13 @@ def _attention_task(hk, sp, b, signal, n_signal, ticket, q_ptr, k_ptr, v_ptr, st
 
 
 @triton.jit
-def _linear_task(j, s, r, signal, n_signal, ticket, x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, cnt_ptr, B,
-                 N: tl.constexpr, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _linear_task(j, s, r, signal, n_signal, ticket, x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, cnt_ptr,
+                 ss_ptr, B, N: tl.constexpr, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SUMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     """One program of linear_residual's _linear_split_kernel: column block j, K range s, row block r; x and the
-    residual read past L1 (written in this launch, the residual of the O projection excepted)."""
+    residual read past L1 (written in this launch, the residual of the O projection excepted); SUMS: the output
+    rows' sums of squares over the block to ss_ptr (NB, B), as linear_residual records them (NormSums)."""
     rows = r * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < B
@@ -300,14 +310,17 @@ def _linear_task(j, s, r, signal, n_signal, ticket, x_ptr, w_ptr, b_ptr, res_ptr
                       cache_modifier=".cg").to(tl.float32)
         y = (res + acc.to(dtype).to(tl.float32)).to(dtype)
         tl.store(out_ptr + rows[:, None] * N + cols[None, :], y, mask=out_ok)
+        if SUMS:
+            yf = tl.where(out_ok, y.to(tl.float32), 0.0)
+            tl.store(ss_ptr + j * B + rows, tl.sum(yf * yf, 1), mask=row_ok)
         if n_signal > 0:
             _signal(cnt_ptr, signal, n_signal)
 
 
 @triton.jit
-def _up_task(j, r, signal, n_signal, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr, cnt_ptr, B, eps,
+def _up_task(j, r, signal, n_signal, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr, cnt_ptr, ss_ptr, B, NB, eps,
              N: tl.constexpr, K: tl.constexpr, LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr):
     """One program of norm_linear's _norm_linear_kernel (gate/up with SiLU(gate) * up, or fc with tanh GELU):
     column block j, row block r; x (h after attention, written in this launch) read past L1."""
     rows = r * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -316,7 +329,7 @@ def _up_task(j, r, signal, n_signal, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_pt
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
-    mean, rstd = _norm_stats_cg(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K)
+    mean, rstd = _norm_stats_cg(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -354,7 +367,8 @@ def _persistent_layer_kernel(
     nw1_ptr, nb1_ptr, wqkv_ptr, bqkv_ptr, inv_ptr, wo_ptr, bo_ptr, nw2_ptr, nb2_ptr, wup_ptr, bup_ptr, wdn_ptr,
     bdn_ptr, pos_ptr, slot_ptr, start_ptr, len_ptr, k_ptr, v_ptr,
     pqkv_ptr, po_ptr, pdn_ptr, att_acc_ptr, att_m_ptr, att_l_ptr, table_ptr, cnt_ptr, err_ptr,
-    B, S, n_tasks, n_counters, pos_stride, slot_stride, eps, rope_scale, qk_scale,
+    ss_in_ptr, ss_mid_ptr, ss_out_ptr,
+    B, S, n_tasks, n_counters, pos_stride, slot_stride, nb_in, eps, rope_scale, qk_scale,
     H: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
     LAYER: tl.constexpr, QKV_BIAS: tl.constexpr, ROPE: tl.constexpr, O_BIAS: tl.constexpr, UP_BIAS: tl.constexpr,
     DOWN_BIAS: tl.constexpr, ACT: tl.constexpr,
@@ -364,7 +378,8 @@ def _persistent_layer_kernel(
     BN_UP: tl.constexpr, BK_UP: tl.constexpr,
     BN_DN: tl.constexpr, BK_DN: tl.constexpr, KC_DN: tl.constexpr, SPLIT_DN: tl.constexpr,
     NF: tl.constexpr, CLAIM_NEXT: tl.constexpr, SPIN_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    PREFETCH: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, LINE: tl.constexpr, IN_SUMS: tl.constexpr, MID_SUMS: tl.constexpr,
+    OUT_SUMS: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
     programs = tl.num_programs(0)
@@ -400,21 +415,24 @@ def _persistent_layer_kernel(
         _wait(cnt_ptr, err_ptr, wait, need, task, SPIN_LIMIT)
         if op == 0:
             _qkv_task(tile, split, rb, signal, ticket, x_ptr, nw1_ptr, nb1_ptr, wqkv_ptr, bqkv_ptr, inv_ptr, pos_ptr,
-                      slot_ptr, q_ptr, k_ptr, v_ptr, pqkv_ptr, cnt_ptr, B, S, pos_stride, slot_stride, eps,
-                      rope_scale, HQ, HKV, D, HALF, H, KC_QKV, SPLIT_QKV, LAYER, QKV_BIAS, ROPE, BLOCK_M, BK_QKV)
+                      slot_ptr, q_ptr, k_ptr, v_ptr, pqkv_ptr, cnt_ptr, ss_in_ptr, B, S, nb_in, pos_stride,
+                      slot_stride, eps, rope_scale, HQ, HKV, D, HALF, H, KC_QKV, SPLIT_QKV, LAYER, QKV_BIAS, ROPE,
+                      BLOCK_M, BK_QKV, IN_SUMS)
         elif op == 1:
             _attention_task(tile, split, rb, signal, n_signal, ticket, q_ptr, k_ptr, v_ptr, start_ptr, len_ptr,
                             att_acc_ptr, att_m_ptr, att_l_ptr, a_ptr, cnt_ptr, qk_scale, S, HQ, HKV, G, GROUP_PAD,
                             D, BN_ATT, BD_ATT, SPLIT_ATT, IEEE)
         elif op == 2:
             _linear_task(tile, split, rb, signal, n_signal, ticket, a_ptr, wo_ptr, bo_ptr, x_ptr, h1_ptr, po_ptr,
-                         cnt_ptr, B, H, HQ * D, KC_O, SPLIT_O, O_BIAS, BLOCK_M, BN_O, BK_O)
+                         cnt_ptr, ss_mid_ptr, B, H, HQ * D, KC_O, SPLIT_O, O_BIAS, MID_SUMS > 0, BLOCK_M, BN_O, BK_O)
         elif op == 3:
-            _up_task(tile, rb, signal, n_signal, h1_ptr, nw2_ptr, nb2_ptr, wup_ptr, bup_ptr, m_ptr, cnt_ptr, B, eps,
-                     I, H, LAYER, UP_BIAS, ACT, BLOCK_M, BN_UP, BK_UP)
+            _up_task(tile, rb, signal, n_signal, h1_ptr, nw2_ptr, nb2_ptr, wup_ptr, bup_ptr, m_ptr, cnt_ptr,
+                     ss_mid_ptr, B, (H + BN_O - 1) // BN_O, eps, I, H, LAYER, UP_BIAS, ACT, BLOCK_M, BN_UP, BK_UP,
+                     MID_SUMS)
         else:
             _linear_task(tile, split, rb, signal, n_signal, ticket, m_ptr, wdn_ptr, bdn_ptr, h1_ptr, out_ptr,
-                         pdn_ptr, cnt_ptr, B, H, I, KC_DN, SPLIT_DN, DOWN_BIAS, BLOCK_M, BN_DN, BK_DN)
+                         pdn_ptr, cnt_ptr, ss_out_ptr, B, H, I, KC_DN, SPLIT_DN, DOWN_BIAS, OUT_SUMS, BLOCK_M, BN_DN,
+                         BK_DN)
         task = nxt
     pdl_release(PDL)
     # the last program to leave puts every counter (claim, exit, dependencies, tickets) back to 0: every other
@@ -454,11 +472,16 @@ class PersistentLayer:
     (program p runs p, p + P, ...: every program must be resident, so `programs` is refused above what fits).
     `spin_limit`: polls before a wait gives up and records an error (check). `pdl`: kernels/pdl.py's mode.
     `prefetch`: weight columns per row that an O, gate/up or down task asks L2 for before its wait (0: none).
+    `norm_sums` (RMSNorm models): the O and down finishers store their output rows' sums of squares per column
+    block, as linear_residual does for NormSums, and the gate/up tasks (and the next layer's QKV tasks, where
+    its input is this layer's output) read those instead of a pass over the row: a gate/up task's first load
+    after its wait, on the path from the O projection to the MLP. `self.sums` (NormSums) links an output to its
+    sums, so that the next call finds them (matching_ops takes the same NormSums to give the same roundings).
     `per_sm`, `num_warps`, `num_stages`: the default grid's programs per SM and the kernel's launch options."""
 
     def __init__(self, plan: LayerPlan, device, dtype: torch.dtype, programs: int | None = None,
                  claim: str = "dynamic", spin_limit: int | None = None, pdl: int = 0, per_sm: int = 2,
-                 num_warps: int = 4, num_stages: int = 3, prefetch: int = 0):
+                 num_warps: int = 4, num_stages: int = 3, prefetch: int = 0, norm_sums: bool = True):
         if claim not in CLAIMS:
             raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
         for name, v in (("programs", programs), ("spin_limit", spin_limit)):
@@ -484,6 +507,10 @@ class PersistentLayer:
         self.plan, self.device, self.dtype, self.claim = plan, device, dtype, claim
         self.pdl, self.per_sm, self.num_warps, self.num_stages = int(pdl), per_sm, num_warps, num_stages
         self.prefetch = prefetch
+        if not isinstance(norm_sums, bool):
+            raise ValueError(f"norm_sums must be a bool, got {norm_sums!r}")
+        self.norm_sums = norm_sums
+        self.sums = NormSums(min_rows=1)  # this layer's outputs -> their sums, for the next call's QKV
         self.spin_limit = spin_limit or (SPIN_LIMIT_GPU if device.type == "cuda" else SPIN_LIMIT_INTERPRETED)
         self.schedule = build_schedule(plan)
         check_schedule(self.schedule)  # host-side, once: every wait on smaller tasks, every count matched
@@ -505,11 +532,16 @@ class PersistentLayer:
         self.part_qkv = f32(plan.qkv_split, B, n_qkv) if plan.qkv_split > 1 else f32(1)
         self.part_o = f32(plan.o_split, B, H) if plan.o_split > 1 else f32(1)
         self.part_down = f32(plan.down_split, B, H) if plan.down_split > 1 else f32(1)
+        # sums of squares per column block: h after attention (the O blocks), the outputs (the down blocks, two
+        # buffers in turn: a call reads the one the call before wrote)
+        self.ss_mid = f32(plan.o_blocks, B)
+        self.ss_out = [f32(plan.down_blocks, B), f32(plan.down_blocks, B)]
+        self._turn = 0
         n_att = B * Hq * plan.att_splits
         ws = f32(max(workspace_numel(B, Hq, D, plan.att_splits), 1))
         self.att_acc, self.att_m, self.att_l = ws[: n_att * D], ws[n_att * D: n_att * (D + 1)], ws[n_att * (D + 1):]
         for t in (self.table, self.counters, self.error, self.q, self.attn, self.h1, self.m, self.part_qkv,
-                  self.part_o, self.part_down, ws):
+                  self.part_o, self.part_down, ws, self.ss_mid, *self.ss_out):
             torch._dynamo.mark_static_address(t)  # a CUDA graph reads them in place
 
     def check(self, reset: bool = True) -> None:
@@ -571,6 +603,9 @@ class PersistentLayer:
             raise ValueError(f"out must be a contiguous {h.dtype} tensor of shape {tuple(h.shape)}, not h itself")
         layer_norm = layer.norm1_b is not None
         dummy = layer.norm1_w
+        sums = self.norm_sums and not layer_norm  # RMSNorm only: LayerNorm needs the mean first
+        ss_in = self.sums.of(h) if sums else None  # h is this layer's last output: its down blocks' sums
+        ss_out = self.ss_out[self._turn]
 
         def launch(warmup: bool = False):
             args = (h, out, self.h1, self.q, self.attn, self.m,
@@ -582,8 +617,9 @@ class PersistentLayer:
                     layer.w_down, layer.b_down if layer.b_down is not None else dummy, pos, slot, start, length,
                     k_cache, v_cache, self.part_qkv, self.part_o, self.part_down, self.att_acc, self.att_m,
                     self.att_l, self.table, self.counters, self.error,
-                    B, S, self.schedule.n_tasks, self.schedule.n_counters, pos.stride(0), slot.stride(0), W.eps,
-                    W.rope_scale, layer.scale * LOG2E)
+                    ss_in if ss_in is not None else self.ss_mid, self.ss_mid, ss_out,
+                    B, S, self.schedule.n_tasks, self.schedule.n_counters, pos.stride(0), slot.stride(0),
+                    p.down_blocks, W.eps, W.rope_scale, layer.scale * LOG2E)
             kw = dict(H=H, I=p.inter, HQ=p.n_heads, HKV=p.n_kv, D=p.head_dim, G=p.group, LAYER=layer_norm,
                       QKV_BIAS=layer.b_qkv is not None, ROPE=W.inv_freq is not None, O_BIAS=layer.b_o is not None,
                       UP_BIAS=layer.b_up is not None, DOWN_BIAS=layer.b_down is not None, ACT=_ACT_CODE[W.act],
@@ -594,7 +630,10 @@ class PersistentLayer:
                       BK_UP=p.up_block_k, BN_DN=p.down_block_n, BK_DN=p.down_block_k, KC_DN=p.down_chunk,
                       SPLIT_DN=p.down_split, NF=len(FIELDS), CLAIM_NEXT=self.claim == "dynamic",
                       SPIN_LIMIT=self.spin_limit, BLOCK_M=BLOCK_M, PREFETCH=self.prefetch,
-                      LINE=128 // h.element_size(), PDL=self.pdl, num_warps=self.num_warps,
+                      LINE=128 // h.element_size(),
+                      IN_SUMS=triton.next_power_of_2(p.down_blocks) if ss_in is not None else 0,
+                      MID_SUMS=triton.next_power_of_2(p.o_blocks) if sums else 0, OUT_SUMS=sums, PDL=self.pdl,
+                      num_warps=self.num_warps,
                       num_stages=self.num_stages)
             if warmup:  # compiled (the same variant as the launch: launch_pdl is one of its options), not run
                 return _persistent_layer_kernel.warmup(*args, grid=(1,), **kw, **pdl_launch(self.pdl))
@@ -604,15 +643,22 @@ class PersistentLayer:
         if self.programs is None:
             self.programs = self._resolve_programs(launch)
         launch()
+        if sums:  # host-side bookkeeping of which tensor the sums belong to (at capture time under a graph)
+            self.sums.record(out, ss_out)
+            self._turn ^= 1
+        else:
+            self.sums.forget(out)
         if self.device.type != "cuda":
             self.check()  # the interpreter: no device to sync with
         return out
 
 
-def matching_ops(plan: LayerPlan, pdl: int = 0, tickets=None):
+def matching_ops(plan: LayerPlan, pdl: int = 0, tickets=None, norm_sums: NormSums | None = None):
     """The five kernels with `plan`'s tiles and splits, as a model.StepOps for reference.decode_layer: the
     launches the persistent layer equals (the same partial sums in the same order). `tickets`: their split
-    counters (linear_residual.Tickets; default fresh zeros per launch)."""
+    counters (linear_residual.Tickets; default fresh zeros per launch). `norm_sums`: the RMSNorm sums handed from
+    the O and down projections to the norms that read their outputs, as a PersistentLayer with norm_sums hands
+    them (a NormSums(min_rows=1); None: every norm reads its whole row, as with norm_sums=False)."""
     import functools
 
     from ..model import StepOps  # the model module imports the kernels, not this one: no cycle
@@ -634,16 +680,16 @@ def matching_ops(plan: LayerPlan, pdl: int = 0, tickets=None):
         # split_k doubles the split until blocks x split reaches `programs`: this target gives the plan's split
         programs = -(-plan.hidden // block_n) * split
         return linear_residual(x, w, b, residual, block_n=block_n, block_k=block_k, programs=programs,
-                               tickets=tickets, pdl=pdl)
+                               tickets=tickets, pdl=pdl, norm_sums=norm_sums)
 
     qkv_programs = plan.qkv_tiles * plan.qkv_split
     return StepOps(
         functools.partial(norm_qkv, half=plan.half, block_k=plan.qkv_block_k, programs=qkv_programs, tickets=tickets,
-                          pdl=pdl),
+                          pdl=pdl, norm_sums=norm_sums),
         functools.partial(decode_attention, num_splits=plan.att_splits, block_n=plan.att_block_n, pdl=pdl,
                           tickets=tickets),
         linear,
-        functools.partial(norm_linear, block_n=plan.up_block_n, block_k=plan.up_block_k, pdl=pdl),
+        functools.partial(norm_linear, block_n=plan.up_block_n, block_k=plan.up_block_k, pdl=pdl, norm_sums=norm_sums),
         None, None)
 
 
