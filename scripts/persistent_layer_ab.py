@@ -11,7 +11,7 @@ partial sums, so bitwise equal unless programs race), against the step's five ke
 references; the same in float32 on the first shape's layer 0 (unless --no-fp32, while the budget lasts).
 
     python3 scripts/persistent_layer_ab.py --out OUT.json [--shapes llama-1b,gpt2,llama-8b] [--batches 1,8]
-        [--layers 16] [--rounds 7] [--replays 20] [--time-budget 150] [--variants dynamic,per-sm-1,static,prefetch]
+        [--layers 16] [--rounds 7] [--replays 20] [--time-budget 150] [--variants dynamic,per-sm-1,...]
         [--no-fp32]
     TRITON_INTERPRET=1 python3 scripts/persistent_layer_ab.py --out OUT.json --dry-run    (CPU: the script itself)
 
@@ -39,9 +39,11 @@ import torch
 MODELS = {"llama-1b": "llama-1b-random", "gpt2": "gpt2-random", "llama-8b": "llama-8b-random",
           "smollm2-360m": "smollm2-360m-random", "qwen2.5-0.5b": "qwen2.5-0.5b-random",
           "qwen2.5-1.5b": "qwen2.5-1.5b-random", "smollm2-1.7b": "smollm2-1.7b-random", "tiny-llama": "tiny-llama"}
-# variant -> PersistentLayer keywords
+# variant -> PersistentLayer keywords (and "plan": make_plan keywords, other tiles than the five kernels')
 VARIANTS = {"dynamic": {}, "per-sm-1": dict(per_sm=1), "static": dict(claim="static"),
-            "prefetch": dict(prefetch=256), "no-sums": dict(norm_sums=False)}
+            "prefetch": dict(prefetch=256), "no-sums": dict(norm_sums=False),
+            "wide-k": dict(plan=dict(o_block_k=256, down_block_k=256))}
+DEFAULT_VARIANTS = "dynamic,per-sm-1,static,prefetch,no-sums"  # each but per-sm-1 is a compile of its own
 CACHE, POSITION = 512, 255  # cache slots; every row at this position (row b padded by b % 4 on the left)
 DRY_CACHE, DRY_POSITION = 64, 40  # --dry-run's: the interpreter is slow
 
@@ -55,7 +57,7 @@ def parse(argv):
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--replays", type=int, default=20, help="graph replays per timed round")
     ap.add_argument("--time-budget", type=float, default=150.0, help="seconds; later work is skipped past it")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--no-fp32", action="store_true", help="skip the float32 exactness check")
     ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1: the script's code on tiny-llama")
     args = ap.parse_args(argv)
@@ -244,8 +246,6 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
             continue
         dtype = W.embed.dtype
         h0, caches, pos, slot, start, length = inputs(W, B, L, dtype, run.dev, run.cache, run.position)
-        plan = make_plan(B, W.hidden, W.n_heads, W.n_kv_heads, W.head_dim, W.layers[0].w_down.shape[1], run.cache,
-                         dtype, run.sms)
 
         def five(h):
             outs = []
@@ -256,8 +256,12 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
 
         graphs = {"five": capture(five, h0)[0]}
         layers = {}
+        plans = {}
         for variant in variants:
-            pl = PersistentLayer(plan, run.dev, dtype, pdl=fm.pdl, **VARIANTS[variant])
+            kw = dict(VARIANTS[variant])
+            plans[variant] = make_plan(B, W.hidden, W.n_heads, W.n_kv_heads, W.head_dim, W.layers[0].w_down.shape[1],
+                                       run.cache, dtype, run.sms, **kw.pop("plan", {}))
+            pl = PersistentLayer(plans[variant], run.dev, dtype, pdl=fm.pdl, **kw)
             bufs = [torch.empty_like(h0) for _ in range(L)]
 
             def persistent(h, pl=pl, bufs=bufs):
@@ -278,12 +282,13 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
                 "shape": shape, "batch": B, "layers": L, "variant": variant, "layer_weight_bytes": per_layer,
                 "floor_us": floor_us, "five_us": five_us, "five_toll_us": five_us - floor_us, "persistent_us": us,
                 "persistent_toll_us": us - floor_us, "speedup": five_us / us, "programs": pl.programs,
-                "tasks": pl.schedule.n_tasks, "plan": vars(plan)})
+                "tasks": pl.schedule.n_tasks, "plan": vars(plans[variant])})
             print(f"{shape:>12} B={B:<2} {variant:>9}: five {five_us:7.2f} us/layer (toll {five_us - floor_us:6.2f})"
                   f"  persistent {us:7.2f} (toll {us - floor_us:6.2f})  floor {floor_us:6.2f}  x{five_us / us:.3f}"
                   f"  P={pl.programs} tasks={pl.schedule.n_tasks}", flush=True)
         if variants[0] == args.variants[0]:
-            ex = exactness(W, W.layers[0], plan, layers[variants[0]], fm.ops, h0, caches[0], pos, slot, start, length)
+            ex = exactness(W, W.layers[0], plans[variants[0]], layers[variants[0]], fm.ops, h0, caches[0], pos, slot,
+                           start, length)
             run.result["exactness"].append({"shape": shape, "batch": B, "dtype": str(dtype)[6:], **ex})
             print_exactness(f"{shape} B={B} {str(dtype)[6:]}", ex)
         del graphs, layers
@@ -310,9 +315,10 @@ def run_fp32(run: Run, shape: str) -> None:
             run.result["skipped"].append(f"float32 exactness batch {B} (time budget)")
             continue
         h0, caches, pos, slot, start, length = inputs(W32, B, 1, torch.float32, run.dev, run.cache, run.position)
+        kw = dict(VARIANTS[run.args.variants[0]])
         plan = make_plan(B, W32.hidden, W32.n_heads, W32.n_kv_heads, W32.head_dim, W32.layers[0].w_down.shape[1],
-                         run.cache, torch.float32, run.sms)
-        pl = PersistentLayer(plan, run.dev, torch.float32, pdl=fm.pdl, **VARIANTS[run.args.variants[0]])
+                         run.cache, torch.float32, run.sms, **kw.pop("plan", {}))
+        pl = PersistentLayer(plan, run.dev, torch.float32, pdl=fm.pdl, **kw)
         ex = exactness(W32, W32.layers[0], plan, pl, ops32, h0, caches[0], pos, slot, start, length)
         run.result["exactness"].append({"shape": shape, "batch": B, "dtype": "float32", **ex})
         print_exactness(f"{shape} B={B} float32", ex)

@@ -133,8 +133,9 @@ def _qkv_task(tile, s, r, signal, ticket, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, i
               HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, K: tl.constexpr,
               K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, LAYER: tl.constexpr, HAS_BIAS: tl.constexpr,
               ROPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr):
-    """One program of _norm_qkv_kernel: tile = head x parts + part, K range s, row block r; with NB_PAD > 0 the
-    norm's sums of squares are the NB partial sums at ss_ptr its writer (the launch before) left."""
+    """One program of _norm_qkv_kernel: tile = head x parts + part, K range s, row block r; with NB_PAD > 0 and
+    NB > 0 (at run time: the first layer's input has none) the norm's sums of squares are the NB partial sums at
+    ss_ptr its writer (the launch before) left."""
     PARTS: tl.constexpr = (D // 2 + HALF - 1) // HALF
     head = tile // PARTS
     part = tile % PARTS
@@ -147,7 +148,13 @@ def _qkv_task(tile, s, r, signal, ticket, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, i
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
     # x and its sums are this launch's input (written before it started): read as norm_qkv reads them
-    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
+    if NB_PAD > 0:
+        if NB > 0:
+            mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
+        else:
+            mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, x_ptr, B, 0, 0)
+    else:
+        mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, x_ptr, B, 0, 0)
     k_lo = s * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
     acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
@@ -491,6 +498,10 @@ class PersistentLayer:
             raise ValueError(f"pdl must be 0, 1, 2 or 3 (kernels/pdl.py), got {pdl!r}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0 or prefetch & (prefetch - 1):
             raise ValueError(f"prefetch must be 0 or a power of two (weight columns per row), got {prefetch!r}")
+        line = 128 // torch.empty(0, dtype=dtype).element_size()
+        if prefetch and prefetch < line:
+            raise ValueError(f"prefetch must be 0 or at least {line} columns (one 128-byte line of {dtype}), got "
+                             f"{prefetch}")
         if prefetch and _INTERPRETED:
             raise ValueError("prefetch needs a CUDA GPU (its L2 prefetch is PTX, which the interpreter does not run)")
         if claim == "static" and pdl == 2:  # EARLY: the next launch's programs may hold SMs this grid still needs
@@ -619,7 +630,7 @@ class PersistentLayer:
                     self.att_l, self.table, self.counters, self.error,
                     ss_in if ss_in is not None else self.ss_mid, self.ss_mid, ss_out,
                     B, S, self.schedule.n_tasks, self.schedule.n_counters, pos.stride(0), slot.stride(0),
-                    p.down_blocks, W.eps, W.rope_scale, layer.scale * LOG2E)
+                    p.down_blocks if ss_in is not None else 0, W.eps, W.rope_scale, layer.scale * LOG2E)
             kw = dict(H=H, I=p.inter, HQ=p.n_heads, HKV=p.n_kv, D=p.head_dim, G=p.group, LAYER=layer_norm,
                       QKV_BIAS=layer.b_qkv is not None, ROPE=W.inv_freq is not None, O_BIAS=layer.b_o is not None,
                       UP_BIAS=layer.b_up is not None, DOWN_BIAS=layer.b_down is not None, ACT=_ACT_CODE[W.act],
@@ -631,7 +642,7 @@ class PersistentLayer:
                       SPLIT_DN=p.down_split, NF=len(FIELDS), CLAIM_NEXT=self.claim == "dynamic",
                       SPIN_LIMIT=self.spin_limit, BLOCK_M=BLOCK_M, PREFETCH=self.prefetch,
                       LINE=128 // h.element_size(),
-                      IN_SUMS=triton.next_power_of_2(p.down_blocks) if ss_in is not None else 0,
+                      IN_SUMS=triton.next_power_of_2(p.down_blocks) if sums else 0,  # used where nb_in > 0
                       MID_SUMS=triton.next_power_of_2(p.o_blocks) if sums else 0, OUT_SUMS=sums, PDL=self.pdl,
                       num_warps=self.num_warps,
                       num_stages=self.num_stages)
