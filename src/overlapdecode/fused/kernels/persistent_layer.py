@@ -386,7 +386,7 @@ def _persistent_layer_kernel(
     BN_DN: tl.constexpr, BK_DN: tl.constexpr, KC_DN: tl.constexpr, SPLIT_DN: tl.constexpr,
     NF: tl.constexpr, CLAIM_NEXT: tl.constexpr, SPIN_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr,
     PREFETCH: tl.constexpr, LINE: tl.constexpr, IN_SUMS: tl.constexpr, MID_SUMS: tl.constexpr,
-    OUT_SUMS: tl.constexpr, PDL: tl.constexpr,
+    OUT_SUMS: tl.constexpr, RESET: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
     programs = tl.num_programs(0)
@@ -445,7 +445,7 @@ def _persistent_layer_kernel(
     # the last program to leave puts every counter (claim, exit, dependencies, tickets) back to 0: every other
     # program has left its loop (its exit ticket came before), so none reads a counter any more
     tl.debug_barrier()
-    if tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu") == programs - 1:
+    if (tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu") == programs - 1) & RESET:
         for c0 in range(0, n_counters, 1024):
             offs = c0 + tl.arange(0, 1024)
             tl.store(cnt_ptr + offs, 0, mask=offs < n_counters)
@@ -484,11 +484,14 @@ class PersistentLayer:
     its input is this layer's output) read those instead of a pass over the row: a gate/up task's first load
     after its wait, on the path from the O projection to the MLP. `self.sums` (NormSums) links an output to its
     sums, so that the next call finds them (matching_ops takes the same NormSums to give the same roundings).
-    `per_sm`, `num_warps`, `num_stages`: the default grid's programs per SM and the kernel's launch options."""
+    `per_sm`, `num_warps`, `num_stages`: the default grid's programs per SM and the kernel's launch options.
+    `keep_counters` (tests): the last program leaves the counters as the launch left them, for comparing with
+    persistent_schedule.final_counters; the next launch then needs `counters.zero_()` first."""
 
     def __init__(self, plan: LayerPlan, device, dtype: torch.dtype, programs: int | None = None,
                  claim: str = "dynamic", spin_limit: int | None = None, pdl: int = 0, per_sm: int = 2,
-                 num_warps: int = 4, num_stages: int = 3, prefetch: int = 0, norm_sums: bool = True):
+                 num_warps: int = 4, num_stages: int = 3, prefetch: int = 0, norm_sums: bool = True,
+                 keep_counters: bool = False):
         if claim not in CLAIMS:
             raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
         for name, v in (("programs", programs), ("spin_limit", spin_limit)):
@@ -517,7 +520,7 @@ class PersistentLayer:
             raise ValueError("pdl needs a CUDA GPU of compute capability 9.0 or later")
         self.plan, self.device, self.dtype, self.claim = plan, device, dtype, claim
         self.pdl, self.per_sm, self.num_warps, self.num_stages = int(pdl), per_sm, num_warps, num_stages
-        self.prefetch = prefetch
+        self.prefetch, self.keep_counters = prefetch, bool(keep_counters)
         if not isinstance(norm_sums, bool):
             raise ValueError(f"norm_sums must be a bool, got {norm_sums!r}")
         self.norm_sums = norm_sums
@@ -643,7 +646,8 @@ class PersistentLayer:
                       SPIN_LIMIT=self.spin_limit, BLOCK_M=BLOCK_M, PREFETCH=self.prefetch,
                       LINE=128 // h.element_size(),
                       IN_SUMS=triton.next_power_of_2(p.down_blocks) if sums else 0,  # used where nb_in > 0
-                      MID_SUMS=triton.next_power_of_2(p.o_blocks) if sums else 0, OUT_SUMS=sums, PDL=self.pdl,
+                      MID_SUMS=triton.next_power_of_2(p.o_blocks) if sums else 0, OUT_SUMS=sums,
+                      RESET=not self.keep_counters, PDL=self.pdl,
                       num_warps=self.num_warps,
                       num_stages=self.num_stages)
             if warmup:  # compiled (the same variant as the launch: launch_pdl is one of its options), not run
