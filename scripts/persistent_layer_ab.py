@@ -3,7 +3,7 @@
 Per shape (the model's first LAYERS layers, each its own weights and cache, bfloat16) and batch: the five kernels
 as the fused step runs them (FusedModel's ops: its tiles, PDL LATE, the RMSNorm sums from 2 rows on) captured
 layer after layer in one CUDA graph, and the persistent layer (kernels/persistent_layer.py, one launch per layer)
-in another, in each of its variants; the graphs replayed in alternating rounds, the median of the rounds after a
+in another, in each of its variants; the graphs replayed in alternating repeats, the median of the repeats after a
 warm-up. Reported per layer: us, the weight floor (the layer's weight bytes over the bandwidth of a 2 GiB
 device-to-device copy measured in the same run) and the toll over it. Exactness, on layer 0 from the same input:
 the persistent layer against the five kernels with the persistent plan's own tiles (matching_ops: the same
@@ -11,7 +11,7 @@ partial sums, so bitwise equal unless programs race), against the step's five ke
 references; the same in float32 on the first shape's layer 0 (unless --no-fp32, while the budget lasts).
 
     python3 scripts/persistent_layer_ab.py --out OUT.json [--shapes llama-1b,gpt2,llama-8b] [--batches 1,8]
-        [--layers 16] [--rounds 7] [--replays 20] [--time-budget 150] [--variants dynamic,per-sm-1,...]
+        [--layers 16] [--repeats 7] [--replays 20] [--time-budget 150] [--variants dynamic,per-sm-1,...]
         [--no-fp32]
     TRITON_INTERPRET=1 python3 scripts/persistent_layer_ab.py --out OUT.json --dry-run    (CPU: the script itself)
 
@@ -54,15 +54,15 @@ def parse(argv):
     ap.add_argument("--shapes", default="llama-1b,gpt2,llama-8b", help=f"comma-separated, of {', '.join(MODELS)}")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--layers", type=int, default=16, help="layers per graph (at most the model's)")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--replays", type=int, default=20, help="graph replays per timed round")
+    ap.add_argument("--repeats", type=int, default=7, help="timed repeats of every graph, alternating")
+    ap.add_argument("--replays", type=int, default=20, help="graph replays per timed repeat")
     ap.add_argument("--time-budget", type=float, default=150.0, help="seconds; later work is skipped past it")
     ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--no-fp32", action="store_true", help="skip the float32 exactness check")
     ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1: the script's code on tiny-llama")
     args = ap.parse_args(argv)
     if args.dry_run:
-        args.shapes, args.batches, args.layers, args.rounds, args.replays = "tiny-llama", "3", 2, 1, 1
+        args.shapes, args.batches, args.layers, args.repeats, args.replays = "tiny-llama", "3", 2, 1, 1
         args.variants, args.time_budget = "dynamic", float("inf")
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.variants = [v for v in args.variants.split(",") if v]
@@ -73,8 +73,8 @@ def parse(argv):
         args.batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
         ap.error(f"--batches takes comma-separated ints, got {args.batches!r}")
-    if not args.batches or min(args.batches) < 1 or min(args.layers, args.rounds, args.replays) < 1:
-        ap.error("--batches, --layers, --rounds and --replays must be positive")
+    if not args.batches or min(args.batches) < 1 or min(args.layers, args.repeats, args.replays) < 1:
+        ap.error("--batches, --layers, --repeats and --replays must be positive")
     if os.path.exists(args.out):
         ap.error(f"--out {args.out} exists; choose another file")
     return args
@@ -124,10 +124,10 @@ def capture(run_layers, h0):
     return g, outs
 
 
-def time_graphs(graphs: dict, rounds: int, replays: int) -> dict:
-    """name -> median ms per replay over `rounds` alternating rounds (after one warm-up round)."""
+def time_graphs(graphs: dict, repeats: int, replays: int) -> dict:
+    """name -> median ms per replay over `repeats` alternating repeats (after one warm-up repeat)."""
     times = {name: [] for name in graphs}
-    for r in range(rounds + 1):
+    for r in range(repeats + 1):
         for name, g in graphs.items():
             if isinstance(g, Eager):  # --dry-run: the host clock
                 t = time.perf_counter()
@@ -271,7 +271,7 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
 
             graphs[variant] = capture(persistent, h0)[0]
             layers[variant] = pl
-        ms = time_graphs(graphs, args.rounds, args.replays)
+        ms = time_graphs(graphs, args.repeats, args.replays)
         for pl in layers.values():
             pl.check()  # host sync: no wait gave up during the timed replays
         floor_us = per_layer / (run.gbs * 1e3)
@@ -364,8 +364,8 @@ def main(argv=None) -> int:
     res["seconds"] = time.perf_counter() - run.t0
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"\nus per layer (median of {args.rounds} rounds x {args.replays} replays); floor = the layer's weight bytes "
-          f"/ {run.gbs:.0f} GB/s; toll = us - floor:")
+    print(f"\nus per layer (median of {args.repeats} repeats x {args.replays} replays); floor = the layer's weight "
+          f"bytes / {run.gbs:.0f} GB/s; toll = us - floor:")
     print(f"{'shape':>12} {'B':>3} {'variant':>9} {'floor':>7} {'five':>7} {'toll':>6} {'persist':>7} {'toll':>6} "
           f"{'speedup':>7}")
     for r in res["rows"]:

@@ -121,7 +121,7 @@ def test_layer_equals_the_five_kernels_in_float32(family, B, H, Hq, Hkv, D, I):
 @pytest.mark.parametrize("family,B,H,Hq,Hkv,D,I", [SHAPES[1], SHAPES[4]])
 def test_layer_in_float16_equals_the_five_kernels(family, B, H, Hq, Hkv, D, I):
     """float16 stands in for bfloat16 (the interpreter's bfloat16 conversions truncate); the persistent layer
-    rounds where the five kernels round, and both stay within 16-bit tolerances of the torch references."""
+    applies the five kernels' roundings, and both stay within 16-bit tolerances of the torch references."""
     W = _model(family, H, Hq, Hkv, D, I, torch.float16)
     S = 40
     args = _inputs(W, B, S, torch.float16, seed=5)
@@ -197,6 +197,6 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="h must be torch.float16"):
         PersistentLayer(plan, DEV, torch.float16)(W, L, h, kc, vc, pos, slot, start, length)
     with pytest.raises(ValueError, match="claim must be one of"):
-        PersistentLayer(plan, DEV, torch.float32, claim="round-robin")
+        PersistentLayer(plan, DEV, torch.float32, claim="cyclic")
     with pytest.raises(ValueError, match="programs must be a positive int"):
         PersistentLayer(plan, DEV, torch.float32, programs=0)

@@ -13,7 +13,7 @@ before are still being computed. Only the gate/up tasks wait for a whole phase (
 whole rows).
 
 Each task computes exactly what one program of the corresponding kernel computes, with the same tiles, splits,
-roundings and order of sums (the same helpers where the kernels have them: norm_stats, norm_tile, _qkv_finish,
+roundings and order of sums (the same functions where the kernels have them: norm_stats, norm_tile, _qkv_finish,
 last_of_split), so the layer's output equals the five kernels' bit for bit where the compiler makes the same
 instructions of the same source (float32 in Triton's interpreter: tested).
 
@@ -395,7 +395,7 @@ def _persistent_layer_kernel(
     else:
         task = tl.program_id(0)
     while task < n_tasks:
-        if CLAIM_NEXT:  # the next task, claimed now so that the claim's round trip hides under this one
+        if CLAIM_NEXT:  # the next task, claimed now so that the claim's latency hides under this one
             nxt = tl.atomic_add(cnt_ptr + 0, 1, sem="relaxed", scope="gpu")
         else:
             nxt = task + programs
