@@ -3,7 +3,7 @@
 Per shape (the model's first LAYERS layers, each its own weights and cache, bfloat16) and batch: the five kernels
 as the fused step runs them (FusedModel's ops: its tiles, PDL LATE, the RMSNorm sums from 2 rows on) captured
 layer after layer in one CUDA graph, and the persistent layer (kernels/persistent_layer.py, one launch per layer)
-in another, in each of its variants; the graphs replayed in alternating rounds, the median of the rounds after a
+in another, in each of its variants; the graphs replayed in alternating repeats, the median of the repeats after a
 warm-up. Reported per layer: us, the weight floor (the layer's weight bytes over the bandwidth of a 2 GiB
 device-to-device copy measured in the same run) and the toll over it. Exactness, on layer 0 from the same input:
 the persistent layer against the five kernels with the persistent plan's own tiles (matching_ops: the same
@@ -11,7 +11,7 @@ partial sums, so bitwise equal unless programs race), against the step's five ke
 references; the same in float32 on the first shape's layer 0 (unless --no-fp32, while the budget lasts).
 
     python3 scripts/persistent_layer_ab.py --out OUT.json [--shapes llama-1b,gpt2,llama-8b] [--batches 1,8]
-        [--layers 16] [--rounds 7] [--replays 20] [--time-budget 150] [--variants dynamic,per-sm-1,static,prefetch]
+        [--layers 16] [--repeats 7] [--replays 20] [--time-budget 150] [--variants dynamic,per-sm-1,...]
         [--no-fp32]
     TRITON_INTERPRET=1 python3 scripts/persistent_layer_ab.py --out OUT.json --dry-run    (CPU: the script itself)
 
@@ -39,9 +39,11 @@ import torch
 MODELS = {"llama-1b": "llama-1b-random", "gpt2": "gpt2-random", "llama-8b": "llama-8b-random",
           "smollm2-360m": "smollm2-360m-random", "qwen2.5-0.5b": "qwen2.5-0.5b-random",
           "qwen2.5-1.5b": "qwen2.5-1.5b-random", "smollm2-1.7b": "smollm2-1.7b-random", "tiny-llama": "tiny-llama"}
-# variant -> PersistentLayer keywords
+# variant -> PersistentLayer keywords (and "plan": make_plan keywords, other tiles than the five kernels')
 VARIANTS = {"dynamic": {}, "per-sm-1": dict(per_sm=1), "static": dict(claim="static"),
-            "prefetch": dict(prefetch=256), "no-sums": dict(norm_sums=False)}
+            "prefetch": dict(prefetch=256), "no-sums": dict(norm_sums=False),
+            "wide-k": dict(plan=dict(o_block_k=256, down_block_k=256))}
+DEFAULT_VARIANTS = "dynamic,per-sm-1,static,prefetch,no-sums"  # each but per-sm-1 is a compile of its own
 CACHE, POSITION = 512, 255  # cache slots; every row at this position (row b padded by b % 4 on the left)
 DRY_CACHE, DRY_POSITION = 64, 40  # --dry-run's: the interpreter is slow
 
@@ -52,15 +54,15 @@ def parse(argv):
     ap.add_argument("--shapes", default="llama-1b,gpt2,llama-8b", help=f"comma-separated, of {', '.join(MODELS)}")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--layers", type=int, default=16, help="layers per graph (at most the model's)")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--replays", type=int, default=20, help="graph replays per timed round")
+    ap.add_argument("--repeats", type=int, default=7, help="timed repeats of every graph, alternating")
+    ap.add_argument("--replays", type=int, default=20, help="graph replays per timed repeat")
     ap.add_argument("--time-budget", type=float, default=150.0, help="seconds; later work is skipped past it")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--no-fp32", action="store_true", help="skip the float32 exactness check")
     ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1: the script's code on tiny-llama")
     args = ap.parse_args(argv)
     if args.dry_run:
-        args.shapes, args.batches, args.layers, args.rounds, args.replays = "tiny-llama", "3", 2, 1, 1
+        args.shapes, args.batches, args.layers, args.repeats, args.replays = "tiny-llama", "3", 2, 1, 1
         args.variants, args.time_budget = "dynamic", float("inf")
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.variants = [v for v in args.variants.split(",") if v]
@@ -71,8 +73,8 @@ def parse(argv):
         args.batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
         ap.error(f"--batches takes comma-separated ints, got {args.batches!r}")
-    if not args.batches or min(args.batches) < 1 or min(args.layers, args.rounds, args.replays) < 1:
-        ap.error("--batches, --layers, --rounds and --replays must be positive")
+    if not args.batches or min(args.batches) < 1 or min(args.layers, args.repeats, args.replays) < 1:
+        ap.error("--batches, --layers, --repeats and --replays must be positive")
     if os.path.exists(args.out):
         ap.error(f"--out {args.out} exists; choose another file")
     return args
@@ -122,10 +124,10 @@ def capture(run_layers, h0):
     return g, outs
 
 
-def time_graphs(graphs: dict, rounds: int, replays: int) -> dict:
-    """name -> median ms per replay over `rounds` alternating rounds (after one warm-up round)."""
+def time_graphs(graphs: dict, repeats: int, replays: int) -> dict:
+    """name -> median ms per replay over `repeats` alternating repeats (after one warm-up repeat)."""
     times = {name: [] for name in graphs}
-    for r in range(rounds + 1):
+    for r in range(repeats + 1):
         for name, g in graphs.items():
             if isinstance(g, Eager):  # --dry-run: the host clock
                 t = time.perf_counter()
@@ -244,8 +246,6 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
             continue
         dtype = W.embed.dtype
         h0, caches, pos, slot, start, length = inputs(W, B, L, dtype, run.dev, run.cache, run.position)
-        plan = make_plan(B, W.hidden, W.n_heads, W.n_kv_heads, W.head_dim, W.layers[0].w_down.shape[1], run.cache,
-                         dtype, run.sms)
 
         def five(h):
             outs = []
@@ -256,8 +256,12 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
 
         graphs = {"five": capture(five, h0)[0]}
         layers = {}
+        plans = {}
         for variant in variants:
-            pl = PersistentLayer(plan, run.dev, dtype, pdl=fm.pdl, **VARIANTS[variant])
+            kw = dict(VARIANTS[variant])
+            plans[variant] = make_plan(B, W.hidden, W.n_heads, W.n_kv_heads, W.head_dim, W.layers[0].w_down.shape[1],
+                                       run.cache, dtype, run.sms, **kw.pop("plan", {}))
+            pl = PersistentLayer(plans[variant], run.dev, dtype, pdl=fm.pdl, **kw)
             bufs = [torch.empty_like(h0) for _ in range(L)]
 
             def persistent(h, pl=pl, bufs=bufs):
@@ -267,7 +271,7 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
 
             graphs[variant] = capture(persistent, h0)[0]
             layers[variant] = pl
-        ms = time_graphs(graphs, args.rounds, args.replays)
+        ms = time_graphs(graphs, args.repeats, args.replays)
         for pl in layers.values():
             pl.check()  # host sync: no wait gave up during the timed replays
         floor_us = per_layer / (run.gbs * 1e3)
@@ -278,12 +282,13 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
                 "shape": shape, "batch": B, "layers": L, "variant": variant, "layer_weight_bytes": per_layer,
                 "floor_us": floor_us, "five_us": five_us, "five_toll_us": five_us - floor_us, "persistent_us": us,
                 "persistent_toll_us": us - floor_us, "speedup": five_us / us, "programs": pl.programs,
-                "tasks": pl.schedule.n_tasks, "plan": vars(plan)})
+                "tasks": pl.schedule.n_tasks, "plan": vars(plans[variant])})
             print(f"{shape:>12} B={B:<2} {variant:>9}: five {five_us:7.2f} us/layer (toll {five_us - floor_us:6.2f})"
                   f"  persistent {us:7.2f} (toll {us - floor_us:6.2f})  floor {floor_us:6.2f}  x{five_us / us:.3f}"
                   f"  P={pl.programs} tasks={pl.schedule.n_tasks}", flush=True)
         if variants[0] == args.variants[0]:
-            ex = exactness(W, W.layers[0], plan, layers[variants[0]], fm.ops, h0, caches[0], pos, slot, start, length)
+            ex = exactness(W, W.layers[0], plans[variants[0]], layers[variants[0]], fm.ops, h0, caches[0], pos, slot,
+                           start, length)
             run.result["exactness"].append({"shape": shape, "batch": B, "dtype": str(dtype)[6:], **ex})
             print_exactness(f"{shape} B={B} {str(dtype)[6:]}", ex)
         del graphs, layers
@@ -310,9 +315,10 @@ def run_fp32(run: Run, shape: str) -> None:
             run.result["skipped"].append(f"float32 exactness batch {B} (time budget)")
             continue
         h0, caches, pos, slot, start, length = inputs(W32, B, 1, torch.float32, run.dev, run.cache, run.position)
+        kw = dict(VARIANTS[run.args.variants[0]])
         plan = make_plan(B, W32.hidden, W32.n_heads, W32.n_kv_heads, W32.head_dim, W32.layers[0].w_down.shape[1],
-                         run.cache, torch.float32, run.sms)
-        pl = PersistentLayer(plan, run.dev, torch.float32, pdl=fm.pdl, **VARIANTS[run.args.variants[0]])
+                         run.cache, torch.float32, run.sms, **kw.pop("plan", {}))
+        pl = PersistentLayer(plan, run.dev, torch.float32, pdl=fm.pdl, **kw)
         ex = exactness(W32, W32.layers[0], plan, pl, ops32, h0, caches[0], pos, slot, start, length)
         run.result["exactness"].append({"shape": shape, "batch": B, "dtype": "float32", **ex})
         print_exactness(f"{shape} B={B} float32", ex)
@@ -358,8 +364,8 @@ def main(argv=None) -> int:
     res["seconds"] = time.perf_counter() - run.t0
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"\nus per layer (median of {args.rounds} rounds x {args.replays} replays); floor = the layer's weight bytes "
-          f"/ {run.gbs:.0f} GB/s; toll = us - floor:")
+    print(f"\nus per layer (median of {args.repeats} repeats x {args.replays} replays); floor = the layer's weight "
+          f"bytes / {run.gbs:.0f} GB/s; toll = us - floor:")
     print(f"{'shape':>12} {'B':>3} {'variant':>9} {'floor':>7} {'five':>7} {'toll':>6} {'persist':>7} {'toll':>6} "
           f"{'speedup':>7}")
     for r in res["rows"]:

@@ -17,7 +17,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from overlapdecode.fused import reference
 from overlapdecode.fused.kernels.norm_linear import NormSums
 from overlapdecode.fused.kernels.persistent_layer import PersistentLayer, matching_ops
-from overlapdecode.fused.kernels.persistent_schedule import make_plan
+from overlapdecode.fused.kernels.persistent_schedule import final_counters, make_plan
 from overlapdecode.fused.layout import fuse_weights
 from overlapdecode.fused.model import REFERENCE_OPS
 from triton_interpreter import INTERPRETING, interpreter_loop_bounds  # noqa: F401 (autouse fixture)
@@ -110,12 +110,18 @@ def test_layer_equals_the_five_kernels_in_float32(family, B, H, Hq, Hkv, D, I):
         assert torch.equal(out, five) and torch.equal(k, k5) and torch.equal(v, v5), (sums, claim, programs)
         assert not layer.counters.any()  # every counter back to 0 by the launch itself
         layer.check()  # no wait gave up
+    if INTERPRETING and (B, Hkv) == (2, 2):  # the counters before that reset: every signal, ticket and claim made
+        for claim in ("dynamic", "static"):
+            layer = PersistentLayer(plan, DEV, torch.float32, claim=claim, keep_counters=True)
+            _layer(layer, W, *args)
+            spans = list(zip(args[5].tolist(), args[6].tolist()))
+            assert layer.counters.tolist() == final_counters(layer.schedule, 1, claim, spans), claim
 
 
 @pytest.mark.parametrize("family,B,H,Hq,Hkv,D,I", [SHAPES[1], SHAPES[4]])
 def test_layer_in_float16_equals_the_five_kernels(family, B, H, Hq, Hkv, D, I):
     """float16 stands in for bfloat16 (the interpreter's bfloat16 conversions truncate); the persistent layer
-    rounds where the five kernels round, and both stay within 16-bit tolerances of the torch references."""
+    applies the five kernels' roundings, and both stay within 16-bit tolerances of the torch references."""
     W = _model(family, H, Hq, Hkv, D, I, torch.float16)
     S = 40
     args = _inputs(W, B, S, torch.float16, seed=5)
@@ -191,6 +197,6 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="h must be torch.float16"):
         PersistentLayer(plan, DEV, torch.float16)(W, L, h, kc, vc, pos, slot, start, length)
     with pytest.raises(ValueError, match="claim must be one of"):
-        PersistentLayer(plan, DEV, torch.float32, claim="round-robin")
+        PersistentLayer(plan, DEV, torch.float32, claim="cyclic")
     with pytest.raises(ValueError, match="programs must be a positive int"):
         PersistentLayer(plan, DEV, torch.float32, programs=0)

@@ -181,7 +181,7 @@ def test_kernel_compiles_for_sm90(claim_next, prefetch):
                   KC_O=p.o_chunk, SPLIT_O=p.o_split, BN_UP=p.up_block_n, BK_UP=p.up_block_k, BN_DN=p.down_block_n,
                   BK_DN=p.down_block_k, KC_DN=p.down_chunk, SPLIT_DN=p.down_split, NF=9, CLAIM_NEXT=claim_next,
                   SPIN_LIMIT=1 << 20, BLOCK_M=16, PREFETCH=prefetch, LINE=64, IN_SUMS=64 if prefetch else 0,
-                  MID_SUMS=64 if prefetch else 0, OUT_SUMS=bool(prefetch), PDL=3)
+                  MID_SUMS=64 if prefetch else 0, OUT_SUMS=bool(prefetch), RESET=True, PDL=3)
     signature = {n: types.get(n, "constexpr") for n in kernel.arg_names}
     assert not [n for n, t in signature.items() if t == "constexpr" and n not in consts]
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),

@@ -13,7 +13,7 @@ before are still being computed. Only the gate/up tasks wait for a whole phase (
 whole rows).
 
 Each task computes exactly what one program of the corresponding kernel computes, with the same tiles, splits,
-roundings and order of sums (the same helpers where the kernels have them: norm_stats, norm_tile, _qkv_finish,
+roundings and order of sums (the same functions where the kernels have them: norm_stats, norm_tile, _qkv_finish,
 last_of_split), so the layer's output equals the five kernels' bit for bit where the compiler makes the same
 instructions of the same source (float32 in Triton's interpreter: tested).
 
@@ -133,8 +133,9 @@ def _qkv_task(tile, s, r, signal, ticket, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, i
               HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, K: tl.constexpr,
               K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, LAYER: tl.constexpr, HAS_BIAS: tl.constexpr,
               ROPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr):
-    """One program of _norm_qkv_kernel: tile = head x parts + part, K range s, row block r; with NB_PAD > 0 the
-    norm's sums of squares are the NB partial sums at ss_ptr its writer (the launch before) left."""
+    """One program of _norm_qkv_kernel: tile = head x parts + part, K range s, row block r; with NB_PAD > 0 and
+    NB > 0 (at run time: the first layer's input has none) the norm's sums of squares are the NB partial sums at
+    ss_ptr its writer (the launch before) left."""
     PARTS: tl.constexpr = (D // 2 + HALF - 1) // HALF
     head = tile // PARTS
     part = tile % PARTS
@@ -147,7 +148,13 @@ def _qkv_task(tile, s, r, signal, ticket, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, i
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
     # x and its sums are this launch's input (written before it started): read as norm_qkv reads them
-    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
+    if NB_PAD > 0:
+        if NB > 0:
+            mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
+        else:
+            mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, x_ptr, B, 0, 0)
+    else:
+        mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, x_ptr, B, 0, 0)
     k_lo = s * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
     acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
@@ -379,7 +386,7 @@ def _persistent_layer_kernel(
     BN_DN: tl.constexpr, BK_DN: tl.constexpr, KC_DN: tl.constexpr, SPLIT_DN: tl.constexpr,
     NF: tl.constexpr, CLAIM_NEXT: tl.constexpr, SPIN_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr,
     PREFETCH: tl.constexpr, LINE: tl.constexpr, IN_SUMS: tl.constexpr, MID_SUMS: tl.constexpr,
-    OUT_SUMS: tl.constexpr, PDL: tl.constexpr,
+    OUT_SUMS: tl.constexpr, RESET: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_start(PDL)
     programs = tl.num_programs(0)
@@ -388,7 +395,7 @@ def _persistent_layer_kernel(
     else:
         task = tl.program_id(0)
     while task < n_tasks:
-        if CLAIM_NEXT:  # the next task, claimed now so that the claim's round trip hides under this one
+        if CLAIM_NEXT:  # the next task, claimed now so that the claim's latency hides under this one
             nxt = tl.atomic_add(cnt_ptr + 0, 1, sem="relaxed", scope="gpu")
         else:
             nxt = task + programs
@@ -438,7 +445,7 @@ def _persistent_layer_kernel(
     # the last program to leave puts every counter (claim, exit, dependencies, tickets) back to 0: every other
     # program has left its loop (its exit ticket came before), so none reads a counter any more
     tl.debug_barrier()
-    if tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu") == programs - 1:
+    if (tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu") == programs - 1) & RESET:
         for c0 in range(0, n_counters, 1024):
             offs = c0 + tl.arange(0, 1024)
             tl.store(cnt_ptr + offs, 0, mask=offs < n_counters)
@@ -477,11 +484,14 @@ class PersistentLayer:
     its input is this layer's output) read those instead of a pass over the row: a gate/up task's first load
     after its wait, on the path from the O projection to the MLP. `self.sums` (NormSums) links an output to its
     sums, so that the next call finds them (matching_ops takes the same NormSums to give the same roundings).
-    `per_sm`, `num_warps`, `num_stages`: the default grid's programs per SM and the kernel's launch options."""
+    `per_sm`, `num_warps`, `num_stages`: the default grid's programs per SM and the kernel's launch options.
+    `keep_counters` (tests): the last program leaves the counters as the launch left them, for comparing with
+    persistent_schedule.final_counters; the next launch then needs `counters.zero_()` first."""
 
     def __init__(self, plan: LayerPlan, device, dtype: torch.dtype, programs: int | None = None,
                  claim: str = "dynamic", spin_limit: int | None = None, pdl: int = 0, per_sm: int = 2,
-                 num_warps: int = 4, num_stages: int = 3, prefetch: int = 0, norm_sums: bool = True):
+                 num_warps: int = 4, num_stages: int = 3, prefetch: int = 0, norm_sums: bool = True,
+                 keep_counters: bool = False):
         if claim not in CLAIMS:
             raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
         for name, v in (("programs", programs), ("spin_limit", spin_limit)):
@@ -491,6 +501,10 @@ class PersistentLayer:
             raise ValueError(f"pdl must be 0, 1, 2 or 3 (kernels/pdl.py), got {pdl!r}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0 or prefetch & (prefetch - 1):
             raise ValueError(f"prefetch must be 0 or a power of two (weight columns per row), got {prefetch!r}")
+        line = 128 // torch.empty(0, dtype=dtype).element_size()
+        if prefetch and prefetch < line:
+            raise ValueError(f"prefetch must be 0 or at least {line} columns (one 128-byte line of {dtype}), got "
+                             f"{prefetch}")
         if prefetch and _INTERPRETED:
             raise ValueError("prefetch needs a CUDA GPU (its L2 prefetch is PTX, which the interpreter does not run)")
         if claim == "static" and pdl == 2:  # EARLY: the next launch's programs may hold SMs this grid still needs
@@ -508,7 +522,7 @@ class PersistentLayer:
             raise ValueError("pdl needs a CUDA GPU of compute capability 9.0 or later")
         self.plan, self.device, self.dtype, self.claim = plan, device, dtype, claim
         self.pdl, self.per_sm, self.num_warps, self.num_stages = int(pdl), per_sm, num_warps, num_stages
-        self.prefetch = prefetch
+        self.prefetch, self.keep_counters = prefetch, bool(keep_counters)
         if not isinstance(norm_sums, bool):
             raise ValueError(f"norm_sums must be a bool, got {norm_sums!r}")
         self.norm_sums = norm_sums
@@ -621,7 +635,7 @@ class PersistentLayer:
                     self.att_l, self.table, self.counters, self.error,
                     ss_in if ss_in is not None else self.ss_mid, self.ss_mid, ss_out,
                     B, S, self.schedule.n_tasks, self.schedule.n_counters, pos.stride(0), slot.stride(0),
-                    p.down_blocks, W.eps, W.rope_scale, layer.scale * LOG2E)
+                    p.down_blocks if ss_in is not None else 0, W.eps, W.rope_scale, layer.scale * LOG2E)
             kw = dict(H=H, I=p.inter, HQ=p.n_heads, HKV=p.n_kv, D=p.head_dim, G=p.group, LAYER=layer_norm,
                       QKV_BIAS=layer.b_qkv is not None, ROPE=W.inv_freq is not None, O_BIAS=layer.b_o is not None,
                       UP_BIAS=layer.b_up is not None, DOWN_BIAS=layer.b_down is not None, ACT=_ACT_CODE[W.act],
@@ -633,8 +647,9 @@ class PersistentLayer:
                       SPLIT_DN=p.down_split, NF=len(FIELDS), CLAIM_NEXT=self.claim == "dynamic",
                       SPIN_LIMIT=self.spin_limit, BLOCK_M=BLOCK_M, PREFETCH=self.prefetch,
                       LINE=128 // h.element_size(),
-                      IN_SUMS=triton.next_power_of_2(p.down_blocks) if ss_in is not None else 0,
-                      MID_SUMS=triton.next_power_of_2(p.o_blocks) if sums else 0, OUT_SUMS=sums, PDL=self.pdl,
+                      IN_SUMS=triton.next_power_of_2(p.down_blocks) if sums else 0,  # used where nb_in > 0
+                      MID_SUMS=triton.next_power_of_2(p.o_blocks) if sums else 0, OUT_SUMS=sums,
+                      RESET=not self.keep_counters, PDL=self.pdl,
                       num_warps=self.num_warps,
                       num_stages=self.num_stages)
             if warmup:  # compiled (the same variant as the launch: launch_pdl is one of its options), not run

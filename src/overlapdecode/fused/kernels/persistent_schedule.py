@@ -286,6 +286,21 @@ def live_pieces(plan: LayerPlan, start: int, length: int) -> int:
 
 def simulate(schedule: Schedule, programs: int, claim: str = "dynamic", seed: int = 0,
              spans: list[tuple[int, int]] | None = None, resident: int | None = None) -> list[int]:
+    """The order the tasks ran in: see `_execute`."""
+    return _execute(schedule, programs, claim, seed, spans, resident)[0]
+
+
+def final_counters(schedule: Schedule, programs: int, claim: str = "dynamic",
+                   spans: list[tuple[int, int]] | None = None) -> list[int]:
+    """Every counter after a launch of `programs` programs, before the last program puts them back to 0: CLAIM
+    n_tasks + P with the claim ticket (each program claims one task more than it runs), 0 otherwise; EXIT P; each
+    dependency counter the number of tiles that signal it; each ticket the number of tasks that take it."""
+    counters = _execute(schedule, programs, claim, 0, spans, None)[1]
+    counters[EXIT] = programs
+    return counters
+
+
+def _execute(schedule: Schedule, programs: int, claim: str, seed: int, spans, resident) -> tuple[list, list]:
     """Run the schedule as the kernel would with `programs` programs, one action of a random program at a time,
     and return the order the tasks ran in. A program's actions: claim its first task; with the claim ticket
     (`claim="dynamic"`) claim the next one before waiting (as the kernel does, one ahead); run its task once the
@@ -337,7 +352,7 @@ def simulate(schedule: Schedule, programs: int, claim: str = "dynamic", seed: in
         if not actions:
             left = [c for c in cur if c is None or c < n]
             if not left:
-                return done
+                return done, counters
             raise RuntimeError(f"deadlock: programs wait at tasks {sorted(c for c in left if c is not None)} with "
                                f"{len(done)} of {n} tasks done ({left.count(None)} programs not started)")
         p = rng.choice(actions)
