@@ -20,6 +20,7 @@ import weakref
 import torch
 
 from . import caches, markers
+from .architecture import check_strategy
 from .inputs import Request, check_model, check_request, model_device
 from .sampling import SamplingParams, check_sampling, draw_noise, make_generator, pick_next
 from .step_graph import StepGraph
@@ -190,6 +191,7 @@ class Decoder:
         strat = resolve_strategy(strategy)
         req = check_request(self.model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
         params = check_sampling(do_sample, temperature, top_k, top_p, seed)
+        check_strategy(self.model, strat, strategy)  # what the model's layers need of the strategy
         if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:
             raise ValueError(
                 f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
