@@ -8,7 +8,8 @@ Hugging Face 5.17 quirks handled here:
   `StaticCache` writes at its own device counter (`layer.cumulative_length`), so a late-stop extra step
   advances it and a cache reused across calls must be `reset()`;
 - `StaticCache` sizes the attention mask to `max_cache_len`, and pads a shorter 2D mask with zeros, so the
-  2D mask we pass covers the whole cache: the prompt's mask, then ones (causality hides the future);
+  2D mask of a decode step covers the whole cache: the prompt's mask, then ones (causality hides the future);
+  with recurrent layers the prefill's is the prompt's alone (they read its last P columns as its padding);
 - `StaticCache` allocates lazily, on the first update (the prefill), on the prefill's stream;
 - the forward's cache keyword: `past_key_values` up to 5.23, `cache` from 5.24 (which still takes
   `past_key_values` with a FutureWarning at every call); `cache_keyword` reads which one from the forward's
@@ -24,6 +25,7 @@ from collections import OrderedDict
 import torch
 from transformers import DynamicCache, StaticCache
 
+from .architecture import describe
 from .strategy import CACHE_KINDS
 
 
@@ -145,16 +147,17 @@ class StaticKV(_WithCache):
         B, P = input_ids.shape
         max_cache_len = static_cache_len(P, max_new_tokens)
         cache, full = store.get(model, B, max_cache_len)
-        if compiled and any(getattr(layer, "is_sliding", False) for layer in cache.layers):
-            raise ValueError(
-                "strategy: this model has sliding-window layers, whose Hugging Face static cache keeps a Python "
-                "counter (a recompilation every step when compiled); use strategy='static' or 'kv' for it"
-            )
         full.fill_(1)
         full[:, :P] = attention_mask
         super().__init__(model, cache, input_ids, full, P)
+        # a state-space or linear-attention layer zeroes the prompt's padding by the mask's last P columns (all
+        # ones in the whole-cache mask): its prefill gets the prompt's columns only, which the attention layers
+        # pad with zeros (hidden by causality anyway; a model that sizes ALiBi by the mask needs the whole one)
+        self.prefill_mask = full[:, :P] if describe(model).recurrent_layers else full
 
     def mask_for_step(self, step: int) -> torch.Tensor:
+        if step == 0:
+            return self.prefill_mask
         return self.full_mask  # fixed shape and address: what a CUDA graph needs
 
 

@@ -25,6 +25,7 @@ import torch
 from . import markers
 from .caches import StaticCaches
 from .fused_path import FusedPath
+from .architecture import check_strategy
 from .inputs import Request, check_model, check_request, model_device
 from .sampling import SamplingParams, check_sampling, make_generator, seen_tokens
 from .steps import StepInputs, hf_steps
@@ -120,6 +121,7 @@ class Decoder:
         strat = resolve_strategy(strategy)
         req = check_request(self.model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
         params = check_sampling(do_sample, temperature, top_k, top_p, seed, min_p, repetition_penalty)
+        check_strategy(self.model, strat, strategy)  # what the model's layers need of the strategy
         if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:
             raise ValueError(
                 f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="

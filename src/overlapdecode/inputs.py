@@ -96,7 +96,7 @@ def model_limits(model) -> tuple[int, int | None]:
     vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else None
     vocab = min(v for v in (vocab, getattr(config, "vocab_size", None)) if v is not None)
     max_pos = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-    return vocab, max_pos
+    return vocab, max_pos if isinstance(max_pos, int) and max_pos > 0 else None  # XLNet says -1: no table
 
 
 def model_device(model) -> torch.device:
