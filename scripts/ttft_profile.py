@@ -47,7 +47,7 @@ def main(argv=None) -> None:
         ids = torch.randint(0, 1000, (1, 32), device="cuda")
         decs = {s: od.Decoder(model, fused_options=opts) for s, opts in SETTINGS.items()}
 
-        def call(setting, n=1):
+        def call(setting, n=1, decs=decs):
             decs[setting].generate(ids, max_new_tokens=n, strategy="fused", eos_token_id=[])
 
         for setting in SETTINGS:

@@ -72,7 +72,7 @@ def test_sample_choice_pads_finished_rows_and_stops_on_eos():
     tokens = got["ref"][0][:, 0]
     eos = (int(tokens[0]), int(tokens[2]))
     got = run_both(4, 500, dict(top_p=0.9), 1, 64, eos=eos, finished=(1, 3))
-    (rs, rd, _, _), (ks, kd, _, log) = got["ref"], got["kernel"]
+    (rs, rd, _, _), (ks, kd, _, _) = got["ref"], got["kernel"]
     assert torch.equal(ks, rs) and torch.equal(kd, rd)
     assert ks[1, 0] == 0 and ks[:, 2].tolist() == [1, 1, 1, 1] and bool(kd)
 
@@ -82,7 +82,7 @@ def test_sample_choice_writes_the_step_log():
     the log's end."""
     got = run_both(3, 400, dict(top_p=0.8, repetition_penalty=1.2), 2, 64, log_length=6)
     (rs, rd, _, _), (ks, kd, _, log) = got["ref"], got["kernel"]
-    assert torch.equal(ks, rs)
+    assert torch.equal(ks, rs) and torch.equal(kd, rd)
     assert torch.equal(log.tokens[:, 4], ks[:, 0]) and int(log.count) == 5 and bool(log.flags[4]) == bool(kd)
     assert int(log.tokens[:, :4].abs().sum()) == 0 and int(log.tokens[:, 5].abs().sum()) == 0
 

@@ -284,7 +284,7 @@ def localise_(model, place: Placement) -> None:
         setattr(model.get_submodule(parent_name), child, row)
 
     if family(config) == "gpt2":
-        for name, module, style, _ in _layer_modules(model):
+        for name, _module, _style, _ in _layer_modules(model):
             if name.endswith("attn.c_attn"):
                 attn = model.get_submodule(name.rpartition(".")[0])
                 attn.num_heads //= tp

@@ -247,7 +247,7 @@ def check_schedule(schedule: Schedule) -> None:
     table = schedule.table.tolist()
     n_dep = schedule.bases["qkv_ticket"]  # dependency counters are [2, n_dep)
     sources: dict = {}  # counter -> {source: the largest task index of the source}
-    for i, (op, tile, split, row, wait, need, signal, n_signal, ticket) in enumerate(table):
+    for i, (op, _tile, _split, _row, wait, need, signal, n_signal, ticket) in enumerate(table):
         if not 0 <= op < len(OPS):
             raise ValueError(f"task {i}: op {op} is not one of {OPS}")
         if n_signal < 0 or (n_signal and not 2 <= signal <= signal + n_signal <= n_dep):
