@@ -156,9 +156,13 @@ def greedy_choice(args) -> None:
             for _ in range(8):
                 g.run()
             torch.cuda.synchronize()  # host sync: profile boundary
-        n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                and not e.name.startswith(("Memcpy", "Memset"))
-                and getattr(e, "kind", "kernel") in ("kernel", "gpu_op"))
+        n = sum(
+            1
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA
+            and not e.name.startswith(("Memcpy", "Memset"))
+            and getattr(e, "kind", "kernel") in ("kernel", "gpu_op")
+        )
         return n / 8
 
     res = meta(replays=replays, rounds=rounds)
@@ -166,13 +170,21 @@ def greedy_choice(args) -> None:
         model = od.load_model(name, dtype="bfloat16", device=dev)
         fm = FusedModel(model)
         cache = fm.cache_for(B, 300)
-        init = torch.stack([torch.randint(0, 1000, (B,)), torch.full((B,), start), torch.zeros(B, dtype=torch.long)],
-                           1).to(dev)
-        by_ops = functools.partial(_choose_after_head, fm, decode_kwargs(cache), 0,
-                                   torch.compile(steps.choose_next, fullgraph=True, dynamic=False))
+        init = torch.stack(
+            [torch.randint(0, 1000, (B,)), torch.full((B,), start), torch.zeros(B, dtype=torch.long)], 1
+        ).to(dev)
+        by_ops = functools.partial(
+            _choose_after_head,
+            fm,
+            decode_kwargs(cache),
+            0,
+            torch.compile(steps.choose_next, fullgraph=True, dynamic=False),
+        )
         by_kernel = functools.partial(fused_path._fused_greedy_step, fm, cache, 0)
-        gs = {"choose after the head": StepGraph(by_ops, B, 1, None, dev),
-              "greedy kernel": StepGraph(by_kernel, B, 1, None, dev)}
+        gs = {
+            "choose after the head": StepGraph(by_ops, B, 1, None, dev),
+            "greedy kernel": StepGraph(by_kernel, B, 1, None, dev),
+        }
         tokens = {}
         for label, g in gs.items():  # eager step, capture, and a check that both choose the same tokens
             reset(g, init)
@@ -184,8 +196,14 @@ def greedy_choice(args) -> None:
             for label, g in gs.items():
                 times[label].append(timed_round(g, init))
         key = f"{name} b{B}"
-        res[key] = {label: dict(ms_per_replay=round(statistics.median(t), 4), fastest=round(min(t), 4),
-                                kernels=kernels_per_replay(gs[label], init)) for label, t in times.items()}
+        res[key] = {
+            label: dict(
+                ms_per_replay=round(statistics.median(t), 4),
+                fastest=round(min(t), 4),
+                kernels=kernels_per_replay(gs[label], init),
+            )
+            for label, t in times.items()
+        }
         res[key]["same tokens after 4 steps"] = torch.equal(*tokens.values())
         del gs, cache, fm, model
         torch.cuda.empty_cache()
@@ -197,10 +215,28 @@ def greedy_choice(args) -> None:
 
 LM_HEAD_KEY = ("norm_linear", 50257, 768)
 # (block_n, block_k, num_warps, num_stages); the first is norm_linear's default, the second TILES' entry
-LM_HEADS = [(32, 256, 4, 3), (128, 64, 4, 4), (64, 256, 4, 3), (64, 256, 8, 3), (64, 128, 4, 4), (128, 128, 8, 3),
-            (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 2), (64, 256, 8, 2), (128, 256, 8, 2), (64, 128, 8, 4),
-            (256, 64, 4, 4), (256, 32, 4, 4), (128, 32, 4, 5), (128, 64, 4, 5), (128, 64, 8, 4), (128, 64, 4, 3),
-            (256, 64, 8, 4), (128, 128, 4, 4)]
+LM_HEADS = [
+    (32, 256, 4, 3),
+    (128, 64, 4, 4),
+    (64, 256, 4, 3),
+    (64, 256, 8, 3),
+    (64, 128, 4, 4),
+    (128, 128, 8, 3),
+    (16, 256, 4, 3),
+    (32, 128, 4, 4),
+    (32, 256, 4, 2),
+    (64, 256, 8, 2),
+    (128, 256, 8, 2),
+    (64, 128, 8, 4),
+    (256, 64, 4, 4),
+    (256, 32, 4, 4),
+    (128, 32, 4, 5),
+    (128, 64, 4, 5),
+    (128, 64, 8, 4),
+    (128, 64, 4, 3),
+    (256, 64, 8, 4),
+    (128, 128, 4, 4),
+]
 GREEDY_BLOCKS = (1024, 4096, 8192)  # the greedy choice's logits per program (its default for one row: 2048)
 
 
@@ -211,9 +247,9 @@ def _head_cfg(t) -> dict:
 def lm_head(args) -> None:
     path = out_path(args.out, f"lm-head-b{args.batch}.json")
     import torch
+    from kernel_sweep import captured_step, rotated, time_rotated  # scripts/ is on the path when run as a script
 
     import overlapdecode as od
-    from kernel_sweep import captured_step, rotated, time_rotated  # scripts/ is on the path when run as a script
     from overlapdecode.fused.kernels.norm_linear import norm_linear
     from overlapdecode.fused.model import TILES
 
@@ -254,30 +290,40 @@ def lm_head(args) -> None:
 # (kernel, N, K) -> candidates (keywords); the defaults (docs/KERNELS.md "Tiles") are HALF 32 x 256, 4 warps,
 # 3 stages, 4 x SMs for QKV; 32 x 128, 4, 3, 2 x SMs for O and down; 32 x 256, 4, 3 for gate/up and the LM head
 CANDIDATES = {
-    ("norm_qkv", QKV, H): [dict(half=32, block_k=128, num_warps=4, num_stages=4, programs=4 * SMS),
-                           dict(half=32, block_k=256, num_warps=4, num_stages=3, programs=8 * SMS),
-                           dict(half=16, block_k=256, num_warps=4, num_stages=3, programs=4 * SMS),
-                           dict(half=32, block_k=256, num_warps=8, num_stages=3, programs=4 * SMS),
-                           dict(half=32, block_k=128, num_warps=4, num_stages=3, programs=2 * SMS)],
-    ("linear_residual", H, H): [dict(block_n=64, block_k=128, num_warps=4, num_stages=3, programs=2 * SMS),
-                                dict(block_n=128, block_k=64, num_warps=4, num_stages=4, programs=2 * SMS),
-                                dict(block_n=32, block_k=128, num_warps=4, num_stages=3, programs=4 * SMS),
-                                dict(block_n=64, block_k=64, num_warps=4, num_stages=4, programs=4 * SMS),
-                                dict(block_n=16, block_k=128, num_warps=4, num_stages=4, programs=2 * SMS)],
-    ("norm_linear", 2 * I, H): [dict(block_n=64, block_k=128, num_warps=4, num_stages=3),
-                                dict(block_n=128, block_k=64, num_warps=4, num_stages=4),
-                                dict(block_n=128, block_k=64, num_warps=8, num_stages=4),
-                                dict(block_n=64, block_k=64, num_warps=4, num_stages=4),
-                                dict(block_n=64, block_k=256, num_warps=8, num_stages=3)],
-    ("linear_residual", H, I): [dict(block_n=64, block_k=128, num_warps=4, num_stages=3, programs=2 * SMS),
-                                dict(block_n=128, block_k=64, num_warps=4, num_stages=4, programs=2 * SMS),
-                                dict(block_n=32, block_k=128, num_warps=4, num_stages=4, programs=4 * SMS),
-                                dict(block_n=64, block_k=128, num_warps=8, num_stages=3, programs=4 * SMS),
-                                dict(block_n=32, block_k=64, num_warps=4, num_stages=4, programs=2 * SMS)],
-    ("norm_linear", V, H): [dict(block_n=32, block_k=256, num_warps=4, num_stages=3),
-                            dict(block_n=64, block_k=128, num_warps=4, num_stages=3),
-                            dict(block_n=128, block_k=64, num_warps=4, num_stages=4),
-                            dict(block_n=128, block_k=128, num_warps=8, num_stages=3)],
+    ("norm_qkv", QKV, H): [
+        dict(half=32, block_k=128, num_warps=4, num_stages=4, programs=4 * SMS),
+        dict(half=32, block_k=256, num_warps=4, num_stages=3, programs=8 * SMS),
+        dict(half=16, block_k=256, num_warps=4, num_stages=3, programs=4 * SMS),
+        dict(half=32, block_k=256, num_warps=8, num_stages=3, programs=4 * SMS),
+        dict(half=32, block_k=128, num_warps=4, num_stages=3, programs=2 * SMS),
+    ],
+    ("linear_residual", H, H): [
+        dict(block_n=64, block_k=128, num_warps=4, num_stages=3, programs=2 * SMS),
+        dict(block_n=128, block_k=64, num_warps=4, num_stages=4, programs=2 * SMS),
+        dict(block_n=32, block_k=128, num_warps=4, num_stages=3, programs=4 * SMS),
+        dict(block_n=64, block_k=64, num_warps=4, num_stages=4, programs=4 * SMS),
+        dict(block_n=16, block_k=128, num_warps=4, num_stages=4, programs=2 * SMS),
+    ],
+    ("norm_linear", 2 * I, H): [
+        dict(block_n=64, block_k=128, num_warps=4, num_stages=3),
+        dict(block_n=128, block_k=64, num_warps=4, num_stages=4),
+        dict(block_n=128, block_k=64, num_warps=8, num_stages=4),
+        dict(block_n=64, block_k=64, num_warps=4, num_stages=4),
+        dict(block_n=64, block_k=256, num_warps=8, num_stages=3),
+    ],
+    ("linear_residual", H, I): [
+        dict(block_n=64, block_k=128, num_warps=4, num_stages=3, programs=2 * SMS),
+        dict(block_n=128, block_k=64, num_warps=4, num_stages=4, programs=2 * SMS),
+        dict(block_n=32, block_k=128, num_warps=4, num_stages=4, programs=4 * SMS),
+        dict(block_n=64, block_k=128, num_warps=8, num_stages=3, programs=4 * SMS),
+        dict(block_n=32, block_k=64, num_warps=4, num_stages=4, programs=2 * SMS),
+    ],
+    ("norm_linear", V, H): [
+        dict(block_n=32, block_k=256, num_warps=4, num_stages=3),
+        dict(block_n=64, block_k=128, num_warps=4, num_stages=3),
+        dict(block_n=128, block_k=64, num_warps=4, num_stages=4),
+        dict(block_n=128, block_k=128, num_warps=8, num_stages=3),
+    ],
 }
 # tile-confirm: TILES' entry for the 1B LM head from 4 rows on, against the entry it replaced
 CONFIRM_KEY = ("norm_linear", V, H, 4)
@@ -325,9 +371,9 @@ def step_tiles(args) -> None:
         fail("ab.py step-tiles: --out is required (or --check)")
     path = out_path(args.out, f"step-tiles-b{args.batch}.json")
     import torch
+    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
 
     import overlapdecode as od
-    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
     from overlapdecode.fused.model import TILES
 
     B = args.batch
@@ -356,8 +402,10 @@ def step_tiles(args) -> None:
             combo = with_entry(combo, key, named[best], B)
     res["phase 2 picked"] = picked
     if picked:
-        graphs = {"current": captured_step(model, B, tiles=dict(TILES)),
-                  "combined": captured_step(model, B, tiles=combo)}
+        graphs = {
+            "current": captured_step(model, B, tiles=dict(TILES)),
+            "combined": captured_step(model, B, tiles=combo),
+        }
         times = graph_rounds(graphs, ROUNDS_CONFIRM)
         res["phase 2 step ms, median of rounds"] = medians(times)
         res["phase 2 step ms, rounds"] = every_round(times)
@@ -367,16 +415,18 @@ def step_tiles(args) -> None:
 def tile_confirm(args) -> None:
     path = out_path(args.out, "tile-confirm.json")
     import torch
+    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
 
     import overlapdecode as od
-    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
     from overlapdecode.fused.model import TILES
 
     model = od.load_model("llama-1b-random", dtype="bfloat16", device="cuda")
     res = meta(key=str(CONFIRM_KEY), before=CONFIRM_OLD, now=TILES[CONFIRM_KEY], rounds=ROUNDS_CONFIRM)
     for B in (2, 4, 8, 16):
-        graphs = {"before": captured_step(model, B, tiles={**TILES, CONFIRM_KEY: CONFIRM_OLD}),
-                  "now": captured_step(model, B, tiles=dict(TILES))}
+        graphs = {
+            "before": captured_step(model, B, tiles={**TILES, CONFIRM_KEY: CONFIRM_OLD}),
+            "now": captured_step(model, B, tiles=dict(TILES)),
+        }
         times = graph_rounds(graphs, ROUNDS_CONFIRM)
         res[f"batch {B} step ms, median of rounds"] = medians(times)
         res[f"batch {B} step ms, rounds"] = every_round(times)
@@ -388,9 +438,9 @@ def tile_confirm(args) -> None:
 def attention_pieces(args) -> None:
     path = out_path(args.out, "attention-pieces.json")
     import torch
+    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
 
     import overlapdecode as od
-    from kernel_sweep import captured_step  # scripts/ is on the path when run as a script
 
     res = meta(rounds=ROUNDS_CONFIRM)
     for name, B in (("llama-1b-random", 1), ("llama-1b-random", 8), ("gpt2-random", 1)):
@@ -418,9 +468,9 @@ def step_gap(args) -> None:
     path = out_path(args.out, "step-gap.json")
     import torch
     import triton.testing
+    from kernel_sweep import captured_step, per_token_ms  # scripts/ is on the path when run as a script
 
     import overlapdecode as od
-    from kernel_sweep import captured_step, per_token_ms  # scripts/ is on the path when run as a script
 
     def graph_step_ms(model, B: int, pdl: int | None = None, embed_torch: bool = False) -> float:
         g, _keep = captured_step(model, B, pdl=pdl, embed_torch=embed_torch)
@@ -436,12 +486,14 @@ def step_gap(args) -> None:
             r[f"graph step ms, pdl {pdl}"] = graph_step_ms(model, B, pdl)
         r["graph step ms, embedding by torch ops"] = graph_step_ms(model, B, embed_torch=True)
         r["fused ms/token"] = per_token_ms(model, ids, "fused")
-        r["fused, no stop check, ms/token"] = per_token_ms(model, ids, od.Strategy(cache="fused", compile=True,
-                                                                                   stop_check="end"))
+        r["fused, no stop check, ms/token"] = per_token_ms(
+            model, ids, od.Strategy(cache="fused", compile=True, stop_check="end")
+        )
         r["interleaved ms/token"] = per_token_ms(model, ids, "interleaved")
         if (name, B) == cases[0]:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            ) as prof:
                 od.generate(model, ids, max_new_tokens=32, strategy="fused", eos_token_id=[])
                 torch.cuda.synchronize()  # host sync: end of the profiled call
             prof.export_chrome_trace(os.path.join(args.out, "fused-generate-trace.json"))
@@ -476,8 +528,10 @@ def loop(args) -> None:
             for _ in range(3):
                 timed_call(model, ids, 1, "fused")  # compiles, captures
             first = [timed_call(model, ids, 1, "fused") for _ in range(ttft_calls)]
-            res[f"{name} b1, fused TTFT ms"] = {"median": round(statistics.median(first) * 1e3, 3),
-                                               "fastest": round(min(first) * 1e3, 3)}
+            res[f"{name} b1, fused TTFT ms"] = {
+                "median": round(statistics.median(first) * 1e3, 3),
+                "fastest": round(min(first) * 1e3, 3),
+            }
         else:
             for sname, strategy in strategies.items():
                 for n in (16, 208, 200):
@@ -532,8 +586,14 @@ def preset(args) -> None:
     finally:
         gc.callbacks.remove(on_gc)
     res = meta(label=args.label, model=args.model, strategy=args.strategy, tokens=args.tokens, source=od.__file__)
-    res.update({"ms/token median": round(statistics.median(times), 4), "ms/token calls": [round(x, 4) for x in times],
-                "gc pause ms per call": gc_ms, "gc collections per call (gen 0, 1, 2)": gc_counts})
+    res.update(
+        {
+            "ms/token median": round(statistics.median(times), 4),
+            "ms/token calls": [round(x, 4) for x in times],
+            "gc pause ms per call": gc_ms,
+            "gc collections per call (gen 0, 1, 2)": gc_counts,
+        }
+    )
     write(path, res)
 
 
@@ -555,8 +615,9 @@ def stop_check_pairs(args) -> None:
     import overlapdecode as od
 
     def timed_ms(model, ids, strategy) -> float:
-        return statistics.median(timed_call(model, ids, args.new_tokens, strategy) / args.new_tokens * 1e3
-                                 for _ in range(args.calls))
+        return statistics.median(
+            timed_call(model, ids, args.new_tokens, strategy) / args.new_tokens * 1e3 for _ in range(args.calls)
+        )
 
     rows = []
     for pair in args.dtype_batch.split(","):
@@ -576,8 +637,18 @@ def stop_check_pairs(args) -> None:
                 for i in range(args.pairs):
                     order = ("interleaved", "nocheck") if i % 2 == 0 else ("nocheck", "interleaved")
                     for s in order:
-                        rows.append(dict(condition=cond, pair=i, strategy=s, first=order[0], dtype=dtype,
-                                         batch=int(batch), burners=nburn, ms_per_token=timed_ms(model, ids, s)))
+                        rows.append(
+                            dict(
+                                condition=cond,
+                                pair=i,
+                                strategy=s,
+                                first=order[0],
+                                dtype=dtype,
+                                batch=int(batch),
+                                burners=nburn,
+                                ms_per_token=timed_ms(model, ids, s),
+                            )
+                        )
             finally:
                 stop.set()
                 for p in procs:
@@ -586,10 +657,13 @@ def stop_check_pairs(args) -> None:
             inter = [r["ms_per_token"] for r in got if r["strategy"] == "interleaved"]
             noch = [r["ms_per_token"] for r in got if r["strategy"] == "nocheck"]
             ratios = [a / b for a, b in zip(inter, noch)]
-            print(f"{dtype} b{batch} {cond:5s}: interleaved median {statistics.median(inter):.3f} "
-                  f"[{min(inter):.3f}-{max(inter):.3f}] nocheck {statistics.median(noch):.3f} "
-                  f"[{min(noch):.3f}-{max(noch):.3f}] ms/token; ratio per pair median "
-                  f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]", flush=True)
+            print(
+                f"{dtype} b{batch} {cond:5s}: interleaved median {statistics.median(inter):.3f} "
+                f"[{min(inter):.3f}-{max(inter):.3f}] nocheck {statistics.median(noch):.3f} "
+                f"[{min(noch):.3f}-{max(noch):.3f}] ms/token; ratio per pair median "
+                f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]",
+                flush=True,
+            )
         del model
         torch.cuda.empty_cache()
     env = meta(torch=torch.__version__, cpus=os.cpu_count(), args={k: v for k, v in vars(args).items() if k != "fn"})
@@ -612,8 +686,12 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="ab.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(
+        prog="ab.py",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def add(name, fn, help_text, out_required=True):
@@ -645,10 +723,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype-batch", default="bfloat16:1,bfloat16:8", help="default: %(default)s")
     p.add_argument("--new-tokens", type=_positive, default=400, help="default: %(default)s")
     p.add_argument("--pairs", type=_positive, default=10, help="default: %(default)s")
-    p.add_argument("--calls", type=_positive, default=3,
-                   help="calls per timing, the median taken (default: %(default)s)")
-    p.add_argument("--burn", type=int, default=max(1, (os.cpu_count() or 2) - 1),
-                   help="host processes spinning in the contended condition, 0 to skip it (default: cores - 1)")
+    p.add_argument(
+        "--calls", type=_positive, default=3, help="calls per timing, the median taken (default: %(default)s)"
+    )
+    p.add_argument(
+        "--burn",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) - 1),
+        help="host processes spinning in the contended condition, 0 to skip it (default: cores - 1)",
+    )
     return ap
 
 

@@ -29,9 +29,9 @@ import os
 import statistics
 
 import torch
+from ab import timed_call  # scripts/ is on the path when run as a script
 
 import overlapdecode as od
-from ab import timed_call  # scripts/ is on the path when run as a script
 
 ROUNDS = 15
 LENGTHS = (1, 2, 3, 10, 200)
@@ -46,8 +46,9 @@ def analyse(trace: dict) -> dict:
     events = trace["traceEvents"]
     call = next(e for e in events if e.get("name") == "od_call" and e.get("ph") == "X")
     c0, c1 = call["ts"], call["ts"] + call["dur"]
-    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
-                     if e.get("cat") == "kernel" and c0 <= e["ts"] <= c1)
+    kernels = sorted(
+        (e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "kernel" and c0 <= e["ts"] <= c1
+    )
     greedy_ends = [end for start, end, name in kernels if "greedy" in name]
     steps = [b - a for a, b in zip(greedy_ends, greedy_ends[1:])]
     after_prefill = next(start for start, end, name in kernels if start >= greedy_ends[0])
@@ -71,7 +72,9 @@ def analyse(trace: dict) -> dict:
         "decode step spans us: last 3": [us(s) for s in steps[-3:]],
         "last kernel end to the call's end us": us(c1 - busy_to),
         "GPU idle inside the call us (sum of gaps between kernels)": us(sum(g for g, _, _ in gaps)),
-        "largest gaps (us, at us after the call's start, the kernel after)": [(us(g), us(t), n[:60]) for g, t, n in big],
+        "largest gaps (us, at us after the call's start, the kernel after)": [
+            (us(g), us(t), n[:60]) for g, t, n in big
+        ],
     }
 
 
@@ -80,7 +83,7 @@ def step_kernels(trace: dict, first: int = 50, last: int = 150) -> dict:
     median gap before it; the step's median span and sums."""
     kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in trace["traceEvents"] if e.get("cat") == "kernel")
     ends = [i for i, k in enumerate(kernels) if "greedy" in k[2]]  # the last kernel of each step (step 0's: prefill)
-    steps = [kernels[ends[i] + 1: ends[i + 1] + 1] for i in range(first, min(last, len(ends) - 1))]
+    steps = [kernels[ends[i] + 1 : ends[i + 1] + 1] for i in range(first, min(last, len(ends) - 1))]
     n = len(steps[0])
     if any(len(st) != n for st in steps):
         raise SystemExit("the analysed steps do not all have the same kernels")
@@ -89,14 +92,24 @@ def step_kernels(trace: dict, first: int = 50, last: int = 150) -> dict:
     rows = []
     for j in range(n):
         gaps = [st[j][0] - (st[j - 1][1] if j else prev_end[k]) for k, st in enumerate(steps)]
-        rows.append({"kernel": steps[0][j][2][:60], "median us": round(med([st[j][1] - st[j][0] for st in steps]), 2),
-                     "median gap before it us": round(med(gaps), 2)})
-    return {"steps analysed": len(steps), "kernels per step": n,
-            "step span us (first kernel start to last kernel end), median": round(
-                med([st[-1][1] - st[0][0] for st in steps]), 1),
-            "sum of the kernels' durations per step us, median": round(
-                med([sum(e - b for b, e, _ in st) for st in steps]), 1),
-            "kernels": rows}
+        rows.append(
+            {
+                "kernel": steps[0][j][2][:60],
+                "median us": round(med([st[j][1] - st[j][0] for st in steps]), 2),
+                "median gap before it us": round(med(gaps), 2),
+            }
+        )
+    return {
+        "steps analysed": len(steps),
+        "kernels per step": n,
+        "step span us (first kernel start to last kernel end), median": round(
+            med([st[-1][1] - st[0][0] for st in steps]), 1
+        ),
+        "sum of the kernels' durations per step us, median": round(
+            med([sum(e - b for b, e, _ in st) for st in steps]), 1
+        ),
+        "kernels": rows,
+    }
 
 
 def measure(out_dir: str, name: str = "gpt2-random") -> None:
@@ -110,17 +123,24 @@ def measure(out_dir: str, name: str = "gpt2-random") -> None:
         for n in LENGTHS:
             times[n].append(timed(model, ids, n))
     med = {n: statistics.median(t) for n, t in times.items()}
-    res = {"model": name, "device": torch.cuda.get_device_name(),
-           "commit": os.environ.get("OVERLAPDECODE_COMMIT", "unknown"),
-           "call ms, median": {n: round(v, 4) for n, v in med.items()},
-           "call ms, fastest": {n: round(min(t), 4) for n, t in times.items()},
-           "step ms from 10 -> 200": round((med[200] - med[10]) / 190, 4),
-           "ms of 1 -> 2, 2 -> 3, 3 -> 10 per step": [round(med[2] - med[1], 4), round(med[3] - med[2], 4),
-                                                      round((med[10] - med[3]) / 7, 4)]}
+    res = {
+        "model": name,
+        "device": torch.cuda.get_device_name(),
+        "commit": os.environ.get("OVERLAPDECODE_COMMIT", "unknown"),
+        "call ms, median": {n: round(v, 4) for n, v in med.items()},
+        "call ms, fastest": {n: round(min(t), 4) for n, t in times.items()},
+        "step ms from 10 -> 200": round((med[200] - med[10]) / 190, 4),
+        "ms of 1 -> 2, 2 -> 3, 3 -> 10 per step": [
+            round(med[2] - med[1], 4),
+            round(med[3] - med[2], 4),
+            round((med[10] - med[3]) / 7, 4),
+        ],
+    }
     res["fixed ms (200-token call - 199 steps of 10 -> 200)"] = round(med[200] - 199 * res["step ms from 10 -> 200"], 4)
     print(json.dumps(res), flush=True)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
         with torch.profiler.record_function("od_call"):
             od.generate(model, ids, max_new_tokens=200, strategy="fused", eos_token_id=[])
             torch.cuda.synchronize()  # host sync: the call's end, inside the annotated range

@@ -27,8 +27,11 @@ import torch
 import triton.testing
 
 DEV = "cuda"
-SHAPES = {"llama-1b": (2048, 32, 8, 64, 8192, 128256), "llama-8b": (4096, 32, 8, 128, 14336, 128256),
-          "gpt2": (768, 12, 12, 64, 3072, 50257)}
+SHAPES = {
+    "llama-1b": (2048, 32, 8, 64, 8192, 128256),
+    "llama-8b": (4096, 32, 8, 128, 14336, 128256),
+    "gpt2": (768, 12, 12, 64, 3072, 50257),
+}
 L2_BYTES = 50 * 2**20
 
 
@@ -47,9 +50,11 @@ def rotated(make, nbytes: int):
 
 def time_rotated(fn, sets) -> float:
     """us per call: one graph replays fn over every input set in turn."""
+
     def all_sets():
         for s in sets:
             fn(*s)
+
     ms = triton.testing.do_bench_cudagraph(all_sets, rep=60, return_mode="median")
     return ms * 1e3 / len(sets)
 
@@ -102,27 +107,66 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
                 continue  # too many registers for the silu_mul pair / little to learn
             cfg = dict(block_n=bn, block_k=bk, num_warps=nw_, num_stages=ns, programs=mult * sms)
             if name == "qkv":
-                fn = lambda w, c=cfg: norm_qkv(x, nw, None, 1e-5, w, None, inv, 1.0, pos, pos, kc, vc, Hq, Hkv, D,  # noqa: E731
-                                               half=c["block_n"], block_k=c["block_k"], programs=c["programs"],
-                                               num_warps=c["num_warps"], num_stages=c["num_stages"], tickets=tk)
+                fn = lambda w, c=cfg: norm_qkv(
+                    x,
+                    nw,
+                    None,
+                    1e-5,
+                    w,
+                    None,
+                    inv,
+                    1.0,
+                    pos,
+                    pos,
+                    kc,
+                    vc,
+                    Hq,
+                    Hkv,
+                    D,  # noqa: E731
+                    half=c["block_n"],
+                    block_k=c["block_k"],
+                    programs=c["programs"],
+                    num_warps=c["num_warps"],
+                    num_stages=c["num_stages"],
+                    tickets=tk,
+                )
             elif name in ("o_proj", "down"):
                 inp = a if name == "o_proj" else m
-                fn = lambda w, c=cfg, inp=inp: linear_residual(inp, w, None, x, block_n=c["block_n"],  # noqa: E731
-                                                             block_k=c["block_k"], programs=c["programs"],
-                                                             num_warps=c["num_warps"], num_stages=c["num_stages"],
-                                                             tickets=tk)
+                fn = lambda w, c=cfg, inp=inp: linear_residual(
+                    inp,
+                    w,
+                    None,
+                    x,
+                    block_n=c["block_n"],  # noqa: E731
+                    block_k=c["block_k"],
+                    programs=c["programs"],
+                    num_warps=c["num_warps"],
+                    num_stages=c["num_stages"],
+                    tickets=tk,
+                )
             else:
                 act, od = {"gate_up": ("silu_mul", None), "fc": ("gelu_tanh", None)}.get(name, ("none", torch.float32))
-                fn = lambda w, c=cfg, act=act, od=od: norm_linear(x, nw, None, 1e-5, w, None, act, od,  # noqa: E731
-                                                                block_n=c["block_n"], block_k=c["block_k"],
-                                                                num_warps=c["num_warps"],
-                                                                num_stages=c["num_stages"])
+                fn = lambda w, c=cfg, act=act, od=od: norm_linear(
+                    x,
+                    nw,
+                    None,
+                    1e-5,
+                    w,
+                    None,
+                    act,
+                    od,  # noqa: E731
+                    block_n=c["block_n"],
+                    block_k=c["block_k"],
+                    num_warps=c["num_warps"],
+                    num_stages=c["num_stages"],
+                )
             if time.time() - t_kernel > budget:
                 break
             try:
                 us = time_rotated(fn, sets)
-                row = dict(shape=shape, B=B, kernel=name, N=N, K=K, **cfg, us=round(us, 2),
-                           gbs=round(nbytes / us / 1e3, 1))
+                row = dict(
+                    shape=shape, B=B, kernel=name, N=N, K=K, **cfg, us=round(us, 2), gbs=round(nbytes / us / 1e3, 1)
+                )
             except Exception as e:  # a configuration that does not compile (shared memory) is recorded
                 row = dict(shape=shape, B=B, kernel=name, N=N, K=K, **cfg, error=str(e)[:200])
             rows.append(row)
@@ -133,8 +177,9 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
     return rows
 
 
-def captured_step(model, B: int, pdl: int | None = None, tiles: dict | None = None, embed_torch: bool = False,
-                  edit_ops=None):
+def captured_step(
+    model, B: int, pdl: int | None = None, tiles: dict | None = None, embed_torch: bool = False, edit_ops=None
+):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
     `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own); `embed_torch`: the
     step's embedding, slot and length by torch ops (`embed_ref`, its torch twin) instead of the kernel of
@@ -187,8 +232,13 @@ def step_profile(B: int, out_dir: str, name: str = "llama-1b-random") -> dict:
         pass
     del model, g, keep
     torch.cuda.empty_cache()
-    return dict(model=name, B=B, graph_ms_per_step=round(ms, 4), kernels_per_step=len(kernels) / steps,
-                kernel_ms_per_step=round(busy, 4))
+    return dict(
+        model=name,
+        B=B,
+        graph_ms_per_step=round(ms, 4),
+        kernels_per_step=len(kernels) / steps,
+        kernel_ms_per_step=round(busy, 4),
+    )
 
 
 def per_token_ms(model, ids, strategy) -> float:
@@ -218,14 +268,21 @@ def generate_profile(B: int, out_dir: str) -> dict:
         od.generate(model, ids, max_new_tokens=16, strategy="fused", eos_token_id=[])
         torch.cuda.synchronize()
     open(os.path.join(out_dir, f"generate-profile-b{B}.txt"), "w").write(
-        prof.key_averages().table(sort_by="cuda_time_total", row_limit=60))
+        prof.key_averages().table(sort_by="cuda_time_total", row_limit=60)
+    )
     del model
     torch.cuda.empty_cache()
     return res
 
 
-KERNEL_OF = {"qkv": "norm_qkv", "o_proj": "linear_residual", "down": "linear_residual", "gate_up": "norm_linear",
-             "fc": "norm_linear", "lm_head": "norm_linear"}
+KERNEL_OF = {
+    "qkv": "norm_qkv",
+    "o_proj": "linear_residual",
+    "down": "linear_residual",
+    "gate_up": "norm_linear",
+    "fc": "norm_linear",
+    "lm_head": "norm_linear",
+}
 
 
 def best_tiles(rows: list[dict]) -> dict:
@@ -234,8 +291,9 @@ def best_tiles(rows: list[dict]) -> dict:
     target of the GPU swept, applies to the split-K kernels only)."""
     table = {}
     for name, N, K in {(r["kernel"], r["N"], r["K"]) for r in rows}:
-        best = min((r for r in rows if (r["kernel"], r["N"], r["K"]) == (name, N, K) and "us" in r),
-                   key=lambda r: r["us"])
+        best = min(
+            (r for r in rows if (r["kernel"], r["N"], r["K"]) == (name, N, K) and "us" in r), key=lambda r: r["us"]
+        )
         fn = KERNEL_OF[name]
         cfg = dict(block_k=best["block_k"], num_warps=best["num_warps"], num_stages=best["num_stages"])
         cfg["half" if fn == "norm_qkv" else "block_n"] = best["block_n"]
@@ -267,8 +325,13 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     out_dir = args.out
     os.makedirs(out_dir, exist_ok=True)
-    res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "copy_gbs": round(copy_gbs(), 1), "steps": [], "sweep": []}
+    res: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "copy_gbs": round(copy_gbs(), 1),
+        "steps": [],
+        "sweep": [],
+    }
     print("copy GB/s", res["copy_gbs"], flush=True)
     path = os.path.join(out_dir, "kernel-sweep.json")
     for B in () if args.no_steps else (1, 8):

@@ -36,13 +36,25 @@ import time
 import torch
 
 # shape -> embedded model; the layer shapes are that model's
-MODELS = {"llama-1b": "llama-1b-random", "gpt2": "gpt2-random", "llama-8b": "llama-8b-random",
-          "smollm2-360m": "smollm2-360m-random", "qwen2.5-0.5b": "qwen2.5-0.5b-random",
-          "qwen2.5-1.5b": "qwen2.5-1.5b-random", "smollm2-1.7b": "smollm2-1.7b-random", "tiny-llama": "tiny-llama"}
+MODELS = {
+    "llama-1b": "llama-1b-random",
+    "gpt2": "gpt2-random",
+    "llama-8b": "llama-8b-random",
+    "smollm2-360m": "smollm2-360m-random",
+    "qwen2.5-0.5b": "qwen2.5-0.5b-random",
+    "qwen2.5-1.5b": "qwen2.5-1.5b-random",
+    "smollm2-1.7b": "smollm2-1.7b-random",
+    "tiny-llama": "tiny-llama",
+}
 # variant -> PersistentLayer keywords (and "plan": make_plan keywords, other tiles than the five kernels')
-VARIANTS = {"dynamic": {}, "per-sm-1": dict(per_sm=1), "static": dict(claim="static"),
-            "prefetch": dict(prefetch=256), "no-sums": dict(norm_sums=False),
-            "wide-k": dict(plan=dict(o_block_k=256, down_block_k=256))}
+VARIANTS = {
+    "dynamic": {},
+    "per-sm-1": dict(per_sm=1),
+    "static": dict(claim="static"),
+    "prefetch": dict(prefetch=256),
+    "no-sums": dict(norm_sums=False),
+    "wide-k": dict(plan=dict(o_block_k=256, down_block_k=256)),
+}
 DEFAULT_VARIANTS = "dynamic,per-sm-1,static,prefetch,no-sums"  # each but per-sm-1 is a compile of its own
 CACHE, POSITION = 512, 255  # cache slots; every row at this position (row b padded by b % 4 on the left)
 DRY_CACHE, DRY_POSITION = 64, 40  # --dry-run's: the interpreter is slow
@@ -90,8 +102,10 @@ def inputs(W, B: int, n_layers: int, dtype, dev, cache: int, position: int, seed
     g = torch.Generator(device=dev).manual_seed(seed)
     h = torch.randn(B, W.hidden, device=dev, generator=g).to(dtype)
     shape = (B, W.n_kv_heads, cache, W.head_dim)
-    caches = [(torch.randn(shape, device=dev, generator=g).to(dtype), torch.randn(shape, device=dev, generator=g)
-               .to(dtype)) for _ in range(n_layers)]
+    caches = [
+        (torch.randn(shape, device=dev, generator=g).to(dtype), torch.randn(shape, device=dev, generator=g).to(dtype))
+        for _ in range(n_layers)
+    ]
     start = torch.arange(B, device=dev) % 4
     state = torch.zeros(B, 3, dtype=torch.long, device=dev)
     state[:, 1] = position  # the decode loop's positions are a strided column of its state
@@ -172,9 +186,13 @@ def exactness(W, layer, plan, pl, step_ops, h, kv, pos, slot, start, length) -> 
     plan_k, kk = run(lambda k, v: reference.decode_layer(W, layer, h, k, v, pos, slot, start, length, plan_ops))
     step, _ = run(lambda k, v: reference.decode_layer(W, layer, h, k, v, pos, slot, start, length, step_ops))
     ref, _ = run(lambda k, v: reference.decode_layer(W, layer, h, k, v, pos, slot, start, length, REFERENCE_OPS))
-    return {"persistent_vs_plan_kernels": diff(per, plan_k), "cache_vs_plan_kernels": diff(kp, kk),
-            "persistent_vs_step_kernels": diff(per, step), "persistent_vs_torch": diff(per, ref),
-            "step_kernels_vs_torch": diff(step, ref)}
+    return {
+        "persistent_vs_plan_kernels": diff(per, plan_k),
+        "cache_vs_plan_kernels": diff(kp, kk),
+        "persistent_vs_step_kernels": diff(per, step),
+        "persistent_vs_torch": diff(per, ref),
+        "step_kernels_vs_torch": diff(step, ref),
+    }
 
 
 def one_layer_fp32(W):
@@ -205,10 +223,18 @@ class Run:
         else:
             self.sms = torch.cuda.get_device_properties(self.dev).multi_processor_count
             self.gbs, name = device_bandwidth_gbs(self.dev, 1 << 31), torch.cuda.get_device_name(self.dev)
-        self.result = {"device": name, "dry_run": args.dry_run, "sms": self.sms, "bandwidth_gbs": self.gbs,
-                       "cache_slots": self.cache, "position": self.position,
-                       "command": "python3 scripts/persistent_layer_ab.py " + " ".join(argv),
-                       "rows": [], "exactness": [], "skipped": []}
+        self.result = {
+            "device": name,
+            "dry_run": args.dry_run,
+            "sms": self.sms,
+            "bandwidth_gbs": self.gbs,
+            "cache_slots": self.cache,
+            "position": self.position,
+            "command": "python3 scripts/persistent_layer_ab.py " + " ".join(argv),
+            "rows": [],
+            "exactness": [],
+            "skipped": [],
+        }
         self.loaded = (None, None)  # (shape, FusedModel)
 
     def left(self) -> float:
@@ -259,8 +285,18 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
         plans = {}
         for variant in variants:
             kw = dict(VARIANTS[variant])
-            plans[variant] = make_plan(B, W.hidden, W.n_heads, W.n_kv_heads, W.head_dim, W.layers[0].w_down.shape[1],
-                                       run.cache, dtype, run.sms, **kw.pop("plan", {}))
+            plans[variant] = make_plan(
+                B,
+                W.hidden,
+                W.n_heads,
+                W.n_kv_heads,
+                W.head_dim,
+                W.layers[0].w_down.shape[1],
+                run.cache,
+                dtype,
+                run.sms,
+                **kw.pop("plan", {}),
+            )
             pl = PersistentLayer(plans[variant], run.dev, dtype, pdl=fm.pdl, **kw)
             bufs = [torch.empty_like(h0) for _ in range(L)]
 
@@ -278,17 +314,34 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
         five_us = ms["five"] * 1e3 / L
         for variant, pl in layers.items():
             us = ms[variant] * 1e3 / L
-            run.result["rows"].append({
-                "shape": shape, "batch": B, "layers": L, "variant": variant, "layer_weight_bytes": per_layer,
-                "floor_us": floor_us, "five_us": five_us, "five_toll_us": five_us - floor_us, "persistent_us": us,
-                "persistent_toll_us": us - floor_us, "speedup": five_us / us, "programs": pl.programs,
-                "tasks": pl.schedule.n_tasks, "plan": vars(plans[variant])})
-            print(f"{shape:>12} B={B:<2} {variant:>9}: five {five_us:7.2f} us/layer (toll {five_us - floor_us:6.2f})"
-                  f"  persistent {us:7.2f} (toll {us - floor_us:6.2f})  floor {floor_us:6.2f}  x{five_us / us:.3f}"
-                  f"  P={pl.programs} tasks={pl.schedule.n_tasks}", flush=True)
+            run.result["rows"].append(
+                {
+                    "shape": shape,
+                    "batch": B,
+                    "layers": L,
+                    "variant": variant,
+                    "layer_weight_bytes": per_layer,
+                    "floor_us": floor_us,
+                    "five_us": five_us,
+                    "five_toll_us": five_us - floor_us,
+                    "persistent_us": us,
+                    "persistent_toll_us": us - floor_us,
+                    "speedup": five_us / us,
+                    "programs": pl.programs,
+                    "tasks": pl.schedule.n_tasks,
+                    "plan": vars(plans[variant]),
+                }
+            )
+            print(
+                f"{shape:>12} B={B:<2} {variant:>9}: five {five_us:7.2f} us/layer (toll {five_us - floor_us:6.2f})"
+                f"  persistent {us:7.2f} (toll {us - floor_us:6.2f})  floor {floor_us:6.2f}  x{five_us / us:.3f}"
+                f"  P={pl.programs} tasks={pl.schedule.n_tasks}",
+                flush=True,
+            )
         if variants[0] == args.variants[0]:
-            ex = exactness(W, W.layers[0], plans[variants[0]], layers[variants[0]], fm.ops, h0, caches[0], pos, slot,
-                           start, length)
+            ex = exactness(
+                W, W.layers[0], plans[variants[0]], layers[variants[0]], fm.ops, h0, caches[0], pos, slot, start, length
+            )
             run.result["exactness"].append({"shape": shape, "batch": B, "dtype": str(dtype)[6:], **ex})
             print_exactness(f"{shape} B={B} {str(dtype)[6:]}", ex)
         del graphs, layers
@@ -296,8 +349,11 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
 
 
 def print_exactness(label: str, ex: dict) -> None:
-    print(f"{label:>22} layer 0: " + ", ".join(f"{k} {v['max_abs']:.3g}" + (" (equal)" if v["equal"] else "")
-                                               for k, v in ex.items()), flush=True)
+    print(
+        f"{label:>22} layer 0: "
+        + ", ".join(f"{k} {v['max_abs']:.3g}" + (" (equal)" if v["equal"] else "") for k, v in ex.items()),
+        flush=True,
+    )
 
 
 def run_fp32(run: Run, shape: str) -> None:
@@ -316,8 +372,18 @@ def run_fp32(run: Run, shape: str) -> None:
             continue
         h0, caches, pos, slot, start, length = inputs(W32, B, 1, torch.float32, run.dev, run.cache, run.position)
         kw = dict(VARIANTS[run.args.variants[0]])
-        plan = make_plan(B, W32.hidden, W32.n_heads, W32.n_kv_heads, W32.head_dim, W32.layers[0].w_down.shape[1],
-                         run.cache, torch.float32, run.sms, **kw.pop("plan", {}))
+        plan = make_plan(
+            B,
+            W32.hidden,
+            W32.n_heads,
+            W32.n_kv_heads,
+            W32.head_dim,
+            W32.layers[0].w_down.shape[1],
+            run.cache,
+            torch.float32,
+            run.sms,
+            **kw.pop("plan", {}),
+        )
         pl = PersistentLayer(plan, run.dev, torch.float32, pdl=fm.pdl, **kw)
         ex = exactness(W32, W32.layers[0], plan, pl, ops32, h0, caches[0], pos, slot, start, length)
         run.result["exactness"].append({"shape": shape, "batch": B, "dtype": "float32", **ex})
@@ -364,17 +430,25 @@ def main(argv=None) -> int:
     res["seconds"] = time.perf_counter() - run.t0
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"\nus per layer (median of {args.repeats} repeats x {args.replays} replays); floor = the layer's weight "
-          f"bytes / {run.gbs:.0f} GB/s; toll = us - floor:")
-    print(f"{'shape':>12} {'B':>3} {'variant':>9} {'floor':>7} {'five':>7} {'toll':>6} {'persist':>7} {'toll':>6} "
-          f"{'speedup':>7}")
+    print(
+        f"\nus per layer (median of {args.repeats} repeats x {args.replays} replays); floor = the layer's weight "
+        f"bytes / {run.gbs:.0f} GB/s; toll = us - floor:"
+    )
+    print(
+        f"{'shape':>12} {'B':>3} {'variant':>9} {'floor':>7} {'five':>7} {'toll':>6} {'persist':>7} {'toll':>6} "
+        f"{'speedup':>7}"
+    )
     for r in res["rows"]:
-        print(f"{r['shape']:>12} {r['batch']:>3} {r['variant']:>9} {r['floor_us']:7.2f} {r['five_us']:7.2f} "
-              f"{r['five_toll_us']:6.2f} {r['persistent_us']:7.2f} {r['persistent_toll_us']:6.2f} {r['speedup']:7.3f}")
+        print(
+            f"{r['shape']:>12} {r['batch']:>3} {r['variant']:>9} {r['floor_us']:7.2f} {r['five_us']:7.2f} "
+            f"{r['five_toll_us']:6.2f} {r['persistent_us']:7.2f} {r['persistent_toll_us']:6.2f} {r['speedup']:7.3f}"
+        )
     bad = [e for e in res["exactness"] if not e["persistent_vs_plan_kernels"]["equal"]]
     for e in bad:
-        print(f"NOT EQUAL: {e['shape']} batch {e['batch']} {e['dtype']}: persistent vs the plan's five kernels, "
-              f"max abs {e['persistent_vs_plan_kernels']['max_abs']:.3g}")
+        print(
+            f"NOT EQUAL: {e['shape']} batch {e['batch']} {e['dtype']}: persistent vs the plan's five kernels, "
+            f"max abs {e['persistent_vs_plan_kernels']['max_abs']:.3g}"
+        )
     for s in res["skipped"]:
         print(f"skipped: {s}")
     print(f"wrote {args.out} ({res['seconds']:.0f} s)")

@@ -69,6 +69,7 @@ def main(argv=None) -> int:
     device = next(model.parameters()).device
     bandwidth = device_bandwidth_gbs(device)
     wbytes = weight_bytes(model)
+
     # the fused prefill runs eagerly: compiled it would compile once per batch and prompt bucket (tens of seconds
     # each on a 1B model), which the decode figures do not need; TTFT is then the eager prefill's
     def new_decoder():
@@ -76,16 +77,23 @@ def main(argv=None) -> int:
 
     decoder = new_decoder()
     todo = scale.points(args.rows, args.prompts, args.long_rows, args.long_prompts, strategies)
-    result = dict(config=dict(vars(args), strategies=strategies), bandwidth_gbs=bandwidth, weight_bytes=wbytes,
-                  device=str(device), rows=[], not_run=[])
+    result = dict(
+        config=dict(vars(args), strategies=strategies),
+        bandwidth_gbs=bandwidth,
+        weight_bytes=wbytes,
+        device=str(device),
+        rows=[],
+        not_run=[],
+    )
     for i, (name, rows, prompt_len) in enumerate(todo):
         if time.monotonic() - start > args.time_budget:
             result["not_run"] = [list(p) for p in todo[i:]]
             break
         n = args.new_tokens if prompt_len in args.prompts else args.long_new_tokens
         try:
-            row = scale.measure_point(decoder, model, name, rows, prompt_len, n, args.repeats, bandwidth, wbytes,
-                                      traces)
+            row = scale.measure_point(
+                decoder, model, name, rows, prompt_len, n, args.repeats, bandwidth, wbytes, traces
+            )
         except torch.OutOfMemoryError:
             row = dict(strategy=name, rows=rows, prompt_len=prompt_len, error="out of memory")
             decoder = new_decoder()  # drop the kept caches and graphs

@@ -56,29 +56,45 @@ PARTS = ("equal", "speed", "big")  # in this order in --models
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True,
-                   help="directory: rank 0 writes DIR/tp.json, a failing rank DIR/tp.json.rankN.error.txt")
+    p.add_argument(
+        "--out", required=True, help="directory: rank 0 writes DIR/tp.json, a failing rank DIR/tp.json.rankN.error.txt"
+    )
     p.add_argument("--parts", default="equal,speed,big")
-    p.add_argument("--models", default="llama-1b-random,llama-8b-random,llama-70b-random",
-                   help="the models of equal, speed and big")
+    p.add_argument(
+        "--models",
+        default="llama-1b-random,llama-8b-random,llama-70b-random",
+        help="the models of equal, speed and big",
+    )
     p.add_argument("--new-tokens", type=int, default=200)
     p.add_argument("--speed-tokens", type=int, default=200)
     p.add_argument("--strategy", default="interleaved", help="the strategy timed in speed and big")
-    p.add_argument("--equal-strategies", default="static,interleaved",
-                   help="the tp strategies whose tokens equal compares with tp=1 static (add fused: one more compile)")
+    p.add_argument(
+        "--equal-strategies",
+        default="static,interleaved",
+        help="the tp strategies whose tokens equal compares with tp=1 static (add fused: one more compile)",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--peak-gbps", type=float, default=4800.0, help="spec memory bandwidth (H200: 4.8 TB/s)")
     p.add_argument("--part-timeout", type=float, default=540.0, help="seconds before a part is declared hung")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--one-shot", action="store_true",
-                   help="experiment: let inductor lower the compiled step's all-reduces of <= 128 KiB to symmetric "
-                        "memory's one-shot all-reduce (peers' buffers read over NVLink, no NCCL launch)")
-    p.add_argument("--replicated-head", action="store_true",
-                   help="fused under tp: every rank reads the whole LM head (FusedModel(vocab_parallel=False)) "
-                        "instead of its rows with a gather of the logits (the default)")
-    p.add_argument("--symmetric-all-reduce", action="store_true",
-                   help="fused: sum the decode step's partial products by the one-shot all-reduce over symmetric "
-                        "memory (FusedModel(symmetric_all_reduce=True)) instead of NCCL")
+    p.add_argument(
+        "--one-shot",
+        action="store_true",
+        help="experiment: let inductor lower the compiled step's all-reduces of <= 128 KiB to symmetric "
+        "memory's one-shot all-reduce (peers' buffers read over NVLink, no NCCL launch)",
+    )
+    p.add_argument(
+        "--replicated-head",
+        action="store_true",
+        help="fused under tp: every rank reads the whole LM head (FusedModel(vocab_parallel=False)) "
+        "instead of its rows with a gather of the logits (the default)",
+    )
+    p.add_argument(
+        "--symmetric-all-reduce",
+        action="store_true",
+        help="fused: sum the decode step's partial products by the one-shot all-reduce over symmetric "
+        "memory (FusedModel(symmetric_all_reduce=True)) instead of NCCL",
+    )
     args = p.parse_args(argv)
     # refused here, on every rank, before any device work: found at their part, they ended a run only after
     # the earlier parts had taken their minutes of GPU time
@@ -86,8 +102,9 @@ def parse_args(argv=None):
     if unknown:
         p.error(f"--parts: unknown part(s) {', '.join(map(repr, unknown))}; the parts are {', '.join(PARTS)}")
     if len(args.models.split(",")) != len(PARTS):
-        p.error(f"--models takes {len(PARTS)} comma-separated names, the models of {', '.join(PARTS)}; "
-                f"got {args.models!r}")
+        p.error(
+            f"--models takes {len(PARTS)} comma-separated names, the models of {', '.join(PARTS)}; got {args.models!r}"
+        )
     if "RANK" not in os.environ:
         p.error("run it under torchrun: torchrun --nproc-per-node 2 scripts/tp_probe.py --out DIR ...")
     if args.symmetric_all_reduce and args.device == "cpu":
@@ -127,19 +144,32 @@ class Probe:
         self.report = dict(env=self.environment(), parts={})
 
     def environment(self) -> dict:
-        env = dict(torch=torch.__version__, world_size=dist.get_world_size(), device=self.args.device,
-                   argv=sys.argv, commit=os.environ.get("OVERLAPDECODE_COMMIT"), one_shot=self.args.one_shot,
-                   symmetric_all_reduce=self.args.symmetric_all_reduce, replicated_head=self.args.replicated_head)
+        env = dict(
+            torch=torch.__version__,
+            world_size=dist.get_world_size(),
+            device=self.args.device,
+            argv=sys.argv,
+            commit=os.environ.get("OVERLAPDECODE_COMMIT"),
+            one_shot=self.args.one_shot,
+            symmetric_all_reduce=self.args.symmetric_all_reduce,
+            replicated_head=self.args.replicated_head,
+        )
         if env["commit"] is None:
             try:
-                env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                               timeout=10).stdout.strip() or None
+                env["commit"] = (
+                    subprocess.run(
+                        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+                    ).stdout.strip()
+                    or None
+                )
             except (OSError, subprocess.SubprocessError):
                 pass
         if self.cuda:
-            env.update(gpu=torch.cuda.get_device_name(self.device), nccl=".".join(map(str, torch.cuda.nccl.version())),
-                       nccl_env={k: v for k, v in os.environ.items()
-                                 if k.startswith(("NCCL_", "TORCH_NCCL", "TORCH_SYMM"))})
+            env.update(
+                gpu=torch.cuda.get_device_name(self.device),
+                nccl=".".join(map(str, torch.cuda.nccl.version())),
+                nccl_env={k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_NCCL", "TORCH_SYMM"))},
+            )
         return env
 
     def barrier(self):
@@ -199,12 +229,21 @@ class Probe:
         strategy = self.args.strategy
         first, _ = self.timed(lambda: self.generate(model, ids, n, strategy))
         self.generate(model, ids, 1, strategy)
-        full = statistics.median(self.timed(lambda: self.generate(model, ids, n, strategy))[0]
-                                 for _ in range(self.args.repeats))
-        one = statistics.median(self.timed(lambda: self.generate(model, ids, 1, strategy))[0]
-                                for _ in range(self.args.repeats))
-        return dict(strategy=strategy, new_tokens=n, first_call_s=first, call_s=full, one_token_call_s=one,
-                    ms_per_token=full * 1e3 / n, decode_ms_per_token=(full - one) * 1e3 / (n - 1))
+        full = statistics.median(
+            self.timed(lambda: self.generate(model, ids, n, strategy))[0] for _ in range(self.args.repeats)
+        )
+        one = statistics.median(
+            self.timed(lambda: self.generate(model, ids, 1, strategy))[0] for _ in range(self.args.repeats)
+        )
+        return dict(
+            strategy=strategy,
+            new_tokens=n,
+            first_call_s=first,
+            call_s=full,
+            one_token_call_s=one,
+            ms_per_token=full * 1e3 / n,
+            decode_ms_per_token=(full - one) * 1e3 / (n - 1),
+        )
 
     def bytes_per_gpu(self, model) -> dict:
         total = weight_bytes(model)  # as the bench counts them: each storage once
@@ -251,8 +290,10 @@ class Probe:
                 diff = next((i for i, (a, b) in enumerate(zip(toks, want)) if a != b), None)
                 entry = dict(equal_tp1=toks == want, ranks_agree=all(g[key] == toks for g in gathered))
                 if diff is not None and not key.startswith("sample"):
-                    entry.update(first_diff_step=diff - PROMPT_LEN,
-                                 tp1_top2_margin=self.margin_at(model1, ids, want, diff - PROMPT_LEN))
+                    entry.update(
+                        first_diff_step=diff - PROMPT_LEN,
+                        tp1_top2_margin=self.margin_at(model1, ids, want, diff - PROMPT_LEN),
+                    )
                 res[key] = entry
             res["all_equal"] = all(v["equal_tp1"] and v["ranks_agree"] for k, v in res.items() if isinstance(v, dict))
         del model1, model

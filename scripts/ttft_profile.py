@@ -60,9 +60,14 @@ def main(argv=None) -> None:
             for setting in SETTINGS:
                 ttft[setting] += [timed(lambda: call(setting)) for _ in range(20)]
                 whole[setting].append(timed(lambda: call(setting, 200)))
-        res[name] = {s: dict(ttft_ms_median=round(statistics.median(ttft[s]) * 1e3, 3),
-                             ttft_ms_min=round(min(ttft[s]) * 1e3, 3),
-                             ms_per_token_200=round(statistics.median(whole[s]) / 200 * 1e3, 4)) for s in SETTINGS}
+        res[name] = {
+            s: dict(
+                ttft_ms_median=round(statistics.median(ttft[s]) * 1e3, 3),
+                ttft_ms_min=round(min(ttft[s]) * 1e3, 3),
+                ms_per_token_200=round(statistics.median(whole[s]) / 200 * 1e3, 4),
+            )
+            for s in SETTINGS
+        }
         print(name, res[name], flush=True)
         for setting in SETTINGS:
             prof = cProfile.Profile()
@@ -76,12 +81,14 @@ def main(argv=None) -> None:
             stats.sort_stats("cumulative").print_stats(45)
             stats.sort_stats("tottime").print_stats(25)
             open(os.path.join(out_dir, f"ttft-host-{name}-{setting}.txt"), "w").write(buf.getvalue())
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                    torch.profiler.ProfilerActivity.CUDA]) as tp:
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            ) as tp:
                 call(setting)
                 torch.cuda.synchronize()  # host sync: end of the profiled call
             open(os.path.join(out_dir, f"ttft-kernels-{name}-{setting}.txt"), "w").write(
-                tp.key_averages().table(sort_by="cuda_time_total", row_limit=40))
+                tp.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+            )
         del model, decs
         torch.cuda.empty_cache()
         json.dump(res, open(os.path.join(out_dir, "ttft.json"), "w"), indent=1)

@@ -14,8 +14,11 @@ def pytest_collection_modifyitems(config, items):
         if "/tests/gpu/" in str(item.fspath):
             item.add_marker(pytest.mark.cuda)
             if not torch.cuda.is_available():
-                item.add_marker(pytest.mark.skip(
-                    reason="needs a CUDA GPU (on a CUDA machine: python3 -m pytest -q -m cuda tests/gpu)"))
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason="needs a CUDA GPU (on a CUDA machine: python3 -m pytest -q -m cuda tests/gpu)"
+                    )
+                )
 
 
 @pytest.fixture(scope="session")

@@ -9,15 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from overlapdecode.fused import reference
 from overlapdecode.fused.kernels.embed import embed, embed_ref
 from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref, split_k
 from overlapdecode.fused.kernels.norm_linear import NormSums, norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
-from overlapdecode.fused.model import FusedModel
-from overlapdecode.fused import reference
+from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
 from overlapdecode.step_graph import StepLog
-from overlapdecode.fused.model import REFERENCE_OPS
 from triton_interpreter import interpreter_loop_bounds  # noqa: F401 (autouse fixture: the attention's loops)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -52,8 +51,16 @@ def test_norm_linear(B, K, N, act, layer):
     torch.testing.assert_close(got, ref, **TOL)
 
 
-@pytest.mark.parametrize("B,H,Hq,Hkv,D,programs", [(1, 48, 3, 1, 24, 1), (3, 40, 4, 2, 16, 1), (2, 64, 2, 2, 40, 1),
-                                                  (3, 300, 4, 2, 16, 1000), (17, 520, 2, 1, 24, 64)])
+@pytest.mark.parametrize(
+    "B,H,Hq,Hkv,D,programs",
+    [
+        (1, 48, 3, 1, 24, 1),
+        (3, 40, 4, 2, 16, 1),
+        (2, 64, 2, 2, 40, 1),
+        (3, 300, 4, 2, 16, 1000),
+        (17, 520, 2, 1, 24, 64),
+    ],
+)
 @pytest.mark.parametrize("rope,layer,bias", [(True, False, False), (True, False, True), (False, True, True)])
 def test_norm_qkv(B, H, Hq, Hkv, D, programs, rope, layer, bias):
     torch.manual_seed(B + H + D)
@@ -69,8 +76,9 @@ def test_norm_qkv(B, H, Hq, Hkv, D, programs, rope, layer, bias):
         assert pos.stride(0) == 3
     caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
     q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D)
-    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32,
-                 programs=programs)
+    q = norm_qkv(
+        x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32, programs=programs
+    )
     torch.testing.assert_close(q, q_ref, **TOL)
     torch.testing.assert_close(caches[2], caches[0], **TOL)  # K written at the slot, nothing else touched
     torch.testing.assert_close(caches[3], caches[1], **TOL)
@@ -112,8 +120,27 @@ def test_swapped_and_row_block_tiles_match_the_references(B, swap):
     for programs, half in ((1, None), (1000, 16)):
         caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
         q_ref = norm_qkv_ref(x, nw, None, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D)
-        q = norm_qkv(x, nw, None, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D,
-                     half=half, block_k=16, programs=programs, swap=swap)
+        q = norm_qkv(
+            x,
+            nw,
+            None,
+            1e-5,
+            w,
+            b,
+            inv_freq,
+            0.9,
+            pos,
+            slot,
+            caches[2],
+            caches[3],
+            Hq,
+            Hkv,
+            D,
+            half=half,
+            block_k=16,
+            programs=programs,
+            swap=swap,
+        )
         torch.testing.assert_close(q, q_ref, **TOL)
         torch.testing.assert_close(caches[2], caches[0], **TOL)
         torch.testing.assert_close(caches[3], caches[1], **TOL)
@@ -164,8 +191,26 @@ def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
     nw = rnd(H, scale=0.3) + 1
     w = rnd((Hq + 2 * Hkv) * D, H, scale=H**-0.5)
     caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
-    q = norm_qkv(h, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32,
-                 programs=programs, norm_sums=sums)
+    q = norm_qkv(
+        h,
+        nw,
+        None,
+        1e-5,
+        w,
+        None,
+        None,
+        1.0,
+        pos,
+        slot,
+        caches[2],
+        caches[3],
+        Hq,
+        Hkv,
+        D,
+        block_k=32,
+        programs=programs,
+        norm_sums=sums,
+    )
     q_ref = norm_qkv_ref(h, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[0], caches[1], Hq, Hkv, D)
     torch.testing.assert_close(q, q_ref, **TOL)
     torch.testing.assert_close(caches[2], caches[0], **TOL)
@@ -181,8 +226,11 @@ def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
         torch.testing.assert_close(got, norm_linear_ref(h2, nw, None, 1e-5, w_, None, act, od), **TOL)
     # sums of another tensor are never used: a copy, or h2 changed in place after its writer
     other = h2 * 3
-    torch.testing.assert_close(norm_linear(other, nw, None, 1e-5, wu, None, "none", None, block_k=32, norm_sums=sums),
-                               norm_linear_ref(other, nw, None, 1e-5, wu, None, "none"), **TOL)
+    torch.testing.assert_close(
+        norm_linear(other, nw, None, 1e-5, wu, None, "none", None, block_k=32, norm_sums=sums),
+        norm_linear_ref(other, nw, None, 1e-5, wu, None, "none"),
+        **TOL,
+    )
     h2.mul_(3)
     assert sums.of(h2) is None
     # a writer that does not record (below min_rows) into a recorded tensor drops its sums
@@ -191,8 +239,11 @@ def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
     sums.min_rows = B + 1
     linear_residual(x, wd, None, h, block_n=block_n, block_k=32, norm_sums=sums, out=h3)
     assert sums.of(h3) is None
-    torch.testing.assert_close(norm_linear(h2, nw, None, 1e-5, wu, None, "none", None, block_k=32, norm_sums=sums),
-                               norm_linear_ref(h2, nw, None, 1e-5, wu, None, "none"), **TOL)
+    torch.testing.assert_close(
+        norm_linear(h2, nw, None, 1e-5, wu, None, "none", None, block_k=32, norm_sums=sums),
+        norm_linear_ref(h2, nw, None, 1e-5, wu, None, "none"),
+        **TOL,
+    )
 
 
 @torch.inference_mode()
@@ -203,9 +254,12 @@ def test_norm_sums_under_inference_mode():
 
     model = od.load_model("tiny-llama", device=DEV)
     ids = torch.randint(0, 500, (3, 5), device=DEV, generator=torch.Generator(DEV).manual_seed(1))
-    outs = [od.Decoder(model, fused_options=dict(kernels=k, compile_prefill=False)).generate(
-        ids, max_new_tokens=6, eos_token_id=[], strategy=od.Strategy(cache="fused", stop_check="pingpong"))
-        for k in ("torch", "triton")]
+    outs = [
+        od.Decoder(model, fused_options=dict(kernels=k, compile_prefill=False)).generate(
+            ids, max_new_tokens=6, eos_token_id=[], strategy=od.Strategy(cache="fused", stop_check="pingpong")
+        )
+        for k in ("torch", "triton")
+    ]
     assert torch.equal(outs[1], outs[0])
     sums = NormSums(min_rows=1)
     h = linear_residual(rnd(2, 48), rnd(24, 48), None, rnd(2, 24), block_k=16, norm_sums=sums)
@@ -238,16 +292,39 @@ def test_split_tickets_return_to_zero_and_serve_the_next_launch():
     pos = slot = torch.tensor([1, 5], device=DEV)
     caches = [torch.zeros(2, Hkv, S, D, device=DEV) for _ in range(4)]
     for _ in range(2):
-        q = norm_qkv(x, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32,
-                     programs=1000, tickets=tickets)
-        torch.testing.assert_close(q, norm_qkv_ref(x, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[0],
-                                                   caches[1], Hq, Hkv, D), **TOL)
+        q = norm_qkv(
+            x,
+            nw,
+            None,
+            1e-5,
+            w,
+            None,
+            None,
+            1.0,
+            pos,
+            slot,
+            caches[2],
+            caches[3],
+            Hq,
+            Hkv,
+            D,
+            block_k=32,
+            programs=1000,
+            tickets=tickets,
+        )
+        torch.testing.assert_close(
+            q, norm_qkv_ref(x, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[0], caches[1], Hq, Hkv, D), **TOL
+        )
         assert int(tickets.counters.abs().sum()) == 0
 
 
 def _finish(state, eos, pad_id=0):
-    return GreedyFinish(state.clone(), torch.tensor(eos, dtype=torch.long, device=DEV), pad_id,
-                        torch.zeros((), dtype=torch.bool, device=DEV))
+    return GreedyFinish(
+        state.clone(),
+        torch.tensor(eos, dtype=torch.long, device=DEV),
+        pad_id,
+        torch.zeros((), dtype=torch.bool, device=DEV),
+    )
 
 
 def _check_choice_against_ref(logits, state, eos, pad_id=0, block_v=16, tickets=None):
@@ -260,7 +337,9 @@ def _check_choice_against_ref(logits, state, eos, pad_id=0, block_v=16, tickets=
     return got
 
 
-@pytest.mark.parametrize("B,V,block_v", [(1, 50, 16), (3, 67, 32), (17, 16 * 300 + 5, 16), (2, 1000, 2048), (9, 1500, None)])
+@pytest.mark.parametrize(
+    "B,V,block_v", [(1, 50, 16), (3, 67, 32), (17, 16 * 300 + 5, 16), (2, 1000, 2048), (9, 1500, None)]
+)
 def test_greedy_choice_equals_the_loops_choice(B, V, block_v):
     """The greedy choice kernel (kernels/greedy.py) makes the decode loop's choice (argmax_rows then
     mark_finished): tokens, positions + 1, finished flags and the all-finished flag, with finished rows padded
@@ -268,8 +347,9 @@ def test_greedy_choice_equals_the_loops_choice(B, V, block_v):
     reduction pass."""
     torch.manual_seed(B + V)
     logits = rnd(B, V)
-    state = torch.stack([torch.randint(0, V, (B,)), torch.randint(5, 50, (B,)), torch.zeros(B, dtype=torch.long)],
-                        1).to(DEV)
+    state = torch.stack(
+        [torch.randint(0, V, (B,)), torch.randint(5, 50, (B,)), torch.zeros(B, dtype=torch.long)], 1
+    ).to(DEV)
     first = _check_choice_against_ref(logits, state, [], block_v=block_v)
     assert not bool(first.done) and (first.state[:, 1] == state[:, 1] + 1).all()
     chosen = first.state[:, 0].tolist()
@@ -281,16 +361,31 @@ def test_greedy_choice_equals_the_loops_choice(B, V, block_v):
     assert bool(_check_choice_against_ref(logits, state, [1], pad_id=2, block_v=block_v).done)
 
 
-@pytest.mark.parametrize("case", ["tie across passes", "NaN beats inf", "NaN beats inf in its block",
-                                  "NaN beats inf in its pass", "all -inf", "inf"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "tie across passes",
+        "NaN beats inf",
+        "NaN beats inf in its block",
+        "NaN beats inf in its pass",
+        "all -inf",
+        "inf",
+    ],
+)
 def test_greedy_choice_ties_nan_and_infinities(case):
     """Row 0 of the logits made for the case, row 1 random: a tie goes to the first column, also across the
     reduction's passes (301 column blocks of 16); a NaN counts as the maximum (the first NaN); a row of -inf
     chooses column 0, as torch.argmax does."""
     B, V = 2, 16 * 300 + 5
     logits = rnd(B, V)
-    want = {"tie across passes": 100, "NaN beats inf": 4600, "NaN beats inf in its block": 4601,
-            "NaN beats inf in its pass": 200, "all -inf": 0, "inf": 4700}[case]
+    want = {
+        "tie across passes": 100,
+        "NaN beats inf": 4600,
+        "NaN beats inf in its block": 4601,
+        "NaN beats inf in its pass": 200,
+        "all -inf": 0,
+        "inf": 4700,
+    }[case]
     if case == "tie across passes":
         logits[0, 100] = logits[0, 4500] = 50.0
     elif case == "NaN beats inf":
@@ -423,9 +518,11 @@ def test_whole_step_kernels_vs_reference(name):
             torch.testing.assert_close(a, b, **TOL)
 
 
-@pytest.mark.parametrize("name,variant", [(n, v) for n in ("tiny-gpt2", "tiny-llama")
-                                          for v in ("as in the step", "split-K everywhere, hidden 256")]
-                         + [("tiny-llama", "40 rows: swapped tiles")])
+@pytest.mark.parametrize(
+    "name,variant",
+    [(n, v) for n in ("tiny-gpt2", "tiny-llama") for v in ("as in the step", "split-K everywhere, hidden 256")]
+    + [("tiny-llama", "40 rows: swapped tiles")],
+)
 @torch.no_grad()
 def test_generate_with_the_kernels_equals_generate_with_the_references(name, variant):
     """Whole calls, as the decode loop makes them (left-padded batch of 4, its tokens and positions strided
@@ -437,6 +534,7 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
     (tiny shapes on one "SM" never split otherwise), all splits sharing one Tickets, as on a GPU. The third runs
     40 rows, mixed prompt lengths: every GEMV swapped (swap_ab.py), the batch one partial tile of 64."""
     import functools
+
     import overlapdecode as od
 
     model = od.load_model(name, device=DEV)
@@ -456,11 +554,17 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
             sums = dict(norm_sums=fm.ops.embed.keywords["norm_sums"]) if name == "tiny-llama" else {}
             fm.ops = fm.ops._replace(
                 norm_qkv=functools.partial(norm_qkv, programs=10000, block_k=16, tickets=tickets, **sums),
-                linear_residual=functools.partial(linear_residual, programs=10000, block_k=16, tickets=tickets,
-                                                  **sums))
-        outs.append(dec.generate(ids, attention_mask=mask, max_new_tokens=6 if ids.shape[0] > 16 else 12,
-                                 eos_token_id=[],
-                                 strategy=od.Strategy(cache="fused", stop_check="pingpong")))
+                linear_residual=functools.partial(linear_residual, programs=10000, block_k=16, tickets=tickets, **sums),
+            )
+        outs.append(
+            dec.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=6 if ids.shape[0] > 16 else 12,
+                eos_token_id=[],
+                strategy=od.Strategy(cache="fused", stop_check="pingpong"),
+            )
+        )
         (cache,) = dec.fused_model()._caches.values()  # every slot written: by the prefill, then the steps
         kv.append(torch.stack(cache.k + cache.v))
     assert torch.equal(outs[1], outs[0])
@@ -479,8 +583,13 @@ def test_a_strided_operand_is_refused_not_misread():
     with pytest.raises(ValueError, match="x must be contiguous"):
         norm_linear(wide, rnd(64) + 1, None, 1e-5, w, None, "none")
     with pytest.raises(ValueError, match="wte must be contiguous"):
-        embed(rnd(64, 11).t(), None, torch.zeros(3, dtype=torch.long, device=DEV),
-              torch.zeros(3, dtype=torch.long, device=DEV), torch.zeros(3, dtype=torch.long, device=DEV))
+        embed(
+            rnd(64, 11).t(),
+            None,
+            torch.zeros(3, dtype=torch.long, device=DEV),
+            torch.zeros(3, dtype=torch.long, device=DEV),
+            torch.zeros(3, dtype=torch.long, device=DEV),
+        )
 
 
 def test_16bit_roundings_follow_the_references():

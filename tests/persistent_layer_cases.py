@@ -24,8 +24,19 @@ from triton_interpreter import INTERPRETING, interpreter_loop_bounds  # noqa: F4
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # small tiles and large split targets, so that every phase is split (and its tickets used) at these sizes
-SMALL = dict(qkv_block_k=16, o_block_k=16, up_block_k=16, down_block_k=16, o_block_n=16, down_block_n=16,
-             up_block_n=16, att_block_n=16, qkv_programs=10**4, o_programs=10**4, down_programs=10**4)
+SMALL = dict(
+    qkv_block_k=16,
+    o_block_k=16,
+    up_block_k=16,
+    down_block_k=16,
+    o_block_n=16,
+    down_block_n=16,
+    up_block_n=16,
+    att_block_n=16,
+    qkv_programs=10**4,
+    o_programs=10**4,
+    down_programs=10**4,
+)
 
 
 def _model(family: str, H: int, Hq: int, Hkv: int, D: int, I: int, dtype=torch.float32, layers: int = 1):
@@ -33,12 +44,31 @@ def _model(family: str, H: int, Hq: int, Hkv: int, D: int, I: int, dtype=torch.f
     dropped bias or norm weight), in `dtype`; its FusedWeights."""
     torch.manual_seed(H + Hq + Hkv + D + I)
     if family == "gpt2":  # LayerNorm, biases everywhere, tanh GELU, no RoPE
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=64, n_embd=H, n_layer=layers, n_head=Hq,
-                                           n_inner=I, activation_function="gelu_pytorch_tanh"))
+        model = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=50,
+                n_positions=64,
+                n_embd=H,
+                n_layer=layers,
+                n_head=Hq,
+                n_inner=I,
+                activation_function="gelu_pytorch_tanh",
+            )
+        )
     else:
         cls, cfg = (Qwen2ForCausalLM, Qwen2Config) if family == "qwen2" else (LlamaForCausalLM, LlamaConfig)
-        model = cls(cfg(vocab_size=50, hidden_size=H, intermediate_size=I, num_hidden_layers=layers,
-                        num_attention_heads=Hq, num_key_value_heads=Hkv, head_dim=D, max_position_embeddings=64))
+        model = cls(
+            cfg(
+                vocab_size=50,
+                hidden_size=H,
+                intermediate_size=I,
+                num_hidden_layers=layers,
+                num_attention_heads=Hq,
+                num_key_value_heads=Hkv,
+                head_dim=D,
+                max_position_embeddings=64,
+            )
+        )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):
@@ -82,8 +112,13 @@ def _plan_ops(plan, sums: bool):
 
 # (family, B, hidden, heads, kv heads, head size, MLP width): hidden not a power of two, GQA ratios 1, 4 and 8,
 # two row blocks (17 rows)
-SHAPES = [("llama", 3, 136, 4, 4, 32, 200), ("llama", 2, 152, 8, 2, 24, 136), ("llama", 17, 136, 8, 1, 16, 264),
-          ("qwen2", 1, 168, 4, 2, 32, 152), ("gpt2", 2, 144, 3, 3, 48, 288)]
+SHAPES = [
+    ("llama", 3, 136, 4, 4, 32, 200),
+    ("llama", 2, 152, 8, 2, 24, 136),
+    ("llama", 17, 136, 8, 1, 16, 264),
+    ("qwen2", 1, 168, 4, 2, 32, 152),
+    ("gpt2", 2, 144, 3, 3, 48, 288),
+]
 
 
 @pytest.mark.parametrize("family,B,H,Hq,Hkv,D,I", SHAPES)

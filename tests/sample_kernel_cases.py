@@ -25,8 +25,15 @@ SETTINGS = [
 
 
 def params_of(s):
-    return check_sampling(True, s.get("temperature", 1.0), s.get("top_k"), s.get("top_p"), None, s.get("min_p"),
-                          s.get("repetition_penalty"))
+    return check_sampling(
+        True,
+        s.get("temperature", 1.0),
+        s.get("top_k"),
+        s.get("top_p"),
+        None,
+        s.get("min_p"),
+        s.get("repetition_penalty"),
+    )
 
 
 def run_both(B, V, setting, seed, block_v=None, eos=(), finished=(), log_length=0):
@@ -103,8 +110,9 @@ def test_sample_choice_refuses_bad_buffers():
     with pytest.raises(ValueError, match="noise"):
         sample_choice(logits, torch.zeros(2, 9, device=DEVICE), params, None, state, eos, 0, done)
     with pytest.raises(ValueError, match="seen"):
-        sample_choice(logits, torch.ones(2, 10, device=DEVICE), params_of(dict(repetition_penalty=1.1)), None,
-                      state, eos, 0, done)
+        sample_choice(
+            logits, torch.ones(2, 10, device=DEVICE), params_of(dict(repetition_penalty=1.1)), None, state, eos, 0, done
+        )
 
 
 def test_sample_choice_takes_the_second_candidate_when_the_first_is_dropped():
@@ -120,8 +128,16 @@ def test_sample_choice_takes_the_second_candidate_when_the_first_is_dropped():
     picks = {}
     for name, fn in (("ref", sample_finish_ref), ("kernel", sample_choice)):
         state = torch.zeros(B, 3, dtype=torch.long, device=DEVICE)
-        fn(logits.to(DEVICE), noise.to(DEVICE), params, None, state, torch.zeros(0, dtype=torch.long, device=DEVICE),
-           0, torch.zeros((), dtype=torch.bool, device=DEVICE))
+        fn(
+            logits.to(DEVICE),
+            noise.to(DEVICE),
+            params,
+            None,
+            state,
+            torch.zeros(0, dtype=torch.long, device=DEVICE),
+            0,
+            torch.zeros((), dtype=torch.bool, device=DEVICE),
+        )
         picks[name] = state[:, 0].cpu()
     assert set(picks["ref"].tolist()) == {0, 7}
     assert torch.equal(picks["kernel"], picks["ref"])

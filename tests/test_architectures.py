@@ -19,8 +19,16 @@ import overlapdecode as od
 from helpers import hf_generate, make_batch
 from overlapdecode.architecture import describe
 
-SMALL = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128, eos_token_id=2)
+SMALL = dict(
+    vocab_size=1000,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    eos_token_id=2,
+)
 ARCHS = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
     "gpt-neox": (GPTNeoXConfig, GPTNeoXForCausalLM, {}),
@@ -71,17 +79,21 @@ def _run(model, strategy, n=12, eos=()):
 
     ids, mask = make_batch(4, seed=7, high=VOCAB)
     ref = hf_generate(model, ids, mask, n, list(eos), 0)
-    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=list(eos),
-                      pad_token_id=0)
+    out = od.generate(
+        model, ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=list(eos), pad_token_id=0
+    )
     return out, ref
 
 
 def test_local_layers_the_static_cache_does_not_know_are_refused_and_kv_matches():
     model = _tiny("gpt_neo")  # config.attention_layers ['global', 'local'], window 6 < prompt + new tokens
     for strategy in ("static", "compiled", "interleaved"):
-        with pytest.raises(ValueError, match=rf"strategy '{strategy}': GPTNeoForCausalLM's local attention layer 1 "
-                                             r"\(GPTNeoAttention.attention_type='local'\) need a sliding-window cache"
-                                             r".*use strategy='kv' or 'baseline'"):
+        with pytest.raises(
+            ValueError,
+            match=rf"strategy '{strategy}': GPTNeoForCausalLM's local attention layer 1 "
+            r"\(GPTNeoAttention.attention_type='local'\) need a sliding-window cache"
+            r".*use strategy='kv' or 'baseline'",
+        ):
             _run(model, strategy)
     for strategy in ("kv", "baseline"):
         out, ref = _run(model, strategy)
@@ -100,8 +112,11 @@ def test_hybrid_recurrent_models_match_hf_under_static(model_type):
 
 def test_a_forward_that_takes_its_cache_by_another_name_is_refused_for_caches():
     model = _tiny("mamba")
-    with pytest.raises(ValueError, match="strategy 'kv': MambaForCausalLM's forward takes its cache as `cache_params`, "
-                                         "not `past_key_values`.*use strategy='baseline'"):
+    with pytest.raises(
+        ValueError,
+        match="strategy 'kv': MambaForCausalLM's forward takes its cache as `cache_params`, "
+        "not `past_key_values`.*use strategy='baseline'",
+    ):
         _run(model, "kv")
     out, ref = _run(model, "baseline")
     assert torch.equal(out, ref)
@@ -109,8 +124,11 @@ def test_a_forward_that_takes_its_cache_by_another_name_is_refused_for_caches():
 
 def test_a_model_with_a_cache_class_of_its_own_is_refused_for_caches():
     model = _tiny("minimax")
-    with pytest.raises(ValueError, match=r"strategy 'static': MiniMaxForCausalLM keeps its state in a cache class of "
-                                         r"its own \(MiniMaxCache\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"strategy 'static': MiniMaxForCausalLM keeps its state in a cache class of "
+        r"its own \(MiniMaxCache\)",
+    ):
         _run(model, "static")
 
 
@@ -118,19 +136,24 @@ def test_non_causal_models_are_refused_whatever_the_strategy():
     from transformers import BertConfig, BertLMHeadModel
 
     torch.manual_seed(0)
-    model = BertLMHeadModel(BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                       intermediate_size=64)).eval()  # is_decoder=False: bidirectional
+    model = BertLMHeadModel(
+        BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    ).eval()  # is_decoder=False: bidirectional
     for strategy in ("baseline", "kv", "interleaved"):  # refused from its config before any strategy is asked
         with pytest.raises(ValueError, match=r"model BertLMHeadModel is an encoder \(bert with is_decoder=False"):
             _run(model, strategy)
     assert describe(_tiny("roformer")).causal_why == (
-        "it builds its attention mask with transformers' bidirectional mask")
+        "it builds its attention mask with transformers' bidirectional mask"
+    )
 
 
 def test_generation_config_processors_are_refused_until_unset():
     model = _tiny("bart")  # generation_config.forced_eos_token_id = 2: Hugging Face forces EOS at the last step
-    with pytest.raises(ValueError, match=r"strategy 'kv': BartForCausalLM's generation_config asks Hugging Face "
-                                         r"generate\(\) for forced_eos_token_id=2"):
+    with pytest.raises(
+        ValueError,
+        match=r"strategy 'kv': BartForCausalLM's generation_config asks Hugging Face "
+        r"generate\(\) for forced_eos_token_id=2",
+    ):
         _run(model, "kv")
     model.generation_config.forced_eos_token_id = None
     out, ref = _run(model, "kv")

@@ -22,9 +22,33 @@ LENGTHS = [8, 24]
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("bench"))
-    rc = main(["bench", "--model", "tiny-gpt2", "--strategies", ",".join(STRATEGIES), "--peers", ",".join(PEERS),
-               "--lengths", ",".join(map(str, LENGTHS)), "--batch", "1,2", "--prompt-len", "8", "--workloads",
-               "fixed,eos", "--warmup", "0", "--repeats", "2", "--out", out, "--device", "cpu"])
+    rc = main(
+        [
+            "bench",
+            "--model",
+            "tiny-gpt2",
+            "--strategies",
+            ",".join(STRATEGIES),
+            "--peers",
+            ",".join(PEERS),
+            "--lengths",
+            ",".join(map(str, LENGTHS)),
+            "--batch",
+            "1,2",
+            "--prompt-len",
+            "8",
+            "--workloads",
+            "fixed,eos",
+            "--warmup",
+            "0",
+            "--repeats",
+            "2",
+            "--out",
+            out,
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     return out
 
@@ -71,7 +95,9 @@ def test_report_and_plots_written_and_rebuilt(bench_dir):
     assert "First-call overhead (compile" in text and "first call s" not in text
     assert "Hugging Face peers ran transformers" in text
     # the report talks about the code and its measurements only
-    assert not re.search(r"\b(brief|session|round)s?\b", text, flags=re.I), re.findall(r".*\b(?:brief|session|round).*", text)
+    assert not re.search(r"\b(brief|session|round)s?\b", text, flags=re.I), re.findall(
+        r".*\b(?:brief|session|round).*", text
+    )
 
 
 def test_fit_exponent():
@@ -136,18 +162,33 @@ def test_units_split_over_gpus_and_merged(tmp_path):
     from overlapdecode.bench.config import BenchConfig
     from overlapdecode.bench.runner import run_bench, work_units
 
-    cfg = BenchConfig(model="tiny-gpt2", strategies=("kv", "interleaved"), peers=("hf-dynamic",), lengths=(6,),
-                      pairs=("float32:1", "float32:2", "bfloat16:1"), prompt_len=4, warmup=0, repeats=1,
-                      profile=False, device="cpu", gpus=(0, 1))
+    cfg = BenchConfig(
+        model="tiny-gpt2",
+        strategies=("kv", "interleaved"),
+        peers=("hf-dynamic",),
+        lengths=(6,),
+        pairs=("float32:1", "float32:2", "bfloat16:1"),
+        prompt_len=4,
+        warmup=0,
+        repeats=1,
+        profile=False,
+        device="cpu",
+        gpus=(0, 1),
+    )
     units = work_units(cfg)
     assert [label for label, _ in units] == ["default-float32-b1", "default-float32-b2", "default-bfloat16-b1"]
     assert all(u.gpus == () and len(u.pairs) == 1 for _, u in units)
     assert [label for label, _ in work_units(BenchConfig(allocators=("default", "expandable")))] == [
-        "default", "expandable"]
+        "default",
+        "expandable",
+    ]
     res = run_bench(cfg, str(tmp_path), "overlapdecode bench --gpus 0,1", progress=False)
     got = sorted((r["dtype"], r["batch"], r["strategy"], r["visible_devices"]) for r in res["rows"])
-    want = [(d, b, s) for d, b in (("bfloat16", 1), ("float32", 1), ("float32", 2))
-            for s in ("hf-dynamic", "interleaved", "kv")]
+    want = [
+        (d, b, s)
+        for d, b in (("bfloat16", 1), ("float32", 1), ("float32", 2))
+        for s in ("hf-dynamic", "interleaved", "kv")
+    ]
     assert [g[:3] for g in got] == want and all("error" not in r for r in res["rows"])
     assert {g[3] for g in got} <= {"0", "1"} and res["environment"]["gpus_used"]
     assert res["config"]["gpus"] == [0, 1]
@@ -169,21 +210,37 @@ def test_argparse_errors_are_one_line_too(argv, capsys):
     assert len(err.splitlines()) == 1 and "error:" in err, err
 
 
-def _claim_row(strategy, n, seq_s, allocator="default", reserved=None, allocated=None, spread=0.01, calls=3,
-               device="cuda:0"):
+def _claim_row(
+    strategy, n, seq_s, allocator="default", reserved=None, allocated=None, spread=0.01, calls=3, device="cuda:0"
+):
     frag = None if reserved is None else (reserved - allocated) / reserved
     times = [seq_s * (1 - spread / 2), seq_s, seq_s * (1 + spread / 2)][:calls] if calls > 1 else [seq_s]
-    return dict(workload="fixed", allocator=allocator, dtype="float32", batch=1, strategy=strategy,
-                max_new_tokens=n, seq_s=seq_s, seq_s_all=times, ms_per_token=seq_s * 1e3 / n,
-                peak_reserved_mb=reserved, peak_allocated_mb=allocated, fragmentation=frag, device=device,
-                first_call_s=seq_s * 2)
+    return dict(
+        workload="fixed",
+        allocator=allocator,
+        dtype="float32",
+        batch=1,
+        strategy=strategy,
+        max_new_tokens=n,
+        seq_s=seq_s,
+        seq_s_all=times,
+        ms_per_token=seq_s * 1e3 / n,
+        peak_reserved_mb=reserved,
+        peak_allocated_mb=allocated,
+        fragmentation=frag,
+        device=device,
+        first_call_s=seq_s * 2,
+    )
 
 
 def _claim_rows(**kw):
     rows = [_claim_row("baseline", n, (n / 100) ** 2, **kw) for n in (100, 200, 400)]
     rows += [_claim_row("kv", n, n / 100, **kw) for n in (100, 200, 400)]
-    rows += [_claim_row("interleaved", 400, 0.5, **kw), _claim_row("nocheck", 400, 0.49, **kw),
-             _claim_row("compiled", 400, 0.7, **kw)]
+    rows += [
+        _claim_row("interleaved", 400, 0.5, **kw),
+        _claim_row("nocheck", 400, 0.49, **kw),
+        _claim_row("compiled", 400, 0.7, **kw),
+    ]
     return rows
 
 
@@ -234,8 +291,17 @@ def test_plots_tick_at_the_lengths_and_show_the_spread(tmp_path):
     plt.close(fig)
     row = _claim_row("kv", 16, 1.0, spread=0.2)
     assert _err([row]) == [[pytest.approx(0.1)], [pytest.approx(0.1)]]
-    profiled = [dict(workload="profile", allocator="default", dtype="float32", batch=1, strategy="kv",
-                     max_new_tokens=100, busy=dict(available=False, reason="no CUDA"))]
+    profiled = [
+        dict(
+            workload="profile",
+            allocator="default",
+            dtype="float32",
+            batch=1,
+            strategy="kv",
+            max_new_tokens=100,
+            busy=dict(available=False, reason="no CUDA"),
+        )
+    ]
     names = [p for p, _ in plots({"rows": _claim_rows(device="cpu") + profiled}, str(tmp_path))]
     assert names == ["time_vs_length.png", "speedup.png", "compile.png"]  # no memory, no busy chart on CPU
     profiled[0]["busy"] = dict(available=True, busy_fraction=0.5)
@@ -247,15 +313,32 @@ def test_latest_rows_measured_beats_not_run():
     from overlapdecode.bench.results import latest_rows
 
     def row(strategy, n, **kw):
-        return dict(model="m", allocator="default", dtype="float32", batch=1, prompt_len=32, workload="eos",
-                    max_new_tokens=n, strategy=strategy, **kw)
+        return dict(
+            model="m",
+            allocator="default",
+            dtype="float32",
+            batch=1,
+            prompt_len=32,
+            workload="eos",
+            max_new_tokens=n,
+            strategy=strategy,
+            **kw,
+        )
 
-    rows = [row("kv", 200, error="not run: time budget of 490 s spent"), row("static", 200, seq_s=1.0),
-            row("kv", 400, seq_s=2.0), row("kv", 200, seq_s=0.5), row("static", 200, error="not run: budget"),
-            row("kv", 400, seq_s=3.0)]
+    rows = [
+        row("kv", 200, error="not run: time budget of 490 s spent"),
+        row("static", 200, seq_s=1.0),
+        row("kv", 400, seq_s=2.0),
+        row("kv", 200, seq_s=0.5),
+        row("static", 200, error="not run: budget"),
+        row("kv", 400, seq_s=3.0),
+    ]
     got = latest_rows(rows)
     assert [(r["strategy"], r["max_new_tokens"], r.get("seq_s")) for r in got] == [
-        ("kv", 200, 0.5), ("static", 200, 1.0), ("kv", 400, 3.0)]
+        ("kv", 200, 0.5),
+        ("static", 200, 1.0),
+        ("kv", 400, 3.0),
+    ]
 
 
 def test_mbu_is_weight_bytes_over_bandwidth_over_time():
@@ -284,17 +367,44 @@ def test_tp_probe_results_are_gathered_with_their_command(tmp_path):
     made from its JSON: the big model's ms/token and MBU, the speed ratio, the token equality."""
     d = tmp_path / "tp"
     d.mkdir()
-    env = {"argv": ["scripts/tp_probe.py", "x.json", "--parts", "equal,speed,big"], "commit": "abc1234",
-           "torch": "2.11", "gpu": "NVIDIA H200", "nccl": "2.28"}
+    env = {
+        "argv": ["scripts/tp_probe.py", "x.json", "--parts", "equal,speed,big"],
+        "commit": "abc1234",
+        "torch": "2.11",
+        "gpu": "NVIDIA H200",
+        "nccl": "2.28",
+    }
     run = {"strategy": "fused", "ms_per_token": 4.0, "decode_ms_per_token": 3.9, "weight_bytes_per_gpu": 16e9}
-    parts = {"equal": {"model": "m1", "dtype": "float32", "new_tokens": 200, "fused": {"equal_tp1": True,
-                                                                                        "ranks_agree": True}},
-             "speed": {"model": "m8", "dtype": "bfloat16", "batch": 1, "tp1": run,
-                       "tp2": dict(run, ms_per_token=3.0, weight_bytes_per_gpu=8e9), "ratio_ms_per_token": 0.75,
-                       "ratio_decode_ms_per_token": 0.74},
-             "big": {"model": "m70", "dtype": "bfloat16", "batch": 1, "tp": 2, "strategy": "fused", "new_tokens": 200,
-                     "ms_per_token": 24.28, "weight_bytes_per_gpu": 72.66e9, "mbu_ms_per_token": 0.6052,
-                     "mbu_vs_copy_ms_per_token": 0.689, "first_call_s": 60.8}}
+    parts = {
+        "equal": {
+            "model": "m1",
+            "dtype": "float32",
+            "new_tokens": 200,
+            "fused": {"equal_tp1": True, "ranks_agree": True},
+        },
+        "speed": {
+            "model": "m8",
+            "dtype": "bfloat16",
+            "batch": 1,
+            "tp1": run,
+            "tp2": dict(run, ms_per_token=3.0, weight_bytes_per_gpu=8e9),
+            "ratio_ms_per_token": 0.75,
+            "ratio_decode_ms_per_token": 0.74,
+        },
+        "big": {
+            "model": "m70",
+            "dtype": "bfloat16",
+            "batch": 1,
+            "tp": 2,
+            "strategy": "fused",
+            "new_tokens": 200,
+            "ms_per_token": 24.28,
+            "weight_bytes_per_gpu": 72.66e9,
+            "mbu_ms_per_token": 0.6052,
+            "mbu_vs_copy_ms_per_token": 0.689,
+            "first_call_s": 60.8,
+        },
+    }
     (d / "tp.json").write_text(json.dumps({"env": env, "parts": parts}))
     md = tmp_path / "ALL.md"
     assert main(["report", str(d), "--markdown", str(md)]) == 0
@@ -323,10 +433,16 @@ def test_an_unreachable_hub_is_named_without_waiting_for_retries(monkeypatch):
 
     asked = []
     monkeypatch.setattr(models, "_hub_unreachable", lambda: "huggingface.co: Name or service not known")
-    monkeypatch.setattr(models.AutoConfig, "from_pretrained", lambda *a, **k: asked.append(k) or (_ for _ in ()).throw(
-        OSError("not in the cache")))
-    with pytest.raises(OSError, match="nobody/x is neither a directory nor in the local Hugging Face cache, and the "
-                                      r"hub cannot be reached to look it up \(huggingface.co: Name or service"):
+    monkeypatch.setattr(
+        models.AutoConfig,
+        "from_pretrained",
+        lambda *a, **k: asked.append(k) or (_ for _ in ()).throw(OSError("not in the cache")),
+    )
+    with pytest.raises(
+        OSError,
+        match="nobody/x is neither a directory nor in the local Hugging Face cache, and the "
+        r"hub cannot be reached to look it up \(huggingface.co: Name or service",
+    ):
         models.load_model("nobody/x", device="cpu")
     assert asked == [dict(local_files_only=True)]  # the network lookup (and its ~30 s of retries) never started
 
@@ -340,8 +456,25 @@ def test_a_failed_worker_is_one_line_and_leaves_the_directory_reusable(tmp_path,
     (tmp_path / "broken" / "model.safetensors").write_bytes(b"not a safetensors file")
     capsys.readouterr()  # save_pretrained's progress bar
     out = tmp_path / "out"
-    flags = ["--strategies", "kv", "--peers", "none", "--lengths", "4", "--prompt-len", "4", "--repeats", "1",
-             "--warmup", "0", "--no-profile", "--device", "cpu", "--out", str(out)]
+    flags = [
+        "--strategies",
+        "kv",
+        "--peers",
+        "none",
+        "--lengths",
+        "4",
+        "--prompt-len",
+        "4",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--no-profile",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     assert main(["bench", "--model", str(tmp_path / "broken")] + flags) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err and 'File "' not in err, err
@@ -368,11 +501,30 @@ def test_ctrl_c_is_one_line_and_keeps_what_was_measured(whom, tmp_path):
 
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    cmd = [sys.executable, "-m", "overlapdecode", "bench", "--model", "tiny-gpt2", "--strategies", "baseline,kv",
-           "--peers", "none", "--lengths", "8,16,32,64,96,128,160,192", "--batch", "1,2", "--no-profile",
-           "--device", "cpu", "--out", str(out)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "overlapdecode",
+        "bench",
+        "--model",
+        "tiny-gpt2",
+        "--strategies",
+        "baseline,kv",
+        "--peers",
+        "none",
+        "--lengths",
+        "8,16,32,64,96,128,160,192",
+        "--batch",
+        "1,2",
+        "--no-profile",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     rows = out / "rows-default.jsonl"
     deadline = time.monotonic() + 240
     while not (rows.exists() and len(rows.read_text().splitlines()) >= 2):  # the meta line and a measured row
@@ -403,22 +555,30 @@ def test_the_terminal_table_shows_the_spread_and_warns_where_it_hides_the_effect
 
     from overlapdecode.bench.cli import summary_tables
 
-    rows = [_claim_row("baseline", 400, 1.0, spread=0.1), _claim_row("compiled", 400, 0.8, spread=0.5),
-            _claim_row("interleaved", 400, 0.1, spread=0.05), _claim_row("kv", 400, 0.9, calls=1)]
+    rows = [
+        _claim_row("baseline", 400, 1.0, spread=0.1),
+        _claim_row("compiled", 400, 0.8, spread=0.5),
+        _claim_row("interleaved", 400, 0.1, spread=0.05),
+        _claim_row("kv", 400, 0.9, calls=1),
+    ]
     for r in rows:
         r.update(tokens_per_s=400 / r["seq_s"], ttft_ms=1.0)
     ((table, warnings),) = summary_tables(rows, "m")
     console = Console(record=True, width=200)
     console.print(table)
-    lines = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
-             for line in console.export_text().replace("┃", "│").splitlines() if line.count("│") > 3}
+    lines = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in console.export_text().replace("┃", "│").splitlines()
+        if line.count("│") > 3
+    }
     assert lines["strategy"][4] == "spread"
     assert lines["baseline"][3:5] == ["1.00x", "10%"]
     assert lines["compiled"][3:5] == ["1.25x !", "50%"]  # 25% faster, calls 50% apart: not resolved
     assert lines["interleaved"][3:5] == ["10.00x", "5%"]
     assert lines["kv"][4] == "-"  # one timed call: no spread to show
-    assert warnings == ["! compiled: 1.25x the baseline is within the spread of the timed calls (50%): not "
-                        "resolved on this run"]
+    assert warnings == [
+        "! compiled: 1.25x the baseline is within the spread of the timed calls (50%): not resolved on this run"
+    ]
 
 
 def test_hf_compiled_on_cpu_is_labelled_eager(bench_dir):
@@ -472,8 +632,9 @@ def test_the_cuda_default_leaves_fused_out_where_the_family_has_none(tmp_path, m
 
     small = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     GPTNeoXForCausalLM(GPTNeoXConfig(**small)).save_pretrained(tmp_path / "neox")  # a family fused has not
-    Qwen2ForCausalLM(Qwen2Config(**small, num_key_value_heads=2, use_sliding_window=True, sliding_window=16,
-                                 max_window_layers=0)).save_pretrained(tmp_path / "sliding")  # Qwen2, windowed
+    Qwen2ForCausalLM(
+        Qwen2Config(**small, num_key_value_heads=2, use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    ).save_pretrained(tmp_path / "sliding")  # Qwen2, windowed
     for name in ("neox", "sliding"):
         cfg = _config_of(["--model", str(tmp_path / name)], tmp_path, monkeypatch, cuda=True)
         assert cfg.strategies == ("baseline", "kv", "static", "compiled", "interleaved"), name

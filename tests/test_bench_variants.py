@@ -15,8 +15,10 @@ from overlapdecode.cliargs import CliError
 
 def test_split_variant():
     assert split_variant("fused") == ("fused", {})
-    assert split_variant("fused+top_p=0.9+temperature=0.8") == ("fused", dict(do_sample=True, top_p=0.9,
-                                                                             temperature=0.8))
+    assert split_variant("fused+top_p=0.9+temperature=0.8") == (
+        "fused",
+        dict(do_sample=True, top_p=0.9, temperature=0.8),
+    )
     assert split_variant("kv+repetition_penalty=1.2") == ("kv", dict(repetition_penalty=1.2))
     assert split_variant("interleaved:2+sample") == ("interleaved:2", dict(do_sample=True))
     assert generate_kwargs("kv+top_k=5", 3) == dict(do_sample=True, top_k=5, seed=3)
@@ -38,7 +40,17 @@ def test_a_variant_runs_od_generate_with_its_sampling(tiny_llama):
     ids, _ = make_batch(2, seed=3)
     ids = ids[:, 4:]  # no padding: the bench's prompts
     got = _runner("kv+top_p=0.8+temperature=0.7", tiny_llama, ids, 6, [], 0, seed=11)()
-    want = od.generate(tiny_llama, ids, max_new_tokens=6, strategy="kv", eos_token_id=[], pad_token_id=0,
-                       do_sample=True, top_p=0.8, temperature=0.7, seed=11)
+    want = od.generate(
+        tiny_llama,
+        ids,
+        max_new_tokens=6,
+        strategy="kv",
+        eos_token_id=[],
+        pad_token_id=0,
+        do_sample=True,
+        top_p=0.8,
+        temperature=0.7,
+        seed=11,
+    )
     greedy = od.generate(tiny_llama, ids, max_new_tokens=6, strategy="kv", eos_token_id=[], pad_token_id=0)
     assert torch.equal(got, want) and not torch.equal(got, greedy)

@@ -15,8 +15,24 @@ from test_models import save_tiny_with_bpe_tokenizer, save_tiny_with_tokenizer
 
 
 def test_generate_prints_ids_with_random_weights_note(capsys):
-    assert main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "5,6,7", "--max-new-tokens", "6",
-                 "--strategy", "kv", "--eos", "none"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                "tiny-gpt2",
+                "--prompt-ids",
+                "5,6,7",
+                "--max-new-tokens",
+                "6",
+                "--strategy",
+                "kv",
+                "--eos",
+                "none",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "random weights" in out
     model = od.load_model("tiny-gpt2", device="cpu")
@@ -27,8 +43,24 @@ def test_generate_prints_ids_with_random_weights_note(capsys):
 
 def test_generate_prints_text_with_a_tokenizer(tmp_path, capsys):
     save_tiny_with_tokenizer(tmp_path)
-    assert main(["generate", "--model", str(tmp_path), "--prompt", "w5 w6 w7", "--max-new-tokens", "5",
-                 "--strategy", "interleaved", "--eos", "none"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(tmp_path),
+                "--prompt",
+                "w5 w6 w7",
+                "--max-new-tokens",
+                "5",
+                "--strategy",
+                "interleaved",
+                "--eos",
+                "none",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     model = od.load_model(str(tmp_path), device="cpu")
     ref = od.generate(model, torch.tensor([[5, 6, 7]]), max_new_tokens=5, strategy="static", eos_token_id=[])
@@ -38,8 +70,24 @@ def test_generate_prints_text_with_a_tokenizer(tmp_path, capsys):
 
 
 def test_generate_text_with_an_embedded_model(capsys):
-    assert main(["generate", "--model", "tiny-llama", "--prompt", "héllo", "--max-new-tokens", "8",
-                 "--strategy", "kv", "--eos", "none"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                "tiny-llama",
+                "--prompt",
+                "héllo",
+                "--max-new-tokens",
+                "8",
+                "--strategy",
+                "kv",
+                "--eos",
+                "none",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert "random weights" in lines[0] and "random bytes" in lines[0]
     model, tok = od.load_model("tiny-llama", device="cpu"), od.load_tokenizer("tiny-llama")
@@ -59,12 +107,28 @@ def test_generate_shows_every_id_as_text_or_as_its_number(hugging_face, tmp_path
     if hugging_face:
         name = str(tmp_path)
         save_tiny_with_bpe_tokenizer(tmp_path)
-    assert main(["generate", "--model", name, "--prompt", "Hello", "--max-new-tokens", "12", "--strategy", "kv",
-                 "--eos", "none"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                name,
+                "--prompt",
+                "Hello",
+                "--max-new-tokens",
+                "12",
+                "--strategy",
+                "kv",
+                "--eos",
+                "none",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     model, tok = od.load_model(name, device="cpu"), od.load_tokenizer(name)
     ids = tok("Hello", return_tensors="pt").input_ids
-    new = od.generate(model, ids, max_new_tokens=12, strategy="kv", eos_token_id=[])[0, ids.shape[1]:].tolist()
+    new = od.generate(model, ids, max_new_tokens=12, strategy="kv", eos_token_id=[])[0, ids.shape[1] :].tolist()
     known = range(len(tok)) if hugging_face else range(OFFSET, OFFSET + 256)
     unknown = [t for t in new if t not in known]
     assert unknown  # this random model emits ids its tokenizer cannot decode
@@ -81,8 +145,26 @@ def test_prompt_text_needs_a_tokenizer(tmp_path, capsys):
 
 def test_profile_writes_trace_and_summary_without_faking_gpu_figures(tmp_path, capsys):
     out = str(tmp_path / "prof")
-    assert main(["profile", "--model", "tiny-gpt2", "--strategies", "static,interleaved:2", "--new-tokens", "6",
-                 "--prompt-len", "8", "--out", out, "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "tiny-gpt2",
+                "--strategies",
+                "static,interleaved:2",
+                "--new-tokens",
+                "6",
+                "--prompt-len",
+                "8",
+                "--out",
+                out,
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
     assert summary["strategies"]["interleaved:2"]["trace"] == "trace-interleaved-lag2.json.gz"  # a safe file name
@@ -97,8 +179,26 @@ def test_profile_writes_trace_and_summary_without_faking_gpu_figures(tmp_path, c
     # a second profile into the same directory replaced the first one's summary and traces without a word
     before = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
     capsys.readouterr()
-    assert main(["profile", "--model", "tiny-gpt2", "--strategies", "kv", "--new-tokens", "3", "--prompt-len", "4",
-                 "--out", out, "--device", "cpu"]) == 2
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "tiny-gpt2",
+                "--strategies",
+                "kv",
+                "--new-tokens",
+                "3",
+                "--prompt-len",
+                "4",
+                "--out",
+                out,
+                "--device",
+                "cpu",
+            ]
+        )
+        == 2
+    )
     _one_line(capsys, f"--out {out} already holds a profile (summary.json): choose another --out")
     assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
 
@@ -117,36 +217,68 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the answer of a 
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--device", "banana"],
-         "--device: device 'banana' is not a device"),
+        (
+            ["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--device", "banana"],
+            "--device: device 'banana' is not a device",
+        ),
         (["profile", "--model", "tiny-gpt2", "--device", "banana"], "--device: device 'banana' is not a device"),
         (["bench", "--device", "banana"], "--device: device 'banana' is not a device"),
-        (["generate", "--prompt-ids", "1,2", "--model", "/nonexistent/dir"],
-         "--model: path /nonexistent/dir does not exist"),
+        (
+            ["generate", "--prompt-ids", "1,2", "--model", "/nonexistent/dir"],
+            "--model: path /nonexistent/dir does not exist",
+        ),
         (["profile", "--model", "./nonexistent"], "--model: path ./nonexistent does not exist"),
         (["bench", "--model", "~/nonexistent-model"], "--model: path ~/nonexistent-model does not exist"),
-        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--strategy", "interleaved:100000000",
-          "--max-new-tokens", "8"], "a lag of 100000000 is beyond --max-new-tokens 8"),
-        (["bench", "--strategies", "interleaved:100000000", "--device", "cpu"],
-         "--strategies interleaved:100000000: a lag of 100000000 is beyond the 16 new tokens"),
+        (
+            [
+                "generate",
+                "--prompt-ids",
+                "1,2",
+                "--model",
+                "tiny-gpt2",
+                "--strategy",
+                "interleaved:100000000",
+                "--max-new-tokens",
+                "8",
+            ],
+            "a lag of 100000000 is beyond --max-new-tokens 8",
+        ),
+        (
+            ["bench", "--strategies", "interleaved:100000000", "--device", "cpu"],
+            "--strategies interleaved:100000000: a lag of 100000000 is beyond the 16 new tokens",
+        ),
         (["profile", "--strategies", "deferred:65", "--new-tokens", "64"], "a lag of 65 is beyond the 64 new tokens"),
         (["bench", "--dtype", "", "--device", "cpu"], "--dtype names no dtype"),
         (["bench", "--dtype-batch", "", "--device", "cpu"], "--dtype-batch names no pair"),
         (["bench", "--workloads", ",", "--device", "cpu"], "--workloads names no workload"),
-        (["generate", "--prompt-ids", "1,5000", "--model", "tiny-gpt2"],
-         "--prompt-ids: input_ids holds ids in [1, 5000], outside the vocabulary [0, 1000)"),
-        (["generate", "--prompt", "hi", "--model", "tiny-gpt2", "--max-new-tokens", "255"],
-         "--prompt and --max-new-tokens: prompt length 2 + max_new_tokens 255 = 257 exceeds the model's 256"),
-        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--eos", "5000"],
-         "--eos: eos_token_id [5000] outside the vocabulary [0, 1000)"),
-        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--eos=-3"],
-         "--eos: eos_token_id [-3] outside the vocabulary"),
-        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--max-new-tokens", "300"],
-         "--prompt-ids and --max-new-tokens: prompt length 2 + max_new_tokens 300"),
-        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--do-sample", "--seed", "-1"],
-         "seed must be in [0, 2**64)"),
-        (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--do-sample", "--temperature", "1e-45"],
-         "too small to divide by"),
+        (
+            ["generate", "--prompt-ids", "1,5000", "--model", "tiny-gpt2"],
+            "--prompt-ids: input_ids holds ids in [1, 5000], outside the vocabulary [0, 1000)",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--model", "tiny-gpt2", "--max-new-tokens", "255"],
+            "--prompt and --max-new-tokens: prompt length 2 + max_new_tokens 255 = 257 exceeds the model's 256",
+        ),
+        (
+            ["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--eos", "5000"],
+            "--eos: eos_token_id [5000] outside the vocabulary [0, 1000)",
+        ),
+        (
+            ["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--eos=-3"],
+            "--eos: eos_token_id [-3] outside the vocabulary",
+        ),
+        (
+            ["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--max-new-tokens", "300"],
+            "--prompt-ids and --max-new-tokens: prompt length 2 + max_new_tokens 300",
+        ),
+        (
+            ["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--do-sample", "--seed", "-1"],
+            "seed must be in [0, 2**64)",
+        ),
+        (
+            ["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--do-sample", "--temperature", "1e-45"],
+            "too small to divide by",
+        ),
         (["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--dtype", "float8"], "dtype must be one of"),
     ],
 )
@@ -159,8 +291,14 @@ def test_user_mistakes_get_one_line_naming_the_flag(argv, words, capsys, tmp_pat
 
 
 @NO_CUDA
-@pytest.mark.parametrize("argv", [["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--device", "cuda"],
-                                  ["profile", "--device", "cuda:7"], ["bench", "--device", "cuda"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--device", "cuda"],
+        ["profile", "--device", "cuda:7"],
+        ["bench", "--device", "cuda"],
+    ],
+)
 def test_cuda_on_a_cpu_machine_is_one_line_before_any_worker(argv, capsys, tmp_path):
     assert main(argv + (["--out", str(tmp_path / "o")] if argv[0] != "generate" else [])) == 2
     _one_line(capsys, "--device: device=cuda")
@@ -179,8 +317,10 @@ def test_an_unknown_hub_name_is_one_line(monkeypatch, capsys):
     import overlapdecode.models
 
     def offline(*a, **k):
-        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them\n"
-                      "in the cached files.")
+        raise OSError(
+            "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them\n"
+            "in the cached files."
+        )
 
     monkeypatch.setattr(overlapdecode.models, "_hub_unreachable", lambda: None)  # as on a machine with a network
     monkeypatch.setattr(overlapdecode.models.AutoConfig, "from_pretrained", offline)  # the config is read first
@@ -210,23 +350,32 @@ def test_python_dash_m_runs_the_command():
     import sys
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-m", "overlapdecode", "--help"], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "overlapdecode", "--help"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0 and "generate" in done.stdout and "bench" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "overlapdecode", "report", "/nonexistent/dir"], capture_output=True,
-                         text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "overlapdecode", "report", "/nonexistent/dir"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "results.json not found" in bad.stderr and "Traceback" not in bad.stderr
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--strategy", "fastest"], "--strategy: unknown strategy 'fastest'"),
-    (["--do-sample", "--temperature", "0"], "--temperature: temperature must be > 0"),
-    (["--do-sample", "--top-k", "-1"], "--top-k: top_k must be >= 0"),
-    (["--do-sample", "--top-p", "0"], "--top-p: top_p must be in (0, 1]"),
-    (["--do-sample", "--seed", "-2"], "--seed: seed must be in [0, 2**64)"),
-    (["--do-sample", "--min-p", "1.5"], "--min-p: min_p must be in [0, 1]"),
-    (["--repetition-penalty", "0"], "--repetition-penalty: repetition_penalty must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--strategy", "fastest"], "--strategy: unknown strategy 'fastest'"),
+        (["--do-sample", "--temperature", "0"], "--temperature: temperature must be > 0"),
+        (["--do-sample", "--top-k", "-1"], "--top-k: top_k must be >= 0"),
+        (["--do-sample", "--top-p", "0"], "--top-p: top_p must be in (0, 1]"),
+        (["--do-sample", "--seed", "-2"], "--seed: seed must be in [0, 2**64)"),
+        (["--do-sample", "--min-p", "1.5"], "--min-p: min_p must be in [0, 1]"),
+        (["--repetition-penalty", "0"], "--repetition-penalty: repetition_penalty must be a finite number > 0"),
+    ],
+)
 def test_generate_flags_are_checked_before_the_model_is_loaded(flags, words, monkeypatch, capsys):
     """These were checked by generate() only, after load_model: llama-1b-random took 50-58 s and 5 GB of host
     memory on CPU to say that the strategy was misspelt."""
@@ -253,8 +402,24 @@ def test_generate_warns_once_of_an_ignored_sampling_value(capsys):
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--max-new-tokens", "2",
-                     "--strategy", "kv", "--temperature", "0.7"]) == 0
+        assert (
+            main(
+                [
+                    "generate",
+                    "--model",
+                    "tiny-gpt2",
+                    "--prompt-ids",
+                    "1,2",
+                    "--max-new-tokens",
+                    "2",
+                    "--strategy",
+                    "kv",
+                    "--temperature",
+                    "0.7",
+                ]
+            )
+            == 0
+        )
     ignored = [w for w in seen if "temperature ignored, the decoding is greedy" in str(w.message)]
     assert len(ignored) == 1, [str(w.message) for w in seen]
 
@@ -293,20 +458,60 @@ def test_no_library_module_imports_the_command_line():
     assert found == [], found
 
 
-
 def test_generate_samples_with_every_sampling_flag(capsys):
     """The sampling flags reach od.generate: the printed ids are those of the same call in Python."""
     import overlapdecode as od
 
-    flags = ["--do-sample", "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.05",
-             "--repetition-penalty", "1.3", "--seed", "4"]
-    assert main(["generate", "--model", "tiny-gpt2", "--prompt-ids", "5,6,7", "--max-new-tokens", "6",
-                 "--strategy", "kv", "--eos", "none"] + flags) == 0
+    flags = [
+        "--do-sample",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--min-p",
+        "0.05",
+        "--repetition-penalty",
+        "1.3",
+        "--seed",
+        "4",
+    ]
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                "tiny-gpt2",
+                "--prompt-ids",
+                "5,6,7",
+                "--max-new-tokens",
+                "6",
+                "--strategy",
+                "kv",
+                "--eos",
+                "none",
+            ]
+            + flags
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     model = od.load_model("tiny-gpt2", device="cpu")
-    want = od.generate(model, torch.tensor([[5, 6, 7]]), max_new_tokens=6, strategy="kv", eos_token_id=[],
-                       do_sample=True, temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
-                       seed=4)[0, 3:].tolist()
+    want = od.generate(
+        model,
+        torch.tensor([[5, 6, 7]]),
+        max_new_tokens=6,
+        strategy="kv",
+        eos_token_id=[],
+        do_sample=True,
+        temperature=0.8,
+        top_k=20,
+        top_p=0.9,
+        min_p=0.05,
+        repetition_penalty=1.3,
+        seed=4,
+    )[0, 3:].tolist()
     assert "ids: " + " ".join(map(str, want)) in printed, (printed, want)
 
 

@@ -53,8 +53,9 @@ def test_a_compiled_fused_prefill_compiles_every_shape_and_leaves_the_limits():
 
     def run(batch):
         ids, mask = make_batch(batch, seed=batch)
-        out = dec.generate(ids, attention_mask=mask, max_new_tokens=N, strategy="fused", eos_token_id=[],
-                           pad_token_id=0)
+        out = dec.generate(
+            ids, attention_mask=mask, max_new_tokens=N, strategy="fused", eos_token_id=[], pad_token_id=0
+        )
         assert torch.equal(out, hf_generate(model, ids, mask, N, [], 0))
 
     _specialisations_compile(run, (1, 2))

@@ -26,8 +26,9 @@ def test_a_second_thread_is_refused_at_once(tiny_gpt2):
     first = {}
 
     def run_first():
-        first["out"] = dec.generate(ids, attention_mask=mask, max_new_tokens=N, strategy="static",
-                                    eos_token_id=[], streamer=hold)
+        first["out"] = dec.generate(
+            ids, attention_mask=mask, max_new_tokens=N, strategy="static", eos_token_id=[], streamer=hold
+        )
 
     t = threading.Thread(target=run_first)
     t.start()
@@ -41,8 +42,9 @@ def test_a_second_thread_is_refused_at_once(tiny_gpt2):
     assert not t.is_alive()
     ref = naive_generate(tiny_gpt2, ids, mask, N, [], 0)
     assert torch.equal(first["out"], ref)  # the refused call did not disturb the running one
-    assert torch.equal(dec.generate(ids, attention_mask=mask, max_new_tokens=N, strategy="static",
-                                    eos_token_id=[]), ref)  # and the decoder is free again
+    assert torch.equal(
+        dec.generate(ids, attention_mask=mask, max_new_tokens=N, strategy="static", eos_token_id=[]), ref
+    )  # and the decoder is free again
 
 
 @pytest.mark.parametrize("strategy", ["static", od.Strategy(cache="static", stop_check="pingpong")])
@@ -68,9 +70,13 @@ def test_a_server_shares_one_model_with_a_lock(tiny_llama):
         ids, mask = batches[i]
         try:
             with lock:
-                results[i] = dec.generate(ids, attention_mask=mask, max_new_tokens=N,
-                                          strategy=od.Strategy(cache="static", stop_check="pingpong"),
-                                          eos_token_id=[])
+                results[i] = dec.generate(
+                    ids,
+                    attention_mask=mask,
+                    max_new_tokens=N,
+                    strategy=od.Strategy(cache="static", stop_check="pingpong"),
+                    eos_token_id=[],
+                )
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -123,17 +129,24 @@ class Recorder(BaseStreamer):
         self.ends += 1
 
 
-@pytest.mark.parametrize("strategy", ["static", od.Strategy(cache="static", stop_check="pingpong", lag=2),
-                                      od.Strategy(cache="static", stop_check="end")])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "static",
+        od.Strategy(cache="static", stop_check="pingpong", lag=2),
+        od.Strategy(cache="static", stop_check="end"),
+    ],
+)
 def test_hugging_face_streamer_objects(tiny_gpt2, strategy):
     ids, mask = make_batch(2, seed=55)
     eos = eos_hit_midway(tiny_gpt2, ids, mask, N, [0, 1])
     rec = Recorder()
-    out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, eos_token_id=eos,
-                      streamer=rec)
+    out = od.generate(
+        tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, eos_token_id=eos, streamer=rec
+    )
     assert out.shape[1] < ids.shape[1] + N
     assert torch.equal(rec.puts[0], ids)  # the prompt first, as from Hugging Face generate()
-    assert torch.equal(torch.stack(rec.puts[1:], 1), out[:, ids.shape[1]:])  # then each kept step's tokens
+    assert torch.equal(torch.stack(rec.puts[1:], 1), out[:, ids.shape[1] :])  # then each kept step's tokens
     assert rec.ends == 1
 
 
@@ -159,8 +172,12 @@ def test_fused_model_is_made_again_after_the_model_moved():
     model = od.load_model("tiny-llama", device="cpu")
     dec = od.Decoder(model)
     ids, mask = make_batch(2, seed=58)
-    kw = dict(attention_mask=mask, max_new_tokens=6, eos_token_id=[],
-              strategy=od.Strategy(cache="fused", stop_check="pingpong"))
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=6,
+        eos_token_id=[],
+        strategy=od.Strategy(cache="fused", stop_check="pingpong"),
+    )
     assert torch.equal(dec.generate(ids, **kw), naive_generate(model, ids, mask, 6, [], 0))
     first = dec.fused_model()
     model.to(torch.float64)  # new parameter tensors
@@ -221,23 +238,26 @@ def test_fused_options_reach_the_fused_model(tiny_gpt2):
         od.Decoder(tiny_gpt2, fused_options=["pdl"])
 
 
-@pytest.mark.parametrize("options,match,device_dependent", [
-    (dict(pdl_mode=3), "unknown fused option.*'pdl_mode'.*the options are kernels, compile_prefill, pdl", False),
-    (dict(kernels="cuda"), "kernels must be 'triton' or 'torch'", False),
-    (dict(pdl=7), "pdl must be 0, 1, 2, 3", False),
-    (dict(pdl=1.0), "pdl must be 0, 1, 2, 3", False),
-    (dict(compile_prefill="yes"), "compile_prefill must be a bool", False),
-    (dict(compile_prefill=1), "compile_prefill must be a bool", False),
-    (dict(symmetric_all_reduce="on"), "symmetric_all_reduce must be a bool", False),
-    (dict(vocab_parallel=0), "vocab_parallel must be a bool", False),
-    (dict(tiles={("norm_qkv", 8): {}}), "tiles must map", False),
-    (dict(tiles={("norm_qkv", "8", 4): {}}), "tiles must map", False),
-    (dict(tiles={("norm_linear", 8, 4): dict(half=16)}), r"tiles\[\('norm_linear', 8, 4\)\] must be", False),
-    (dict(tiles={("linear_residual", 8, 4): dict(blok_n=16)}), "keys among block_n, block_k", False),
-    (dict(tiles={("linear_residual", 8, 4): dict(block_n=0)}), "must be a dict of positive ints", False),
-    (dict(pdl=1), "pdl needs the Triton kernels", True),
-    (dict(symmetric_all_reduce=True), "symmetric_all_reduce needs a tensor-parallel shard", True),
-])
+@pytest.mark.parametrize(
+    "options,match,device_dependent",
+    [
+        (dict(pdl_mode=3), "unknown fused option.*'pdl_mode'.*the options are kernels, compile_prefill, pdl", False),
+        (dict(kernels="cuda"), "kernels must be 'triton' or 'torch'", False),
+        (dict(pdl=7), "pdl must be 0, 1, 2, 3", False),
+        (dict(pdl=1.0), "pdl must be 0, 1, 2, 3", False),
+        (dict(compile_prefill="yes"), "compile_prefill must be a bool", False),
+        (dict(compile_prefill=1), "compile_prefill must be a bool", False),
+        (dict(symmetric_all_reduce="on"), "symmetric_all_reduce must be a bool", False),
+        (dict(vocab_parallel=0), "vocab_parallel must be a bool", False),
+        (dict(tiles={("norm_qkv", 8): {}}), "tiles must map", False),
+        (dict(tiles={("norm_qkv", "8", 4): {}}), "tiles must map", False),
+        (dict(tiles={("norm_linear", 8, 4): dict(half=16)}), r"tiles\[\('norm_linear', 8, 4\)\] must be", False),
+        (dict(tiles={("linear_residual", 8, 4): dict(blok_n=16)}), "keys among block_n, block_k", False),
+        (dict(tiles={("linear_residual", 8, 4): dict(block_n=0)}), "must be a dict of positive ints", False),
+        (dict(pdl=1), "pdl needs the Triton kernels", True),
+        (dict(symmetric_all_reduce=True), "symmetric_all_reduce needs a tensor-parallel shard", True),
+    ],
+)
 def test_bad_fused_options_are_refused_before_any_weight_is_touched(tiny_gpt2, options, match, device_dependent):
     """A mistaken fused option is a ValueError naming it before any weight is re-laid out (the model's
     parameters untouched: not yet views of fused tensors): when od.Decoder is made, or, for what depends on

@@ -23,8 +23,16 @@ from overlapdecode.fused.layout import fuse_weights
 from overlapdecode.fused.model import FusedModel
 
 N = 20
-SMALL = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2)
+SMALL = dict(
+    vocab_size=1000,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    eos_token_id=2,
+)
 
 
 def _tiny(name: str):
@@ -36,10 +44,17 @@ def _tiny(name: str):
     elif name == "mistral":
         model = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)).eval()
     elif name == "llama3-tied":  # Llama-3 RoPE scaling and tied embeddings, one KV head
-        rope = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                    original_max_position_embeddings=32, rope_theta=10000.0)
-        model = LlamaForCausalLM(LlamaConfig(**dict(SMALL, num_key_value_heads=1), tie_word_embeddings=True,
-                                             rope_parameters=rope)).eval()
+        rope = dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=32,
+            rope_theta=10000.0,
+        )
+        model = LlamaForCausalLM(
+            LlamaConfig(**dict(SMALL, num_key_value_heads=1), tie_word_embeddings=True, rope_parameters=rope)
+        ).eval()
     else:
         model = od.load_model(name, device="cpu")
     with torch.no_grad():
@@ -68,8 +83,9 @@ def test_fused_matches_hf_eos_midway_and_never(model, batch):
     lengths = []
     for eos_ids in (eos, []):
         ref = hf_generate(model, ids, mask, N, eos_ids, 5)
-        out = od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused", eos_token_id=eos_ids,
-                          pad_token_id=5)
+        out = od.generate(
+            model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused", eos_token_id=eos_ids, pad_token_id=5
+        )
         assert torch.equal(out, ref), eos_ids
         lengths.append(out.shape[1])
     if batch == 1:
@@ -87,8 +103,9 @@ def test_fused_matches_hf_at_large_batches(model, batch):
     ref = hf_generate(model, ids, mask, 12, eos, 5)
     stopped = (ref[:, 11:-1] == eos[0]).any(1)
     assert 0 < int(stopped.sum()) < batch, "EOS must stop some rows early and not others; change the seed"
-    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=12, strategy="fused", eos_token_id=eos,
-                      pad_token_id=5)
+    out = od.generate(
+        model, ids, attention_mask=mask, max_new_tokens=12, strategy="fused", eos_token_id=eos, pad_token_id=5
+    )
     assert torch.equal(out, ref)
 
 
@@ -110,18 +127,27 @@ def test_eager_fused_and_long_prompt_match_hf(model):
     """Uncompiled, and a prompt longer than one prefill bucket (the prefill pads it on the right)."""
     ids, mask = make_batch(2, seed=31, prompt_len=70)
     ref = hf_generate(model, ids, mask, 12, [], 0)
-    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=12, strategy=od.Strategy(cache="fused"),
-                      eos_token_id=[])
+    out = od.generate(
+        model, ids, attention_mask=mask, max_new_tokens=12, strategy=od.Strategy(cache="fused"), eos_token_id=[]
+    )
     assert torch.equal(out, ref)
 
 
 @torch.no_grad()
 def test_per_step_logits_match_hf(model):
     ids, mask = make_batch(4, seed=33)
-    hf = model.generate(ids, attention_mask=mask, max_new_tokens=N, do_sample=False, eos_token_id=[],
-                        pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    hf = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=N,
+        do_sample=False,
+        eos_token_id=[],
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     ref = torch.stack(hf.logits, 1).float()  # (B, N, V)
-    got = fused_logits(FusedModel(model), ids, mask, hf.sequences[:, ids.shape[1]:])
+    got = fused_logits(FusedModel(model), ids, mask, hf.sequences[:, ids.shape[1] :])
     assert got.dtype == torch.float32
     assert (got - ref).abs().max().item() <= 1e-4
 
@@ -143,8 +169,11 @@ def test_relayout_keeps_hf_model_and_memory(name):
     W = FusedModel(model).weights
     after = model(input_ids=ids, attention_mask=mask).logits
     assert torch.equal(before, after)
-    extra = sum(t.untyped_storage().nbytes() for t in W.tensors()
-                if t.untyped_storage().data_ptr() not in {p.untyped_storage().data_ptr() for p in model.parameters()})
+    extra = sum(
+        t.untyped_storage().nbytes()
+        for t in W.tensors()
+        if t.untyped_storage().data_ptr() not in {p.untyped_storage().data_ptr() for p in model.parameters()}
+    )
     assert _storage_bytes(model) + extra <= 1.05 * bytes_before
     # the Hugging Face parameters are views of the fused tensors, and a second re-layout copies nothing
     if name == "qwen2":
@@ -154,8 +183,10 @@ def test_relayout_keeps_hf_model_and_memory(name):
     else:
         assert model.transformer.h[0].attn.c_attn.weight.data_ptr() == W.layers[0].w_qkv.data_ptr()
     again = fuse_weights(model)
-    assert all(a.w_qkv.data_ptr() == b.w_qkv.data_ptr() and a.w_up.data_ptr() == b.w_up.data_ptr()
-               for a, b in zip(W.layers, again.layers))
+    assert all(
+        a.w_qkv.data_ptr() == b.w_qkv.data_ptr() and a.w_up.data_ptr() == b.w_up.data_ptr()
+        for a, b in zip(W.layers, again.layers)
+    )
     assert _storage_bytes(model) == bytes_before
 
 
@@ -210,8 +241,12 @@ def test_tiles_choose_keywords_by_the_weights_shape():
     op(torch.zeros(1, 6), torch.zeros(8, 6), None, None)
     assert calls == [((8, 4), 16, 64), ((8, 6), 32, 128)]
     # a min_batch entry serves calls of that many rows or more; the 3-tuple key the rest
-    op = Tiled(kernel, "linear_residual", 1, {**tiles, ("linear_residual", 8, 4, 8): dict(block_n=64),
-                                              ("linear_residual", 8, 4, 4): dict(block_k=256)})
+    op = Tiled(
+        kernel,
+        "linear_residual",
+        1,
+        {**tiles, ("linear_residual", 8, 4, 8): dict(block_n=64), ("linear_residual", 8, 4, 4): dict(block_k=256)},
+    )
     calls.clear()
     for rows in (1, 3, 4, 7, 8, 16):
         op(torch.zeros(rows, 4), torch.zeros(8, 4), None, None)
@@ -224,9 +259,15 @@ def test_tiles_choose_keywords_by_the_weights_shape():
         op(torch.zeros(rows, 4), torch.zeros(8, 4), None, None)
     assert calls == [((8, 4), 16, 64)] + [((8, 4), 32, 128)] * 2 + [((8, 4), 128, 128)] * 2
     model = od.load_model("tiny-gpt2", device="cpu")
-    for bad in ({("norm_qkv", 8): {}}, {("attention", 8, 4): {}}, {("norm_qkv", 8, 4): 16}, [1],
-                {("norm_qkv", 8, 4, 0): {}}, {("norm_qkv", 8, 4, 8, 1): {}},
-                {("norm_qkv", 8, 4): {}, ("norm_qkv", 8, 4, 1): {}}):
+    for bad in (
+        {("norm_qkv", 8): {}},
+        {("attention", 8, 4): {}},
+        {("norm_qkv", 8, 4): 16},
+        [1],
+        {("norm_qkv", 8, 4, 0): {}},
+        {("norm_qkv", 8, 4, 8, 1): {}},
+        {("norm_qkv", 8, 4): {}, ("norm_qkv", 8, 4, 1): {}},
+    ):
         with pytest.raises(ValueError, match=r"tiles(\[.*\])? must"):
             FusedModel(model, tiles=bad)
     from overlapdecode.fused.model import TILES, check_option_values

@@ -24,7 +24,11 @@ def test_kernels_match_references_in_the_interpreter():
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "fused_kernel_cases.py")],
-        env=env, cwd=HERE.parent, capture_output=True, text=True, timeout=1200,
+        env=env,
+        cwd=HERE.parent,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]

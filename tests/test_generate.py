@@ -23,8 +23,9 @@ def test_matches_hf_with_eos_midway(tiny_model, preset, batch):
     pad = 5
     ref = hf_generate(tiny_model, ids, mask, N, eos, pad)
     assert torch.equal(ref, naive_generate(tiny_model, ids, mask, N, eos, pad))
-    out = od.generate(tiny_model, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=eos,
-                      pad_token_id=pad)
+    out = od.generate(
+        tiny_model, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=eos, pad_token_id=pad
+    )
     assert out.shape == ref.shape
     assert torch.equal(out, ref)
     if batch == 1:
@@ -57,16 +58,18 @@ def test_eos_disabled_runs_full_length(tiny_gpt2, preset):
 def test_default_eos_comes_from_the_model(tiny_gpt2):
     ids, mask = make_batch(2, seed=3)
     out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy="kv")
-    ref = hf_generate(tiny_gpt2, ids, mask, N, tiny_gpt2.generation_config.eos_token_id,
-                      tiny_gpt2.generation_config.eos_token_id)
+    ref = hf_generate(
+        tiny_gpt2, ids, mask, N, tiny_gpt2.generation_config.eos_token_id, tiny_gpt2.generation_config.eos_token_id
+    )
     assert torch.equal(out, ref)
 
 
 def test_mask_none_means_all_ones(tiny_gpt2):
     ids, _ = make_batch(2, seed=11)
     a = od.generate(tiny_gpt2, ids, max_new_tokens=8, strategy="static", eos_token_id=[])
-    b = od.generate(tiny_gpt2, ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, strategy="static",
-                    eos_token_id=[])
+    b = od.generate(
+        tiny_gpt2, ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, strategy="static", eos_token_id=[]
+    )
     assert torch.equal(a, b)
 
 
@@ -97,11 +100,18 @@ def test_streamer_receives_each_steps_tokens(tiny_gpt2):
     eos = eos_hit_midway(tiny_gpt2, ids, mask, N, [0, 1, 2, 3])
     for preset in PRESETS:
         got = []
-        out = od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=eos,
-                          streamer=got.append)
+        out = od.generate(
+            tiny_gpt2,
+            ids,
+            attention_mask=mask,
+            max_new_tokens=N,
+            strategy=preset,
+            eos_token_id=eos,
+            streamer=got.append,
+        )
         streamed = torch.stack(got, dim=1)
         assert streamed.device.type == "cpu"
-        assert torch.equal(streamed, out[:, ids.shape[1]:]), preset
+        assert torch.equal(streamed, out[:, ids.shape[1] :]), preset
 
 
 def test_inference_mode_then_plain_call(tiny_gpt2):

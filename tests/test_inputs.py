@@ -26,8 +26,11 @@ def call(model, **kw):
         (dict(input_ids=IDS[0]), ValueError, "input_ids must be 2-D"),
         (dict(input_ids=torch.tensor([[5, 1000]])), ValueError, "outside the vocabulary"),
         (dict(input_ids=torch.tensor([[-1, 5]])), ValueError, "outside the vocabulary"),
-        (dict(input_ids=torch.tensor([[5, 1000]]), attention_mask=torch.tensor([[0, 1]])), ValueError,
-         "outside the vocabulary"),  # the range is read with the mask's checks too
+        (
+            dict(input_ids=torch.tensor([[5, 1000]]), attention_mask=torch.tensor([[0, 1]])),
+            ValueError,
+            "outside the vocabulary",
+        ),  # the range is read with the mask's checks too
         (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
         (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an int"),
         (dict(max_new_tokens=254), ValueError, "exceeds the model's 256 positions"),
@@ -87,17 +90,39 @@ def _small(cls_cfg, cls_model, **kw):
 
 
 def _not_causal_lms():
-    from transformers import (BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2Model, T5Config,
-                              T5ForConditionalGeneration)
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        BertModel,
+        GPT2Config,
+        GPT2Model,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
 
     bert = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     return {
         "BertForMaskedLM": (_small(BertConfig, BertForMaskedLM, **bert), ValueError, "not a causal LM"),
         "BertModel": (_small(BertConfig, BertModel, **bert), ValueError, "not a causal LM"),
-        "GPT2Model": (_small(GPT2Config, GPT2Model, vocab_size=1000, n_embd=32, n_layer=1, n_head=2), ValueError,
-                      "not a causal LM"),
-        "T5": (_small(T5Config, T5ForConditionalGeneration, vocab_size=1000, d_model=32, d_ff=64, num_layers=1,
-                      num_heads=2, d_kv=16), ValueError, "encoder-decoder"),
+        "GPT2Model": (
+            _small(GPT2Config, GPT2Model, vocab_size=1000, n_embd=32, n_layer=1, n_head=2),
+            ValueError,
+            "not a causal LM",
+        ),
+        "T5": (
+            _small(
+                T5Config,
+                T5ForConditionalGeneration,
+                vocab_size=1000,
+                d_model=32,
+                d_ff=64,
+                num_layers=1,
+                num_heads=2,
+                d_kv=16,
+            ),
+            ValueError,
+            "encoder-decoder",
+        ),
         "str": ("tiny-gpt2", TypeError, "model must be a Hugging Face causal LM"),
         "None": (None, TypeError, "model must be a Hugging Face causal LM"),
         "Linear": (torch.nn.Linear(4, 4), TypeError, "model must be a Hugging Face causal LM"),

@@ -16,8 +16,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from overlapdecode.fused.kernels.decode_attention import _split_kernel  # noqa: E402
 from overlapdecode.fused.kernels.embed import _embed_kernel  # noqa: E402
-from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
 from overlapdecode.fused.kernels.greedy import _greedy_kernel  # noqa: E402
+from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import _norm_linear_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel  # noqa: E402
 from overlapdecode.fused.kernels.swap_ab import swap_tiles  # noqa: E402
@@ -42,49 +42,145 @@ def bf16(*names):
 # (kernel, run-time argument types, constexprs) at the Llama-1B shape, split where the step splits; GPT2 below
 # changes the constexprs that differ at GPT-2 (LayerNorm, biases, no RoPE, GELU)
 CASES = {
-    "embed": (_embed_kernel, {**{n: "*i64" for n in ("ids_ptr", "pos_ptr", "pad_ptr", "slot_ptr", "len_ptr")},
-                              **bf16("wte_ptr", "wpe_ptr", "h_ptr"), "ss_ptr": "*fp32",
-                              **{n: "i32" for n in ("B", "V", "H", "ids_stride", "pos_stride", "pad_stride")}},
-              dict(HAS_POS=False, SUMS=True, BLOCK=1024)),
-    "norm_qkv": (_norm_qkv_kernel,
-                 {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "q_ptr", "k_ptr", "v_ptr"),
-                  "inv_freq_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64", "part_ptr": "*fp32",
-                  "ticket_ptr": "*i32", "ss_ptr": "*fp32",
-                  **{n: "i32" for n in ("B", "S", "n_heads", "n_kv", "pos_stride", "slot_stride", "NB")},
-                  "eps": "fp32", "rope_scale": "fp32"},
-                 dict(K=2048, K_CHUNK=1024, SPLIT=2, LAYER=False, HAS_BIAS=False, ROPE=True, D=64, HALF=32,
-                      BLOCK_M=16, BLOCK_K=256, NB_PAD=64, SWAP=False)),
-    "attention": (_split_kernel,
-                  {**bf16("q_ptr", "k_ptr", "v_ptr", "out_ptr"), "start_ptr": "*i64", "length_ptr": "*i64",
-                   "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "ticket_ptr": "*i32",
-                   "qk_scale": "fp32", "S": "i32"},
-                  dict(HQ=32, HKV=8, G=4, GROUP_PAD=16, D=64, BLOCK_N=64, BLOCK_D=64, NUM_SPLITS=8, SPLIT_PAD=8, DIRECT=False,
-                       IEEE=False)),
-    "linear_residual": (_linear_split_kernel,
-                        {**bf16("x_ptr", "w_ptr", "b_ptr", "res_ptr", "out_ptr"), "part_ptr": "*fp32",
-                         "ticket_ptr": "*i32", "ss_ptr": "*fp32", "B": "i32", "N": "i32"},
-                        dict(K=8192, K_CHUNK=2048, SPLIT=4, HAS_BIAS=False, SUMS=True, BLOCK_M=16, BLOCK_N=32,
-                             BLOCK_K=128, SWAP=False)),
-    "norm_linear": (_norm_linear_kernel,
-                    {**bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "out_ptr"), "ss_ptr": "*fp32",
-                     "part_ptr": "*fp32", "ticket_ptr": "*i32", "B": "i32", "N": "i32", "NB": "i32", "eps": "fp32"},
-                    dict(K=2048, K_CHUNK=2048, SPLIT=1, LAYER=False, HAS_BIAS=False, ACT=2, ROUND_OUT=True,
-                         BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, NB_PAD=64, SWAP=False)),
-    "greedy": (_greedy_kernel,
-               {"logits_ptr": "*fp32", "val_ptr": "*fp32", "idx_ptr": "*i32", "ticket_ptr": "*i32", "state_ptr": "*i64",
-                "eos_ptr": "*i64", "E": "i32", "pad_id": "i32", "done_ptr": "*u8", "tokens_ptr": "*i64",
-                "flags_ptr": "*u8", "count_ptr": "*i32", "L": "i32", "B": "i32", "V": "i32", "row_stride": "i32"},
-               dict(BLOCK_M=1, BLOCK_V=2048, LOG=True)),
+    "embed": (
+        _embed_kernel,
+        {
+            **{n: "*i64" for n in ("ids_ptr", "pos_ptr", "pad_ptr", "slot_ptr", "len_ptr")},
+            **bf16("wte_ptr", "wpe_ptr", "h_ptr"),
+            "ss_ptr": "*fp32",
+            **{n: "i32" for n in ("B", "V", "H", "ids_stride", "pos_stride", "pad_stride")},
+        },
+        dict(HAS_POS=False, SUMS=True, BLOCK=1024),
+    ),
+    "norm_qkv": (
+        _norm_qkv_kernel,
+        {
+            **bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "q_ptr", "k_ptr", "v_ptr"),
+            "inv_freq_ptr": "*fp32",
+            "pos_ptr": "*i64",
+            "slot_ptr": "*i64",
+            "part_ptr": "*fp32",
+            "ticket_ptr": "*i32",
+            "ss_ptr": "*fp32",
+            **{n: "i32" for n in ("B", "S", "n_heads", "n_kv", "pos_stride", "slot_stride", "NB")},
+            "eps": "fp32",
+            "rope_scale": "fp32",
+        },
+        dict(
+            K=2048,
+            K_CHUNK=1024,
+            SPLIT=2,
+            LAYER=False,
+            HAS_BIAS=False,
+            ROPE=True,
+            D=64,
+            HALF=32,
+            BLOCK_M=16,
+            BLOCK_K=256,
+            NB_PAD=64,
+            SWAP=False,
+        ),
+    ),
+    "attention": (
+        _split_kernel,
+        {
+            **bf16("q_ptr", "k_ptr", "v_ptr", "out_ptr"),
+            "start_ptr": "*i64",
+            "length_ptr": "*i64",
+            "part_acc_ptr": "*fp32",
+            "part_m_ptr": "*fp32",
+            "part_l_ptr": "*fp32",
+            "ticket_ptr": "*i32",
+            "qk_scale": "fp32",
+            "S": "i32",
+        },
+        dict(
+            HQ=32,
+            HKV=8,
+            G=4,
+            GROUP_PAD=16,
+            D=64,
+            BLOCK_N=64,
+            BLOCK_D=64,
+            NUM_SPLITS=8,
+            SPLIT_PAD=8,
+            DIRECT=False,
+            IEEE=False,
+        ),
+    ),
+    "linear_residual": (
+        _linear_split_kernel,
+        {
+            **bf16("x_ptr", "w_ptr", "b_ptr", "res_ptr", "out_ptr"),
+            "part_ptr": "*fp32",
+            "ticket_ptr": "*i32",
+            "ss_ptr": "*fp32",
+            "B": "i32",
+            "N": "i32",
+        },
+        dict(K=8192, K_CHUNK=2048, SPLIT=4, HAS_BIAS=False, SUMS=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SWAP=False),
+    ),
+    "norm_linear": (
+        _norm_linear_kernel,
+        {
+            **bf16("x_ptr", "nw_ptr", "nb_ptr", "w_ptr", "b_ptr", "out_ptr"),
+            "ss_ptr": "*fp32",
+            "part_ptr": "*fp32",
+            "ticket_ptr": "*i32",
+            "B": "i32",
+            "N": "i32",
+            "NB": "i32",
+            "eps": "fp32",
+        },
+        dict(
+            K=2048,
+            K_CHUNK=2048,
+            SPLIT=1,
+            LAYER=False,
+            HAS_BIAS=False,
+            ACT=2,
+            ROUND_OUT=True,
+            BLOCK_M=16,
+            BLOCK_N=32,
+            BLOCK_K=256,
+            NB_PAD=64,
+            SWAP=False,
+        ),
+    ),
+    "greedy": (
+        _greedy_kernel,
+        {
+            "logits_ptr": "*fp32",
+            "val_ptr": "*fp32",
+            "idx_ptr": "*i32",
+            "ticket_ptr": "*i32",
+            "state_ptr": "*i64",
+            "eos_ptr": "*i64",
+            "E": "i32",
+            "pad_id": "i32",
+            "done_ptr": "*u8",
+            "tokens_ptr": "*i64",
+            "flags_ptr": "*u8",
+            "count_ptr": "*i32",
+            "L": "i32",
+            "B": "i32",
+            "V": "i32",
+            "row_stride": "i32",
+        },
+        dict(BLOCK_M=1, BLOCK_V=2048, LOG=True),
+    ),
 }
 
 
-GPT2 = {"embed": dict(HAS_POS=True, SUMS=False),
-        "norm_qkv": dict(K=768, K_CHUNK=768, SPLIT=1, LAYER=True, HAS_BIAS=True, ROPE=False, NB_PAD=0),
-        "linear_residual": dict(K=3072, K_CHUNK=768, HAS_BIAS=True, SUMS=False),
-        "norm_linear": dict(K=768, K_CHUNK=768, LAYER=True, HAS_BIAS=True, ACT=1, NB_PAD=0),
-        "attention": dict(HQ=12, HKV=12, G=1),
-        # (the batch, not GPT-2, sets BLOCK_M: 16 rows, as from batch 16 on)
-        "greedy": dict(BLOCK_M=16)}
+GPT2 = {
+    "embed": dict(HAS_POS=True, SUMS=False),
+    "norm_qkv": dict(K=768, K_CHUNK=768, SPLIT=1, LAYER=True, HAS_BIAS=True, ROPE=False, NB_PAD=0),
+    "linear_residual": dict(K=3072, K_CHUNK=768, HAS_BIAS=True, SUMS=False),
+    "norm_linear": dict(K=768, K_CHUNK=768, LAYER=True, HAS_BIAS=True, ACT=1, NB_PAD=0),
+    "attention": dict(HQ=12, HKV=12, G=1),
+    # (the batch, not GPT-2, sets BLOCK_M: 16 rows, as from batch 16 on)
+    "greedy": dict(BLOCK_M=16),
+}
 
 
 @pytest.mark.parametrize("pdl", [0, 1, 2, 3])
@@ -99,9 +195,9 @@ def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, pdl):
     assert len(waits) == (pdl >= 1)
     assert bool(launches) == (pdl >= 2)
     if waits:  # pdl.py: nothing is read before the kernel ahead has finished
-        assert not [line for line in lines[:waits[0]] if "ld.global" in line]
+        assert not [line for line in lines[: waits[0]] if "ld.global" in line]
     if pdl >= 2:  # EARLY: right after the wait, before any load; LATE (3): after the main loop's loads
-        loads_between = [line for line in lines[waits[0]:launches[0]] if "ld.global" in line]
+        loads_between = [line for line in lines[waits[0] : launches[0]] if "ld.global" in line]
         assert bool(loads_between) == (pdl == 3)
 
 
@@ -122,10 +218,15 @@ def test_the_tiles_of_the_table_compile_for_sm90(key):
 
 # (kernel, N per accumulator, K, accumulators, the kernel's constexprs) of the swapped tiles at the Llama-1B and
 # Llama-8B shapes
-SWAPPED = {"qkv": ("norm_qkv", 1536, 2048, 2, dict(D=64)), "o": ("linear_residual", 2048, 2048, 1, {}),
-           "gate/up": ("norm_linear", 8192, 2048, 2, dict(ACT=2)), "down": ("linear_residual", 2048, 8192, 1, {}),
-           "head": ("norm_linear", 128256, 2048, 1, dict(ACT=0, ROUND_OUT=False)),
-           "8b qkv": ("norm_qkv", 3072, 4096, 2, dict(D=128)), "8b down": ("linear_residual", 4096, 14336, 1, {})}
+SWAPPED = {
+    "qkv": ("norm_qkv", 1536, 2048, 2, dict(D=64)),
+    "o": ("linear_residual", 2048, 2048, 1, {}),
+    "gate/up": ("norm_linear", 8192, 2048, 2, dict(ACT=2)),
+    "down": ("linear_residual", 2048, 8192, 1, {}),
+    "head": ("norm_linear", 128256, 2048, 1, dict(ACT=0, ROUND_OUT=False)),
+    "8b qkv": ("norm_qkv", 3072, 4096, 2, dict(D=128)),
+    "8b down": ("linear_residual", 4096, 14336, 1, {}),
+}
 
 
 def spill_bytes(text: str) -> int:
@@ -140,8 +241,9 @@ def spill_bytes(text: str) -> int:
         path = os.path.join(tmp, "kernel.ptx")
         with open(path, "w") as f:
             f.write(text)
-        report = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", os.devnull], capture_output=True,
-                                text=True, check=True).stderr
+        report = subprocess.run(
+            [ptxas, "-arch=sm_90a", "-v", path, "-o", os.devnull], capture_output=True, text=True, check=True
+        ).stderr
     return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
 
 
@@ -153,8 +255,17 @@ def test_swapped_tiles_compile_to_warpgroup_mmas_without_spills(name, rows):
     fn, N, K, accs, extra = SWAPPED[name]
     tiles = swap_tiles(rows, N, K, 2, accs, 132)
     kernel, types, constants = CASES[fn]
-    constants = dict(constants, **extra, PDL=3, SWAP=True, BLOCK_M=tiles["block_m"], BLOCK_K=tiles["block_k"], K=K,
-                     K_CHUNK=K // 2, SPLIT=2)
+    constants = dict(
+        constants,
+        **extra,
+        PDL=3,
+        SWAP=True,
+        BLOCK_M=tiles["block_m"],
+        BLOCK_K=tiles["block_k"],
+        K=K,
+        K_CHUNK=K // 2,
+        SPLIT=2,
+    )
     constants["HALF" if fn == "norm_qkv" else "BLOCK_N"] = tiles["block_n"]
     text = ptx(kernel, types, constants, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
     assert "wgmma.mma_async" in text

@@ -20,7 +20,6 @@ import pytest
 import torch
 
 import overlapdecode
-from triton_interpreter import INTERPRETING, interpreter_loop_bounds  # noqa: F401 (autouse fixture)
 from overlapdecode.fused.kernels.decode_attention import (
     MAX_SPLITS,
     TARGET_PROGRAMS,
@@ -30,11 +29,13 @@ from overlapdecode.fused.kernels.decode_attention import (
     workspace_numel,
 )
 from overlapdecode.fused.kernels.linear_residual import Tickets
+from triton_interpreter import INTERPRETING, interpreter_loop_bounds  # noqa: F401 (autouse fixture)
 
 ON_CUDA = torch.cuda.is_available()
 KERNEL_DEVICE = "cuda" if ON_CUDA else "cpu"
 kernel_runs_here = pytest.mark.skipif(
-    not (ON_CUDA or INTERPRETING), reason="run in Triton's interpreter by test_triton_tests_in_interpreter_child")
+    not (ON_CUDA or INTERPRETING), reason="run in Triton's interpreter by test_triton_tests_in_interpreter_child"
+)
 
 # The odd case: GQA group of 3, head size not a power of two, BLOCK_N = 16 not dividing S = 37, and rows
 # with start = 0 and length = S, with length = start + 1 (one live slot), and in the middle.
@@ -57,8 +58,9 @@ def naive_attention(q, k_cache, v_cache, start, length, scale):
     return out
 
 
-def make_case(D, hq=HQ, hkv=HKV, starts=STARTS, lengths=LENGTHS, s=S, dtype=torch.float32, index=torch.int32,
-              device="cpu", seed=0):
+def make_case(
+    D, hq=HQ, hkv=HKV, starts=STARTS, lengths=LENGTHS, s=S, dtype=torch.float32, index=torch.int32, device="cpu", seed=0
+):
     g = torch.Generator().manual_seed(seed)
     bsz = len(starts)
     q = 3 * torch.randn(bsz, hq, D, generator=g)  # peaked softmax: the running max matters
@@ -74,28 +76,29 @@ def poison_outside(cache, start, length, value):
     out = cache.clone()
     for b in range(cache.shape[0]):
         out[b, :, : int(start[b])] = value
-        out[b, :, int(length[b]):] = value
+        out[b, :, int(length[b]) :] = value
     return out
 
 
 # ---- reference (always on CPU) ----
 
+
 @pytest.mark.parametrize("D", [16, 48])
 @pytest.mark.parametrize("hq,hkv", [(6, 2), (4, 4), (4, 1)])
 def test_reference_matches_naive_attention(D, hq, hkv):
     q, k, v, start, length = make_case(D, hq, hkv)
-    out = decode_attention_ref(q, k, v, start, length, D ** -0.5)
+    out = decode_attention_ref(q, k, v, start, length, D**-0.5)
     assert out.dtype == torch.float32 and out.shape == q.shape
-    torch.testing.assert_close(out.double(), naive_attention(q, k, v, start, length, D ** -0.5),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), naive_attention(q, k, v, start, length, D**-0.5), rtol=1e-5, atol=1e-5)
 
 
 def test_reference_reads_only_the_live_slots():
     q, k, v, start, length = make_case(16, index=torch.int64)
     clean = decode_attention_ref(q, k, v, start, length, 0.25)
     for value in (float("nan"), 1e30):
-        dirty = decode_attention_ref(q, poison_outside(k, start, length, value),
-                                     poison_outside(v, start, length, value), start, length, 0.25)
+        dirty = decode_attention_ref(
+            q, poison_outside(k, start, length, value), poison_outside(v, start, length, value), start, length, 0.25
+        )
         assert torch.equal(dirty, clean), value
 
 
@@ -107,6 +110,7 @@ def test_reference_16_bit_output_dtype():
 
 
 # ---- argument checks (raised before any kernel work, so they run everywhere) ----
+
 
 def _bad_inputs():
     """{expected message: arguments}."""
@@ -196,8 +200,8 @@ PLANS = [(None, None), (16, None), (16, 1), (16, 2)]
 @pytest.mark.parametrize("D", [16, 48])
 def test_triton_matches_reference(D, block_n, num_splits):
     q, k, v, start, length = make_case(D, device=KERNEL_DEVICE)
-    out = decode_attention(q, k, v, start, length, D ** -0.5, block_n=block_n, num_splits=num_splits)
-    ref = decode_attention_ref(q, k, v, start, length, D ** -0.5)
+    out = decode_attention(q, k, v, start, length, D**-0.5, block_n=block_n, num_splits=num_splits)
+    ref = decode_attention_ref(q, k, v, start, length, D**-0.5)
     assert out.dtype == q.dtype and out.shape == q.shape
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -216,10 +220,11 @@ def test_triton_16_bit(dtype):
     if dtype == torch.bfloat16 and INTERPRETING:
         pytest.skip("Triton 3.6's interpreter computes tl.dot on bfloat16 wrongly (checked on CUDA)")
     q, k, v, start, length = make_case(48, dtype=dtype, device=KERNEL_DEVICE)
-    out = decode_attention(q, k, v, start, length, 48 ** -0.5, block_n=16, num_splits=2)
+    out = decode_attention(q, k, v, start, length, 48**-0.5, block_n=16, num_splits=2)
     assert out.dtype == dtype
-    torch.testing.assert_close(out.float(), decode_attention_ref(q, k, v, start, length, 48 ** -0.5).float(),
-                               rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(
+        out.float(), decode_attention_ref(q, k, v, start, length, 48**-0.5).float(), rtol=2e-2, atol=2e-2
+    )
 
 
 @kernel_runs_here
@@ -228,8 +233,16 @@ def test_triton_reads_only_the_live_slots(block_n, num_splits):
     q, k, v, start, length = make_case(48, device=KERNEL_DEVICE)
     clean = decode_attention(q, k, v, start, length, 0.2, block_n=block_n, num_splits=num_splits)
     for value in (float("nan"), 1e30):
-        dirty = decode_attention(q, poison_outside(k, start, length, value), poison_outside(v, start, length, value),
-                                 start, length, 0.2, block_n=block_n, num_splits=num_splits)
+        dirty = decode_attention(
+            q,
+            poison_outside(k, start, length, value),
+            poison_outside(v, start, length, value),
+            start,
+            length,
+            0.2,
+            block_n=block_n,
+            num_splits=num_splits,
+        )
         assert torch.equal(dirty, clean), value
 
 
@@ -246,8 +259,9 @@ def test_triton_reuses_out_and_a_stale_workspace_as_lengths_change():
     for starts, lengths in ([0, 5, 20], [37, 6, 33]), ([0, 2, 30], [1, 19, 37]), ([3, 0, 0], [4, 37, 17]):
         start.copy_(torch.tensor(starts))
         length.copy_(torch.tensor(lengths))
-        got = decode_attention(q, k, v, start, length, 0.25, out=out, workspace=ws, block_n=16, num_splits=splits,
-                               tickets=tickets)
+        got = decode_attention(
+            q, k, v, start, length, 0.25, out=out, workspace=ws, block_n=16, num_splits=splits, tickets=tickets
+        )
         assert got is out
         torch.testing.assert_close(out, decode_attention_ref(q, k, v, start, length, 0.25), rtol=1e-5, atol=1e-5)
         assert not tickets.counters.any()  # every counter back to zero for the next launch
@@ -256,11 +270,18 @@ def test_triton_reuses_out_and_a_stale_workspace_as_lengths_change():
 @pytest.mark.skipif(ON_CUDA or INTERPRETING, reason="the kernel tests run in this process")
 def test_triton_tests_in_interpreter_child():
     src = str(Path(overlapdecode.__file__).resolve().parents[1])  # the package this process imported
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [src] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([src] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+    )
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
-        env=env, capture_output=True, text=True, timeout=600)
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     report = run.stdout[-6000:] + run.stderr[-2000:]
     assert run.returncode == 0, report
     passed = re.search(r"(\d+) passed", report)

@@ -8,9 +8,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 import overlapdecode as od
+from helpers import hf_generate, make_batch
 from overlapdecode import random_init
 from overlapdecode import tp as tensor_parallel
-from helpers import hf_generate, make_batch
 
 
 def save_tiny_with_tokenizer(path):
@@ -32,8 +32,10 @@ def save_tiny_with_bpe_tokenizer(path):
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(["The quick brown fox jumps over the lazy dog", "Hello world", "hello there, fox"],
-                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"]))
+    bpe.train_from_iterator(
+        ["The quick brown fox jumps over the lazy dog", "Hello world", "hello there, fox"],
+        trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"]),
+    )
     saved = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>", unk_token="<unk>")
     assert saved.padding_side == "right" and saved.pad_token is None
     model = od.load_model("tiny-gpt2", device="cpu")
@@ -54,8 +56,14 @@ SHAPES = {
 def test_embedded_configs(name):
     vocab, hidden, layers, positions, eos, bos = SHAPES[name]
     cfg = od.models.embedded_config(name)
-    got = (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers,
-           getattr(cfg, "n_positions", None) or cfg.max_position_embeddings, cfg.eos_token_id, cfg.bos_token_id)
+    got = (
+        cfg.vocab_size,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        getattr(cfg, "n_positions", None) or cfg.max_position_embeddings,
+        cfg.eos_token_id,
+        cfg.bos_token_id,
+    )
     assert got == SHAPES[name]
     if name == "gpt2-random":  # the 124M model: its config only (CPU memory and time in CI)
         return
@@ -141,8 +149,9 @@ def test_a_name_is_a_non_empty_string():
 def _tiny_bert_config(**kw):
     from transformers import BertConfig
 
-    return BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      intermediate_size=64, **kw)
+    return BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, **kw
+    )
 
 
 def test_a_saved_masked_lm_is_refused_not_loaded_as_a_causal_lm(tmp_path, capsys):
@@ -173,9 +182,11 @@ def test_a_saved_masked_lm_is_refused_not_loaded_as_a_causal_lm(tmp_path, capsys
     for argv in (["generate", "--prompt-ids", "1,2"], ["bench", "--out", str(tmp_path / "out"), "--device", "cpu"]):
         assert main(argv + ["--model", str(tmp_path / "mlm")]) == 2
         err = capsys.readouterr().err.strip()
-        assert err == (f"overlapdecode {argv[0]}: error: --model {tmp_path / 'mlm'} was saved as BertForMaskedLM, "
-                       f"which is not a causal LM (masked-LM and classification heads are refused); generate needs "
-                       f"a decoder-only causal LM")
+        assert err == (
+            f"overlapdecode {argv[0]}: error: --model {tmp_path / 'mlm'} was saved as BertForMaskedLM, "
+            f"which is not a causal LM (masked-LM and classification heads are refused); generate needs "
+            f"a decoder-only causal LM"
+        )
     assert not (tmp_path / "out").exists()  # refused before any worker or directory
 
 
@@ -185,6 +196,7 @@ def test_an_encoder_model_object_is_refused_by_generate():
     model = BertLMHeadModel(_tiny_bert_config()).eval()
     with pytest.raises(ValueError, match=r"model BertLMHeadModel is an encoder \(bert with is_decoder=False"):
         od.generate(model, torch.tensor([[5, 6]]), max_new_tokens=2, strategy="kv")
+
 
 # name -> (parameters, heads, kv heads, head size, Q/K/V bias, largest tp): the published models' counts
 SMALL_SHAPES = {
@@ -233,13 +245,19 @@ def test_small_shapes_run_fused_at_one_layer(name):
     config = od.models.embedded_config(name)
     config.num_hidden_layers, config.vocab_size = 1, 1000
     config.bos_token_id = config.eos_token_id = 999
-    model = random_init.random_model(od.models._CAUSAL_LM[config.model_type], config, tensor_parallel.Placement(
-        0, 1, torch.device("cpu")), torch.float32, seed=0).eval()
+    model = random_init.random_model(
+        od.models._CAUSAL_LM[config.model_type],
+        config,
+        tensor_parallel.Placement(0, 1, torch.device("cpu")),
+        torch.float32,
+        seed=0,
+    ).eval()
     assert model.model.layers[0].mlp.down_proj.weight.shape == (config.hidden_size, config.intermediate_size)
     ids, mask = make_batch(2, seed=4)
     ref = hf_generate(model, ids, mask, 4, [], 0)
     out = od.generate(model, ids, attention_mask=mask, max_new_tokens=4, strategy="fused", eos_token_id=[])
     assert torch.equal(out, ref)
+
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
 def test_the_cache_goes_under_the_forwards_own_keyword(name):

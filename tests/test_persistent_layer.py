@@ -14,8 +14,22 @@ import pytest
 import torch
 
 from overlapdecode.fused.kernels.persistent_schedule import (
-    ATTENTION, DOWN, GATE_UP, NEED, O_PROJ, OP, QKV, SIGNAL, TICKET, WAIT, Schedule, build_schedule, check_schedule,
-    live_pieces, make_plan, simulate,
+    ATTENTION,
+    DOWN,
+    GATE_UP,
+    NEED,
+    O_PROJ,
+    OP,
+    QKV,
+    SIGNAL,
+    TICKET,
+    WAIT,
+    Schedule,
+    build_schedule,
+    check_schedule,
+    live_pieces,
+    make_plan,
+    simulate,
 )
 
 HERE = Path(__file__).parent
@@ -31,8 +45,19 @@ PLANS = {
     "smollm2-360m": (4, 960, 15, 5, 64, 2560, 300),
     "odd": (3, 136, 6, 2, 20, 200, 40),
 }
-SMALL = dict(qkv_block_k=16, o_block_k=16, up_block_k=16, down_block_k=16, o_block_n=16, down_block_n=16,
-             up_block_n=16, att_block_n=16, qkv_programs=10**4, o_programs=10**4, down_programs=10**4)
+SMALL = dict(
+    qkv_block_k=16,
+    o_block_k=16,
+    up_block_k=16,
+    down_block_k=16,
+    o_block_n=16,
+    down_block_n=16,
+    up_block_n=16,
+    att_block_n=16,
+    qkv_programs=10**4,
+    o_programs=10**4,
+    down_programs=10**4,
+)
 
 
 def _schedule(name: str, **tiles) -> Schedule:
@@ -93,8 +118,11 @@ def test_simulated_executions_complete(name):
                 at = {task: k for k, task in enumerate(order)}
                 for i, t in enumerate(table):
                     if t[WAIT] >= 0:  # every task of every tile it waits for ran before it (empty pieces aside)
-                        live = [j for j in sources[t[WAIT]] if table[j][OP] != ATTENTION
-                                or table[j][2] < live_pieces(plan, *spans[table[j][3]])]
+                        live = [
+                            j
+                            for j in sources[t[WAIT]]
+                            if table[j][OP] != ATTENTION or table[j][2] < live_pieces(plan, *spans[table[j][3]])
+                        ]
                         assert at[i] > max(at[j] for j in live)
 
 
@@ -110,8 +138,9 @@ def test_a_wait_on_a_later_task_is_refused_and_deadlocks():
     """The checks can fail: a table with the last down task moved to the front (it waits on gate/up tasks that
     now come after it) is refused by check_schedule and deadlocks a single program; a wrong count is refused."""
     schedule = _schedule("odd", **SMALL)
-    bad = Schedule(schedule.plan, torch.cat([schedule.table[-1:], schedule.table[:-1]]), schedule.bases,
-                   schedule.n_counters)
+    bad = Schedule(
+        schedule.plan, torch.cat([schedule.table[-1:], schedule.table[:-1]]), schedule.bases, schedule.n_counters
+    )
     with pytest.raises(ValueError, match="not of a smaller index"):
         check_schedule(bad)
     with pytest.raises(RuntimeError, match="deadlock"):
@@ -132,8 +161,15 @@ def test_plans_take_the_five_kernels_splits():
     """At the Llama-1B shape on 132 SMs: norm_qkv splits K in 2 (48 tiles, 4 x SMs), the O projection in 4 and the
     down projection in 8 (64 column blocks, 2 x SMs), the attention in 8 pieces of 64 slots at a 512-slot cache."""
     p = make_plan(*PLANS["llama-1b-b1"], torch.bfloat16, sms=132)
-    assert (p.qkv_tiles, p.qkv_split, p.o_split, p.o_chunk, p.down_split, p.down_chunk, p.att_splits) == \
-        (48, 2, 4, 512, 8, 1024, 8)
+    assert (p.qkv_tiles, p.qkv_split, p.o_split, p.o_chunk, p.down_split, p.down_chunk, p.att_splits) == (
+        48,
+        2,
+        4,
+        512,
+        8,
+        1024,
+        8,
+    )
     with pytest.raises(ValueError, match="n_heads .* must be a multiple of n_kv"):
         make_plan(1, 64, 6, 4, 16, 128, 32, torch.float32, sms=1)
     with pytest.raises(ValueError, match="hidden must be a positive int"):
@@ -145,9 +181,22 @@ def test_kernel_matches_the_five_kernels_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
-         str(HERE / "persistent_layer_cases.py")],
-        env=env, cwd=HERE.parent, capture_output=True, text=True, timeout=1500,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::RuntimeWarning",
+            str(HERE / "persistent_layer_cases.py"),
+        ],
+        env=env,
+        cwd=HERE.parent,
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
@@ -164,28 +213,105 @@ def test_kernel_compiles_for_sm90(claim_next, prefetch):
 
     from overlapdecode.fused.kernels.persistent_layer import _persistent_layer_kernel as kernel
 
-    types = {n: "*bf16" for n in ("x_ptr", "out_ptr", "h1_ptr", "q_ptr", "a_ptr", "m_ptr", "nw1_ptr", "nb1_ptr",
-                                  "wqkv_ptr", "bqkv_ptr", "wo_ptr", "bo_ptr", "nw2_ptr", "nb2_ptr", "wup_ptr",
-                                  "bup_ptr", "wdn_ptr", "bdn_ptr", "k_ptr", "v_ptr")}
-    types.update({n: "*fp32" for n in ("inv_ptr", "pqkv_ptr", "po_ptr", "pdn_ptr", "att_acc_ptr", "att_m_ptr",
-                                      "att_l_ptr", "ss_in_ptr", "ss_mid_ptr", "ss_out_ptr")})
+    types = {
+        n: "*bf16"
+        for n in (
+            "x_ptr",
+            "out_ptr",
+            "h1_ptr",
+            "q_ptr",
+            "a_ptr",
+            "m_ptr",
+            "nw1_ptr",
+            "nb1_ptr",
+            "wqkv_ptr",
+            "bqkv_ptr",
+            "wo_ptr",
+            "bo_ptr",
+            "nw2_ptr",
+            "nb2_ptr",
+            "wup_ptr",
+            "bup_ptr",
+            "wdn_ptr",
+            "bdn_ptr",
+            "k_ptr",
+            "v_ptr",
+        )
+    }
+    types.update(
+        {
+            n: "*fp32"
+            for n in (
+                "inv_ptr",
+                "pqkv_ptr",
+                "po_ptr",
+                "pdn_ptr",
+                "att_acc_ptr",
+                "att_m_ptr",
+                "att_l_ptr",
+                "ss_in_ptr",
+                "ss_mid_ptr",
+                "ss_out_ptr",
+            )
+        }
+    )
     types.update({n: "*i64" for n in ("pos_ptr", "slot_ptr", "start_ptr", "len_ptr")})
     types.update({n: "*i32" for n in ("table_ptr", "cnt_ptr", "err_ptr")})
     types.update({n: "i32" for n in ("B", "S", "n_tasks", "n_counters", "pos_stride", "slot_stride", "nb_in")})
     types.update({n: "fp32" for n in ("eps", "rope_scale", "qk_scale")})
     p = make_plan(*PLANS["llama-1b-b1"], torch.bfloat16, sms=132)
-    consts = dict(H=p.hidden, I=p.inter, HQ=p.n_heads, HKV=p.n_kv, D=p.head_dim, G=p.group, LAYER=False,
-                  QKV_BIAS=False, ROPE=True, O_BIAS=False, UP_BIAS=False, DOWN_BIAS=False, ACT=2, HALF=p.half,
-                  BK_QKV=p.qkv_block_k, KC_QKV=p.qkv_chunk, SPLIT_QKV=p.qkv_split, GROUP_PAD=16, BN_ATT=p.att_block_n,
-                  BD_ATT=p.att_block_d, SPLIT_ATT=p.att_splits, IEEE=False, BN_O=p.o_block_n, BK_O=p.o_block_k,
-                  KC_O=p.o_chunk, SPLIT_O=p.o_split, BN_UP=p.up_block_n, BK_UP=p.up_block_k, BN_DN=p.down_block_n,
-                  BK_DN=p.down_block_k, KC_DN=p.down_chunk, SPLIT_DN=p.down_split, NF=9, CLAIM_NEXT=claim_next,
-                  SPIN_LIMIT=1 << 20, BLOCK_M=16, PREFETCH=prefetch, LINE=64, IN_SUMS=64 if prefetch else 0,
-                  MID_SUMS=64 if prefetch else 0, OUT_SUMS=bool(prefetch), RESET=True, PDL=3)
+    consts = dict(
+        H=p.hidden,
+        I=p.inter,
+        HQ=p.n_heads,
+        HKV=p.n_kv,
+        D=p.head_dim,
+        G=p.group,
+        LAYER=False,
+        QKV_BIAS=False,
+        ROPE=True,
+        O_BIAS=False,
+        UP_BIAS=False,
+        DOWN_BIAS=False,
+        ACT=2,
+        HALF=p.half,
+        BK_QKV=p.qkv_block_k,
+        KC_QKV=p.qkv_chunk,
+        SPLIT_QKV=p.qkv_split,
+        GROUP_PAD=16,
+        BN_ATT=p.att_block_n,
+        BD_ATT=p.att_block_d,
+        SPLIT_ATT=p.att_splits,
+        IEEE=False,
+        BN_O=p.o_block_n,
+        BK_O=p.o_block_k,
+        KC_O=p.o_chunk,
+        SPLIT_O=p.o_split,
+        BN_UP=p.up_block_n,
+        BK_UP=p.up_block_k,
+        BN_DN=p.down_block_n,
+        BK_DN=p.down_block_k,
+        KC_DN=p.down_chunk,
+        SPLIT_DN=p.down_split,
+        NF=9,
+        CLAIM_NEXT=claim_next,
+        SPIN_LIMIT=1 << 20,
+        BLOCK_M=16,
+        PREFETCH=prefetch,
+        LINE=64,
+        IN_SUMS=64 if prefetch else 0,
+        MID_SUMS=64 if prefetch else 0,
+        OUT_SUMS=bool(prefetch),
+        RESET=True,
+        PDL=3,
+    )
     signature = {n: types.get(n, "constexpr") for n in kernel.arg_names}
     assert not [n for n, t in signature.items() if t == "constexpr" and n not in consts]
-    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),
-                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=3))
+    compiled = triton.compile(
+        ASTSource(fn=kernel, signature=signature, constexprs=consts),
+        target=GPUTarget("cuda", 90, 32),
+        options=dict(num_warps=4, num_stages=3),
+    )
     lines = compiled.asm["ptx"].splitlines()
     wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
     assert not [line for line in lines[:wait] if "ld.global" in line or "atom." in line]
@@ -200,12 +326,29 @@ def test_kernel_compiles_for_sm90(claim_next, prefetch):
 def test_the_ab_script_refuses_a_machine_without_cuda(tmp_path):
     out = tmp_path / "ab.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(HERE.parent / "scripts" / "persistent_layer_ab.py"), "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(HERE.parent / "scripts" / "persistent_layer_ab.py"), "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
-    proc = subprocess.run([sys.executable, str(HERE.parent / "scripts" / "persistent_layer_ab.py"), "--out", str(out),
-                           "--shapes", "llama-2b"], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(HERE.parent / "scripts" / "persistent_layer_ab.py"),
+            "--out",
+            str(out),
+            "--shapes",
+            "llama-2b",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "llama-2b" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -216,11 +359,26 @@ def test_the_ab_script_runs_its_code_on_cpu_in_the_interpreter(tmp_path):
     import json
 
     out = tmp_path / "ab.json"
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-W", "ignore::RuntimeWarning", str(HERE.parent / "scripts" /
-                           "persistent_layer_ab.py"), "--out", str(out), "--dry-run"],
-                          env=env, capture_output=True, text=True, timeout=1200)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "ignore::RuntimeWarning",
+            str(HERE.parent / "scripts" / "persistent_layer_ab.py"),
+            "--out",
+            str(out),
+            "--dry-run",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["dry_run"] and [(r["variant"], r["batch"]) for r in result["rows"]] == [("dynamic", 3)]

@@ -31,7 +31,7 @@ def test_the_readme_python_example_runs_as_written():
     assert out.shape[0] == 2 and out.shape[1] > batch.input_ids.shape[1]
     assert (batch.attention_mask[:, -1] == 1).all()  # left padding, as load_tokenizer promises
     texts = eval(printed.getvalue())  # noqa: S307 - the list the example printed
-    assert texts == tokenizer.batch_decode(out[:, batch.input_ids.shape[1]:], skip_special_tokens=True)
+    assert texts == tokenizer.batch_decode(out[:, batch.input_ids.shape[1] :], skip_special_tokens=True)
 
 
 def test_the_readme_results_table_is_the_one_results_table_makes():
@@ -39,8 +39,10 @@ def test_the_readme_results_table_is_the_one_results_table_makes():
     assert text.count(results_table.BEGIN) == 1 and text.count(results_table.END) == 1
     region = text.split(results_table.BEGIN, 1)[1].split(results_table.END, 1)[0]
     expected = results_table.render(os.path.join(ROOT, "results", "h200"), relative_to=ROOT)
-    assert region == "\n" + expected, ("the README's table differs from results/h200: run python3 -m "
-                                       "overlapdecode.bench.results_table results/h200 --readme README.md")
+    assert region == "\n" + expected, (
+        "the README's table differs from results/h200: run python3 -m "
+        "overlapdecode.bench.results_table results/h200 --readme README.md"
+    )
 
 
 def test_the_readme_names_the_test_commands_ci_and_the_skip_reason_run():

@@ -15,10 +15,25 @@ CONFIG = dict(model="tiny-gpt2", prompt_len=8, repeats=2, warmup=0)
 
 
 def _row(strategy="kv", n=8, seq_s=0.1, **kw):
-    return dict(model="tiny-gpt2", strategy=strategy, workload="fixed", allocator="default", dtype="float32",
-                batch=1, max_new_tokens=n, prompt_len=8, seq_s=seq_s, seq_s_all=[seq_s, seq_s * 1.1],
-                ms_per_token=seq_s * 1e3 / n, tokens_per_s=n / seq_s, ttft_ms=1.0, first_call_s=seq_s,
-                new_tokens=n, device="cpu", **kw)
+    return dict(
+        model="tiny-gpt2",
+        strategy=strategy,
+        workload="fixed",
+        allocator="default",
+        dtype="float32",
+        batch=1,
+        max_new_tokens=n,
+        prompt_len=8,
+        seq_s=seq_s,
+        seq_s_all=[seq_s, seq_s * 1.1],
+        ms_per_token=seq_s * 1e3 / n,
+        tokens_per_s=n / seq_s,
+        ttft_ms=1.0,
+        first_call_s=seq_s,
+        new_tokens=n,
+        device="cpu",
+        **kw,
+    )
 
 
 def _write(d, content):
@@ -39,15 +54,21 @@ def _one_line(capsys, *words):
         ({}, "missing commands, config, rows"),
         ([], "expected a JSON object with commands, config and rows, got list"),
         (None, "got null"),
-        ("{\"rows\": [", "not valid JSON"),
+        ('{"rows": [', "not valid JSON"),
         ("", "not valid JSON"),
         (dict(commands=[], config=CONFIG, rows=[{"strategy": "kv"}]), "row 0 lacks workload"),
-        (dict(commands=[], config=CONFIG, rows=[dict(_row(), seq_s_all=None) | {"seq_s": 1}]),
-         "row 0 has seq_s_all of the wrong kind"),
-        (dict(commands=[], config=CONFIG, rows=[dict(_row(), ttft_ms="fast", seq_s_all=[])]),
-         "row 0 has ttft_ms, seq_s_all of the wrong kind"),
-        (dict(commands=[], config=CONFIG, rows=[{k: v for k, v in _row().items() if k != "ttft_ms"}]),
-         "row 0 lacks ttft_ms"),
+        (
+            dict(commands=[], config=CONFIG, rows=[dict(_row(), seq_s_all=None) | {"seq_s": 1}]),
+            "row 0 has seq_s_all of the wrong kind",
+        ),
+        (
+            dict(commands=[], config=CONFIG, rows=[dict(_row(), ttft_ms="fast", seq_s_all=[])]),
+            "row 0 has ttft_ms, seq_s_all of the wrong kind",
+        ),
+        (
+            dict(commands=[], config=CONFIG, rows=[{k: v for k, v in _row().items() if k != "ttft_ms"}]),
+            "row 0 lacks ttft_ms",
+        ),
         (dict(commands=[], config={}, rows=[]), "config must be an object with model"),
         (dict(commands="x", config=CONFIG, rows=[]), "commands must be a list"),
         (dict(commands=[], config=CONFIG, rows=[1, 2]), "rows must be a list of objects"),
@@ -63,8 +84,10 @@ def test_rows_without_environment_still_make_a_report(tmp_path, capsys):
     d = str(tmp_path / "d")
     _write(d, dict(commands=["overlapdecode bench"], config=CONFIG, rows=[_row("kv"), _row("static", seq_s=0.2)]))
     assert main(["report", d]) == 0
-    assert "Machine: not recorded in the JSON (results.json has no environment record)" in open(
-        os.path.join(d, "report.md")).read()
+    assert (
+        "Machine: not recorded in the JSON (results.json has no environment record)"
+        in open(os.path.join(d, "report.md")).read()
+    )
 
 
 def test_report_markdown_into_a_missing_directory_is_one_line(tmp_path, capsys):
@@ -172,8 +195,9 @@ def test_an_incomplete_environment_record_is_said_not_refused(tmp_path):
     d = str(tmp_path / "d")
     _write(d, dict(commands=["x"], config=CONFIG, environment=dict(gpu=None), rows=[_row(), _row("static")]))
     assert main(["report", d]) == 0
-    assert "environment record lacks torch, transformers, python, git_commit" in open(
-        os.path.join(d, "report.md")).read()
+    assert (
+        "environment record lacks torch, transformers, python, git_commit" in open(os.path.join(d, "report.md")).read()
+    )
 
 
 @pytest.mark.parametrize("content", ['{"strategies": []}', '{"strategies": "x"}'])

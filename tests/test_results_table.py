@@ -24,8 +24,10 @@ EXPECTED_ROWS = [
 def test_the_table_takes_the_fastest_preset_and_peer_of_each_configuration():
     text = rt.render(FIXTURE, relative_to=FIXTURE)
     lines = text.splitlines()
-    assert lines[0] == ("Measured by `overlapdecode bench` on Test GPU: prompt 32 tokens, 200 new tokens, EOS off, "
-                        "medians of the timed calls.")
+    assert lines[0] == (
+        "Measured by `overlapdecode bench` on Test GPU: prompt 32 tokens, 200 new tokens, EOS off, "
+        "medians of the timed calls."
+    )
     assert lines[2] == "| " + " | ".join(rt.HEADER) + " |"
     # nocheck (0.5) and interleaved:2 (0.6) are faster but not presets; the 100-token, EOS-forced and expandable
     # rows are other configurations; the error row and the peer-only batch 2 make no line
@@ -36,7 +38,8 @@ def test_another_length_is_another_table():
     text = rt.render(FIXTURE, new_tokens=100, relative_to=FIXTURE)
     assert text.splitlines()[4:] == [
         "| `tiny-llama` | bfloat16 | 1 | **`fused`** | 0.100 | 0.081 | 2.0 | - | not measured | fused | "
-        "[run-a](run-a/report.md) |"]
+        "[run-a](run-a/report.md) |"
+    ]
     with pytest.raises(rt.ResultsError, match="no folder measured a preset at 50 new tokens"):
         rt.render(FIXTURE, new_tokens=50)
 
@@ -55,7 +58,7 @@ def test_main_rewrites_only_the_marked_region_of_a_readme(tmp_path, capsys):
     assert rt.main([str(results), "--readme", path]) == 0
     text = open(path).read()
     assert text.startswith(before + rt.BEGIN + "\n") and text.endswith(rt.END + after)
-    region = text[len(before + rt.BEGIN + "\n"):-len(rt.END + after)]
+    region = text[len(before + rt.BEGIN + "\n") : -len(rt.END + after)]
     assert region == rt.render(str(results), relative_to=str(tmp_path))
     assert "[run-a](results/test-gpu/run-a/report.md)" in region  # links relative to the README
     assert "rewritten" in capsys.readouterr().out

@@ -85,13 +85,16 @@ def test_kept_set_is_hugging_faces(setting_and_seed):
     for r in range(logits.shape[0]):
         if extra[r].any():
             scores = hf_processors({k: v for k, v in setting.items() if k != "top_p" and k != "min_p"})(
-                ids[r:r + 1], logits[r:r + 1].clone())[0]
+                ids[r : r + 1], logits[r : r + 1].clone()
+            )[0]
             lowest = scores[hf[r]].min()
             assert torch.all(scores[extra[r]] == lowest), (setting, r)
 
 
-@pytest.fixture(params=[(s, seed) for s in SETTINGS for seed in (0, 1)],
-                ids=lambda p: ",".join(f"{k}={v}" for k, v in p[0].items()) + f"-seed{p[1]}")
+@pytest.fixture(
+    params=[(s, seed) for s in SETTINGS for seed in (0, 1)],
+    ids=lambda p: ",".join(f"{k}={v}" for k, v in p[0].items()) + f"-seed{p[1]}",
+)
 def setting_and_seed(request):
     return request.param
 
@@ -129,8 +132,23 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
 
 
 # chi-square critical values at p = 1e-4 (a correct sampler fails one run in 10,000)
-CRITICAL = {1: 15.14, 2: 18.42, 3: 21.11, 4: 23.51, 5: 25.74, 6: 27.86, 7: 29.88, 8: 31.83, 9: 33.72, 10: 35.56,
-            11: 37.37, 12: 39.13, 13: 40.87, 14: 42.58, 15: 44.26}
+CRITICAL = {
+    1: 15.14,
+    2: 18.42,
+    3: 21.11,
+    4: 23.51,
+    5: 25.74,
+    6: 27.86,
+    7: 29.88,
+    8: 31.83,
+    9: 33.72,
+    10: 35.56,
+    11: 37.37,
+    12: 39.13,
+    13: 40.87,
+    14: 42.58,
+    15: 44.26,
+}
 
 
 def draws(sampler, logits: torch.Tensor, setting: dict, n: int = 40000) -> torch.Tensor:
@@ -140,8 +158,13 @@ def draws(sampler, logits: torch.Tensor, setting: dict, n: int = 40000) -> torch
     return torch.bincount(tokens, minlength=logits.shape[1]).float()
 
 
-DIST_SETTINGS = [dict(temperature=0.7), dict(top_k=6), dict(top_p=0.8), dict(min_p=0.1),
-                 dict(temperature=1.5, top_k=10, top_p=0.9, min_p=0.02)]
+DIST_SETTINGS = [
+    dict(temperature=0.7),
+    dict(top_k=6),
+    dict(top_p=0.8),
+    dict(min_p=0.1),
+    dict(temperature=1.5, top_k=10, top_p=0.9, min_p=0.02),
+]
 
 
 @pytest.mark.parametrize("setting", DIST_SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
@@ -159,7 +182,7 @@ def test_the_distribution_test_fails_a_wrong_sampler():
     probs = hf_processors(setting)(None, logits.clone()).softmax(-1)[0]
 
     def sharper(rows, noise, params):  # the race with noise ** 1.1: a slightly sharper distribution
-        return pick_next(rows, noise ** 1.1, params)
+        return pick_next(rows, noise**1.1, params)
 
     def no_top_p(rows, noise, params):  # forgets top-p: draws outside the kept set
         return pick_next(rows, noise, params_of({}))
@@ -182,14 +205,20 @@ def test_long_rows_need_no_sort(vocab):
 
 
 def test_check_sampling_names_each_argument():
-    for kwargs, name in ((dict(min_p=1.5), "min_p"), (dict(min_p=-0.1), "min_p"), (dict(min_p="0.1"), "min_p"),
-                         (dict(repetition_penalty=0), "repetition_penalty"),
-                         (dict(repetition_penalty=math.inf), "repetition_penalty"),
-                         (dict(repetition_penalty=math.nan), "repetition_penalty"),
-                         (dict(repetition_penalty=True), "repetition_penalty"), (dict(top_k=-1), "top_k")):
+    for kwargs, name in (
+        (dict(min_p=1.5), "min_p"),
+        (dict(min_p=-0.1), "min_p"),
+        (dict(min_p="0.1"), "min_p"),
+        (dict(repetition_penalty=0), "repetition_penalty"),
+        (dict(repetition_penalty=math.inf), "repetition_penalty"),
+        (dict(repetition_penalty=math.nan), "repetition_penalty"),
+        (dict(repetition_penalty=True), "repetition_penalty"),
+        (dict(top_k=-1), "top_k"),
+    ):
         with pytest.raises((ValueError, TypeError), match=f"^{name}"):
-            check_sampling(True, 1.0, kwargs.get("top_k"), None, None, kwargs.get("min_p"),
-                           kwargs.get("repetition_penalty"))
+            check_sampling(
+                True, 1.0, kwargs.get("top_k"), None, None, kwargs.get("min_p"), kwargs.get("repetition_penalty")
+            )
     assert check_sampling(True, 1.0, 0, 1.0, None, None, 1.0) == check_sampling(True, 1.0, None, None, None)
     with pytest.warns(UserWarning, match="min_p"):
         check_sampling(False, 1.0, None, None, None, min_p=0.1)

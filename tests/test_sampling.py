@@ -38,9 +38,18 @@ def test_seed_gives_the_same_tokens_compiled_with_a_late_stop(tiny_gpt2):
     ping-pong: the rows stop at different steps, chosen from a free sampled run, and interleaved drops the tokens
     of its late step."""
     ids, mask = make_batch(4, seed=32)
-    kw = dict(attention_mask=mask, max_new_tokens=N, do_sample=True, temperature=0.9, top_k=50, top_p=0.9, min_p=0.02,
-              repetition_penalty=1.2, seed=7)
-    free = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=[], **kw)[:, ids.shape[1]:]
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=N,
+        do_sample=True,
+        temperature=0.9,
+        top_k=50,
+        top_p=0.9,
+        min_p=0.02,
+        repetition_penalty=1.2,
+        seed=7,
+    )
+    free = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=[], **kw)[:, ids.shape[1] :]
     eos = sorted({int(free[r, 2 * r + 2]) for r in range(4)})  # row r stops at step 2r+2 at the latest
     ref = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=eos, **kw)
     assert ref.shape[1] < ids.shape[1] + N, "the batch should stop before max_new_tokens"
@@ -48,7 +57,7 @@ def test_seed_gives_the_same_tokens_compiled_with_a_late_stop(tiny_gpt2):
         got = []
         out = od.generate(tiny_gpt2, ids, strategy=preset, eos_token_id=eos, streamer=got.append, **kw)
         assert torch.equal(out, ref), preset
-        assert torch.equal(torch.stack(got, 1), out[:, ids.shape[1]:]), preset  # no late token streamed
+        assert torch.equal(torch.stack(got, 1), out[:, ids.shape[1] :]), preset  # no late token streamed
 
 
 def test_global_seed_governs_seed_none(tiny_gpt2):
@@ -108,8 +117,11 @@ def test_chunked_argmax_is_torch_argmax(V, dtype):
     assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
 
 
-@pytest.mark.parametrize("setting", [dict(temperature=0.0), dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0)],
-                         ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize(
+    "setting",
+    [dict(temperature=0.0), dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0)],
+    ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()),
+)
 def test_greedy_ignores_sampling_values_as_hugging_face_does(tiny_gpt2, setting):
     """Hugging Face generate(do_sample=False, temperature=0.0) decodes greedily (its warpers are only built for
     sampling); od.generate refused it with "temperature must be > 0". Types are still checked."""

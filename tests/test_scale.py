@@ -43,8 +43,15 @@ def test_model_shape_reads_layers_kv_heads_and_head_size():
 
 def test_points_run_every_strategy_at_a_point_short_prompts_first():
     assert scale.points([1, 64], [32], [8], [4096, 8192], ["fused", "interleaved"]) == [
-        ("fused", 1, 32), ("interleaved", 1, 32), ("fused", 64, 32), ("interleaved", 64, 32),
-        ("fused", 8, 4096), ("interleaved", 8, 4096), ("fused", 8, 8192), ("interleaved", 8, 8192)]
+        ("fused", 1, 32),
+        ("interleaved", 1, 32),
+        ("fused", 64, 32),
+        ("interleaved", 64, 32),
+        ("fused", 8, 4096),
+        ("interleaved", 8, 4096),
+        ("fused", 8, 8192),
+        ("interleaved", 8, 8192),
+    ]
 
 
 def _script():
@@ -57,16 +64,37 @@ def _script():
 
 def test_the_sweep_runs_end_to_end_and_refuses_an_earlier_sweeps_directory(tmp_path, capsys):
     out = tmp_path / "sweep"
-    args = ["--out", str(out), "--model", "tiny-llama", "--dtype", "float32", "--rows", "1,3", "--long-rows", "2",
-            "--long-prompts", "70", "--strategies", "fused", "--new-tokens", "3", "--long-new-tokens", "2",
-            "--repeats", "1", "--no-kernels"]
+    args = [
+        "--out",
+        str(out),
+        "--model",
+        "tiny-llama",
+        "--dtype",
+        "float32",
+        "--rows",
+        "1,3",
+        "--long-rows",
+        "2",
+        "--long-prompts",
+        "70",
+        "--strategies",
+        "fused",
+        "--new-tokens",
+        "3",
+        "--long-new-tokens",
+        "2",
+        "--repeats",
+        "1",
+        "--no-kernels",
+    ]
     assert _script().main(args) == 0
     result = json.loads((out / "scale.json").read_text())
     assert [(r["rows"], r["prompt_len"]) for r in result["rows"]] == [(1, 32), (3, 32), (2, 70)]
     for r in result["rows"]:
         assert r["ms_per_step"] > 0 and r["tok_s"] == pytest.approx(r["rows"] / r["ms_per_step"] * 1e3)
-        assert r["kv_bytes"] == scale.kv_bytes_per_step(scale.Shape(2, 2, 16, 4), r["rows"],
-                                                        r["prompt_len"] + r["new_tokens"] / 2)
+        assert r["kv_bytes"] == scale.kv_bytes_per_step(
+            scale.Shape(2, 2, 16, 4), r["rows"], r["prompt_len"] + r["new_tokens"] / 2
+        )
     table = (out / "scale.md").read_text().splitlines()
     assert sum(line.startswith("| fused |") for line in table) == 3
     with pytest.raises(SystemExit):
@@ -75,8 +103,12 @@ def test_the_sweep_runs_end_to_end_and_refuses_an_earlier_sweeps_directory(tmp_p
 
 
 def test_the_table_lists_points_out_of_memory_and_not_run():
-    result = dict(config=dict(model="m", dtype="bfloat16"), bandwidth_gbs=None, weight_bytes=1e9,
-                  not_run=[["fused", 8, 16384]],
-                  rows=[dict(strategy="fused", rows=8, prompt_len=8192, error="out of memory")])
+    result = dict(
+        config=dict(model="m", dtype="bfloat16"),
+        bandwidth_gbs=None,
+        weight_bytes=1e9,
+        not_run=[["fused", 8, 16384]],
+        rows=[dict(strategy="fused", rows=8, prompt_len=8192, error="out of memory")],
+    )
     text = scale.markdown(result)
     assert "| fused | 8 | 8192 | out of memory |" in text and "| fused | 8 | 16384 | not run: time budget |" in text

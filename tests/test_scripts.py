@@ -110,18 +110,20 @@ def test_call_timeline_analyses_a_saved_trace_into_out(tmp_path):
 
 
 def test_the_python_scripts_take_out():
-    code = ("import sys, contextlib, io\n"
-            f"sys.path.insert(0, {SCRIPTS!r})\n"
-            "import kernel_sweep, ttft_profile, call_timeline, tp_probe\n"
-            "for main in (kernel_sweep.parse_args, ttft_profile.main, call_timeline.main, tp_probe.parse_args):\n"
-            "    buf = io.StringIO()\n"
-            "    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):\n"
-            "        main(['--help'])\n"
-            "    assert '--out' in buf.getvalue(), main.__module__\n"
-            "    with contextlib.redirect_stderr(io.StringIO()) as err, contextlib.suppress(SystemExit):\n"
-            "        main([])\n"
-            "    assert 'required: --out' in err.getvalue(), (main.__module__, err.getvalue())\n"
-            "print('ok')")
+    code = (
+        "import sys, contextlib, io\n"
+        f"sys.path.insert(0, {SCRIPTS!r})\n"
+        "import kernel_sweep, ttft_profile, call_timeline, tp_probe\n"
+        "for main in (kernel_sweep.parse_args, ttft_profile.main, call_timeline.main, tp_probe.parse_args):\n"
+        "    buf = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):\n"
+        "        main(['--help'])\n"
+        "    assert '--out' in buf.getvalue(), main.__module__\n"
+        "    with contextlib.redirect_stderr(io.StringIO()) as err, contextlib.suppress(SystemExit):\n"
+        "        main([])\n"
+        "    assert 'required: --out' in err.getvalue(), (main.__module__, err.getvalue())\n"
+        "print('ok')"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
@@ -134,8 +136,22 @@ def test_gpu_tests_sh_needs_out_and_writes_its_logs_there(tmp_path):
     assert done.returncode == 2 and "--out DIR is required" in done.stderr
     out = tmp_path / "gpu"
     # on this CPU machine every GPU test skips: the run shows the script's plumbing, not the GPU
-    done = subprocess.run(["bash", script, "--out", str(out), "--tests", "tests/gpu/test_gpu_tp_symmetric.py",
-                           "--sanitizer-k", "planted_race"], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [
+            "bash",
+            script,
+            "--out",
+            str(out),
+            "--tests",
+            "tests/gpu/test_gpu_tp_symmetric.py",
+            "--sanitizer-k",
+            "planted_race",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert {p.name for p in out.iterdir()} == {"gpu.txt", "gpu-tests.log", "sanitizer.log"}
     assert "torch" in (out / "gpu.txt").read_text()

@@ -62,8 +62,7 @@ def test_the_fused_greedy_output_and_stop_are_read_from_the_steps_own_log():
     model = od.load_model("tiny-llama", device="cpu")
     dec = od.Decoder(model)
     ids, mask = make_batch(2, seed=3)
-    free = dec.generate(ids, attention_mask=mask, max_new_tokens=12, strategy="fused", eos_token_id=[],
-                        pad_token_id=0)
+    free = dec.generate(ids, attention_mask=mask, max_new_tokens=12, strategy="fused", eos_token_id=[], pad_token_id=0)
     P = ids.shape[1]
     eos = [int(free[0, P + 4]), int(free[1, P + 6])]  # row 0 stops at step 4 or before, row 1 at step 6 or before
     ref = hf_generate(model, ids, mask, 12, eos, 0)
@@ -74,11 +73,12 @@ def test_the_fused_greedy_output_and_stop_are_read_from_the_steps_own_log():
     n = out.shape[1] - P
     # steps 1 .. n (the last one run late by the ping-pong's lag of 1) wrote columns P + 1 .. P + n
     assert graph.log.count.tolist() == [P + n + 1]
-    assert graph.log.flags[P + 1:P + n].tolist() == [False] * (n - 2) + [True]
-    assert torch.equal(graph.log.tokens[:, :P + n], out) and out.data_ptr() != graph.log.tokens.data_ptr()
+    assert graph.log.flags[P + 1 : P + n].tolist() == [False] * (n - 2) + [True]
+    assert torch.equal(graph.log.tokens[:, : P + n], out) and out.data_ptr() != graph.log.tokens.data_ptr()
     kept = out.clone()
-    dec.generate(ids[:, 1:], attention_mask=mask[:, 1:], max_new_tokens=12, strategy="fused", eos_token_id=[],
-                 pad_token_id=0)
+    dec.generate(
+        ids[:, 1:], attention_mask=mask[:, 1:], max_new_tokens=12, strategy="fused", eos_token_id=[], pad_token_id=0
+    )
     assert torch.equal(out, kept)
 
 
@@ -106,8 +106,9 @@ def test_fused_keeps_one_graph_per_setting_and_matches_hf():
     n = 10
     ref = hf_generate(model, ids, mask, n, [], 0)
     for _ in range(2):  # the second call reuses the first call's StepGraph
-        out = dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[],
-                           pad_token_id=0)
+        out = dec.generate(
+            ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[], pad_token_id=0
+        )
         assert torch.equal(out, ref)
     (cache,) = dec.fused_model()._caches.values()
     assert list(cache.graphs) == [(0, 0, SamplingParams())]

@@ -30,18 +30,27 @@ IDS = [s if isinstance(s, str) else f"{s.cache}-{s.stop_check}-lag{s.lag}" for s
 
 
 def free_run(model, ids, mask, n=N):
-    return naive_generate(model, ids, mask, n, [], 0)[:, ids.shape[1]:]
+    return naive_generate(model, ids, mask, n, [], 0)[:, ids.shape[1] :]
 
 
 def check_against_sync(model, ids, mask, n, eos, strategy, pad=0):
-    sync = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy="static", eos_token_id=eos,
-                       pad_token_id=pad)
+    sync = od.generate(
+        model, ids, attention_mask=mask, max_new_tokens=n, strategy="static", eos_token_id=eos, pad_token_id=pad
+    )
     assert torch.equal(sync, hf_generate(model, ids, mask, n, eos, pad))
     got = []
-    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=eos,
-                      pad_token_id=pad, streamer=got.append)
+    out = od.generate(
+        model,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=n,
+        strategy=strategy,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        streamer=got.append,
+    )
     assert torch.equal(out, sync)
-    assert torch.equal(torch.stack(got, 1), out[:, ids.shape[1]:])  # streamed = returned, nothing extra
+    assert torch.equal(torch.stack(got, 1), out[:, ids.shape[1] :])  # streamed = returned, nothing extra
     return out
 
 
@@ -70,7 +79,9 @@ def test_eos_on_the_last_allowed_token(tiny_gpt2, strategy):
 def test_max_new_tokens_one(tiny_gpt2, strategy):
     ids, mask = make_batch(4, seed=23)
     if not isinstance(strategy, str) and strategy.stop_check in ("pingpong", "deferred") and strategy.lag > 1:
-        with pytest.raises(ValueError, match=f"strategy: a stop check {strategy.lag} steps late"):  # a lag beyond the steps
+        with pytest.raises(
+            ValueError, match=f"strategy: a stop check {strategy.lag} steps late"
+        ):  # a lag beyond the steps
             od.generate(tiny_gpt2, ids, attention_mask=mask, max_new_tokens=1, strategy=strategy)
         strategy = dataclasses.replace(strategy, lag=1)
     out = check_against_sync(tiny_gpt2, ids, mask, 1, [999], strategy)
@@ -93,7 +104,7 @@ def test_late_stop_with_seeded_sampling(tiny_gpt2, strategy):
         pytest.skip("compiled sampling is covered by test_sampling (one compile per sampling setting on CPU)")
     ids, mask = make_batch(4, seed=25)
     kw = dict(attention_mask=mask, max_new_tokens=N, do_sample=True, temperature=1.3, seed=5)
-    free = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=[], **kw)[:, ids.shape[1]:]
+    free = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=[], **kw)[:, ids.shape[1] :]
     eos = sorted({int(free[r, r + 1]) for r in range(4)})
     sync = od.generate(tiny_gpt2, ids, strategy="static", eos_token_id=eos, **kw)
     assert sync.shape[1] < ids.shape[1] + N
@@ -128,8 +139,9 @@ def test_streamer_error_propagates_and_the_next_call_is_clean(tiny_gpt2, strateg
 
 
 def test_lag_by_name(tiny_gpt2):
-    assert od.resolve_strategy("interleaved:3") == od.Strategy(cache="static", compile=True, stop_check="pingpong",
-                                                               lag=3)
+    assert od.resolve_strategy("interleaved:3") == od.Strategy(
+        cache="static", compile=True, stop_check="pingpong", lag=3
+    )
     assert od.resolve_strategy("deferred:2").lag == 2
     for bad in ("kv:2", "interleaved:0", "interleaved:x", "nope:2"):
         with pytest.raises(ValueError):
@@ -156,8 +168,17 @@ def test_the_stop_protocol_reads_each_flag_lag_steps_late(name, lag):
     n_steps = 6
     for stop_at in range(n_steps + 1):  # n_steps: never
         got = []
-        check = make_check(name, lag, n_steps, None, None, Slots(lag + 1, 1, torch.device("cpu")),
-                           torch.zeros(1, n_steps, dtype=torch.long), torch.tensor([9]), got.append)
+        check = make_check(
+            name,
+            lag,
+            n_steps,
+            None,
+            None,
+            Slots(lag + 1, 1, torch.device("cpu")),
+            torch.zeros(1, n_steps, dtype=torch.long),
+            torch.tensor([9]),
+            got.append,
+        )
         n, broke_at = run_protocol(check, n_steps, stop_at)
         assert n == min(stop_at + 1, n_steps)  # what the sync loop runs
         # the loop stops enqueuing `lag` steps after the stop, or drains the owed flags at the end
@@ -172,8 +193,17 @@ def test_a_flag_the_step_wrote_to_host_memory_is_what_a_late_check_reads(name, l
     it, step_graph.StepLog), not from the device flag; the sync check reads the device flag."""
     n_steps, stop_at = 6, 2
     host = torch.zeros(n_steps, dtype=torch.bool)
-    check = make_check(name, lag, n_steps, None, None, Slots(lag + 1, 1, torch.device("cpu")),
-                       torch.zeros(1, n_steps, dtype=torch.long), torch.tensor([9]), None)
+    check = make_check(
+        name,
+        lag,
+        n_steps,
+        None,
+        None,
+        Slots(lag + 1, 1, torch.device("cpu")),
+        torch.zeros(1, n_steps, dtype=torch.long),
+        torch.tensor([9]),
+        None,
+    )
     for j in range(n_steps):
         host[j] = j >= stop_at
         with check.step(j):  # the device flag says the opposite of the host slot

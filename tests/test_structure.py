@@ -58,7 +58,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -123,8 +123,12 @@ def test_the_cycle_finder_finds_one():
 def test_the_worker_uses_the_public_api_only():
     with open(os.path.join(PKG_DIR, "bench", "worker.py")) as f:
         tree = ast.parse(f.read())
-    internal = {(n.module, a.name) for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 0
-                and (n.module or "").startswith("overlapdecode.") for a in n.names}
+    internal = {
+        (n.module, a.name)
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").startswith("overlapdecode.")
+        for a in n.names
+    }
     assert internal == set()  # od.decoder_for(model).clear() frees the kept caches between configurations
 
 
@@ -150,13 +154,15 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_help_imports_no_torch():
-    done = _run("import sys, contextlib, io\n"
-                "from overlapdecode.cli import main\n"
-                "for argv in (['--help'], ['bench', '--help'], ['generate', '--help'], ['profile', '--help'],"
-                " ['report', '--help']):\n"
-                "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
-                "        main(argv)\n"
-                "print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))")
+    done = _run(
+        "import sys, contextlib, io\n"
+        "from overlapdecode.cli import main\n"
+        "for argv in (['--help'], ['bench', '--help'], ['generate', '--help'], ['profile', '--help'],"
+        " ['report', '--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        main(argv)\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -181,8 +187,9 @@ def test_every_flag_says_what_it_does_and_its_default():
 def test_python_dash_m_is_the_command_and_help_is_fast():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "overlapdecode", "bench", "--help"], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "overlapdecode", "bench", "--help"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0 and "--strategies" in done.stdout
     assert time.perf_counter() - start < 3.0  # importing torch alone takes longer than this on the CI machine
 
@@ -198,7 +205,9 @@ def test_generate_has_one_signature_the_decoders():
     ours = inspect.signature(od.generate).parameters
     theirs = inspect.signature(od.Decoder.generate).parameters
     assert list(ours)[0] == "model" and list(ours)[1:] == list(theirs)[1:]
-    assert [(p.default, p.kind) for p in list(ours.values())[1:]] == [(p.default, p.kind) for p in list(theirs.values())[1:]]
+    assert [(p.default, p.kind) for p in list(ours.values())[1:]] == [
+        (p.default, p.kind) for p in list(theirs.values())[1:]
+    ]
     shown = pydoc.render_doc(od.generate, renderer=pydoc.plaintext)
     assert "generate(model, input_ids, attention_mask=None, max_new_tokens: 'int' = 64, strategy='interleaved'" in shown
     for bad in (dict(bogus=1), dict(max_new_token=4)):

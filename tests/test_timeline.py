@@ -17,20 +17,22 @@ def X(name, cat, ts, dur, corr=None):
 def trace():
     """Two decode steps: host launches at 10 and 110; step 1's graph runs two kernels 5 us apart, step 2
     starts 20 us after step 1 ends (waiting for its launch); one 30 us stream synchronize in the stop check."""
-    return {"traceEvents": [
-        X("decode_step", "user_annotation", 0, 50),
-        X("cudaGraphLaunch", "cuda_runtime", 10, 5, corr=1),
-        X("cudaMemcpyAsync", "cuda_runtime", 20, 3, corr=2),
-        X("stop_check", "user_annotation", 60, 35),
-        X("cudaStreamSynchronize", "cuda_runtime", 62, 30),
-        X("decode_step", "user_annotation", 100, 50),
-        X("cudaGraphLaunch", "cuda_runtime", 110, 5, corr=3),
-        X("k1", "kernel", 20, 50, corr=1),
-        X("k2", "kernel", 75, 25, corr=1),  # 5 us after k1, same graph launch: the GPU's own gap
-        X("copy", "gpu_memcpy", 100, 0, corr=2),
-        X("k3", "kernel", 120, 80, corr=3),
-        X("unrelated", "kernel", 500, 10, corr=99),  # outside the loop: ignored
-    ]}
+    return {
+        "traceEvents": [
+            X("decode_step", "user_annotation", 0, 50),
+            X("cudaGraphLaunch", "cuda_runtime", 10, 5, corr=1),
+            X("cudaMemcpyAsync", "cuda_runtime", 20, 3, corr=2),
+            X("stop_check", "user_annotation", 60, 35),
+            X("cudaStreamSynchronize", "cuda_runtime", 62, 30),
+            X("decode_step", "user_annotation", 100, 50),
+            X("cudaGraphLaunch", "cuda_runtime", 110, 5, corr=3),
+            X("k1", "kernel", 20, 50, corr=1),
+            X("k2", "kernel", 75, 25, corr=1),  # 5 us after k1, same graph launch: the GPU's own gap
+            X("copy", "gpu_memcpy", 100, 0, corr=2),
+            X("k3", "kernel", 120, 80, corr=3),
+            X("unrelated", "kernel", 500, 10, corr=99),  # outside the loop: ignored
+        ]
+    }
 
 
 def test_analyze_known_trace():

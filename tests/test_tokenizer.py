@@ -49,19 +49,20 @@ def test_call_pads_on_the_left_like_hugging_face():
 def test_text_through_generate_and_hugging_face_streamers(tiny_llama):
     tok = od.load_tokenizer("tiny-llama")
     enc = tok(["hello", "hi"], return_tensors="pt")
-    out = od.generate(tiny_llama, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=6,
-                      strategy="kv", eos_token_id=[])
-    texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    out = od.generate(
+        tiny_llama, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=6, strategy="kv", eos_token_id=[]
+    )
+    texts = tok.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
     # what TextStreamer / TextIteratorStreamer call: decode(list of ids, **decode_kwargs)
     printed = []
     streamer = TextStreamer(tok, skip_special_tokens=True)
     streamer.on_finalized_text = lambda text, stream_end=False: printed.append(text)
-    streamer.put(out[0, enc.input_ids.shape[1]:])
+    streamer.put(out[0, enc.input_ids.shape[1] :])
     streamer.end()
     assert "".join(printed) == texts[0]
     it = TextIteratorStreamer(tok, skip_special_tokens=True)
-    it.put(out[0, enc.input_ids.shape[1]:])
+    it.put(out[0, enc.input_ids.shape[1] :])
     it.end()
     assert "".join(it) == texts[0]
 
@@ -83,8 +84,7 @@ def test_a_hugging_face_tokenizer_comes_set_for_generation(tmp_path):
     assert enc.attention_mask[:, 0].tolist() == [1, 0, 0] and enc.attention_mask[:, -1].tolist() == [1, 1, 1]
     want = hf_generate(model, enc.input_ids, enc.attention_mask, 8, [999], 999)
     for strategy in ("baseline", "kv", "static"):
-        got = od.generate(model, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=8,
-                          strategy=strategy)
+        got = od.generate(model, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=8, strategy=strategy)
         assert torch.equal(got, want), strategy
 
 
@@ -107,8 +107,12 @@ def test_the_readme_example_with_a_hugging_face_tokenizer(tmp_path):
         exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - the README's own code
     out, batch = scope["out"], scope["batch"]
     assert out.shape[0] == 2 and out.shape[1] > batch.input_ids.shape[1]
-    assert eval(printed.getvalue()) == scope["tokenizer"].batch_decode(  # noqa: S307 - the list it printed
-        out[:, batch.input_ids.shape[1]:], skip_special_tokens=True)
+    assert (
+        eval(printed.getvalue())
+        == scope["tokenizer"].batch_decode(  # noqa: S307 - the list it printed
+            out[:, batch.input_ids.shape[1] :], skip_special_tokens=True
+        )
+    )
 
 
 def test_readable_shows_every_id_a_tokenizer_cannot_decode(tmp_path):

@@ -19,10 +19,9 @@ import torch
 from transformers import GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import overlapdecode as od
+from helpers import eos_hit_midway, make_batch, naive_generate
 from overlapdecode import models, random_init
 from overlapdecode import tp as tensor_parallel
-
-from helpers import eos_hit_midway, make_batch, naive_generate
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 SRC = Path(od.__file__).resolve().parents[1]
@@ -31,18 +30,29 @@ COMPILED = ["compiled", "interleaved", "fused"]
 N = 16  # new tokens; prompt 8 + 16 <= 64: one compiled shape per batch size
 
 
-def torchrun(spec: dict, tmp_path: Path, timeout: float, env: dict | None = None
-             ) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def torchrun(
+    spec: dict, tmp_path: Path, timeout: float, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run the worker on 2 gloo ranks; (the process, each rank's record). Raises on timeout (a hang). `env`: more
     environment variables for the ranks."""
     out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
     out.mkdir()
     spec_file = out / "spec.json"
     spec_file.write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(WORKER.parents[1])]), OMP_NUM_THREADS="1",
-               **(env or {}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(WORKER), str(spec_file), str(out)]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(WORKER.parents[1])]), OMP_NUM_THREADS="1", **(env or {})
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(WORKER),
+        str(spec_file),
+        str(out),
+    ]
     proc = run_torchrun(cmd, env, timeout)
     records = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     return proc, records
@@ -63,8 +73,10 @@ def run_torchrun(cmd: list[str], env: dict, timeout: float) -> subprocess.Comple
             proc.kill()
             proc.wait()
             stdout, stderr = "", "(torchrun did not end on SIGTERM: killed)"
-        pytest.fail(f"torchrun ran past {timeout} s (a rank left waiting in a collective?); its output ends:\n"
-                    f"{stdout[-2000:]}\n{stderr[-4000:]}")
+        pytest.fail(
+            f"torchrun ran past {timeout} s (a rank left waiting in a collective?); its output ends:\n"
+            f"{stdout[-2000:]}\n{stderr[-4000:]}"
+        )
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
@@ -95,16 +107,35 @@ def cases_for(model, strategies: list[str], batches: tuple[int, ...], sampling: 
     cases = []
 
     def add(name, ids, mask, eos, n=N, pad=0, steps=None, **sampling_kw):
-        expected = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy="kv", eos_token_id=eos,
-                               pad_token_id=pad, **sampling_kw)
+        expected = od.generate(
+            model,
+            ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            strategy="kv",
+            eos_token_id=eos,
+            pad_token_id=pad,
+            **sampling_kw,
+        )
         if steps is not None:  # the case stops where it claims to (the whole batch finished after `steps`)
             assert steps(expected.shape[1] - ids.shape[1]), (name, expected.shape)
-        cases.append(dict(name=name, ids=ids.tolist(), mask=mask.tolist(), max_new_tokens=n, eos=eos, pad=pad,
-                          strategies=strategies, sampling=sampling_kw, expected=expected.tolist()))
+        cases.append(
+            dict(
+                name=name,
+                ids=ids.tolist(),
+                mask=mask.tolist(),
+                max_new_tokens=n,
+                eos=eos,
+                pad=pad,
+                strategies=strategies,
+                sampling=sampling_kw,
+                expected=expected.tolist(),
+            )
+        )
 
     for batch in batches:
         ids, mask = make_batch(batch)
-        free = naive_generate(model, ids, mask, N, [], 0)[:, ids.shape[1]:]
+        free = naive_generate(model, ids, mask, N, [], 0)[:, ids.shape[1] :]
         add(f"b{batch}-free", ids, mask, [])
         some = eos_hit_midway(model, ids, mask, N, [0] if batch == 1 else [0, 2])
         all_rows = stop_at(free, [N // 2] * batch) or eos_hit_midway(model, ids, mask, N, list(range(batch)))
@@ -157,9 +188,18 @@ def saved_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp-models")
     gpt2 = _with_biases(od.load_model("tiny-gpt2", device="cpu"), 1)
     gpt2.save_pretrained(root / "gpt2")
-    qwen_config = Qwen2Config(vocab_size=1001, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                              eos_token_id=2, bos_token_id=1, initializer_range=0.2)  # varied output
+    qwen_config = Qwen2Config(
+        vocab_size=1001,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=2,
+        bos_token_id=1,
+        initializer_range=0.2,
+    )  # varied output
     torch.manual_seed(0)
     qwen = _with_biases(Qwen2ForCausalLM(qwen_config).eval(), 2)
     qwen.save_pretrained(root / "qwen2")
@@ -170,20 +210,30 @@ def test_every_eager_preset_matches_one_process(tmp_path, tiny_llama, saved_mode
     jobs = []
     for name, path in [("llama", "tiny-llama"), ("gpt2", saved_models["gpt2"]), ("qwen2", saved_models["qwen2"])]:
         model = tiny_llama if name == "llama" else od.load_model(path, device="cpu")
-        jobs.append(dict(name=name, model=path, tp=2, cases=cases_for(model, EAGER, (1, 4), sampling=True),
-                         kv_heads=getattr(model.config, "num_key_value_heads", model.config.num_attention_heads)))
+        jobs.append(
+            dict(
+                name=name,
+                model=path,
+                tp=2,
+                cases=cases_for(model, EAGER, (1, 4), sampling=True),
+                kv_heads=getattr(model.config, "num_key_value_heads", model.config.num_attention_heads),
+            )
+        )
     proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=240)
     check_records(proc, records, jobs)
 
 
 def test_compiled_presets_match_one_process(tmp_path, tiny_llama, saved_models):
     # one compiled shape per model (batch 4); compiled and interleaved share it (fused compiles nothing on CPU)
-    llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False) + cases_for(tiny_llama, ["fused"], (1,),
-                                                                                   sampling=False)
+    llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False) + cases_for(
+        tiny_llama, ["fused"], (1,), sampling=False
+    )
     gpt2 = od.load_model(saved_models["gpt2"], device="cpu")
     gpt2_cases = cases_for(gpt2, ["interleaved", "fused"], (4,), sampling=False)
-    jobs = [dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2, stream_rank0=COMPILED),
-            dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4)]
+    jobs = [
+        dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2, stream_rank0=COMPILED),
+        dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4),
+    ]
     proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=420)
     check_records(proc, records, jobs)
     # a streamer on rank 0 only: both ranks return the tokens, rank 0 streams each kept step's (B,) tokens
@@ -204,8 +254,16 @@ def test_fused_triton_kernels_under_tp_match_one_process(tmp_path, saved_models)
     pytest.importorskip("triton")
     qwen = od.load_model(saved_models["qwen2"], device="cpu")
     cases = [c for c in cases_for(qwen, ["fused"], (4,), sampling=False) if not c["name"].endswith("-all")]
-    jobs = [dict(name="qwen2", model=saved_models["qwen2"], tp=2, cases=cases, kv_heads=2,
-                 fused_options=dict(kernels="triton", compile_prefill=False))]
+    jobs = [
+        dict(
+            name="qwen2",
+            model=saved_models["qwen2"],
+            tp=2,
+            cases=cases,
+            kv_heads=2,
+            fused_options=dict(kernels="triton", compile_prefill=False),
+        )
+    ]
     proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=400, env={"TRITON_INTERPRET": "1"})
     check_records(proc, records, jobs)
     for record in records:  # the kernels that ran, and the step log they wrote
@@ -216,10 +274,17 @@ def test_fused_triton_kernels_under_tp_match_one_process(tmp_path, saved_models)
 def bad_models(tmp_path_factory):
     """Configs only (the checks fail before any weight is read)."""
     root = tmp_path_factory.mktemp("tp-bad")
-    LlamaConfig(vocab_size=1000, hidden_size=48, intermediate_size=96, num_hidden_layers=1, num_attention_heads=6,
-                num_key_value_heads=3).save_pretrained(root / "kv3")
-    GPTNeoXConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                  num_attention_heads=4).save_pretrained(root / "neox")
+    LlamaConfig(
+        vocab_size=1000,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=1,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+    ).save_pretrained(root / "kv3")
+    GPTNeoXConfig(
+        vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4
+    ).save_pretrained(root / "neox")
     return {"kv3": str(root / "kv3"), "neox": str(root / "neox")}
 
 
@@ -231,8 +296,16 @@ def test_bad_tp_fails_on_every_rank(tmp_path, bad_models):
             dict(model=bad_models["neox"], tp=2),
             dict(model="tiny-llama", tp=3),
         ],
-        "jobs": [dict(name="ok", model="tiny-llama", tp=2, cases=[], kv_heads=2,  # starts the group
-                      seedless_sampling=True)],
+        "jobs": [
+            dict(
+                name="ok",
+                model="tiny-llama",
+                tp=2,
+                cases=[],
+                kv_heads=2,  # starts the group
+                seedless_sampling=True,
+            )
+        ],
         "errors_after": [
             dict(model="tiny-gpt2", tp=4),
             # ranks whose replicated weights differ would return different outputs and could stop apart
@@ -275,8 +348,11 @@ def test_a_hung_rank_fails_the_test_and_ends(tmp_path):
     assert len(pids) == 2  # both ranks had started
     deadline = time.monotonic() + 30
     while pids and time.monotonic() < deadline:
-        pids = [pid for pid in pids if Path(f"/proc/{pid}").exists()
-                and Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"]
+        pids = [
+            pid
+            for pid in pids
+            if Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        ]
         time.sleep(0.2)
     assert not pids, f"ranks still running: {pids}"
 
@@ -338,8 +414,16 @@ def test_gpt2_c_attn_is_cut_per_q_k_v():
     assert tensor_parallel.local_ranges(12, split, 1, 2) == [(2, 4), (6, 8), (10, 12)]
 
 
-TILED = dict(vocab_size=600, hidden_size=64, intermediate_size=320, num_hidden_layers=2, num_attention_heads=8,
-             num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=True)
+TILED = dict(
+    vocab_size=600,
+    hidden_size=64,
+    intermediate_size=320,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+)
 
 
 def _random_llama(rank: int, tp: int, dtype=torch.float32):
@@ -367,8 +451,10 @@ def test_random_shards_concatenate_to_the_unsharded_model(tp):
     assert head.model.rotary_emb.inv_freq.dtype == torch.float32 and not head.model.rotary_emb.inv_freq.is_meta
 
 
-@pytest.mark.parametrize("name, params", [("llama-1b-random", 1_235_814_400), ("llama-8b-random", 8_030_261_248),
-                                          ("llama-70b-random", 70_553_706_496)])
+@pytest.mark.parametrize(
+    "name, params",
+    [("llama-1b-random", 1_235_814_400), ("llama-8b-random", 8_030_261_248), ("llama-70b-random", 70_553_706_496)],
+)
 def test_real_size_shapes_are_llama_3s_and_shard_in_whole_tiles(name, params):
     """The embedded real-size shapes (never drawn on CPU: too large) have Llama-3's parameter counts, admit
     tp 2, 4 and 8 and refuse 16 (8 KV heads), and every shard boundary of those tp falls between the tiles
@@ -388,8 +474,11 @@ def test_real_size_shapes_are_llama_3s_and_shard_in_whole_tiles(name, params):
         for tp in (2, 4, 8):
             tensor_parallel.check_config(config, tp)
             for rank in range(tp):
-                assert all(a % t == 0 and b % t == 0 for a, b in
-                           tensor_parallel.local_ranges(size, split, rank, tp)), (pname, tp, rank)
+                assert all(a % t == 0 and b % t == 0 for a, b in tensor_parallel.local_ranges(size, split, rank, tp)), (
+                    pname,
+                    tp,
+                    rank,
+                )
 
 
 def test_random_init_draws_llama_statistics():
@@ -407,10 +496,34 @@ def test_random_init_draws_llama_statistics():
 def test_bench_tp_writes_rank0_rows_with_tp(tmp_path):
     out = tmp_path / "bench"
     env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-           "overlapdecode", "bench", "--tp", "2", "--model", "tiny-llama", "--strategies", "kv,static",
-           "--peers", "hf-dynamic", "--lengths", "6", "--repeats", "1", "--warmup", "0", "--no-profile",
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "overlapdecode",
+        "bench",
+        "--tp",
+        "2",
+        "--model",
+        "tiny-llama",
+        "--strategies",
+        "kv,static",
+        "--peers",
+        "hf-dynamic",
+        "--lengths",
+        "6",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--no-profile",
+        "--out",
+        str(out),
+    ]
     proc = run_torchrun(cmd, env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())

@@ -27,7 +27,6 @@ from transformers import DynamicCache, StaticCache
 
 import overlapdecode as od
 
-
 # names the test uses beyond the presets: the fused step without compile (no compile on CPU)
 EXTRA = {"fused-eager": od.Strategy(cache="fused", compile=False, stop_check="sync")}
 
@@ -59,9 +58,14 @@ def _run_job(job: dict, results: dict) -> None:
         ids = torch.tensor(case["ids"])
         mask = torch.tensor(case["mask"])
         for strategy in case["strategies"]:
-            kw = dict(attention_mask=mask, max_new_tokens=case["max_new_tokens"],
-                      strategy=EXTRA.get(strategy, strategy), eos_token_id=case["eos"], pad_token_id=case["pad"],
-                      **case.get("sampling", {}))
+            kw = dict(
+                attention_mask=mask,
+                max_new_tokens=case["max_new_tokens"],
+                strategy=EXTRA.get(strategy, strategy),
+                eos_token_id=case["eos"],
+                pad_token_id=case["pad"],
+                **case.get("sampling", {}),
+            )
             out = decoder.generate(ids, **kw)
             results[f"{job['name']}/{case['name']}/{strategy}"] = out.tolist()
             if case is job["cases"][0] and strategy in job.get("stream_rank0", ()):
@@ -69,7 +73,8 @@ def _run_job(job: dict, results: dict) -> None:
                 # ranks still issue the same collectives and return the same tokens
                 streamed = []
                 out = decoder.generate(
-                    ids, **kw, streamer=(lambda t: streamed.append(t.tolist())) if os.environ["RANK"] == "0" else None)
+                    ids, **kw, streamer=(lambda t: streamed.append(t.tolist())) if os.environ["RANK"] == "0" else None
+                )
                 results[f"{job['name']}/stream-rank0/{strategy}"] = [out.tolist(), streamed]
             if "fused" in strategy:  # the fused step's LM head rows on this rank (tp.VocabShard), and the vocabulary
                 fm = decoder.fused_model()
@@ -82,8 +87,10 @@ def _run_job(job: dict, results: dict) -> None:
         except ValueError as err:
             results[f"{job['name']}/seedless-sampling"] = str(err)
     # the KV heads that Hugging Face's caches allocate on this rank
-    for kind, cache in (("static", StaticCache(config=model.config, max_cache_len=16)),
-                        ("dynamic", DynamicCache(config=model.config))):
+    for kind, cache in (
+        ("static", StaticCache(config=model.config, max_cache_len=16)),
+        ("dynamic", DynamicCache(config=model.config)),
+    ):
         model(input_ids=torch.tensor([[3, 4, 5]]), past_key_values=cache, use_cache=True)
         results[f"{job['name']}/{kind}-cache-heads"] = [layer.keys.shape[1] for layer in cache.layers]
 

@@ -33,10 +33,10 @@ __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .decode import Decoder, decoder_for, generate
     from .compiling import compile_count
-    from .strategy import PRESETS, VARIANTS, Strategy, resolve_strategy
+    from .decode import Decoder, decoder_for, generate
     from .models import EMBEDDED, load_model, load_tokenizer
+    from .strategy import PRESETS, VARIANTS, Strategy, resolve_strategy
     from .tokenizer import ByteTokenizer
 
 

@@ -36,23 +36,57 @@ import torch
 
 # Layer kinds, as `config.layer_types` (and its older spellings) name them.
 LOCAL_WORDS = ("sliding", "local", "chunk", "swa", "compressed")
-RECURRENT_KINDS = {"linear_attention", "mamba", "mamba2", "conv", "hybrid", "hybrid_sliding", "recurrent", "rwkv",
-                   "mlstm", "slstm", "ssm", "linear"}
+RECURRENT_KINDS = {
+    "linear_attention",
+    "mamba",
+    "mamba2",
+    "conv",
+    "hybrid",
+    "hybrid_sliding",
+    "recurrent",
+    "rwkv",
+    "mlstm",
+    "slstm",
+    "ssm",
+    "linear",
+}
 # the kinds Hugging Face's caches keep a layer's state for (hybrid: state and attention)
 STATE_KINDS = {"linear_attention", "conv", "hybrid", "hybrid_sliding"}
 # kinds whose cache layer Hugging Face's StaticCache knows
-STATIC_KINDS = {"full_attention", "sliding_attention", "chunked_attention", "linear_attention", "conv", "hybrid",
-                "hybrid_sliding", "deepseek_sparse_attention", "qwen_sparse_attention", "moe", "mlp"}
+STATIC_KINDS = {
+    "full_attention",
+    "sliding_attention",
+    "chunked_attention",
+    "linear_attention",
+    "conv",
+    "hybrid",
+    "hybrid_sliding",
+    "deepseek_sparse_attention",
+    "qwen_sparse_attention",
+    "moe",
+    "mlp",
+}
 KIND_LISTS = ("layer_types", "layers_block_type", "attention_layers", "block_types", "layer_block_types")
 WINDOW_FIELDS = ("sliding_window", "window_size", "attention_chunk_size", "sliding_window_size", "local_window_size")
 # rotary types whose tables Hugging Face recomputes from the positions of each forward
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 # generation_config values that Hugging Face's greedy search applies: (attribute, value that changes nothing)
-GREEDY_PROCESSORS = (("forced_bos_token_id", None), ("forced_eos_token_id", None), ("repetition_penalty", 1.0),
-                     ("no_repeat_ngram_size", 0), ("encoder_no_repeat_ngram_size", 0), ("bad_words_ids", None),
-                     ("suppress_tokens", None), ("begin_suppress_tokens", None), ("sequence_bias", None),
-                     ("min_length", 0), ("min_new_tokens", None), ("exponential_decay_length_penalty", None),
-                     ("logits_processor", None), ("renormalize_logits", False))
+GREEDY_PROCESSORS = (
+    ("forced_bos_token_id", None),
+    ("forced_eos_token_id", None),
+    ("repetition_penalty", 1.0),
+    ("no_repeat_ngram_size", 0),
+    ("encoder_no_repeat_ngram_size", 0),
+    ("bad_words_ids", None),
+    ("suppress_tokens", None),
+    ("begin_suppress_tokens", None),
+    ("sequence_bias", None),
+    ("min_length", 0),
+    ("min_new_tokens", None),
+    ("exponential_decay_length_penalty", None),
+    ("logits_processor", None),
+    ("renormalize_logits", False),
+)
 
 
 @dataclass(frozen=True)
@@ -129,8 +163,12 @@ def _decoder_layers(model, n: int | None):
     """The decoder's layer list: the largest ModuleList of `n` blocks (None where none is found)."""
     best = None
     for _, module in model.named_modules():
-        if (isinstance(module, torch.nn.ModuleList) and len(module) > 0 and (n is None or len(module) == n)
-                and (best is None or sum(1 for _ in module.modules()) > sum(1 for _ in best.modules()))):
+        if (
+            isinstance(module, torch.nn.ModuleList)
+            and len(module) > 0
+            and (n is None or len(module) == n)
+            and (best is None or sum(1 for _ in module.modules()) > sum(1 for _ in best.modules()))
+        ):
             best = module
     return best
 
@@ -170,8 +208,10 @@ def _module_local(layer) -> tuple[bool, str, int | None]:
 
 
 # class-name words of state-space / linear-attention / recurrent mixers, as whole CamelCase words
-RECURRENT_MODULE_NAMES = re.compile(r"(Mamba2?|Lstm|LSTM|Rwkv|RWKV|Recurrent|DeltaNet|ShortConv|LinearAttention|"
-                                    r"LightningAttention|Ssm|SSM)(?=[A-Z0-9_]|$)")
+RECURRENT_MODULE_NAMES = re.compile(
+    r"(Mamba2?|Lstm|LSTM|Rwkv|RWKV|Recurrent|DeltaNet|ShortConv|LinearAttention|"
+    r"LightningAttention|Ssm|SSM)(?=[A-Z0-9_]|$)"
+)
 
 
 def _module_recurrent(layer) -> tuple[bool, str]:
@@ -184,8 +224,13 @@ def _module_recurrent(layer) -> tuple[bool, str]:
         for pname, _ in module.named_parameters(recurse=False):
             if pname in ("A_log", "dt_bias", "time_decay", "time_first"):
                 return True, f"{type(module).__name__}.{pname}"
-        if (isinstance(module, torch.nn.Conv1d) and module.groups > 1 and module.groups == module.in_channels
-                and module.padding and module.padding[0] == module.kernel_size[0] - 1):
+        if (
+            isinstance(module, torch.nn.Conv1d)
+            and module.groups > 1
+            and module.groups == module.in_channels
+            and module.padding
+            and module.padding[0] == module.kernel_size[0] - 1
+        ):
             return True, f"{type(module).__name__} (a causal depthwise convolution)"
     return False, ""
 
@@ -218,7 +263,11 @@ def _model_modules(model) -> list:
     out = []
     for cls in type(model).__mro__:
         mod = sys.modules.get(cls.__module__)
-        if mod is not None and mod not in out and (cls is type(model) or cls.__module__.startswith("transformers.models.")):
+        if (
+            mod is not None
+            and mod not in out
+            and (cls is type(model) or cls.__module__.startswith("transformers.models."))
+        ):
             out.append(mod)
     return out
 
@@ -271,24 +320,47 @@ def _describe(model) -> Architecture:
 
     # the forward's cache keyword, a cache class of the model's own, how it masks
     params = inspect.signature(model.forward).parameters
-    keyword = "past_key_values" if "past_key_values" in params else next(
-        (p for p in ("cache_params", "state", "cache", "past_buckets_states", "mems") if p in params), None)
+    keyword = (
+        "past_key_values"
+        if "past_key_values" in params
+        else next((p for p in ("cache_params", "state", "cache", "past_buckets_states", "mems") if p in params), None)
+    )
     modules = _model_modules(model)
     from transformers.cache_utils import Cache
 
-    own_cache = next((cls.__name__ for mod in modules for cls in vars(mod).values()
-                      if isinstance(cls, type) and issubclass(cls, Cache) and cls.__module__ == mod.__name__), None)
+    own_cache = next(
+        (
+            cls.__name__
+            for mod in modules
+            for cls in vars(mod).values()
+            if isinstance(cls, type) and issubclass(cls, Cache) and cls.__module__ == mod.__name__
+        ),
+        None,
+    )
     mask_utils = any(hasattr(mod, "create_causal_mask") for mod in modules)
 
     causal, causal_why = _causality(model, config, modules, tuple(recurrent), n)
     rope_modules = tuple((mname, m) for mname, m in model.named_modules() if _length_dependent_rope(m))
     rope = tuple(sorted({_rope_kind(m) for _, m in rope_modules}))
     return Architecture(
-        name=name, num_layers=n, local_layers=tuple(local), local_from=local_from, window=window,
-        cache_local_layers=tuple(cache_local), recurrent_layers=tuple(recurrent), recurrent_from=recurrent_from,
-        cache_state_layers=tuple(cache_state), static_unknown_kinds=unknown, cache_keyword=keyword,
-        own_cache=own_cache, mask_utils=mask_utils, causal=causal, causal_why=causal_why, rope=rope,
-        rope_modules=rope_modules, static_compiles=bool(getattr(type(model), "_can_compile_fullgraph", False)),
+        name=name,
+        num_layers=n,
+        local_layers=tuple(local),
+        local_from=local_from,
+        window=window,
+        cache_local_layers=tuple(cache_local),
+        recurrent_layers=tuple(recurrent),
+        recurrent_from=recurrent_from,
+        cache_state_layers=tuple(cache_state),
+        static_unknown_kinds=unknown,
+        cache_keyword=keyword,
+        own_cache=own_cache,
+        mask_utils=mask_utils,
+        causal=causal,
+        causal_why=causal_why,
+        rope=rope,
+        rope_modules=rope_modules,
+        static_compiles=bool(getattr(type(model), "_can_compile_fullgraph", False)),
     )
 
 
@@ -301,8 +373,10 @@ def _causality(model, config, modules, recurrent: tuple, n: int) -> tuple[bool, 
     if True in flags:
         return True, ""
     if flags and getattr(model.config, "is_decoder", None) is False:
-        return False, ("its attention modules are not causal (is_causal=False): a BERT-like model attends causally "
-                       "only as a decoder (config.is_decoder=True)")
+        return False, (
+            "its attention modules are not causal (is_causal=False): a BERT-like model attends causally "
+            "only as a decoder (config.is_decoder=True)"
+        )
     if any(hasattr(mod, "create_causal_mask") for mod in modules):
         return True, ""
     for buf in model.buffers():
@@ -344,8 +418,11 @@ def greedy_processors(model) -> dict:
 
 def _layers(indices) -> str:
     indices = list(indices)
-    return "layer " + str(indices[0]) if len(indices) == 1 else "layers " + ", ".join(map(str, indices[:6])) + (
-        ", ..." if len(indices) > 6 else "")
+    return (
+        "layer " + str(indices[0])
+        if len(indices) == 1
+        else "layers " + ", ".join(map(str, indices[:6])) + (", ..." if len(indices) > 6 else "")
+    )
 
 
 def refusal(model, strategy) -> str | None:
@@ -356,8 +433,10 @@ def refusal(model, strategy) -> str | None:
     procs = greedy_processors(model)
     if procs:
         listed = ", ".join(f"{k}={v!r}" for k, v in procs.items())
-        return (f"{arch.name}'s generation_config asks Hugging Face generate() for {listed}, which overlapdecode does "
-                f"not apply; set them to None (model.generation_config.<name> = None) to decode without them")
+        return (
+            f"{arch.name}'s generation_config asks Hugging Face generate() for {listed}, which overlapdecode does "
+            f"not apply; set them to None (model.generation_config.<name> = None) to decode without them"
+        )
     if strategy.cache in ("none", "fused"):
         return None  # no cache to hand over; the fused path checks its families itself (fused/layout.py)
     if arch.cache_keyword != "past_key_values":
@@ -366,27 +445,39 @@ def refusal(model, strategy) -> str | None:
     if arch.own_cache:
         return f"{arch.name} keeps its state in a cache class of its own ({arch.own_cache}) and refuses others"
     if arch.state_unknown_to_cache:
-        return (f"{arch.name}'s {_layers(arch.state_unknown_to_cache)} hold a recurrent state ({arch.recurrent_from}) that "
-                f"config.layer_types does not give a state-holding kind, so Hugging Face's caches have no place for it")
+        return (
+            f"{arch.name}'s {_layers(arch.state_unknown_to_cache)} hold a recurrent state ({arch.recurrent_from}) that "
+            f"config.layer_types does not give a state-holding kind, so Hugging Face's caches have no place for it"
+        )
     if strategy.cache == "dynamic":
         return None
     if strategy.cache == "static":
         if arch.static_unknown_kinds:
-            return (f"{arch.name} has layer kinds Hugging Face's static cache has no layer for: "
-                    f"{', '.join(arch.static_unknown_kinds)}")
+            return (
+                f"{arch.name} has layer kinds Hugging Face's static cache has no layer for: "
+                f"{', '.join(arch.static_unknown_kinds)}"
+            )
         if not arch.mask_utils:
-            return (f"{arch.name} builds its attention mask with its own code, which does not size it to a static "
-                    f"cache (models built on transformers' masking utilities do)")
+            return (
+                f"{arch.name} builds its attention mask with its own code, which does not size it to a static "
+                f"cache (models built on transformers' masking utilities do)"
+            )
         if arch.local_unknown_to_cache:
-            return (f"{arch.name}'s local attention {_layers(arch.local_unknown_to_cache)} ({arch.local_from}) need a "
-                    f"sliding-window cache, and Hugging Face's static cache keeps them as global layers "
-                    f"(config.layer_types does not mark them)")
+            return (
+                f"{arch.name}'s local attention {_layers(arch.local_unknown_to_cache)} ({arch.local_from}) need a "
+                f"sliding-window cache, and Hugging Face's static cache keeps them as global layers "
+                f"(config.layer_types does not mark them)"
+            )
         if not arch.static_compiles:
-            return (f"Hugging Face does not declare {arch.name} usable with its static cache "
-                    f"(_can_compile_fullgraph is False)")
+            return (
+                f"Hugging Face does not declare {arch.name} usable with its static cache "
+                f"(_can_compile_fullgraph is False)"
+            )
         if strategy.compile and arch.local_layers:
-            return (f"{arch.name} has sliding-window layers ({arch.local_from}), whose Hugging Face static cache keeps a "
-                    f"Python counter (a recompilation every step when compiled)")
+            return (
+                f"{arch.name} has sliding-window layers ({arch.local_from}), whose Hugging Face static cache keeps a "
+                f"Python counter (a recompilation every step when compiled)"
+            )
         if strategy.compile and arch.rope and not _rope_compiles(arch):
             return f"{arch.name}'s {'/'.join(arch.rope)} RoPE recomputes its tables from each forward's positions"
     return None

@@ -28,7 +28,6 @@ from transformers import DynamicCache, StaticCache
 from .architecture import describe
 from .strategy import CACHE_KINDS
 
-
 # Round the static cache length up, so that nearby prompt lengths share one compiled graph.
 STATIC_ROUND = 64
 
@@ -112,8 +111,9 @@ class _WithCache:
                 logits_to_keep=1,
                 **{self.keyword: self.cache},
             )
-        return dict(attention_mask=self.mask_for_step(step), use_cache=True, logits_to_keep=1,
-                    **{self.keyword: self.cache})
+        return dict(
+            attention_mask=self.mask_for_step(step), use_cache=True, logits_to_keep=1, **{self.keyword: self.cache}
+        )
 
 
 class DynamicKV(_WithCache):
@@ -142,8 +142,9 @@ class DynamicKV(_WithCache):
 class StaticKV(_WithCache):
     """`static`: Hugging Face `StaticCache` pre-allocated for prompt + max_new_tokens; one fixed-shape mask."""
 
-    def __init__(self, model, input_ids, attention_mask, max_new_tokens: int, store: "StaticCaches",
-                 compiled: bool = False):
+    def __init__(
+        self, model, input_ids, attention_mask, max_new_tokens: int, store: StaticCaches, compiled: bool = False
+    ):
         B, P = input_ids.shape
         max_cache_len = static_cache_len(P, max_new_tokens)
         cache, full = store.get(model, B, max_cache_len)
@@ -199,8 +200,9 @@ class StaticCaches:
         return len(self._entries)
 
 
-def make_cache(kind: str, model, input_ids, attention_mask, out, max_new_tokens: int, store: StaticCaches,
-               compiled: bool = False):
+def make_cache(
+    kind: str, model, input_ids, attention_mask, out, max_new_tokens: int, store: StaticCaches, compiled: bool = False
+):
     """The cache object for one call of `generate`; static caches come from the decoder's `store`."""
     if kind == "none":
         return NoCache(model, out, attention_mask, input_ids.shape[1])

@@ -28,33 +28,54 @@ DEFAULT_MODEL = "gpt2-random"
 
 def _add_generate(sub):
     p = sub.add_parser("generate", help="generate tokens (or text) from a prompt, printed as they come")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="hub name, local directory, or an embedded random model: gpt2-random, tiny-gpt2, tiny-llama, "
-                        "llama-1b-random, llama-8b-random, llama-70b-random, smollm2-360m-random, qwen2.5-0.5b-random, "
-                        "qwen2.5-1.5b-random, smollm2-1.7b-random")
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="hub name, local directory, or an embedded random model: gpt2-random, tiny-gpt2, tiny-llama, "
+        "llama-1b-random, llama-8b-random, llama-70b-random, smollm2-360m-random, qwen2.5-0.5b-random, "
+        "qwen2.5-1.5b-random, smollm2-1.7b-random",
+    )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (through the model's tokenizer; embedded models use a byte-level "
-                                      "one, and their random weights give random text); this or --prompt-ids is "
-                                      "required")
-    src.add_argument("--prompt-ids", help="prompt token ids, comma-separated, e.g. 464,2068,7586; this or --prompt "
-                                          "is required")
+    src.add_argument(
+        "--prompt",
+        help="prompt text (through the model's tokenizer; embedded models use a byte-level "
+        "one, and their random weights give random text); this or --prompt-ids is "
+        "required",
+    )
+    src.add_argument(
+        "--prompt-ids", help="prompt token ids, comma-separated, e.g. 464,2068,7586; this or --prompt is required"
+    )
     p.add_argument("--strategy", default="interleaved", help=STRATEGY_HELP)
     p.add_argument("--max-new-tokens", type=int, default=64, help="the most tokens to generate after the prompt")
     p.add_argument("--dtype", default="float32", help=f"weights dtype: {', '.join(DTYPE_NAMES)}")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
-    p.add_argument("--eos", default=None,
-                   help="EOS ids, comma-separated, or 'none' to never stop early (default: the model's)")
+    p.add_argument(
+        "--eos", default=None, help="EOS ids, comma-separated, or 'none' to never stop early (default: the model's)"
+    )
     p.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
-    p.add_argument("--top-k", type=int, default=None,
-                   help="sample among the k most likely tokens (default, or 0: all tokens)")
-    p.add_argument("--top-p", type=float, default=None,
-                   help="sample among the most likely tokens of total probability p (default: 1, all)")
-    p.add_argument("--min-p", type=float, default=None,
-                   help="sample among the tokens at least p times as likely as the most likely one (default: all)")
-    p.add_argument("--repetition-penalty", type=float, default=None,
-                   help="divide (or, if negative, multiply) the logit of every token already in the row by this "
-                        "factor, greedy or sampled, as Hugging Face does (default: none)")
+    p.add_argument(
+        "--top-k", type=int, default=None, help="sample among the k most likely tokens (default, or 0: all tokens)"
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="sample among the most likely tokens of total probability p (default: 1, all)",
+    )
+    p.add_argument(
+        "--min-p",
+        type=float,
+        default=None,
+        help="sample among the tokens at least p times as likely as the most likely one (default: all)",
+    )
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        help="divide (or, if negative, multiply) the logit of every token already in the row by this "
+        "factor, greedy or sampled, as Hugging Face does (default: none)",
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 <= seed < 2**64 (default: random)")
 
 
@@ -71,8 +92,9 @@ def _check_before_loading(args) -> None:
     try:
         with warnings.catch_warnings():  # greedy's "ignored" warning: generate() itself gives it, once
             warnings.simplefilter("ignore", UserWarning)
-            check_sampling(args.do_sample, args.temperature, args.top_k, args.top_p, args.seed, args.min_p,
-                           args.repetition_penalty)
+            check_sampling(
+                args.do_sample, args.temperature, args.top_k, args.top_p, args.seed, args.min_p, args.repetition_penalty
+            )
     except (ValueError, TypeError) as err:  # each message starts with the argument's name, e.g. "top_k must..."
         raise CliError(f"--{str(err).split()[0].replace('_', '-')}: {err}") from None
 
@@ -82,10 +104,21 @@ def _as_flag_error(err: Exception, args) -> CliError:
     name ("input_ids holds...", "strategy: ..."), which maps onto the flag it came from."""
     text = " ".join(str(err).split())
     prompt = "--prompt-ids" if args.prompt_ids is not None else "--prompt"
-    flags = (("prompt length", f"{prompt} and --max-new-tokens"), ("input_ids", prompt), ("attention_mask", prompt),
-             ("eos_token_id", "--eos"), ("pad_token_id", "--eos"), ("max_new_tokens", "--max-new-tokens"),
-             ("strategy", "--strategy"), ("model", "--model"), ("do_sample", "--do-sample"),
-             ("temperature", "--temperature"), ("top_k", "--top-k"), ("top_p", "--top-p"), ("seed", "--seed"))
+    flags = (
+        ("prompt length", f"{prompt} and --max-new-tokens"),
+        ("input_ids", prompt),
+        ("attention_mask", prompt),
+        ("eos_token_id", "--eos"),
+        ("pad_token_id", "--eos"),
+        ("max_new_tokens", "--max-new-tokens"),
+        ("strategy", "--strategy"),
+        ("model", "--model"),
+        ("do_sample", "--do-sample"),
+        ("temperature", "--temperature"),
+        ("top_k", "--top-k"),
+        ("top_p", "--top-p"),
+        ("seed", "--seed"),
+    )
     for name, flag in flags:
         if text.startswith(name):
             return CliError(f"{flag}: {text.removeprefix(name + ': ')}")
@@ -122,8 +155,10 @@ def cmd_generate(args) -> int:
     if args.max_new_tokens < 1:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if lag_of(args.strategy) > args.max_new_tokens:
-        raise CliError(f"--strategy {args.strategy}: a lag of {lag_of(args.strategy)} is beyond --max-new-tokens "
-                       f"{args.max_new_tokens}")
+        raise CliError(
+            f"--strategy {args.strategy}: a lag of {lag_of(args.strategy)} is beyond --max-new-tokens "
+            f"{args.max_new_tokens}"
+        )
     prompt_ids = ints(args.prompt_ids, "--prompt-ids") if args.prompt_ids is not None else None
     if prompt_ids is not None and not prompt_ids:
         raise CliError("--prompt-ids needs at least one id")
@@ -153,8 +188,10 @@ def cmd_generate(args) -> int:
     else:
         header = args.prompt
         if args.model in _embedded_names():
-            header = (f"note: {args.model} has random weights: the text below is random bytes, <id> for an id that "
-                      f"is no byte\n" + header)
+            header = (
+                f"note: {args.model} has random weights: the text below is random bytes, <id> for an id that "
+                f"is no byte\n" + header
+            )
     prompt_list = ids[0].tolist()
     generated: list[int] = []
     shown = [readable(tokenizer, prompt_list) if tokenizer is not None else ""]
@@ -173,7 +210,7 @@ def cmd_generate(args) -> int:
             # cannot decode shows as <id>: a random model's text is mostly those, and none may vanish.
             generated.append(token)
             text = readable(tokenizer, prompt_list + generated)
-            out.write(text[len(shown[0]):] if text.startswith(shown[0]) else "")
+            out.write(text[len(shown[0]) :] if text.startswith(shown[0]) else "")
             shown[0] = text if text.startswith(shown[0]) else shown[0]
         out.flush()
 

@@ -41,8 +41,13 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         text = action.help or ""
         if action.default is False and action.option_strings and "default" not in text:
             return f"{text} (default: off)"
-        if (action.default is None or action.default is argparse.SUPPRESS or "default" in text
-                or not action.option_strings or action.nargs == 0):
+        if (
+            action.default is None
+            or action.default is argparse.SUPPRESS
+            or "default" in text
+            or not action.option_strings
+            or action.nargs == 0
+        ):
             return text
         return f"{text} (default: %(default)s)"
 
@@ -92,8 +97,11 @@ def cannot_load(model: str, err: Exception) -> str:
     directory...): its kind, and the first line of the error."""
     from .models import EMBEDDED, looks_like_path  # torch: imported when a command runs, not for --help
 
-    what = "directory" if looks_like_path(model) or os.path.isdir(os.path.expanduser(model)) else (
-        "embedded model" if model in EMBEDDED else "hub name")
+    what = (
+        "directory"
+        if looks_like_path(model) or os.path.isdir(os.path.expanduser(model))
+        else ("embedded model" if model in EMBEDDED else "hub name")
+    )
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return f"--model {model}: cannot load this {what} ({type(err).__name__}: {first})"
 

@@ -23,9 +23,9 @@ import weakref
 import torch
 
 from . import markers
+from .architecture import check_strategy
 from .caches import StaticCaches
 from .fused_path import FusedPath
-from .architecture import check_strategy
 from .inputs import Request, check_model, check_request, model_device
 from .sampling import SamplingParams, check_sampling, make_generator, seen_tokens
 from .steps import StepInputs, hf_steps
@@ -206,8 +206,17 @@ class Decoder:
         slots = self._slots_for(strat.lag + 1, B, device) if strat.stop_check in LATE_CHECKS else None
         if sink is not None:
             sink.start(req.input_ids)
-        check = make_check(strat.stop_check, strat.lag, N, main, side, slots, out[:, P:], eos_ids,
-                           sink.put if sink is not None else None)
+        check = make_check(
+            strat.stop_check,
+            strat.lag,
+            N,
+            main,
+            side,
+            slots,
+            out[:, P:],
+            eos_ids,
+            sink.put if sink is not None else None,
+        )
 
         finished, result = False, None
         try:
@@ -284,7 +293,7 @@ def _token_sink(streamer) -> _TokenSink | None:
 
 # `od.generate` keeps one decoder per model, so that its caches and compiled graphs are reused call after
 # call; weakly keyed, so that a model that is no longer used is freed with its decoder.
-_DECODERS: "weakref.WeakKeyDictionary[torch.nn.Module, Decoder]" = weakref.WeakKeyDictionary()
+_DECODERS: weakref.WeakKeyDictionary[torch.nn.Module, Decoder] = weakref.WeakKeyDictionary()
 _DECODERS_LOCK = threading.Lock()
 
 

@@ -14,9 +14,8 @@ import torch
 
 from . import caches
 from .inputs import Request
-from .sampling import SamplingParams
+from .sampling import SamplingParams, mark_seen
 from .step_graph import StepGraph
-from .sampling import mark_seen
 from .steps import CapturedGreedySteps, CapturedSteps, EagerSteps, StepInputs, Steps, choose_next, new_output
 from .strategy import Strategy
 
@@ -31,8 +30,7 @@ class FusedPath:
 
     def __init__(self, options: dict | None = None):
         if options is not None and not isinstance(options, dict):
-            raise TypeError(f"fused_options must be a dict of FusedModel options or None, got "
-                            f"{type(options).__name__}")
+            raise TypeError(f"fused_options must be a dict of FusedModel options or None, got {type(options).__name__}")
         self.options = dict(options or {})
         if self.options:
             try:
@@ -77,8 +75,13 @@ class FusedPath:
         fused = self.fused
         B, P = req.input_ids.shape
         N = req.max_new_tokens
-        cache = FusedKV(fused, req.input_ids, req.attention_mask, caches.static_cache_len(P, N),
-                        caches.position_ids_for_prompt(req.attention_mask))
+        cache = FusedKV(
+            fused,
+            req.input_ids,
+            req.attention_mask,
+            caches.static_cache_len(P, N),
+            caches.position_ids_for_prompt(req.attention_mask),
+        )
         if not strat.compile:
             out = new_output(B, P + N, req.input_ids, inputs.device)
             state = torch.zeros((B, 3), dtype=torch.long, device=inputs.device)
@@ -114,16 +117,24 @@ class FusedPath:
             # column per position of a call, as many as the cache has slots; greedy with a penalty does not
             writes = (plain_greedy or params.do_sample) and self.fused.writes_step_log
             log = fused_cache.length if writes else 0
-            graph = StepGraph(step, batch, len(inputs.eos_ids), noise, inputs.device, log_length=log,
-                              seen_vocab=inputs.noise_shape[1] if params.uses_seen else 0)
+            graph = StepGraph(
+                step,
+                batch,
+                len(inputs.eos_ids),
+                noise,
+                inputs.device,
+                log_length=log,
+                seen_vocab=inputs.noise_shape[1] if params.uses_seen else 0,
+            )
         fused_cache.graphs[key] = graph
         while len(fused_cache.graphs) > KEEP_GRAPHS:
             fused_cache.graphs.popitem(last=False)
         return graph
 
 
-def _fused_step(fused, kwargs: dict, pad_id: int, params: SamplingParams, state, eos_ids, noise, done, log=None,
-                seen=None):
+def _fused_step(
+    fused, kwargs: dict, pad_id: int, params: SamplingParams, state, eos_ids, noise, done, log=None, seen=None
+):
     """The sampling (or penalised greedy) fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`:
     its cache), then the token choice, which advances state, done, `seen` and the step log in place. A sampled
     choice is fused/kernels/sample.py's: its kernels on CUDA, its torch twin elsewhere; greedy decoding with a

@@ -34,8 +34,15 @@ class Request:
 
 
 # Heads of a saved architecture that are no causal LM: a directory naming only these is refused.
-_NOT_CAUSAL_HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
-                     "ForMultipleChoice", "ForNextSentencePrediction", "ForPreTraining")
+_NOT_CAUSAL_HEADS = (
+    "ForMaskedLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+    "ForNextSentencePrediction",
+    "ForPreTraining",
+)
 
 
 class NotCausalLM(ValueError):
@@ -50,44 +57,57 @@ def check_causal_config(config, what: str) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     if getattr(config, "is_encoder_decoder", False):
-        raise NotCausalLM(f"{what} is an encoder-decoder model ({config.model_type}); generate needs a "
-                          f"decoder-only causal LM")
+        raise NotCausalLM(
+            f"{what} is an encoder-decoder model ({config.model_type}); generate needs a decoder-only causal LM"
+        )
     archs = list(getattr(config, "architectures", None) or [])
     if archs and all(a.endswith(_NOT_CAUSAL_HEADS) for a in archs):
-        raise NotCausalLM(f"{what} was saved as {', '.join(archs)}, which is not a causal LM (masked-LM and "
-                          f"classification heads are refused); generate needs a decoder-only causal LM")
+        raise NotCausalLM(
+            f"{what} was saved as {', '.join(archs)}, which is not a causal LM (masked-LM and "
+            f"classification heads are refused); generate needs a decoder-only causal LM"
+        )
     if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
-        raise NotCausalLM(f"{what} is an encoder ({config.model_type} with is_decoder=False: its causal-LM class "
-                          f"would attend both ways); generate needs a decoder-only causal LM")
+        raise NotCausalLM(
+            f"{what} is an encoder ({config.model_type} with is_decoder=False: its causal-LM class "
+            f"would attend both ways); generate needs a decoder-only causal LM"
+        )
 
 
 def check_model(model) -> None:
     """A decoder-only causal LM with an LM head, with real weights, in eval mode; else a ValueError/TypeError
     naming `model`. Cheap: class, config and one parameter's device."""
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a Hugging Face causal LM (e.g. from overlapdecode.load_model), got "
-                        f"{type(model).__name__}")
+        raise TypeError(
+            f"model must be a Hugging Face causal LM (e.g. from overlapdecode.load_model), got {type(model).__name__}"
+        )
     name = type(model).__name__
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "get_text_config") or not hasattr(model, "get_output_embeddings"):
-        raise TypeError(f"model must be a Hugging Face causal LM (e.g. from overlapdecode.load_model), got {name}, "
-                        f"which has no Hugging Face config")
+        raise TypeError(
+            f"model must be a Hugging Face causal LM (e.g. from overlapdecode.load_model), got {name}, "
+            f"which has no Hugging Face config"
+        )
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError(f"model {name} is an encoder-decoder model; generate needs a decoder-only causal LM")
     can_generate = getattr(model, "can_generate", None)
     if model.get_output_embeddings() is None or not (callable(can_generate) and can_generate()):
-        raise ValueError(f"model {name} is not a causal LM with an LM head (load it with AutoModelForCausalLM "
-                         f"or overlapdecode.load_model)")
+        raise ValueError(
+            f"model {name} is not a causal LM with an LM head (load it with AutoModelForCausalLM "
+            f"or overlapdecode.load_model)"
+        )
     check_causal_config(config, f"model {name}")  # a generating class can still be an encoder (BertLMHeadModel)
     param = next(model.parameters(), None)
     if param is None:
         raise ValueError(f"model {name} has no parameters")
     if param.device.type == "meta":
-        raise ValueError(f"model {name} is on the meta device (its weights were never loaded); load it with "
-                         f"overlapdecode.load_model or from_pretrained")
+        raise ValueError(
+            f"model {name} is on the meta device (its weights were never loaded); load it with "
+            f"overlapdecode.load_model or from_pretrained"
+        )
     if model.training:
-        raise ValueError(f"model {name} is in training mode (dropout on: two calls would differ); call "
-                         f"model.eval() first")
+        raise ValueError(
+            f"model {name} is in training mode (dropout on: two calls would differ); call model.eval() first"
+        )
 
 
 def model_limits(model) -> tuple[int, int | None]:

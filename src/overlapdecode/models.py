@@ -22,8 +22,16 @@ import socket
 import urllib.parse
 
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from . import random_init
 from . import tp as tensor_parallel
@@ -31,15 +39,38 @@ from .inputs import check_causal_config
 from .sampling import check_seed
 from .tokenizer import ByteTokenizer
 
-EMBEDDED = ("gpt2-random", "llama-1b-random", "llama-8b-random", "llama-70b-random", "smollm2-360m-random",
-            "qwen2.5-0.5b-random", "qwen2.5-1.5b-random", "smollm2-1.7b-random", "tiny-gpt2", "tiny-llama")
+EMBEDDED = (
+    "gpt2-random",
+    "llama-1b-random",
+    "llama-8b-random",
+    "llama-70b-random",
+    "smollm2-360m-random",
+    "qwen2.5-0.5b-random",
+    "qwen2.5-1.5b-random",
+    "smollm2-1.7b-random",
+    "tiny-gpt2",
+    "tiny-llama",
+)
 
 # Real-size Llama shapes: (hidden, layers, heads, kv heads, intermediate, tied embeddings, rope theta, rope
 # scaling). Llama-3.2-1B, Llama-3-8B, Llama-3-70B; vocabulary 128256. Random weights, made on the device.
 _LLAMA_SHAPES = {
-    "llama-1b-random": (2048, 16, 32, 8, 8192, True, 500000.0,
-                        dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                             original_max_position_embeddings=8192)),
+    "llama-1b-random": (
+        2048,
+        16,
+        32,
+        8,
+        8192,
+        True,
+        500000.0,
+        dict(
+            rope_type="llama3",
+            factor=32.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+    ),
     "llama-8b-random": (4096, 32, 32, 8, 14336, False, 500000.0, None),
     "llama-70b-random": (8192, 80, 64, 8, 28672, False, 500000.0, None),
 }
@@ -84,22 +115,44 @@ def embedded_config(name: str):
         hidden, layers, heads, kv_heads, inter, tied, theta, scaling = _LLAMA_SHAPES[name]
         rope = dict(rope_type="default", rope_theta=theta) if scaling is None else dict(scaling, rope_theta=theta)
         return LlamaConfig(
-            vocab_size=128256, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-            num_key_value_heads=kv_heads, intermediate_size=inter, tie_word_embeddings=tied,
-            max_position_embeddings=131072 if scaling else 8192, rms_norm_eps=1e-5, rope_parameters=rope,
-            bos_token_id=128000, eos_token_id=128001,
+            vocab_size=128256,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            intermediate_size=inter,
+            tie_word_embeddings=tied,
+            max_position_embeddings=131072 if scaling else 8192,
+            rms_norm_eps=1e-5,
+            rope_parameters=rope,
+            bos_token_id=128000,
+            eos_token_id=128001,
         )
     if name in _SMALL_SHAPES:
         cls, hidden, layers, heads, kv_heads, inter, vocab, theta, eps, eos, positions = _SMALL_SHAPES[name]
         return cls(
-            vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-            num_key_value_heads=kv_heads, intermediate_size=inter, tie_word_embeddings=True,
-            max_position_embeddings=positions, rms_norm_eps=eps,
-            rope_parameters=dict(rope_type="default", rope_theta=theta), bos_token_id=eos, eos_token_id=eos,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            intermediate_size=inter,
+            tie_word_embeddings=True,
+            max_position_embeddings=positions,
+            rms_norm_eps=eps,
+            rope_parameters=dict(rope_type="default", rope_theta=theta),
+            bos_token_id=eos,
+            eos_token_id=eos,
         )
     if name == "tiny-gpt2":
         return GPT2Config(
-            vocab_size=1000, n_positions=256, n_embd=64, n_layer=2, n_head=4, bos_token_id=999, eos_token_id=999,
+            vocab_size=1000,
+            n_positions=256,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            bos_token_id=999,
+            eos_token_id=999,
             initializer_range=0.2,  # wider than 0.02, so random output varies (a better test of EOS)
         )
     if name == "tiny-llama":
@@ -132,8 +185,9 @@ def check_device(device) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
-        raise TypeError(f"device must be a str such as 'cpu' or 'cuda:0', a torch.device or None, got "
-                        f"{type(device).__name__}")
+        raise TypeError(
+            f"device must be a str such as 'cpu' or 'cuda:0', a torch.device or None, got {type(device).__name__}"
+        )
     if isinstance(device, int):
         raise TypeError(f"device must be a str such as 'cpu' or 'cuda:{device}', not the int {device}")
     try:
@@ -174,8 +228,9 @@ def check_model_path(name_or_path) -> None:
     if os.path.exists(path):
         raise ValueError(f"path {name_or_path} is a file, not a model directory (saved with save_pretrained)")
     if looks_like_path(name_or_path):
-        raise ValueError(f"path {name_or_path} does not exist (give a model directory, a hub name or one of "
-                         f"{', '.join(EMBEDDED)})")
+        raise ValueError(
+            f"path {name_or_path} does not exist (give a model directory, a hub name or one of {', '.join(EMBEDDED)})"
+        )
 
 
 def _hub_unreachable(timeout: float = 5.0) -> str | None:
@@ -185,13 +240,15 @@ def _hub_unreachable(timeout: float = 5.0) -> str | None:
 
     if constants.HF_HUB_OFFLINE:
         return "HF_HUB_OFFLINE is set"
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
-                                         "all_proxy")):
+    if any(
+        os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+    ):
         return None
     url = urllib.parse.urlsplit(constants.ENDPOINT)
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout=timeout).close()
+        socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+        ).close()
     except OSError as err:
         return f"{url.hostname}: {err.strerror or err}"
     return None
@@ -214,8 +271,10 @@ def pretrained_config(name_or_path: str, what: str | None = None):
         except OSError:
             why = _hub_unreachable()
             if why is not None:
-                raise OSError(f"{name_or_path} is neither a directory nor in the local Hugging Face cache, and the "
-                              f"hub cannot be reached to look it up ({why})") from None
+                raise OSError(
+                    f"{name_or_path} is neither a directory nor in the local Hugging Face cache, and the "
+                    f"hub cannot be reached to look it up ({why})"
+                ) from None
             config = AutoConfig.from_pretrained(path)
     check_causal_config(config, what or f"name_or_path {name_or_path}")
     return config
@@ -251,8 +310,9 @@ def load_model(
         config = embedded_config(name_or_path)
         config._attn_implementation = attn_implementation
         place = tensor_parallel.prepare(tp, device, config)  # validates tp on every rank; starts the group
-        tensor_parallel.check_same_on_every_rank(place, name_or_path=name_or_path, dtype=str(torch_dtype),
-                                                 seed=seed, attn_implementation=attn_implementation)
+        tensor_parallel.check_same_on_every_rank(
+            place, name_or_path=name_or_path, dtype=str(torch_dtype), seed=seed, attn_implementation=attn_implementation
+        )
         device = place.device
         cls = _CAUSAL_LM[config.model_type]
         if name_or_path in _LLAMA_SHAPES or name_or_path in _SMALL_SHAPES:  # drawn as shards: a 70B never exists whole
@@ -272,10 +332,12 @@ def load_model(
     path = os.path.expanduser(name_or_path)
     config = pretrained_config(name_or_path)
     place = tensor_parallel.prepare(tp, device, config if tp > 1 else None)
-    tensor_parallel.check_same_on_every_rank(place, name_or_path=name_or_path, dtype=str(torch_dtype),
-                                             attn_implementation=attn_implementation)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
-                                                 attn_implementation=attn_implementation)
+    tensor_parallel.check_same_on_every_rank(
+        place, name_or_path=name_or_path, dtype=str(torch_dtype), attn_implementation=attn_implementation
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        path, config=config, dtype=torch_dtype, attn_implementation=attn_implementation
+    )
     return tensor_parallel.shard_(model, place).to(place.device).eval()
 
 

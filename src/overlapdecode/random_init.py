@@ -40,8 +40,18 @@ def tile_seed(seed: int, name: str, index: int) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
-def draw_matrix(name: str, full_shape, split, rank: int, tp: int, max_tp: int, std: float, seed: int,
-                device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def draw_matrix(
+    name: str,
+    full_shape,
+    split,
+    rank: int,
+    tp: int,
+    max_tp: int,
+    std: float,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """This rank's part of a normal(0, std) matrix of `full_shape`, drawn tile by tile."""
     dim = split.dim if split is not None else 0
     size = full_shape[dim]
@@ -79,8 +89,9 @@ def materialize_(model, place: tensor_parallel.Placement, dtype: torch.dtype, se
         module, pname = owners[key][0]
         meta = getattr(module, pname)
         if meta.dim() >= 2:
-            value = draw_matrix(name, meta.shape, splits.get(name), place.rank, place.tp, limit, std, seed,
-                                place.device, dtype)
+            value = draw_matrix(
+                name, meta.shape, splits.get(name), place.rank, place.tp, limit, std, seed, place.device, dtype
+            )
         elif pname == "bias":
             split = splits.get(name)
             n = meta.shape[0] // place.tp if split is not None else meta.shape[0]

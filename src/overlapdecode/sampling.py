@@ -95,18 +95,30 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None, repet
             raise ValueError(f"repetition_penalty must be a finite number > 0, got {repetition_penalty}")
         repetition_penalty = None if repetition_penalty == 1 else float(repetition_penalty)
     if not do_sample:
-        ignored = [name for name, value, unset in (("temperature", temperature, (0, 1)), ("top_k", top_k, (None,)),
-                                                   ("top_p", top_p, (None,)), ("min_p", min_p, (None,)))
-                   if value not in unset]
+        ignored = [
+            name
+            for name, value, unset in (
+                ("temperature", temperature, (0, 1)),
+                ("top_k", top_k, (None,)),
+                ("top_p", top_p, (None,)),
+                ("min_p", min_p, (None,)),
+            )
+            if value not in unset
+        ]
         if ignored:  # Hugging Face generate() says so too: a sampling value with greedy is usually a mistake
-            warnings.warn(f"do_sample=False: {', '.join(ignored)} ignored, the decoding is greedy; pass "
-                          f"do_sample=True to sample", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"do_sample=False: {', '.join(ignored)} ignored, the decoding is greedy; pass do_sample=True to sample",
+                UserWarning,
+                stacklevel=3,
+            )
         return SamplingParams(False, repetition_penalty=repetition_penalty)
     if not temperature > 0:  # also rejects NaN
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if temperature < MIN_TEMPERATURE:
-        raise ValueError(f"temperature {temperature} is too small to divide by in float32 (below "
-                         f"{MIN_TEMPERATURE:.3g}); use do_sample=False for greedy")
+        raise ValueError(
+            f"temperature {temperature} is too small to divide by in float32 (below "
+            f"{MIN_TEMPERATURE:.3g}); use do_sample=False for greedy"
+        )
     if temperature == float("inf"):
         raise ValueError("temperature must be finite, got inf")
     if top_k is not None and top_k < 0:
@@ -116,7 +128,8 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None, repet
     if min_p is not None and not 0 <= min_p <= 1:
         raise ValueError(f"min_p must be in [0, 1], got {min_p}")
     return SamplingParams(
-        do_sample, float(temperature),
+        do_sample,
+        float(temperature),
         top_k=top_k or None,  # 0 is Hugging Face's "no top-k"
         top_p=None if top_p is None or top_p == 1 else float(top_p),  # 1 keeps every token: no warper
         min_p=None if min_p is None else float(min_p),
@@ -229,8 +242,9 @@ def kept_tokens(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor
     return scores, kept
 
 
-def pick_next(logits: torch.Tensor, noise: torch.Tensor | None, params: SamplingParams,
-              seen: torch.Tensor | None = None) -> torch.Tensor:
+def pick_next(
+    logits: torch.Tensor, noise: torch.Tensor | None, params: SamplingParams, seen: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B, V) logits -> (B,) token ids: greedy (after the repetition penalty), or the exponential race over the
     kept tokens (`noise` (B, V) float32, Exponential(1)). `seen`: the (B, V) mask of seen tokens, needed when
     params.uses_seen."""

@@ -15,7 +15,8 @@ replay recomputes exactly what the eager run computed: the same kernels on the s
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -38,11 +39,13 @@ class StepLog(NamedTuple):
     count: torch.Tensor
 
     @classmethod
-    def empty(cls, batch: int, length: int, device: torch.device) -> "StepLog":
+    def empty(cls, batch: int, length: int, device: torch.device) -> StepLog:
         cuda = device.type == "cuda"
-        return cls(torch.zeros((batch, length), dtype=torch.long, device=device),
-                   torch.zeros(length, dtype=torch.bool, pin_memory=cuda),
-                   torch.zeros(1, dtype=torch.int32, device=device))
+        return cls(
+            torch.zeros((batch, length), dtype=torch.long, device=device),
+            torch.zeros(length, dtype=torch.bool, pin_memory=cuda),
+            torch.zeros(1, dtype=torch.int32, device=device),
+        )
 
 
 # step(state, eos, noise, done, log): advances state (B, 3) long and done (0-d bool: all rows finished) in place,
@@ -59,8 +62,16 @@ class StepGraph:
     log) by one step, in place, on the current stream. On a CPU device nothing is captured: the step runs
     eagerly every time over the same buffers."""
 
-    def __init__(self, step: Step, batch: int, eos_count: int, noise_shape: tuple | None, device: torch.device,
-                 log_length: int = 0, seen_vocab: int = 0):
+    def __init__(
+        self,
+        step: Step,
+        batch: int,
+        eos_count: int,
+        noise_shape: tuple | None,
+        device: torch.device,
+        log_length: int = 0,
+        seen_vocab: int = 0,
+    ):
         self.state = torch.zeros((batch, 3), dtype=torch.long, device=device)
         self.eos = torch.zeros((eos_count,), dtype=torch.long, device=device)
         self.noise = None if noise_shape is None else torch.zeros(noise_shape, dtype=torch.float32, device=device)

@@ -31,8 +31,9 @@ from .stopping import mark_finished
 from .strategy import Strategy
 
 
-def decode_step(model, model_kwargs: dict, state, eos_ids, pad_id: int, noise, params: SamplingParams,
-                choose=None, seen=None):
+def decode_step(
+    model, model_kwargs: dict, state, eos_ids, pad_id: int, noise, params: SamplingParams, choose=None, seen=None
+):
     """One forward and token choice, all on the device.
 
     `state` (B, 3) long holds, per row, the last token, its position and the finished flag. A decode step
@@ -123,8 +124,9 @@ class Steps:
         """Step j as one eager call of `decode_step`; its new state copied into ours."""
         i = self.inputs
         kwargs = self.cache.model_kwargs(j)
-        new_state, done = decode_step(self.model, kwargs, self.state, i.eos_ids, i.pad_id, self._noise(noise_out),
-                                      i.params, seen=i.seen)
+        new_state, done = decode_step(
+            self.model, kwargs, self.state, i.eos_ids, i.pad_id, self._noise(noise_out), i.params, seen=i.seen
+        )
         self.state.copy_(new_state)
         self._mark_seen()
         self._emit(j)
@@ -160,8 +162,9 @@ class CompiledSteps(EagerSteps):
         torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs are consumed
         # a call's first compiled step is where dynamo may compile (a new model, shape or setting)
         with recompile_limits() if j == 1 else contextlib.nullcontext():
-            new_state, done = self._compiled(self.model, kwargs, self.state, i.eos_ids, i.pad_id, noise, i.params,
-                                             seen=i.seen)
+            new_state, done = self._compiled(
+                self.model, kwargs, self.state, i.eos_ids, i.pad_id, noise, i.params, seen=i.seen
+            )
         self.state.copy_(new_state)  # before the next replay overwrites new_state
         self._mark_seen()  # outside the graph: its inputs stay unmutated
         self._emit(j)
@@ -205,8 +208,16 @@ class CapturedGreedySteps(CapturedSteps):
     def prefill(self) -> torch.Tensor:
         kwargs = self.cache.model_kwargs(0)
         i = self.inputs
-        self.model.greedy_prefill(self.cache.cache, kwargs["input_ids"], kwargs["attention_mask"],
-                                  kwargs["position_ids"], self.state, i.eos_ids, i.pad_id, self.graph.done)
+        self.model.greedy_prefill(
+            self.cache.cache,
+            kwargs["input_ids"],
+            kwargs["attention_mask"],
+            kwargs["position_ids"],
+            self.state,
+            i.eos_ids,
+            i.pad_id,
+            self.graph.done,
+        )
         self._emit(0)
         return self.graph.done
 
@@ -232,8 +243,9 @@ def hf_steps(model, req: Request, strat: Strategy, inputs: StepInputs, store: ca
     B, P = req.input_ids.shape
     N = req.max_new_tokens
     out = new_output(B, P + N, req.input_ids, inputs.device)
-    cache = caches.make_cache(strat.cache, model, req.input_ids, req.attention_mask, out, N, store,
-                              strat.compile)  # the no-cache step reads `out`
+    cache = caches.make_cache(
+        strat.cache, model, req.input_ids, req.attention_mask, out, N, store, strat.compile
+    )  # the no-cache step reads `out`
     # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's outputs are
     # overwritten by its next replay, so they are copied here before the next step runs.
     state = torch.zeros((B, 3), dtype=torch.long, device=inputs.device)

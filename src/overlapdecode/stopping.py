@@ -25,7 +25,7 @@ owned by the caller (`overlapdecode.Decoder`), made once and reused by every cal
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -95,8 +95,7 @@ class StopCheck:
 
     name = "base"
 
-    def __init__(self, lag: int, max_steps: int, main, streams: list, slots: Slots | None,
-                 on_tokens: OnTokens | None):
+    def __init__(self, lag: int, max_steps: int, main, streams: list, slots: Slots | None, on_tokens: OnTokens | None):
         self.lag = lag
         self.max_steps = max_steps
         self.main = main  # the caller's stream (None on CPU)
@@ -208,8 +207,9 @@ class EndCheck(StopCheck):
 
     name = "end"
 
-    def __init__(self, max_steps: int, main, generated: torch.Tensor, eos_ids: torch.Tensor,
-                 on_tokens: OnTokens | None):
+    def __init__(
+        self, max_steps: int, main, generated: torch.Tensor, eos_ids: torch.Tensor, on_tokens: OnTokens | None
+    ):
         super().__init__(max_steps, max_steps, main, [main], None, on_tokens)
         self.generated = generated  # (B, N) view of the output, filled by the loop
         self.eos_ids = eos_ids  # (E,)
@@ -228,8 +228,17 @@ class EndCheck(StopCheck):
         return n
 
 
-def make_check(name: str, lag: int, max_steps: int, main, side_streams: list | None, slots: Slots | None,
-               generated: torch.Tensor, eos_ids: torch.Tensor, on_tokens: OnTokens | None) -> StopCheck:
+def make_check(
+    name: str,
+    lag: int,
+    max_steps: int,
+    main,
+    side_streams: list | None,
+    slots: Slots | None,
+    generated: torch.Tensor,
+    eos_ids: torch.Tensor,
+    on_tokens: OnTokens | None,
+) -> StopCheck:
     """The check of one call. `side_streams` (two, CUDA only) serve the ping-pong; `slots` hold lag + 1."""
     if name == "sync":
         return SyncCheck(0, max_steps, main, [main], None, on_tokens)

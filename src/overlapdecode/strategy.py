@@ -79,5 +79,3 @@ def resolve_strategy(strategy) -> Strategy:
             raise ValueError(f"strategy {strategy!r}: ':K' (K >= 1) applies to interleaved and deferred only")
         return dataclasses.replace(known, lag=int(lag))
     raise TypeError(f"strategy must be a preset name or an overlapdecode.Strategy, got {type(strategy).__name__}")
-
-

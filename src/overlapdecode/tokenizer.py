@@ -86,8 +86,10 @@ class ByteTokenizer:
         input_ids = [[self.pad_token_id] * (width - len(r)) + r for r in ids]
         mask = [[0] * (width - len(r)) + [1] * len(r) for r in ids]
         if return_tensors == "pt":
-            return _Encoding(input_ids=torch.tensor(input_ids, dtype=torch.long).reshape(len(ids), width),
-                             attention_mask=torch.tensor(mask, dtype=torch.long).reshape(len(ids), width))
+            return _Encoding(
+                input_ids=torch.tensor(input_ids, dtype=torch.long).reshape(len(ids), width),
+                attention_mask=torch.tensor(mask, dtype=torch.long).reshape(len(ids), width),
+            )
         if return_tensors is not None:
             raise ValueError(f"return_tensors must be 'pt' or None, got {return_tensors!r}")
         if isinstance(text, str):

@@ -48,7 +48,7 @@ def case(model, B, S, dtype, seed=0):
     q = 3 * torch.randn(B, Hq, D, device=DEV, generator=g)  # peaked softmax: the running max matters
     k = torch.randn(B, Hkv, S, D, device=DEV, generator=g)
     v = torch.randn(B, Hkv, S, D, device=DEV, generator=g)
-    return q.to(dtype), k.to(dtype), v.to(dtype), *positions(B, S, seed), D ** -0.5
+    return q.to(dtype), k.to(dtype), v.to(dtype), *positions(B, S, seed), D**-0.5
 
 
 def assert_matches(out, ref):

@@ -17,6 +17,7 @@ from overlapdecode.bench.workloads import ForcedEOS
 
 DEV = "cuda"
 
+
 @pytest.fixture(scope="module")
 def model():
     m = od.load_model("gpt2-random", dtype="float32", device=DEV)  # steps long enough to still run after a return
@@ -30,10 +31,13 @@ def prompt(B, P=16, seed=0, vocab=50000, pad=True):
     return (ids, mask) if pad else (ids, torch.ones_like(mask))
 
 
-@pytest.mark.parametrize("late,sync", [
-    (od.Strategy(cache="static", stop_check="pingpong", lag=2), od.Strategy(cache="static", stop_check="sync")),
-    ("interleaved:2", "compiled"),
-])
+@pytest.mark.parametrize(
+    "late,sync",
+    [
+        (od.Strategy(cache="static", stop_check="pingpong", lag=2), od.Strategy(cache="static", stop_check="sync")),
+        ("interleaved:2", "compiled"),
+    ],
+)
 def test_a_second_call_on_another_stream_follows_a_late_stop(model, late, sync):
     m, forced = model
     eos = m.config.eos_token_id
@@ -64,8 +68,9 @@ def test_an_evicted_shape_is_recorded_again_under_cuda_graphs(model):
     refs = []
     for ids, mask in cases:
         forced.set_steps([40] * ids.shape[0], mask.sum(1).tolist())
-        refs.append(kept.generate(ids, attention_mask=mask, max_new_tokens=24, strategy="interleaved",
-                                  eos_token_id=eos))
+        refs.append(
+            kept.generate(ids, attention_mask=mask, max_new_tokens=24, strategy="interleaved", eos_token_id=eos)
+        )
     dec = od.Decoder(m, keep_static=1)
     for _ in range(3):
         for (ids, mask), ref in zip(cases, refs):

@@ -15,8 +15,14 @@ import overlapdecode as od
 from helpers import make_batch
 
 DEV = "cuda"
-EAGER = ["baseline", "kv", "static", od.Strategy(cache="static", stop_check="pingpong"),
-         od.Strategy(cache="static", stop_check="deferred", lag=2), od.Strategy(cache="static", stop_check="end")]
+EAGER = [
+    "baseline",
+    "kv",
+    "static",
+    od.Strategy(cache="static", stop_check="pingpong"),
+    od.Strategy(cache="static", stop_check="deferred", lag=2),
+    od.Strategy(cache="static", stop_check="end"),
+]
 TIE_TOL = 1e-3  # top-two logit gap below which float32 compiled and eager may pick differently
 
 
@@ -31,13 +37,14 @@ def batch(model, B, P=16, seed=0):
 
 def midway_eos(model, ids, mask, n):
     free = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy="kv", eos_token_id=[])
-    row0 = free[0, ids.shape[1]:].tolist()
+    row0 = free[0, ids.shape[1] :].tolist()
     return [row0[n // 2]]
 
 
 def hf(model, ids, mask, n, eos, pad):
-    return model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=eos,
-                          pad_token_id=pad)
+    return model.generate(
+        ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=pad
+    )
 
 
 @pytest.mark.parametrize("B", [1, 4])
@@ -47,8 +54,9 @@ def test_eager_presets_equal_each_other_and_hf(model, B):
     eos = midway_eos(model, ids, mask, n)
     ref = hf(model, ids, mask, n, eos, 0)
     for s in EAGER:
-        out = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=s, eos_token_id=eos,
-                          pad_token_id=0)
+        out = od.generate(
+            model, ids, attention_mask=mask, max_new_tokens=n, strategy=s, eos_token_id=eos, pad_token_id=0
+        )
         assert torch.equal(out, ref), s
 
 
@@ -99,8 +107,16 @@ def test_no_recompilation_for_the_same_shape(model):
 
 def test_seeded_sampling_identical_across_presets(model):
     ids, mask = batch(model, 4, seed=3)
-    kw = dict(attention_mask=mask, max_new_tokens=24, do_sample=True, temperature=0.8, top_k=40, top_p=0.95,
-              eos_token_id=[], seed=11)
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=24,
+        do_sample=True,
+        temperature=0.8,
+        top_k=40,
+        top_p=0.95,
+        eos_token_id=[],
+        seed=11,
+    )
     ref = od.generate(model, ids, strategy="kv", **kw)
     for s in ["baseline", "static", od.Strategy(cache="static", stop_check="pingpong")]:
         assert torch.equal(od.generate(model, ids, strategy=s, **kw), ref), s

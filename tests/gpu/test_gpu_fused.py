@@ -20,12 +20,17 @@ from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import TILES, FusedModel, pdl_supported
 
 DEV = "cuda"
-needs_pdl = pytest.mark.skipif(not torch.cuda.is_available() or not pdl_supported(torch.device(DEV)),
-                               reason="programmatic dependent launch needs sm_90 or later")
+needs_pdl = pytest.mark.skipif(
+    not torch.cuda.is_available() or not pdl_supported(torch.device(DEV)),
+    reason="programmatic dependent launch needs sm_90 or later",
+)
 TIE = 1e-4
 # (hidden, heads, kv heads, head dim, intermediate, vocab): Llama-3.2-1B, Llama-3-8B, GPT-2
-SHAPES = {"llama-1b": (2048, 32, 8, 64, 8192, 128256), "llama-8b": (4096, 32, 8, 128, 14336, 128256),
-          "gpt2": (768, 12, 12, 64, 3072, 50257)}
+SHAPES = {
+    "llama-1b": (2048, 32, 8, 64, 8192, 128256),
+    "llama-8b": (4096, 32, 8, 128, 14336, 128256),
+    "gpt2": (768, 12, 12, 64, 3072, 50257),
+}
 
 
 def close(got, ref):
@@ -89,13 +94,20 @@ def near_ties(scores) -> list[int]:
     return [int(i) for i in (gap < TIE).nonzero().flatten()]
 
 
-@pytest.mark.parametrize("name,B,strategy", [("gpt2-random", 1, "fused"), ("gpt2-random", 4, "fused"),
-                                             ("llama-1b-random", 1, "fused"), ("llama-1b-random", 4, "fused"),
-                                             ("llama-1b-random", 1, od.Strategy(cache="fused")),
-                                             ("gpt2-random", 4, "fused+tiles")])
+@pytest.mark.parametrize(
+    "name,B,strategy",
+    [
+        ("gpt2-random", 1, "fused"),
+        ("gpt2-random", 4, "fused"),
+        ("llama-1b-random", 1, "fused"),
+        ("llama-1b-random", 4, "fused"),
+        ("llama-1b-random", 1, od.Strategy(cache="fused")),
+        ("gpt2-random", 4, "fused+tiles"),
+    ],
+)
 @torch.no_grad()
 def test_float32_tokens_equal_hf_for_200_steps(name, B, strategy):
-    """"fused+tiles": the tiles TILES gives 16-bit weights, forced on float32 (which keeps the defaults) so
+    """ "fused+tiles": the tiles TILES gives 16-bit weights, forced on float32 (which keeps the defaults) so
     that they too are checked against Hugging Face's tokens. Llama at batch 4: RoPE reads each row's position
     from a column of the decode loop's state (a strided view; read as if contiguous until fa7a714)."""
     model = od.load_model(name, dtype="float32", device=DEV)
@@ -107,8 +119,16 @@ def test_float32_tokens_equal_hf_for_200_steps(name, B, strategy):
         dec = od.Decoder(model)
     ids, mask = prompts(model, B)
     n = 200
-    hf = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=[],
-                        pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    hf = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=[],
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     ties = near_ties(hf.logits)
     out = dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[])
     P = ids.shape[1]
@@ -124,8 +144,7 @@ def test_bfloat16_logit_error_within_hf_bfloat16s_own():
     model16 = copy.deepcopy(model32).to(torch.bfloat16)
     ids, mask = prompts(model32, 4, seed=5)
     n = 32
-    seq = model32.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=[],
-                           pad_token_id=0)
+    seq = model32.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=[], pad_token_id=0)
     P = ids.shape[1]
     full_mask = torch.cat([mask, torch.ones_like(seq[:, P:])], 1)
     pos = position_ids_for_prompt(full_mask)
@@ -250,7 +269,7 @@ def test_fused_second_call_on_another_stream_follows_a_late_stop():
     ids2, mask2 = prompts(model, 1, seed=22)
     P, n = ids1.shape[1], 40
     free = dec.generate(ids1, attention_mask=mask1, max_new_tokens=n, strategy="fused", eos_token_id=[])
-    k = next(k for k in range(3, n - lag) if int(free[0, P + k]) not in free[0, P:P + k].tolist())
+    k = next(k for k in range(3, n - lag) if int(free[0, P + k]) not in free[0, P : P + k].tolist())
     eos = int(free[0, P + k])  # first generated at step k: the first call stops after k + 1 tokens
     ref2 = dec.generate(ids2, attention_mask=mask2, max_new_tokens=n, strategy="fused", eos_token_id=eos)
     torch.cuda.synchronize()
@@ -259,13 +278,14 @@ def test_fused_second_call_on_another_stream_follows_a_late_stop():
         assert first.shape[1] == P + k + 1  # the stop was seen `lag` steps late: those steps may still run
         other = torch.cuda.Stream()
         with torch.cuda.stream(other):  # no synchronisation in between
-            second = dec.generate(ids2, attention_mask=mask2, max_new_tokens=n, strategy=f"fused:{lag}",
-                                  eos_token_id=eos)
+            second = dec.generate(
+                ids2, attention_mask=mask2, max_new_tokens=n, strategy=f"fused:{lag}", eos_token_id=eos
+            )
         torch.cuda.current_stream().wait_stream(other)
         assert torch.equal(second, ref2)
         # the first call's output is a copy of its graph's step log made before its end event: the second call,
         # which writes that log again, left it alone
-        assert torch.equal(first, free[:, :P + k + 1])
+        assert torch.equal(first, free[:, : P + k + 1])
 
 
 @pytest.mark.parametrize("late", ["fused", "fused:3", "eager-pingpong", "eager-deferred"])
@@ -282,8 +302,10 @@ def test_fused_late_stop_checks_equal_the_sync_check(late):
     P, n = ids.shape[1], 48
     captured = not late.startswith("eager")
     sync = od.Strategy(cache="fused", compile=captured, stop_check="sync")
-    strategy = {"eager-pingpong": od.Strategy(cache="fused", stop_check="pingpong"),
-                "eager-deferred": od.Strategy(cache="fused", stop_check="deferred", lag=1)}.get(late, late)
+    strategy = {
+        "eager-pingpong": od.Strategy(cache="fused", stop_check="pingpong"),
+        "eager-deferred": od.Strategy(cache="fused", stop_check="deferred", lag=1),
+    }.get(late, late)
     free = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=sync, eos_token_id=[])
     # EOS: per row r the token it makes at step 4 + 8r (or earlier, if it or another row's EOS came before):
     # every row stops by step 28, most at different steps, and the call ends well before n

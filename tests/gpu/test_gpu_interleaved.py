@@ -56,10 +56,17 @@ def run_pair(model, name, ids, mask, n, stops, **kw):
     eos = model.config.eos_token_id
     model._forced.set_steps(stops, mask.sum(1).tolist())
     got = []
-    sync = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=PAIRS[name], eos_token_id=eos,
-                       **kw)
-    late = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=LATE[name], eos_token_id=eos,
-                       streamer=got.append, **kw)
+    sync = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=PAIRS[name], eos_token_id=eos, **kw)
+    late = od.generate(
+        model,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=n,
+        strategy=LATE[name],
+        eos_token_id=eos,
+        streamer=got.append,
+        **kw,
+    )
     assert torch.equal(late, sync)
     assert torch.equal(torch.stack(got, 1), late[:, P:].cpu())
     return late

@@ -12,7 +12,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import overlapdecode as od
 from helpers import make_batch
-from test_sampler_hf import hf_processors
 from test_sampling_presets import assert_inside_hf_kept_sets
 
 DEV = "cuda"
@@ -36,9 +35,19 @@ def name(setting):
 @pytest.fixture(scope="module", params=VOCABS, ids=lambda v: f"vocab{v}")
 def model(request):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=request.param, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=False, eos_token_id=2, bos_token_id=1, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=request.param,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
     m = LlamaForCausalLM(cfg)
     with torch.no_grad():
         m.lm_head.weight.mul_(40)  # peaked distributions: the warpers drop most tokens
@@ -48,8 +57,10 @@ def model(request):
 EAGER = ("baseline", "kv", "static", "fused")
 # the compiled presets compile once per (vocabulary, batch, setting), 20-60 s each: they run where top-p failed
 # to compile, top-p alone at batch 4 at every vocabulary, and every control at once at batch 4 and at batch 1
-COMPILED_CASES = {(v, 4, "top_p=0.9") for v in VOCABS} | {(151936, 4, name(SETTINGS[-1])),
-                                                          (128256, 1, name(SETTINGS[-1]))}
+COMPILED_CASES = {(v, 4, "top_p=0.9") for v in VOCABS} | {
+    (151936, 4, name(SETTINGS[-1])),
+    (128256, 1, name(SETTINGS[-1])),
+}
 
 
 def cases():
@@ -62,16 +73,29 @@ def cases():
 def test_sampling_runs_inside_hf_kept_sets_and_agrees_across_presets(model, batch, setting):
     ids, mask = make_batch(batch, seed=7, high=min(990, model.config.vocab_size), device=DEV)
     do_sample = set(setting) != {"repetition_penalty"}
-    kw = dict(attention_mask=mask, max_new_tokens=N, eos_token_id=[], do_sample=do_sample,
-              seed=7 if do_sample else None, **setting)
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=N,
+        eos_token_id=[],
+        do_sample=do_sample,
+        seed=7 if do_sample else None,
+        **setting,
+    )
     presets = PRESETS if (model.config.vocab_size, batch, name(setting)) in COMPILED_CASES else EAGER
     outs = {p: od.generate(model, ids, strategy=p, **kw) for p in presets}
     ref = outs["kv"]
     if do_sample:
         assert_inside_hf_kept_sets(model, ref.cpu(), mask.cpu(), ids.shape[1], setting, model_device=DEV)
     else:  # greedy with a penalty: Hugging Face's own tokens
-        hf = model.generate(ids, attention_mask=mask, max_new_tokens=N, do_sample=False, eos_token_id=None,
-                            pad_token_id=0, repetition_penalty=setting["repetition_penalty"])
+        hf = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=N,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            repetition_penalty=setting["repetition_penalty"],
+        )
         assert torch.equal(ref, hf)
     for p, out in outs.items():
         assert torch.equal(out, ref), (p, name(setting), (out != ref).nonzero()[:4].tolist())

@@ -41,8 +41,10 @@ def test_swapped_kernels_match_references_at_the_1b_shape(B):
     close(c[2], c[0])
     close(c[3], c[1])
     wu, wd, res = r(2 * I, H, sc=H**-0.5), r(H, I, sc=I**-0.5), r(B, H)
-    close(norm_linear(x, nw, None, 1e-5, wu, None, "silu_mul", programs=264),
-          norm_linear_ref(x, nw, None, 1e-5, wu, None, "silu_mul"))
+    close(
+        norm_linear(x, nw, None, 1e-5, wu, None, "silu_mul", programs=264),
+        norm_linear_ref(x, nw, None, 1e-5, wu, None, "silu_mul"),
+    )
     m = r(B, I)
     close(linear_residual(m, wd, None, res, programs=264), linear_residual_ref(m, wd, None, res))
 
@@ -58,8 +60,16 @@ def wide_llama():
 
 
 def _check_rows(model, ids, mask, n):
-    hf = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=[],
-                        pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    hf = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=[],
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     # the prefill eager: compiled, each prompt bucket would cost a compile, and the decode step is what is checked
     dec = od.Decoder(model, fused_options=dict(compile_prefill=False))
     out = dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[])

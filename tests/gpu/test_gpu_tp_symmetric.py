@@ -49,7 +49,13 @@ def test_symmetric_all_reduce_one_rank_and_under_a_cuda_graph():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     src = str(Path(overlapdecode.__file__).resolve().parents[1])
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=src,
-               TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NCCL_NVLS_ENABLE="0")
+    env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PYTHONPATH=src,
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        NCCL_NVLS_ENABLE="0",
+    )
     run = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0 and "symmetric all-reduce ok" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]

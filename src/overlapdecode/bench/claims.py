@@ -30,7 +30,9 @@ def _why_not(slow, fast, gpu_claim: bool = True) -> str | None:
         return f"{n} timed call(s) per figure, fewer than the {MIN_REPEATS} needed to know the spread"
     ratio, noise = slow["seq_s"] / fast["seq_s"], max(spread(slow), spread(fast))
     if abs(ratio - 1) <= noise:
-        return f"the difference ({(ratio - 1) * 100:+.1f}%) is within the spread of the timed calls ({noise * 100:.0f}%)"
+        return (
+            f"the difference ({(ratio - 1) * 100:+.1f}%) is within the spread of the timed calls ({noise * 100:.0f}%)"
+        )
     return None
 
 
@@ -57,9 +59,11 @@ def claims(results: dict) -> list[str]:
             b_all, b_long = exponents(per["baseline"])
             k_all, k_long = exponents(per["kv"])
             b_rng, k_rng = exponent_range(per["baseline"]), exponent_range(per["kv"])
-            text = (f"time-vs-N exponent over {shortest}-{longest} tokens: baseline {fmt(b_all)} (last two lengths "
-                    f"{fmt(b_long)}; the timed calls allow {b_rng[0]:.2f} to {b_rng[1]:.2f}), kv {fmt(k_all)} (last two "
-                    f"{fmt(k_long)}; {k_rng[0]:.2f} to {k_rng[1]:.2f})")
+            text = (
+                f"time-vs-N exponent over {shortest}-{longest} tokens: baseline {fmt(b_all)} (last two lengths "
+                f"{fmt(b_long)}; the timed calls allow {b_rng[0]:.2f} to {b_rng[1]:.2f}), kv {fmt(k_all)} (last two "
+                f"{fmt(k_long)}; {k_rng[0]:.2f} to {k_rng[1]:.2f})"
+            )
             rows_used = [r for _, r in per["baseline"] + per["kv"]]
             n = min(repeats(r) for r in rows_used)
             why = None
@@ -71,19 +75,33 @@ def claims(results: dict) -> list[str]:
         if "static" in per and "kv" in per:
             s2, k2 = at(per["static"], longest), at(per["kv"], longest)
             if s2 and k2:
-                out.append(_ratio_claim(f"static vs dynamic cache, no compile ({tag}, {longest} tokens)",
-                                        f"static/kv time = {s2['seq_s'] / k2['seq_s']:.2f} (< 1: static faster)",
-                                        _why_not(s2, k2)))
+                out.append(
+                    _ratio_claim(
+                        f"static vs dynamic cache, no compile ({tag}, {longest} tokens)",
+                        f"static/kv time = {s2['seq_s'] / k2['seq_s']:.2f} (< 1: static faster)",
+                        _why_not(s2, k2),
+                    )
+                )
         if "compiled" in per and "static" in per:
             c, st = at(per["compiled"], longest), at(per["static"], longest)
             if c and st:
-                out.append(_ratio_claim(f"compile ({tag}, {longest} tokens)",
-                                        f"compiled is {st['seq_s'] / c['seq_s']:.2f}x static", _why_not(st, c)))
+                out.append(
+                    _ratio_claim(
+                        f"compile ({tag}, {longest} tokens)",
+                        f"compiled is {st['seq_s'] / c['seq_s']:.2f}x static",
+                        _why_not(st, c),
+                    )
+                )
         if "hf-compiled" in per and "hf-static" in per:
             c, st = at(per["hf-compiled"], longest), at(per["hf-static"], longest)
             if c and st:
-                out.append(_ratio_claim(f"Hugging Face auto-compile ({tag}, {longest} tokens)",
-                                        f"hf-compiled is {st['seq_s'] / c['seq_s']:.2f}x hf-static", _why_not(st, c)))
+                out.append(
+                    _ratio_claim(
+                        f"Hugging Face auto-compile ({tag}, {longest} tokens)",
+                        f"hf-compiled is {st['seq_s'] / c['seq_s']:.2f}x hf-static",
+                        _why_not(st, c),
+                    )
+                )
         n400 = nearest(lengths, 400)
         inter = at(per.get("interleaved", []), n400)
         if inter:
@@ -91,8 +109,11 @@ def claims(results: dict) -> list[str]:
             for other, what in (("baseline", "baseline"), ("compiled", "compiled (sync check)")):
                 r = at(per.get(other, []), n400)
                 if r:
-                    out.append(_ratio_claim(f"{label} vs {other}", f"{r['seq_s'] / inter['seq_s']:.2f}x {what}",
-                                            _why_not(r, inter)))
+                    out.append(
+                        _ratio_claim(
+                            f"{label} vs {other}", f"{r['seq_s'] / inter['seq_s']:.2f}x {what}", _why_not(r, inter)
+                        )
+                    )
             upper = at(per.get("nocheck", []), n400)
             if upper:
                 gap = inter["seq_s"] / upper["seq_s"] - 1
@@ -100,18 +121,24 @@ def claims(results: dict) -> list[str]:
                 text = f"{gap * 100:+.1f}% vs the no-check upper bound"
                 # "as fast as the upper bound" is the claim here: a gap inside the spread supports it
                 if why is not None and why.startswith("the difference"):
-                    out.append(f"- {label} vs nocheck: {text}, within the spread of the timed calls "
-                               f"({max(spread(inter), spread(upper)) * 100:.0f}%): no cost of the check resolved.")
+                    out.append(
+                        f"- {label} vs nocheck: {text}, within the spread of the timed calls "
+                        f"({max(spread(inter), spread(upper)) * 100:.0f}%): no cost of the check resolved."
+                    )
                 else:
                     out.append(_ratio_claim(f"{label} vs nocheck", text, why))
             peers = [(p, at(per[p], n400)) for p in per if p.startswith("hf-") and at(per[p], n400)]
             if peers:
                 best, row = min(peers, key=lambda pr: pr[1]["seq_s"])
                 version = row.get("transformers")
-                out.append(_ratio_claim(
-                    f"{label} vs the fastest Hugging Face peer",
-                    f"{row['seq_s'] / inter['seq_s']:.2f}x {best}" + (f" (transformers {version})" if version else ""),
-                    _why_not(row, inter)))
+                out.append(
+                    _ratio_claim(
+                        f"{label} vs the fastest Hugging Face peer",
+                        f"{row['seq_s'] / inter['seq_s']:.2f}x {best}"
+                        + (f" (transformers {version})" if version else ""),
+                        _why_not(row, inter),
+                    )
+                )
     # fragmentation: per strategy and allocator, at the one length where most of them were measured (GPU only:
     # the CPU has no caching allocator, and its rows carry no memory figures)
     mem = [r for r in timed(rows) if r.get("fragmentation") is not None]
@@ -125,9 +152,13 @@ def claims(results: dict) -> list[str]:
             parts = [
                 f"{r['allocator']}: reserved {r['peak_reserved_mb']:.0f} MB vs allocated {r['peak_allocated_mb']:.0f} MB "
                 f"({r['fragmentation'] * 100:.1f}%)"
-                for r in sorted(sub, key=lambda r: r["allocator"]) if r["strategy"] == strat and r["max_new_tokens"] == n
+                for r in sorted(sub, key=lambda r: r["allocator"])
+                if r["strategy"] == strat and r["max_new_tokens"] == n
             ]
             if parts:
-                out.append(f"- fragmentation, {strat} ({dtype}, batch {batch}, {n} tokens, one measured call): "
-                           + "; ".join(parts) + ".")
+                out.append(
+                    f"- fragmentation, {strat} ({dtype}, batch {batch}, {n} tokens, one measured call): "
+                    + "; ".join(parts)
+                    + "."
+                )
     return out

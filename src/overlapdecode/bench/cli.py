@@ -43,53 +43,95 @@ WORKLOAD_NAMES = ("fixed", "eos")  # bench.workloads.WORKLOADS (likewise)
 
 
 def add_commands(sub) -> None:
-    b = sub.add_parser("bench", help="measure every strategy and Hugging Face generate() side by side",
-                       description="Measure strategies and Hugging Face peers; write DIR/results.json, report.md "
-                                   "and plots. An existing results.json is never overwritten: use --append or a "
-                                   "new --out.")
-    b.add_argument("--model", default=None,
-                   help="embedded name, local directory or hub name (default: gpt2-random on CUDA, tiny-gpt2 on CPU)")
-    b.add_argument("--strategies", default=None,
-                   help=f"comma-separated; {STRATEGY_HELP} (default: {','.join(BASE_STRATEGIES)}, and fused on CUDA "
-                        f"where the model's family has it)")
-    b.add_argument("--peers", default=",".join(PEER_NAMES),
-                   help=f"Hugging Face generate() peers, comma-separated ({', '.join(PEER_NAMES)}), or 'none'")
-    b.add_argument("--lengths", default=None,
-                   help=f"new tokens per sequence, comma-separated (default: "
-                        f"{','.join(map(str, MAIN_LENGTHS_CUDA))} for {MAIN_MODEL_CUDA} on CUDA, where the baseline's "
-                        f"O(N^2) growth shows; {','.join(map(str, OTHER_LENGTHS_CUDA))} for another model on CUDA; "
-                        f"{','.join(map(str, LENGTHS_CPU))} on CPU)")
-    b.add_argument("--batch", default=None,
-                   help=f"batch sizes, comma-separated (default: {MAIN_BATCH_CUDA} for {MAIN_MODEL_CUDA} on CUDA, "
-                        f"else 1)")
-    b.add_argument("--dtype-batch", default=None,
-                   help="dtype:batch pairs measured instead of every --dtype x --batch, e.g. float32:1,bfloat16:8 "
-                        "(default: every --dtype x --batch)")
+    b = sub.add_parser(
+        "bench",
+        help="measure every strategy and Hugging Face generate() side by side",
+        description="Measure strategies and Hugging Face peers; write DIR/results.json, report.md "
+        "and plots. An existing results.json is never overwritten: use --append or a "
+        "new --out.",
+    )
+    b.add_argument(
+        "--model",
+        default=None,
+        help="embedded name, local directory or hub name (default: gpt2-random on CUDA, tiny-gpt2 on CPU)",
+    )
+    b.add_argument(
+        "--strategies",
+        default=None,
+        help=f"comma-separated; {STRATEGY_HELP} (default: {','.join(BASE_STRATEGIES)}, and fused on CUDA "
+        f"where the model's family has it)",
+    )
+    b.add_argument(
+        "--peers",
+        default=",".join(PEER_NAMES),
+        help=f"Hugging Face generate() peers, comma-separated ({', '.join(PEER_NAMES)}), or 'none'",
+    )
+    b.add_argument(
+        "--lengths",
+        default=None,
+        help=f"new tokens per sequence, comma-separated (default: "
+        f"{','.join(map(str, MAIN_LENGTHS_CUDA))} for {MAIN_MODEL_CUDA} on CUDA, where the baseline's "
+        f"O(N^2) growth shows; {','.join(map(str, OTHER_LENGTHS_CUDA))} for another model on CUDA; "
+        f"{','.join(map(str, LENGTHS_CPU))} on CPU)",
+    )
+    b.add_argument(
+        "--batch",
+        default=None,
+        help=f"batch sizes, comma-separated (default: {MAIN_BATCH_CUDA} for {MAIN_MODEL_CUDA} on CUDA, else 1)",
+    )
+    b.add_argument(
+        "--dtype-batch",
+        default=None,
+        help="dtype:batch pairs measured instead of every --dtype x --batch, e.g. float32:1,bfloat16:8 "
+        "(default: every --dtype x --batch)",
+    )
     b.add_argument("--dtype", default="float32", help=f"comma-separated: {', '.join(DTYPE_NAMES)}")
-    b.add_argument("--allocator", default="default",
-                   help="comma-separated: default, expandable (expandable_segments:True; CUDA only); each runs in "
-                        "its own process")
-    b.add_argument("--workloads", default="fixed",
-                   help="comma-separated: fixed (EOS disabled, full length), eos (EOS forced per row)")
-    b.add_argument("--eos-lengths", default=None,
-                   help="lengths of the eos workload, comma-separated (default: the longest of --lengths)")
+    b.add_argument(
+        "--allocator",
+        default="default",
+        help="comma-separated: default, expandable (expandable_segments:True; CUDA only); each runs in its own process",
+    )
+    b.add_argument(
+        "--workloads",
+        default="fixed",
+        help="comma-separated: fixed (EOS disabled, full length), eos (EOS forced per row)",
+    )
+    b.add_argument(
+        "--eos-lengths",
+        default=None,
+        help="lengths of the eos workload, comma-separated (default: the longest of --lengths)",
+    )
     b.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default: 32 on CUDA, 16 on CPU)")
     b.add_argument("--warmup", type=int, default=1, help="untimed calls after the first call, per configuration")
     b.add_argument("--repeats", type=int, default=3, help="timed calls per configuration (the median is reported)")
     b.add_argument("--no-profile", action="store_true", help="skip the GPU busy-fraction profile")
     b.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
-    b.add_argument("--tp", type=int, default=1,
-                   help="tensor-parallel shards: run as torchrun --nproc-per-node N -m overlapdecode bench --tp N; "
-                        "rank 0 writes the results")
-    b.add_argument("--gpus", default=None,
-                   help="CUDA device indices, e.g. 0,1,2,3: spread the allocator x dtype:batch units over them, "
-                        "one process per GPU at a time (default: one device, see --device)")
-    b.add_argument("--time-budget", type=float, default=None,
-                   help="seconds; configurations not started by then are recorded as not run (default: no limit)")
+    b.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel shards: run as torchrun --nproc-per-node N -m overlapdecode bench --tp N; "
+        "rank 0 writes the results",
+    )
+    b.add_argument(
+        "--gpus",
+        default=None,
+        help="CUDA device indices, e.g. 0,1,2,3: spread the allocator x dtype:batch units over them, "
+        "one process per GPU at a time (default: one device, see --device)",
+    )
+    b.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds; configurations not started by then are recorded as not run (default: no limit)",
+    )
     b.add_argument("--append", action="store_true", help="add to the results already in --out")
-    b.add_argument("--out", default="bench-out",
-                   help="output directory (results.json, report.md, plots, worker logs); must not hold a "
-                        "results.json unless --append")
+    b.add_argument(
+        "--out",
+        default="bench-out",
+        help="output directory (results.json, report.md, plots, worker logs); must not hold a "
+        "results.json unless --append",
+    )
 
     p = sub.add_parser("profile", help="profiler trace, timeline and GPU-idle summary per strategy")
     p.add_argument("--model", default=None, help="default: gpt2-random on CUDA, tiny-gpt2 on CPU")
@@ -99,18 +141,26 @@ def add_commands(sub) -> None:
     p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (random ids)")
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)}")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
-    p.add_argument("--out", default="profile-out",
-                   help="output directory (traces, timelines, summary); must not hold an earlier profile's "
-                        "summary.json")
+    p.add_argument(
+        "--out",
+        default="profile-out",
+        help="output directory (traces, timelines, summary); must not hold an earlier profile's summary.json",
+    )
 
     r = sub.add_parser("report", help="rebuild report.md and the plots of a bench directory from its JSON")
     r.add_argument("dir", nargs="+", help="bench directories (results.json) or profile directories (summary.json)")
-    r.add_argument("--markdown", default=None,
-                   help="also write one markdown file gathering every directory's report (e.g. BENCHMARKS.md; "
-                        "default: none)")
-    r.add_argument("--interrupted", metavar="COMMAND", default=None,
-                   help="DIR holds rows.jsonl of a run stopped early: keep its rows, recording COMMAND as its "
-                        "command (default: off)")
+    r.add_argument(
+        "--markdown",
+        default=None,
+        help="also write one markdown file gathering every directory's report (e.g. BENCHMARKS.md; default: none)",
+    )
+    r.add_argument(
+        "--interrupted",
+        metavar="COMMAND",
+        default=None,
+        help="DIR holds rows.jsonl of a run stopped early: keep its rows, recording COMMAND as its "
+        "command (default: off)",
+    )
 
 
 def check_device(text: str | None, flag: str = "--device"):
@@ -142,9 +192,8 @@ def _check_names(values, known, flag):
 def check_strategies(text: str, flag: str, max_new_tokens: int) -> tuple[str, ...]:
     """Preset or variant names, `NAME:K` for a lag of K (interleaved:2); a lag beyond the shortest run is
     refused here, before a worker starts (it would only allocate K + 1 pinned slots for nothing)."""
-    from ..strategy import resolve_strategy
-
     from ..sampling import check_sampling
+    from ..strategy import resolve_strategy
     from .variants import split_variant
 
     found = names(text)
@@ -152,13 +201,22 @@ def check_strategies(text: str, flag: str, max_new_tokens: int) -> tuple[str, ..
         try:
             base, sampling = split_variant(n)
             resolve_strategy(base)
-            check_sampling(sampling.get("do_sample", False), sampling.get("temperature", 1.0), sampling.get("top_k"),
-                           sampling.get("top_p"), 0, sampling.get("min_p"), sampling.get("repetition_penalty"))
+            check_sampling(
+                sampling.get("do_sample", False),
+                sampling.get("temperature", 1.0),
+                sampling.get("top_k"),
+                sampling.get("top_p"),
+                0,
+                sampling.get("min_p"),
+                sampling.get("repetition_penalty"),
+            )
         except (ValueError, TypeError) as err:
             raise CliError(f"{flag}: {err}") from None
         if lag_of(base) > max_new_tokens:
-            raise CliError(f"{flag} {n}: a lag of {lag_of(base)} is beyond the {max_new_tokens} new tokens of the "
-                           f"shortest run (the flag of the last step is read after the loop anyway)")
+            raise CliError(
+                f"{flag} {n}: a lag of {lag_of(base)} is beyond the {max_new_tokens} new tokens of the "
+                f"shortest run (the flag of the last step is read after the loop anyway)"
+            )
     return tuple(found)
 
 
@@ -186,12 +244,14 @@ def bench_config(args):
     peers = () if args.peers.strip() == "none" else _check_names(names(args.peers), PEER_NAMES, "--peers")
     if strategies == () and not peers:
         raise CliError("--strategies and --peers are both empty: nothing to measure")
-    batches = _positive(ints(args.batch, "--batch") if args.batch is not None else
-                        [MAIN_BATCH_CUDA if main_job else 1], "--batch")
+    batches = _positive(
+        ints(args.batch, "--batch") if args.batch is not None else [MAIN_BATCH_CUDA if main_job else 1], "--batch"
+    )
     dtypes = tuple(_check_dtype(d, "--dtype") for d in names(args.dtype))
     if not dtypes and not args.dtype_batch:
-        raise CliError(f"--dtype names no dtype ({args.dtype!r}): nothing to measure; choose from "
-                       f"{', '.join(DTYPE_NAMES)}")
+        raise CliError(
+            f"--dtype names no dtype ({args.dtype!r}): nothing to measure; choose from {', '.join(DTYPE_NAMES)}"
+        )
     pairs = ()
     if args.dtype_batch is not None:
         pairs = tuple(names(args.dtype_batch))
@@ -226,11 +286,26 @@ def bench_config(args):
     if args.tp > 1:
         _check_tp_model(model, args.tp, config)
     _check_out(args.out, args.append)
-    return BenchConfig(tp=args.tp, gpus=gpus, model=model, strategies=strategies, peers=peers, lengths=lengths,
-                       batches=batches, dtypes=dtypes, pairs=pairs, time_budget_s=args.time_budget,
-                       allocators=allocators,
-                       workloads=workloads, eos_lengths=eos_lengths, prompt_len=prompt_len, warmup=args.warmup,
-                       repeats=args.repeats, profile=not args.no_profile, device=args.device)
+    return BenchConfig(
+        tp=args.tp,
+        gpus=gpus,
+        model=model,
+        strategies=strategies,
+        peers=peers,
+        lengths=lengths,
+        batches=batches,
+        dtypes=dtypes,
+        pairs=pairs,
+        time_budget_s=args.time_budget,
+        allocators=allocators,
+        workloads=workloads,
+        eos_lengths=eos_lengths,
+        prompt_len=prompt_len,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        profile=not args.no_profile,
+        device=args.device,
+    )
 
 
 def default_strategies(model: str, config, cuda: bool) -> tuple[str, ...]:
@@ -267,13 +342,17 @@ def _check_tp(args) -> None:
     world = os.environ.get("WORLD_SIZE")
     if args.tp == 1:
         if world not in (None, "1"):
-            raise CliError(f"WORLD_SIZE={world} (torchrun) without --tp: every process would write --out; run "
-                           f"torchrun --nproc-per-node {world} -m overlapdecode bench --tp {world} ..., or bench "
-                           f"without torchrun")
+            raise CliError(
+                f"WORLD_SIZE={world} (torchrun) without --tp: every process would write --out; run "
+                f"torchrun --nproc-per-node {world} -m overlapdecode bench --tp {world} ..., or bench "
+                f"without torchrun"
+            )
         return
     if world != str(args.tp):
-        raise CliError(f"--tp {args.tp} runs under torchrun: torchrun --nproc-per-node {args.tp} -m overlapdecode "
-                       f"bench --tp {args.tp} ... (this process has WORLD_SIZE={world})")
+        raise CliError(
+            f"--tp {args.tp} runs under torchrun: torchrun --nproc-per-node {args.tp} -m overlapdecode "
+            f"bench --tp {args.tp} ... (this process has WORLD_SIZE={world})"
+        )
     if args.gpus:
         raise CliError("--tp and --gpus exclude each other: with --tp every rank uses its own GPU (cuda:LOCAL_RANK)")
     if args.time_budget is not None:
@@ -312,8 +391,10 @@ def _check_out(out: str, append: bool) -> None:
     if append and not os.path.exists(results):
         raise CliError(f"--append: {results} not found (nothing to add to)")
     if not append and os.path.exists(results):
-        raise CliError(f"--out {out} already holds results.json: add to it with --append, or choose another --out "
-                       f"(an earlier run's results are never overwritten)")
+        raise CliError(
+            f"--out {out} already holds results.json: add to it with --append, or choose another --out "
+            f"(an earlier run's results are never overwritten)"
+        )
     writable_dir(out, "--out")  # last: it makes the directory
 
 
@@ -381,11 +462,19 @@ def summary_tables(rows, model: str) -> list:
                 vs = f"{ratio:.2f}x"
                 if r is not base and abs(ratio - 1) <= noise:
                     vs += " !"
-                    warnings.append(f"! {label(r)}: {ratio:.2f}x the baseline is within the spread of the timed calls "
-                                    f"({noise * 100:.0f}%): not resolved on this run")
-            table.add_row(label(r), f"{r['ms_per_token']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['ttft_ms']:.2f}", vs,
-                          f"{spread(r) * 100:.0f}%" if len(r.get("seq_s_all") or ()) > 1 else "-",
-                          "-" if r.get("peak_reserved_mb") is None else f"{r['peak_reserved_mb']:.0f}")
+                    warnings.append(
+                        f"! {label(r)}: {ratio:.2f}x the baseline is within the spread of the timed calls "
+                        f"({noise * 100:.0f}%): not resolved on this run"
+                    )
+            table.add_row(
+                label(r),
+                f"{r['ms_per_token']:.3f}",
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['ttft_ms']:.2f}",
+                vs,
+                f"{spread(r) * 100:.0f}%" if len(r.get("seq_s_all") or ()) > 1 else "-",
+                "-" if r.get("peak_reserved_mb") is None else f"{r['peak_reserved_mb']:.0f}",
+            )
         out.append((table, warnings))
     return out
 
@@ -426,16 +515,31 @@ def cmd_profile(args) -> int:
     _check_model_name(model)
     _check_positions(model, args.prompt_len, args.new_tokens)
     if os.path.exists(os.path.join(args.out, "summary.json")):  # as bench: an earlier measurement is never replaced
-        raise CliError(f"--out {args.out} already holds a profile (summary.json): choose another --out (an earlier "
-                       f"profile's traces and summary are never overwritten)")
+        raise CliError(
+            f"--out {args.out} already holds a profile (summary.json): choose another --out (an earlier "
+            f"profile's traces and summary are never overwritten)"
+        )
     writable_dir(args.out, "--out")
-    result = profile_strategies(model, strategies, args.batch, args.new_tokens, args.out, dtype=args.dtype,
-                                prompt_len=args.prompt_len, device=str(device), command=_command(args))
+    result = profile_strategies(
+        model,
+        strategies,
+        args.batch,
+        args.new_tokens,
+        args.out,
+        dtype=args.dtype,
+        prompt_len=args.prompt_len,
+        device=str(device),
+        command=_command(args),
+    )
     for name, s in result["strategies"].items():
-        busy = (f"GPU busy {s['busy_fraction'] * 100:.1f}%, fed {s['fed_fraction'] * 100:.1f}%" if s.get("available")
-                else s["reason"])
-        print(f"{name}: {busy}; host blocked {s['host_sync_ms']:.2f} ms; "
-              f"{s['launches_per_step']:.1f} launch calls/step")
+        busy = (
+            f"GPU busy {s['busy_fraction'] * 100:.1f}%, fed {s['fed_fraction'] * 100:.1f}%"
+            if s.get("available")
+            else s["reason"]
+        )
+        print(
+            f"{name}: {busy}; host blocked {s['host_sync_ms']:.2f} ms; {s['launches_per_step']:.1f} launch calls/step"
+        )
     print(f"summary: {args.out}/summary.md")
     return 0
 
@@ -450,8 +554,10 @@ def cmd_report(args) -> int:
         writable_file(args.markdown, "--markdown")
         if os.path.isfile(args.markdown) and args.markdown.endswith((".json", ".jsonl", ".gz")):
             # results.json, summary.json, rows*.jsonl, traces: measurements that the markdown would replace
-            raise CliError(f"--markdown {args.markdown}: is a JSON file of measurements, which it would replace; "
-                           f"give a .md path (such as BENCHMARKS.md)")
+            raise CliError(
+                f"--markdown {args.markdown}: is a JSON file of measurements, which it would replace; "
+                f"give a .md path (such as BENCHMARKS.md)"
+            )
     if args.interrupted is not None:
         if len(args.dir) != 1 or not rows_files(args.dir[0]):
             raise CliError("--interrupted takes one directory holding the rows*.jsonl of a stopped run")
@@ -461,8 +567,9 @@ def cmd_report(args) -> int:
             try:
                 rebuild(d)  # a profile directory: analyse its saved traces again
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # a malformed summary.json
-                raise CliError(f"{os.path.join(d, 'summary.json')}: cannot be used ({type(err).__name__}: {err})") \
-                    from None
+                raise CliError(
+                    f"{os.path.join(d, 'summary.json')}: cannot be used ({type(err).__name__}: {err})"
+                ) from None
             print(f"profile summary: {os.path.join(d, 'summary.md')}")
             continue
         if not os.path.exists(os.path.join(d, "results.json")) and not rows_files(d) and tp_probe_summary(d):

@@ -10,8 +10,18 @@ import math
 from collections import defaultdict
 
 # the progression's order (presets, then the named variants, then the Hugging Face peers): tables and plots
-ORDER = ["baseline", "kv", "static", "compiled", "deferred", "interleaved", "nocheck", "hf-dynamic", "hf-static",
-         "hf-compiled"]
+ORDER = [
+    "baseline",
+    "kv",
+    "static",
+    "compiled",
+    "deferred",
+    "interleaved",
+    "nocheck",
+    "hf-dynamic",
+    "hf-static",
+    "hf-compiled",
+]
 
 
 def order(names) -> list:

@@ -22,8 +22,11 @@ def gather(dirs: list[str], path: str, command: str) -> None:
     parents = {os.path.dirname(os.path.abspath(d)) for d in dirs}
     notes = os.path.join(parents.pop(), "README.md") if len(parents) == 1 else None
     if notes and os.path.exists(notes):  # the hand-written notes beside the directories: commits, what did not run
-        parts += ["", f"What each directory is, the commit it ran at, what did not run and how to read the figures: "
-                      f"[{os.path.relpath(notes, base)}]({os.path.relpath(notes, base)})."]
+        parts += [
+            "",
+            f"What each directory is, the commit it ran at, what did not run and how to read the figures: "
+            f"[{os.path.relpath(notes, base)}]({os.path.relpath(notes, base)}).",
+        ]
     for d in dirs:
         rel = os.path.relpath(os.path.abspath(d), base)
         tp_text = None if os.path.exists(os.path.join(d, "results.json")) else tp_probe_summary(d)

@@ -34,8 +34,9 @@ def start(device: torch.device) -> dict | None:
 def stop(device: torch.device, before: dict | None) -> dict:
     """Figures since `start`; all None without CUDA (the CPU has no caching allocator to report on)."""
     if before is None:
-        return dict(peak_allocated_mb=None, peak_reserved_mb=None, fragmentation=None, alloc_requests=None,
-                    device_mallocs=None)
+        return dict(
+            peak_allocated_mb=None, peak_reserved_mb=None, fragmentation=None, alloc_requests=None, device_mallocs=None
+        )
     torch.cuda.synchronize(device)
     stats = torch.cuda.memory_stats(device)
     alloc = stats["allocated_bytes.all.peak"]

@@ -58,9 +58,17 @@ def _time_vs_length(ax, key, per: dict, colour: dict) -> None:
     lengths = _lengths(per)
     for s in order(per):
         pts = per[s]
-        ax.errorbar([n for n, _ in pts], [r["seq_s"] for _, r in pts], yerr=_err([r for _, r in pts]),
-                    marker="o", markersize=4, capsize=3, label=s, color=colour[s],
-                    linestyle="--" if s.startswith("hf-") else "-")
+        ax.errorbar(
+            [n for n, _ in pts],
+            [r["seq_s"] for _, r in pts],
+            yerr=_err([r for _, r in pts]),
+            marker="o",
+            markersize=4,
+            capsize=3,
+            label=s,
+            color=colour[s],
+            linestyle="--" if s.startswith("hf-") else "-",
+        )
     ref = per.get("kv") or next(iter(per.values()))
     t0, n0 = ref[0][1]["seq_s"], ref[0][0]
     ax.plot(lengths, [t0 * (n / n0) for n in lengths], color="grey", linestyle=":", label="O(N) guide")
@@ -93,8 +101,15 @@ def _speedup(ax, key, per: dict) -> None:
             vals.append(v)  # bars: the ratio's range over the fastest/slowest calls of both
             lo.append(v - min(b_all) / max(r_all))
             hi.append(max(b_all) / min(r_all) - v)
-        ax.bar([j + i * width for j in range(len(others))], vals, width, yerr=[lo, hi], capsize=2,
-               label=f"N={n}", color=f"C{i % 10}")
+        ax.bar(
+            [j + i * width for j in range(len(others))],
+            vals,
+            width,
+            yerr=[lo, hi],
+            capsize=2,
+            label=f"N={n}",
+            color=f"C{i % 10}",
+        )
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(others))], others, rotation=45, ha="right", fontsize=8)
     ax.axhline(1, color="grey", linewidth=0.8)
     ax.set_ylabel("speed-up over baseline (x); bars: range")
@@ -104,8 +119,7 @@ def _speedup(ax, key, per: dict) -> None:
 def _compile(ax, key, per: dict, colour: dict) -> None:
     over = first_call_overheads(per)
     names = order(over)
-    ax.bar(range(len(names)), [max(0.0, max(v for _, v in over[s])) for s in names],
-           color=[colour[s] for s in names])
+    ax.bar(range(len(names)), [max(0.0, max(v for _, v in over[s])) for s in names], color=[colour[s] for s in names])
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("compile time: largest first-call overhead (s)")
     ax.set_title(f"{key[1]}, batch {key[2]}, allocator {key[0]}")
@@ -122,14 +136,21 @@ def _memory(ax, key, mem: list) -> None:
     for i, a in enumerate(allocs):
         by = {r["strategy"]: r for r in sub if r["allocator"] == a}
         xs = range(len(strategies))
-        ax.bar([x + (2 * i) * width for x in xs],
-               [by[s]["peak_reserved_mb"] if s in by else 0 for s in strategies], width,
-               label=f"reserved ({a})")
-        ax.bar([x + (2 * i + 1) * width for x in xs],
-               [by[s]["peak_allocated_mb"] if s in by else 0 for s in strategies], width,
-               label=f"allocated ({a})")
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(strategies))], strategies, rotation=45, ha="right",
-                  fontsize=8)
+        ax.bar(
+            [x + (2 * i) * width for x in xs],
+            [by[s]["peak_reserved_mb"] if s in by else 0 for s in strategies],
+            width,
+            label=f"reserved ({a})",
+        )
+        ax.bar(
+            [x + (2 * i + 1) * width for x in xs],
+            [by[s]["peak_allocated_mb"] if s in by else 0 for s in strategies],
+            width,
+            label=f"allocated ({a})",
+        )
+    ax.set_xticks(
+        [x + 0.4 - width / 2 for x in range(len(strategies))], strategies, rotation=45, ha="right", fontsize=8
+    )
     ax.set_ylabel("MB at peak")
     ax.set_title(f"peak memory, {dtype}, batch {batch}, N={n}")
 
@@ -164,14 +185,24 @@ def plots(results: dict, out_dir: str) -> list[tuple[str, str]]:
     colour = {s: f"C{i % 10}" for i, s in enumerate(names)}
 
     _panels(out_dir, "time_vs_length.png", keys, lambda ax, key: _time_vs_length(ax, key, ser[key], colour))
-    written.append(("time_vs_length.png", "time per sequence vs N, log-log, with O(N) and O(N^2) guides; error bars: "
-                                          "fastest and slowest timed call"))
+    written.append(
+        (
+            "time_vs_length.png",
+            "time per sequence vs N, log-log, with O(N) and O(N^2) guides; error bars: fastest and slowest timed call",
+        )
+    )
     _panels(out_dir, "speedup.png", keys, lambda ax, key: _speedup(ax, key, ser[key]))
-    written.append(("speedup.png", "speed-up over baseline per preset and peer; error bars: the range the fastest and "
-                                   "slowest timed calls allow"))
+    written.append(
+        (
+            "speedup.png",
+            "speed-up over baseline per preset and peer; error bars: the range the fastest and "
+            "slowest timed calls allow",
+        )
+    )
     _panels(out_dir, "compile.png", keys, lambda ax, key: _compile(ax, key, ser[key], colour))
-    written.append(("compile.png", "compile time per strategy: the largest (first call - median timed call) over "
-                                   "its lengths"))
+    written.append(
+        ("compile.png", "compile time per strategy: the largest (first call - median timed call) over its lengths")
+    )
 
     mem = [r for r in timed(rows) if r.get("peak_reserved_mb") is not None]
     if mem:

@@ -19,8 +19,18 @@ from .results import environment
 from .workloads import prompt
 
 
-def profile_strategies(model_name: str, strategies, batch: int, new_tokens: int, out_dir: str, dtype="float32",
-                       prompt_len: int = 32, warmup: int = 2, device=None, command: str | None = None) -> dict:
+def profile_strategies(
+    model_name: str,
+    strategies,
+    batch: int,
+    new_tokens: int,
+    out_dir: str,
+    dtype="float32",
+    prompt_len: int = 32,
+    warmup: int = 2,
+    device=None,
+    command: str | None = None,
+) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     model = od.load_model(model_name, dtype=dtype, device=device)
     dev = next(model.parameters()).device
@@ -34,8 +44,16 @@ def profile_strategies(model_name: str, strategies, batch: int, new_tokens: int,
         trace = f"trace-{name.replace(':', '-lag')}.json.gz"  # interleaved:2 -> trace-interleaved-lag2.json.gz
         timeline.trace_call(run, dev, os.path.join(out_dir, trace))
         summaries[name] = dict(trace=trace)
-    result = dict(model=model_name, dtype=dtype, batch=batch, new_tokens=new_tokens, prompt_len=prompt_len,
-                  environment=environment(), command=command, strategies=summaries)
+    result = dict(
+        model=model_name,
+        dtype=dtype,
+        batch=batch,
+        new_tokens=new_tokens,
+        prompt_len=prompt_len,
+        environment=environment(),
+        command=command,
+        strategies=summaries,
+    )
     return write_summary(out_dir, result)
 
 
@@ -47,10 +65,16 @@ def write_summary(out_dir: str, result: dict) -> dict:
             trace = json.load(f)
         summary = timeline.analyze(trace)
         png = f"timeline-{name.replace(':', '-lag')}.png"
-        busy = (f"GPU busy {summary['busy_fraction'] * 100:.1f}%, fed {summary['fed_fraction'] * 100:.1f}%"
-                if summary.get("available") else "no GPU trace")
-        timeline.plot_timeline(trace, os.path.join(out_dir, png),
-                               f"{name}: {result['model']}, {result['dtype']}, batch {result['batch']} ({busy})")
+        busy = (
+            f"GPU busy {summary['busy_fraction'] * 100:.1f}%, fed {summary['fed_fraction'] * 100:.1f}%"
+            if summary.get("available")
+            else "no GPU trace"
+        )
+        timeline.plot_timeline(
+            trace,
+            os.path.join(out_dir, png),
+            f"{name}: {result['model']}, {result['dtype']}, batch {result['batch']} ({busy})",
+        )
         summary.update(trace=entry["trace"], timeline=png)
         result["strategies"][name] = summary
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
@@ -86,12 +110,18 @@ def summary_markdown(result: dict) -> str:
     ]
     for name, s in result["strategies"].items():
         if s.get("available"):
-            cells = [f"{s['busy_fraction'] * 100:.1f}%", f"{s['fed_fraction'] * 100:.1f}%",
-                     f"{s['idle_in_launch_ms']:.1f}", f"{s['idle_between_launches_ms']:.1f}",
-                     f"{s['median_idle_gap_us']:.1f}"]
+            cells = [
+                f"{s['busy_fraction'] * 100:.1f}%",
+                f"{s['fed_fraction'] * 100:.1f}%",
+                f"{s['idle_in_launch_ms']:.1f}",
+                f"{s['idle_between_launches_ms']:.1f}",
+                f"{s['median_idle_gap_us']:.1f}",
+            ]
             kern = f"{s['kernels_per_step']:.1f}"
         else:
             cells, kern = [f"unavailable ({s['reason']})", "-", "-", "-", "-"], "-"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {s['host_sync_ms']:.2f} | "
-                     f"{s['launches_per_step']:.1f} | {kern} | {s['trace']} | ![]({s['timeline']}) |")
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {s['host_sync_ms']:.2f} | "
+            f"{s['launches_per_step']:.1f} | {kern} | {s['trace']} | ![]({s['timeline']}) |"
+        )
     return "\n".join(lines) + "\n"

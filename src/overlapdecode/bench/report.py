@@ -15,8 +15,8 @@ from .figures import at, exponents, first_call_overheads, mbu, order, series, sp
 from .figures import order as _order  # noqa: F401  (bench/cli.py's name for it)
 from .gather import gather  # noqa: F401  (`overlapdecode report --markdown`, bench/cli.py)
 from .markdown import fmt, table
-from .plots import plots
 from .peers import label
+from .plots import plots
 from .results import load
 from .tp_summary import tp_probe_summary  # noqa: F401  (bench/cli.py)
 
@@ -46,9 +46,12 @@ def _header(results: dict) -> list[str]:
     md.append("Made by: " + "; then ".join(f"`{c}`" for c in results["commands"]))
     md.append("")
     if results.get("interrupted"):
-        md += [f"**Interrupted run**: its workers were stopped before the end ("
-               f"{results.get('interrupted_reason') or 'the reason was not recorded'}); the rows below are "
-               "those measured before that, and configurations missing from the tables were not measured.", ""]
+        md += [
+            f"**Interrupted run**: its workers were stopped before the end ("
+            f"{results.get('interrupted_reason') or 'the reason was not recorded'}); the rows below are "
+            "those measured before that, and configurations missing from the tables were not measured.",
+            "",
+        ]
     if env.get("recorded") is False:
         md.append(f"Machine: not recorded in the JSON ({env.get('note')}).")
     else:
@@ -62,8 +65,14 @@ def _header(results: dict) -> list[str]:
     cfg = results["config"]
     md.append(
         f"Model {cfg['model']}, prompt {cfg['prompt_len']} tokens, greedy; each figure is the median of "
-        + " / ".join(sorted({f"{c['repeats']} timed calls after {c['warmup']} warm-up call(s)"
-                             for c in results.get("configs", [cfg])}))
+        + " / ".join(
+            sorted(
+                {
+                    f"{c['repeats']} timed calls after {c['warmup']} warm-up call(s)"
+                    for c in results.get("configs", [cfg])
+                }
+            )
+        )
         + " (the first call of each configuration is not timed with them: see `First-call overhead`); "
         "`spread` is (slowest - fastest) / median of the timed calls. "
         "Fragmentation = (peak reserved - peak allocated) / peak reserved. MBU (model-bandwidth utilisation) = "
@@ -72,25 +81,40 @@ def _header(results: dict) -> list[str]:
     )
     errors = [r for r in rows if "error" in r]
     if errors:
-        md += ["", "Not measured: " + "; ".join(
-            f"{r['strategy']} {r['dtype']} b{r['batch']} {r['workload']} n{r['max_new_tokens']} ({r['allocator']}): "
-            f"{r['error']}" for r in errors)]
+        md += [
+            "",
+            "Not measured: "
+            + "; ".join(
+                f"{r['strategy']} {r['dtype']} b{r['batch']} {r['workload']} n{r['max_new_tokens']} ({r['allocator']}): "
+                f"{r['error']}"
+                for r in errors
+            ),
+        ]
     return md
 
 
 def _claims(results: dict, gpu_rows: list) -> list[str]:
     """The progression's steps, each a claim checked against this run's figures (claims.py)."""
     md = ["", "## The progression, checked against this run", ""]
-    md += ["The progression: baseline (no cache: O(N^2) work), kv (a KV cache: O(N)), static (a static cache), "
-           "compiled (torch.compile, CUDA graphs on a GPU), interleaved (the stop flag read a step late, the steps "
-           "on two streams); each step is a claim about what it gains, stated below beside the Hugging Face peers "
-           "and the allocators' fragmentation.", ""]
+    md += [
+        "The progression: baseline (no cache: O(N^2) work), kv (a KV cache: O(N)), static (a static cache), "
+        "compiled (torch.compile, CUDA graphs on a GPU), interleaved (the stop flag read a step late, the steps "
+        "on two streams); each step is a claim about what it gains, stated below beside the Hugging Face peers "
+        "and the allocators' fragmentation.",
+        "",
+    ]
     if not gpu_rows:
-        md += ["This run is on CPU: the progression's steps past the KV cache are claims about a GPU (CUDA graphs, "
-               "streams, the caching allocator), so they are not stated from it; each such line says so, with the "
-               "figure it would rest on.", ""]
-    md += [f"A claim is stated only where its figures carry it: at least {MIN_REPEATS} timed calls each, and a "
-           "difference beyond the spread of those calls; otherwise the line says `not stated` and why.", ""]
+        md += [
+            "This run is on CPU: the progression's steps past the KV cache are claims about a GPU (CUDA graphs, "
+            "streams, the caching allocator), so they are not stated from it; each such line says so, with the "
+            "figure it would rest on.",
+            "",
+        ]
+    md += [
+        f"A claim is stated only where its figures carry it: at least {MIN_REPEATS} timed calls each, and a "
+        "difference beyond the spread of those calls; otherwise the line says `not stated` and why.",
+        "",
+    ]
     return md + (claims(results) or ["- (not enough rows)"])
 
 
@@ -116,24 +140,58 @@ def _configurations(rows) -> list[str]:
             if not r:
                 continue
             frag = r.get("fragmentation")
-            body.append([
-                label(r), fmt(r["seq_s"], "{:.3f}"), fmt(r["ms_per_token"], "{:.3f}"), fmt(r["tokens_per_s"], "{:.0f}"),
-                f"{spread(r) * 100:.0f}%", fmt(r["ttft_ms"], "{:.2f}"),
-                fmt(base["seq_s"] / r["seq_s"], "{:.2f}x") if base else "-",
-                fmt(r.get("peak_allocated_mb"), "{:.0f}"), fmt(r.get("peak_reserved_mb"), "{:.0f}"),
-                fmt(frag and frag * 100, "{:.1f}%"), fmt(r.get("device_mallocs"), "{}"),
-                fmt(r.get("alloc_requests"), "{}"), fmt(mbu(r), "{:.0%}"),
-            ])
-        md.append(table(["strategy", "s/seq", "ms/token", "tok/s", "spread", "TTFT ms", "vs baseline",
-                          "peak alloc MB", "peak reserved MB", "fragmentation", "cudaMalloc calls",
-                          "alloc requests", "MBU"], body))
+            body.append(
+                [
+                    label(r),
+                    fmt(r["seq_s"], "{:.3f}"),
+                    fmt(r["ms_per_token"], "{:.3f}"),
+                    fmt(r["tokens_per_s"], "{:.0f}"),
+                    f"{spread(r) * 100:.0f}%",
+                    fmt(r["ttft_ms"], "{:.2f}"),
+                    fmt(base["seq_s"] / r["seq_s"], "{:.2f}x") if base else "-",
+                    fmt(r.get("peak_allocated_mb"), "{:.0f}"),
+                    fmt(r.get("peak_reserved_mb"), "{:.0f}"),
+                    fmt(frag and frag * 100, "{:.1f}%"),
+                    fmt(r.get("device_mallocs"), "{}"),
+                    fmt(r.get("alloc_requests"), "{}"),
+                    fmt(mbu(r), "{:.0%}"),
+                ]
+            )
+        md.append(
+            table(
+                [
+                    "strategy",
+                    "s/seq",
+                    "ms/token",
+                    "tok/s",
+                    "spread",
+                    "TTFT ms",
+                    "vs baseline",
+                    "peak alloc MB",
+                    "peak reserved MB",
+                    "fragmentation",
+                    "cudaMalloc calls",
+                    "alloc requests",
+                    "MBU",
+                ],
+                body,
+            )
+        )
         over = first_call_overheads(per)
-        md += ["", f"First-call overhead (compile, CUDA-graph recording, warm-up) = first call - median timed call, "
-                   f"in seconds, per length: a process compiles a shape once, at the first configuration that meets "
-                   f"it, so the largest figure of a strategy is its compile time here ({dtype}, batch {batch}, "
-                   f"allocator {alloc}):", ""]
-        body = [[label(per[s][0][1])] + [fmt(dict(over[s]).get(m), "{:.2f}") for m in lengths]
-                + [fmt(max(v for _, v in over[s]), "{:.2f}")] for s in order(per)]
+        md += [
+            "",
+            f"First-call overhead (compile, CUDA-graph recording, warm-up) = first call - median timed call, "
+            f"in seconds, per length: a process compiles a shape once, at the first configuration that meets "
+            f"it, so the largest figure of a strategy is its compile time here ({dtype}, batch {batch}, "
+            f"allocator {alloc}):",
+            "",
+        ]
+        body = [
+            [label(per[s][0][1])]
+            + [fmt(dict(over[s]).get(m), "{:.2f}") for m in lengths]
+            + [fmt(max(v for _, v in over[s]), "{:.2f}")]
+            for s in order(per)
+        ]
         md.append(table(["strategy"] + [f"N={m}" for m in lengths] + ["largest (compile)"], body))
 
     return md
@@ -144,11 +202,20 @@ def _eos(rows) -> list[str]:
     eos = timed(rows, "eos")
     if eos:
         md += ["", "## EOS forced per row (early stop exercised)", ""]
-        body = [[r["allocator"], r["dtype"], r["batch"], r["max_new_tokens"], label(r), r["new_tokens"],
-                 fmt(r["seq_s"], "{:.3f}"), fmt(r["ms_per_token"], "{:.3f}")] for r in
-                sorted(eos, key=lambda r: (r["allocator"], r["dtype"], r["batch"], order([r["strategy"]])[0]))]
-        md.append(table(["allocator", "dtype", "batch", "max new", "strategy", "steps run", "s/seq", "ms/token"],
-                         body))
+        body = [
+            [
+                r["allocator"],
+                r["dtype"],
+                r["batch"],
+                r["max_new_tokens"],
+                label(r),
+                r["new_tokens"],
+                fmt(r["seq_s"], "{:.3f}"),
+                fmt(r["ms_per_token"], "{:.3f}"),
+            ]
+            for r in sorted(eos, key=lambda r: (r["allocator"], r["dtype"], r["batch"], order([r["strategy"]])[0]))
+        ]
+        md.append(table(["allocator", "dtype", "batch", "max new", "strategy", "steps run", "s/seq", "ms/token"], body))
 
     return md
 
@@ -162,18 +229,62 @@ def _busy(rows) -> list[str]:
         for r in busy:
             b = r["busy"]
             if b.get("available") and b.get("decode_steps") is None:  # a peer: whole call, prefill included
-                body.append([r["allocator"], r["dtype"], r["batch"], label(r),
-                             f"{b['busy_fraction'] * 100:.1f}% (whole call)", "-", f"{b['host_sync_ms']:.2f}", "-",
-                             "-"])
+                body.append(
+                    [
+                        r["allocator"],
+                        r["dtype"],
+                        r["batch"],
+                        label(r),
+                        f"{b['busy_fraction'] * 100:.1f}% (whole call)",
+                        "-",
+                        f"{b['host_sync_ms']:.2f}",
+                        "-",
+                        "-",
+                    ]
+                )
             elif b.get("available"):
                 fed = f" (fed {b['fed_fraction'] * 100:.1f}%)" if "fed_fraction" in b else ""
-                body.append([r["allocator"], r["dtype"], r["batch"], label(r),
-                             f"{b['busy_fraction'] * 100:.1f}%{fed}",
-                             f"{b['median_idle_gap_us']:.1f}", f"{b['host_sync_ms']:.2f}",
-                             f"{b['launches_per_step']:.1f}", f"{b['kernels_per_step']:.1f}"])
+                body.append(
+                    [
+                        r["allocator"],
+                        r["dtype"],
+                        r["batch"],
+                        label(r),
+                        f"{b['busy_fraction'] * 100:.1f}%{fed}",
+                        f"{b['median_idle_gap_us']:.1f}",
+                        f"{b['host_sync_ms']:.2f}",
+                        f"{b['launches_per_step']:.1f}",
+                        f"{b['kernels_per_step']:.1f}",
+                    ]
+                )
             else:
-                body.append([r["allocator"], r["dtype"], r["batch"], label(r), "unavailable: " + b["reason"],
-                             "-", "-", "-", "-"])
-        md.append(table(["allocator", "dtype", "batch", "strategy", "GPU busy", "median idle gap us",
-                          "host blocked ms", "launch calls/step", "kernels/step"], body))
+                body.append(
+                    [
+                        r["allocator"],
+                        r["dtype"],
+                        r["batch"],
+                        label(r),
+                        "unavailable: " + b["reason"],
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                    ]
+                )
+        md.append(
+            table(
+                [
+                    "allocator",
+                    "dtype",
+                    "batch",
+                    "strategy",
+                    "GPU busy",
+                    "median idle gap us",
+                    "host blocked ms",
+                    "launch calls/step",
+                    "kernels/step",
+                ],
+                body,
+            )
+        )
     return md

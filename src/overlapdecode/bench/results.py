@@ -24,8 +24,14 @@ ROW_KEYS = ("strategy", "workload", "allocator", "dtype", "batch", "max_new_toke
 TIMED_KEYS = ("seq_s", "seq_s_all", "ms_per_token", "tokens_per_s", "ttft_ms", "first_call_s", "new_tokens")
 CONFIG_KEYS = ("model", "prompt_len", "repeats", "warmup")
 # Figures a timed row may carry (None where not measured, e.g. memory on CPU): numbers when present.
-OPTIONAL_FIGURES = ("peak_reserved_mb", "peak_allocated_mb", "fragmentation", "weight_bytes", "bandwidth_gbs",
-                    "device_mallocs")
+OPTIONAL_FIGURES = (
+    "peak_reserved_mb",
+    "peak_allocated_mb",
+    "fragmentation",
+    "weight_bytes",
+    "bandwidth_gbs",
+    "device_mallocs",
+)
 # What the report's "Machine:" line reads from an environment record.
 ENV_KEYS = ("torch", "transformers", "python", "git_commit")
 
@@ -47,8 +53,13 @@ def git_commit() -> str:
         except (OSError, subprocess.SubprocessError):
             continue
         if out.returncode == 0:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
             return out.stdout.strip() + ("-dirty" if dirty else "")
     return "unknown"
 
@@ -83,8 +94,10 @@ def latest_rows(rows: list[dict]) -> list[dict]:
     measured one. Keeps the order of first appearance."""
     keep: dict = {}  # key -> (position of first appearance, row)
     for i, r in enumerate(rows):
-        key = tuple(r.get(k) for k in ("model", "allocator", "dtype", "batch", "prompt_len", "workload",
-                                       "max_new_tokens", "strategy"))
+        key = tuple(
+            r.get(k)
+            for k in ("model", "allocator", "dtype", "batch", "prompt_len", "workload", "max_new_tokens", "strategy")
+        )
         if key in keep and "error" in r and "error" not in keep[key][1]:
             continue
         keep[key] = (keep[key][0] if key in keep else i, r)
@@ -103,8 +116,10 @@ def _time(v) -> bool:
 def _check(results, path: str) -> dict:
     """The structure the report relies on, or a ResultsError saying what is missing."""
     if not isinstance(results, dict):
-        raise ResultsError(f"{path}: expected a JSON object with commands, config and rows, got "
-                           f"{type(results).__name__ if results is not None else 'null'}")
+        raise ResultsError(
+            f"{path}: expected a JSON object with commands, config and rows, got "
+            f"{type(results).__name__ if results is not None else 'null'}"
+        )
     missing = [k for k in ("commands", "config", "rows") if k not in results]
     if missing:
         raise ResultsError(f"{path}: missing {', '.join(missing)} (not a results file of `overlapdecode bench`)")
@@ -121,27 +136,35 @@ def _check(results, path: str) -> dict:
             raise ResultsError(f"{path}: row {i} lacks {', '.join(lacking)}")
         # the report sorts and groups rows by these and compares them with numbers and names
         wrong = [k for k in ("batch", "max_new_tokens") if not (isinstance(r[k], int) and not isinstance(r[k], bool))]
-        wrong += [k for k in ("strategy", "workload", "allocator", "dtype", "device")
-                  if k in r and not isinstance(r[k], str)]
+        wrong += [
+            k for k in ("strategy", "workload", "allocator", "dtype", "device") if k in r and not isinstance(r[k], str)
+        ]
         if wrong:
-            raise ResultsError(f"{path}: row {i} has {', '.join(wrong)} of the wrong kind (integers for batch and "
-                               f"max_new_tokens, strings for names)")
+            raise ResultsError(
+                f"{path}: row {i} has {', '.join(wrong)} of the wrong kind (integers for batch and "
+                f"max_new_tokens, strings for names)"
+            )
         if "seq_s" in r:  # the figures the report computes with
-            wrong = [k for k in ("seq_s", "ms_per_token", "tokens_per_s", "ttft_ms", "first_call_s") if not _number(r[k])]
+            wrong = [
+                k for k in ("seq_s", "ms_per_token", "tokens_per_s", "ttft_ms", "first_call_s") if not _number(r[k])
+            ]
             if not (isinstance(r["seq_s_all"], list) and r["seq_s_all"] and all(_time(t) for t in r["seq_s_all"])):
                 wrong.append("seq_s_all")
             if "seq_s" not in wrong and not _time(r["seq_s"]):
                 wrong.append("seq_s")
             wrong += [k for k in OPTIONAL_FIGURES if r.get(k) is not None and not _number(r[k])]
             if wrong:
-                raise ResultsError(f"{path}: row {i} has {', '.join(wrong)} of the wrong kind (numbers expected, "
-                                   f"times > 0)")
+                raise ResultsError(
+                    f"{path}: row {i} has {', '.join(wrong)} of the wrong kind (numbers expected, times > 0)"
+                )
     env = results.get("environment")
     if not isinstance(env, dict):  # older or hand-made files: say so in the report rather than refuse
         results["environment"] = dict(recorded=False, note=f"{RESULTS} has no environment record")
     elif env.get("recorded") is not False and any(k not in env for k in ENV_KEYS):
-        results["environment"] = dict(recorded=False, note=f"{RESULTS}'s environment record lacks "
-                                                           f"{', '.join(k for k in ENV_KEYS if k not in env)}")
+        results["environment"] = dict(
+            recorded=False,
+            note=f"{RESULTS}'s environment record lacks {', '.join(k for k in ENV_KEYS if k not in env)}",
+        )
     return results
 
 
@@ -176,8 +199,9 @@ def write(out_dir: str, results: dict) -> None:
     os.replace(tmp, path)
 
 
-def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupted: bool = False,
-             reason: str | None = None) -> dict:
+def finalize(
+    out_dir: str, command: str, earlier: dict | None = None, interrupted: bool = False, reason: str | None = None
+) -> dict:
     """Turn DIR/rows*.jsonl (one per worker; + config.json) into DIR/results.json. The environment is the one
     the workers recorded as they started (the GPU side); `interrupted` marks a run whose workers did not finish,
     and `reason` says why where it is known (`interrupted_reason`: Ctrl-C, a worker that failed).
@@ -199,13 +223,24 @@ def finalize(out_dir: str, command: str, earlier: dict | None = None, interrupte
     metas = [r["meta"] for r in lines if "meta" in r]
     rows = [r for r in lines if "meta" not in r]
     if not any("error" not in r for r in rows):
-        raise ResultsError(f"{out_dir}: the run measured nothing ({len(rows)} rows, none measured); "
-                           + (f"{RESULTS} left as it was" if os.path.exists(os.path.join(out_dir, RESULTS))
-                              else f"no {RESULTS} written"))
+        raise ResultsError(
+            f"{out_dir}: the run measured nothing ({len(rows)} rows, none measured); "
+            + (
+                f"{RESULTS} left as it was"
+                if os.path.exists(os.path.join(out_dir, RESULTS))
+                else f"no {RESULTS} written"
+            )
+        )
     with open(os.path.join(out_dir, "config.json")) as f:
         cfg = json.load(f)
-    env = dict(metas[0]) if metas else dict(recorded=False, note="the workers of this run predate the environment "
-                                             "record; see the notes beside this directory")
+    env = (
+        dict(metas[0])
+        if metas
+        else dict(
+            recorded=False,
+            note="the workers of this run predate the environment record; see the notes beside this directory",
+        )
+    )
     env.pop("allocator", None)
     env.pop("cuda_visible_devices", None)
     env.pop("cpus", None)

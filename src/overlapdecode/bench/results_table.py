@@ -23,8 +23,19 @@ from .results import RESULTS, ResultsError, load
 
 BEGIN = "<!-- results table: made by python -m overlapdecode.bench.results_table; edit results/, not this table -->"
 END = "<!-- end of results table -->"
-HEADER = ("model", "dtype", "batch", "preset", "ms/token", "ms/step", "TTFT ms", "MBU",
-          "Hugging Face peer: ms/token (speed-up)", "presets measured", "results")
+HEADER = (
+    "model",
+    "dtype",
+    "batch",
+    "preset",
+    "ms/token",
+    "ms/step",
+    "TTFT ms",
+    "MBU",
+    "Hugging Face peer: ms/token (speed-up)",
+    "presets measured",
+    "results",
+)
 
 
 def runs(results_dir: str) -> list[tuple[str, dict]]:
@@ -44,8 +55,14 @@ def runs(results_dir: str) -> list[tuple[str, dict]]:
 
 def _comparable(row: dict, new_tokens: int) -> bool:
     """A measured row of the table's kind: timed, not an error, EOS off, default allocator, one process."""
-    return ("seq_s" in row and "error" not in row and row["workload"] == "fixed" and row["allocator"] == "default"
-            and row["max_new_tokens"] == new_tokens and row.get("tp", 1) == 1)
+    return (
+        "seq_s" in row
+        and "error" not in row
+        and row["workload"] == "fixed"
+        and row["allocator"] == "default"
+        and row["max_new_tokens"] == new_tokens
+        and row.get("tp", 1) == 1
+    )
 
 
 def ms_per_step(row: dict) -> float:
@@ -68,8 +85,13 @@ def lines(found: list[tuple[str, dict]], new_tokens: int) -> list[dict]:
         for row in results["rows"]:
             if not _comparable(row, new_tokens):
                 continue
-            key = (gpu, row.get("model", results["config"]["model"]), row["dtype"], row["batch"],
-                   row.get("prompt_len", results["config"]["prompt_len"]))
+            key = (
+                gpu,
+                row.get("model", results["config"]["model"]),
+                row["dtype"],
+                row["batch"],
+                row.get("prompt_len", results["config"]["prompt_len"]),
+            )
             g = groups.setdefault(key, {"key": key, "preset": None, "peer": None, "presets": set()})
             if row.get("kind") == "peer":
                 slot = "peer"
@@ -89,8 +111,9 @@ def render(results_dir: str, new_tokens: int = 200, relative_to: str = ".") -> s
     found = runs(results_dir)
     table = lines(found, new_tokens)
     if not table:
-        raise ResultsError(f"{results_dir}: no folder measured a preset at {new_tokens} new tokens "
-                           "(EOS off, default allocator)")
+        raise ResultsError(
+            f"{results_dir}: no folder measured a preset at {new_tokens} new tokens (EOS off, default allocator)"
+        )
 
     def link(folder: str) -> str:
         target = os.path.relpath(os.path.join(folder, "report.md"), relative_to)
@@ -98,9 +121,13 @@ def render(results_dir: str, new_tokens: int = 200, relative_to: str = ".") -> s
 
     order = list(PRESETS)
     prompts = sorted({g["key"][4] for g in table})
-    out = [f"Measured by `overlapdecode bench` on {', '.join(sorted({g['key'][0] for g in table}))}: prompt "
-           f"{'/'.join(map(str, prompts))} tokens, {new_tokens} new tokens, EOS off, medians of the timed calls.", "",
-           "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    out = [
+        f"Measured by `overlapdecode bench` on {', '.join(sorted({g['key'][0] for g in table}))}: prompt "
+        f"{'/'.join(map(str, prompts))} tokens, {new_tokens} new tokens, EOS off, medians of the timed calls.",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
     for g in table:
         _gpu, model, dtype, batch, _prompt = g["key"]
         folder, row = g["preset"]
@@ -109,12 +136,24 @@ def render(results_dir: str, new_tokens: int = 200, relative_to: str = ".") -> s
             peer, folders = "not measured", [folder]
         else:
             peer_folder, peer_row = g["peer"]
-            peer = (f"`{peer_row['strategy']}` {peer_row['ms_per_token']:.3f} "
-                    f"({peer_row['ms_per_token'] / row['ms_per_token']:.2f}x)")
+            peer = (
+                f"`{peer_row['strategy']}` {peer_row['ms_per_token']:.3f} "
+                f"({peer_row['ms_per_token'] / row['ms_per_token']:.2f}x)"
+            )
             folders = [folder] + ([peer_folder] if peer_folder != folder else [])
-        cells = [f"`{model}`", dtype, str(batch), f"**`{row['strategy']}`**", f"{row['ms_per_token']:.3f}",
-                 f"{ms_per_step(row):.3f}", f"{row['ttft_ms']:.1f}", "-" if m is None else f"{m * 100:.0f}%", peer,
-                 ", ".join(sorted(g["presets"], key=order.index)), ", ".join(link(f) for f in folders)]
+        cells = [
+            f"`{model}`",
+            dtype,
+            str(batch),
+            f"**`{row['strategy']}`**",
+            f"{row['ms_per_token']:.3f}",
+            f"{ms_per_step(row):.3f}",
+            f"{row['ttft_ms']:.1f}",
+            "-" if m is None else f"{m * 100:.0f}%",
+            peer,
+            ", ".join(sorted(g["presets"], key=order.index)),
+            ", ".join(link(f) for f in folders),
+        ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -129,8 +168,9 @@ def replace_region(text: str, table: str, path: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m overlapdecode.bench.results_table",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m overlapdecode.bench.results_table", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("results_dir", help="a folder of results folders, e.g. results/h200")
     ap.add_argument("--readme", help="rewrite the table between the markers of this markdown file (default: print it)")
     ap.add_argument("--new-tokens", type=int, default=200, help="the length the table compares (default: %(default)s)")

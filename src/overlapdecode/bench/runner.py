@@ -84,7 +84,7 @@ def cpu_shares(slots: int) -> list[list[int] | None]:
         return [None] * max(slots, 1)
     cpus = sorted(os.sched_getaffinity(0))
     k = max(1, len(cpus) // slots)
-    return [cpus[i * k:(i + 1) * k] or cpus for i in range(slots)]
+    return [cpus[i * k : (i + 1) * k] or cpus for i in range(slots)]
 
 
 def _last_line(path: str) -> str:
@@ -97,8 +97,17 @@ def _last_line(path: str) -> str:
     return lines[-1] if lines else "nothing in its log"
 
 
-def _worker(workers: Workers, cfg_path: str, rows_path: str, allocator: str, log_path: str, on_line,
-            gpu: int | None = None, cpus: list[int] | None = None, tp_port: int | None = None) -> None:
+def _worker(
+    workers: Workers,
+    cfg_path: str,
+    rows_path: str,
+    allocator: str,
+    log_path: str,
+    on_line,
+    gpu: int | None = None,
+    cpus: list[int] | None = None,
+    tp_port: int | None = None,
+) -> None:
     env = os.environ.copy()
     if tp_port is not None:
         # a tensor-parallel unit: this rank's worker joins the same unit's worker on every other rank through
@@ -123,8 +132,9 @@ def _worker(workers: Workers, cfg_path: str, rows_path: str, allocator: str, log
             on_line(line.rstrip("\n"))
         proc.wait()
     if proc.returncode != 0 and not workers.stopped:
-        raise BenchError(f"the {allocator} worker failed (exit {proc.returncode}): {_last_line(log_path)} "
-                         f"(its log: {log_path})")
+        raise BenchError(
+            f"the {allocator} worker failed (exit {proc.returncode}): {_last_line(log_path)} (its log: {log_path})"
+        )
 
 
 def work_units(cfg: BenchConfig) -> list[tuple[str, BenchConfig]]:
@@ -133,8 +143,11 @@ def work_units(cfg: BenchConfig) -> list[tuple[str, BenchConfig]]:
     if not cfg.gpus:
         return [(a, replace(cfg, allocators=(a,))) for a in cfg.allocators]
     combos, _ = plan(cfg)
-    return [(f"{a}-{d}-b{b}", replace(cfg, allocators=(a,), pairs=(f"{d}:{b}",), gpus=()))
-            for a in cfg.allocators for d, b in combos]
+    return [
+        (f"{a}-{d}-b{b}", replace(cfg, allocators=(a,), pairs=(f"{d}:{b}",), gpus=()))
+        for a in cfg.allocators
+        for d, b in combos
+    ]
 
 
 def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, append=False) -> dict | None:
@@ -194,25 +207,33 @@ def _keep_or_clear(out_dir: str, command: str, earlier: dict | None, reason: str
         return f"nothing was measured; {out_dir} can take a new run"
     report.build(out_dir)
     measured = sum("error" not in r for r in results["rows"])
-    return (f"the {measured} measured rows are kept in {os.path.join(out_dir, RESULTS)} and "
-            f"{os.path.join(out_dir, 'report.md')} (add to them with --append)")
+    return (
+        f"the {measured} measured rows are kept in {os.path.join(out_dir, RESULTS)} and "
+        f"{os.path.join(out_dir, 'report.md')} (add to them with --append)"
+    )
 
 
 def _check_out_dir(cfg: BenchConfig, out_dir: str, append: bool) -> dict | None:
     """The results of an earlier run to append to (or None); a BenchError if out_dir cannot take this run."""
     if rows_files(out_dir):  # an interrupted run's measurements: never deleted by a new run
-        raise BenchError(f"--out {out_dir} holds the rows of an interrupted run: keep them with `overlapdecode "
-                         f"report {out_dir} --interrupted 'THE BENCH COMMAND'`, or choose another --out")
+        raise BenchError(
+            f"--out {out_dir} holds the rows of an interrupted run: keep them with `overlapdecode "
+            f"report {out_dir} --interrupted 'THE BENCH COMMAND'`, or choose another --out"
+        )
     earlier = None
     if append:
         earlier = load(out_dir)
         was = (earlier["config"]["model"], earlier["config"]["prompt_len"], earlier["config"].get("tp", 1))
         if was != (cfg.model, cfg.prompt_len, cfg.tp):
-            raise BenchError(f"--append: {out_dir} holds {was[0]} with prompt {was[1]} at tp={was[2]}, not "
-                             f"{cfg.model} with prompt {cfg.prompt_len} at tp={cfg.tp}")
+            raise BenchError(
+                f"--append: {out_dir} holds {was[0]} with prompt {was[1]} at tp={was[2]}, not "
+                f"{cfg.model} with prompt {cfg.prompt_len} at tp={cfg.tp}"
+            )
     elif os.path.exists(os.path.join(out_dir, RESULTS)):
-        raise BenchError(f"--out {out_dir} already holds {RESULTS}: add to it with --append, or choose another "
-                         f"--out (an earlier run's results are never overwritten)")
+        raise BenchError(
+            f"--out {out_dir} already holds {RESULTS}: add to it with --append, or choose another "
+            f"--out (an earlier run's results are never overwritten)"
+        )
     if not plan(cfg)[1]:
         raise BenchError("nothing to measure: the configuration has no strategy, peer, dtype, batch or length")
     return earlier
@@ -234,8 +255,14 @@ def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
     units = work_units(cfg)
     workers = Workers()
     started = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not progress, transient=False) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not progress,
+        transient=False,
+    ) as bar:
         tasks = {label: bar.add_task(f"[{label}] waiting", total=None) for label, _ in units}
         free = queue.Queue()
         gpus = cfg.gpus or (None,)
@@ -247,8 +274,9 @@ def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
             slot = free.get()  # a unit waits for a GPU (and its CPU share) no other unit is measuring on
             try:
                 if unit_cfg.time_budget_s is not None:  # the budget counts from the start of the whole bench
-                    unit_cfg = replace(unit_cfg, time_budget_s=max(0.0, unit_cfg.time_budget_s
-                                                                   - (time.perf_counter() - started)))
+                    unit_cfg = replace(
+                        unit_cfg, time_budget_s=max(0.0, unit_cfg.time_budget_s - (time.perf_counter() - started))
+                    )
                 cfg_path = os.path.join(out_dir, f"config-{label}.json")
                 with open(cfg_path, "w") as f:
                     f.write(config_json(unit_cfg))
@@ -264,8 +292,16 @@ def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
 
                 # tensor parallel: the same unit on every rank meets at the same port (one unit at a time)
                 tp_port = int(os.environ["MASTER_PORT"]) + 1 + index if cfg.tp > 1 else None
-                _worker(workers, cfg_path, os.path.join(out_dir, f"rows-{label}.jsonl"), unit_cfg.allocators[0],
-                        os.path.join(out_dir, f"worker-{label}.log"), on_line, *slot, tp_port=tp_port)
+                _worker(
+                    workers,
+                    cfg_path,
+                    os.path.join(out_dir, f"rows-{label}.jsonl"),
+                    unit_cfg.allocators[0],
+                    os.path.join(out_dir, f"worker-{label}.log"),
+                    on_line,
+                    *slot,
+                    tp_port=tp_port,
+                )
                 os.remove(cfg_path)
             finally:
                 free.put(slot)

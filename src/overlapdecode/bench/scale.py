@@ -61,21 +61,33 @@ def kv_bytes_per_step(shape: Shape, rows: int, context: float) -> float:
     return shape.layers * rows * 2 * shape.kv_heads * shape.head_dim * shape.elt_bytes * context
 
 
-def step_figures(ms_per_step: float, rows: int, weight_bytes: int, kv_bytes: float, bandwidth_gbs: float | None,
-                 layers: int) -> dict:
+def step_figures(
+    ms_per_step: float, rows: int, weight_bytes: int, kv_bytes: float, bandwidth_gbs: float | None, layers: int
+) -> dict:
     """tok/s, and, with a measured bandwidth, MBU (weights and KV) and the toll in us per layer."""
-    out = dict(ms_per_step=ms_per_step, tok_s=rows / (ms_per_step / 1e3), weight_bytes=weight_bytes,
-               kv_bytes=kv_bytes, mbu=None, mbu_weights_only=None, toll_us_per_layer=None)
+    out = dict(
+        ms_per_step=ms_per_step,
+        tok_s=rows / (ms_per_step / 1e3),
+        weight_bytes=weight_bytes,
+        kv_bytes=kv_bytes,
+        mbu=None,
+        mbu_weights_only=None,
+        toll_us_per_layer=None,
+    )
     if bandwidth_gbs:
         floor_ms = (weight_bytes + kv_bytes) / (bandwidth_gbs * 1e9) * 1e3
-        out.update(floor_ms=floor_ms, mbu=floor_ms / ms_per_step,
-                   mbu_weights_only=weight_bytes / (bandwidth_gbs * 1e9) * 1e3 / ms_per_step,
-                   toll_us_per_layer=(ms_per_step - floor_ms) / layers * 1e3)
+        out.update(
+            floor_ms=floor_ms,
+            mbu=floor_ms / ms_per_step,
+            mbu_weights_only=weight_bytes / (bandwidth_gbs * 1e9) * 1e3 / ms_per_step,
+            toll_us_per_layer=(ms_per_step - floor_ms) / layers * 1e3,
+        )
     return out
 
 
-def points(rows: list[int], prompts: list[int], long_rows: list[int], long_prompts: list[int],
-           strategies: list[str]) -> list[tuple[str, int, int]]:
+def points(
+    rows: list[int], prompts: list[int], long_rows: list[int], long_prompts: list[int], strategies: list[str]
+) -> list[tuple[str, int, int]]:
     """(strategy, rows, prompt) in the order they run: the short prompts over `rows`, then the long prompts over
     `long_rows`, every strategy at a point before the next point, so that a time budget that cuts the run leaves
     whole comparisons."""
@@ -99,8 +111,18 @@ def _median_call(fn, device, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure_point(decoder, model, strategy: str, rows: int, prompt_len: int, new_tokens: int, repeats: int,
-                  bandwidth_gbs, weight_bytes: int, trace_dir: str | None) -> dict:
+def measure_point(
+    decoder,
+    model,
+    strategy: str,
+    rows: int,
+    prompt_len: int,
+    new_tokens: int,
+    repeats: int,
+    bandwidth_gbs,
+    weight_bytes: int,
+    trace_dir: str | None,
+) -> dict:
     """One point's figures (module docstring); the calls generate `new_tokens` with EOS off."""
     from .timeline import analyze, trace_call
     from .workloads import prompt
@@ -119,9 +141,17 @@ def measure_point(decoder, model, strategy: str, rows: int, prompt_len: int, new
     ms = (t_n - t_1) / (new_tokens - 1) * 1e3
     shape = model_shape(model)
     kv = kv_bytes_per_step(shape, rows, mean_context(prompt_len, new_tokens))
-    row = dict(strategy=strategy, rows=rows, prompt_len=prompt_len, new_tokens=new_tokens, call_s=t_n,
-               ttft_ms=t_1 * 1e3, layers=shape.layers, bandwidth_gbs=bandwidth_gbs,
-               **step_figures(ms, rows, weight_bytes, kv, bandwidth_gbs, shape.layers))
+    row = dict(
+        strategy=strategy,
+        rows=rows,
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+        call_s=t_n,
+        ttft_ms=t_1 * 1e3,
+        layers=shape.layers,
+        bandwidth_gbs=bandwidth_gbs,
+        **step_figures(ms, rows, weight_bytes, kv, bandwidth_gbs, shape.layers),
+    )
     if trace_dir is not None and device.type == "cuda":
         path = os.path.join(trace_dir, f"{strategy}-r{rows}-p{prompt_len}.json.gz")
         summary = analyze(trace_call(call(new_tokens), device, path))
@@ -132,21 +162,41 @@ def measure_point(decoder, model, strategy: str, rows: int, prompt_len: int, new
 def markdown(result: dict) -> str:
     """The sweep as a table, one line per point."""
     cfg = result["config"]
-    lines = [f"# Decode over rows and prompt lengths: {cfg['model']}, {cfg['dtype']}", "",
-             f"Measured bandwidth (device copy): {_f(result.get('bandwidth_gbs'), '{:.0f}')} GB/s. Weight bytes "
-             f"{result['weight_bytes'] / 1e9:.3f} GB. Decode ms/step = (call of N - call of 1) / (N - 1); KV bytes per "
-             "step at the mean attended length (prompt + N/2); MBU = (weights + KV) / bandwidth / ms per step; toll = "
-             "(ms/step - (weights + KV) / bandwidth) / layers.", "",
-             "| strategy | rows | prompt | ms/step | tok/s | KV MB/step | MBU | MBU (weights only) | toll us/layer "
-             "| kernels/step | TTFT ms |", "|" + "---|" * 11]
+    lines = [
+        f"# Decode over rows and prompt lengths: {cfg['model']}, {cfg['dtype']}",
+        "",
+        f"Measured bandwidth (device copy): {_f(result.get('bandwidth_gbs'), '{:.0f}')} GB/s. Weight bytes "
+        f"{result['weight_bytes'] / 1e9:.3f} GB. Decode ms/step = (call of N - call of 1) / (N - 1); KV bytes per "
+        "step at the mean attended length (prompt + N/2); MBU = (weights + KV) / bandwidth / ms per step; toll = "
+        "(ms/step - (weights + KV) / bandwidth) / layers.",
+        "",
+        "| strategy | rows | prompt | ms/step | tok/s | KV MB/step | MBU | MBU (weights only) | toll us/layer "
+        "| kernels/step | TTFT ms |",
+        "|" + "---|" * 11,
+    ]
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['strategy']} | {r['rows']} | {r['prompt_len']} | {r['error']} |" + " |" * 8)
             continue
-        lines.append(" | ".join(["", r["strategy"], str(r["rows"]), str(r["prompt_len"]), f"{r['ms_per_step']:.3f}",
-                                 f"{r['tok_s']:.0f}", f"{r['kv_bytes'] / 1e6:.1f}", _f(r.get("mbu"), "{:.0%}"),
-                                 _f(r.get("mbu_weights_only"), "{:.0%}"), _f(r.get("toll_us_per_layer"), "{:.1f}"),
-                                 _f(r.get("kernels_per_step"), "{:.0f}"), f"{r['ttft_ms']:.1f}", ""]).strip())
+        lines.append(
+            " | ".join(
+                [
+                    "",
+                    r["strategy"],
+                    str(r["rows"]),
+                    str(r["prompt_len"]),
+                    f"{r['ms_per_step']:.3f}",
+                    f"{r['tok_s']:.0f}",
+                    f"{r['kv_bytes'] / 1e6:.1f}",
+                    _f(r.get("mbu"), "{:.0%}"),
+                    _f(r.get("mbu_weights_only"), "{:.0%}"),
+                    _f(r.get("toll_us_per_layer"), "{:.1f}"),
+                    _f(r.get("kernels_per_step"), "{:.0f}"),
+                    f"{r['ttft_ms']:.1f}",
+                    "",
+                ]
+            ).strip()
+        )
     for s in result.get("not_run", []):
         lines.append(f"| {s[0]} | {s[1]} | {s[2]} | not run: time budget |" + " |" * 8)
     return "\n".join(lines) + "\n"

@@ -75,7 +75,7 @@ def trace_call(fn, device, path: str) -> dict:
         if cuda:
             torch.cuda.synchronize()  # host sync: the traced call's GPU work ends inside the trace
     prof.export_chrome_trace(path)
-    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
         return json.load(f)
 
 
@@ -125,7 +125,9 @@ def analyze(trace: dict) -> dict:
     )
     gaps = []
     bounds = [
-        (min(g["ts"] for g in st["gpu"]), max(g["ts"] + g.get("dur", 0) for g in st["gpu"])) for st in steps if st["gpu"]
+        (min(g["ts"] for g in st["gpu"]), max(g["ts"] + g.get("dur", 0) for g in st["gpu"]))
+        for st in steps
+        if st["gpu"]
     ]
     for (_, prev_end), (next_start, _) in zip(bounds, bounds[1:]):
         gaps.append(max(0.0, next_start - prev_end))
@@ -150,15 +152,20 @@ def whole_call(trace: dict) -> dict:
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     gpu = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") in GPU_CATS]
     sync_us = sum(e.get("dur", 0) for e in events if e.get("cat") in RUNTIME_CATS and "Synchronize" in e["name"])
-    summary = dict(scope="whole call (no decode_step ranges: prefill included)", decode_steps=None,
-                   host_sync_ms=sync_us / 1e3)
+    summary = dict(
+        scope="whole call (no decode_step ranges: prefill included)", decode_steps=None, host_sync_ms=sync_us / 1e3
+    )
     if not gpu:
         summary.update(available=False, reason="no GPU activity in the trace (CPU run): busy fraction unavailable")
         return summary
     start, end = min(s for s, _ in gpu), max(e for _, e in gpu)
     busy = _union_length(gpu)
-    summary.update(available=True, busy_fraction=busy / (end - start) if end > start else 1.0,
-                   gpu_span_ms=(end - start) / 1e3, gpu_busy_ms=busy / 1e3)
+    summary.update(
+        available=True,
+        busy_fraction=busy / (end - start) if end > start else 1.0,
+        gpu_span_ms=(end - start) / 1e3,
+        gpu_busy_ms=busy / 1e3,
+    )
     return summary
 
 
@@ -177,9 +184,7 @@ def plot_timeline(trace: dict, path: str, title: str, first_step: int = 3, n_ste
         fig.savefig(path, dpi=120)
         plt.close(fig)
         return
-    gpu = sorted(
-        [(g["ts"], g["ts"] + g.get("dur", 0)) for st in steps for g in st["gpu"]]
-    )
+    gpu = sorted([(g["ts"], g["ts"] + g.get("dur", 0)) for st in steps for g in st["gpu"]])
     t0 = min([steps[0]["start"]] + [s for s, _ in gpu])
     t1 = max([steps[-1]["end"]] + [e for _, e in gpu])
     ms = lambda t: (t - t0) / 1e3  # noqa: E731

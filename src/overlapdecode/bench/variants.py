@@ -21,8 +21,10 @@ def split_variant(name: str) -> tuple[str, dict]:
             continue
         key, eq, value = part.partition("=")
         if key not in SAMPLE_KEYS or not eq:
-            raise ValueError(f"{name}: {part!r} is not a sampling setting; use +sample or +KEY=VALUE with KEY one of "
-                             f"{', '.join(SAMPLE_KEYS)}")
+            raise ValueError(
+                f"{name}: {part!r} is not a sampling setting; use +sample or +KEY=VALUE with KEY one of "
+                f"{', '.join(SAMPLE_KEYS)}"
+            )
         try:
             kwargs[key] = SAMPLE_KEYS[key](value)
         except ValueError:

@@ -87,8 +87,9 @@ def _runner(name, model, ids, max_new, eos, pad, seed: int = 0):
         return lambda n=max_new: run_peer(name, model, ids, torch.ones_like(ids), n, eos, pad)
     base, _ = split_variant(name)  # a sampled variant: NAME+key=value (variants.py)
     sampling = generate_kwargs(name, seed)
-    return lambda n=max_new: od.generate(model, ids, max_new_tokens=n, strategy=base, eos_token_id=eos,
-                                         pad_token_id=pad, **sampling)
+    return lambda n=max_new: od.generate(
+        model, ids, max_new_tokens=n, strategy=base, eos_token_id=eos, pad_token_id=pad, **sampling
+    )
 
 
 def _compiles(name: str, device) -> bool:
@@ -156,17 +157,29 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
     model = forced = model_dtype = None
     started = time.perf_counter()
     with open(out_path, "a") as sink:
-        meta = dict(environment(), allocator=allocator, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                    cpus=",".join(map(str, sorted(os.sched_getaffinity(0)))) if os.environ.get("OVERLAPDECODE_CPUS")
-                    else None)  # the cores this process really runs on
+        meta = dict(
+            environment(),
+            allocator=allocator,
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            cpus=",".join(map(str, sorted(os.sched_getaffinity(0)))) if os.environ.get("OVERLAPDECODE_CPUS") else None,
+        )  # the cores this process really runs on
         sink.write(json.dumps(dict(meta=meta)) + "\n")  # kept if interrupted
         bandwidth = device_bandwidth_gbs(device)  # once per worker, before any model is on the device
         for i, (dtype, batch, workload, n, name) in enumerate(rows):
-            base = dict(model=cfg.model, tp=cfg.tp, device=str(device), allocator=allocator, dtype=dtype,
-                        batch=batch, prompt_len=cfg.prompt_len, max_new_tokens=n, workload=workload,
-                        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                        transformers=transformers.__version__,  # the version the Hugging Face peers ran
-                        bandwidth_gbs=bandwidth)
+            base = dict(
+                model=cfg.model,
+                tp=cfg.tp,
+                device=str(device),
+                allocator=allocator,
+                dtype=dtype,
+                batch=batch,
+                prompt_len=cfg.prompt_len,
+                max_new_tokens=n,
+                workload=workload,
+                visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                transformers=transformers.__version__,  # the version the Hugging Face peers ran
+                bandwidth_gbs=bandwidth,
+            )
             if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
                 row = dict(base, strategy=name, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent")
                 sink.write(json.dumps(row) + "\n")
@@ -185,14 +198,16 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 if workload == "profile":
                     run = _runner(name, model, ids, n, [], eos_id, cfg.seed)
                     run()  # same shape as the sweep's shortest length: compiled already
-                    row = dict(base, strategy=name, busy=_busy(run, device),
-                               compiled=_compiles(name, device))
+                    row = dict(base, strategy=name, busy=_busy(run, device), compiled=_compiles(name, device))
                 elif workload == "eos":
                     if forced is None:  # registered once, kept: see plan()
                         forced = ForcedEOS(model, eos_id, max(b for _, b in combos), device).__enter__()
                     forced.set_steps(eos_steps(batch, n), [cfg.prompt_len] * batch)
-                    row = dict(base, **measure(cfg, name, model, ids, n, [eos_id], eos_id, device),
-                               eos_steps=eos_steps(batch, n))
+                    row = dict(
+                        base,
+                        **measure(cfg, name, model, ids, n, [eos_id], eos_id, device),
+                        eos_steps=eos_steps(batch, n),
+                    )
                 else:
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device))
                 row["weight_bytes"] = weight_bytes(model)

@@ -71,8 +71,12 @@ class FusedKV:
 
     def model_kwargs(self, step: int) -> dict:
         if step == 0:
-            return dict(decode_kwargs(self.cache), input_ids=self.input_ids, attention_mask=self.attention_mask,
-                        position_ids=self.position_ids)
+            return dict(
+                decode_kwargs(self.cache),
+                input_ids=self.input_ids,
+                attention_mask=self.attention_mask,
+                position_ids=self.position_ids,
+            )
         return decode_kwargs(self.cache)
 
 

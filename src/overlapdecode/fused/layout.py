@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-
 import torch.distributed as dist
+from torch import nn
 
 from ..tp import RowReduce, VocabShard, row_reduce_of
 
@@ -76,7 +75,7 @@ class FusedWeights:
 
 
 def model_family(model) -> str:
-    """"llama" or "gpt2", or a ValueError naming the supported families."""
+    """ "llama" or "gpt2", or a ValueError naming the supported families."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type in LLAMA_FAMILY:
         return "llama"
@@ -180,24 +179,42 @@ def _fuse_llama(model) -> FusedWeights:
     for block in model.model.layers:
         attn, mlp = block.self_attn, block.mlp
         projs = [attn.q_proj, attn.k_proj, attn.v_proj]
-        layers.append(LayerWeights(
-            norm1_w=block.input_layernorm.weight.detach(), norm1_b=None,
-            w_qkv=_fuse_rows([(p, "weight") for p in projs]), b_qkv=_fuse_rows([(p, "bias") for p in projs]),
-            w_o=attn.o_proj.weight.detach(), b_o=_bias(attn.o_proj),
-            norm2_w=block.post_attention_layernorm.weight.detach(), norm2_b=None,
-            w_up=_fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")]),
-            b_up=_fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")]),
-            w_down=mlp.down_proj.weight.detach(), b_down=_bias(mlp.down_proj),
-            scale=float(attn.scaling),
-        ))
+        layers.append(
+            LayerWeights(
+                norm1_w=block.input_layernorm.weight.detach(),
+                norm1_b=None,
+                w_qkv=_fuse_rows([(p, "weight") for p in projs]),
+                b_qkv=_fuse_rows([(p, "bias") for p in projs]),
+                w_o=attn.o_proj.weight.detach(),
+                b_o=_bias(attn.o_proj),
+                norm2_w=block.post_attention_layernorm.weight.detach(),
+                norm2_b=None,
+                w_up=_fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")]),
+                b_up=_fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")]),
+                w_down=mlp.down_proj.weight.detach(),
+                b_down=_bias(mlp.down_proj),
+                scale=float(attn.scaling),
+            )
+        )
     window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
     return FusedWeights(
-        family="llama", layers=layers, embed=model.model.embed_tokens.weight.detach(), pos_embed=None,
-        norm_w=model.model.norm.weight.detach(), norm_b=None, lm_head=model.lm_head.weight.detach(),
-        n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads, head_dim=head_dim,
-        eps=float(cfg.rms_norm_eps), norm="rms", act="silu_mul",
-        inv_freq=rotary.inv_freq.detach().float(), rope_scale=float(rotary.attention_scaling),
-        sliding_window=window, tp=row_reduce_of(first.o_proj),
+        family="llama",
+        layers=layers,
+        embed=model.model.embed_tokens.weight.detach(),
+        pos_embed=None,
+        norm_w=model.model.norm.weight.detach(),
+        norm_b=None,
+        lm_head=model.lm_head.weight.detach(),
+        n_heads=cfg.num_attention_heads,
+        n_kv_heads=cfg.num_key_value_heads,
+        head_dim=head_dim,
+        eps=float(cfg.rms_norm_eps),
+        norm="rms",
+        act="silu_mul",
+        inv_freq=rotary.inv_freq.detach().float(),
+        rope_scale=float(rotary.attention_scaling),
+        sliding_window=window,
+        tp=row_reduce_of(first.o_proj),
     )
 
 
@@ -213,19 +230,39 @@ def _fuse_gpt2(model) -> FusedWeights:
     layers = []
     for block in tr.h:
         attn, mlp = block.attn, block.mlp
-        layers.append(LayerWeights(
-            norm1_w=block.ln_1.weight.detach(), norm1_b=block.ln_1.bias.detach(),
-            w_qkv=_conv1d_out_in(attn.c_attn), b_qkv=_bias(attn.c_attn),
-            w_o=_conv1d_out_in(attn.c_proj), b_o=_bias(attn.c_proj),
-            norm2_w=block.ln_2.weight.detach(), norm2_b=block.ln_2.bias.detach(),
-            w_up=_conv1d_out_in(mlp.c_fc), b_up=_bias(mlp.c_fc),
-            w_down=_conv1d_out_in(mlp.c_proj), b_down=_bias(mlp.c_proj),
-            scale=float(attn.scaling),
-        ))
+        layers.append(
+            LayerWeights(
+                norm1_w=block.ln_1.weight.detach(),
+                norm1_b=block.ln_1.bias.detach(),
+                w_qkv=_conv1d_out_in(attn.c_attn),
+                b_qkv=_bias(attn.c_attn),
+                w_o=_conv1d_out_in(attn.c_proj),
+                b_o=_bias(attn.c_proj),
+                norm2_w=block.ln_2.weight.detach(),
+                norm2_b=block.ln_2.bias.detach(),
+                w_up=_conv1d_out_in(mlp.c_fc),
+                b_up=_bias(mlp.c_fc),
+                w_down=_conv1d_out_in(mlp.c_proj),
+                b_down=_bias(mlp.c_proj),
+                scale=float(attn.scaling),
+            )
+        )
     return FusedWeights(
-        family="gpt2", layers=layers, embed=tr.wte.weight.detach(), pos_embed=tr.wpe.weight.detach(),
-        norm_w=tr.ln_f.weight.detach(), norm_b=tr.ln_f.bias.detach(), lm_head=model.lm_head.weight.detach(),
-        n_heads=cfg.n_head, n_kv_heads=cfg.n_head, head_dim=tr.h[0].attn.head_dim,  # n_head is local under tp
-        eps=float(cfg.layer_norm_epsilon), norm="layer", act="gelu_tanh",
-        inv_freq=None, rope_scale=1.0, sliding_window=None, tp=row_reduce_of(tr.h[0].attn.c_proj),
+        family="gpt2",
+        layers=layers,
+        embed=tr.wte.weight.detach(),
+        pos_embed=tr.wpe.weight.detach(),
+        norm_w=tr.ln_f.weight.detach(),
+        norm_b=tr.ln_f.bias.detach(),
+        lm_head=model.lm_head.weight.detach(),
+        n_heads=cfg.n_head,
+        n_kv_heads=cfg.n_head,
+        head_dim=tr.h[0].attn.head_dim,  # n_head is local under tp
+        eps=float(cfg.layer_norm_epsilon),
+        norm="layer",
+        act="gelu_tanh",
+        inv_freq=None,
+        rope_scale=1.0,
+        sliding_window=None,
+        tp=row_reduce_of(tr.h[0].attn.c_proj),
     )

@@ -74,8 +74,9 @@ class StepOps(NamedTuple):
     symmetric: object = None  # tp.SymmetricAllReduce for a sharded model's all-reduces, or None
 
 
-REFERENCE_OPS = StepOps(norm_qkv_ref, reference.decode_attention_torch, linear_residual_ref, norm_linear_ref,
-                        embed_ref, greedy_finish_ref)
+REFERENCE_OPS = StepOps(
+    norm_qkv_ref, reference.decode_attention_torch, linear_residual_ref, norm_linear_ref, embed_ref, greedy_finish_ref
+)
 
 
 def pdl_supported(device: torch.device) -> bool:
@@ -103,8 +104,14 @@ class Tiled:
 
     def keywords(self, shape: tuple, batch: int) -> dict:
         """The tile keywords of a weight of `shape` (N, K) at `batch` rows."""
-        return next((cfg for min_batch, cfg in self.tiles.get(shape, ())
-                     if min_batch <= batch and (batch <= ROW_TILE or min_batch > ROW_TILE)), {})
+        return next(
+            (
+                cfg
+                for min_batch, cfg in self.tiles.get(shape, ())
+                if min_batch <= batch and (batch <= ROW_TILE or min_batch > ROW_TILE)
+            ),
+            {},
+        )
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs, **self.keywords(tuple(args[self.w_arg].shape), args[0].shape[0]))
@@ -128,18 +135,24 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     tickets = Tickets(device)
     tiles = {} if tiles is None else tiles
     sums = dict(norm_sums=NormSums()) if norm_sums else {}  # one, shared by the writers and readers of h
-    return StepOps(Tiled(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl, **sums), "norm_qkv",
-                         4, tiles),
-                   functools.partial(decode_attention, pdl=pdl, tickets=tickets),
-                   Tiled(functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
-                         "linear_residual", 1, tiles),
-                   Tiled(functools.partial(norm_linear, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
-                         "norm_linear", 4, tiles),
-                   # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
-                   # 1: GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
-                   functools.partial(embed, pdl=pdl, **sums),
-                   # one PDL launch instead of inductor's choice kernels and two copies (kernels/greedy.py)
-                   functools.partial(greedy_choice, tickets=tickets, pdl=pdl))
+    return StepOps(
+        Tiled(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl, **sums), "norm_qkv", 4, tiles),
+        functools.partial(decode_attention, pdl=pdl, tickets=tickets),
+        Tiled(
+            functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
+            "linear_residual",
+            1,
+            tiles,
+        ),
+        Tiled(
+            functools.partial(norm_linear, programs=2 * sms, tickets=tickets, pdl=pdl, **sums), "norm_linear", 4, tiles
+        ),
+        # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
+        # 1: GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
+        functools.partial(embed, pdl=pdl, **sums),
+        # one PDL launch instead of inductor's choice kernels and two copies (kernels/greedy.py)
+        functools.partial(greedy_choice, tickets=tickets, pdl=pdl),
+    )
 
 
 class FusedOptions(NamedTuple):
@@ -171,8 +184,9 @@ def check_option_values(**options) -> None:
     tiles table's form (od.Decoder checks this much when it is made: its model may still move to a GPU)."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
-        raise ValueError(f"unknown fused option(s) {', '.join(map(repr, unknown))}; the options are "
-                         f"{', '.join(OPTION_NAMES)}")
+        raise ValueError(
+            f"unknown fused option(s) {', '.join(map(repr, unknown))}; the options are {', '.join(OPTION_NAMES)}"
+        )
     if options.get("kernels") not in (None, "triton", "torch"):
         raise ValueError(f"kernels must be 'triton' or 'torch', got {options['kernels']!r}")
     pdl = options.get("pdl")
@@ -187,21 +201,29 @@ def check_option_values(**options) -> None:
     if not isinstance(tiles, dict):
         raise ValueError(f"tiles must map (kernel name, N, K[, min_batch]) to a dict of tile keywords; got {tiles!r}")
     for key, cfg in tiles.items():
-        if not (isinstance(key, tuple) and len(key) in (3, 4) and key[0] in TILE_KEYWORDS
-                and all(_int(v) and v >= 1 for v in key[1:])):
-            raise ValueError("tiles must map (kernel name, N, K) or (kernel name, N, K, min_batch) to a dict of "
-                             f"tile keywords, the kernel name one of {', '.join(map(repr, TILE_KEYWORDS))} and N, "
-                             f"K, min_batch positive ints; got the key {key!r}")
+        if not (
+            isinstance(key, tuple)
+            and len(key) in (3, 4)
+            and key[0] in TILE_KEYWORDS
+            and all(_int(v) and v >= 1 for v in key[1:])
+        ):
+            raise ValueError(
+                "tiles must map (kernel name, N, K) or (kernel name, N, K, min_batch) to a dict of "
+                f"tile keywords, the kernel name one of {', '.join(map(repr, TILE_KEYWORDS))} and N, "
+                f"K, min_batch positive ints; got the key {key!r}"
+            )
         allowed = TILE_KEYWORDS[key[0]]
         if not isinstance(cfg, dict) or any(k not in allowed or not _int(v) or v < 1 for k, v in cfg.items()):
-            raise ValueError(f"tiles[{key!r}] must be a dict of positive ints with keys among "
-                             f"{', '.join(allowed)}; got {cfg!r}")
+            raise ValueError(
+                f"tiles[{key!r}] must be a dict of positive ints with keys among {', '.join(allowed)}; got {cfg!r}"
+            )
     seen: dict = {}
     for key in tiles:  # (kernel, N, K) is min_batch 1: the same entry twice would leave the choice to order
         full = key if len(key) == 4 else (*key, 1)
         if full in seen:
-            raise ValueError(f"tiles must hold one entry per kernel, shape and min_batch; it has {seen[full]!r} and "
-                             f"{key!r}")
+            raise ValueError(
+                f"tiles must hold one entry per kernel, shape and min_batch; it has {seen[full]!r} and {key!r}"
+            )
         seen[full] = key
 
 
@@ -226,8 +248,14 @@ def check_options(model, **options) -> FusedOptions:
     if symmetric and (kernels != "triton" or not is_sharded(model)):
         raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
     vocab_parallel = options.get("vocab_parallel")
-    return FusedOptions(kernels, compile_prefill, int(pdl), symmetric, options.get("tiles"),
-                        True if vocab_parallel is None else vocab_parallel)
+    return FusedOptions(
+        kernels,
+        compile_prefill,
+        int(pdl),
+        symmetric,
+        options.get("tiles"),
+        True if vocab_parallel is None else vocab_parallel,
+    )
 
 
 class FusedModel:
@@ -246,13 +274,25 @@ class FusedModel:
     Every option is checked (check_options) before the weights are touched.
     """
 
-    def __init__(self, model, kernels: str | None = None, compile_prefill: bool | None = None,
-                 pdl: int | bool | None = None, symmetric_all_reduce: bool | None = False,
-                 tiles: dict | None = None,
-                 vocab_parallel: bool | None = None):
-        opts = check_options(model, kernels=kernels, compile_prefill=compile_prefill, pdl=pdl,
-                             symmetric_all_reduce=symmetric_all_reduce, tiles=tiles,
-                             vocab_parallel=vocab_parallel)  # before any GPU work
+    def __init__(
+        self,
+        model,
+        kernels: str | None = None,
+        compile_prefill: bool | None = None,
+        pdl: int | bool | None = None,
+        symmetric_all_reduce: bool | None = False,
+        tiles: dict | None = None,
+        vocab_parallel: bool | None = None,
+    ):
+        opts = check_options(
+            model,
+            kernels=kernels,
+            compile_prefill=compile_prefill,
+            pdl=pdl,
+            symmetric_all_reduce=symmetric_all_reduce,
+            tiles=tiles,
+            vocab_parallel=vocab_parallel,
+        )  # before any GPU work
         self.weights = fuse_weights(model)
         self.max_positions = model_limits(model)[1]  # the cache never holds more slots (None: no limit known)
         if opts.vocab_parallel:
@@ -266,7 +306,9 @@ class FusedModel:
         # RMSNorm sums handed from writer to reader (NormSums) where the norms are RMSNorms and no all-reduce
         # comes between a writer and its reader (unsharded)
         sums = self.weights.norm == "rms" and self.weights.tp is None
-        self.ops = triton_ops(self.device, self.pdl, tiles, norm_sums=sums) if self.kernels == "triton" else REFERENCE_OPS
+        self.ops = (
+            triton_ops(self.device, self.pdl, tiles, norm_sums=sums) if self.kernels == "triton" else REFERENCE_OPS
+        )
         # whether greedy_step can write each step's tokens and flag into a StepLog (its flags in pinned host
         # memory): the Triton kernel can on any device; the torch twin only where host and device memory are one (CPU)
         self.writes_step_log = self.kernels == "triton" or self.device.type == "cpu"
@@ -280,8 +322,9 @@ class FusedModel:
         # (Captured by hand instead, as the decode step is, it crashed on the H200 with an illegal memory access
         # and gained GPT-2 0.4 ms of TTFT where it ran: removed; CHANGELOG.md, "Tried and dropped".)
         mode = "reduce-overhead" if self.device.type == "cuda" else None
-        self._prefill = (torch.compile(reference.prefill, dynamic=False, mode=mode) if compile_prefill
-                         else reference.prefill)
+        self._prefill = (
+            torch.compile(reference.prefill, dynamic=False, mode=mode) if compile_prefill else reference.prefill
+        )
         self._compiled_prefill = compile_prefill
         for t in self.weights.tensors():
             torch._dynamo.mark_static_address(t)  # a CUDA graph reads the weights in place
@@ -308,34 +351,55 @@ class FusedModel:
             cache.graphs.clear()
         self._caches.clear()
 
-    def __call__(self, input_ids, position_ids, attention_mask=None, past_key_values=None, use_cache=True,
-                 logits_to_keep=1) -> FusedOutput:
+    def __call__(
+        self, input_ids, position_ids, attention_mask=None, past_key_values=None, use_cache=True, logits_to_keep=1
+    ) -> FusedOutput:
         if not isinstance(past_key_values, FusedCache):
             raise TypeError("past_key_values must be the FusedCache of this FusedModel (from cache_for)")
         cache = past_key_values
         if attention_mask is not None:
             return FusedOutput(self.prefill(cache, input_ids, attention_mask, position_ids)[:, None])
-        logits = reference.decode_step(self.weights, cache.k, cache.v, cache.pad, input_ids[:, 0],
-                                       position_ids[:, 0], self.ops)
+        logits = reference.decode_step(
+            self.weights, cache.k, cache.v, cache.pad, input_ids[:, 0], position_ids[:, 0], self.ops
+        )
         return FusedOutput(logits[:, None])
 
-    def greedy_step(self, cache: FusedCache, state: torch.Tensor, eos_ids: torch.Tensor, pad_id: int,
-                    done: torch.Tensor, log=None) -> None:
+    def greedy_step(
+        self, cache: FusedCache, state: torch.Tensor, eos_ids: torch.Tensor, pad_id: int, done: torch.Tensor, log=None
+    ) -> None:
         """One greedy decode step over the loop's state: the token state[:, 0] at position state[:, 1] of each
         row through the model, then the greedy choice and stop bookkeeping of `steps.choose_next`, written into
         `state` (B, 3) long and `done` (0-d bool) in place, by one kernel after the LM head with the Triton kernels
         (kernels/greedy.py). `log` (step_graph.StepLog): also write the tokens and done into its next column (see
         `writes_step_log`)."""
         if log is not None and not self.writes_step_log:
-            raise ValueError("log: the torch operations on a GPU cannot write a step log (its flags are in host "
-                             "memory); pass None")
+            raise ValueError(
+                "log: the torch operations on a GPU cannot write a step log (its flags are in host memory); pass None"
+            )
         if not isinstance(cache, FusedCache):
             raise TypeError("cache must be a FusedCache of this FusedModel (from cache_for)")
-        reference.decode_step(self.weights, cache.k, cache.v, cache.pad, state[:, 0], state[:, 1], self.ops,
-                              GreedyFinish(state, eos_ids, int(pad_id), done, log))
+        reference.decode_step(
+            self.weights,
+            cache.k,
+            cache.v,
+            cache.pad,
+            state[:, 0],
+            state[:, 1],
+            self.ops,
+            GreedyFinish(state, eos_ids, int(pad_id), done, log),
+        )
 
-    def greedy_prefill(self, cache: FusedCache, input_ids, attention_mask, position_ids, state: torch.Tensor,
-                       eos_ids: torch.Tensor, pad_id: int, done: torch.Tensor) -> None:
+    def greedy_prefill(
+        self,
+        cache: FusedCache,
+        input_ids,
+        attention_mask,
+        position_ids,
+        state: torch.Tensor,
+        eos_ids: torch.Tensor,
+        pad_id: int,
+        done: torch.Tensor,
+    ) -> None:
         """Step 0 of a greedy call: the prefill, then the greedy choice of `steps.choose_next` on its logits by
         the step's own choice operation (kernels/greedy.py), written into `state` (B, 3) long, which must hold no
         finished row, and `done` in place. Why: the time to the first token is mostly host time, and this is

@@ -54,8 +54,23 @@ def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, 
     """One decoder layer of the one-token step: h (B, H) -> the layer's output (B, H); writes K/V at `slot` of
     its cache; row b attends to slots [start[b], length[b]). Five operations of `ops` (model.StepOps)."""
     B = h.shape[0]
-    q = ops.norm_qkv(h, layer.norm1_w, layer.norm1_b, W.eps, layer.w_qkv, layer.b_qkv, W.inv_freq,
-                     W.rope_scale, pos, slot, k_cache, v_cache, W.n_heads, W.n_kv_heads, W.head_dim)
+    q = ops.norm_qkv(
+        h,
+        layer.norm1_w,
+        layer.norm1_b,
+        W.eps,
+        layer.w_qkv,
+        layer.b_qkv,
+        W.inv_freq,
+        W.rope_scale,
+        pos,
+        slot,
+        k_cache,
+        v_cache,
+        W.n_heads,
+        W.n_kv_heads,
+        W.head_dim,
+    )
     a = ops.attention(q, k_cache, v_cache, start, length, layer.scale)
     # under tp (W.tp), w_o and w_down hold 1/tp of their inputs: reduce_residual sums the ranks' parts
     # (ops.symmetric: over symmetric memory; None: the functional collective)
@@ -88,11 +103,13 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, D)
         kc[:, :, :T] = k
         vc[:, :, :T] = v
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=layer.scale,
-                                           enable_gqa=Hq != Hkv)
+        a = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k, v, attn_mask=mask, scale=layer.scale, enable_gqa=Hq != Hkv
+        )
         h = reduce_residual(_add_linear, a.transpose(1, 2).reshape(B, T, Hq * D), layer.w_o, layer.b_o, h, W.tp)
         m = norm_linear_ref(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
         h = reduce_residual(_add_linear, m, layer.w_down, layer.b_down, h, W.tp)
-    logits = norm_linear_ref(h.index_select(1, last)[:, 0], W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none",
-                             torch.float32)
+    logits = norm_linear_ref(
+        h.index_select(1, last)[:, 0], W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32
+    )
     return logits if W.vocab is None else W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows

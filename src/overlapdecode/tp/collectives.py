@@ -54,7 +54,8 @@ class VocabShard:
         if n < self.chunk:
             local = torch.nn.functional.pad(local, (0, self.chunk - n), value=float("-inf"))
         full = torch.ops._c10d_functional.wait_tensor(
-            torch.ops._c10d_functional.all_gather_into_tensor(local.contiguous(), self.tp, self.group))
+            torch.ops._c10d_functional.all_gather_into_tensor(local.contiguous(), self.tp, self.group)
+        )
         return full.view(self.tp, B, self.chunk).transpose(0, 1).reshape(B, self.tp * self.chunk)[:, : self.vocab]
 
 
@@ -110,8 +111,9 @@ class SymmetricAllReduce:
         return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", self.group)
 
 
-def reduce_residual(linear_residual, x, w, b, residual, reduce: RowReduce | None,
-                    symmetric: SymmetricAllReduce | None = None):
+def reduce_residual(
+    linear_residual, x, w, b, residual, reduce: RowReduce | None, symmetric: SymmetricAllReduce | None = None
+):
     """`linear_residual(x, w, b, residual)` = residual + x @ w.T + b, for a w holding 1/tp of its input features
     (None: unsharded, called as is). Residual and bias join on rank 0 only, then one all-reduce sums the
     partial products: a kernel that fuses the residual add into its epilogue keeps doing so. With `symmetric`

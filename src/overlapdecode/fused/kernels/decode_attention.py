@@ -82,12 +82,30 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, start_ptr, length_ptr,
-    part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, ticket_ptr,
-    qk_scale, S,
-    HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLIT_PAD: tl.constexpr,
-    DIRECT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    start_ptr,
+    length_ptr,
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    out_ptr,
+    ticket_ptr,
+    qk_scale,
+    S,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLIT_PAD: tl.constexpr,
+    DIRECT: tl.constexpr,
+    IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl_start(PDL)
     pid_bh = tl.program_id(0)  # b * HKV + kv head
@@ -171,16 +189,21 @@ def _split_kernel(
             sp_ok = sp < n_live
             first = heads.to(tl.int64) * NUM_SPLITS  # (b, h, 0) of each group row
             ml_ok = mask_g[:, None] & sp_ok[None, :]
-            m_s = tl.load(part_m_ptr + first[:, None] + sp[None, :], mask=ml_ok, other=float("-inf"),
-                          cache_modifier=".cg")
+            m_s = tl.load(
+                part_m_ptr + first[:, None] + sp[None, :], mask=ml_ok, other=float("-inf"), cache_modifier=".cg"
+            )
             l_s = tl.load(part_l_ptr + first[:, None] + sp[None, :], mask=ml_ok, other=0.0, cache_modifier=".cg")
             m_max = tl.max(m_s, 1)
             w = tl.where(ml_ok, tl.math.exp2(m_s - m_max[:, None]), 0.0)  # (GROUP_PAD, SPLIT_PAD)
             den = tl.sum(w * l_s, 1)
             for g in tl.static_range(G):  # sums in a fixed order: deterministic, whichever program came last
                 head = b * HQ + head0 + g
-                a_s = tl.load(part_acc_ptr + (head.to(tl.int64) * NUM_SPLITS + sp)[:, None] * D + offs_d[None, :],
-                              mask=sp_ok[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
+                a_s = tl.load(
+                    part_acc_ptr + (head.to(tl.int64) * NUM_SPLITS + sp)[:, None] * D + offs_d[None, :],
+                    mask=sp_ok[:, None] & mask_d[None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
                 w_g = tl.sum(tl.where(offs_g[:, None] == g, w, 0.0), 0)  # (SPLIT_PAD,): row g of w
                 den_g = tl.sum(tl.where(offs_g == g, den, 0.0), 0)
                 o = tl.sum(w_g[:, None] * a_s, 0) / den_g
@@ -208,8 +231,9 @@ def _check(q, k_cache, v_cache, start, length, scale):
         raise ValueError(f"k_cache must be (B, Hkv, S, D), got shape {tuple(k_cache.shape)}")
     _, Hkv, S, _ = k_cache.shape
     if k_cache.shape[0] != B or k_cache.shape[3] != D:
-        raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not match q shape {tuple(q.shape)} "
-                         "(want (B, Hkv, S, D))")
+        raise ValueError(
+            f"k_cache shape {tuple(k_cache.shape)} does not match q shape {tuple(q.shape)} (want (B, Hkv, S, D))"
+        )
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -286,8 +310,21 @@ def make_workspace(q: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
     return torch.empty(workspace_numel(B, Hq, D, splits), dtype=torch.float32, device=q.device)
 
 
-def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, workspace=None, *,
-                     num_splits=None, block_n=None, pdl: int = 0, tickets: Tickets | None = None):
+def decode_attention(
+    q,
+    k_cache,
+    v_cache,
+    start,
+    length,
+    scale,
+    out=None,
+    workspace=None,
+    *,
+    num_splits=None,
+    block_n=None,
+    pdl: int = 0,
+    tickets: Tickets | None = None,
+):
     """Decode attention, (B, Hq, D) in q's dtype; see the module docstring.
 
     out: optional (B, Hq, D) contiguous tensor of q's dtype, written in place and returned.
@@ -313,18 +350,28 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
         num_splits = choose_num_splits(B, Hkv, S, block_n, default_programs(q.device))
     elif not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype
-                            or out.device != q.device or not out.is_contiguous()):
+    if out is not None and (
+        not isinstance(out, torch.Tensor)
+        or out.shape != q.shape
+        or out.dtype != q.dtype
+        or out.device != q.device
+        or not out.is_contiguous()
+    ):
         raise ValueError(f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
     need = workspace_numel(B, Hq, D, num_splits)
-    if workspace is not None and (not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.float32
-                                  or workspace.device != q.device or not workspace.is_contiguous()
-                                  or workspace.numel() < need):
-        raise ValueError(f"workspace must be a contiguous float32 tensor on {q.device} with at least "
-                         f"{need} elements")
+    if workspace is not None and (
+        not isinstance(workspace, torch.Tensor)
+        or workspace.dtype != torch.float32
+        or workspace.device != q.device
+        or not workspace.is_contiguous()
+        or workspace.numel() < need
+    ):
+        raise ValueError(f"workspace must be a contiguous float32 tensor on {q.device} with at least {need} elements")
     if q.device.type != "cuda" and not _INTERPRETED:
-        raise ValueError(f"q is on {q.device}: the Triton kernel needs CUDA tensors "
-                         "(or TRITON_INTERPRET=1 set before triton is imported, to run it on CPU)")
+        raise ValueError(
+            f"q is on {q.device}: the Triton kernel needs CUDA tensors "
+            "(or TRITON_INTERPRET=1 set before triton is imported, to run it on CPU)"
+        )
 
     if out is None:
         out = torch.empty_like(q)
@@ -332,16 +379,38 @@ def decode_attention(q, k_cache, v_cache, start, length, scale, out=None, worksp
         workspace = torch.empty(need, dtype=torch.float32, device=q.device)
     n_part = B * Hq * num_splits
     ws = workspace.view(-1)
-    part_acc, part_m, part_l = ws[: n_part * D], ws[n_part * D: n_part * (D + 1)], ws[n_part * (D + 1):]
+    part_acc, part_m, part_l = ws[: n_part * D], ws[n_part * D : n_part * (D + 1)], ws[n_part * (D + 1) :]
 
     G = Hq // Hkv
     direct = num_splits == 1
     counters = out if direct else take_tickets(tickets, B * Hkv, q.device)  # never touched when direct
     _split_kernel[(B * Hkv, num_splits)](
-        q, k_cache, v_cache, start, length, part_acc, part_m, part_l, out, counters,
-        scale * LOG2E, S,
-        HQ=Hq, HKV=Hkv, G=G, GROUP_PAD=max(16, triton.next_power_of_2(G)), D=D,
-        BLOCK_N=block_n, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLIT_PAD=triton.next_power_of_2(num_splits),
-        DIRECT=direct, IEEE=q.dtype == torch.float32, PDL=int(pdl), num_warps=4, num_stages=2, **pdl_launch(pdl),
+        q,
+        k_cache,
+        v_cache,
+        start,
+        length,
+        part_acc,
+        part_m,
+        part_l,
+        out,
+        counters,
+        scale * LOG2E,
+        S,
+        HQ=Hq,
+        HKV=Hkv,
+        G=G,
+        GROUP_PAD=max(16, triton.next_power_of_2(G)),
+        D=D,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        NUM_SPLITS=num_splits,
+        SPLIT_PAD=triton.next_power_of_2(num_splits),
+        DIRECT=direct,
+        IEEE=q.dtype == torch.float32,
+        PDL=int(pdl),
+        num_warps=4,
+        num_stages=2,
+        **pdl_launch(pdl),
     )
     return out

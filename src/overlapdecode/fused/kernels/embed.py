@@ -38,9 +38,27 @@ def embed_ref(wte, wpe, ids, pos, pad):
 
 
 @triton.jit
-def _embed_kernel(ids_ptr, pos_ptr, pad_ptr, wte_ptr, wpe_ptr, h_ptr, slot_ptr, len_ptr, ss_ptr, B, V, H,
-                  ids_stride, pos_stride, pad_stride,
-                  HAS_POS: tl.constexpr, SUMS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _embed_kernel(
+    ids_ptr,
+    pos_ptr,
+    pad_ptr,
+    wte_ptr,
+    wpe_ptr,
+    h_ptr,
+    slot_ptr,
+    len_ptr,
+    ss_ptr,
+    B,
+    V,
+    H,
+    ids_stride,
+    pos_stride,
+    pad_stride,
+    HAS_POS: tl.constexpr,
+    SUMS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl_start(PDL)
     b = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -75,9 +93,27 @@ def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0, norm_sums=No
     blocks = triton.cdiv(H, block)
     sums = norm_sums.buffer(blocks, B, wte.device) if norm_sums is not None else None
     _embed_kernel[(B, blocks)](
-        ids, pos, pad, wte, wpe if wpe is not None else wte, h, slot, length, sums if sums is not None else slot,
-        B, V, H, ids.stride(0), pos.stride(0), pad.stride(0),
-        HAS_POS=wpe is not None, SUMS=sums is not None, BLOCK=block, PDL=int(pdl), num_warps=4, **pdl_launch(pdl),
+        ids,
+        pos,
+        pad,
+        wte,
+        wpe if wpe is not None else wte,
+        h,
+        slot,
+        length,
+        sums if sums is not None else slot,
+        B,
+        V,
+        H,
+        ids.stride(0),
+        pos.stride(0),
+        pad.stride(0),
+        HAS_POS=wpe is not None,
+        SUMS=sums is not None,
+        BLOCK=block,
+        PDL=int(pdl),
+        num_warps=4,
+        **pdl_launch(pdl),
     )
     if sums is not None:
         norm_sums.record(h, sums)

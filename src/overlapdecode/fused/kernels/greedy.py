@@ -101,8 +101,24 @@ def block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B):
 
 
 @triton.jit
-def greedy_finish(val_ptr, idx_ptr, NBLK, B, state_ptr, eos_ptr, E, pad_id, done_ptr, tokens_ptr, flags_ptr, count_ptr,
-                  L, BLOCK_M: tl.constexpr, RB: tl.constexpr, LOG: tl.constexpr):
+def greedy_finish(
+    val_ptr,
+    idx_ptr,
+    NBLK,
+    B,
+    state_ptr,
+    eos_ptr,
+    E,
+    pad_id,
+    done_ptr,
+    tokens_ptr,
+    flags_ptr,
+    count_ptr,
+    L,
+    BLOCK_M: tl.constexpr,
+    RB: tl.constexpr,
+    LOG: tl.constexpr,
+):
     """Run by the program that takes the last ticket: reduce the (NBLK, B) partials of block_argmax to each row's token
     and write the new state and the all-finished flag (see the module docstring). Its loads of the partials
     bypass L1 (the other programs stored them; linear_residual.last_of_split)."""
@@ -119,8 +135,7 @@ def greedy_finish(val_ptr, idx_ptr, NBLK, B, state_ptr, eos_ptr, E, pad_id, done
         for c0 in range(0, NBLK, RB):  # column blocks in order: an earlier block wins a tie
             blk = c0 + tl.arange(0, RB)
             ok = (blk < NBLK)[:, None] & row_ok[None, :]
-            pv = tl.load(val_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=float("-inf"),
-                         cache_modifier=".cg")
+            pv = tl.load(val_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
             pi = tl.load(idx_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=BIG_INDEX, cache_modifier=".cg")
             pn = (pv != pv) & ok
             c_nan = tl.max(pn.to(tl.int32), 0)
@@ -155,22 +170,60 @@ def greedy_finish(val_ptr, idx_ptr, NBLK, B, state_ptr, eos_ptr, E, pad_id, done
 
 
 @triton.jit
-def _greedy_kernel(logits_ptr, val_ptr, idx_ptr, ticket_ptr, state_ptr, eos_ptr, E, pad_id, done_ptr, tokens_ptr,
-                   flags_ptr, count_ptr, L, B, V, row_stride,
-                   BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, LOG: tl.constexpr, PDL: tl.constexpr):
+def _greedy_kernel(
+    logits_ptr,
+    val_ptr,
+    idx_ptr,
+    ticket_ptr,
+    state_ptr,
+    eos_ptr,
+    E,
+    pad_id,
+    done_ptr,
+    tokens_ptr,
+    flags_ptr,
+    count_ptr,
+    L,
+    B,
+    V,
+    row_stride,
+    BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    LOG: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < B
     col_ok = cols < V
-    y = tl.load(logits_ptr + rows[:, None].to(tl.int64) * row_stride + cols[None, :],
-                mask=row_ok[:, None] & col_ok[None, :], other=float("-inf"))
+    y = tl.load(
+        logits_ptr + rows[:, None].to(tl.int64) * row_stride + cols[None, :],
+        mask=row_ok[:, None] & col_ok[None, :],
+        other=float("-inf"),
+    )
     pdl_release(PDL)
     block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B)
     if last_of_split(ticket_ptr, 0, tl.num_programs(0) * tl.num_programs(1)):
-        greedy_finish(val_ptr, idx_ptr, tl.num_programs(0), B, state_ptr, eos_ptr, E, pad_id, done_ptr, tokens_ptr,
-                      flags_ptr, count_ptr, L, BLOCK_M, REDUCE_BLOCKS, LOG)
+        greedy_finish(
+            val_ptr,
+            idx_ptr,
+            tl.num_programs(0),
+            B,
+            state_ptr,
+            eos_ptr,
+            E,
+            pad_id,
+            done_ptr,
+            tokens_ptr,
+            flags_ptr,
+            count_ptr,
+            L,
+            BLOCK_M,
+            REDUCE_BLOCKS,
+            LOG,
+        )
         tl.store(ticket_ptr, 0)  # back to zero for the next launch
 
 
@@ -180,8 +233,9 @@ def check_finish(finish: GreedyFinish, batch: int, device) -> None:
         raise TypeError(f"finish must be a GreedyFinish, got {type(finish).__name__}")
     state, eos, done = finish.state, finish.eos, finish.done
     if state.shape != (batch, 3) or state.dtype != torch.long or not state.is_contiguous():
-        raise ValueError(f"finish.state must be a contiguous ({batch}, 3) long tensor, got {tuple(state.shape)} "
-                         f"{state.dtype}")
+        raise ValueError(
+            f"finish.state must be a contiguous ({batch}, 3) long tensor, got {tuple(state.shape)} {state.dtype}"
+        )
     if eos.dim() != 1 or eos.dtype != torch.long or not eos.is_contiguous():
         raise ValueError(f"finish.eos must be a contiguous 1-d long tensor, got {tuple(eos.shape)} {eos.dtype}")
     if done.shape != () or done.dtype != torch.bool:
@@ -197,33 +251,47 @@ def check_finish(finish: GreedyFinish, batch: int, device) -> None:
     tokens, flags, count = log
     L = flags.numel()
     if flags.dim() != 1 or flags.dtype != torch.bool or not flags.is_contiguous() or L == 0:
-        raise ValueError(f"finish.log.flags must be a contiguous non-empty 1-d bool tensor, got {tuple(flags.shape)} "
-                         f"{flags.dtype}")
+        raise ValueError(
+            f"finish.log.flags must be a contiguous non-empty 1-d bool tensor, got {tuple(flags.shape)} {flags.dtype}"
+        )
     if device.type == "cuda" and not flags.is_pinned():
         raise ValueError("finish.log.flags must be in pinned host memory (the kernel writes it from the GPU)")
     if device.type != "cuda" and flags.device != device:
         raise ValueError(f"finish.log.flags is on {flags.device}, the logits on {device}")
-    if (tokens.shape != (batch, L) or tokens.dtype != torch.long or not tokens.is_contiguous()
-            or tokens.device != device):
-        raise ValueError(f"finish.log.tokens must be a contiguous ({batch}, {L}) long tensor on {device}, got "
-                         f"{tuple(tokens.shape)} {tokens.dtype} on {tokens.device}")
+    if (
+        tokens.shape != (batch, L)
+        or tokens.dtype != torch.long
+        or not tokens.is_contiguous()
+        or tokens.device != device
+    ):
+        raise ValueError(
+            f"finish.log.tokens must be a contiguous ({batch}, {L}) long tensor on {device}, got "
+            f"{tuple(tokens.shape)} {tokens.dtype} on {tokens.device}"
+        )
     if count.shape != (1,) or count.dtype != torch.int32 or count.device != device:
-        raise ValueError(f"finish.log.count must be a (1,) int32 tensor on {device}, got {tuple(count.shape)} "
-                         f"{count.dtype} on {count.device}")
+        raise ValueError(
+            f"finish.log.count must be a (1,) int32 tensor on {device}, got {tuple(count.shape)} "
+            f"{count.dtype} on {count.device}"
+        )
 
 
-def greedy_choice(logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets | None = None, pdl: int = 0,
-                  block_v: int | None = None) -> None:
+def greedy_choice(
+    logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets | None = None, pdl: int = 0, block_v: int | None = None
+) -> None:
     """The Triton kernel of `greedy_finish_ref`: logits (B, V) float32 with contiguous rows (a column slice,
     such as the vocabulary-parallel head's gathered logits, is read in place); writes finish.state and
     finish.done (and finish.log) in place. `tickets`: the counter of the launch (linear_residual.Tickets;
     default fresh zeros); `pdl`: pdl.py's mode; `block_v`: logits per row per program (a power of two; default block_v_for(B))."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32:
-        raise ValueError(f"logits must be a (B, V) float32 tensor, got {getattr(logits, 'shape', logits)!r} "
-                         f"{getattr(logits, 'dtype', '')}")
+        raise ValueError(
+            f"logits must be a (B, V) float32 tensor, got {getattr(logits, 'shape', logits)!r} "
+            f"{getattr(logits, 'dtype', '')}"
+        )
     if logits.stride(1) != 1 or logits.shape[0] * logits.stride(0) >= 2**31:
-        raise ValueError(f"logits must have contiguous rows and fewer than 2**31 elements' span, got shape "
-                         f"{tuple(logits.shape)} strides {logits.stride()}")
+        raise ValueError(
+            f"logits must have contiguous rows and fewer than 2**31 elements' span, got shape "
+            f"{tuple(logits.shape)} strides {logits.stride()}"
+        )
     B, V = logits.shape
     if B == 0 or V == 0:
         raise ValueError(f"logits must have at least one row and one column, got shape {tuple(logits.shape)}")
@@ -243,8 +311,27 @@ def greedy_choice(logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets |
         tokens, flags, count = log.tokens, log.flags.view(torch.uint8), log.count
     else:
         tokens, flags, count = finish.state, done, done  # never read or written without a log
-    _greedy_kernel[grid](logits, vals, idx, take_tickets(tickets, 1, logits.device), finish.state, eos,
-                         finish.eos.numel(), int(finish.pad_id), done, tokens, flags, count, flags.numel(), B, V,
-                         logits.stride(0),
-                         BLOCK_M=block_m, BLOCK_V=block_v, LOG=log is not None, PDL=int(pdl), num_warps=4,
-                         **pdl_launch(pdl))
+    _greedy_kernel[grid](
+        logits,
+        vals,
+        idx,
+        take_tickets(tickets, 1, logits.device),
+        finish.state,
+        eos,
+        finish.eos.numel(),
+        int(finish.pad_id),
+        done,
+        tokens,
+        flags,
+        count,
+        flags.numel(),
+        B,
+        V,
+        logits.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_V=block_v,
+        LOG=log is not None,
+        PDL=int(pdl),
+        num_warps=4,
+        **pdl_launch(pdl),
+    )

@@ -90,10 +90,26 @@ def last_of_split(ticket_ptr, tile, n):
 
 @triton.jit
 def _linear_split_kernel(
-    x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, ticket_ptr, ss_ptr,
-    B, N, K: tl.constexpr, K_CHUNK: tl.constexpr,
-    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SUMS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, SWAP: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    res_ptr,
+    out_ptr,
+    part_ptr,
+    ticket_ptr,
+    ss_ptr,
+    B,
+    N,
+    K: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SUMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -123,8 +139,9 @@ def _linear_split_kernel(
         if finish:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in range(SPLIT):  # fixed order: deterministic, whichever program came last
-                acc += tl.load(part_ptr + (s * B + rows[:, None]) * N + cols[None, :], mask=out_ok, other=0.0,
-                               cache_modifier=".cg")
+                acc += tl.load(
+                    part_ptr + (s * B + rows[:, None]) * N + cols[None, :], mask=out_ok, other=0.0, cache_modifier=".cg"
+                )
             tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
     if finish:
         if HAS_BIAS:
@@ -138,10 +155,22 @@ def _linear_split_kernel(
             tl.store(ss_ptr + pid_n * B + rows, tl.sum(yf * yf, 1), mask=row_ok)
 
 
-def linear_residual(x, w, b, residual, block_n: int | None = None, block_k: int | None = None,
-                    programs: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                    tickets: Tickets | None = None, pdl: int = 0, out: torch.Tensor | None = None, norm_sums=None,
-                    swap: bool | None = None):
+def linear_residual(
+    x,
+    w,
+    b,
+    residual,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    programs: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    tickets: Tickets | None = None,
+    pdl: int = 0,
+    out: torch.Tensor | None = None,
+    norm_sums=None,
+    swap: bool | None = None,
+):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N).
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on); the tile keywords left None are the row-block
     kernel's defaults (32 x 128, 4 warps, 3 stages) or, swapped, swap_ab.swap_tiles's.
@@ -156,8 +185,11 @@ def linear_residual(x, w, b, residual, block_n: int | None = None, block_k: int 
     if programs is None:
         programs = 2 * sm_count(x.device) if x.is_cuda else 1
     swapped = use_swap(B, swap)
-    tiles = swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device)) if swapped else \
-        dict(block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3)
+    tiles = (
+        swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device))
+        if swapped
+        else dict(block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3)
+    )
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]
@@ -180,9 +212,28 @@ def linear_residual(x, w, b, residual, block_n: int | None = None, block_k: int 
     else:  # never written with one split: pass read-only inputs, not aliases of `out`
         part, counters = residual, residual
     _linear_split_kernel[(n_blocks, split, row_blocks)](
-        x, w, b if b is not None else w, residual, out, part, counters, sums if sums is not None else part,
-        B, N, K, k_chunk, SPLIT=split, HAS_BIAS=b is not None, SUMS=sums is not None, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, PDL=int(pdl), SWAP=swapped, num_warps=num_warps, num_stages=num_stages,
+        x,
+        w,
+        b if b is not None else w,
+        residual,
+        out,
+        part,
+        counters,
+        sums if sums is not None else part,
+        B,
+        N,
+        K,
+        k_chunk,
+        SPLIT=split,
+        HAS_BIAS=b is not None,
+        SUMS=sums is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        PDL=int(pdl),
+        SWAP=swapped,
+        num_warps=num_warps,
+        num_stages=num_stages,
         **pdl_launch(pdl),
     )
     if sums is not None:

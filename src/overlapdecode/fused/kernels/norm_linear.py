@@ -118,14 +118,27 @@ def sums_args(norm_sums: NormSums | None, x: torch.Tensor, layer: bool) -> tuple
     if sums is None:
         return x, 0, 0
     if sums.dtype != torch.float32 or sums.dim() != 2 or sums.shape[1] != x.shape[0] or not sums.is_contiguous():
-        raise ValueError(f"norm sums must be contiguous float32 (NB, {x.shape[0]}), got {tuple(sums.shape)} "
-                         f"{sums.dtype}")
+        raise ValueError(
+            f"norm sums must be contiguous float32 (NB, {x.shape[0]}), got {tuple(sums.shape)} {sums.dtype}"
+        )
     return sums, sums.shape[0], triton.next_power_of_2(sums.shape[0])
 
 
 @triton.jit
-def norm_stats(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_K: tl.constexpr, ss_ptr, B, NB, NB_PAD: tl.constexpr):
+def norm_stats(
+    x_ptr,
+    rows,
+    row_ok,
+    eps,
+    K: tl.constexpr,
+    LAYER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ss_ptr,
+    B,
+    NB,
+    NB_PAD: tl.constexpr,
+):
     """The norm's per-row (mean, 1/std) over all K of x (B, K), float32: the prologue of every kernel that
     starts with a norm. RMSNorm (LAYER false) has mean 0. float32 also where `eps` arrives as fp64 (as a
     Python float does under torch.compile), so that the normalised x is not computed in fp64. With NB_PAD > 0
@@ -133,8 +146,7 @@ def norm_stats(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexpr, B
     pass over x."""
     if NB_PAD > 0:
         nb = tl.arange(0, NB_PAD)
-        part = tl.load(ss_ptr + nb[:, None] * B + rows[None, :], mask=(nb < NB)[:, None] & row_ok[None, :],
-                       other=0.0)
+        part = tl.load(ss_ptr + nb[:, None] * B + rows[None, :], mask=(nb < NB)[:, None] & row_ok[None, :], other=0.0)
         rstd = (1.0 / tl.sqrt(tl.sum(part, 0) / K + eps)).to(tl.float32)
         return tl.zeros((BLOCK_M,), dtype=tl.float32), rstd
     ks = tl.arange(0, BLOCK_K)
@@ -156,8 +168,9 @@ def norm_stats(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexpr, B
 
 
 @triton.jit
-def norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.constexpr, LAYER: tl.constexpr,
-              dtype: tl.constexpr):
+def norm_tile(
+    x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.constexpr, LAYER: tl.constexpr, dtype: tl.constexpr
+):
     """The normalised (BLOCK_M, BLOCK_K) tile of x at columns `kk`, in the model dtype, rounded as Hugging
     Face's norms round (0 where `m` is false): the per-tile half of the norm prologue (`norm_stats`)."""
     xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
@@ -172,10 +185,31 @@ def norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.conste
 
 @triton.jit
 def _norm_linear_kernel(
-    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr, ss_ptr, part_ptr, ticket_ptr,
-    B, N, NB, eps, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
-    LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
+    x_ptr,
+    nw_ptr,
+    nb_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    ss_ptr,
+    part_ptr,
+    ticket_ptr,
+    B,
+    N,
+    NB,
+    eps,
+    K: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    LAYER: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    ROUND_OUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NB_PAD: tl.constexpr,
+    PDL: tl.constexpr,
     SWAP: tl.constexpr,
 ):
     pdl_start(PDL)
@@ -227,16 +261,29 @@ def _norm_linear_kernel(
                 if ACT == 2:
                     acc2 += tl.load(base + N, mask=ok, other=0.0, cache_modifier=".cg")
             tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
-            _norm_linear_finish(acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N, HAS_BIAS, ACT, ROUND_OUT,
-                                dtype)
+            _norm_linear_finish(
+                acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N, HAS_BIAS, ACT, ROUND_OUT, dtype
+            )
     else:
-        _norm_linear_finish(acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N, HAS_BIAS, ACT, ROUND_OUT,
-                            dtype)
+        _norm_linear_finish(acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N, HAS_BIAS, ACT, ROUND_OUT, dtype)
 
 
 @triton.jit
-def _norm_linear_finish(acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N, HAS_BIAS: tl.constexpr,
-                        ACT: tl.constexpr, ROUND_OUT: tl.constexpr, dtype: tl.constexpr):
+def _norm_linear_finish(
+    acc,
+    acc2,
+    rows,
+    cols,
+    row_ok,
+    col_ok,
+    b_ptr,
+    out_ptr,
+    N,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    ROUND_OUT: tl.constexpr,
+    dtype: tl.constexpr,
+):
     """Bias, activation, rounding and the store of one (BLOCK_M, BLOCK_N) output tile."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -260,10 +307,25 @@ def _norm_linear_finish(acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
 
 
-def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, block_n: int | None = None,
-                block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                pdl: int = 0, norm_sums: NormSums | None = None, swap: bool | None = None,
-                programs: int | None = None, tickets: Tickets | None = None):
+def norm_linear(
+    x,
+    norm_w,
+    norm_b,
+    eps: float,
+    w,
+    b,
+    act: str,
+    out_dtype=None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    pdl: int = 0,
+    norm_sums: NormSums | None = None,
+    swap: bool | None = None,
+    programs: int | None = None,
+    tickets: Tickets | None = None,
+):
     """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
     Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128).
@@ -278,8 +340,11 @@ def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, b
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
     swapped = use_swap(B, swap)
     accs = 2 if act == "silu_mul" else 1
-    tiles = swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device)) if swapped else \
-        dict(block_m=ROW_TILE, block_n=32, block_k=256, num_warps=4, num_stages=3)
+    tiles = (
+        swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device))
+        if swapped
+        else dict(block_m=ROW_TILE, block_n=32, block_k=256, num_warps=4, num_stages=3)
+    )
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]
@@ -296,11 +361,34 @@ def norm_linear(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None, b
     else:  # never written with one split: pass read-only inputs
         part, counters = norm_w, norm_w
     _norm_linear_kernel[(n_blocks, row_blocks, split)](
-        x, norm_w, norm_b if norm_b is not None else norm_w, w, b if b is not None else norm_w, out, sums, part,
-        counters, B, n_out, nb, eps, K, k_chunk, split,
-        LAYER=norm_b is not None, HAS_BIAS=b is not None, ACT=_ACT_CODE[act],
-        ROUND_OUT=out.dtype != torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, NB_PAD=nb_pad,
-        PDL=int(pdl), SWAP=swapped,
-        num_warps=num_warps or tiles["num_warps"], num_stages=num_stages or tiles["num_stages"], **pdl_launch(pdl),
+        x,
+        norm_w,
+        norm_b if norm_b is not None else norm_w,
+        w,
+        b if b is not None else norm_w,
+        out,
+        sums,
+        part,
+        counters,
+        B,
+        n_out,
+        nb,
+        eps,
+        K,
+        k_chunk,
+        split,
+        LAYER=norm_b is not None,
+        HAS_BIAS=b is not None,
+        ACT=_ACT_CODE[act],
+        ROUND_OUT=out.dtype != torch.float32,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        NB_PAD=nb_pad,
+        PDL=int(pdl),
+        SWAP=swapped,
+        num_warps=num_warps or tiles["num_warps"],
+        num_stages=num_stages or tiles["num_stages"],
+        **pdl_launch(pdl),
     )
     return out

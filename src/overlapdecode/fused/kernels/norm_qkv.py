@@ -37,8 +37,23 @@ def apply_rope(x, cos, sin):
     return x * cos.unsqueeze(-2) + rot * sin.unsqueeze(-2)
 
 
-def norm_qkv_ref(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
-                 n_heads: int, n_kv: int, head_dim: int):
+def norm_qkv_ref(
+    x,
+    norm_w,
+    norm_b,
+    eps,
+    w,
+    b,
+    inv_freq,
+    rope_scale,
+    pos,
+    slot,
+    k_cache,
+    v_cache,
+    n_heads: int,
+    n_kv: int,
+    head_dim: int,
+):
     """x (B, H), pos/slot (B,) -> q (B, Hq, D); writes K and V (B, Hkv, D) at `slot` of each row's cache."""
     B = x.shape[0]
     qkv = torch.nn.functional.linear(norm_ref(x, norm_w, norm_b, eps), w, b)
@@ -56,9 +71,33 @@ def norm_qkv_ref(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, 
 
 
 @triton.jit
-def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
-                pos_stride, slot_stride, q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale,
-                HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr):
+def _qkv_finish(
+    acc1,
+    acc2,
+    head,
+    rows,
+    dim,
+    row_ok,
+    dim_ok,
+    w1,
+    w2,
+    b_ptr,
+    inv_freq_ptr,
+    pos_ptr,
+    slot_ptr,
+    pos_stride,
+    slot_stride,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    S,
+    n_heads,
+    n_kv,
+    rope_scale,
+    HAS_BIAS: tl.constexpr,
+    ROPE: tl.constexpr,
+    D: tl.constexpr,
+):
     """Bias, rounding, RoPE and the stores of one (rows, HALF first-half dims) tile; `head` and `dim` (HALF,)
     are each column's head (Q, then K, then V heads) and dimension."""
     dtype = q_ptr.dtype.element_ty
@@ -97,11 +136,41 @@ def _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_
 
 @triton.jit
 def _norm_qkv_kernel(
-    x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, part_ptr, ticket_ptr,
-    ss_ptr, B, S, n_heads, n_kv, pos_stride, slot_stride, NB, eps, rope_scale,
-    K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
-    LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, D: tl.constexpr,
-    HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr, PDL: tl.constexpr,
+    x_ptr,
+    nw_ptr,
+    nb_ptr,
+    w_ptr,
+    b_ptr,
+    inv_freq_ptr,
+    pos_ptr,
+    slot_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    part_ptr,
+    ticket_ptr,
+    ss_ptr,
+    B,
+    S,
+    n_heads,
+    n_kv,
+    pos_stride,
+    slot_stride,
+    NB,
+    eps,
+    rope_scale,
+    K: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    LAYER: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROPE: tl.constexpr,
+    D: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NB_PAD: tl.constexpr,
+    PDL: tl.constexpr,
     SWAP: tl.constexpr,
 ):
     pdl_start(PDL)
@@ -158,15 +227,61 @@ def _norm_qkv_kernel(
                 acc2 += tl.load(base + w2[None, :], mask=ok, other=0.0, cache_modifier=".cg")
             tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
     if finish:
-        _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_freq_ptr, pos_ptr, slot_ptr,
-                    pos_stride, slot_stride, q_ptr, k_ptr, v_ptr, S, n_heads, n_kv, rope_scale, HAS_BIAS, ROPE, D)
+        _qkv_finish(
+            acc1,
+            acc2,
+            head,
+            rows,
+            dim,
+            row_ok,
+            dim_ok,
+            w1,
+            w2,
+            b_ptr,
+            inv_freq_ptr,
+            pos_ptr,
+            slot_ptr,
+            pos_stride,
+            slot_stride,
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            S,
+            n_heads,
+            n_kv,
+            rope_scale,
+            HAS_BIAS,
+            ROPE,
+            D,
+        )
 
 
-def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_cache, v_cache,
-             n_heads: int, n_kv: int, head_dim: int, half: int | None = None, block_k: int | None = None,
-             programs: int = 1, num_warps: int | None = None, num_stages: int | None = None,
-             tickets: Tickets | None = None, pdl: int = 0, norm_sums: NormSums | None = None,
-             swap: bool | None = None):
+def norm_qkv(
+    x,
+    norm_w,
+    norm_b,
+    eps,
+    w,
+    b,
+    inv_freq,
+    rope_scale,
+    pos,
+    slot,
+    k_cache,
+    v_cache,
+    n_heads: int,
+    n_kv: int,
+    head_dim: int,
+    half: int | None = None,
+    block_k: int | None = None,
+    programs: int = 1,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    tickets: Tickets | None = None,
+    pdl: int = 0,
+    norm_sums: NormSums | None = None,
+    swap: bool | None = None,
+):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
     first-half dimensions and their partners (default: up to 32, one head's at most; swapped, swap_ab.swap_tiles's);
@@ -183,8 +298,13 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
     if swapped:
         plan = swap_tiles(B, halves, K, w.element_size(), 2, sm_count(x.device))
     else:
-        plan = dict(block_m=ROW_TILE, block_n=min(32, triton.next_power_of_2(max(head_dim // 2, 1))), block_k=256,
-                    num_warps=4, num_stages=3)
+        plan = dict(
+            block_m=ROW_TILE,
+            block_n=min(32, triton.next_power_of_2(max(head_dim // 2, 1))),
+            block_k=256,
+            num_warps=4,
+            num_stages=3,
+        )
     block_m = plan["block_m"]
     half = half or plan["block_n"]
     block_k = block_k or plan["block_k"]
@@ -205,10 +325,44 @@ def norm_qkv(x, norm_w, norm_b, eps, w, b, inv_freq, rope_scale, pos, slot, k_ca
     inv_arg = inv_freq if inv_freq is not None else dummy
     S = k_cache.shape[2]
     _norm_qkv_kernel[(tiles, split, row_blocks)](
-        x, norm_w, norm_b if norm_b is not None else dummy, w, b_arg, inv_arg, pos, slot, q, k_cache, v_cache, part,
-        counters, sums, B, S, n_heads, n_kv, pos.stride(0), slot.stride(0), nb, eps, rope_scale, K, k_chunk, split,
-        LAYER=norm_b is not None, HAS_BIAS=b is not None, ROPE=inv_freq is not None, D=head_dim,
-        HALF=half, BLOCK_M=block_m, BLOCK_K=block_k, NB_PAD=nb_pad, PDL=int(pdl), SWAP=swapped,
-        num_warps=num_warps or plan["num_warps"], num_stages=num_stages or plan["num_stages"], **pdl_launch(pdl),
+        x,
+        norm_w,
+        norm_b if norm_b is not None else dummy,
+        w,
+        b_arg,
+        inv_arg,
+        pos,
+        slot,
+        q,
+        k_cache,
+        v_cache,
+        part,
+        counters,
+        sums,
+        B,
+        S,
+        n_heads,
+        n_kv,
+        pos.stride(0),
+        slot.stride(0),
+        nb,
+        eps,
+        rope_scale,
+        K,
+        k_chunk,
+        split,
+        LAYER=norm_b is not None,
+        HAS_BIAS=b is not None,
+        ROPE=inv_freq is not None,
+        D=head_dim,
+        HALF=half,
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        NB_PAD=nb_pad,
+        PDL=int(pdl),
+        SWAP=swapped,
+        num_warps=num_warps or plan["num_warps"],
+        num_stages=num_stages or plan["num_stages"],
+        **pdl_launch(pdl),
     )
     return q

@@ -78,19 +78,36 @@ def _prefetch(w_ptr, row0, N, K: tl.constexpr, k_lo, ROWS: tl.constexpr, COLS: t
     rows = tl.minimum(row0 + tl.arange(0, ROWS), N - 1)
     cols = tl.minimum(k_lo + tl.arange(0, COLS // LINE) * LINE, K - 1)
     ptrs = w_ptr + rows[:, None] * K + cols[None, :]
-    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
+    tl.inline_asm_elementwise(
+        "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
-def _norm_stats_cg(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_K: tl.constexpr, ss_ptr, B, NB, NB_PAD: tl.constexpr):
+def _norm_stats_cg(
+    x_ptr,
+    rows,
+    row_ok,
+    eps,
+    K: tl.constexpr,
+    LAYER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ss_ptr,
+    B,
+    NB,
+    NB_PAD: tl.constexpr,
+):
     """norm_stats (norm_linear.py) over x written in this launch: the same sums, x (or its writers' partial sums
     of squares, NB_PAD > 0) read past L1."""
     if NB_PAD > 0:
         nb = tl.arange(0, NB_PAD)
-        part = tl.load(ss_ptr + nb[:, None] * B + rows[None, :], mask=(nb < NB)[:, None] & row_ok[None, :],
-                       other=0.0, cache_modifier=".cg")
+        part = tl.load(
+            ss_ptr + nb[:, None] * B + rows[None, :],
+            mask=(nb < NB)[:, None] & row_ok[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
         rstd = (1.0 / tl.sqrt(tl.sum(part, 0) / K + eps)).to(tl.float32)
         return tl.zeros((BLOCK_M,), dtype=tl.float32), rstd
     ks = tl.arange(0, BLOCK_K)
@@ -99,14 +116,19 @@ def _norm_stats_cg(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexp
         s = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             m = row_ok[:, None] & (k0 + ks < K)[None, :]
-            s += tl.sum(tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0,
-                                cache_modifier=".cg").to(tl.float32), 1)
+            s += tl.sum(
+                tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0, cache_modifier=".cg").to(
+                    tl.float32
+                ),
+                1,
+            )
         mean = s / K
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         m = row_ok[:, None] & (k0 + ks < K)[None, :]
-        xv = tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0,
-                     cache_modifier=".cg").to(tl.float32)
+        xv = tl.load(x_ptr + rows[:, None] * K + k0 + ks[None, :], mask=m, other=0.0, cache_modifier=".cg").to(
+            tl.float32
+        )
         d = tl.where(m, xv - mean[:, None], 0.0)
         ss += tl.sum(d * d, 1)
     rstd = (1.0 / tl.sqrt(ss / K + eps)).to(tl.float32)
@@ -114,8 +136,9 @@ def _norm_stats_cg(x_ptr, rows, row_ok, eps, K: tl.constexpr, LAYER: tl.constexp
 
 
 @triton.jit
-def _norm_tile_cg(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.constexpr, LAYER: tl.constexpr,
-                  dtype: tl.constexpr):
+def _norm_tile_cg(
+    x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.constexpr, LAYER: tl.constexpr, dtype: tl.constexpr
+):
     """norm_tile (norm_linear.py) of x written in this launch, read past L1."""
     xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
     g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
@@ -128,11 +151,47 @@ def _norm_tile_cg(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.co
 
 
 @triton.jit
-def _qkv_task(tile, s, r, signal, ticket, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, inv_ptr, pos_ptr, slot_ptr,
-              q_ptr, k_ptr, v_ptr, part_ptr, cnt_ptr, ss_ptr, B, S, NB, pos_stride, slot_stride, eps, rope_scale,
-              HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, K: tl.constexpr,
-              K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, LAYER: tl.constexpr, HAS_BIAS: tl.constexpr,
-              ROPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr):
+def _qkv_task(
+    tile,
+    s,
+    r,
+    signal,
+    ticket,
+    x_ptr,
+    nw_ptr,
+    nb_ptr,
+    w_ptr,
+    b_ptr,
+    inv_ptr,
+    pos_ptr,
+    slot_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    part_ptr,
+    cnt_ptr,
+    ss_ptr,
+    B,
+    S,
+    NB,
+    pos_stride,
+    slot_stride,
+    eps,
+    rope_scale,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    HALF: tl.constexpr,
+    K: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    LAYER: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NB_PAD: tl.constexpr,
+):
     """One program of _norm_qkv_kernel: tile = head x parts + part, K range s, row block r; with NB_PAD > 0 and
     NB > 0 (at run time: the first layer's input has none) the norm's sums of squares are the NB partial sums at
     ss_ptr its writer (the launch before) left."""
@@ -185,16 +244,66 @@ def _qkv_task(tile, s, r, signal, ticket, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, i
                 acc1 += tl.load(base + w1[None, :], mask=ok, other=0.0, cache_modifier=".cg")
                 acc2 += tl.load(base + w2[None, :], mask=ok, other=0.0, cache_modifier=".cg")
     if finish:
-        _qkv_finish(acc1, acc2, head, rows, dim, row_ok, dim_ok, w1, w2, b_ptr, inv_ptr, pos_ptr, slot_ptr,
-                    pos_stride, slot_stride, q_ptr, k_ptr, v_ptr, S, HQ, HKV, rope_scale, HAS_BIAS, ROPE, D)
+        _qkv_finish(
+            acc1,
+            acc2,
+            head,
+            rows,
+            dim,
+            row_ok,
+            dim_ok,
+            w1,
+            w2,
+            b_ptr,
+            inv_ptr,
+            pos_ptr,
+            slot_ptr,
+            pos_stride,
+            slot_stride,
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            S,
+            HQ,
+            HKV,
+            rope_scale,
+            HAS_BIAS,
+            ROPE,
+            D,
+        )
         _signal(cnt_ptr, signal, 1)
 
 
 @triton.jit
-def _attention_task(hk, sp, b, signal, n_signal, ticket, q_ptr, k_ptr, v_ptr, start_ptr, len_ptr, acc_ptr,
-                    am_ptr, al_ptr, out_ptr, cnt_ptr, qk_scale, S, HQ: tl.constexpr, HKV: tl.constexpr,
-                    G: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr):
+def _attention_task(
+    hk,
+    sp,
+    b,
+    signal,
+    n_signal,
+    ticket,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    start_ptr,
+    len_ptr,
+    acc_ptr,
+    am_ptr,
+    al_ptr,
+    out_ptr,
+    cnt_ptr,
+    qk_scale,
+    S,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     """One program of decode_attention's _split_kernel: row b, KV head hk, piece sp of the live slots; q and the
     cache (its slot of this step written by a QKV task) read past L1."""
     pid_bh = b * HKV + hk
@@ -212,8 +321,12 @@ def _attention_task(hk, sp, b, signal, n_signal, ticket, q_ptr, k_ptr, v_ptr, st
         mask_d = offs_d < D
         head0 = hk * G
         q_blk = q_ptr + (b * HQ + head0).to(tl.int64) * D
-        q = tl.load(q_blk + offs_g[:, None] * D + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :],
-                    other=0.0, cache_modifier=".cg")
+        q = tl.load(
+            q_blk + offs_g[:, None] * D + offs_d[None, :],
+            mask=mask_g[:, None] & mask_d[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
         kv_base = pid_bh.to(tl.int64) * S * D
         k_slab = k_ptr + kv_base
         v_slab = v_ptr + kv_base
@@ -259,8 +372,9 @@ def _attention_task(hk, sp, b, signal, n_signal, ticket, q_ptr, k_ptr, v_ptr, st
                 m_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
                 for s in range(NUM_SPLITS):
                     ok = mask_g & (s < n_live)
-                    m_max = tl.maximum(m_max, tl.load(am_ptr + first + s, mask=ok, other=float("-inf"),
-                                                      cache_modifier=".cg"))
+                    m_max = tl.maximum(
+                        m_max, tl.load(am_ptr + first + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                    )
                 den = tl.zeros([GROUP_PAD], tl.float32)
                 o = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
                 for s in range(NUM_SPLITS):  # fixed order, as decode_attention
@@ -269,18 +383,44 @@ def _attention_task(hk, sp, b, signal, n_signal, ticket, q_ptr, k_ptr, v_ptr, st
                     l_s = tl.load(al_ptr + first + s, mask=ok, other=0.0, cache_modifier=".cg")
                     w = tl.where(ok, tl.math.exp2(m_s - m_max), 0.0)
                     den += w * l_s
-                    a_s = tl.load(acc_ptr + (first + s)[:, None] * D + offs_d[None, :],
-                                  mask=ok[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
+                    a_s = tl.load(
+                        acc_ptr + (first + s)[:, None] * D + offs_d[None, :],
+                        mask=ok[:, None] & mask_d[None, :],
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
                     o += w[:, None] * a_s
                 tl.store(out_ptr + o_offs, (o / den[:, None]).to(out_ptr.dtype.element_ty), mask=store_mask)
                 _signal(cnt_ptr, signal, n_signal)
 
 
 @triton.jit
-def _linear_task(j, s, r, signal, n_signal, ticket, x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, part_ptr, cnt_ptr,
-                 ss_ptr, B, N: tl.constexpr, K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SUMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+def _linear_task(
+    j,
+    s,
+    r,
+    signal,
+    n_signal,
+    ticket,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    res_ptr,
+    out_ptr,
+    part_ptr,
+    cnt_ptr,
+    ss_ptr,
+    B,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SUMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """One program of linear_residual's _linear_split_kernel: column block j, K range s, row block r; x and the
     residual read past L1 (written in this launch, the residual of the O projection excepted); SUMS: the output
     rows' sums of squares over the block to ss_ptr (NB, B), as linear_residual records them (NormSums)."""
@@ -295,8 +435,12 @@ def _linear_task(j, s, r, signal, n_signal, ticket, x_ptr, w_ptr, b_ptr, res_ptr
     for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
-        xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-                     cache_modifier=".cg")
+        xv = tl.load(
+            x_ptr + rows[:, None] * K + kk[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
         wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(xv, tl.trans(wt), input_precision="ieee")
     out_ok = row_ok[:, None] & col_ok[None, :]
@@ -307,14 +451,19 @@ def _linear_task(j, s, r, signal, n_signal, ticket, x_ptr, w_ptr, b_ptr, res_ptr
         if finish:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for sp in range(SPLIT):  # fixed order, as linear_residual
-                acc += tl.load(part_ptr + (sp * B + rows[:, None]) * N + cols[None, :], mask=out_ok, other=0.0,
-                               cache_modifier=".cg")
+                acc += tl.load(
+                    part_ptr + (sp * B + rows[:, None]) * N + cols[None, :],
+                    mask=out_ok,
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
     if finish:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dtype = out_ptr.dtype.element_ty
-        res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0,
-                      cache_modifier=".cg").to(tl.float32)
+        res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0, cache_modifier=".cg").to(
+            tl.float32
+        )
         y = (res + acc.to(dtype).to(tl.float32)).to(dtype)
         tl.store(out_ptr + rows[:, None] * N + cols[None, :], y, mask=out_ok)
         if SUMS:
@@ -325,9 +474,32 @@ def _linear_task(j, s, r, signal, n_signal, ticket, x_ptr, w_ptr, b_ptr, res_ptr
 
 
 @triton.jit
-def _up_task(j, r, signal, n_signal, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_ptr, cnt_ptr, ss_ptr, B, NB, eps,
-             N: tl.constexpr, K: tl.constexpr, LAYER: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NB_PAD: tl.constexpr):
+def _up_task(
+    j,
+    r,
+    signal,
+    n_signal,
+    x_ptr,
+    nw_ptr,
+    nb_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    cnt_ptr,
+    ss_ptr,
+    B,
+    NB,
+    eps,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    LAYER: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NB_PAD: tl.constexpr,
+):
     """One program of norm_linear's _norm_linear_kernel (gate/up with SiLU(gate) * up, or fc with tanh GELU):
     column block j, row block r; x (h after attention, written in this launch) read past L1."""
     rows = r * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -363,30 +535,106 @@ def _up_task(j, r, signal, n_signal, x_ptr, nw_ptr, nb_ptr, w_ptr, b_ptr, out_pt
         gt = acc.to(dtype).to(tl.float32)
         up = acc2.to(dtype).to(tl.float32)
         acc = (gt * tl.sigmoid(gt)).to(dtype).to(tl.float32) * up
-    tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(
+        out_ptr + rows[:, None] * N + cols[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & col_ok[None, :],
+    )
     _signal(cnt_ptr, signal, n_signal)
 
 
 @triton.jit
 def _persistent_layer_kernel(
-    x_ptr, out_ptr, h1_ptr, q_ptr, a_ptr, m_ptr,
-    nw1_ptr, nb1_ptr, wqkv_ptr, bqkv_ptr, inv_ptr, wo_ptr, bo_ptr, nw2_ptr, nb2_ptr, wup_ptr, bup_ptr, wdn_ptr,
-    bdn_ptr, pos_ptr, slot_ptr, start_ptr, len_ptr, k_ptr, v_ptr,
-    pqkv_ptr, po_ptr, pdn_ptr, att_acc_ptr, att_m_ptr, att_l_ptr, table_ptr, cnt_ptr, err_ptr,
-    ss_in_ptr, ss_mid_ptr, ss_out_ptr,
-    B, S, n_tasks, n_counters, pos_stride, slot_stride, nb_in, eps, rope_scale, qk_scale,
-    H: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-    LAYER: tl.constexpr, QKV_BIAS: tl.constexpr, ROPE: tl.constexpr, O_BIAS: tl.constexpr, UP_BIAS: tl.constexpr,
-    DOWN_BIAS: tl.constexpr, ACT: tl.constexpr,
-    HALF: tl.constexpr, BK_QKV: tl.constexpr, KC_QKV: tl.constexpr, SPLIT_QKV: tl.constexpr,
-    GROUP_PAD: tl.constexpr, BN_ATT: tl.constexpr, BD_ATT: tl.constexpr, SPLIT_ATT: tl.constexpr, IEEE: tl.constexpr,
-    BN_O: tl.constexpr, BK_O: tl.constexpr, KC_O: tl.constexpr, SPLIT_O: tl.constexpr,
-    BN_UP: tl.constexpr, BK_UP: tl.constexpr,
-    BN_DN: tl.constexpr, BK_DN: tl.constexpr, KC_DN: tl.constexpr, SPLIT_DN: tl.constexpr,
-    NF: tl.constexpr, CLAIM_NEXT: tl.constexpr, SPIN_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    PREFETCH: tl.constexpr, LINE: tl.constexpr, IN_SUMS: tl.constexpr, MID_SUMS: tl.constexpr,
-    OUT_SUMS: tl.constexpr, RESET: tl.constexpr, PDL: tl.constexpr,
+    x_ptr,
+    out_ptr,
+    h1_ptr,
+    q_ptr,
+    a_ptr,
+    m_ptr,
+    nw1_ptr,
+    nb1_ptr,
+    wqkv_ptr,
+    bqkv_ptr,
+    inv_ptr,
+    wo_ptr,
+    bo_ptr,
+    nw2_ptr,
+    nb2_ptr,
+    wup_ptr,
+    bup_ptr,
+    wdn_ptr,
+    bdn_ptr,
+    pos_ptr,
+    slot_ptr,
+    start_ptr,
+    len_ptr,
+    k_ptr,
+    v_ptr,
+    pqkv_ptr,
+    po_ptr,
+    pdn_ptr,
+    att_acc_ptr,
+    att_m_ptr,
+    att_l_ptr,
+    table_ptr,
+    cnt_ptr,
+    err_ptr,
+    ss_in_ptr,
+    ss_mid_ptr,
+    ss_out_ptr,
+    B,
+    S,
+    n_tasks,
+    n_counters,
+    pos_stride,
+    slot_stride,
+    nb_in,
+    eps,
+    rope_scale,
+    qk_scale,
+    H: tl.constexpr,
+    I: tl.constexpr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    LAYER: tl.constexpr,
+    QKV_BIAS: tl.constexpr,
+    ROPE: tl.constexpr,
+    O_BIAS: tl.constexpr,
+    UP_BIAS: tl.constexpr,
+    DOWN_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    HALF: tl.constexpr,
+    BK_QKV: tl.constexpr,
+    KC_QKV: tl.constexpr,
+    SPLIT_QKV: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BN_ATT: tl.constexpr,
+    BD_ATT: tl.constexpr,
+    SPLIT_ATT: tl.constexpr,
+    IEEE: tl.constexpr,
+    BN_O: tl.constexpr,
+    BK_O: tl.constexpr,
+    KC_O: tl.constexpr,
+    SPLIT_O: tl.constexpr,
+    BN_UP: tl.constexpr,
+    BK_UP: tl.constexpr,
+    BN_DN: tl.constexpr,
+    BK_DN: tl.constexpr,
+    KC_DN: tl.constexpr,
+    SPLIT_DN: tl.constexpr,
+    NF: tl.constexpr,
+    CLAIM_NEXT: tl.constexpr,
+    SPIN_LIMIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    LINE: tl.constexpr,
+    IN_SUMS: tl.constexpr,
+    MID_SUMS: tl.constexpr,
+    OUT_SUMS: tl.constexpr,
+    RESET: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl_start(PDL)
     programs = tl.num_programs(0)
@@ -421,25 +669,158 @@ def _persistent_layer_kernel(
                     _prefetch(wdn_ptr, tile * BN_DN, H, I, split * KC_DN, BN_DN, PREFETCH, LINE)
         _wait(cnt_ptr, err_ptr, wait, need, task, SPIN_LIMIT)
         if op == 0:
-            _qkv_task(tile, split, rb, signal, ticket, x_ptr, nw1_ptr, nb1_ptr, wqkv_ptr, bqkv_ptr, inv_ptr, pos_ptr,
-                      slot_ptr, q_ptr, k_ptr, v_ptr, pqkv_ptr, cnt_ptr, ss_in_ptr, B, S, nb_in, pos_stride,
-                      slot_stride, eps, rope_scale, HQ, HKV, D, HALF, H, KC_QKV, SPLIT_QKV, LAYER, QKV_BIAS, ROPE,
-                      BLOCK_M, BK_QKV, IN_SUMS)
+            _qkv_task(
+                tile,
+                split,
+                rb,
+                signal,
+                ticket,
+                x_ptr,
+                nw1_ptr,
+                nb1_ptr,
+                wqkv_ptr,
+                bqkv_ptr,
+                inv_ptr,
+                pos_ptr,
+                slot_ptr,
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                pqkv_ptr,
+                cnt_ptr,
+                ss_in_ptr,
+                B,
+                S,
+                nb_in,
+                pos_stride,
+                slot_stride,
+                eps,
+                rope_scale,
+                HQ,
+                HKV,
+                D,
+                HALF,
+                H,
+                KC_QKV,
+                SPLIT_QKV,
+                LAYER,
+                QKV_BIAS,
+                ROPE,
+                BLOCK_M,
+                BK_QKV,
+                IN_SUMS,
+            )
         elif op == 1:
-            _attention_task(tile, split, rb, signal, n_signal, ticket, q_ptr, k_ptr, v_ptr, start_ptr, len_ptr,
-                            att_acc_ptr, att_m_ptr, att_l_ptr, a_ptr, cnt_ptr, qk_scale, S, HQ, HKV, G, GROUP_PAD,
-                            D, BN_ATT, BD_ATT, SPLIT_ATT, IEEE)
+            _attention_task(
+                tile,
+                split,
+                rb,
+                signal,
+                n_signal,
+                ticket,
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                start_ptr,
+                len_ptr,
+                att_acc_ptr,
+                att_m_ptr,
+                att_l_ptr,
+                a_ptr,
+                cnt_ptr,
+                qk_scale,
+                S,
+                HQ,
+                HKV,
+                G,
+                GROUP_PAD,
+                D,
+                BN_ATT,
+                BD_ATT,
+                SPLIT_ATT,
+                IEEE,
+            )
         elif op == 2:
-            _linear_task(tile, split, rb, signal, n_signal, ticket, a_ptr, wo_ptr, bo_ptr, x_ptr, h1_ptr, po_ptr,
-                         cnt_ptr, ss_mid_ptr, B, H, HQ * D, KC_O, SPLIT_O, O_BIAS, MID_SUMS > 0, BLOCK_M, BN_O, BK_O)
+            _linear_task(
+                tile,
+                split,
+                rb,
+                signal,
+                n_signal,
+                ticket,
+                a_ptr,
+                wo_ptr,
+                bo_ptr,
+                x_ptr,
+                h1_ptr,
+                po_ptr,
+                cnt_ptr,
+                ss_mid_ptr,
+                B,
+                H,
+                HQ * D,
+                KC_O,
+                SPLIT_O,
+                O_BIAS,
+                MID_SUMS > 0,
+                BLOCK_M,
+                BN_O,
+                BK_O,
+            )
         elif op == 3:
-            _up_task(tile, rb, signal, n_signal, h1_ptr, nw2_ptr, nb2_ptr, wup_ptr, bup_ptr, m_ptr, cnt_ptr,
-                     ss_mid_ptr, B, (H + BN_O - 1) // BN_O, eps, I, H, LAYER, UP_BIAS, ACT, BLOCK_M, BN_UP, BK_UP,
-                     MID_SUMS)
+            _up_task(
+                tile,
+                rb,
+                signal,
+                n_signal,
+                h1_ptr,
+                nw2_ptr,
+                nb2_ptr,
+                wup_ptr,
+                bup_ptr,
+                m_ptr,
+                cnt_ptr,
+                ss_mid_ptr,
+                B,
+                (H + BN_O - 1) // BN_O,
+                eps,
+                I,
+                H,
+                LAYER,
+                UP_BIAS,
+                ACT,
+                BLOCK_M,
+                BN_UP,
+                BK_UP,
+                MID_SUMS,
+            )
         else:
-            _linear_task(tile, split, rb, signal, n_signal, ticket, m_ptr, wdn_ptr, bdn_ptr, h1_ptr, out_ptr,
-                         pdn_ptr, cnt_ptr, ss_out_ptr, B, H, I, KC_DN, SPLIT_DN, DOWN_BIAS, OUT_SUMS, BLOCK_M, BN_DN,
-                         BK_DN)
+            _linear_task(
+                tile,
+                split,
+                rb,
+                signal,
+                n_signal,
+                ticket,
+                m_ptr,
+                wdn_ptr,
+                bdn_ptr,
+                h1_ptr,
+                out_ptr,
+                pdn_ptr,
+                cnt_ptr,
+                ss_out_ptr,
+                B,
+                H,
+                I,
+                KC_DN,
+                SPLIT_DN,
+                DOWN_BIAS,
+                OUT_SUMS,
+                BLOCK_M,
+                BN_DN,
+                BK_DN,
+            )
         task = nxt
     pdl_release(PDL)
     # the last program to leave puts every counter (claim, exit, dependencies, tickets) back to 0: every other
@@ -488,10 +869,22 @@ class PersistentLayer:
     `keep_counters` (tests): the last program leaves the counters as the launch left them, for comparing with
     persistent_schedule.final_counters; the next launch then needs `counters.zero_()` first."""
 
-    def __init__(self, plan: LayerPlan, device, dtype: torch.dtype, programs: int | None = None,
-                 claim: str = "dynamic", spin_limit: int | None = None, pdl: int = 0, per_sm: int = 2,
-                 num_warps: int = 4, num_stages: int = 3, prefetch: int = 0, norm_sums: bool = True,
-                 keep_counters: bool = False):
+    def __init__(
+        self,
+        plan: LayerPlan,
+        device,
+        dtype: torch.dtype,
+        programs: int | None = None,
+        claim: str = "dynamic",
+        spin_limit: int | None = None,
+        pdl: int = 0,
+        per_sm: int = 2,
+        num_warps: int = 4,
+        num_stages: int = 3,
+        prefetch: int = 0,
+        norm_sums: bool = True,
+        keep_counters: bool = False,
+    ):
         if claim not in CLAIMS:
             raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
         for name, v in (("programs", programs), ("spin_limit", spin_limit)):
@@ -503,21 +896,26 @@ class PersistentLayer:
             raise ValueError(f"prefetch must be 0 or a power of two (weight columns per row), got {prefetch!r}")
         line = 128 // torch.empty(0, dtype=dtype).element_size()
         if prefetch and prefetch < line:
-            raise ValueError(f"prefetch must be 0 or at least {line} columns (one 128-byte line of {dtype}), got "
-                             f"{prefetch}")
+            raise ValueError(
+                f"prefetch must be 0 or at least {line} columns (one 128-byte line of {dtype}), got {prefetch}"
+            )
         if prefetch and _INTERPRETED:
             raise ValueError("prefetch needs a CUDA GPU (its L2 prefetch is PTX, which the interpreter does not run)")
         if claim == "static" and pdl == 2:  # EARLY: the next launch's programs may hold SMs this grid still needs
-            raise ValueError("claim='static' needs every program resident, which pdl=2 (EARLY) does not leave; use "
-                             "claim='dynamic' or another pdl mode")
+            raise ValueError(
+                "claim='static' needs every program resident, which pdl=2 (EARLY) does not leave; use "
+                "claim='dynamic' or another pdl mode"
+            )
         if plan.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head size {plan.head_dim} > {MAX_HEAD_DIM} is not supported")
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:  # "cuda" names the current device: compare as cuda:N
             device = torch.device("cuda", torch.cuda.current_device())
         if device.type != "cuda" and not _INTERPRETED:
-            raise ValueError(f"device {device}: the persistent layer needs a CUDA device (or TRITON_INTERPRET=1 set "
-                             "before triton is imported, to run it on CPU)")
+            raise ValueError(
+                f"device {device}: the persistent layer needs a CUDA device (or TRITON_INTERPRET=1 set "
+                "before triton is imported, to run it on CPU)"
+            )
         if device.type == "cuda" and pdl and torch.cuda.get_device_capability(device) < (9, 0):
             raise ValueError("pdl needs a CUDA GPU of compute capability 9.0 or later")
         self.plan, self.device, self.dtype, self.claim = plan, device, dtype, claim
@@ -555,9 +953,22 @@ class PersistentLayer:
         self._turn = 0
         n_att = B * Hq * plan.att_splits
         ws = f32(max(workspace_numel(B, Hq, D, plan.att_splits), 1))
-        self.att_acc, self.att_m, self.att_l = ws[: n_att * D], ws[n_att * D: n_att * (D + 1)], ws[n_att * (D + 1):]
-        for t in (self.table, self.counters, self.error, self.q, self.attn, self.h1, self.m, self.part_qkv,
-                  self.part_o, self.part_down, ws, self.ss_mid, *self.ss_out):
+        self.att_acc, self.att_m, self.att_l = ws[: n_att * D], ws[n_att * D : n_att * (D + 1)], ws[n_att * (D + 1) :]
+        for t in (
+            self.table,
+            self.counters,
+            self.error,
+            self.q,
+            self.attn,
+            self.h1,
+            self.m,
+            self.part_qkv,
+            self.part_o,
+            self.part_down,
+            ws,
+            self.ss_mid,
+            *self.ss_out,
+        ):
             torch._dynamo.mark_static_address(t)  # a CUDA graph reads them in place
 
     def check(self, reset: bool = True) -> None:
@@ -568,8 +979,10 @@ class PersistentLayer:
             if reset:
                 self.error.zero_()
             task = self.schedule.table[bad - 1].tolist()
-            raise RuntimeError(f"persistent layer: task {bad - 1} ({dict(zip(FIELDS, task))}) waited past the spin "
-                               f"limit ({self.spin_limit} polls) for its inputs; its output and the layer's are wrong")
+            raise RuntimeError(
+                f"persistent layer: task {bad - 1} ({dict(zip(FIELDS, task))}) waited past the spin "
+                f"limit ({self.spin_limit} polls) for its inputs; its output and the layer's are wrong"
+            )
 
     def _resolve_programs(self, launch) -> int:
         if self.device.type != "cuda":
@@ -581,8 +994,10 @@ class PersistentLayer:
         if self.requested_programs is None:
             return sms * min(fit, self.per_sm)
         if self.claim == "static" and self.requested_programs > sms * fit:
-            raise ValueError(f"programs={self.requested_programs}: with claim='static' every program must be "
-                             f"resident, and {fit} fit on each of the {sms} SMs")
+            raise ValueError(
+                f"programs={self.requested_programs}: with claim='static' every program must be "
+                f"resident, and {fit} fit on each of the {sms} SMs"
+            )
         return self.requested_programs
 
     def __call__(self, W, layer, h, k_cache, v_cache, pos, slot, start, length, out=None):
@@ -596,22 +1011,43 @@ class PersistentLayer:
             raise ValueError(f"W.act must be 'silu_mul' or 'gelu_tanh', got {W.act!r}")
         B, H = h.shape
         S = k_cache.shape[2]
-        shapes = dict(batch=(B, p.batch), hidden=(H, p.hidden), n_heads=(W.n_heads, p.n_heads),
-                      n_kv=(W.n_kv_heads, p.n_kv), head_dim=(W.head_dim, p.head_dim),
-                      inter=(layer.w_down.shape[1], p.inter), cache_len=(S, p.cache_len))
+        shapes = dict(
+            batch=(B, p.batch),
+            hidden=(H, p.hidden),
+            n_heads=(W.n_heads, p.n_heads),
+            n_kv=(W.n_kv_heads, p.n_kv),
+            head_dim=(W.head_dim, p.head_dim),
+            inter=(layer.w_down.shape[1], p.inter),
+            cache_len=(S, p.cache_len),
+        )
         for name, (got, want) in shapes.items():
             if got != want:
                 raise ValueError(f"{name}: the plan was made for {want}, got {got}")
         if h.dtype != self.dtype or h.device != self.device:
             raise ValueError(f"h must be {self.dtype} on {self.device}, got {h.dtype} on {h.device}")
         if k_cache.shape != (B, p.n_kv, S, p.head_dim) or v_cache.shape != k_cache.shape:
-            raise ValueError(f"k_cache and v_cache must be (B, Hkv, S, D) = {(B, p.n_kv, S, p.head_dim)}, got "
-                             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+            raise ValueError(
+                f"k_cache and v_cache must be (B, Hkv, S, D) = {(B, p.n_kv, S, p.head_dim)}, got "
+                f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+            )
         if S * p.head_dim >= 2**31:
             raise ValueError(f"k_cache slots x head size ({S} x {p.head_dim}) must stay below 2**31")
-        require_32bit(h=h, norm1_w=layer.norm1_w, norm1_b=layer.norm1_b, w_qkv=layer.w_qkv, b_qkv=layer.b_qkv,
-                      w_o=layer.w_o, b_o=layer.b_o, norm2_w=layer.norm2_w, norm2_b=layer.norm2_b, w_up=layer.w_up,
-                      b_up=layer.b_up, w_down=layer.w_down, b_down=layer.b_down, inv_freq=W.inv_freq)
+        require_32bit(
+            h=h,
+            norm1_w=layer.norm1_w,
+            norm1_b=layer.norm1_b,
+            w_qkv=layer.w_qkv,
+            b_qkv=layer.b_qkv,
+            w_o=layer.w_o,
+            b_o=layer.b_o,
+            norm2_w=layer.norm2_w,
+            norm2_b=layer.norm2_b,
+            w_up=layer.w_up,
+            b_up=layer.b_up,
+            w_down=layer.w_down,
+            b_down=layer.b_down,
+            inv_freq=W.inv_freq,
+        )
         require_contiguous(k_cache=k_cache, v_cache=v_cache, start=start, length=length)
         if out is None:
             out = torch.empty_like(h)
@@ -624,34 +1060,102 @@ class PersistentLayer:
         ss_out = self.ss_out[self._turn]
 
         def launch(warmup: bool = False):
-            args = (h, out, self.h1, self.q, self.attn, self.m,
-                    layer.norm1_w, layer.norm1_b if layer_norm else dummy, layer.w_qkv,
-                    layer.b_qkv if layer.b_qkv is not None else dummy,
-                    W.inv_freq if W.inv_freq is not None else dummy, layer.w_o,
-                    layer.b_o if layer.b_o is not None else dummy, layer.norm2_w,
-                    layer.norm2_b if layer_norm else dummy, layer.w_up, layer.b_up if layer.b_up is not None else dummy,
-                    layer.w_down, layer.b_down if layer.b_down is not None else dummy, pos, slot, start, length,
-                    k_cache, v_cache, self.part_qkv, self.part_o, self.part_down, self.att_acc, self.att_m,
-                    self.att_l, self.table, self.counters, self.error,
-                    ss_in if ss_in is not None else self.ss_mid, self.ss_mid, ss_out,
-                    B, S, self.schedule.n_tasks, self.schedule.n_counters, pos.stride(0), slot.stride(0),
-                    p.down_blocks if ss_in is not None else 0, W.eps, W.rope_scale, layer.scale * LOG2E)
-            kw = dict(H=H, I=p.inter, HQ=p.n_heads, HKV=p.n_kv, D=p.head_dim, G=p.group, LAYER=layer_norm,
-                      QKV_BIAS=layer.b_qkv is not None, ROPE=W.inv_freq is not None, O_BIAS=layer.b_o is not None,
-                      UP_BIAS=layer.b_up is not None, DOWN_BIAS=layer.b_down is not None, ACT=_ACT_CODE[W.act],
-                      HALF=p.half, BK_QKV=p.qkv_block_k, KC_QKV=p.qkv_chunk, SPLIT_QKV=p.qkv_split,
-                      GROUP_PAD=max(16, triton.next_power_of_2(p.group)), BN_ATT=p.att_block_n,
-                      BD_ATT=p.att_block_d, SPLIT_ATT=p.att_splits, IEEE=h.dtype == torch.float32,
-                      BN_O=p.o_block_n, BK_O=p.o_block_k, KC_O=p.o_chunk, SPLIT_O=p.o_split, BN_UP=p.up_block_n,
-                      BK_UP=p.up_block_k, BN_DN=p.down_block_n, BK_DN=p.down_block_k, KC_DN=p.down_chunk,
-                      SPLIT_DN=p.down_split, NF=len(FIELDS), CLAIM_NEXT=self.claim == "dynamic",
-                      SPIN_LIMIT=self.spin_limit, BLOCK_M=BLOCK_M, PREFETCH=self.prefetch,
-                      LINE=128 // h.element_size(),
-                      IN_SUMS=triton.next_power_of_2(p.down_blocks) if sums else 0,  # used where nb_in > 0
-                      MID_SUMS=triton.next_power_of_2(p.o_blocks) if sums else 0, OUT_SUMS=sums,
-                      RESET=not self.keep_counters, PDL=self.pdl,
-                      num_warps=self.num_warps,
-                      num_stages=self.num_stages)
+            args = (
+                h,
+                out,
+                self.h1,
+                self.q,
+                self.attn,
+                self.m,
+                layer.norm1_w,
+                layer.norm1_b if layer_norm else dummy,
+                layer.w_qkv,
+                layer.b_qkv if layer.b_qkv is not None else dummy,
+                W.inv_freq if W.inv_freq is not None else dummy,
+                layer.w_o,
+                layer.b_o if layer.b_o is not None else dummy,
+                layer.norm2_w,
+                layer.norm2_b if layer_norm else dummy,
+                layer.w_up,
+                layer.b_up if layer.b_up is not None else dummy,
+                layer.w_down,
+                layer.b_down if layer.b_down is not None else dummy,
+                pos,
+                slot,
+                start,
+                length,
+                k_cache,
+                v_cache,
+                self.part_qkv,
+                self.part_o,
+                self.part_down,
+                self.att_acc,
+                self.att_m,
+                self.att_l,
+                self.table,
+                self.counters,
+                self.error,
+                ss_in if ss_in is not None else self.ss_mid,
+                self.ss_mid,
+                ss_out,
+                B,
+                S,
+                self.schedule.n_tasks,
+                self.schedule.n_counters,
+                pos.stride(0),
+                slot.stride(0),
+                p.down_blocks if ss_in is not None else 0,
+                W.eps,
+                W.rope_scale,
+                layer.scale * LOG2E,
+            )
+            kw = dict(
+                H=H,
+                I=p.inter,
+                HQ=p.n_heads,
+                HKV=p.n_kv,
+                D=p.head_dim,
+                G=p.group,
+                LAYER=layer_norm,
+                QKV_BIAS=layer.b_qkv is not None,
+                ROPE=W.inv_freq is not None,
+                O_BIAS=layer.b_o is not None,
+                UP_BIAS=layer.b_up is not None,
+                DOWN_BIAS=layer.b_down is not None,
+                ACT=_ACT_CODE[W.act],
+                HALF=p.half,
+                BK_QKV=p.qkv_block_k,
+                KC_QKV=p.qkv_chunk,
+                SPLIT_QKV=p.qkv_split,
+                GROUP_PAD=max(16, triton.next_power_of_2(p.group)),
+                BN_ATT=p.att_block_n,
+                BD_ATT=p.att_block_d,
+                SPLIT_ATT=p.att_splits,
+                IEEE=h.dtype == torch.float32,
+                BN_O=p.o_block_n,
+                BK_O=p.o_block_k,
+                KC_O=p.o_chunk,
+                SPLIT_O=p.o_split,
+                BN_UP=p.up_block_n,
+                BK_UP=p.up_block_k,
+                BN_DN=p.down_block_n,
+                BK_DN=p.down_block_k,
+                KC_DN=p.down_chunk,
+                SPLIT_DN=p.down_split,
+                NF=len(FIELDS),
+                CLAIM_NEXT=self.claim == "dynamic",
+                SPIN_LIMIT=self.spin_limit,
+                BLOCK_M=BLOCK_M,
+                PREFETCH=self.prefetch,
+                LINE=128 // h.element_size(),
+                IN_SUMS=triton.next_power_of_2(p.down_blocks) if sums else 0,  # used where nb_in > 0
+                MID_SUMS=triton.next_power_of_2(p.o_blocks) if sums else 0,
+                OUT_SUMS=sums,
+                RESET=not self.keep_counters,
+                PDL=self.pdl,
+                num_warps=self.num_warps,
+                num_stages=self.num_stages,
+            )
             if warmup:  # compiled (the same variant as the launch: launch_pdl is one of its options), not run
                 return _persistent_layer_kernel.warmup(*args, grid=(1,), **kw, **pdl_launch(self.pdl))
             _persistent_layer_kernel[(self.programs,)](*args, **kw, **pdl_launch(self.pdl))
@@ -685,29 +1189,57 @@ def matching_ops(plan: LayerPlan, pdl: int = 0, tickets=None, norm_sums: NormSum
     from .norm_qkv import norm_qkv
 
     o_tiles = (plan.o_block_n, plan.o_block_k, plan.o_split)
-    if plan.n_heads * plan.head_dim == plan.inter and o_tiles != (plan.down_block_n, plan.down_block_k,
-                                                                   plan.down_split):
-        raise ValueError("plan: the O and down projections have the same K and different tiles; the five kernels' "
-                         "calls cannot be told apart by shape")
+    if plan.n_heads * plan.head_dim == plan.inter and o_tiles != (
+        plan.down_block_n,
+        plan.down_block_k,
+        plan.down_split,
+    ):
+        raise ValueError(
+            "plan: the O and down projections have the same K and different tiles; the five kernels' "
+            "calls cannot be told apart by shape"
+        )
 
     def linear(x, w, b, residual):
         o = w.shape[1] == plan.n_heads * plan.head_dim
-        block_n, block_k, split = ((plan.o_block_n, plan.o_block_k, plan.o_split) if o
-                                   else (plan.down_block_n, plan.down_block_k, plan.down_split))
+        block_n, block_k, split = (
+            (plan.o_block_n, plan.o_block_k, plan.o_split)
+            if o
+            else (plan.down_block_n, plan.down_block_k, plan.down_split)
+        )
         # split_k doubles the split until blocks x split reaches `programs`: this target gives the plan's split
         programs = -(-plan.hidden // block_n) * split
-        return linear_residual(x, w, b, residual, block_n=block_n, block_k=block_k, programs=programs,
-                               tickets=tickets, pdl=pdl, norm_sums=norm_sums)
+        return linear_residual(
+            x,
+            w,
+            b,
+            residual,
+            block_n=block_n,
+            block_k=block_k,
+            programs=programs,
+            tickets=tickets,
+            pdl=pdl,
+            norm_sums=norm_sums,
+        )
 
     qkv_programs = plan.qkv_tiles * plan.qkv_split
     return StepOps(
-        functools.partial(norm_qkv, half=plan.half, block_k=plan.qkv_block_k, programs=qkv_programs, tickets=tickets,
-                          pdl=pdl, norm_sums=norm_sums),
-        functools.partial(decode_attention, num_splits=plan.att_splits, block_n=plan.att_block_n, pdl=pdl,
-                          tickets=tickets),
+        functools.partial(
+            norm_qkv,
+            half=plan.half,
+            block_k=plan.qkv_block_k,
+            programs=qkv_programs,
+            tickets=tickets,
+            pdl=pdl,
+            norm_sums=norm_sums,
+        ),
+        functools.partial(
+            decode_attention, num_splits=plan.att_splits, block_n=plan.att_block_n, pdl=pdl, tickets=tickets
+        ),
         linear,
         functools.partial(norm_linear, block_n=plan.up_block_n, block_k=plan.up_block_k, pdl=pdl, norm_sums=norm_sums),
-        None, None)
+        None,
+        None,
+    )
 
 
 __all__ = ["CLAIM", "CLAIMS", "PersistentLayer", "matching_ops"]

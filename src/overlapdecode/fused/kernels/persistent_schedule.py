@@ -112,16 +112,42 @@ def _chunk(K: int, split: int, block_k: int) -> int:
     return triton.cdiv(triton.cdiv(K, split), block_k) * block_k
 
 
-def make_plan(batch: int, hidden: int, n_heads: int, n_kv: int, head_dim: int, inter: int, cache_len: int,
-              dtype: torch.dtype, sms: int, half: int | None = None, qkv_block_k: int = 256,
-              qkv_programs: int | None = None, o_block_n: int = 32, o_block_k: int = 128,
-              o_programs: int | None = None, up_block_n: int = 32, up_block_k: int = 256, down_block_n: int = 32,
-              down_block_k: int = 128, down_programs: int | None = None, att_splits: int | None = None,
-              att_block_n: int | None = None) -> LayerPlan:
+def make_plan(
+    batch: int,
+    hidden: int,
+    n_heads: int,
+    n_kv: int,
+    head_dim: int,
+    inter: int,
+    cache_len: int,
+    dtype: torch.dtype,
+    sms: int,
+    half: int | None = None,
+    qkv_block_k: int = 256,
+    qkv_programs: int | None = None,
+    o_block_n: int = 32,
+    o_block_k: int = 128,
+    o_programs: int | None = None,
+    up_block_n: int = 32,
+    up_block_k: int = 256,
+    down_block_n: int = 32,
+    down_block_k: int = 128,
+    down_programs: int | None = None,
+    att_splits: int | None = None,
+    att_block_n: int | None = None,
+) -> LayerPlan:
     """The plan of the five kernels' defaults on a GPU of `sms` SMs: norm_qkv splits K for 4 x sms programs,
     linear_residual for 2 x sms, the attention's splits come from the shapes (choose_num_splits)."""
-    for name, v in (("batch", batch), ("hidden", hidden), ("n_heads", n_heads), ("n_kv", n_kv),
-                    ("head_dim", head_dim), ("inter", inter), ("cache_len", cache_len), ("sms", sms)):
+    for name, v in (
+        ("batch", batch),
+        ("hidden", hidden),
+        ("n_heads", n_heads),
+        ("n_kv", n_kv),
+        ("head_dim", head_dim),
+        ("inter", inter),
+        ("cache_len", cache_len),
+        ("sms", sms),
+    ):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     if n_heads % n_kv:
@@ -139,10 +165,32 @@ def make_plan(batch: int, hidden: int, n_heads: int, n_kv: int, head_dim: int, i
     att_block_n = att_block_n or default_n
     if att_splits is None:
         att_splits = choose_num_splits(batch, n_kv, cache_len, att_block_n)
-    return LayerPlan(batch, hidden, n_heads, n_kv, head_dim, inter, cache_len, half, qkv_block_k, qkv_split,
-                     _chunk(hidden, qkv_split, qkv_block_k), att_block_n, block_d, att_splits, o_block_n, o_block_k,
-                     o_split, _chunk(K_o, o_split, o_block_k), up_block_n, up_block_k, down_block_n, down_block_k,
-                     down_split, _chunk(inter, down_split, down_block_k))
+    return LayerPlan(
+        batch,
+        hidden,
+        n_heads,
+        n_kv,
+        head_dim,
+        inter,
+        cache_len,
+        half,
+        qkv_block_k,
+        qkv_split,
+        _chunk(hidden, qkv_split, qkv_block_k),
+        att_block_n,
+        block_d,
+        att_splits,
+        o_block_n,
+        o_block_k,
+        o_split,
+        _chunk(K_o, o_split, o_block_k),
+        up_block_n,
+        up_block_k,
+        down_block_n,
+        down_block_k,
+        down_split,
+        _chunk(inter, down_split, down_block_k),
+    )
 
 
 @dataclass
@@ -172,12 +220,16 @@ def build_schedule(plan: LayerPlan) -> Schedule:
     B, RB, G, Hkv = p.batch, p.row_blocks, p.group, p.n_kv
     K_o = p.n_heads * p.head_dim
     bases, n = {}, 2
-    for name, size in (("qkv_done", RB * Hkv), ("att_done", RB * p.o_split), ("o_done", RB),
-                       ("up_done", RB * p.down_split),
-                       ("qkv_ticket", p.qkv_tiles * RB if p.qkv_split > 1 else 0),
-                       ("att_ticket", B * Hkv if p.att_splits > 1 else 0),
-                       ("o_ticket", p.o_blocks * RB if p.o_split > 1 else 0),
-                       ("down_ticket", p.down_blocks * RB if p.down_split > 1 else 0)):
+    for name, size in (
+        ("qkv_done", RB * Hkv),
+        ("att_done", RB * p.o_split),
+        ("o_done", RB),
+        ("up_done", RB * p.down_split),
+        ("qkv_ticket", p.qkv_tiles * RB if p.qkv_split > 1 else 0),
+        ("att_ticket", B * Hkv if p.att_splits > 1 else 0),
+        ("o_ticket", p.o_blocks * RB if p.o_split > 1 else 0),
+        ("down_ticket", p.down_blocks * RB if p.down_split > 1 else 0),
+    ):
         bases[name], n = n, n + size
     rows_in = [min(BLOCK_M, B - r * BLOCK_M) for r in range(RB)]
     tasks = []
@@ -203,8 +255,17 @@ def build_schedule(plan: LayerPlan) -> Schedule:
             r = b // BLOCK_M
             ticket = bases["att_ticket"] + b * Hkv + g if p.att_splits > 1 else -1
             for s in range(p.att_splits):
-                add(ATTENTION, g, s, b, bases["qkv_done"] + r * Hkv + g, (G + 2) * p.qkv_parts,
-                    bases["att_done"] + r * p.o_split + chunks.start, len(chunks), ticket)
+                add(
+                    ATTENTION,
+                    g,
+                    s,
+                    b,
+                    bases["qkv_done"] + r * Hkv + g,
+                    (G + 2) * p.qkv_parts,
+                    bases["att_done"] + r * p.o_split + chunks.start,
+                    len(chunks),
+                    ticket,
+                )
     # O projection + residual: (column block, K range s, row block)
     for s in range(p.o_split):
         lo, hi = s * p.o_chunk, min((s + 1) * p.o_chunk, K_o)
@@ -212,14 +273,31 @@ def build_schedule(plan: LayerPlan) -> Schedule:
         for r in range(RB):
             for j in range(p.o_blocks):
                 ticket = bases["o_ticket"] + j * RB + r if p.o_split > 1 else -1
-                add(O_PROJ, j, s, r, bases["att_done"] + r * p.o_split + s, rows_in[r] * groups,
-                    bases["o_done"] + r, 1, ticket)
+                add(
+                    O_PROJ,
+                    j,
+                    s,
+                    r,
+                    bases["att_done"] + r * p.o_split + s,
+                    rows_in[r] * groups,
+                    bases["o_done"] + r,
+                    1,
+                    ticket,
+                )
     # gate/up + activation: (column block, row block); each feeds the down ranges it overlaps
     for r in range(RB):
         for j in range(p.up_blocks):
             chunks = _overlapping(j * p.up_block_n, min((j + 1) * p.up_block_n, p.inter), p.down_chunk, p.down_split)
-            add(GATE_UP, j, 0, r, bases["o_done"] + r, p.o_blocks, bases["up_done"] + r * p.down_split + chunks.start,
-                len(chunks))
+            add(
+                GATE_UP,
+                j,
+                0,
+                r,
+                bases["o_done"] + r,
+                p.o_blocks,
+                bases["up_done"] + r * p.down_split + chunks.start,
+                len(chunks),
+            )
     # down projection + residual: (column block, K range s, row block); the layer's output, nothing waits on it
     for s in range(p.down_split):
         lo, hi = s * p.down_chunk, min((s + 1) * p.down_chunk, p.inter)
@@ -251,8 +329,10 @@ def check_schedule(schedule: Schedule) -> None:
         if not 0 <= op < len(OPS):
             raise ValueError(f"task {i}: op {op} is not one of {OPS}")
         if n_signal < 0 or (n_signal and not 2 <= signal <= signal + n_signal <= n_dep):
-            raise ValueError(f"task {i} ({OPS[op]}): signals counters [{signal}, {signal + n_signal}), outside the "
-                             f"dependency counters [2, {n_dep})")
+            raise ValueError(
+                f"task {i} ({OPS[op]}): signals counters [{signal}, {signal + n_signal}), outside the "
+                f"dependency counters [2, {n_dep})"
+            )
         if (wait >= 0) != (need > 0) or (wait >= 0 and not 2 <= wait < n_dep):
             raise ValueError(f"task {i} ({OPS[op]}): waits on counter {wait} for {need}")
         if ticket != -1 and not n_dep <= ticket < schedule.n_counters:
@@ -267,11 +347,14 @@ def check_schedule(schedule: Schedule) -> None:
         srcs = sources.get(wait, {})
         late = [j for j in srcs.values() if j >= i]
         if late:
-            raise ValueError(f"task {i} ({OPS[task[OP]]}) waits on counter {wait}, which task {late[0]} (not of a "
-                             "smaller index) signals")
+            raise ValueError(
+                f"task {i} ({OPS[task[OP]]}) waits on counter {wait}, which task {late[0]} (not of a "
+                "smaller index) signals"
+            )
         if len(srcs) != need:
-            raise ValueError(f"task {i} ({OPS[task[OP]]}) waits for {need} signals of counter {wait}, which "
-                             f"{len(srcs)} tiles give")
+            raise ValueError(
+                f"task {i} ({OPS[task[OP]]}) waits for {need} signals of counter {wait}, which {len(srcs)} tiles give"
+            )
 
 
 def live_pieces(plan: LayerPlan, start: int, length: int) -> int:
@@ -284,14 +367,21 @@ def live_pieces(plan: LayerPlan, start: int, length: int) -> int:
     return -(-n_blocks // per_split)
 
 
-def simulate(schedule: Schedule, programs: int, claim: str = "dynamic", seed: int = 0,
-             spans: list[tuple[int, int]] | None = None, resident: int | None = None) -> list[int]:
+def simulate(
+    schedule: Schedule,
+    programs: int,
+    claim: str = "dynamic",
+    seed: int = 0,
+    spans: list[tuple[int, int]] | None = None,
+    resident: int | None = None,
+) -> list[int]:
     """The order the tasks ran in: see `_execute`."""
     return _execute(schedule, programs, claim, seed, spans, resident)[0]
 
 
-def final_counters(schedule: Schedule, programs: int, claim: str = "dynamic",
-                   spans: list[tuple[int, int]] | None = None) -> list[int]:
+def final_counters(
+    schedule: Schedule, programs: int, claim: str = "dynamic", spans: list[tuple[int, int]] | None = None
+) -> list[int]:
     """Every counter after a launch of `programs` programs, before the last program puts them back to 0: CLAIM
     n_tasks + P with the claim ticket (each program claims one task more than it runs), 0 otherwise; EXIT P; each
     dependency counter the number of tiles that signal it; each ticket the number of tasks that take it."""
@@ -353,8 +443,10 @@ def _execute(schedule: Schedule, programs: int, claim: str, seed: int, spans, re
             left = [c for c in cur if c is None or c < n]
             if not left:
                 return done, counters
-            raise RuntimeError(f"deadlock: programs wait at tasks {sorted(c for c in left if c is not None)} with "
-                               f"{len(done)} of {n} tasks done ({left.count(None)} programs not started)")
+            raise RuntimeError(
+                f"deadlock: programs wait at tasks {sorted(c for c in left if c is not None)} with "
+                f"{len(done)} of {n} tasks done ({left.count(None)} programs not started)"
+            )
         p = rng.choice(actions)
         if cur[p] is None:
             cur[p] = claim_one() if claim == "dynamic" else p

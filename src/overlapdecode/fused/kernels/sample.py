@@ -41,17 +41,17 @@ import triton
 import triton.language as tl
 
 from ...sampling import SamplingParams, mark_seen, penalize, pick_next
-from ...stopping import mark_finished
 from ...step_graph import StepLog
-from .greedy import BIG_INDEX, REDUCE_BLOCKS, block_v_for, greedy_finish_ref_log, check_finish, GreedyFinish
+from ...stopping import mark_finished
+from .greedy import BIG_INDEX, REDUCE_BLOCKS, GreedyFinish, check_finish, greedy_finish_ref_log
 
 
-def sample_finish_ref(logits, noise, params: SamplingParams, seen, state, eos, pad_id: int, done,
-                      log: StepLog | None = None) -> None:
+def sample_finish_ref(
+    logits, noise, params: SamplingParams, seen, state, eos, pad_id: int, done, log: StepLog | None = None
+) -> None:
     """The decode loop's sampled choice on (B, V) logits, written into state (B, 3), done (0-d) and seen (and
     the step log, on CPU, as kernels/greedy.py's twin writes it)."""
-    tokens, finished, all_done = mark_finished(pick_next(logits, noise, params, seen), state[:, 2].bool(), eos,
-                                               pad_id)
+    tokens, finished, all_done = mark_finished(pick_next(logits, noise, params, seen), state[:, 2].bool(), eos, pad_id)
     state.copy_(torch.stack([tokens, state[:, 1] + 1, finished.long()], dim=1))
     done.copy_(all_done)
     if seen is not None:
@@ -77,8 +77,7 @@ def _row_max(pmax_ptr, NBLK, B, rows, row_ok, BLOCK_M: tl.constexpr):
     for c0 in range(0, NBLK, REDUCE_BLOCKS):
         blk = c0 + tl.arange(0, REDUCE_BLOCKS)
         ok = (blk < NBLK)[:, None] & row_ok[None, :]
-        m = tl.maximum(m, tl.max(tl.load(pmax_ptr + blk[:, None] * B + rows[None, :], mask=ok,
-                                         other=float("-inf")), 0))
+        m = tl.maximum(m, tl.max(tl.load(pmax_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=float("-inf")), 0))
     return m
 
 
@@ -134,8 +133,18 @@ def _block_best(r, cols, val_ptr, idx_ptr, pid_n, B, rows, row_ok):
 
 
 @triton.jit
-def _max_kernel(logits_ptr, seen_ptr, pmax_ptr, B, V, row_stride, rep,
-                BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr):
+def _max_kernel(
+    logits_ptr,
+    seen_ptr,
+    pmax_ptr,
+    B,
+    V,
+    row_stride,
+    rep,
+    BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PENALTY: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -146,9 +155,26 @@ def _max_kernel(logits_ptr, seen_ptr, pmax_ptr, B, V, row_stride, rep,
 
 
 @triton.jit
-def _race_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, B, V, row_stride,
-                 rep, temperature, min_p, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr,
-                 TOP_K: tl.constexpr):
+def _race_kernel(
+    logits_ptr,
+    seen_ptr,
+    noise_ptr,
+    kth_ptr,
+    pmax_ptr,
+    pz_ptr,
+    pr_ptr,
+    pi_ptr,
+    B,
+    V,
+    row_stride,
+    rep,
+    temperature,
+    min_p,
+    BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PENALTY: tl.constexpr,
+    TOP_K: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     nblk = tl.num_programs(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -167,8 +193,9 @@ def _race_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_
 
 
 @triton.jit
-def _candidate_score(logits_ptr, seen_ptr, token, rows, row_ok, m, V, row_stride, rep, temperature,
-                     PENALTY: tl.constexpr):
+def _candidate_score(
+    logits_ptr, seen_ptr, token, rows, row_ok, m, V, row_stride, rep, temperature, PENALTY: tl.constexpr
+):
     """The score of each row's candidate `token` (BLOCK_M,), computed as the tiles compute it."""
     t = tl.where(row_ok & (token < V), token, 0)
     x = tl.load(logits_ptr + rows.to(tl.int64) * row_stride + t, mask=row_ok, other=float("-inf"))
@@ -179,8 +206,25 @@ def _candidate_score(logits_ptr, seen_ptr, token, rows, row_ok, m, V, row_stride
 
 
 @triton.jit
-def _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok, m, z, pivot, V, row_stride, rep,
-                temperature, min_p, PENALTY: tl.constexpr, TOP_K: tl.constexpr):
+def _check_tile(
+    logits_ptr,
+    seen_ptr,
+    noise_ptr,
+    kth_l,
+    rows,
+    cols,
+    row_ok,
+    m,
+    z,
+    pivot,
+    V,
+    row_stride,
+    rep,
+    temperature,
+    min_p,
+    PENALTY: tl.constexpr,
+    TOP_K: tl.constexpr,
+):
     """Over one tile: the probability of the tokens scored <= pivot (B,), and the race values of the
     tokens scored above it (-1 elsewhere)."""
     ok = row_ok[:, None] & (cols < V)[None, :]
@@ -194,10 +238,34 @@ def _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok, m, z
 
 
 @triton.jit
-def _check_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, pmass_ptr, pr2_ptr,
-                  pi2_ptr, pmass_out, pr_out, pi_out, B, V, row_stride, rep, temperature, min_p, limit,
-                  BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PENALTY: tl.constexpr, TOP_K: tl.constexpr,
-                  ROUND: tl.constexpr):
+def _check_kernel(
+    logits_ptr,
+    seen_ptr,
+    noise_ptr,
+    kth_ptr,
+    pmax_ptr,
+    pz_ptr,
+    pr_ptr,
+    pi_ptr,
+    pmass_ptr,
+    pr2_ptr,
+    pi2_ptr,
+    pmass_out,
+    pr_out,
+    pi_out,
+    B,
+    V,
+    row_stride,
+    rep,
+    temperature,
+    min_p,
+    limit,
+    BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PENALTY: tl.constexpr,
+    TOP_K: tl.constexpr,
+    ROUND: tl.constexpr,
+):
     """Round 1: the mass at or below x0 and the winner x1 above it. Round 2: where round 1 dropped x0, the same
     for x1 (x2 above it); rows already decided store nothing that counts (mass 0, no candidate)."""
     pid_n = tl.program_id(0)
@@ -214,18 +282,69 @@ def _check_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr
         _, cand = _row_best(pr2_ptr, pi2_ptr, nblk, B, rows, row_ok, BLOCK_M)
     pivot = _candidate_score(logits_ptr, seen_ptr, cand, rows, live, m, V, row_stride, rep, temperature, PENALTY)
     kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0) if TOP_K else m
-    mass, r = _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, live, m, z, pivot, V, row_stride,
-                          rep, temperature, min_p, PENALTY, TOP_K)
+    mass, r = _check_tile(
+        logits_ptr,
+        seen_ptr,
+        noise_ptr,
+        kth_l,
+        rows,
+        cols,
+        live,
+        m,
+        z,
+        pivot,
+        V,
+        row_stride,
+        rep,
+        temperature,
+        min_p,
+        PENALTY,
+        TOP_K,
+    )
     tl.store(pmass_out + pid_n * B + rows, mass, mask=row_ok)
     _block_best(r, cols, pr_out, pi_out, pid_n, B, rows, row_ok)
 
 
 @triton.jit
-def _finish_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, pr_ptr, pi_ptr, pmass_ptr, pr2_ptr,
-                   pi2_ptr, pmass2_ptr, pr3_ptr, pi3_ptr, NBLK, B, V, row_stride, rep, temperature, min_p, limit,
-                   state_ptr, eos_ptr, E, pad_id, done_ptr, tokens_ptr, flags_ptr, count_ptr, L,
-                   BLOCK_M: tl.constexpr, CHAIN_V: tl.constexpr, PENALTY: tl.constexpr, TOP_K: tl.constexpr,
-                   TOP_P: tl.constexpr, LOG: tl.constexpr):
+def _finish_kernel(
+    logits_ptr,
+    seen_ptr,
+    noise_ptr,
+    kth_ptr,
+    pmax_ptr,
+    pz_ptr,
+    pr_ptr,
+    pi_ptr,
+    pmass_ptr,
+    pr2_ptr,
+    pi2_ptr,
+    pmass2_ptr,
+    pr3_ptr,
+    pi3_ptr,
+    NBLK,
+    B,
+    V,
+    row_stride,
+    rep,
+    temperature,
+    min_p,
+    limit,
+    state_ptr,
+    eos_ptr,
+    E,
+    pad_id,
+    done_ptr,
+    tokens_ptr,
+    flags_ptr,
+    count_ptr,
+    L,
+    BLOCK_M: tl.constexpr,
+    CHAIN_V: tl.constexpr,
+    PENALTY: tl.constexpr,
+    TOP_K: tl.constexpr,
+    TOP_P: tl.constexpr,
+    LOG: tl.constexpr,
+):
     all_done = tl.full((BLOCK_M,), 1, tl.int32)
     if LOG:  # the log's column: the previous step's finish advanced the count
         column = tl.load(count_ptr)
@@ -248,15 +367,33 @@ def _finish_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, p
             # rarely: x2 is to be checked; continue the chain over the whole row, one candidate per pass. It ends:
             # the top-scored token is always kept, and each pass moves to a strictly higher score.
             while tl.min(kept.to(tl.int32), 0) == 0:
-                pivot = _candidate_score(logits_ptr, seen_ptr, token, rows, row_ok, m, V, row_stride, rep,
-                                         temperature, PENALTY)
+                pivot = _candidate_score(
+                    logits_ptr, seen_ptr, token, rows, row_ok, m, V, row_stride, rep, temperature, PENALTY
+                )
                 mass = tl.zeros((BLOCK_M,), tl.float32)
                 best = tl.full((BLOCK_M,), -2.0, tl.float32)
                 best_idx = tl.full((BLOCK_M,), BIG_INDEX, tl.int32)
                 for c0 in range(0, V, CHAIN_V):
                     cols = c0 + tl.arange(0, CHAIN_V)
-                    mass_c, r = _check_tile(logits_ptr, seen_ptr, noise_ptr, kth_l, rows, cols, row_ok & ~kept, m, z,
-                                            pivot, V, row_stride, rep, temperature, min_p, PENALTY, TOP_K)
+                    mass_c, r = _check_tile(
+                        logits_ptr,
+                        seen_ptr,
+                        noise_ptr,
+                        kth_l,
+                        rows,
+                        cols,
+                        row_ok & ~kept,
+                        m,
+                        z,
+                        pivot,
+                        V,
+                        row_stride,
+                        rep,
+                        temperature,
+                        min_p,
+                        PENALTY,
+                        TOP_K,
+                    )
                     mass += mass_c
                     c_max = tl.max(r, 1)
                     c_idx = tl.min(tl.where(r == c_max[:, None], cols[None, :], BIG_INDEX), 1)
@@ -289,9 +426,18 @@ def _finish_kernel(logits_ptr, seen_ptr, noise_ptr, kth_ptr, pmax_ptr, pz_ptr, p
         tl.store(count_ptr, column + 1)
 
 
-def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingParams, seen, state: torch.Tensor,
-                  eos: torch.Tensor, pad_id: int, done: torch.Tensor, log: StepLog | None = None,
-                  block_v: int | None = None) -> None:
+def sample_choice(
+    logits: torch.Tensor,
+    noise: torch.Tensor,
+    params: SamplingParams,
+    seen,
+    state: torch.Tensor,
+    eos: torch.Tensor,
+    pad_id: int,
+    done: torch.Tensor,
+    log: StepLog | None = None,
+    block_v: int | None = None,
+) -> None:
     """The Triton kernels of `sample_finish_ref`: logits (B, V) float32 with contiguous rows, noise (B, V)
     float32, seen (B, V) bool when params.uses_seen (else None), state (B, 3) long, eos (E,) long, done 0-d
     bool, log a step_graph.StepLog or None; writes state, done, seen and the log in place. No host sync: every
@@ -299,8 +445,9 @@ def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingPar
     if not params.do_sample:
         raise ValueError("params: sample_choice samples; the greedy choice is kernels/greedy.py's")
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be a (B, V) float32 tensor with contiguous rows, got {tuple(logits.shape)} "
-                         f"{logits.dtype}")
+        raise ValueError(
+            f"logits must be a (B, V) float32 tensor with contiguous rows, got {tuple(logits.shape)} {logits.dtype}"
+        )
     B, V = logits.shape
     if noise.shape != (B, V) or noise.dtype != torch.float32 or not noise.is_contiguous():
         raise ValueError(f"noise must be a contiguous ({B}, {V}) float32 tensor, got {tuple(noise.shape)}")
@@ -332,15 +479,51 @@ def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingPar
     top_p = params.top_p is not None
     limit = 1.0 - params.top_p if top_p else 0.0
     stride = logits.stride(0)
-    common = dict(BLOCK_M=block_m, PENALTY=seen is not None, TOP_K=top_k, num_warps=4 if block_m * block_v <= 4096 else 8)
-    _max_kernel[grid](logits, seen_arg, pmax, B, V, stride, rep, BLOCK_V=block_v, BLOCK_M=block_m,
-                      PENALTY=seen is not None, num_warps=common["num_warps"])
-    _race_kernel[grid](logits, seen_arg, noise, kth, pmax, pz, pr, pi, B, V, stride, rep, temperature, min_p,
-                       BLOCK_V=block_v, **common)
+    common = dict(
+        BLOCK_M=block_m, PENALTY=seen is not None, TOP_K=top_k, num_warps=4 if block_m * block_v <= 4096 else 8
+    )
+    _max_kernel[grid](
+        logits,
+        seen_arg,
+        pmax,
+        B,
+        V,
+        stride,
+        rep,
+        BLOCK_V=block_v,
+        BLOCK_M=block_m,
+        PENALTY=seen is not None,
+        num_warps=common["num_warps"],
+    )
+    _race_kernel[grid](
+        logits, seen_arg, noise, kth, pmax, pz, pr, pi, B, V, stride, rep, temperature, min_p, BLOCK_V=block_v, **common
+    )
     if top_p:
         for round_, outs in ((1, (pmass, pr2, pi2)), (2, (pmass2, pr3, pi3))):
-            _check_kernel[grid](logits, seen_arg, noise, kth, pmax, pz, pr, pi, pmass, pr2, pi2, *outs, B, V, stride,
-                                rep, temperature, min_p, limit, BLOCK_V=block_v, ROUND=round_, **common)
+            _check_kernel[grid](
+                logits,
+                seen_arg,
+                noise,
+                kth,
+                pmax,
+                pz,
+                pr,
+                pi,
+                pmass,
+                pr2,
+                pi2,
+                *outs,
+                B,
+                V,
+                stride,
+                rep,
+                temperature,
+                min_p,
+                limit,
+                BLOCK_V=block_v,
+                ROUND=round_,
+                **common,
+            )
     eos_arg = eos if eos.numel() else state  # never read when E == 0
     done_u8 = done.view(torch.uint8)
     if log is not None:
@@ -348,7 +531,43 @@ def sample_choice(logits: torch.Tensor, noise: torch.Tensor, params: SamplingPar
     else:
         tokens, flags, count = state, done_u8, done_u8  # never read or written without a log
     chain_v = max(1024, 8192 // block_m)
-    _finish_kernel[(1,)](logits, seen_arg, noise, kth, pmax, pz, pr, pi, pmass, pr2, pi2, pmass2, pr3, pi3, grid[0],
-                         B, V, stride, rep, temperature, min_p, limit, state, eos_arg, eos.numel(), int(pad_id),
-                         done_u8, tokens, flags, count, flags.numel(), BLOCK_M=block_m, CHAIN_V=chain_v,
-                         PENALTY=seen is not None, TOP_K=top_k, TOP_P=top_p, LOG=log is not None, num_warps=8)
+    _finish_kernel[(1,)](
+        logits,
+        seen_arg,
+        noise,
+        kth,
+        pmax,
+        pz,
+        pr,
+        pi,
+        pmass,
+        pr2,
+        pi2,
+        pmass2,
+        pr3,
+        pi3,
+        grid[0],
+        B,
+        V,
+        stride,
+        rep,
+        temperature,
+        min_p,
+        limit,
+        state,
+        eos_arg,
+        eos.numel(),
+        int(pad_id),
+        done_u8,
+        tokens,
+        flags,
+        count,
+        flags.numel(),
+        BLOCK_M=block_m,
+        CHAIN_V=chain_v,
+        PENALTY=seen is not None,
+        TOP_K=top_k,
+        TOP_P=top_p,
+        LOG=log is not None,
+        num_warps=8,
+    )
