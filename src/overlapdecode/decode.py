@@ -316,7 +316,7 @@ def generate(model, *args, **kwargs) -> torch.Tensor:
     row emitted EOS, or max_new_tokens. One call at a time per model (RuntimeError otherwise).
     """
     try:
-        generate.__signature__.bind(model, *args, **kwargs)  # an unknown or missing argument, before any work
+        _GENERATE_SIGNATURE.bind(model, *args, **kwargs)  # an unknown or missing argument, before any work
     except TypeError as err:
         raise TypeError(f"generate(): {err}") from None
     return decoder_for(model).generate(*args, **kwargs)
@@ -329,5 +329,6 @@ def _model_first(method) -> inspect.Signature:
     return sig.replace(parameters=[params[0].replace(name="model"), *params[1:]])
 
 
-# one signature, written once (Decoder.generate's): help(od.generate) shows its arguments and defaults
-generate.__signature__ = _model_first(Decoder.generate)
+# one signature, written once (Decoder.generate's): help(od.generate) shows its arguments and defaults; the
+# check above reads the constant, not `generate.__signature__`, so a wrapper put in generate's place still binds
+_GENERATE_SIGNATURE = generate.__signature__ = _model_first(Decoder.generate)
