@@ -320,10 +320,11 @@ def _describe(model) -> Architecture:
 
     # the forward's cache keyword, a cache class of the model's own, how it masks
     params = inspect.signature(model.forward).parameters
+    # Hugging Face's KV cache, under either of its names (`cache` from transformers 5.24: caches.cache_keyword)
     keyword = (
         "past_key_values"
-        if "past_key_values" in params
-        else next((p for p in ("cache_params", "state", "cache", "past_buckets_states", "mems") if p in params), None)
+        if "past_key_values" in params or "cache" in params
+        else next((p for p in ("cache_params", "state", "past_buckets_states", "mems") if p in params), None)
     )
     modules = _model_modules(model)
     from transformers.cache_utils import Cache
