@@ -638,3 +638,29 @@ def test_the_cuda_default_leaves_fused_out_where_the_family_has_none(tmp_path, m
     for name in ("neox", "sliding"):
         cfg = _config_of(["--model", str(tmp_path / name)], tmp_path, monkeypatch, cuda=True)
         assert cfg.strategies == ("baseline", "kv", "static", "compiled", "interleaved"), name
+
+
+def test_a_run_that_stops_after_measuring_keeps_its_rows_with_the_reason(bench_dir, tmp_path):
+    """What a failed worker (or Ctrl-C) leaves: rows files and the units' config files. The measured rows go
+    into results.json and the report, marked interrupted with the reason; nothing of the run is left over."""
+    import shutil
+
+    from overlapdecode.bench.runner import _keep_or_clear
+
+    d = tmp_path / "stopped"
+    d.mkdir()
+    shutil.copy(os.path.join(bench_dir, "config.json"), d / "config.json")
+    shutil.copy(os.path.join(bench_dir, "config.json"), d / "config-default.json")  # its worker never removed it
+    res = json.load(open(os.path.join(bench_dir, "results.json")))
+    with open(d / "rows-default.jsonl", "w") as f:
+        f.write(json.dumps({"meta": res["environment"]}) + "\n")
+        for r in res["rows"][:3]:
+            f.write(json.dumps(r) + "\n")
+        f.write('{"strategy": "kv", "cut sho')  # the worker died mid-line
+    said = _keep_or_clear(str(d), "overlapdecode bench", None, "a worker failed: RuntimeError: boom")
+    assert said == (f"the 3 measured rows are kept in {d / 'results.json'} and {d / 'report.md'} (add to them "
+                    f"with --append)")
+    kept = json.load(open(d / "results.json"))
+    assert kept["interrupted"] and kept["interrupted_reason"] == "a worker failed: RuntimeError: boom"
+    assert "stopped before the end (a worker failed: RuntimeError: boom)" in (d / "report.md").read_text()
+    assert not [f for f in os.listdir(d) if f.startswith("rows") or f.startswith("config-")]

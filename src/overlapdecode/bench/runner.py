@@ -195,10 +195,12 @@ def _keep_or_clear(out_dir: str, command: str, earlier: dict | None, reason: str
     """After a run that did not finish: its measured rows go into results.json and the report, marked
     interrupted with `reason`; without any, the run's rows and config files are removed (its worker logs
     stay), so that out_dir takes a new run as it is. Returns what became of them, as a sentence."""
+    for path in glob.glob(os.path.join(out_dir, "config-*.json")):  # the units' own, left by a failed worker
+        os.remove(path)
     try:
         results = finalize(out_dir, command, earlier, interrupted=True, reason=reason)
     except ResultsError:  # nothing measured: an earlier results.json, if any, is left as it was
-        for path in rows_files(out_dir) + glob.glob(os.path.join(out_dir, "config*.json")):
+        for path in rows_files(out_dir) + [os.path.join(out_dir, "config.json")]:
             os.remove(path)
         if earlier is not None:
             with open(os.path.join(out_dir, "config.json"), "w") as f:  # the earlier run's, as --append found it
