@@ -24,8 +24,8 @@ already there; run `python3 scripts/ab.py SUBCOMMAND --help` for its options.
   stop-check-pairs   interleaved against nocheck in pairs alternating which runs first, alone and with processes
                      spinning on the host's cores (the ping-pong's host work must stay ahead of the GPU)
 
-Figures are medians over alternating passes ("rounds" in the JSON); "fastest" is the best pass. Tables of tile keywords use FusedModel's `tiles`
-format ((kernel, N, K) or (kernel, N, K, min_batch) -> keywords).
+Figures are medians over alternating passes ("rounds" in the JSON); "fastest" is the best pass. Tables of tile
+keywords use FusedModel's `tiles` format ((kernel, N, K) or (kernel, N, K, min_batch) -> keywords).
 """
 
 from __future__ import annotations

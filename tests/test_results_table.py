@@ -17,7 +17,8 @@ FIXTURE = os.path.join(os.path.dirname(__file__), "data", "results", "test-gpu")
 EXPECTED_ROWS = [
     "| `tiny-llama` | bfloat16 | 1 | **`fused`** | 1.000 | 0.995 | 2.0 | 50% | `hf-compiled` 3.000 (3.00x) | "
     "interleaved, fused | [run-a](run-a/report.md), [run-b](run-b/report.md) |",
-    "| `tiny-llama` | bfloat16 | 4 | **`kv`** | 5.000 | 5.015 | 2.0 | - | not measured | kv | [run-a](run-a/report.md) |",
+    "| `tiny-llama` | bfloat16 | 4 | **`kv`** | 5.000 | 5.015 | 2.0 | - | not measured | kv | "
+    "[run-a](run-a/report.md) |",
 ]
 
 
