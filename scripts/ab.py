@@ -79,15 +79,16 @@ def meta(**extra) -> dict:
     return {"device": torch.cuda.get_device_name(), "commit": git_commit(), **extra}
 
 
-def timed_call(model, ids, n: int, strategy) -> float:
-    """Seconds of one `od.generate` call of n tokens, EOS off, synchronised as the bench times it."""
+def timed_call(model, ids, n: int, strategy, **generate_kwargs) -> float:
+    """Seconds of one `od.generate` call of n tokens, EOS off, synchronised as the bench times it (sampling
+    settings, if any, in `generate_kwargs`)."""
     import torch
 
     import overlapdecode as od
 
     torch.cuda.synchronize()  # host sync: timing boundary
     t = time.perf_counter()
-    od.generate(model, ids, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+    od.generate(model, ids, max_new_tokens=n, strategy=strategy, eos_token_id=[], **generate_kwargs)
     torch.cuda.synchronize()  # host sync: the call's end, as the bench times it
     return time.perf_counter() - t
 

@@ -1,12 +1,12 @@
 """Where a whole `fused` call's time goes beyond its decode steps, on a GPU: MODEL (default gpt2-random), bfloat16,
-batch 1, prompt 32.
+BATCH rows (default 1), prompt 32, greedy or (--top-p P) sampled with a seed.
 
 1. Unprofiled: wall time of calls of N = 1, 2, 3, 10, 200 tokens (EOS off), ROUNDS alternating rounds after
    warm-up, medians: a call of N tokens costs about fixed + (N - 1) x step, and the differences show whether the
    first decode steps of a call cost more than later ones.
 2. One profiled 200-token call (torch.profiler, CPU and CUDA activity): from its Chrome trace, the host time before
    the GPU's first kernel, the prefill's GPU span (first kernel to the end of the first greedy choice kernel,
-   which ends step 0), the gap to the first decode step's first kernel, each decode step's span (the end of one
+   which ends step 0; a sampled call's finish kernel), the gap to the first decode step's first kernel, each decode step's span (the end of one
    greedy choice kernel to the next's), the GPU's idle gaps, and the time from the last kernel to the call's end.
    The profiler adds host time per operation; the GPU spans are the kernels' own. "Decode step spans" run from
    the end of one greedy choice kernel to the next's, so the first includes the host's gap after the prefill.
@@ -15,7 +15,7 @@ batch 1, prompt 32.
    kernel (negative: it started before the one ahead ended, PDL), the first one being the gap from the previous
    step's last kernel (step-kernels.json). `--analyse TRACE.json.gz` runs this part alone on a saved trace.
 
-    python3 scripts/call_timeline.py --out DIR [--model MODEL]      (on a GPU: timeline.json, step-kernels.json,
+    python3 scripts/call_timeline.py --out DIR [--model MODEL] [--batch B] [--top-p P]   (on a GPU: timeline.json, step-kernels.json,
                                                                      trace.json.gz)
     python3 scripts/call_timeline.py --analyse TRACE.json.gz --out DIR   (anywhere: DIR/step-kernels.json)
 """
@@ -37,9 +37,17 @@ ROUNDS = 15
 LENGTHS = (1, 2, 3, 10, 200)
 
 
-def timed(model, ids, n: int) -> float:
+# the last kernel of each step: the greedy choice, or the sampled choice's finish (fused/kernels/sample.py)
+STEP_END = ("greedy", "_finish_kernel")
+
+
+def _ends_step(name: str) -> bool:
+    return any(k in name for k in STEP_END)
+
+
+def timed(model, ids, n: int, sampling: dict) -> float:
     """ms of one `fused` call of n tokens, EOS off (ab.timed_call)."""
-    return timed_call(model, ids, n, "fused") * 1e3
+    return timed_call(model, ids, n, "fused", **sampling) * 1e3
 
 
 def analyse(trace: dict) -> dict:
@@ -49,7 +57,7 @@ def analyse(trace: dict) -> dict:
     kernels = sorted(
         (e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "kernel" and c0 <= e["ts"] <= c1
     )
-    greedy_ends = [end for start, end, name in kernels if "greedy" in name]
+    greedy_ends = [end for start, end, name in kernels if _ends_step(name)]
     steps = [b - a for a, b in zip(greedy_ends, greedy_ends[1:])]
     after_prefill = next(start for start, end, name in kernels if start >= greedy_ends[0])
     gaps, busy_to = [], kernels[0][1]
@@ -82,7 +90,7 @@ def step_kernels(trace: dict, first: int = 50, last: int = 150) -> dict:
     """Per kernel of a decode step (steps first .. last - 1 of the profiled call), its median duration and the
     median gap before it; the step's median span and sums."""
     kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in trace["traceEvents"] if e.get("cat") == "kernel")
-    ends = [i for i, k in enumerate(kernels) if "greedy" in k[2]]  # the last kernel of each step (step 0's: prefill)
+    ends = [i for i, k in enumerate(kernels) if _ends_step(k[2])]  # the last kernel of each step (step 0's: prefill)
     steps = [kernels[ends[i] + 1 : ends[i + 1] + 1] for i in range(first, min(last, len(ends) - 1))]
     n = len(steps[0])
     if any(len(st) != n for st in steps):
@@ -112,19 +120,22 @@ def step_kernels(trace: dict, first: int = 50, last: int = 150) -> dict:
     }
 
 
-def measure(out_dir: str, name: str = "gpt2-random") -> None:
+def measure(out_dir: str, name: str = "gpt2-random", batch: int = 1, top_p: float | None = None) -> None:
     os.makedirs(out_dir, exist_ok=True)
     model = od.load_model(name, dtype="bfloat16", device="cuda")
-    ids = torch.randint(0, 1000, (1, 32), device="cuda")
+    ids = torch.randint(0, 1000, (batch, 32), device="cuda")
+    sampling = dict(do_sample=True, top_p=top_p, seed=0) if top_p is not None else {}
     for n in LENGTHS:
-        timed(model, ids, n)  # compiles, captures
+        timed(model, ids, n, sampling)  # compiles, captures
     times = {n: [] for n in LENGTHS}
     for _ in range(ROUNDS):
         for n in LENGTHS:
-            times[n].append(timed(model, ids, n))
+            times[n].append(timed(model, ids, n, sampling))
     med = {n: statistics.median(t) for n, t in times.items()}
     res = {
         "model": name,
+        "batch": batch,
+        "sampling": sampling or "greedy",
         "device": torch.cuda.get_device_name(),
         "commit": os.environ.get("OVERLAPDECODE_COMMIT", "unknown"),
         "call ms, median": {n: round(v, 4) for n, v in med.items()},
@@ -142,7 +153,7 @@ def measure(out_dir: str, name: str = "gpt2-random") -> None:
         activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     ) as prof:
         with torch.profiler.record_function("od_call"):
-            od.generate(model, ids, max_new_tokens=200, strategy="fused", eos_token_id=[])
+            od.generate(model, ids, max_new_tokens=200, strategy="fused", eos_token_id=[], **sampling)
             torch.cuda.synchronize()  # host sync: the call's end, inside the annotated range
     path = os.path.join(out_dir, "trace.json")
     prof.export_chrome_trace(path)
@@ -160,6 +171,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for the results (must be empty or new)")
     ap.add_argument("--model", default="gpt2-random", help="default: %(default)s")
+    ap.add_argument("--batch", type=int, default=1, help="rows; default: %(default)s")
+    ap.add_argument("--top-p", type=float, default=None, help="sample with this top_p (seed 0); default: greedy")
     ap.add_argument("--analyse", metavar="TRACE.json.gz", help="only analyse a saved trace's decode steps")
     args = ap.parse_args(argv)
     if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
@@ -170,7 +183,7 @@ def main(argv=None) -> None:
         os.makedirs(args.out, exist_ok=True)
         json.dump(result, open(os.path.join(args.out, "step-kernels.json"), "w"), indent=1)
     else:
-        measure(args.out, args.model)
+        measure(args.out, args.model, args.batch, args.top_p)
 
 
 if __name__ == "__main__":
