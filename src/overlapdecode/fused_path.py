@@ -95,7 +95,10 @@ class FusedPath:
         # copy: the next call writes it again), and their flags into its pinned slots, at column P + j
         out = new_output(B, P + N, req.input_ids, inputs.device, graph.log)
         params = inputs.params
-        cls = CapturedSteps if params.do_sample or params.uses_seen else CapturedGreedySteps
+        if params.do_sample:
+            cls = CapturedSampledSteps
+        else:
+            cls = CapturedSteps if params.uses_seen else CapturedGreedySteps
         return cls(fused, cache, out, graph, inputs)
 
     def _step_graph(self, fused_cache, batch: int, inputs: StepInputs) -> StepGraph:
@@ -132,6 +135,33 @@ class FusedPath:
         return graph
 
 
+class CapturedSampledSteps(CapturedSteps):
+    """Fused and compiled, sampling: step 0 (the prefill) chooses its token with the same sampled choice as the
+    captured steps (fused/kernels/sample.py: five launches, where the decode loop's `choose_next` is a few
+    hundred eager kernels at a 128K vocabulary), then every later step a run of the graph."""
+
+    def prefill(self) -> torch.Tensor:
+        i, graph = self.inputs, self.graph
+        kwargs = self.cache.model_kwargs(0)
+        self._noise(graph.noise)
+        logits = self.model(**kwargs).logits[:, -1, :]  # (B, V)
+        # the choice advances the state from the position of each row's last prompt token, not finished
+        self.state[:, 1] = kwargs["position_ids"][:, -1]
+        self.state[:, 2] = 0
+        _sampled_choice(logits, graph.noise, i.params, i.seen, self.state, i.eos_ids, i.pad_id, graph.done)
+        self._emit(0)
+        return graph.done
+
+
+def _sampled_choice(logits, noise, params: SamplingParams, seen, state, eos_ids, pad_id: int, done, log=None):
+    """fused/kernels/sample.py's sampled choice on (B, V) logits: its kernels on CUDA, its torch twin elsewhere;
+    advances state, done, `seen` and the step log in place."""
+    from .fused.kernels.sample import sample_choice, sample_finish_ref  # Triton: imported with the fused path
+
+    choice = sample_choice if logits.is_cuda else sample_finish_ref
+    choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log)
+
+
 def _fused_step(
     fused, kwargs: dict, pad_id: int, params: SamplingParams, state, eos_ids, noise, done, log=None, seen=None
 ):
@@ -142,10 +172,7 @@ def _fused_step(
     kwargs = dict(kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
     logits = fused(**kwargs).logits[:, -1, :]  # (B, V)
     if params.do_sample:
-        from .fused.kernels.sample import sample_choice, sample_finish_ref  # Triton: imported with the fused path
-
-        choice = sample_choice if logits.is_cuda else sample_finish_ref
-        choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log)
+        _sampled_choice(logits, noise, params, seen, state, eos_ids, pad_id, done, log)
         return
     if log is not None:
         raise ValueError("log: the penalised greedy step does not write a step log; make its StepGraph without one")

@@ -1,4 +1,4 @@
-"""The sampled token choice of a decode step in four launches after the LM head, with its stop bookkeeping.
+"""The sampled token choice of a decode step in five launches after the LM head, with its stop bookkeeping.
 
 What it computes, per row b (the contract of `sample_finish_ref`, which is the decode loop's own `choose_next`
 for sampling: sampling.pick_next, then stopping.mark_finished):
@@ -181,13 +181,14 @@ def _race_kernel(
     cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < B
     ok = row_ok[:, None] & (cols < V)[None, :]
-    m = _row_max(pmax_ptr, nblk, B, rows, row_ok, BLOCK_M)
+    # the tile first: its loads need nothing from the partials, so they run while the row maxima are reduced
     x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+    noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
+    m = _row_max(pmax_ptr, nblk, B, rows, row_ok, BLOCK_M)
     kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0) if TOP_K else m
     s, in_k = _scores(x, m, kth_l, temperature, TOP_K)
     e = tl.where(in_k & ok, tl.exp(s), 0.0)
     tl.store(pz_ptr + pid_n * B + rows, tl.sum(e, 1), mask=row_ok)
-    noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
     r = tl.where(in_k & ok & (e >= min_p), e / noise, -1.0)
     _block_best(r, cols, pr_ptr, pi_ptr, pid_n, B, rows, row_ok)
 
@@ -229,10 +230,16 @@ def _check_tile(
     tokens scored above it (-1 elsewhere)."""
     ok = row_ok[:, None] & (cols < V)[None, :]
     x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+    noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
+    return _check_scores(x, noise, ok, kth_l, m, z, pivot, temperature, min_p, TOP_K)
+
+
+@triton.jit
+def _check_scores(x, noise, ok, kth_l, m, z, pivot, temperature, min_p, TOP_K: tl.constexpr):
+    """_check_tile on a loaded tile of penalised logits `x` and its `noise` (`ok`: the tile's live entries)."""
     s, in_k = _scores(x, m, kth_l, temperature, TOP_K)
     e = tl.where(in_k & ok, tl.exp(s), 0.0)
     mass = tl.sum(tl.where(s <= pivot[:, None], e / z[:, None], 0.0), 1)
-    noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
     r = tl.where(in_k & ok & (e >= min_p) & (s > pivot[:, None]), e / noise, -1.0)
     return mass, r
 
@@ -273,34 +280,25 @@ def _check_kernel(
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < B
+    ok = row_ok[:, None] & (cols < V)[None, :]
+    if ROUND == 1:
+        # the tile first: its loads need nothing from the partials, so they run while those are reduced
+        x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+        noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
+        live = row_ok
+        _, cand = _row_best(pr_ptr, pi_ptr, nblk, B, rows, row_ok, BLOCK_M)
+    else:
+        # only the rows whose x0 round 1 dropped (about 1 - top_p of them) load the tile
+        live = row_ok & (_row_sum(pmass_ptr, nblk, B, rows, row_ok, BLOCK_M) <= limit)
+        ok = ok & live[:, None]
+        x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+        noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
+        _, cand = _row_best(pr2_ptr, pi2_ptr, nblk, B, rows, row_ok, BLOCK_M)
     m = _row_max(pmax_ptr, nblk, B, rows, row_ok, BLOCK_M)
     z = _row_sum(pz_ptr, nblk, B, rows, row_ok, BLOCK_M)
-    _, cand = _row_best(pr_ptr, pi_ptr, nblk, B, rows, row_ok, BLOCK_M)
-    live = row_ok
-    if ROUND == 2:
-        live = live & (_row_sum(pmass_ptr, nblk, B, rows, row_ok, BLOCK_M) <= limit)  # x0 dropped
-        _, cand = _row_best(pr2_ptr, pi2_ptr, nblk, B, rows, row_ok, BLOCK_M)
     pivot = _candidate_score(logits_ptr, seen_ptr, cand, rows, live, m, V, row_stride, rep, temperature, PENALTY)
     kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0) if TOP_K else m
-    mass, r = _check_tile(
-        logits_ptr,
-        seen_ptr,
-        noise_ptr,
-        kth_l,
-        rows,
-        cols,
-        live,
-        m,
-        z,
-        pivot,
-        V,
-        row_stride,
-        rep,
-        temperature,
-        min_p,
-        PENALTY,
-        TOP_K,
-    )
+    mass, r = _check_scores(x, noise, ok, kth_l, m, z, pivot, temperature, min_p, TOP_K)
     tl.store(pmass_out + pid_n * B + rows, mass, mask=row_ok)
     _block_best(r, cols, pr_out, pi_out, pid_n, B, rows, row_ok)
 
