@@ -621,10 +621,23 @@ def test_the_main_job_on_cuda_shows_fused_and_the_baselines_growth(tmp_path, mon
     assert (main_job.model, main_job.lengths, main_job.batches) == ("gpt2-random", (48, 192), (16,))
     assert main_job.strategies == ("baseline", "kv", "static", "compiled", "interleaved", "fused")
     assert main_job.peers == ("hf-dynamic", "hf-static", "hf-compiled") and main_job.prompt_len == 32
+    # within about 3 minutes on an H200: the profile covers the two stop checks it contrasts
+    from overlapdecode.bench.config import plan
+
+    profiled = [row[-1] for row in plan(main_job)[1] if row[2] == "profile"]
+    assert profiled == ["compiled", "interleaved"]
+    assert len([row for row in plan(main_job)[1] if row[2] == "fixed"]) == 2 * 9
     other = _config_of(["--model", "tiny-llama"], tmp_path, monkeypatch, cuda=True)  # a Llama: fused applies
     assert (other.lengths, other.batches, other.strategies[-1]) == ((64, 96), (1,), "fused")
+    assert other.profile_strategies == ()  # any other run profiles every strategy it measures
     asked = _config_of(["--strategies", "kv", "--batch", "2", "--lengths", "8"], tmp_path, monkeypatch, cuda=True)
     assert (asked.strategies, asked.batches, asked.lengths) == (("kv",), (2,), (8,))
+    assert [row[-1] for row in plan(asked)[1] if row[2] == "profile"] == [
+        "kv",
+        "hf-dynamic",
+        "hf-static",
+        "hf-compiled",
+    ]
 
 
 def test_the_cuda_default_leaves_fused_out_where_the_family_has_none(tmp_path, monkeypatch):
@@ -658,8 +671,9 @@ def test_a_run_that_stops_after_measuring_keeps_its_rows_with_the_reason(bench_d
             f.write(json.dumps(r) + "\n")
         f.write('{"strategy": "kv", "cut sho')  # the worker died mid-line
     said = _keep_or_clear(str(d), "overlapdecode bench", None, "a worker failed: RuntimeError: boom")
-    assert said == (f"the 3 measured rows are kept in {d / 'results.json'} and {d / 'report.md'} (add to them "
-                    f"with --append)")
+    assert said == (
+        f"the 3 measured rows are kept in {d / 'results.json'} and {d / 'report.md'} (add to them with --append)"
+    )
     kept = json.load(open(d / "results.json"))
     assert kept["interrupted"] and kept["interrupted_reason"] == "a worker failed: RuntimeError: boom"
     assert "stopped before the end (a worker failed: RuntimeError: boom)" in (d / "report.md").read_text()

@@ -30,14 +30,15 @@ BASE_STRATEGIES = ("baseline", "kv", "static", "compiled", "interleaved")  # + f
 # `overlapdecode bench` with no arguments (the main job). On CUDA: gpt2-random in float32 at batch 16, where
 # the baseline's per-step work (the whole sequence, batch x length tokens) outgrows the launch-bound floor of
 # an eager step (about 6 ms on an H200) within the first tens of tokens, so its O(N^2) growth shows between
-# 48 and 192 new tokens, and batch 16 is one row tile of the fused kernels. Estimated from the GPT-2 124M
-# rows in benchmarks/h200-full (float32 batch 8: 6-7 ms per eager step, the baseline's extra time per
-# token-position, first calls of 10-20 s where a shape is compiled) at about 2.5 minutes on an H200. On CPU
-# the quick sweep of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline at
-# batch 16 would take many minutes.
+# 48 and 192 new tokens (on an H200: 7.3 -> 12.8 ms/token, kv 8.3 -> 9.9), and batch 16 is one row tile of the
+# fused kernels. Its timed rows took 130 s on an H200; the profile covers the two stop checks the busy fraction
+# contrasts (compiled, interleaved), as every strategy's profile took over a minute more. On CPU the quick sweep
+# of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline at batch 16 would take
+# many minutes.
 MAIN_MODEL_CUDA = "gpt2-random"
 MAIN_LENGTHS_CUDA, MAIN_BATCH_CUDA = (48, 192), 16
 OTHER_LENGTHS_CUDA, LENGTHS_CPU = (64, 96), (16, 48)
+MAIN_PROFILED = ("compiled", "interleaved")
 PEER_NAMES = ("hf-dynamic", "hf-static", "hf-compiled")  # bench.peers.PEERS (likewise)
 WORKLOAD_NAMES = ("fixed", "eos")  # bench.workloads.WORKLOADS (likewise)
 
@@ -304,6 +305,7 @@ def bench_config(args):
         warmup=args.warmup,
         repeats=args.repeats,
         profile=not args.no_profile,
+        profile_strategies=MAIN_PROFILED if main_job and args.strategies is None else (),
         device=args.device,
     )
 
