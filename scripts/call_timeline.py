@@ -1,5 +1,5 @@
-"""Where a whole `fused` call's time goes beyond its decode steps, on a GPU: MODEL (default gpt2-random), bfloat16,
-BATCH rows (default 1), prompt 32, greedy or (--top-p P) sampled with a seed.
+"""Where a whole `fused` call's time goes beyond its decode steps, on a GPU: MODEL (default gpt2-random), DTYPE
+(default bfloat16), BATCH rows (default 1), prompt 32, greedy or (--top-p P) sampled with a seed.
 
 1. Unprofiled: wall time of calls of N = 1, 2, 3, 10, 200 tokens (EOS off), ROUNDS alternating rounds after
    warm-up, medians: a call of N tokens costs about fixed + (N - 1) x step, and the differences show whether the
@@ -15,7 +15,7 @@ BATCH rows (default 1), prompt 32, greedy or (--top-p P) sampled with a seed.
    kernel (negative: it started before the one ahead ended, PDL), the first one being the gap from the previous
    step's last kernel (step-kernels.json). `--analyse TRACE.json.gz` runs this part alone on a saved trace.
 
-    python3 scripts/call_timeline.py --out DIR [--model MODEL] [--batch B] [--top-p P]   (on a GPU: timeline.json, step-kernels.json,
+    python3 scripts/call_timeline.py --out DIR [--model MODEL] [--batch B] [--top-p P] [--dtype D]   (on a GPU: timeline.json, step-kernels.json,
                                                                      trace.json.gz)
     python3 scripts/call_timeline.py --analyse TRACE.json.gz --out DIR   (anywhere: DIR/step-kernels.json)
 """
@@ -120,9 +120,11 @@ def step_kernels(trace: dict, first: int = 50, last: int = 150) -> dict:
     }
 
 
-def measure(out_dir: str, name: str = "gpt2-random", batch: int = 1, top_p: float | None = None) -> None:
+def measure(
+    out_dir: str, name: str = "gpt2-random", batch: int = 1, top_p: float | None = None, dtype: str = "bfloat16"
+) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    model = od.load_model(name, dtype="bfloat16", device="cuda")
+    model = od.load_model(name, dtype=dtype, device="cuda")
     ids = torch.randint(0, 1000, (batch, 32), device="cuda")
     sampling = dict(do_sample=True, top_p=top_p, seed=0) if top_p is not None else {}
     for n in LENGTHS:
@@ -135,6 +137,7 @@ def measure(out_dir: str, name: str = "gpt2-random", batch: int = 1, top_p: floa
     res = {
         "model": name,
         "batch": batch,
+        "dtype": dtype,
         "sampling": sampling or "greedy",
         "device": torch.cuda.get_device_name(),
         "commit": os.environ.get("OVERLAPDECODE_COMMIT", "unknown"),
@@ -172,6 +175,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, help="directory for the results (must be empty or new)")
     ap.add_argument("--model", default="gpt2-random", help="default: %(default)s")
     ap.add_argument("--batch", type=int, default=1, help="rows; default: %(default)s")
+    ap.add_argument("--dtype", default="bfloat16", help="default: %(default)s")
     ap.add_argument("--top-p", type=float, default=None, help="sample with this top_p (seed 0); default: greedy")
     ap.add_argument("--analyse", metavar="TRACE.json.gz", help="only analyse a saved trace's decode steps")
     args = ap.parse_args(argv)
@@ -183,7 +187,7 @@ def main(argv=None) -> None:
         os.makedirs(args.out, exist_ok=True)
         json.dump(result, open(os.path.join(args.out, "step-kernels.json"), "w"), indent=1)
     else:
-        measure(args.out, args.model, args.batch, args.top_p)
+        measure(args.out, args.model, args.batch, args.top_p, args.dtype)
 
 
 if __name__ == "__main__":
