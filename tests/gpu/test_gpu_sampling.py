@@ -99,3 +99,29 @@ def test_sampling_runs_inside_hf_kept_sets_and_agrees_across_presets(model, batc
         assert torch.equal(ref, hf)
     for p, out in outs.items():
         assert torch.equal(out, ref), (p, name(setting), (out != ref).nonzero()[:4].tolist())
+
+
+CLI_FLAGS = ["--do-sample", "--temperature", "0.7", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.05"]
+CLI_FLAGS += ["--repetition-penalty", "1.2", "--seed", "3"]
+
+
+@pytest.mark.parametrize("strategy", ["fused", "interleaved", "kv"])
+def test_the_cli_samples_with_every_flag_on_the_gpu(strategy, capsys):
+    """`overlapdecode generate` with every sampling flag on the GPU (the compiled presets' top-p crashed the
+    compiler here): it prints the ids od.generate gives with the same settings, and they lie in Hugging Face's
+    kept sets."""
+    from overlapdecode.cli import main
+
+    args = ["generate", "--model", "gpt2-random", "--dtype", "float32", "--device", DEV, "--prompt-ids", "5,6,7"]
+    args += ["--max-new-tokens", "12", "--strategy", strategy, "--eos", "none"] + CLI_FLAGS
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    model = od.load_model("gpt2-random", dtype="float32", device=DEV)
+    settings = dict(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.2)
+    ids = torch.tensor([[5, 6, 7]], device=DEV)
+    out = od.generate(
+        model, ids, max_new_tokens=12, strategy=strategy, eos_token_id=[], do_sample=True, seed=3, **settings
+    )
+    assert "ids: " + " ".join(map(str, out[0, 3:].tolist())) in printed, printed
+    mask = torch.ones_like(ids)
+    assert_inside_hf_kept_sets(model, out.cpu(), mask.cpu(), 3, settings, model_device=DEV)
