@@ -148,18 +148,24 @@ class CapturedSampledSteps(CapturedSteps):
         # the choice advances the state from the position of each row's last prompt token, not finished
         self.state[:, 1] = kwargs["position_ids"][:, -1]
         self.state[:, 2] = 0
-        _sampled_choice(logits, graph.noise, i.params, i.seen, self.state, i.eos_ids, i.pad_id, graph.done)
+        _sampled_choice(
+            logits, graph.noise, i.params, i.seen, self.state, i.eos_ids, i.pad_id, graph.done, pdl=self.model.pdl
+        )
         self._emit(0)
         return graph.done
 
 
-def _sampled_choice(logits, noise, params: SamplingParams, seen, state, eos_ids, pad_id: int, done, log=None):
-    """fused/kernels/sample.py's sampled choice on (B, V) logits: its kernels on CUDA, its torch twin elsewhere;
-    advances state, done, `seen` and the step log in place."""
+def _sampled_choice(
+    logits, noise, params: SamplingParams, seen, state, eos_ids, pad_id: int, done, log=None, pdl: int = 0
+):
+    """fused/kernels/sample.py's sampled choice on (B, V) logits: its kernels on CUDA (launched with the fused
+    step's PDL mode, `pdl`), its torch twin elsewhere; advances state, done, `seen` and the step log in place."""
     from .fused.kernels.sample import sample_choice, sample_finish_ref  # Triton: imported with the fused path
 
-    choice = sample_choice if logits.is_cuda else sample_finish_ref
-    choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log)
+    if logits.is_cuda:
+        sample_choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log, pdl=pdl)
+    else:
+        sample_finish_ref(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log)
 
 
 def _fused_step(
@@ -172,7 +178,7 @@ def _fused_step(
     kwargs = dict(kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
     logits = fused(**kwargs).logits[:, -1, :]  # (B, V)
     if params.do_sample:
-        _sampled_choice(logits, noise, params, seen, state, eos_ids, pad_id, done, log)
+        _sampled_choice(logits, noise, params, seen, state, eos_ids, pad_id, done, log, pdl=fused.pdl)
         return
     if log is not None:
         raise ValueError("log: the penalised greedy step does not write a step log; make its StepGraph without one")

@@ -44,6 +44,7 @@ from ...sampling import SamplingParams, mark_seen, penalize, pick_next
 from ...step_graph import StepLog
 from ...stopping import mark_finished
 from .greedy import BIG_INDEX, REDUCE_BLOCKS, GreedyFinish, check_finish, greedy_finish_ref_log
+from .pdl import pdl_launch, pdl_release, pdl_start
 
 
 def sample_finish_ref(
@@ -144,13 +145,16 @@ def _max_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PENALTY: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)  # before any load: the LM head's logits are final
     pid_n = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < B
     ok = row_ok[:, None] & (cols < V)[None, :]
     x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+    pdl_release(PDL)
     tl.store(pmax_ptr + pid_n * B + rows, tl.max(x, 1), mask=row_ok)
 
 
@@ -174,7 +178,9 @@ def _race_kernel(
     BLOCK_V: tl.constexpr,
     PENALTY: tl.constexpr,
     TOP_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)  # before any load: the kernel ahead's partials are final
     pid_n = tl.program_id(0)
     nblk = tl.num_programs(0)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -190,6 +196,7 @@ def _race_kernel(
     e = tl.where(in_k & ok, tl.exp(s), 0.0)
     tl.store(pz_ptr + pid_n * B + rows, tl.sum(e, 1), mask=row_ok)
     r = tl.where(in_k & ok & (e >= min_p), e / noise, -1.0)
+    pdl_release(PDL)
     _block_best(r, cols, pr_ptr, pi_ptr, pid_n, B, rows, row_ok)
 
 
@@ -272,6 +279,7 @@ def _check_kernel(
     PENALTY: tl.constexpr,
     TOP_K: tl.constexpr,
     ROUND: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Round 1: the mass at or below x0 and the winner x1 above it. Round 2: where round 1 dropped x0, the same
     for x1 (x2 above it); rows already decided store nothing that counts (mass 0, no candidate)."""
@@ -281,6 +289,7 @@ def _check_kernel(
     cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < B
     ok = row_ok[:, None] & (cols < V)[None, :]
+    pdl_start(PDL)  # before any load: the kernels ahead's partials are final
     if ROUND == 1:
         # the tile first: its loads need nothing from the partials, so they run while those are reduced
         x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
@@ -299,6 +308,7 @@ def _check_kernel(
     pivot = _candidate_score(logits_ptr, seen_ptr, cand, rows, live, m, V, row_stride, rep, temperature, PENALTY)
     kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0) if TOP_K else m
     mass, r = _check_scores(x, noise, ok, kth_l, m, z, pivot, temperature, min_p, TOP_K)
+    pdl_release(PDL)
     tl.store(pmass_out + pid_n * B + rows, mass, mask=row_ok)
     _block_best(r, cols, pr_out, pi_out, pid_n, B, rows, row_ok)
 
@@ -342,7 +352,9 @@ def _finish_kernel(
     TOP_K: tl.constexpr,
     TOP_P: tl.constexpr,
     LOG: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)  # before any load: every partial is final
     all_done = tl.full((BLOCK_M,), 1, tl.int32)
     if LOG:  # the log's column: the previous step's finish advanced the count
         column = tl.load(count_ptr)
@@ -435,11 +447,13 @@ def sample_choice(
     done: torch.Tensor,
     log: StepLog | None = None,
     block_v: int | None = None,
+    pdl: int = 0,
 ) -> None:
     """The Triton kernels of `sample_finish_ref`: logits (B, V) float32 with contiguous rows, noise (B, V)
     float32, seen (B, V) bool when params.uses_seen (else None), state (B, 3) long, eos (E,) long, done 0-d
-    bool, log a step_graph.StepLog or None; writes state, done, seen and the log in place. No host sync: every
-    value stays on the device."""
+    bool, log a step_graph.StepLog or None; writes state, done, seen and the log in place; `pdl`: pdl.py's mode
+    of the five launches (each waits for the one ahead before its first load). No host sync: every value stays
+    on the device."""
     if not params.do_sample:
         raise ValueError("params: sample_choice samples; the greedy choice is kernels/greedy.py's")
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
@@ -478,7 +492,12 @@ def sample_choice(
     limit = 1.0 - params.top_p if top_p else 0.0
     stride = logits.stride(0)
     common = dict(
-        BLOCK_M=block_m, PENALTY=seen is not None, TOP_K=top_k, num_warps=4 if block_m * block_v <= 4096 else 8
+        BLOCK_M=block_m,
+        PENALTY=seen is not None,
+        TOP_K=top_k,
+        PDL=int(pdl),
+        num_warps=4 if block_m * block_v <= 4096 else 8,
+        **pdl_launch(pdl),
     )
     _max_kernel[grid](
         logits,
@@ -491,7 +510,9 @@ def sample_choice(
         BLOCK_V=block_v,
         BLOCK_M=block_m,
         PENALTY=seen is not None,
+        PDL=int(pdl),
         num_warps=common["num_warps"],
+        **pdl_launch(pdl),
     )
     _race_kernel[grid](
         logits, seen_arg, noise, kth, pmax, pz, pr, pi, B, V, stride, rep, temperature, min_p, BLOCK_V=block_v, **common
@@ -567,5 +588,7 @@ def sample_choice(
         TOP_K=top_k,
         TOP_P=top_p,
         LOG=log is not None,
+        PDL=int(pdl),
         num_warps=8,
+        **pdl_launch(pdl),
     )
