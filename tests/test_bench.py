@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from overlapdecode.bench.figures import fit_exponent
+from overlapdecode.bench.figures import fit_exponent, row_decode_ms
 from overlapdecode.cli import main
 
 STRATEGIES = ["baseline", "kv", "static", "interleaved", "nocheck"]
@@ -70,6 +70,10 @@ def test_results_json_schema_and_rows(bench_dir):
             assert r["seq_s"] > 0 and r["ms_per_token"] > 0 and r["tokens_per_s"] > 0 and r["ttft_ms"] > 0
             assert len(r["seq_s_all"]) == 2 and min(r["seq_s_all"]) <= r["seq_s"] <= max(r["seq_s_all"])
             assert r["peak_reserved_mb"] is None  # no CUDA: not faked
+            # the decode step with the prefill left out, from this row's own call and TTFT; no toll and no kernel
+            # count without CUDA (no measured bandwidth, no profiled kernels)
+            assert r["layers"] == 2 and r["decode_ms_per_step"] == pytest.approx(row_decode_ms(r))
+            assert r["toll_us_per_layer"] is None and r.get("kernels_per_step") is None
         if r["workload"] == "fixed":
             assert r["new_tokens"] == r["max_new_tokens"]
     eos = [r for r in rows if r["workload"] == "eos"]

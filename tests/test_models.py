@@ -279,3 +279,94 @@ def test_the_cache_goes_under_the_forwards_own_keyword(name):
             out = od.generate(model, ids, attention_mask=mask, max_new_tokens=6, strategy=strategy, eos_token_id=[])
             assert torch.equal(out, want), strategy
     assert [str(w.message) for w in seen if "past_key_values" in str(w.message)] == []
+
+
+# name -> (class, parameters, layers, heads, kv heads, head size, tied embeddings, vocabulary, eos, bos): the
+# published models' figures (qwen3-moe-random: Qwen3-30B-A3B's layer at 12 layers and 32 experts)
+FAMILY_SHAPES = {
+    "qwen3-0.6b-random": ("Qwen3ForCausalLM", 596_049_920, 28, 16, 8, 128, True, 151936, 151645, 151643),
+    "gemma3-1b-random": ("Gemma3ForCausalLM", 999_885_952, 26, 4, 1, 256, True, 262144, 1, 2),
+    "qwen3-moe-random": ("Qwen3MoeForCausalLM", 2_661_602_304, 12, 32, 4, 128, False, 151936, 151645, 151643),
+}
+
+
+@pytest.mark.parametrize("name", list(FAMILY_SHAPES))
+def test_other_family_shapes_are_the_published_ones(name):
+    """Built on the meta device (a real-size model takes over ten seconds to draw on CPU): the class, parameter
+    count, heads, head size, tied embeddings, vocabulary and token ids of the model each shape follows."""
+    cls, params, layers, heads, kv, head_dim, tied, vocab, eos, bos = FAMILY_SHAPES[name]
+    model = _meta_model(name)
+    cfg = model.config
+    assert type(model).__name__ == cls and name in od.EMBEDDED
+    assert sum(p.numel() for p in model.parameters()) == params
+    attn = model.model.layers[0].self_attn
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (layers, heads, kv)
+    assert attn.q_proj.weight.shape == (heads * head_dim, cfg.hidden_size)
+    assert attn.q_norm.weight.shape == (head_dim,)  # both families normalise each head's queries and keys
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    assert (cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id) == (vocab, eos, bos)
+    assert od.models.embedded_config(name) is not od.models.embedded_config(name)  # each caller its own
+
+
+def test_gemma3_shape_has_the_sliding_window_pattern_and_a_rope_base_per_layer_kind():
+    cfg = od.models.embedded_config("gemma3-1b-random")
+    full = [i for i, kind in enumerate(cfg.layer_types) if kind == "full_attention"]
+    assert full == [5, 11, 17, 23] and cfg.layer_types.count("sliding_attention") == 22
+    assert cfg.sliding_window == 512 and cfg.query_pre_attn_scalar == 256
+    assert cfg.rope_parameters["full_attention"]["rope_theta"] == 1_000_000.0
+    assert cfg.rope_parameters["sliding_attention"]["rope_theta"] == 10_000.0
+    assert cfg.hidden_activation == "gelu_pytorch_tanh" and cfg.max_position_embeddings == 32768
+
+
+def test_the_mixture_of_experts_shape_routes_8_of_32_experts_of_qwen3_30b_a3b():
+    model = _meta_model("qwen3-moe-random")
+    cfg = model.config
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob) == (
+        32,
+        8,
+        768,
+        True,
+    )
+    assert cfg.mlp_only_layers == [] and cfg.decoder_sparse_step == 1  # every layer a mixture of experts
+    experts = [m for m in model.modules() if type(m).__name__ == "Qwen3MoeExperts"]
+    assert len(experts) == 12 and experts[0].down_proj.shape == (32, 2048, 768)
+
+
+# A tiny size of each shape (its family's structure kept: the per-head norms, the sliding-window pattern and the
+# RoPE base per layer kind, the routing), loaded by load_model under the shape's own name
+_TINY = dict(
+    vocab_size=1000, hidden_size=64, intermediate_size=128, num_attention_heads=4, head_dim=16, bos_token_id=999
+)
+_TINY_OVERRIDES = {
+    "qwen3-0.6b-random": dict(num_hidden_layers=2, num_key_value_heads=2),
+    # 6 of its layers (5 sliding, 1 global) with a window of 6 tokens: the window cuts the 12-token prompt
+    "gemma3-1b-random": dict(num_hidden_layers=6, query_pre_attn_scalar=16, sliding_window=6),
+    # 2 of 8 experts per token: the rows of the batch take different experts
+    "qwen3-moe-random": dict(
+        num_hidden_layers=2, num_key_value_heads=2, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_TINY_OVERRIDES))
+def test_other_families_load_and_generate_their_hf_tokens_at_a_tiny_size(name, monkeypatch):
+    cls, kwargs = od.models._FAMILY_SHAPES[name]
+    kwargs = dict(kwargs, **_TINY, **_TINY_OVERRIDES[name], eos_token_id=998)
+    if "layer_types" in kwargs:
+        kwargs["layer_types"] = kwargs["layer_types"][: kwargs["num_hidden_layers"]]
+    monkeypatch.setattr(od.models, "embedded_config", lambda n: cls(**kwargs) if n == name else None)
+    model = od.load_model(name, device="cpu")
+    assert type(model).__name__ == FAMILY_SHAPES[name][0] and not model.training
+    assert model.generation_config.eos_token_id == 998 and model.generation_config.bos_token_id == 999
+    if name == "gemma3-1b-random":
+        assert model.config.layer_types.count("full_attention") == 1
+    ids, mask = make_batch(2, seed=4, prompt_len=12)
+    want = hf_generate(model, ids, mask, 10, [], 0)
+    for strategy in ("kv", "static"):
+        out = od.generate(model, ids, attention_mask=mask, max_new_tokens=10, strategy=strategy, eos_token_id=[])
+        assert torch.equal(out, want), strategy
+
+
+def test_other_families_refuse_tensor_parallelism_by_name_before_building():
+    with pytest.raises(ValueError, match="no sharding plan for model type 'qwen3_moe'"):
+        od.load_model("qwen3-moe-random", device="cpu", tp=2)

@@ -14,10 +14,13 @@ from overlapdecode.bench import results_table as rt
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "results", "test-gpu")
 
+# the fused row's toll: (0.995 ms/step - 1 GB / 2000 GB/s) / 2 layers = 247.5 us; its kernels per step are those
+# of the profile row of its own length (25; the 100-token profile row counted 30); the kv row is an older row
+# without a toll or a profile: "-"
 EXPECTED_ROWS = [
-    "| `tiny-llama` | bfloat16 | 1 | **`fused`** | 1.000 | 0.995 | 2.0 | 50% | `hf-compiled` 3.000 (3.00x) | "
-    "interleaved, fused | [run-a](run-a/report.md), [run-b](run-b/report.md) |",
-    "| `tiny-llama` | bfloat16 | 4 | **`kv`** | 5.000 | 5.015 | 2.0 | - | not measured | kv | "
+    "| `tiny-llama` | bfloat16 | 1 | **`fused`** | 1.000 | 0.995 | 2.0 | 50% | 247.5 | 25 | `hf-compiled` 3.000 "
+    "(3.00x) | interleaved, fused | [run-a](run-a/report.md), [run-b](run-b/report.md) |",
+    "| `tiny-llama` | bfloat16 | 4 | **`kv`** | 5.000 | 5.015 | 2.0 | - | - | - | not measured | kv | "
     "[run-a](run-a/report.md) |",
 ]
 
@@ -27,7 +30,9 @@ def test_the_table_takes_the_fastest_preset_and_peer_of_each_configuration():
     lines = text.splitlines()
     assert lines[0] == (
         "Measured by `overlapdecode bench` on Test GPU: prompt 32 tokens, 200 new tokens, EOS off, "
-        "medians of the timed calls."
+        "medians of the timed calls. ms/step = (the call - TTFT) / (new tokens - 1); toll = (ms/step - weight "
+        "bytes / the measured copy bandwidth) / layers; kernels/step counted by the profiler over one call of the "
+        "same configuration (`-`: not measured)."
     )
     assert lines[2] == "| " + " | ".join(rt.HEADER) + " |"
     # nocheck (0.5) and interleaved:2 (0.6) are faster but not presets; the 100-token, EOS-forced and expandable
@@ -38,7 +43,7 @@ def test_the_table_takes_the_fastest_preset_and_peer_of_each_configuration():
 def test_another_length_is_another_table():
     text = rt.render(FIXTURE, new_tokens=100, relative_to=FIXTURE)
     assert text.splitlines()[4:] == [
-        "| `tiny-llama` | bfloat16 | 1 | **`fused`** | 0.100 | 0.081 | 2.0 | - | not measured | fused | "
+        "| `tiny-llama` | bfloat16 | 1 | **`fused`** | 0.100 | 0.081 | 2.0 | - | - | 30 | not measured | fused | "
         "[run-a](run-a/report.md) |"
     ]
     with pytest.raises(rt.ResultsError, match="no folder measured a preset at 50 new tokens"):

@@ -158,3 +158,33 @@ def test_gpu_tests_sh_needs_out_and_writes_its_logs_there(tmp_path):
     assert "skipped" in (out / "gpu-tests.log").read_text() and "skipped" in (out / "sanitizer.log").read_text()
     done = subprocess.run(["bash", script, "--out", str(out)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and "gpu-tests.log exists" in done.stderr
+
+
+def test_scale_sweep_sh_takes_out_and_refuses_an_earlier_run(tmp_path):
+    script = os.path.join(SCRIPTS, "scale_sweep.sh")
+    done = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--out DIR is required" in done.stderr
+    done = subprocess.run(["bash", script, str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unknown argument" in done.stderr and not (tmp_path / "x").exists()
+    # the commands it runs, recorded by a python3 ahead of the real one on PATH: this machine has no GPU to run
+    # the sweep on, and what is checked is where the script sends them and their output
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text('#!/bin/sh\necho "$(pwd) $*" >> "$SCALE_SWEEP_CALLS"\n')
+    (bin_dir / "python3").chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SCALE_SWEEP_CALLS=str(calls))
+    out = tmp_path / "sweep"
+    done = subprocess.run(
+        ["bash", script, "--out", "sweep"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    root = os.path.realpath(ROOT)
+    sweep, test = calls.read_text().splitlines()
+    assert sweep.startswith(f"{root} scripts/scale_sweep.py --out {out} --model llama-1b-random --dtype bfloat16 ")
+    assert test.startswith(f"{root} -m pytest -m cuda tests/gpu/test_gpu_scale.py")
+    assert (out / "sweep.log").read_text().endswith("sweep rc=0\n")
+    assert (out / "gpu-test.log").read_text().endswith("gpu test rc=0\n")
+    done = subprocess.run(["bash", script, "--out", str(out)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "sweep.log exists: choose a new --out" in done.stderr
+    assert len(calls.read_text().splitlines()) == 2  # nothing ran the second time

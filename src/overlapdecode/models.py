@@ -4,8 +4,12 @@ The embedded configs exist so that the benchmark and the tests run with no downl
 GPT-2 124M architecture with random weights (the benchmark's reference model), `tiny-gpt2` and
 `tiny-llama` are small enough for CPU tests. The `llama-*-random` shapes are Llama-3's; `smollm2-*-random` and
 `qwen2.5-*-random` are smaller Llama-family shapes with other head counts and GQA ratios (SmolLM2-360M and -1.7B,
-Qwen2.5-0.5B and -1.5B, the Qwen2 ones with their QKV biases), to measure the fused step on. Random weights
-give the same time per token as trained ones; only the text is meaningless, which the command line says.
+Qwen2.5-0.5B and -1.5B, the Qwen2 ones with their QKV biases), to measure the fused step on. Three more families
+at real size, with their own vocabularies: `qwen3-0.6b-random` (Qwen3-0.6B: RMSNorm on each head's queries and
+keys), `gemma3-1b-random` (Gemma-3-1B: five 512-token sliding-window layers to one global layer, each kind with
+its own RoPE base) and `qwen3-moe-random` (a mixture of experts cut down from Qwen3-30B-A3B: its layer, 12 of its
+48 layers and 32 of its 128 experts, 8 experts per token; 2.7B parameters). Random weights give the same time per
+token as trained ones; only the text is meaningless, which the command line says.
 Their tokenizer is the byte-level one of tokenizer.py (random text out, but text in and out with no download).
 
 Every argument is checked before anything is built or downloaded: a device that does not exist, a seed a
@@ -17,6 +21,7 @@ AutoModelForCausalLM would load as a BertLMHeadModel attending both ways) is ref
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import socket
 import urllib.parse
@@ -25,12 +30,18 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from . import random_init
@@ -48,6 +59,9 @@ EMBEDDED = (
     "qwen2.5-0.5b-random",
     "qwen2.5-1.5b-random",
     "smollm2-1.7b-random",
+    "qwen3-0.6b-random",
+    "gemma3-1b-random",
+    "qwen3-moe-random",
     "tiny-gpt2",
     "tiny-llama",
 )
@@ -84,7 +98,92 @@ _SMALL_SHAPES = {
     "qwen2.5-1.5b-random": (Qwen2Config, 1536, 28, 12, 2, 8960, 151936, 1000000.0, 1e-6, 151643, 32768),  # 6
     "smollm2-1.7b-random": (LlamaConfig, 2048, 24, 32, 32, 8192, 49152, 130000.0, 1e-5, 0, 8192),  # ratio 1
 }
-_CAUSAL_LM = {"gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
+# Real-size shapes of other families: (config class, its arguments), as the published configs give them. Random
+# weights as Hugging Face initialises each family (Gemma's norms scale by 1 + weight: zeros), made on the device.
+_GEMMA3_1B_LAYERS = 26
+_FAMILY_SHAPES = {
+    # Qwen3-0.6B: 596M parameters (tied embeddings), 16 query heads of 128 over a hidden size of 1024
+    "qwen3-0.6b-random": (
+        Qwen3Config,
+        dict(
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+            bos_token_id=151643,
+            eos_token_id=151645,
+        ),
+    ),
+    # Gemma-3-1B: 1.0B parameters (tied), one KV head of 256; every sixth layer global (RoPE base 1M), the others
+    # attend to the last 512 tokens (RoPE base 10K)
+    "gemma3-1b-random": (
+        Gemma3TextConfig,
+        dict(
+            vocab_size=262144,
+            hidden_size=1152,
+            intermediate_size=6912,
+            num_hidden_layers=_GEMMA3_1B_LAYERS,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            sliding_window=512,
+            layer_types=[
+                "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(_GEMMA3_1B_LAYERS)
+            ],
+            rope_parameters=dict(
+                full_attention=dict(rope_type="default", rope_theta=1000000.0),
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+            ),
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=1,
+        ),
+    ),
+    # Qwen3-30B-A3B's layer (32 query and 4 KV heads of 128, experts 768 wide, 8 of them per token, their weights
+    # renormalised) in 12 of its 48 layers with 32 of its 128 experts: 2.66B parameters, 1.0B of them read per
+    # token at batch 1 (the attention, 8 experts per layer and the untied LM head)
+    "qwen3-moe-random": (
+        Qwen3MoeConfig,
+        dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=12,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            moe_intermediate_size=768,
+            num_experts=32,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+            bos_token_id=151643,
+            eos_token_id=151645,
+        ),
+    ),
+}
+_CAUSAL_LM = {
+    "gpt2": GPT2LMHeadModel,
+    "llama": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "gemma3_text": Gemma3ForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+}
 
 _DTYPES = {
     "float32": torch.float32,
@@ -144,6 +243,9 @@ def embedded_config(name: str):
             bos_token_id=eos,
             eos_token_id=eos,
         )
+    if name in _FAMILY_SHAPES:
+        cls, kwargs = _FAMILY_SHAPES[name]
+        return cls(**copy.deepcopy(kwargs))  # a config of its own: a caller may change it
     if name == "tiny-gpt2":
         return GPT2Config(
             vocab_size=1000,
@@ -318,7 +420,8 @@ def load_model(
         if name_or_path in _LLAMA_SHAPES or name_or_path in _SMALL_SHAPES:  # drawn as shards: a 70B never exists whole
             model = random_init.random_model(cls, config, place, torch_dtype, seed)
         else:
-            # Made directly on the device in the asked dtype, then cut (small shapes). The seed fixes the
+            # Made directly on the device in the asked dtype, then cut (small shapes; the other families' shapes,
+            # which tensor parallelism has no plan for: prepare() refuses tp > 1 for them). The seed fixes the
             # weights for a given device (CPU and CUDA generators differ).
             fork = [device] if device.type == "cuda" else []
             with torch.random.fork_rng(devices=fork, device_type=device.type), _default_dtype(torch_dtype), device:

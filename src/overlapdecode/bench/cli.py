@@ -438,11 +438,14 @@ def spread(row) -> float:
 
 def summary_tables(rows, model: str) -> list:
     """The terminal's summary: per (allocator, dtype, batch), a rich Table of each strategy at the longest
-    length, with the spread of its timed calls, and the warnings for rows whose speed-up over the baseline
+    length, with the spread of its timed calls, MBU, the decode ms/step, the per-layer toll and the kernels per
+    step (`-` where not measured), and the warnings for rows whose speed-up over the baseline
     is inside that spread (that of the row or of the baseline, the larger), as the report refuses to state
     such a difference: on a busy host a figure such as "36x" can rest on calls far apart."""
     from rich.table import Table  # imported when the command runs, not for --help
 
+    from .figures import mbu, row_decode_ms
+    from .markdown import fmt
     from .peers import label
     from .report import _order, series
 
@@ -451,7 +454,8 @@ def summary_tables(rows, model: str) -> list:
         n = max(m for pts in per.values() for m, _ in pts)
         base = dict(per.get("baseline", [])).get(n)
         table = Table(title=f"{model}, {dtype}, batch {batch}, allocator {alloc}, {n} new tokens")
-        for col in ("strategy", "ms/token", "tok/s", "TTFT ms", "vs baseline", "spread", "peak reserved MB"):
+        cols = ("strategy", "ms/token", "tok/s", "TTFT ms", "vs baseline", "spread", "peak reserved MB", "MBU")
+        for col in cols + ("ms/step", "toll us/layer", "kernels/step"):
             table.add_column(col, justify="right")
         warnings = []
         for s in _order(per):
@@ -476,6 +480,10 @@ def summary_tables(rows, model: str) -> list:
                 vs,
                 f"{spread(r) * 100:.0f}%" if len(r.get("seq_s_all") or ()) > 1 else "-",
                 "-" if r.get("peak_reserved_mb") is None else f"{r['peak_reserved_mb']:.0f}",
+                fmt(mbu(r), "{:.0%}"),
+                fmt(row_decode_ms(r), "{:.3f}"),
+                fmt(r.get("toll_us_per_layer"), "{:.1f}"),
+                fmt(r.get("kernels_per_step"), "{:.0f}"),
             )
         out.append((table, warnings))
     return out

@@ -1,5 +1,6 @@
 """The figures the report reads from results.json's rows: the timed rows by configuration and strategy, the
-time-vs-length exponents, the spread of a row's timed calls, MBU and the first-call overheads.
+time-vs-length exponents, the spread of a row's timed calls, MBU, the decode time per step and the per-layer toll
+(bench/scale.py's sweep uses the same toll), and the first-call overheads.
 
 Nothing here measures or formats: claims.py, report.py and plots.py turn these into text and figures.
 """
@@ -79,6 +80,48 @@ def mbu(row) -> float | None:
     if not row.get("weight_bytes") or not row.get("bandwidth_gbs") or not row.get("ms_per_token"):
         return None
     return row["weight_bytes"] / (row["bandwidth_gbs"] * 1e9) / (row["ms_per_token"] / 1e3)
+
+
+def decode_ms_per_step(call_ms: float, one_token_ms: float, new_tokens: int) -> float | None:
+    """ms per decode step with the prefill excluded, measured: (a call of `new_tokens` - a call of one token)
+    / (new_tokens - 1). The one-token call is the prefill and the first token, so what is left is the
+    `new_tokens` - 1 decode steps; None below 2 tokens (no decode step)."""
+    if new_tokens < 2:
+        return None
+    return (call_ms - one_token_ms) / (new_tokens - 1)
+
+
+def row_decode_ms(row) -> float | None:
+    """A timed row's decode ms/step: (its median call - its median one-token call, the TTFT) / (new tokens - 1);
+    None for a row without those figures."""
+    if any(row.get(k) is None for k in ("seq_s", "ttft_ms", "new_tokens")):
+        return None
+    return decode_ms_per_step(row["seq_s"] * 1e3, row["ttft_ms"], row["new_tokens"])
+
+
+def read_ms(nbytes: float, bandwidth_gbs: float) -> float:
+    """ms to read `nbytes` once at `bandwidth_gbs` (the device copy's measured bandwidth): a step's floor."""
+    return nbytes / (bandwidth_gbs * 1e9) * 1e3
+
+
+def toll_us_per_layer(
+    decode_ms: float | None, bytes_per_step: float, bandwidth_gbs: float | None, layers: int | None
+) -> float | None:
+    """What a decode step costs beyond reading its bytes once at the measured bandwidth, per layer, in us:
+    (decode ms/step - bytes_per_step / bandwidth) / layers. None without a measured bandwidth (CPU), a decode
+    time or a layer count: never a made-up figure."""
+    if decode_ms is None or not bandwidth_gbs or not layers:
+        return None
+    return (decode_ms - read_ms(bytes_per_step, bandwidth_gbs)) / layers * 1e3
+
+
+def step_toll(row, layers: int | None) -> dict:
+    """The figures a timed bench row carries beside MBU: `layers`, `decode_ms_per_step` (row_decode_ms) and
+    `toll_us_per_layer` over the row's weight bytes (None where a figure is missing)."""
+    ms = row_decode_ms(row)
+    weights = row.get("weight_bytes")
+    toll = toll_us_per_layer(ms, weights, row.get("bandwidth_gbs"), layers) if weights else None
+    return dict(layers=layers, decode_ms_per_step=ms, toll_us_per_layer=toll)
 
 
 def spread(row) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from .claims import MIN_REPEATS, claims
-from .figures import at, exponents, first_call_overheads, mbu, order, series, spread, timed
+from .figures import at, exponents, first_call_overheads, mbu, order, row_decode_ms, series, spread, timed
 from .figures import order as _order  # noqa: F401  (bench/cli.py's name for it)
 from .gather import gather  # noqa: F401  (`overlapdecode report --markdown`, bench/cli.py)
 from .markdown import fmt, table
@@ -77,7 +77,12 @@ def _header(results: dict) -> list[str]:
         "`spread` is (slowest - fastest) / median of the timed calls. "
         "Fragmentation = (peak reserved - peak allocated) / peak reserved. MBU (model-bandwidth utilisation) = "
         "weight bytes / the device's bandwidth, measured once per worker by a device-to-device copy (recorded "
-        "in every row as `bandwidth_gbs`) / ms per token."
+        "in every row as `bandwidth_gbs`) / ms per token. ms/step = the decode step with the prefill excluded, "
+        "measured as (the median call - the median one-token call, TTFT) / (new tokens - 1); toll us/layer = "
+        "(ms/step - weight bytes / the measured bandwidth) / layers: what a step costs beyond reading its weights "
+        "once, per layer; kernels/step = GPU kernels per decode step, counted by the PyTorch profiler over one call "
+        "of the same configuration (the profile workload; CUDA only). `-`: not measured (no CUDA, no profile "
+        "at that length, a Hugging Face peer's kernels, or a row recorded without its layer count)."
     )
     errors = [r for r in rows if "error" in r]
     if errors:
@@ -155,6 +160,9 @@ def _configurations(rows) -> list[str]:
                     fmt(r.get("device_mallocs"), "{}"),
                     fmt(r.get("alloc_requests"), "{}"),
                     fmt(mbu(r), "{:.0%}"),
+                    fmt(row_decode_ms(r), "{:.3f}"),
+                    fmt(r.get("toll_us_per_layer"), "{:.1f}"),
+                    fmt(r.get("kernels_per_step"), "{:.0f}"),
                 ]
             )
         md.append(
@@ -173,6 +181,9 @@ def _configurations(rows) -> list[str]:
                     "cudaMalloc calls",
                     "alloc requests",
                     "MBU",
+                    "ms/step",
+                    "toll us/layer",
+                    "kernels/step",
                 ],
                 body,
             )

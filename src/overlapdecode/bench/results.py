@@ -1,5 +1,8 @@
 """DIR/results.json: where a run's figures are kept, how they are read back, and what they were measured on.
 
+A timed row of the fixed workload carries the kernels per step that the profile row of its own configuration
+counted (with_kernel_counts): written so, and filled in on reading for files written before that.
+
 A leaf of the bench: the runner writes results through it, the worker and the profiler record the
 environment through it, and the report reads it. A results file is a user's measurements, so it is only
 ever replaced whole (written beside, then renamed) and only by a run that measured something; a malformed
@@ -31,7 +34,13 @@ OPTIONAL_FIGURES = (
     "weight_bytes",
     "bandwidth_gbs",
     "device_mallocs",
+    "layers",
+    "decode_ms_per_step",
+    "toll_us_per_layer",
+    "kernels_per_step",
 )
+# What makes a profile row's kernel count that of a fixed row: the same configuration, so the same step.
+SHAPE_KEYS = ("model", "tp", "allocator", "dtype", "batch", "prompt_len", "max_new_tokens", "strategy")
 # What the report's "Machine:" line reads from an environment record.
 ENV_KEYS = ("torch", "transformers", "python", "git_commit")
 
@@ -102,6 +111,23 @@ def latest_rows(rows: list[dict]) -> list[dict]:
             continue
         keep[key] = (keep[key][0] if key in keep else i, r)
     return [r for _, r in sorted(keep.values(), key=lambda p: p[0])]
+
+
+def with_kernel_counts(rows: list[dict]) -> list[dict]:
+    """`rows`, each timed row of the fixed workload that lacks `kernels_per_step` given the count of the profile
+    row of its configuration (SHAPE_KEYS): GPU kernels per decode step, counted by the PyTorch profiler over one
+    call of that same shape (timeline.analyze; CUDA only, and only where the call marks its decode steps: a
+    Hugging Face peer's count stays unknown). A row without such a profile row keeps none. In place."""
+    counts = {}
+    for r in rows:
+        busy = r.get("busy")
+        if r.get("workload") == "profile" and isinstance(busy, dict) and _number(busy.get("kernels_per_step")):
+            counts[tuple(r.get(k) for k in SHAPE_KEYS)] = busy["kernels_per_step"]
+    for r in rows:
+        key = tuple(r.get(k) for k in SHAPE_KEYS)
+        if r.get("workload") == "fixed" and "seq_s" in r and r.get("kernels_per_step") is None and key in counts:
+            r["kernels_per_step"] = counts[key]
+    return rows
 
 
 def _number(v) -> bool:
@@ -186,7 +212,7 @@ def load(out_dir: str) -> dict:
     except (OSError, UnicodeDecodeError) as err:
         raise ResultsError(f"{path}: cannot be read ({err})") from None
     results = _check(results, path)
-    results["rows"] = latest_rows(results["rows"])
+    results["rows"] = with_kernel_counts(latest_rows(results["rows"]))
     return results
 
 
@@ -260,6 +286,7 @@ def finalize(
         results["interrupted"] = interrupted or earlier.get("interrupted", False)
         if not interrupted and earlier.get("interrupted_reason"):
             results["interrupted_reason"] = earlier["interrupted_reason"]
+    with_kernel_counts(results["rows"])
     write(out_dir, results)
     for path in rows_paths:
         os.remove(path)

@@ -4,7 +4,8 @@
 
 One line per (GPU, model, dtype, batch, prompt length) measured at --new-tokens with EOS off and the default
 allocator: the fastest preset measured there (variants such as `nocheck` are not presets: they are not offered as
-an answer), its figures, the fastest Hugging Face peer measured at the same configuration, the presets that were
+an answer), its figures (the per-layer toll and the kernels per step among them, `-` in rows measured before
+the bench recorded them), the fastest Hugging Face peer measured at the same configuration, the presets that were
 measured at all (a preset missing from that list was not measured, not beaten), and the folders the figures come
 from. Figures of one line may come from different folders (a peer measured in another run); the line names each.
 
@@ -19,6 +20,8 @@ import os
 import sys
 
 from ..strategy import PRESETS
+from .figures import row_decode_ms
+from .markdown import fmt
 from .results import RESULTS, ResultsError, load
 
 BEGIN = "<!-- results table: made by python -m overlapdecode.bench.results_table; edit results/, not this table -->"
@@ -32,6 +35,8 @@ HEADER = (
     "ms/step",
     "TTFT ms",
     "MBU",
+    "toll us/layer",
+    "kernels/step",
     "Hugging Face peer: ms/token (speed-up)",
     "presets measured",
     "results",
@@ -63,11 +68,6 @@ def _comparable(row: dict, new_tokens: int) -> bool:
         and row["max_new_tokens"] == new_tokens
         and row.get("tp", 1) == 1
     )
-
-
-def ms_per_step(row: dict) -> float:
-    """ms per decode step, prefill excluded: (the whole call - a one-token call) / (new tokens - 1)."""
-    return (row["seq_s"] * 1e3 - row["ttft_ms"]) / max(row["new_tokens"] - 1, 1)
 
 
 def mbu(row: dict) -> float | None:
@@ -123,7 +123,10 @@ def render(results_dir: str, new_tokens: int = 200, relative_to: str = ".") -> s
     prompts = sorted({g["key"][4] for g in table})
     out = [
         f"Measured by `overlapdecode bench` on {', '.join(sorted({g['key'][0] for g in table}))}: prompt "
-        f"{'/'.join(map(str, prompts))} tokens, {new_tokens} new tokens, EOS off, medians of the timed calls.",
+        f"{'/'.join(map(str, prompts))} tokens, {new_tokens} new tokens, EOS off, medians of the timed calls. "
+        "ms/step = (the call - TTFT) / (new tokens - 1); toll = (ms/step - weight bytes / the measured copy "
+        "bandwidth) / layers; kernels/step counted by the profiler over one call of the same configuration "
+        "(`-`: not measured).",
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),
@@ -147,9 +150,11 @@ def render(results_dir: str, new_tokens: int = 200, relative_to: str = ".") -> s
             str(batch),
             f"**`{row['strategy']}`**",
             f"{row['ms_per_token']:.3f}",
-            f"{ms_per_step(row):.3f}",
+            fmt(row_decode_ms(row), "{:.3f}"),
             f"{row['ttft_ms']:.1f}",
             "-" if m is None else f"{m * 100:.0f}%",
+            fmt(row.get("toll_us_per_layer"), "{:.1f}"),
+            fmt(row.get("kernels_per_step"), "{:.0f}"),
             peer,
             ", ".join(sorted(g["presets"], key=order.index)),
             ", ".join(link(f) for f in folders),

@@ -10,7 +10,8 @@ weights alone charges the cache's bytes to the kernels. Here, per point (rows, p
   step attends to (prompt + N / 2: the steps of the call attend to P + 1 .. P + N - 1 slots);
 - MBU = (weight bytes + KV bytes) / measured bandwidth / decode time per step;
 - toll (us per layer) = (decode ms/step - (weight bytes + KV bytes) / measured bandwidth) / layers: what a step
-  costs beyond reading its bytes once at the copy bandwidth, spread over the layers;
+  costs beyond reading its bytes once at the copy bandwidth, spread over the layers (figures.toll_us_per_layer,
+  the bench's own toll with the KV bytes added to the weights);
 - tok/s = rows / decode time per step; time to first token = the call of 1 token;
 - kernels per step from a profiler trace of one call (timeline.analyze), where CUDA is there.
 
@@ -26,6 +27,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from .figures import decode_ms_per_step, read_ms, toll_us_per_layer
 
 
 @dataclass(frozen=True)
@@ -75,12 +78,12 @@ def step_figures(
         toll_us_per_layer=None,
     )
     if bandwidth_gbs:
-        floor_ms = (weight_bytes + kv_bytes) / (bandwidth_gbs * 1e9) * 1e3
+        floor_ms = read_ms(weight_bytes + kv_bytes, bandwidth_gbs)
         out.update(
             floor_ms=floor_ms,
             mbu=floor_ms / ms_per_step,
-            mbu_weights_only=weight_bytes / (bandwidth_gbs * 1e9) * 1e3 / ms_per_step,
-            toll_us_per_layer=(ms_per_step - floor_ms) / layers * 1e3,
+            mbu_weights_only=read_ms(weight_bytes, bandwidth_gbs) / ms_per_step,
+            toll_us_per_layer=toll_us_per_layer(ms_per_step, weight_bytes + kv_bytes, bandwidth_gbs, layers),
         )
     return out
 
@@ -138,7 +141,7 @@ def measure_point(
     call(1)()
     t_n = _median_call(call(new_tokens), device, repeats)
     t_1 = _median_call(call(1), device, repeats)
-    ms = (t_n - t_1) / (new_tokens - 1) * 1e3
+    ms = decode_ms_per_step(t_n * 1e3, t_1 * 1e3, new_tokens)
     shape = model_shape(model)
     kv = kv_bytes_per_step(shape, rows, mean_context(prompt_len, new_tokens))
     row = dict(

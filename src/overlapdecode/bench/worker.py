@@ -7,8 +7,12 @@ they are measured; progress lines go to stdout for the runner's progress bar.
 Per configuration: a first call (compile and CUDA-graph recording included, reported as `first_call_s`),
 `warmup` more calls, then `repeats` timed calls (host clock around a synchronised call; the median is the
 figure; the last one starts from an emptied allocator cache and gives the allocator figures), then
-`repeats` timed one-token calls for time to first token. The GPU busy fraction comes from one profiled call
-per strategy at the shortest length (timeline.analyze).
+`repeats` timed one-token calls for time to first token. From those two medians, the decode ms/step with the
+prefill excluded = (call - TTFT) / (new tokens - 1), and the per-layer toll = (that - weight bytes / the measured
+bandwidth) / layers (figures.step_toll). The GPU busy fraction and kernels per step come from one profiled call
+per strategy at the shortest length (timeline.analyze), after the fixed workload's timed rows of that dtype, so
+that no profiler has run before them; results.json gives that count to the fixed row of the same shape
+(results.with_kernel_counts).
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import transformers
 
 import overlapdecode as od
 
+from ..architecture import describe
 from . import memory, timeline
 from .config import BenchConfig, config_from_json, plan
+from .figures import step_toll
 from .peers import PEERS, peer_compiles, run_peer
 from .results import environment
 from .variants import generate_kwargs, split_variant
@@ -211,6 +217,8 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 else:
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device))
                 row["weight_bytes"] = weight_bytes(model)
+                if "seq_s" in row:  # a timed row: its decode ms/step and per-layer toll beside MBU
+                    row.update(step_toll(row, describe(model).num_layers or None))
             except torch.cuda.OutOfMemoryError as err:  # a figure we could not get is recorded as such
                 if cfg.tp > 1:
                     # one rank's out-of-memory: its peers may be inside this row's collectives, and a rank that went
