@@ -1,0 +1,91 @@
+"""Tiny random models of the decoder families the fused path supports beyond the Llama family and GPT-2
+(layout.DECODERS), for the CPU tests (test_fused_families.py, fused_kernel_cases.py) and, at real sizes, the GPU
+test: each config turns on what its family changes (per-head Q/K norms, partial rotary, LongRoPE, multipliers, NoPE
+layers, post-norms, Gemma's norms and GeGLU, soft-capping, sliding windows shorter than a call), with weights large
+enough that a dropped change changes the tokens."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+WINDOW = 6  # sliding windows: shorter than the test calls' prompt + new tokens
+SMALL = dict(
+    vocab_size=1000,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    eos_token_id=2,
+    pad_token_id=0,
+    bos_token_id=1,
+)
+
+
+def family_configs(size: dict | None = None) -> dict:
+    """name -> (model class name, config class name, config keywords). `size` replaces SMALL's sizes (the GPU
+    test's real shapes); head_dim is then size["head_dim"]."""
+    base = dict(SMALL, **(size or {}))
+    D = base.pop("head_dim", 24)
+    window = base.pop("window", WINDOW)
+    return {
+        # head_dim from the config (24, not hidden / heads = 16): the per-head Q/K norms over it
+        "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(base, head_dim=D)),
+        # with QKV biases, and one sliding-window layer of two
+        "qwen3-sliding": (
+            "Qwen3ForCausalLM",
+            "Qwen3Config",
+            dict(
+                base,
+                head_dim=D,
+                attention_bias=True,
+                use_sliding_window=True,
+                sliding_window=window,
+                layer_types=["sliding_attention", "full_attention"] * (base["num_hidden_layers"] // 2),
+            ),
+        ),
+    }
+
+
+FAMILIES = list(family_configs())
+
+# Real sizes of each family for the GPU test (tests/gpu/test_gpu_fused.py): the widths of a released model
+# (Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B), two layers,
+# sliding windows of 64 (shorter than its calls); Granite with its released multipliers
+_QWEN3 = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072)
+REAL_SIZES = {
+    "qwen3": dict(_QWEN3, vocab_size=151936),
+    "qwen3-sliding": dict(_QWEN3, vocab_size=151936, window=64),
+}
+REAL_CONFIG = {  # released values where the tiny tests use others
+}
+
+
+def real_model(name: str, device="cuda"):
+    """Family `name` at its REAL_SIZES, two layers, Hugging Face's initial scale (matrices normal(0, 0.02))."""
+    return family_model(
+        name, dict(REAL_SIZES[name], num_hidden_layers=2), device=device, std=0.02, **REAL_CONFIG.get(name, {})
+    )
+
+
+def family_model(name: str, size: dict | None = None, device="cpu", seed: int = 0, std: float = 0.1, **config):
+    """The random model `name` of family_configs, float32, eval: matrices normal(0, std) (larger than Hugging Face's
+    0.02, so that soft-caps, multipliers and norms move the logits), norm weights normal(1, 0.1) (Gemma's, which
+    add 1, normal(0, 0.1)), biases normal(0, 0.1). `config`: more config keywords."""
+    model_cls, cfg_cls, kw = family_configs(size)[name]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cfg_cls)(**dict(kw, **config))
+    with torch.device(device):
+        model = getattr(transformers, model_cls)(cfg).eval()
+    gemma = cfg.model_type.startswith("gemma")
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            elif "norm" in pname:
+                p.normal_(0.0 if gemma else 1.0, 0.1)
+            elif p.dim() == 2:
+                p.normal_(0.0, std)
+    return model
