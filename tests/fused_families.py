@@ -10,6 +10,7 @@ import torch
 import transformers
 
 WINDOW = 6  # sliding windows: shorter than the test calls' prompt + new tokens
+LONGROPE_SWITCH = 6  # Phi-3 LongRoPE's original_max_position_embeddings: shorter than the test prompts
 SMALL = dict(
     vocab_size=1000,
     hidden_size=64,
@@ -22,6 +23,19 @@ SMALL = dict(
     pad_token_id=0,
     bos_token_id=1,
 )
+
+
+def _longrope(base: dict) -> dict:
+    """Phi-3 LongRoPE parameters over 0.75 of the head (Phi-4-mini's), factors of the right length, distinct."""
+    pairs = int(base["hidden_size"] // base["num_attention_heads"] * 0.75) // 2  # Phi-3 has no head_dim field
+    return dict(
+        rope_type="longrope",
+        rope_theta=10000.0,
+        partial_rotary_factor=0.75,
+        original_max_position_embeddings=LONGROPE_SWITCH,
+        short_factor=[1.0 + 0.1 * i for i in range(pairs)],
+        long_factor=[2.0 + 0.5 * i for i in range(pairs)],
+    )
 
 
 def family_configs(size: dict | None = None) -> dict:
@@ -46,6 +60,19 @@ def family_configs(size: dict | None = None) -> dict:
                 layer_types=["sliding_attention", "full_attention"] * (base["num_hidden_layers"] // 2),
             ),
         ),
+        # fused qkv_proj / gate_up_proj as shipped, partial rotary (Phi-4-mini's 0.75)
+        "phi3": (
+            "Phi3ForCausalLM",
+            "Phi3Config",
+            dict(base, rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.75)),
+        ),
+        # LongRoPE switching at 6 positions: the test calls' prompts (8) are past it (the long table; the short one
+        # in test_fused_families.py's LongRoPE tests); Phi-3's own original_max_position_embeddings is the switch
+        "phi3-longrope": (
+            "Phi3ForCausalLM",
+            "Phi3Config",
+            dict(base, rope_parameters=_longrope(base), original_max_position_embeddings=LONGROPE_SWITCH),
+        ),
     }
 
 
@@ -55,9 +82,12 @@ FAMILIES = list(family_configs())
 # (Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B), two layers,
 # sliding windows of 64 (shorter than its calls); Granite with its released multipliers
 _QWEN3 = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072)
+_PHI4 = dict(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, intermediate_size=8192)
 REAL_SIZES = {
     "qwen3": dict(_QWEN3, vocab_size=151936),
     "qwen3-sliding": dict(_QWEN3, vocab_size=151936, window=64),
+    "phi3": dict(_PHI4, vocab_size=200064),
+    "phi3-longrope": dict(_PHI4, vocab_size=200064),
 }
 REAL_CONFIG = {  # released values where the tiny tests use others
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from fused_families import FAMILIES, family_model
+from fused_families import FAMILIES, LONGROPE_SWITCH, family_model
 
 import overlapdecode as od
 from fused_steps import fused_logits
@@ -87,7 +87,7 @@ def _storage_bytes(model) -> int:
     return sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
 
 
-@pytest.mark.parametrize("name", ["qwen3"])
+@pytest.mark.parametrize("name", ["phi3", "qwen3"])
 @torch.no_grad()
 def test_relayout_keeps_hf_model_and_memory(name):
     """Phi-3's qkv_proj and gate_up_proj are the fused tensors themselves (no copy); Qwen3's projections become
@@ -114,6 +114,8 @@ def test_relayout_keeps_hf_model_and_memory(name):
 PINS = {  # what each family's fused weights must carry
     "qwen3": lambda W: W.layers[0].q_norm.shape == (24,) and W.head_dim == 24,
     "qwen3-sliding": lambda W: [layer.window for layer in W.layers] == [6, None] and W.layers[0].b_qkv is not None,
+    "phi3": lambda W: 2 * W.inv_freq.numel() == 12 and W.long_inv_freq is None,
+    "phi3-longrope": lambda W: W.long_inv_freq is not None and W.rope_switch == LONGROPE_SWITCH,
 }
 
 
@@ -122,6 +124,36 @@ def test_what_each_family_changes_is_read_from_its_modules(name):
     """The fused weights carry each family's changes (pinned here: a model too small to show a dropped change
     would still pass the token tests)."""
     assert PINS[name](fuse_weights(family_model(name)))
+
+
+@pytest.mark.parametrize("case", ["short table", "short prefill, long steps", "long prompt, EOS"])
+def test_longrope_chooses_hugging_faces_table_per_forward(case):
+    """LongRoPE (Phi-3, switch at 6 positions): a call that stays within the switch uses the short table
+    throughout; a prompt whose rows are all left-padded so that its prefill stays within it while the steps pass it
+    uses the short table for the prompt's keys and the long one from the first step on, as Hugging Face's per-forward
+    choice does (its cache is kept: the input is already past the switch); a long prompt, the long table."""
+    model = family_model("phi3-longrope")
+    P, n = {"short table": (3, 4), "short prefill, long steps": (8, 10), "long prompt, EOS": (12, 10)}[case]
+    ids, mask = make_batch(2, seed=7, prompt_len=P)
+    if case == "short prefill, long steps":
+        mask[:, :2] = 0  # positions 0 .. 5 in the prompt: within the switch
+    eos = eos_hit_midway(model, ids, mask, n, [0]) if case.endswith("EOS") else []
+    ref = hf_generate(model, ids, mask, n, eos, 0)
+    out = od.generate(
+        model, ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=eos, pad_token_id=0
+    )
+    assert torch.equal(out, ref)
+
+
+def test_a_call_crossing_the_longrope_switch_is_refused():
+    """Hugging Face recomputes the whole cache with the long table at the forward that crosses the switch; the step
+    does not, so such a call is refused before any work, naming max_new_tokens."""
+    model = family_model("phi3-longrope")
+    ids, mask = make_batch(2, seed=7, prompt_len=3)
+    with pytest.raises(ValueError, match="max_new_tokens: this model's LongRoPE switches .* past 6 positions"):
+        od.generate(model, ids, attention_mask=mask, max_new_tokens=5, strategy="fused")
+    # 3 + 4 = 7 = switch + 1 tokens: no forward's input reaches switch + 1 with a cache of switch or fewer
+    od.generate(model, ids, attention_mask=mask, max_new_tokens=4, strategy="fused")
 
 
 def _config(cls: str, **kw):
