@@ -73,6 +73,18 @@ def family_configs(size: dict | None = None) -> dict:
             "Phi3Config",
             dict(base, rope_parameters=_longrope(base), original_max_position_embeddings=LONGROPE_SWITCH),
         ),
+        "granite": (
+            "GraniteForCausalLM",
+            "GraniteConfig",
+            dict(
+                base,
+                head_dim=D,
+                embedding_multiplier=6.0,
+                attention_multiplier=0.3,
+                residual_multiplier=0.4,
+                logits_scaling=4.0,
+            ),
+        ),
     }
 
 
@@ -88,8 +100,19 @@ REAL_SIZES = {
     "qwen3-sliding": dict(_QWEN3, vocab_size=151936, window=64),
     "phi3": dict(_PHI4, vocab_size=200064),
     "phi3-longrope": dict(_PHI4, vocab_size=200064),
+    "granite": dict(
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        vocab_size=49155,
+    ),
 }
 REAL_CONFIG = {  # released values where the tiny tests use others
+    "granite": dict(
+        embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=8.0
+    ),
 }
 
 
