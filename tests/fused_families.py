@@ -85,6 +85,12 @@ def family_configs(size: dict | None = None) -> dict:
                 logits_scaling=4.0,
             ),
         ),
+        # layer 1 without RoPE
+        "smollm3": (
+            "SmolLM3ForCausalLM",
+            "SmolLM3Config",
+            dict(base, head_dim=D, no_rope_layers=[1, 0] * (base["num_hidden_layers"] // 2)),
+        ),
     }
 
 
@@ -107,6 +113,14 @@ REAL_SIZES = {
         head_dim=64,
         intermediate_size=8192,
         vocab_size=49155,
+    ),
+    "smollm3": dict(
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        intermediate_size=11008,
+        vocab_size=128256,
     ),
 }
 REAL_CONFIG = {  # released values where the tiny tests use others

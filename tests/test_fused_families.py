@@ -117,6 +117,7 @@ PINS = {  # what each family's fused weights must carry
     "phi3": lambda W: 2 * W.inv_freq.numel() == 12 and W.long_inv_freq is None,
     "phi3-longrope": lambda W: W.long_inv_freq is not None and W.rope_switch == LONGROPE_SWITCH,
     "granite": lambda W: (W.embed_scale, W.residual_scale, W.logit_div, W.layers[0].scale) == (6.0, 0.4, 4.0, 0.3),
+    "smollm3": lambda W: [layer.rope for layer in W.layers] == ["global", None],
 }
 
 
