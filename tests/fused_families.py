@@ -91,6 +91,8 @@ def family_configs(size: dict | None = None) -> dict:
             "SmolLM3Config",
             dict(base, head_dim=D, no_rope_layers=[1, 0] * (base["num_hidden_layers"] // 2)),
         ),
+        # norms after each branch and none before, Q/K norms over the whole projections
+        "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(base, head_dim=D)),
     }
 
 
@@ -121,6 +123,14 @@ REAL_SIZES = {
         head_dim=128,
         intermediate_size=11008,
         vocab_size=128256,
+    ),
+    "olmo2": dict(
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        head_dim=128,
+        intermediate_size=8192,
+        vocab_size=100352,
     ),
 }
 REAL_CONFIG = {  # released values where the tiny tests use others

@@ -118,6 +118,12 @@ PINS = {  # what each family's fused weights must carry
     "phi3-longrope": lambda W: W.long_inv_freq is not None and W.rope_switch == LONGROPE_SWITCH,
     "granite": lambda W: (W.embed_scale, W.residual_scale, W.logit_div, W.layers[0].scale) == (6.0, 0.4, 4.0, 0.3),
     "smollm3": lambda W: [layer.rope for layer in W.layers] == ["global", None],
+    "olmo2": lambda W: (
+        W.norm == "rms_f32"
+        and W.layers[0].norm1_w is None
+        and W.layers[0].post_ffn_w is not None
+        and W.layers[0].q_norm.shape == (4 * 24,)
+    ),
 }
 
 
