@@ -38,6 +38,13 @@ def _longrope(base: dict) -> dict:
     )
 
 
+# Gemma 3: its global layers' linear scaling, its local layers' own base frequency
+GEMMA3_ROPE = dict(
+    full_attention=dict(rope_type="linear", factor=8.0, rope_theta=1_000_000.0),
+    sliding_attention=dict(rope_type="default", rope_theta=10_000.0),
+)
+
+
 def family_configs(size: dict | None = None) -> dict:
     """name -> (model class name, config class name, config keywords). `size` replaces SMALL's sizes (the GPU
     test's real shapes); head_dim is then size["head_dim"]."""
@@ -93,6 +100,33 @@ def family_configs(size: dict | None = None) -> dict:
         ),
         # norms after each branch and none before, Q/K norms over the whole projections
         "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(base, head_dim=D)),
+        "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(base, head_dim=D, hidden_activation="gelu_pytorch_tanh")),
+        "gemma2": (
+            "Gemma2ForCausalLM",
+            "Gemma2Config",
+            dict(
+                base,
+                head_dim=D,
+                attn_implementation="eager",  # Hugging Face's attention that soft-caps (its SDPA does not)
+                query_pre_attn_scalar=20,
+                attn_logit_softcapping=3.0,
+                final_logit_softcapping=2.0,
+                sliding_window=window,
+                layer_types=["sliding_attention", "full_attention"] * (base["num_hidden_layers"] // 2),
+            ),
+        ),
+        "gemma3": (
+            "Gemma3ForCausalLM",
+            "Gemma3TextConfig",
+            dict(
+                base,
+                head_dim=D,
+                query_pre_attn_scalar=20,
+                sliding_window=window,
+                layer_types=["sliding_attention", "full_attention"] * (base["num_hidden_layers"] // 2),
+                rope_parameters=GEMMA3_ROPE,
+            ),
+        ),
     }
 
 
@@ -103,6 +137,7 @@ FAMILIES = list(family_configs())
 # sliding windows of 64 (shorter than its calls); Granite with its released multipliers
 _QWEN3 = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072)
 _PHI4 = dict(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, intermediate_size=8192)
+_GEMMA2 = dict(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256, intermediate_size=9216)
 REAL_SIZES = {
     "qwen3": dict(_QWEN3, vocab_size=151936),
     "qwen3-sliding": dict(_QWEN3, vocab_size=151936, window=64),
@@ -132,11 +167,31 @@ REAL_SIZES = {
         intermediate_size=8192,
         vocab_size=100352,
     ),
+    "gemma": dict(
+        hidden_size=2048,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        head_dim=256,
+        intermediate_size=16384,
+        vocab_size=256000,
+    ),
+    "gemma2": dict(_GEMMA2, vocab_size=256000, window=64),
+    "gemma3": dict(
+        hidden_size=1152,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        intermediate_size=6912,
+        vocab_size=262144,
+        window=64,
+    ),
 }
 REAL_CONFIG = {  # released values where the tiny tests use others
     "granite": dict(
         embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=8.0
     ),
+    "gemma2": dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=256),
+    "gemma3": dict(query_pre_attn_scalar=256),
 }
 
 

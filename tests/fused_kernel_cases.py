@@ -837,7 +837,7 @@ def test_whole_step_of_each_family_kernels_vs_reference(name):
         torch.testing.assert_close(a, b, **TOL)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "phi3", "granite", "olmo2"])
+@pytest.mark.parametrize("name", ["qwen3", "phi3", "granite", "olmo2", "gemma2", "gemma3"])
 @torch.no_grad()
 def test_generate_of_each_family_with_the_kernels_equals_the_references(name):
     """Whole calls (left-padded batch of 3, strided state columns, the kernels' NormSums where the family's norms

@@ -111,6 +111,16 @@ def test_relayout_keeps_hf_model_and_memory(name):
     assert all(a.w_qkv.data_ptr() == b.w_qkv.data_ptr() for a, b in zip(W.layers, again.layers))
 
 
+def _gemma2_pins(W):
+    assert (W.attn_softcap, W.logit_softcap, W.layers[0].scale) == (3.0, 2.0, 20**-0.5)
+    assert W.layers[0].post_ffn_w is not None and [layer.window for layer in W.layers] == [6, None]
+
+
+def _gemma3_pins(W):
+    assert [layer.rope for layer in W.layers] == ["local", "global"] and W.layers[0].q_norm.shape == (24,)
+    assert not torch.equal(W.local_inv_freq, W.inv_freq) and W.norm == "rms_offset"
+
+
 PINS = {  # what each family's fused weights must carry
     "qwen3": lambda W: W.layers[0].q_norm.shape == (24,) and W.head_dim == 24,
     "qwen3-sliding": lambda W: [layer.window for layer in W.layers] == [6, None] and W.layers[0].b_qkv is not None,
@@ -124,6 +134,9 @@ PINS = {  # what each family's fused weights must carry
         and W.layers[0].post_ffn_w is not None
         and W.layers[0].q_norm.shape == (4 * 24,)
     ),
+    "gemma": lambda W: W.norm == "rms_offset" and W.act == "gelu_tanh_mul" and W.embed_scale == 8.0,
+    "gemma2": lambda W: _gemma2_pins(W) is None,
+    "gemma3": lambda W: _gemma3_pins(W) is None,
 }
 
 
@@ -164,6 +177,19 @@ def test_a_call_crossing_the_longrope_switch_is_refused():
     od.generate(model, ids, attention_mask=mask, max_new_tokens=4, strategy="fused")
 
 
+def test_gemma2_under_sdpa_follows_hf_which_drops_the_attention_softcap():
+    """transformers before 5.24 runs Gemma 2 on SDPA when asked, and its SDPA attention does not soft-cap the scores:
+    the step then does not either (its tokens are Hugging Face's); 5.24 refuses SDPA for Gemma 2."""
+    try:
+        model = family_model("gemma2", attn_implementation="sdpa")
+    except ValueError as err:
+        pytest.skip(f"this transformers refuses SDPA for Gemma 2 ({str(err)[:60]}...)")
+    assert fuse_weights(model).attn_softcap is None
+    ids, mask = make_batch(2, seed=22)
+    ref = hf_generate(model, ids, mask, N, [], 0)
+    assert torch.equal(od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused"), ref)
+
+
 def _config(cls: str, **kw):
     base = dict(
         vocab_size=100,
@@ -187,6 +213,7 @@ def _config(cls: str, **kw):
             dict(rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=10000.0)),
             "qwen3's 'dynamic' RoPE",
         ),
+        ("GemmaForCausalLM", "GemmaConfig", dict(hidden_activation="gelu", head_dim=16), "gemma's activation 'gelu'"),
         ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(), "got model_type 'qwen3_moe'"),
     ],
 )

@@ -22,7 +22,7 @@ LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 # norms (Qwen3, Gemma 3), fused QKV and gate/up as shipped with partial rotary and LongRoPE (Phi-3), multipliers
 # (Granite), layers without RoPE (SmolLM3), post-norms and whole-projection Q/K norms (OLMo2), Gemma's norms,
 # GeGLU, scaled embeddings, soft-capping and sliding-window layers (Gemma 1/2/3).
-DECODERS = ("qwen3", "phi3", "granite", "smollm3", "olmo2")
+DECODERS = ("qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma", "gemma2", "gemma3_text")
 SUPPORTED = LLAMA_FAMILY + ("gpt2",) + DECODERS
 # Rotary variants whose frequencies do not depend on the sequence length (HF precomputes `inv_freq`).
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -151,8 +151,9 @@ def model_family(model) -> str:
     if model_type == "gpt2":
         return "gpt2"
     raise ValueError(
-        f"model: the fused path supports the Llama family (Llama, Qwen2, Mistral), GPT-2, Qwen3, Phi-3, Granite, SmolLM3 and OLMo2, got model_type "
-        f"{model_type!r} ({type(model).__name__}); use another strategy for it"
+        f"model: the fused path supports the Llama family (Llama, Qwen2, Mistral), GPT-2, Qwen3, Phi-3, Granite, "
+        f"SmolLM3, OLMo2 and Gemma 1/2/3 (text), got model_type {model_type!r} ({type(model).__name__}); use "
+        f"another strategy for it"
     )
 
 
