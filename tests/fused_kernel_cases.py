@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fused_families import FAMILIES, family_model
 
 from overlapdecode.fused import reference
 from overlapdecode.fused.kernels.embed import embed, embed_ref
@@ -618,3 +619,272 @@ def test_16bit_roundings_follow_the_references():
     ref = norm_linear_ref(x, nw, None, 1e-5, lm, None, "none", torch.float32)
     assert logits.dtype == torch.float32 and torch.equal(logits, logits.to(h).float())  # values of the dtype
     assert (logits != ref).float().mean() < 0.05
+
+
+# --- the decoder families' flags (layout.DECODERS) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["q/k norm", "q/k norm (1 + w), no norm, partial rotary", "partial rotary", "q/k norm, partial rotary"],
+)
+@pytest.mark.parametrize("B,programs,swap", [(3, 1, False), (2, 1000, False), (17, 64, None), (3, 1000, True)])
+def test_norm_qkv_with_the_families_flags(variant, B, programs, swap):
+    """Per-head Q/K RMSNorms before RoPE (Qwen3; Gemma 3's (1 + w) with its (1 + w) prologue), no prologue norm,
+    partial rotary (Phi-3: the first R of D dims rotated, R/2 pairs): heads of 24 dims (one program a head with
+    the norms, 12 of 16 lanes live), odd sizes, split-K and not, both tile orientations."""
+    torch.manual_seed(B + programs + len(variant))
+    H, Hq, Hkv, D, S = 40, 4, 2, 24, 9
+    qk = variant.startswith("q/k norm")
+    offset = "(1 + w)" in variant
+    R = 16 if "partial" in variant else D
+    x = rnd(B, H) + 0.3
+    nw = None if "no norm" in variant else rnd(H, scale=0.3) + (0.0 if offset else 1.0)
+    rows = (Hq + 2 * Hkv) * D
+    w, b = rnd(rows, H, scale=H**-0.5), rnd(rows, scale=0.1)
+    inv = 1.0 / (500.0 ** (torch.arange(0, R, 2, device=DEV).float() / R))
+    kw = dict(norm_style="rms_offset" if offset else "rms")
+    if qk:
+        kw.update(q_norm=rnd(D, scale=0.3) + 1, k_norm=rnd(D, scale=0.3) + 1)
+    pos = column(torch.randint(0, 50, (B,), device=DEV))
+    slot = torch.randint(0, S, (B,), device=DEV)
+    caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
+    q_ref = norm_qkv_ref(x, nw, None, 1e-5, w, b, inv, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D, **kw)
+    q = norm_qkv(
+        x,
+        nw,
+        None,
+        1e-5,
+        w,
+        b,
+        inv,
+        0.9,
+        pos,
+        slot,
+        caches[2],
+        caches[3],
+        Hq,
+        Hkv,
+        D,
+        block_k=16,
+        programs=programs,
+        swap=swap,
+        **kw,
+    )
+    torch.testing.assert_close(q, q_ref, **TOL)
+    torch.testing.assert_close(caches[2], caches[0], **TOL)
+    torch.testing.assert_close(caches[3], caches[1], **TOL)
+    plain = norm_qkv_ref(
+        x, nw, None, 1e-5, w, b, None, 0.9, pos, slot, caches[0].clone(), caches[1].clone(), Hq, Hkv, D
+    )
+    assert (q_ref - plain).abs().max() > 1e-2  # the flags change the result
+
+
+@pytest.mark.parametrize("B,swap", [(3, False), (17, None)])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "gelu_tanh_mul",
+        "(1 + w) norm",
+        "float32 norm",
+        "no norm",
+        "logit division",
+        "soft-cap",
+        "(1 + w) head, soft-cap",
+    ],
+)
+def test_norm_linear_with_the_families_flags(variant, B, swap):
+    """Gemma's GeGLU (tanh GELU of the gate times up) and (1 + w) RMSNorm, OLMo2's float32 RMSNorm (its final
+    norm) and no norm (its MLP), the LM head's division by Granite's logits_scaling and Gemma 2's final soft-cap, on
+    odd shapes, both tile orientations. (float32: the two RMSNorm roundings agree; 16-bit below.)"""
+    torch.manual_seed(B + len(variant))
+    K, N = 72, 50
+    x = rnd(B, K) + 0.5
+    offset = "(1 + w)" in variant
+    nw = None if variant == "no norm" else rnd(K, scale=0.3) + (0.0 if offset else 1.0)
+    act = "gelu_tanh_mul" if variant == "gelu_tanh_mul" else ("silu_mul" if "norm" in variant else "none")
+    w = rnd(2 * N if act.endswith("mul") else N, K, scale=K**-0.5)
+    kw = dict(norm_style="rms_offset" if offset else ("rms_f32" if "float32" in variant else "rms"))
+    if variant == "logit division":
+        kw["logit_div"] = 3.0
+    if "soft-cap" in variant:
+        kw["softcap"] = 0.7
+    out_dtype = torch.float32 if act == "none" else None
+    ref = norm_linear_ref(x, nw, None, 1e-5, w, None, act, out_dtype, **kw)
+    got = norm_linear(x, nw, None, 1e-5, w, None, act, out_dtype, block_k=32, swap=swap, **kw)
+    torch.testing.assert_close(got, ref, **TOL)
+    plain = norm_linear_ref(x, rnd(K) * 0 + 1, None, 1e-5, w, None, "silu_mul" if act != "none" else "none", out_dtype)
+    assert (ref - plain).abs().max() > 1e-2  # the flags change the result
+
+
+def test_the_rms_norm_styles_round_as_their_families_in_16_bit():
+    """float16 (bfloat16's stand-in): Llama's RMSNorm rounds the normalised x before its weight, Gemma's and
+    OLMo2's multiply in float32 and round once; the kernels' prologues follow their references exactly (a norm
+    alone: no dot), and the three differ."""
+    torch.manual_seed(2)
+    h = torch.float16
+    B, K = 3, 72
+    x, nw = (rnd(B, K) + 0.5).to(h), (rnd(K, scale=0.3) + 1).to(h)
+    eye = torch.eye(K, device=DEV, dtype=h)  # the norm's output through an identity projection
+    outs = {}
+    for style in ("rms", "rms_offset", "rms_f32"):
+        got = norm_linear(x, nw, None, 1e-5, eye, None, "none", None, block_k=32, norm_style=style)
+        torch.testing.assert_close(
+            got, norm_linear_ref(x, nw, None, 1e-5, eye, None, "none", norm_style=style), atol=0, rtol=0
+        )
+        outs[style] = got
+    assert not torch.equal(outs["rms"], outs["rms_f32"]) and not torch.equal(outs["rms"], outs["rms_offset"])
+
+
+@pytest.mark.parametrize("B,K,N,programs", [(3, 100, 24, 1), (3, 520, 40, 64)])
+@pytest.mark.parametrize("variant", ["residual scale", "branch alone"])
+def test_linear_residual_with_the_families_flags(B, K, N, programs, variant):
+    """Granite's residual_multiplier on the branch before its add, and the branch alone (no residual: a post-norm
+    layer normalises it first), split-K and not."""
+    torch.manual_seed(K + N)
+    x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
+    if variant == "residual scale":
+        ref, got = (
+            f(x, w, None, res, res_scale=0.3)
+            if f is linear_residual_ref
+            else f(x, w, None, res, res_scale=0.3, block_k=32, programs=programs)
+            for f in (linear_residual_ref, linear_residual)
+        )
+        assert (ref - linear_residual_ref(x, w, None, res)).abs().max() > 1e-2
+    else:
+        ref = linear_residual_ref(x, w, None, None)
+        got = linear_residual(x, w, None, None, block_k=32, programs=programs, norm_sums=NormSums(min_rows=1))
+    torch.testing.assert_close(got, ref, **TOL)
+
+
+@pytest.mark.parametrize("B,H,block", [(3, 37, 16), (2, 64, 1024)])
+@pytest.mark.parametrize("style", ["rms", "rms_offset", "rms_f32"])
+def test_norm_residual(B, H, block, style):
+    """residual + RMSNorm(branch), the post-norms of OLMo2 and Gemma 2/3, in each family's rounding."""
+    from overlapdecode.fused.kernels.norm_residual import norm_residual, norm_residual_ref
+
+    torch.manual_seed(B * H)
+    x, res, nw = rnd(B, H) * 3, rnd(B, H), rnd(H, scale=0.3) + 1
+    got = norm_residual(x, nw, 1e-5, res, style, block=block)
+    torch.testing.assert_close(got, norm_residual_ref(x, nw, 1e-5, res, style), **TOL)
+    if style == "rms_offset":
+        assert (norm_residual_ref(x, nw, 1e-5, res, "rms") - got).abs().max() > 1e-2
+
+
+def test_embed_scale():
+    """The embedding times the model's scale (Granite's embedding_multiplier, Gemma's sqrt(hidden)), and the
+    RMSNorm sums of the scaled rows."""
+    torch.manual_seed(4)
+    B, H, V = 3, 37, 11
+    wte = rnd(V, H)
+    ids = column(torch.randint(0, V, (B,), device=DEV), at=0)
+    pos = column(torch.randint(0, 5, (B,), device=DEV))
+    pad = torch.randint(0, 3, (B,), device=DEV)
+    sums = NormSums(min_rows=1)
+    got = embed(wte, None, ids, pos, pad, scale=6.0, block=16, norm_sums=sums)
+    ref = embed_ref(wte, None, ids, pos, pad, scale=6.0)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, atol=0, rtol=0)
+    assert torch.equal(got[0], wte[ids] * 6.0)
+    hf = torch.nn.functional.pad(got[0], (0, 3 * 16 - H)).view(B, 3, 16)
+    torch.testing.assert_close(sums.of(got[0]), (hf * hf).sum(-1).T, **TOL)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_attention_softcap_and_window_start(splits):
+    """Gemma 2's soft-capped scores, and a sliding window as a later first slot (reference.window_start): the
+    kernel against the reference, one piece and three."""
+    from overlapdecode.fused.kernels.decode_attention import decode_attention, decode_attention_ref
+
+    torch.manual_seed(splits)
+    B, Hq, Hkv, S, D = 3, 4, 2, 40, 24
+    q, k, v = rnd(B, Hq, D) * 2, rnd(B, Hkv, S, D) * 2, rnd(B, Hkv, S, D)
+    pad = torch.tensor([0, 3, 1], device=DEV)
+    length = torch.tensor([30, 40, 9], device=DEV)
+    start = reference.window_start(pad, length, 6)
+    assert start.tolist() == [24, 34, 3]
+    for cap in (None, 0.8):
+        got = decode_attention(q, k, v, start, length, 0.3, num_splits=splits, softcap=cap)
+        torch.testing.assert_close(got, decode_attention_ref(q, k, v, start, length, 0.3, softcap=cap), **TOL)
+        torch.testing.assert_close(
+            got, reference.decode_attention_torch(q, k, v, start, length, 0.3, softcap=cap), **TOL
+        )
+    capped = decode_attention_ref(q, k, v, start, length, 0.3, softcap=0.8)
+    assert (capped - decode_attention_ref(q, k, v, start, length, 0.3)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@torch.no_grad()
+def test_whole_step_of_each_family_kernels_vs_reference(name):
+    """Each family's decode step made of the kernels (with its flags) equals the one made of their references,
+    cache writes included, at two rows with left padding and positions past its sliding windows."""
+    model = family_model(name, device=DEV)
+    fm = FusedModel(model, kernels="triton", compile_prefill=False)
+    B, S = 2, 16
+    ids = column(torch.tensor([5, 17], device=DEV), at=0)
+    pos = column(torch.tensor([11, 8], device=DEV))
+    results = []
+    for ops in (REFERENCE_OPS, fm.ops):
+        cache = fm.cache_for(B, S)
+        torch.manual_seed(0)
+        for t in cache.k + cache.v:
+            t.copy_(torch.randn_like(t))
+        cache.pad.copy_(torch.tensor([1, 4], device=DEV))
+        logits = reference.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
+        results.append((logits, [t.clone() for t in cache.k + cache.v]))
+    torch.testing.assert_close(results[1][0], results[0][0], **TOL)
+    for a, b in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "phi3", "granite", "olmo2", "gemma2", "gemma3"])
+@torch.no_grad()
+def test_generate_of_each_family_with_the_kernels_equals_the_references(name):
+    """Whole calls (left-padded batch of 3, strided state columns, the kernels' NormSums where the family's norms
+    take them): the kernels' tokens are their references' and the cache holds the same keys and values."""
+    import overlapdecode as od
+
+    model = family_model(name, device=DEV)
+    torch.manual_seed(0)
+    ids = torch.randint(3, 900, (3, 7), device=DEV)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    outs, kv = [], []
+    for kernels in ("torch", "triton"):
+        dec = od.Decoder(model, fused_options=dict(kernels=kernels, compile_prefill=False))
+        outs.append(
+            dec.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=8,
+                eos_token_id=[],
+                strategy=od.Strategy(cache="fused", stop_check="pingpong"),
+            )
+        )
+        (cache,) = dec.fused_model()._caches.values()
+        kv.append(torch.stack(cache.k + cache.v))
+    assert torch.equal(outs[1], outs[0])
+    torch.testing.assert_close(kv[1], kv[0], **TOL)
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,D,block", [(3, 4, 2, 24, 16), (2, 3, 1, 16, 1024)])
+@pytest.mark.parametrize("rope", [True, False])
+def test_qk_norm_rope(B, Hq, Hkv, D, block, rope):
+    """OLMo2's Q/K RMSNorms over the whole projections, then RoPE: Q returned, each row's K rewritten at its slot
+    and nothing else of the cache touched."""
+    from overlapdecode.fused.kernels.norm_qkv import qk_norm_rope, qk_norm_rope_ref
+
+    torch.manual_seed(B + D)
+    S = 7
+    q = rnd(B, Hq, D) * 2
+    caches = [rnd(B, Hkv, S, D)]
+    caches.append(caches[0].clone())
+    qn, kn = rnd(Hq * D, scale=0.3) + 1, rnd(Hkv * D, scale=0.3) + 1
+    inv = 1.0 / (500.0 ** (torch.arange(0, D, 2, device=DEV).float() / D)) if rope else None
+    pos = column(torch.randint(0, 50, (B,), device=DEV))
+    slot = column(torch.randint(0, S, (B,), device=DEV), at=2)
+    ref = qk_norm_rope_ref(q.clone(), caches[0], slot, qn, kn, 1e-5, inv, 0.9, pos, "rms_f32")
+    got = qk_norm_rope(q.clone(), caches[1], slot, qn, kn, 1e-5, inv, 0.9, pos, block=block)
+    torch.testing.assert_close(got, ref, **TOL)
+    torch.testing.assert_close(caches[1], caches[0], **TOL)
+    assert (ref - q).abs().max() > 1e-2

@@ -50,7 +50,7 @@ CASES = {
             "ss_ptr": "*fp32",
             **{n: "i32" for n in ("B", "V", "H", "ids_stride", "pos_stride", "pad_stride")},
         },
-        dict(HAS_POS=False, SUMS=True, BLOCK=1024),
+        dict(HAS_POS=False, SUMS=True, BLOCK=1024, SCALE=None),
     ),
     "norm_qkv": (
         _norm_qkv_kernel,
@@ -79,6 +79,11 @@ CASES = {
             BLOCK_K=256,
             NB_PAD=64,
             SWAP=False,
+            qn_ptr=None,
+            kn_ptr=None,
+            QK_NORM=False,
+            NORM_OFFSET=False,
+            ROT=64,
         ),
     ),
     "attention": (
@@ -106,6 +111,7 @@ CASES = {
             SPLIT_PAD=8,
             DIRECT=False,
             IEEE=False,
+            SOFTCAP=None,
         ),
     ),
     "linear_residual": (
@@ -118,7 +124,19 @@ CASES = {
             "B": "i32",
             "N": "i32",
         },
-        dict(K=8192, K_CHUNK=2048, SPLIT=4, HAS_BIAS=False, SUMS=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SWAP=False),
+        dict(
+            K=8192,
+            K_CHUNK=2048,
+            SPLIT=4,
+            HAS_BIAS=False,
+            SUMS=True,
+            BLOCK_M=16,
+            BLOCK_N=32,
+            BLOCK_K=128,
+            SWAP=False,
+            HAS_RES=True,
+            RES_SCALE=None,
+        ),
     ),
     "norm_linear": (
         _norm_linear_kernel,
@@ -145,6 +163,8 @@ CASES = {
             BLOCK_K=256,
             NB_PAD=64,
             SWAP=False,
+            LOGIT_DIV=None,
+            SOFTCAP=None,
         ),
     ),
     "greedy": (
@@ -224,7 +244,7 @@ SWAPPED = {
     "gate/up": ("norm_linear", 8192, 2048, 2, dict(ACT=2)),
     "down": ("linear_residual", 2048, 8192, 1, {}),
     "head": ("norm_linear", 128256, 2048, 1, dict(ACT=0, ROUND_OUT=False)),
-    "8b qkv": ("norm_qkv", 3072, 4096, 2, dict(D=128)),
+    "8b qkv": ("norm_qkv", 3072, 4096, 2, dict(D=128, ROT=128)),
     "8b down": ("linear_residual", 4096, 14336, 1, {}),
 }
 
@@ -270,3 +290,108 @@ def test_swapped_tiles_compile_to_warpgroup_mmas_without_spills(name, rows):
     text = ptx(kernel, types, constants, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
     assert "wgmma.mma_async" in text
     assert spill_bytes(text) <= 128
+
+
+# the decoder families' flags (layout.DECODERS), each on the Llama-1B case of its kernel: Qwen3's per-head Q/K
+# norms, Gemma 3's with (1 + w) norms, Phi-4-mini's partial rotary (96 of 128 dims), OLMo2's missing prologue norm,
+# Gemma's GeGLU, Granite's logit division and residual multiplier, Gemma 2's soft-caps, the branch without its
+# residual, the scaled embedding
+FAMILY_FLAGS = {
+    "qwen3 q/k norm": ("norm_qkv", dict(QK_NORM=True), {"qn_ptr": "*bf16", "kn_ptr": "*bf16"}),
+    "gemma3 q/k norm": (
+        "norm_qkv",
+        dict(QK_NORM=True, NORM_OFFSET=True, LAYER=2),
+        {"qn_ptr": "*bf16", "kn_ptr": "*bf16"},
+    ),
+    "phi4 partial rotary": ("norm_qkv", dict(D=128, ROT=96, HALF=32), {}),
+    "no prologue norm": ("norm_qkv", dict(LAYER=3, NB_PAD=0), {}),
+    "gemma GeGLU": ("norm_linear", dict(ACT=3, LAYER=2), {}),
+    "granite head": ("norm_linear", dict(ACT=0, ROUND_OUT=False, LOGIT_DIV=8.0), {}),
+    "gemma2 head": ("norm_linear", dict(ACT=0, ROUND_OUT=False, SOFTCAP=30.0, LAYER=2), {}),
+    "granite residual": ("linear_residual", dict(RES_SCALE=0.22), {}),
+    "branch alone": ("linear_residual", dict(HAS_RES=False, SUMS=False), {}),
+    "gemma2 attention": ("attention", dict(SOFTCAP=50.0), {}),
+    "scaled embedding": ("embed", dict(SCALE=45.25), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_FLAGS))
+def test_the_families_flags_compile_for_sm90(name):
+    """Each family flag compiles for sm_90 (bfloat16, PDL LATE); the per-head Q/K norm with its head-sized tile."""
+    fn, flags, types = FAMILY_FLAGS[name]
+    kernel, base_types, constants = CASES[fn]
+    constants = dict(constants, PDL=3, **flags)
+    if flags.get("QK_NORM"):
+        constants.pop("qn_ptr", None), constants.pop("kn_ptr", None)
+    text = ptx(kernel, dict(base_types, **types), constants)
+    assert "griddepcontrol.wait" in text
+
+
+def test_the_post_norm_kernel_compiles_for_sm90():
+    from overlapdecode.fused.kernels.norm_residual import _norm_residual_kernel
+
+    types = {**bf16("x_ptr", "w_ptr", "res_ptr", "out_ptr"), "H": "i32", "eps": "fp32"}
+    for style in (0, 1, 2):
+        assert "griddepcontrol.wait" in ptx(_norm_residual_kernel, types, dict(STYLE=style, BLOCK=1024, PDL=3))
+
+
+@pytest.mark.parametrize("D", [128, 256])
+@pytest.mark.parametrize("dtype", ["*fp32", "*bf16"])
+def test_per_head_qk_norm_tiles_fit_in_shared_memory(D, dtype):
+    """With per-head Q/K norms a program owns a whole head (HALF = D/2: 64 at Qwen3's 128, 128 at Gemma 3's 256);
+    norm_qkv then shrinks its K tiles so that the weight tiles keep the default's size: the shared memory of the
+    compiled kernel stays within an H200's 227 KB per program, float32 included."""
+    import torch
+
+    from overlapdecode.fused.kernels import norm_qkv as nq
+
+    seen = {}
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.update(kw)
+
+            return launch
+
+    H, B = 2048, 2
+    tdt = torch.float32 if dtype == "*fp32" else torch.bfloat16
+    x, w = torch.zeros(B, H, dtype=tdt), torch.zeros(4 * D, H, dtype=tdt)
+    cache = torch.zeros(B, 1, 8, D, dtype=tdt)
+    pos = torch.zeros(B, dtype=torch.long)
+    real, nq._norm_qkv_kernel = nq._norm_qkv_kernel, Spy()
+    try:
+        nq.norm_qkv(
+            x,
+            torch.ones(H, dtype=tdt),
+            None,
+            1e-6,
+            w,
+            None,
+            None,
+            1.0,
+            pos,
+            pos,
+            cache,
+            cache,
+            2,
+            1,
+            D,
+            q_norm=torch.ones(D, dtype=tdt),
+            k_norm=torch.ones(D, dtype=tdt),
+        )
+    finally:
+        nq._norm_qkv_kernel = real
+    assert seen["HALF"] == D // 2 and seen["QK_NORM"]
+    kernel, types, constants = CASES["norm_qkv"]
+    types = {k: (dtype if v == "*bf16" else v) for k, v in types.items()}
+    types.update(qn_ptr=dtype, kn_ptr=dtype)
+    constants = {k: v for k, v in constants.items() if k not in ("qn_ptr", "kn_ptr")}
+    constants.update(PDL=3, QK_NORM=True, D=D, ROT=D, HALF=seen["HALF"], BLOCK_K=seen["BLOCK_K"], SPLIT=1, K_CHUNK=2048)
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    compiled = triton.compile(
+        ASTSource(fn=kernel, signature=signature, constexprs=constants),
+        target=SM90,
+        options=dict(num_warps=seen["num_warps"], num_stages=seen["num_stages"]),
+    )
+    assert compiled.metadata.shared <= 227 * 1024

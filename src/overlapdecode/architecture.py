@@ -439,7 +439,8 @@ def refusal(model, strategy) -> str | None:
             f"not apply; set them to None (model.generation_config.<name> = None) to decode without them"
         )
     if strategy.cache in ("none", "fused"):
-        return None  # no cache to hand over; the fused path checks its families itself (fused/layout.py)
+        return None  # no cache to hand over; the fused path checks its families itself (fused/layout.py: SUPPORTED,
+        # and what each family's modules and config ask of its step)
     if arch.cache_keyword != "past_key_values":
         took = f"takes its cache as `{arch.cache_keyword}`" if arch.cache_keyword else "takes no cache"
         return f"{arch.name}'s forward {took}, not `past_key_values`, so a cache of ours would never be read"

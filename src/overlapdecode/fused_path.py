@@ -81,6 +81,7 @@ class FusedPath:
             req.attention_mask,
             caches.static_cache_len(P, N),
             caches.position_ids_for_prompt(req.attention_mask),
+            max_new_tokens=N,
         )
         if not strat.compile:
             out = new_output(B, P + N, req.input_ids, inputs.device)

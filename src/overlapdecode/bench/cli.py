@@ -318,14 +318,15 @@ def default_strategies(model: str, config, cuda: bool) -> tuple[str, ...]:
 
 
 def _fused_applies(model: str, config) -> bool:
-    """Whether the fused path takes this model: its family (Llama, Qwen2, Mistral, GPT-2) and no sliding-window
-    layers, read from the config alone (the other checks need the weights; they refuse very few models)."""
+    """Whether the fused path takes this model: its family (fused/layout.py SUPPORTED) and, for the Llama family,
+    no sliding-window layers, read from the config alone (the other checks need the weights; they refuse very few
+    models)."""
     from types import SimpleNamespace
 
     from ..models import embedded_config  # torch: imported when a command runs, not for --help
 
     try:
-        from ..fused.layout import model_family  # Triton: imported only where fused may be measured
+        from ..fused.layout import LLAMA_FAMILY, model_family  # Triton: imported only where fused may be measured
     except ImportError:
         return False
     config = embedded_config(model) if config is None else config
@@ -333,6 +334,8 @@ def _fused_applies(model: str, config) -> bool:
         model_family(SimpleNamespace(config=config))
     except ValueError:
         return False
+    if getattr(config, "model_type", None) not in LLAMA_FAMILY:
+        return True  # the other families' sliding layers are the step's own (layout.LayerWeights.window)
     return "sliding_attention" not in (getattr(config, "layer_types", None) or [])
 
 

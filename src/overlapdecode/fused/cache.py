@@ -49,13 +49,23 @@ class FusedKV:
     prefill derives the padding); later steps pass only the cache: the token and its position come from
     the loop's device state."""
 
-    def __init__(self, fused_model, input_ids, attention_mask, cache_len: int, position_ids):
+    def __init__(self, fused_model, input_ids, attention_mask, cache_len: int, position_ids, max_new_tokens=None):
         B, P = input_ids.shape
         window = fused_model.weights.sliding_window
         if window is not None and cache_len > window:
             raise ValueError(
                 f"max_new_tokens: the fused path attends to the whole sequence, but this Mistral model has a "
                 f"sliding window of {window} tokens and the call may reach {cache_len}; use a shorter call"
+            )
+        switch = fused_model.weights.rope_switch
+        if switch is not None and max_new_tokens is not None and P <= switch and P + max_new_tokens >= switch + 2:
+            # Hugging Face's Phi-3 drops its cache at the forward whose input reaches switch + 1 tokens and runs the
+            # whole sequence again with the long table (prepare_inputs_for_generation); the step keeps its cache
+            raise ValueError(
+                f"max_new_tokens: this model's LongRoPE switches from its short to its long table past {switch} "
+                f"positions, where Hugging Face recomputes the whole cache with the long one, which the fused path "
+                f"does not; this call ({P} prompt + {max_new_tokens} new tokens) would cross it: keep prompt + "
+                f"max_new_tokens within {switch + 1}, start with a prompt longer than {switch}, or use another strategy"
             )
         self.model = fused_model  # what the loop calls instead of the Hugging Face model
         # the call's length rounded up (nearby calls share a cache and its graphs), but never past the model's

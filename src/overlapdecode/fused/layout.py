@@ -15,35 +15,49 @@ import torch.distributed as dist
 from torch import nn
 
 from ..tp import RowReduce, VocabShard, row_reduce_of
+from ..tp.shard import is_sharded
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
-SUPPORTED = LLAMA_FAMILY + ("gpt2",)
+# Decoders of the Llama family's shape that change some part of its layer (fused by _fuse_decoder): per-head Q/K
+# norms (Qwen3, Gemma 3), fused QKV and gate/up as shipped with partial rotary and LongRoPE (Phi-3), multipliers
+# (Granite), layers without RoPE (SmolLM3), post-norms and whole-projection Q/K norms (OLMo2), Gemma's norms,
+# GeGLU, scaled embeddings, soft-capping and sliding-window layers (Gemma 1/2/3).
+DECODERS = ("qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma", "gemma2", "gemma3_text")
+SUPPORTED = LLAMA_FAMILY + ("gpt2",) + DECODERS
 # Rotary variants whose frequencies do not depend on the sequence length (HF precomputes `inv_freq`).
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+_TANH_GELU = ("gelu_pytorch_tanh", "gelu_new")
 
 
 @dataclass
 class LayerWeights:
-    """One decoder layer. Matrices are (out, in) row-major; a `*_b` is None where the model has no bias."""
+    """One decoder layer. Matrices are (out, in) row-major; a `*_b` is None where the model has no bias; a norm
+    weight None where the layer has no such norm."""
 
-    norm1_w: torch.Tensor
+    norm1_w: torch.Tensor | None  # None: no norm before attention (OLMo2)
     norm1_b: torch.Tensor | None
     w_qkv: torch.Tensor  # (Hq*D + 2*Hkv*D, H): Q rows, then K rows, then V rows
     b_qkv: torch.Tensor | None
     w_o: torch.Tensor  # (H, Hq*D)
     b_o: torch.Tensor | None
-    norm2_w: torch.Tensor
+    norm2_w: torch.Tensor | None  # None: no norm before the MLP (OLMo2)
     norm2_b: torch.Tensor | None
     w_up: torch.Tensor  # Llama family: (2I, H), gate rows then up rows; GPT-2: (4H, H)
     b_up: torch.Tensor | None
     w_down: torch.Tensor  # (H, I)
     b_down: torch.Tensor | None
     scale: float  # attention score scale
+    q_norm: torch.Tensor | None = None  # RMSNorm of Q before RoPE: (D,) per head (Qwen3, Gemma 3), (Hq*D,) OLMo2's
+    k_norm: torch.Tensor | None = None  # of K: (D,) or (Hkv*D,)
+    post_attn_w: torch.Tensor | None = None  # RMSNorm of the attention branch before its add (OLMo2, Gemma 2/3)
+    post_ffn_w: torch.Tensor | None = None  # of the MLP branch
+    rope: str | None = "global"  # the rotary table: "global" (FusedWeights.inv_freq), "local", None (no RoPE)
+    window: int | None = None  # sliding window: keys at slots > the query's slot - window
 
 
 @dataclass
 class FusedWeights:
-    family: str  # "llama" (Llama, Qwen2, Mistral) or "gpt2"
+    family: str  # "llama" (Llama, Qwen2, Mistral and the DECODERS) or "gpt2"
     layers: list[LayerWeights]
     embed: torch.Tensor  # (V, H)
     pos_embed: torch.Tensor | None  # (max positions, H), GPT-2's learned positions
@@ -54,13 +68,23 @@ class FusedWeights:
     n_kv_heads: int
     head_dim: int
     eps: float
-    norm: str  # "rms" or "layer"
-    act: str  # "silu_mul" (gate/up) or "gelu_tanh"
-    inv_freq: torch.Tensor | None  # (D/2,) float32, None without RoPE
+    norm: str  # "rms", "layer", "rms_offset" (Gemma: (1 + w)) or "rms_f32" (OLMo2: w times the float32 x)
+    act: str  # "silu_mul" (gate/up), "gelu_tanh" or "gelu_tanh_mul" (Gemma's GeGLU)
+    inv_freq: torch.Tensor | None  # (R/2,) float32 (R: the rotary dims, D or fewer), None without RoPE
     rope_scale: float  # HF's attention_scaling, multiplies cos and sin
-    sliding_window: int | None
+    sliding_window: int | None  # Mistral's model-wide window (FusedKV refuses a call longer than it)
     tp: RowReduce | None = None  # a tensor-parallel shard (tp.py): w_o and w_down are row-parallel
     vocab: VocabShard | None = None  # under tp: lm_head holds this rank's rows; the step gathers the logits
+    model_type: str = ""
+    local_inv_freq: torch.Tensor | None = None  # Gemma 3's local layers' table (their own base frequency)
+    local_rope_scale: float = 1.0
+    long_inv_freq: torch.Tensor | None = None  # LongRoPE's long table, used where a forward passes rope_switch
+    rope_switch: int | None = None  # LongRoPE: original_max_position_embeddings
+    embed_scale: float | None = None  # Granite's embedding_multiplier; Gemma's sqrt(hidden) in the model dtype
+    residual_scale: float | None = None  # Granite's residual_multiplier, on each branch before its add
+    logit_div: float | None = None  # Granite's logits_scaling, dividing the logits
+    logit_softcap: float | None = None  # Gemma 2's final_logit_softcapping
+    attn_softcap: float | None = None  # Gemma 2's attn_logit_softcapping
 
     @property
     def hidden(self) -> int:
@@ -69,21 +93,67 @@ class FusedWeights:
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the fused step reads (for static-address marking and memory accounting)."""
         out = [self.embed, self.pos_embed, self.norm_w, self.norm_b, self.lm_head, self.inv_freq]
+        out += [self.local_inv_freq, self.long_inv_freq]
         for layer in self.layers:
             out += [v for v in vars(layer).values() if isinstance(v, torch.Tensor)]
         return [t for t in out if t is not None]
+
+    def extras(self) -> list[str]:
+        """What this model asks of the step beyond the Llama family's and GPT-2's layer (empty for those)."""
+        found = [
+            name
+            for name in ("local_inv_freq", "long_inv_freq", "embed_scale", "residual_scale", "logit_div")
+            + ("logit_softcap", "attn_softcap")
+            if getattr(self, name) is not None
+        ]
+        if self.norm not in ("rms", "layer"):
+            found.append(f"norm={self.norm}")
+        if self.act not in ("silu_mul", "gelu_tanh"):
+            found.append(f"act={self.act}")
+        if self.inv_freq is not None and 2 * self.inv_freq.numel() != self.head_dim:
+            found.append("partial rotary")
+        per_layer = {
+            "q/k norm": lambda layer: layer.q_norm is not None,
+            "post-norms": lambda layer: layer.post_attn_w is not None,
+            "no pre-norm": lambda layer: layer.norm1_w is None,
+            "sliding-window layers": lambda layer: layer.window is not None,
+            "per-layer RoPE": lambda layer: layer.rope != "global",
+        }
+        found += [name for name, has in per_layer.items() if any(has(layer) for layer in self.layers)]
+        return found
+
+    def qkv_options(self, layer: LayerWeights) -> dict:
+        """norm_qkv's keywords beyond the Llama family's for `layer` (none for those)."""
+        out = dict(self.norm_options())
+        if layer.q_norm is not None and layer.q_norm.numel() == self.head_dim:  # per head, in the kernel
+            out.update(q_norm=layer.q_norm, k_norm=layer.k_norm)
+        return out
+
+    def norm_options(self) -> dict:
+        """The norm kernels' keywords beyond the Llama family's: Gemma's and OLMo2's RMSNorm roundings."""
+        return dict(norm_style=self.norm) if self.norm in ("rms_offset", "rms_f32") else {}
+
+    def head_options(self) -> dict:
+        """The LM head's keywords beyond the Llama family's: its norm, Granite's division, Gemma 2's soft-cap."""
+        out = dict(self.norm_options())
+        if self.logit_div is not None:
+            out["logit_div"] = self.logit_div
+        if self.logit_softcap is not None:
+            out["softcap"] = self.logit_softcap
+        return out
 
 
 def model_family(model) -> str:
     """ "llama" or "gpt2", or a ValueError naming the supported families."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type in LLAMA_FAMILY:
+    if model_type in LLAMA_FAMILY or model_type in DECODERS:
         return "llama"
     if model_type == "gpt2":
         return "gpt2"
     raise ValueError(
-        f"model: the fused path supports the Llama family (Llama, Qwen2, Mistral) and GPT-2, got model_type "
-        f"{model_type!r} ({type(model).__name__}); use another strategy for it"
+        f"model: the fused path supports the Llama family (Llama, Qwen2, Mistral), GPT-2, Qwen3, Phi-3, Granite, "
+        f"SmolLM3, OLMo2 and Gemma 1/2/3 (text), got model_type {model_type!r} ({type(model).__name__}); use "
+        f"another strategy for it"
     )
 
 
@@ -92,7 +162,11 @@ def fuse_weights(model) -> FusedWeights:
     family = model_family(model)
     # not inference tensors, even under inference_mode: they become the Hugging Face model's parameters
     with torch.inference_mode(False), torch.no_grad():
-        return _fuse_llama(model) if family == "llama" else _fuse_gpt2(model)
+        if family == "gpt2":
+            return _fuse_gpt2(model)
+        if model.config.model_type in LLAMA_FAMILY:
+            return _fuse_llama(model)
+        return _fuse_decoder(model)
 
 
 def shard_vocab(W: FusedWeights) -> None:
@@ -265,4 +339,226 @@ def _fuse_gpt2(model) -> FusedWeights:
         rope_scale=1.0,
         sliding_window=None,
         tp=row_reduce_of(tr.h[0].attn.c_proj),
+    )
+
+
+# --- the decoders of the Llama family's shape with their own changes (DECODERS) -----------------------------
+
+
+def _refuse(cfg, what: str):
+    raise ValueError(f"model: the fused path does not support {cfg.model_type}'s {what}; use another strategy for it")
+
+
+def _module_eps(norm, eps: float, cfg, name: str) -> None:
+    """A norm module's epsilon must be the model's (the kernels take one), else a ValueError naming it."""
+    got = getattr(norm, "variance_epsilon", getattr(norm, "eps", eps))
+    if float(got) != eps:
+        _refuse(cfg, f"{name} epsilon {got} (the other norms have {eps})")
+
+
+def _rope_tables(model, cfg) -> dict:
+    """The model's rotary tables as FusedWeights fields: inv_freq and rope_scale, Gemma 3's local table, LongRoPE's
+    long table and switch; a ValueError for a rotary the step cannot reproduce."""
+    rotary = model.model.rotary_emb
+    out = {}
+    layer_types = getattr(cfg, "layer_types", None)
+    if hasattr(rotary, "full_attention_inv_freq"):  # Gemma 3: a table per layer type
+        kinds = sorted(set(layer_types))
+        if not set(kinds) <= {"full_attention", "sliding_attention"}:
+            _refuse(cfg, f"layer types {kinds}")
+        for kind in kinds:
+            if rotary.rope_type[kind] not in _STATIC_ROPE:
+                _refuse(cfg, f"{rotary.rope_type[kind]!r} RoPE of its {kind} layers")
+        out.update(
+            inv_freq=rotary.full_attention_inv_freq.detach().float(),
+            rope_scale=float(rotary.full_attention_attention_scaling),
+        )
+        if "sliding_attention" in kinds:
+            out.update(
+                local_inv_freq=rotary.sliding_attention_inv_freq.detach().float(),
+                local_rope_scale=float(rotary.sliding_attention_attention_scaling),
+            )
+        return out
+    rope_type = getattr(rotary, "rope_type", "default")
+    if rope_type == "longrope":
+        return _longrope_tables(rotary, cfg)
+    if rope_type not in _STATIC_ROPE:
+        _refuse(cfg, f"{rope_type!r} RoPE (the fused path supports {', '.join(_STATIC_ROPE)} and longrope)")
+    return dict(inv_freq=rotary.inv_freq.detach().float(), rope_scale=float(rotary.attention_scaling))
+
+
+def _longrope_tables(rotary, cfg) -> dict:
+    """LongRoPE (Phi-3): Hugging Face uses its short table while a forward's largest position + 1 stays within
+    original_max_position_embeddings and its long one past it, per forward; the step chooses the same way on the
+    device (reference.step_ropes). The short table is the one the module was made with (`original_inv_freq`: its
+    `inv_freq` buffer may hold the long one after a long forward)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    switch = params.get("original_max_position_embeddings", getattr(cfg, "original_max_position_embeddings", None))
+    if switch is None:
+        _refuse(cfg, "LongRoPE without original_max_position_embeddings")
+    short = rotary.original_inv_freq.detach().float()
+    long, scale = ROPE_INIT_FUNCTIONS["longrope"](cfg, short.device, seq_len=int(switch) + 1)
+    if float(scale) != float(rotary.attention_scaling):
+        _refuse(cfg, f"LongRoPE attention factors ({scale} long, {rotary.attention_scaling} short)")
+    return dict(
+        inv_freq=short,
+        rope_scale=float(rotary.attention_scaling),
+        long_inv_freq=long.to(short.device).float(),
+        rope_switch=int(switch),
+    )
+
+
+def _applied_softcap(cfg, cap: float) -> float | None:
+    """The attention soft-cap as Hugging Face's attention implementation applies it: its eager, flex and flash
+    attention apply it; its SDPA attention does not (transformers before 5.24 ran Gemma 2 on SDPA and dropped the
+    cap there; later versions refuse the pair), so neither does the step; another implementation is refused."""
+    impl = getattr(cfg, "_attn_implementation", None) or "eager"
+    if impl == "sdpa":
+        return None
+    if impl in ("eager", "flex_attention") or impl.startswith("flash"):
+        return cap
+    _refuse(cfg, f"attention soft-capping under attn_implementation={impl!r}")
+
+
+def _fuse_decoder(model) -> FusedWeights:
+    """The DECODERS: the Llama family's layer with what each changes, read from its modules and config; anything
+    the step does not implement is a ValueError naming it."""
+    cfg = model.config
+    mt = cfg.model_type
+    gemma = mt.startswith("gemma")
+    inner = model.model
+    if is_sharded(model):
+        _refuse(cfg, "tensor-parallel shards (the fused path shards the Llama family and GPT-2 only)")
+    if gemma:
+        act_name = getattr(cfg, "hidden_activation", None) or cfg.hidden_act
+        if act_name not in _TANH_GELU:
+            _refuse(cfg, f"activation {act_name!r} (GeGLU with the tanh GELU is supported)")
+        act = "gelu_tanh_mul"
+    else:
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            _refuse(cfg, f"hidden_act={cfg.hidden_act!r} (the SiLU MLP is supported)")
+        act = "silu_mul"
+    norm = "rms_offset" if gemma else ("rms_f32" if mt == "olmo2" else "rms")
+    eps = float(cfg.rms_norm_eps)
+    first = inner.layers[0].self_attn
+    head_dim = first.head_dim
+    ropes = _rope_tables(model, cfg)
+    layer_types = list(getattr(cfg, "layer_types", None) or [])
+    unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        _refuse(cfg, f"layer types {unknown}")
+    if getattr(cfg, "attention_chunk_size", None):
+        _refuse(cfg, "chunked attention")
+    layers = []
+    for i, block in enumerate(inner.layers):
+        attn, mlp = block.self_attn, block.mlp
+        if hasattr(attn, "qkv_proj"):  # Phi-3: fused as shipped (a view, no copy)
+            w_qkv, b_qkv = attn.qkv_proj.weight.detach(), _bias(attn.qkv_proj)
+        else:
+            projs = [attn.q_proj, attn.k_proj, attn.v_proj]
+            w_qkv = _fuse_rows([(p, "weight") for p in projs])
+            b_qkv = _fuse_rows([(p, "bias") for p in projs])
+        if hasattr(mlp, "gate_up_proj"):  # Phi-3: gate rows then up rows, as shipped
+            w_up, b_up = mlp.gate_up_proj.weight.detach(), _bias(mlp.gate_up_proj)
+        else:
+            w_up = _fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")])
+            b_up = _fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")])
+        if gemma and hasattr(block, "pre_feedforward_layernorm"):  # Gemma 2/3: four norms a layer
+            norm1, norm2 = block.input_layernorm, block.pre_feedforward_layernorm
+            post_attn, post_ffn = block.post_attention_layernorm, block.post_feedforward_layernorm
+        elif mt == "olmo2":  # norms after each branch, none before
+            norm1, norm2 = None, None
+            post_attn, post_ffn = block.post_attention_layernorm, block.post_feedforward_layernorm
+        else:
+            norm1, norm2, post_attn, post_ffn = block.input_layernorm, block.post_attention_layernorm, None, None
+        norms = (
+            ("input norm", norm1),
+            ("MLP norm", norm2),
+            ("post-attention norm", post_attn),
+            ("post-MLP norm", post_ffn),
+        )
+        for name, module in norms:
+            if module is not None:
+                _module_eps(module, eps, cfg, name)
+        q_norm = getattr(attn, "q_norm", None)
+        if q_norm is not None:
+            whole = (cfg.num_attention_heads * head_dim,) if mt == "olmo2" else (head_dim,)
+            if tuple(q_norm.weight.shape) != whole:
+                _refuse(cfg, f"q_norm over {tuple(q_norm.weight.shape)} (the fused path's is over {whole})")
+            _module_eps(q_norm, eps, cfg, "q_norm")
+            if mt == "olmo2" and 2 * ropes["inv_freq"].numel() != head_dim:
+                _refuse(cfg, "partial rotary with whole-projection Q/K norms")
+        window = getattr(attn, "sliding_window", None)
+        if mt == "phi3":
+            window = getattr(cfg, "sliding_window", None)  # Phi-3 gives every layer the config's window
+        if layer_types and layer_types[i] == "sliding_attention" and window is None:
+            _refuse(cfg, f"sliding layer {i} without a window")
+        if getattr(attn, "attn_logit_softcapping", None) != getattr(cfg, "attn_logit_softcapping", None):
+            _refuse(cfg, "per-layer attention soft-capping")
+        rope = "global"
+        if not getattr(attn, "use_rope", True):  # SmolLM3's NoPE layers
+            rope = None
+        elif ropes.get("local_inv_freq") is not None and layer_types[i] == "sliding_attention":
+            rope = "local"
+        layers.append(
+            LayerWeights(
+                norm1_w=None if norm1 is None else norm1.weight.detach(),
+                norm1_b=None,
+                w_qkv=w_qkv,
+                b_qkv=b_qkv,
+                w_o=attn.o_proj.weight.detach(),
+                b_o=_bias(attn.o_proj),
+                norm2_w=None if norm2 is None else norm2.weight.detach(),
+                norm2_b=None,
+                w_up=w_up,
+                b_up=b_up,
+                w_down=mlp.down_proj.weight.detach(),
+                b_down=_bias(mlp.down_proj),
+                scale=float(attn.scaling),
+                q_norm=None if q_norm is None else q_norm.weight.detach(),
+                k_norm=None if q_norm is None else attn.k_norm.weight.detach(),
+                post_attn_w=None if post_attn is None else post_attn.weight.detach(),
+                post_ffn_w=None if post_ffn is None else post_ffn.weight.detach(),
+                rope=rope,
+                window=window,
+            )
+        )
+    embed = inner.embed_tokens
+    embed_scale = None
+    if getattr(embed, "embed_scale", None) is not None:  # Gemma: sqrt(hidden), rounded to the model dtype
+        scale = embed.embed_scale
+        if scale.is_meta:  # a model not materialised yet: the value it is initialised with
+            scale = torch.tensor(float(embed.scalar_embed_scale))
+        embed_scale = float(scale.to(embed.weight.dtype))
+    if mt == "granite":
+        embed_scale = float(cfg.embedding_multiplier)
+    softcap = getattr(cfg, "final_logit_softcapping", None) if gemma else None
+    attn_softcap = getattr(cfg, "attn_logit_softcapping", None) if gemma else None
+    if attn_softcap is not None:
+        attn_softcap = _applied_softcap(cfg, attn_softcap)
+    return FusedWeights(
+        family="llama",
+        layers=layers,
+        embed=embed.weight.detach(),
+        pos_embed=None,
+        norm_w=inner.norm.weight.detach(),
+        norm_b=None,
+        lm_head=model.lm_head.weight.detach(),
+        n_heads=cfg.num_attention_heads,
+        n_kv_heads=cfg.num_key_value_heads,
+        head_dim=head_dim,
+        eps=eps,
+        norm=norm,
+        act=act,
+        sliding_window=None,
+        tp=None,
+        model_type=mt,
+        embed_scale=embed_scale,
+        residual_scale=float(cfg.residual_multiplier) if mt == "granite" else None,
+        logit_div=float(cfg.logits_scaling) if mt == "granite" else None,
+        logit_softcap=None if softcap is None else float(softcap),
+        attn_softcap=None if attn_softcap is None else float(attn_softcap),
+        **ropes,
     )

@@ -26,7 +26,8 @@ from .kernels.embed import embed_ref
 from .kernels.greedy import GreedyFinish, greedy_finish_ref
 from .kernels.linear_residual import linear_residual_ref
 from .kernels.norm_linear import norm_linear_ref
-from .kernels.norm_qkv import norm_qkv_ref
+from .kernels.norm_qkv import norm_qkv_ref, qk_norm_rope_ref
+from .kernels.norm_residual import norm_residual_ref
 from .kernels.swap_ab import ROW_TILE
 from .layout import fuse_weights, shard_vocab
 
@@ -72,10 +73,19 @@ class StepOps(NamedTuple):
     embed: object  # token (+ position) embedding, the rows' slots and lengths
     greedy: object  # the greedy choice and stop bookkeeping on the logits, in place (kernels/greedy.py)
     symmetric: object = None  # tp.SymmetricAllReduce for a sharded model's all-reduces, or None
+    norm_residual: object = None  # residual + RMSNorm(branch), for post-norm layers (kernels/norm_residual.py)
+    qk_norm_rope: object = None  # whole-projection Q/K norms, then RoPE (kernels/norm_qkv.py), for OLMo2
 
 
 REFERENCE_OPS = StepOps(
-    norm_qkv_ref, reference.decode_attention_torch, linear_residual_ref, norm_linear_ref, embed_ref, greedy_finish_ref
+    norm_qkv_ref,
+    reference.decode_attention_torch,
+    linear_residual_ref,
+    norm_linear_ref,
+    embed_ref,
+    greedy_finish_ref,
+    norm_residual=norm_residual_ref,
+    qk_norm_rope=qk_norm_rope_ref,
 )
 
 
@@ -128,7 +138,8 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     from .kernels.greedy import greedy_choice
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.norm_linear import NormSums, norm_linear
-    from .kernels.norm_qkv import norm_qkv
+    from .kernels.norm_qkv import norm_qkv, qk_norm_rope
+    from .kernels.norm_residual import norm_residual
 
     # grid targets of the split-K kernels (programs= below): measured by scripts/kernel_sweep.py (docs/KERNELS.md)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
@@ -152,6 +163,8 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
         functools.partial(embed, pdl=pdl, **sums),
         # one PDL launch instead of inductor's choice kernels and two copies (kernels/greedy.py)
         functools.partial(greedy_choice, tickets=tickets, pdl=pdl),
+        norm_residual=functools.partial(norm_residual, pdl=pdl),
+        qk_norm_rope=functools.partial(qk_norm_rope, pdl=pdl),
     )
 
 
@@ -259,7 +272,7 @@ def check_options(model, **options) -> FusedOptions:
 
 
 class FusedModel:
-    """The fused decode of `model` (Llama family or GPT-2; anything else is a ValueError).
+    """The fused decode of `model` (a family of layout.SUPPORTED; anything else is a ValueError).
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
@@ -305,7 +318,7 @@ class FusedModel:
             tiles = TILES if self.dtype in (torch.bfloat16, torch.float16) else {}
         # RMSNorm sums handed from writer to reader (NormSums) where the norms are RMSNorms and no all-reduce
         # comes between a writer and its reader (unsharded)
-        sums = self.weights.norm == "rms" and self.weights.tp is None
+        sums = self.weights.norm != "layer" and self.weights.tp is None
         self.ops = (
             triton_ops(self.device, self.pdl, tiles, norm_sums=sums) if self.kernels == "triton" else REFERENCE_OPS
         )

@@ -13,23 +13,47 @@ import torch.nn.functional as F
 
 from ..tp import reduce_residual
 from .kernels.embed import embed_rows
+from .kernels.linear_residual import linear_residual_ref
 from .kernels.norm_linear import norm_linear_ref, norm_ref
-from .kernels.norm_qkv import apply_rope, rope_cos_sin
+from .kernels.norm_qkv import apply_rope, qk_norm_ref, rope_cos_sin
+from .kernels.norm_residual import norm_residual_ref
 from .layout import FusedWeights
 
 
-def decode_attention_torch(q, k_cache, v_cache, start, length, scale: float):
+def decode_attention_torch(q, k_cache, v_cache, start, length, scale: float, softcap: float | None = None):
     """The contract of kernels.decode_attention in torch: q (B, Hq, D), caches (B, Hkv, S, D); row b attends
-    to slots [start[b], length[b]); softmax in float32; output in q's dtype."""
+    to slots [start[b], length[b]); softmax in float32; output in q's dtype; `softcap`: scores
+    cap * tanh(scores / cap) (Gemma 2)."""
     B, Hq, D = q.shape
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
     k = k_cache.repeat_interleave(Hq // Hkv, dim=1).float()  # (B, Hq, S, D)
     v = v_cache.repeat_interleave(Hq // Hkv, dim=1).float()
     scores = torch.einsum("bhd,bhsd->bhs", q.float(), k) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     slots = torch.arange(S, device=q.device)
     keep = (slots[None, :] >= start[:, None].long()) & (slots[None, :] < length[:, None].long())  # (B, S)
     scores = scores.masked_fill(~keep[:, None, :], float("-inf"))
     return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), v).to(q.dtype)
+
+
+def step_ropes(W: FusedWeights, pos) -> dict:
+    """The rotary tables of one forward, by LayerWeights.rope: {"global": (inv_freq, scale), "local": ...}.
+    LongRoPE (W.long_inv_freq): the long table where the forward's largest position + 1 exceeds W.rope_switch,
+    else the short one, as Hugging Face switches per forward; chosen on the device (no host sync)."""
+    inv = W.inv_freq
+    if W.long_inv_freq is not None:
+        inv = torch.where(pos.max() + 1 > W.rope_switch, W.long_inv_freq, W.inv_freq)
+    ropes = {"global": (inv, W.rope_scale), None: (None, 1.0)}
+    if W.local_inv_freq is not None:
+        ropes["local"] = (W.local_inv_freq, W.local_rope_scale)
+    return ropes
+
+
+def window_start(start, length, window: int | None):
+    """The first slot a row attends to in a layer of sliding window `window` (None: `start`, the row's first):
+    keys at slots > the query's slot - window, as Hugging Face's sliding-window mask keeps them."""
+    return start if window is None else torch.maximum(start, length - window)
 
 
 def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=None):
@@ -39,10 +63,12 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     (ops.greedy, after the head); ids and pos may be views of that state: they are read before it is written."""
     # slot and length int64 (the attention takes either): a `pad.to(int32)` here was recomputed by inductor
     # before every layer's attention, 16 one-element kernels per step at Llama-1B (its output code, H200)
-    h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad)  # (B, H), (B,), (B,)
+    scale = {} if W.embed_scale is None else dict(scale=W.embed_scale)
+    h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad, **scale)  # (B, H), (B,), (B,)
+    ropes = step_ropes(W, pos)
     for layer, kc, vc in zip(W.layers, k_caches, v_caches):
-        h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops)
-    logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32)
+        h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops, ropes)
+    logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, **W.head_options())
     if W.vocab is not None:
         logits = W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
     if finish is not None:
@@ -50,10 +76,14 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     return logits
 
 
-def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, length, ops):
+def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, length, ops, ropes=None):
     """One decoder layer of the one-token step: h (B, H) -> the layer's output (B, H); writes K/V at `slot` of
-    its cache; row b attends to slots [start[b], length[b]). Five operations of `ops` (model.StepOps)."""
+    its cache; row b attends to slots [start[b], length[b]). Five operations of `ops` (model.StepOps), seven
+    where the layer normalises its branches before adding them (ops.norm_residual). `ropes`: step_ropes's
+    tables (None: W's own)."""
     B = h.shape[0]
+    inv_freq, rope_scale = (W.inv_freq, W.rope_scale) if ropes is None else ropes[layer.rope]
+    whole = layer.q_norm is not None and layer.q_norm.numel() != W.head_dim  # OLMo2: norms after the projection
     q = ops.norm_qkv(
         h,
         layer.norm1_w,
@@ -61,8 +91,8 @@ def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, 
         W.eps,
         layer.w_qkv,
         layer.b_qkv,
-        W.inv_freq,
-        W.rope_scale,
+        None if whole else inv_freq,
+        rope_scale,
         pos,
         slot,
         k_cache,
@@ -70,12 +100,27 @@ def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, 
         W.n_heads,
         W.n_kv_heads,
         W.head_dim,
+        **W.qkv_options(layer),
     )
-    a = ops.attention(q, k_cache, v_cache, start, length, layer.scale)
-    # under tp (W.tp), w_o and w_down hold 1/tp of their inputs: reduce_residual sums the ranks' parts
-    # (ops.symmetric: over symmetric memory; None: the functional collective)
-    h = reduce_residual(ops.linear_residual, a.reshape(B, -1), layer.w_o, layer.b_o, h, W.tp, ops.symmetric)
-    m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
+    if whole:  # normalise Q and the slot's K over their whole projections, then rotate them
+        q = ops.qk_norm_rope(q, k_cache, slot, layer.q_norm, layer.k_norm, W.eps, inv_freq, rope_scale, pos, W.norm)
+    attn = {} if W.attn_softcap is None else dict(softcap=W.attn_softcap)
+    a = ops.attention(q, k_cache, v_cache, window_start(start, length, layer.window), length, layer.scale, **attn)
+    if layer.post_attn_w is not None:  # normalised before the add (OLMo2, Gemma 2/3); unsharded
+        branch = ops.linear_residual(a.reshape(B, -1), layer.w_o, layer.b_o, None)
+        h = ops.norm_residual(branch, layer.post_attn_w, W.eps, h, W.norm)
+    elif W.residual_scale is not None:  # Granite: the branch times residual_multiplier; unsharded
+        h = ops.linear_residual(a.reshape(B, -1), layer.w_o, layer.b_o, h, res_scale=W.residual_scale)
+    else:
+        # under tp (W.tp), w_o and w_down hold 1/tp of their inputs: reduce_residual sums the ranks' parts
+        # (ops.symmetric: over symmetric memory; None: the functional collective)
+        h = reduce_residual(ops.linear_residual, a.reshape(B, -1), layer.w_o, layer.b_o, h, W.tp, ops.symmetric)
+    m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act, **W.norm_options())
+    if layer.post_ffn_w is not None:
+        branch = ops.linear_residual(m, layer.w_down, layer.b_down, None)
+        return ops.norm_residual(branch, layer.post_ffn_w, W.eps, h, W.norm)
+    if W.residual_scale is not None:
+        return ops.linear_residual(m, layer.w_down, layer.b_down, h, res_scale=W.residual_scale)
     return reduce_residual(ops.linear_residual, m, layer.w_down, layer.b_down, h, W.tp, ops.symmetric)
 
 
@@ -87,29 +132,73 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
     """The prompt (B, T) through every layer; K/V written at slots 0 .. T-1; -> float32 logits (B, V) of
     token `last` ((1,) long, a tensor so that one compiled prefill serves every prompt length of a bucket). Row b's keys start at slot pad[b]; a padding query sees itself only (no empty softmax)."""
     B, T = ids.shape
-    h = embed_rows(W.embed, W.pos_embed, ids, pos)  # (B, T, H)
+    h = embed_rows(W.embed, W.pos_embed, ids, pos, W.embed_scale)  # (B, T, H)
     i = torch.arange(T, device=ids.device)
     causal = i[None, :] <= i[:, None]  # (T query, T key)
     allowed = causal[None] & ((i[None, None, :] >= pad[:, None, None]) | (i[None, :, None] == i[None, None, :]))
-    mask = allowed[:, None]  # (B, 1, T, T)
+    masks = {None: allowed[:, None]}  # (B, 1, T, T), per sliding window
+    for window in {layer.window for layer in W.layers} - {None}:
+        masks[window] = (allowed & (i[None, None, :] > i[None, :, None] - window))[:, None]
     D, Hq, Hkv = W.head_dim, W.n_heads, W.n_kv_heads
-    cos_sin = None if W.inv_freq is None else rope_cos_sin(W.inv_freq, W.rope_scale, pos, h.dtype)
+    tables = {
+        kind: None if inv is None else rope_cos_sin(inv, scale, pos, h.dtype)
+        for kind, (inv, scale) in step_ropes(W, pos).items()
+    }
+    style = W.norm if W.norm != "layer" else "rms"
     for layer, kc, vc in zip(W.layers, k_caches, v_caches):
-        qkv = F.linear(norm_ref(h, layer.norm1_w, layer.norm1_b, W.eps), layer.w_qkv, layer.b_qkv)
+        qkv = F.linear(norm_ref(h, layer.norm1_w, layer.norm1_b, W.eps, style), layer.w_qkv, layer.b_qkv)
         q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
         q, k, v = q.view(B, T, Hq, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+        q, k = qk_norm_ref(q, k, layer.q_norm, layer.k_norm, W.eps, style)
+        cos_sin = tables[layer.rope]
         if cos_sin is not None:
             q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, D)
         kc[:, :, :T] = k
         vc[:, :, :T] = v
-        a = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k, v, attn_mask=mask, scale=layer.scale, enable_gqa=Hq != Hkv
+        q = q.transpose(1, 2)
+        if W.attn_softcap is None:
+            a = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=masks[layer.window], scale=layer.scale, enable_gqa=Hq != Hkv
+            )
+        else:
+            a = _softcap_attention(q, k, v, masks[layer.window], layer.scale, W.attn_softcap)
+        a = a.transpose(1, 2).reshape(B, T, Hq * D)
+        if layer.post_attn_w is not None:
+            h = norm_residual_ref(F.linear(a, layer.w_o, layer.b_o), layer.post_attn_w, W.eps, h, W.norm)
+        elif W.residual_scale is not None:
+            h = linear_residual_ref(a, layer.w_o, layer.b_o, h, W.residual_scale)
+        else:
+            h = reduce_residual(_add_linear, a, layer.w_o, layer.b_o, h, W.tp)
+        m = norm_linear_ref(
+            h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act, None, **W.norm_options()
         )
-        h = reduce_residual(_add_linear, a.transpose(1, 2).reshape(B, T, Hq * D), layer.w_o, layer.b_o, h, W.tp)
-        m = norm_linear_ref(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act)
-        h = reduce_residual(_add_linear, m, layer.w_down, layer.b_down, h, W.tp)
+        if layer.post_ffn_w is not None:
+            h = norm_residual_ref(F.linear(m, layer.w_down, layer.b_down), layer.post_ffn_w, W.eps, h, W.norm)
+        elif W.residual_scale is not None:
+            h = linear_residual_ref(m, layer.w_down, layer.b_down, h, W.residual_scale)
+        else:
+            h = reduce_residual(_add_linear, m, layer.w_down, layer.b_down, h, W.tp)
     logits = norm_linear_ref(
-        h.index_select(1, last)[:, 0], W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32
+        h.index_select(1, last)[:, 0],
+        W.norm_w,
+        W.norm_b,
+        W.eps,
+        W.lm_head,
+        None,
+        "none",
+        torch.float32,
+        **W.head_options(),
     )
     return logits if W.vocab is None else W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
+
+
+def _softcap_attention(q, k, v, mask, scale: float, softcap: float):
+    """Attention with Gemma 2's soft-capped scores (cap * tanh(scores / cap)), as its eager attention computes
+    it: q (B, Hq, T, D), k and v (B, Hkv, T, D), mask (B, 1, T, T) bool."""
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)

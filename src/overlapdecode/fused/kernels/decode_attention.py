@@ -106,6 +106,7 @@ def _split_kernel(
     DIRECT: tl.constexpr,
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     pdl_start(PDL)
     pid_bh = tl.program_id(0)  # b * HKV + kv head
@@ -153,7 +154,12 @@ def _split_kernel(
             s = tl.dot(q, tl.trans(k))
         # float32 whatever type the scale arrives as (torch.compile passes Python floats to user kernels as
         # fp64, which would make the loop-carried max fp64)
-        s = tl.where(live[None, :], s * qk_scale, float("-inf")).to(tl.float32)
+        if SOFTCAP is not None:  # Gemma 2: cap * tanh(scale * q.k / cap), qk_scale = scale / cap here
+            s = (s * qk_scale).to(tl.float32)
+            s = (1.0 - 2.0 / (tl.exp(2.0 * s) + 1.0)) * (SOFTCAP * 1.4426950408889634)
+            s = tl.where(live[None, :], s, float("-inf")).to(tl.float32)
+        else:
+            s = tl.where(live[None, :], s * qk_scale, float("-inf")).to(tl.float32)
         # Every block has a live slot, so m_new is finite and no -inf - -inf appears.
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
@@ -256,9 +262,10 @@ def _check(q, k_cache, v_cache, start, length, scale):
     return B, Hq, Hkv, S, D
 
 
-def decode_attention_ref(q, k_cache, v_cache, start, length, scale):
+def decode_attention_ref(q, k_cache, v_cache, start, length, scale, softcap: float | None = None):
     """Plain-PyTorch decode attention with the kernel's contract: slots outside [start, length) are masked
-    (their keys may hold anything, even NaN), softmax in float32, output in q's dtype."""
+    (their keys may hold anything, even NaN), softmax in float32, output in q's dtype; `softcap`: scores
+    cap * tanh(scores / cap)."""
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
     G = Hq // Hkv
     slots = torch.arange(S, device=q.device)
@@ -268,6 +275,8 @@ def decode_attention_ref(q, k_cache, v_cache, start, length, scale):
     v = v_cache.float().masked_fill(~live_kv, 0.0)
     qg = q.float().reshape(B, Hkv, G, D)
     scores = torch.einsum("bkgd,bksd->bkgs", qg, k) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~live[:, None, None, :], float("-inf"))
     out = torch.einsum("bkgs,bksd->bkgd", scores.softmax(-1), v)
     return out.reshape(B, Hq, D).to(q.dtype)
@@ -324,8 +333,11 @@ def decode_attention(
     block_n=None,
     pdl: int = 0,
     tickets: Tickets | None = None,
+    softcap: float | None = None,
 ):
     """Decode attention, (B, Hq, D) in q's dtype; see the module docstring.
+
+    softcap: Gemma 2's attention soft-capping, scores cap * tanh(scale * q.k / cap) (a constexpr of the launch).
 
     out: optional (B, Hq, D) contiguous tensor of q's dtype, written in place and returned.
     workspace: optional contiguous float32 tensor of at least `workspace_numel(...)` elements, such as
@@ -395,7 +407,7 @@ def decode_attention(
         part_l,
         out,
         counters,
-        scale * LOG2E,
+        scale * LOG2E if softcap is None else scale / softcap,
         S,
         HQ=Hq,
         HKV=Hkv,
@@ -409,6 +421,7 @@ def decode_attention(
         DIRECT=direct,
         IEEE=q.dtype == torch.float32,
         PDL=int(pdl),
+        SOFTCAP=None if softcap is None else float(softcap),
         num_warps=4,
         num_stages=2,
         **pdl_launch(pdl),

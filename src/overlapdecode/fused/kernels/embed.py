@@ -24,17 +24,19 @@ from .linear_residual import require_contiguous
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 
-def embed_rows(wte, wpe, ids, pos):
+def embed_rows(wte, wpe, ids, pos, scale: float | None = None):
     """The hidden state of tokens `ids` at positions `pos` (any shape): the token embedding `wte` (V, H), plus
-    the position embedding `wpe` where the model has one (GPT-2; None otherwise)."""
+    the position embedding `wpe` where the model has one (GPT-2; None otherwise), times `scale` where the model
+    scales it (Granite's embedding_multiplier, Gemma's sqrt(hidden) rounded to the dtype), rounded to the dtype."""
     h = F.embedding(ids, wte)
-    return h if wpe is None else h + F.embedding(pos, wpe)
+    h = h if wpe is None else h + F.embedding(pos, wpe)
+    return h if scale is None else h * scale
 
 
-def embed_ref(wte, wpe, ids, pos, pad):
+def embed_ref(wte, wpe, ids, pos, pad, scale: float | None = None):
     """ids, pos, pad (B,) long -> h (B, H) in the table's dtype, slot and length (B,) long."""
     slot = pos + pad
-    return embed_rows(wte, wpe, ids, pos), slot, slot + 1
+    return embed_rows(wte, wpe, ids, pos, scale), slot, slot + 1
 
 
 @triton.jit
@@ -58,6 +60,7 @@ def _embed_kernel(
     SUMS: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
+    SCALE: tl.constexpr,
 ):
     pdl_start(PDL)
     b = tl.program_id(0)
@@ -68,6 +71,8 @@ def _embed_kernel(
     x = tl.load(wte_ptr + tok * H + cols, mask=ok & (tok >= 0) & (tok < V), other=0.0)
     if HAS_POS:  # rounded to the table's dtype after the add, as torch's add of two such tensors
         x = (x.to(tl.float32) + tl.load(wpe_ptr + p * H + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+    if SCALE is not None:  # the embedding times the model's scale, rounded to the table's dtype
+        x = (x.to(tl.float32) * SCALE).to(x.dtype)
     pdl_release(PDL)
     tl.store(h_ptr + b * H + cols, x, mask=ok)
     if SUMS:  # the row's sum of squares over this block, for the first layer's RMSNorm (NormSums)
@@ -79,10 +84,11 @@ def _embed_kernel(
         tl.store(len_ptr + b, slot + 1)
 
 
-def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0, norm_sums=None):
+def embed(wte, wpe, ids, pos, pad, scale: float | None = None, block: int = 1024, pdl: int = 0, norm_sums=None):
     """The Triton kernel of `embed_ref` (tables contiguous (rows, H); ids, pos, pad (B,) of any stride: the
-    decode loop's tokens and positions are columns of its (B, 3) state); `pdl`: the mode of pdl.py;
-    `norm_sums` (norm_linear.NormSums): record h's sums of squares per block there, for the first RMSNorm."""
+    decode loop's tokens and positions are columns of its (B, 3) state); `scale`: as there, a constexpr of the
+    launch; `pdl`: the mode of pdl.py; `norm_sums` (norm_linear.NormSums): record h's sums of squares per block
+    there (of the scaled values), for the first RMSNorm."""
     require_contiguous(wte=wte, wpe=wpe)
     B = ids.shape[0]
     V, H = wte.shape
@@ -112,6 +118,7 @@ def embed(wte, wpe, ids, pos, pad, block: int = 1024, pdl: int = 0, norm_sums=No
         SUMS=sums is not None,
         BLOCK=block,
         PDL=int(pdl),
+        SCALE=None if scale is None else float(scale),
         num_warps=4,
         **pdl_launch(pdl),
     )

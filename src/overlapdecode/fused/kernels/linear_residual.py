@@ -21,9 +21,14 @@ from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_swap
 
 
-def linear_residual_ref(x, w, b, residual):
-    """residual + (x @ w.T + b), the branch rounded to the residual's dtype first as the unfused model has it."""
-    return residual + torch.nn.functional.linear(x, w, b)
+def linear_residual_ref(x, w, b, residual, res_scale: float | None = None):
+    """residual + (x @ w.T + b), the branch rounded to the residual's dtype first as the unfused model has it;
+    `res_scale` (Granite's residual_multiplier): the branch times it (rounded) before the add; `residual` None: the
+    branch alone (a layer that normalises it before adding it, kernels/norm_residual.py)."""
+    y = torch.nn.functional.linear(x, w, b)
+    if res_scale is not None:
+        y = y * res_scale
+    return y if residual is None else residual + y
 
 
 def split_k(n_blocks: int, K: int, block_k: int, programs: int) -> int:
@@ -110,6 +115,8 @@ def _linear_split_kernel(
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
     SWAP: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    RES_SCALE: tl.constexpr,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -147,8 +154,18 @@ def _linear_split_kernel(
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         dtype = out_ptr.dtype.element_ty
-        res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
-        y = (res + acc.to(dtype).to(tl.float32)).to(dtype)
+        if HAS_RES and RES_SCALE is None:
+            res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
+            y = (res + acc.to(dtype).to(tl.float32)).to(dtype)
+        else:
+            branch = acc.to(dtype).to(tl.float32)
+            if RES_SCALE is not None:  # Granite's residual_multiplier, the product rounded as the unfused model has it
+                branch = (branch * RES_SCALE).to(dtype).to(tl.float32)
+            if HAS_RES:
+                res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
+                y = (res + branch).to(dtype)
+            else:
+                y = branch.to(dtype)
         tl.store(out_ptr + rows[:, None] * N + cols[None, :], y, mask=out_ok)
         if SUMS:  # the rows' sums of squares over this column block, of the values as stored (NormSums)
             yf = tl.where(out_ok, y.to(tl.float32), 0.0)
@@ -170,8 +187,10 @@ def linear_residual(
     out: torch.Tensor | None = None,
     norm_sums=None,
     swap: bool | None = None,
+    res_scale: float | None = None,
 ):
-    """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N).
+    """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N) or None (the
+    branch alone, which records no norm sums); `res_scale`: as there, a constexpr of the launch.
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on); the tile keywords left None are the row-block
     kernel's defaults (32 x 128, 4 warps, 3 stages) or, swapped, swap_ab.swap_tiles's.
     `programs`: the grid size split-K aims at (default 2 x the SMs); `tickets`: the counters of the split
@@ -182,6 +201,9 @@ def linear_residual(
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
+    has_res = residual is not None
+    if not has_res:
+        residual, norm_sums = torch.empty((B, N), dtype=x.dtype, device=x.device), None  # never read
     if programs is None:
         programs = 2 * sm_count(x.device) if x.is_cuda else 1
     swapped = use_swap(B, swap)
@@ -232,6 +254,8 @@ def linear_residual(
         BLOCK_K=block_k,
         PDL=int(pdl),
         SWAP=swapped,
+        HAS_RES=has_res,
+        RES_SCALE=None if res_scale is None else float(res_scale),
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(pdl),

@@ -25,28 +25,81 @@ from .linear_residual import Tickets, last_of_split, require_32bit, split_k, tak
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_swap
 
-ACTS = ("none", "gelu_tanh", "silu_mul")
+ACTS = ("none", "gelu_tanh", "silu_mul", "gelu_tanh_mul")
+# norm kinds of the LAYER constexpr past 0 (RMSNorm) and 1 (LayerNorm): see norm_code
+NORM_OFFSET = 2
+NORM_NONE = 3
+NORM_F32 = 4
 _ACT_CODE = {a: i for i, a in enumerate(ACTS)}
 
 
-def norm_ref(x, w, b, eps: float):
-    """Hugging Face's norms: RMSNorm where `b` is None (weight times the normalised x rounded to x's dtype),
-    LayerNorm otherwise."""
+STYLES = ("rms", "rms_offset", "rms_f32")  # the RMSNorms' roundings, as FusedWeights.norm names them
+
+
+def norm_ref(x, w, b, eps: float, style: str = "rms"):
+    """Hugging Face's norms: RMSNorm where `b` is None, LayerNorm otherwise; `w` None: no norm (x itself: a layer
+    that normalises its branches' outputs instead, OLMo2). The RMSNorm's `style`: "rms" (Llama: weight times the
+    normalised x rounded to x's dtype), "rms_offset" (Gemma: (1 + weight) times the float32 normalised x, rounded
+    once), "rms_f32" (OLMo2: weight times the float32 normalised x, rounded once)."""
+    if w is None:
+        return x
     if b is None:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        if style == "rms_offset":
+            return (xf * (1.0 + w.float())).to(x.dtype)
+        if style == "rms_f32":
+            return (w * xf).to(x.dtype)
         return w * xf.to(x.dtype)
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
-def norm_linear_ref(x, norm_w, norm_b, eps: float, w, b, act: str, out_dtype=None):
-    """(B, K) -> (B, N): act(norm(x) @ w.T + b); "silu_mul" splits w's rows into gate then up."""
-    y = F.linear(norm_ref(x, norm_w, norm_b, eps), w, b)
+def norm_code(norm_w, norm_b, style: str = "rms") -> int:
+    """The kernels' LAYER constexpr: 0 RMSNorm, 1 LayerNorm, 2 Gemma's (1 + w) RMSNorm, 3 no norm, 4 OLMo2's
+    RMSNorm (norm_ref's styles)."""
+    if style not in STYLES:
+        raise ValueError(f"norm_style must be one of {', '.join(STYLES)}, got {style!r}")
+    if norm_w is None:
+        return NORM_NONE
+    if norm_b is not None:
+        return 1
+    return {"rms": 0, "rms_offset": NORM_OFFSET, "rms_f32": NORM_F32}[style]
+
+
+def gelu_tanh(y):
+    """tanh GELU as the kernels compute it (float32 in, float32 out)."""
+    return F.gelu(y, approximate="tanh")
+
+
+def norm_linear_ref(
+    x,
+    norm_w,
+    norm_b,
+    eps: float,
+    w,
+    b,
+    act: str,
+    out_dtype=None,
+    norm_style: str = "rms",
+    logit_div: float | None = None,
+    softcap: float | None = None,
+):
+    """(B, K) -> (B, N): act(norm(x) @ w.T + b); "silu_mul" / "gelu_tanh_mul" split w's rows into gate then up
+    (act(gate) * up). `logit_div` (Granite's logits_scaling) divides the projection, `softcap` (Gemma 2's final
+    logit soft-capping) makes it tanh(y / cap) * cap, each in the model dtype as Hugging Face's ops round."""
+    y = F.linear(norm_ref(x, norm_w, norm_b, eps, norm_style), w, b)
     if act == "silu_mul":
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
+    elif act == "gelu_tanh_mul":
+        gate, up = y.chunk(2, dim=-1)
+        y = gelu_tanh(gate) * up
     elif act == "gelu_tanh":
-        y = F.gelu(y, approximate="tanh")
+        y = gelu_tanh(y)
+    if logit_div is not None:
+        y = y / logit_div
+    if softcap is not None:
+        y = torch.tanh(y / softcap) * softcap
     return y if out_dtype is None else y.to(out_dtype)
 
 
@@ -143,7 +196,9 @@ def norm_stats(
     starts with a norm. RMSNorm (LAYER false) has mean 0. float32 also where `eps` arrives as fp64 (as a
     Python float does under torch.compile), so that the normalised x is not computed in fp64. With NB_PAD > 0
     (RMSNorm only) the sum of squares is the sum of the NB partial sums at ss_ptr (NB, B) (NormSums), not a
-    pass over x."""
+    pass over x. LAYER 3 (no norm): mean 0, 1/std 1, nothing read."""
+    if LAYER == 3:
+        return tl.zeros((BLOCK_M,), dtype=tl.float32), tl.full((BLOCK_M,), 1.0, tl.float32)
     if NB_PAD > 0:
         nb = tl.arange(0, NB_PAD)
         part = tl.load(ss_ptr + nb[:, None] * B + rows[None, :], mask=(nb < NB)[:, None] & row_ok[None, :], other=0.0)
@@ -151,7 +206,7 @@ def norm_stats(
         return tl.zeros((BLOCK_M,), dtype=tl.float32), rstd
     ks = tl.arange(0, BLOCK_K)
     mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if LAYER:
+    if LAYER == 1:
         s = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             m = row_ok[:, None] & (k0 + ks < K)[None, :]
@@ -172,15 +227,37 @@ def norm_tile(
     x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.constexpr, LAYER: tl.constexpr, dtype: tl.constexpr
 ):
     """The normalised (BLOCK_M, BLOCK_K) tile of x at columns `kk`, in the model dtype, rounded as Hugging
-    Face's norms round (0 where `m` is false): the per-tile half of the norm prologue (`norm_stats`)."""
-    xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
-    g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
-    if LAYER:
-        beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-        xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
-    else:  # HF RMSNorm: weight * (x * rstd).to(dtype), the product in dtype
-        xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
+    Face's norms round (0 where `m` is false): the per-tile half of the norm prologue (`norm_stats`). LAYER: 0
+    RMSNorm, 1 LayerNorm, 2 Gemma's RMSNorm ((1 + weight) in float32, one rounding), 3 none (x as it is), 4 OLMo2's
+    RMSNorm (weight times the float32 normalised x, one rounding)."""
+    if LAYER == 3:
+        xn = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(dtype)
+    else:
+        xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
+        g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
+        if LAYER == 1:
+            beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
+        elif LAYER == 2:  # Gemma: (x * rstd) * (1 + weight), in float32, rounded once
+            xn = (xv * rstd[:, None] * (g.to(tl.float32) + 1.0)[None, :]).to(dtype)
+        elif LAYER == 4:  # OLMo2: (x * rstd) * weight, in float32, rounded once
+            xn = (xv * rstd[:, None] * g.to(tl.float32)[None, :]).to(dtype)
+        else:  # HF RMSNorm: weight * (x * rstd).to(dtype), the product in dtype
+            xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
     return tl.where(m, xn, 0.0).to(dtype)
+
+
+@triton.jit
+def tanh_f32(x):
+    """tanh in float32 (1 - 2 / (e^2x + 1): exact at the limits, ~1e-7 absolute near 0)."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def gelu_tanh_f32(y):
+    """torch's tanh GELU of float32 y, in float32."""
+    z = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+    return 0.5 * y * (1.0 + tanh_f32(z))
 
 
 @triton.jit
@@ -211,6 +288,8 @@ def _norm_linear_kernel(
     NB_PAD: tl.constexpr,
     PDL: tl.constexpr,
     SWAP: tl.constexpr,
+    LOGIT_DIV: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -237,7 +316,7 @@ def _norm_linear_kernel(
         wm = col_ok[:, None] & k_ok[None, :]
         wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=wm, other=0.0)
         acc = acc_dot(acc, xn, wt, SWAP)
-        if ACT == 2:
+        if ACT >= 2:  # gate/up: the up rows too
             wu = tl.load(w_ptr + (cols + N)[:, None] * K + kk[None, :], mask=wm, other=0.0)
             acc2 = acc_dot(acc2, xn, wu, SWAP)
 
@@ -245,11 +324,11 @@ def _norm_linear_kernel(
     acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
     acc2 = acc_rows(acc2, SWAP)
     if SPLIT > 1:  # partial sums (SPLIT, B, N or 2N) float32; the last program of the tile finishes it
-        n_part = 2 * N if ACT == 2 else N
+        n_part = 2 * N if ACT >= 2 else N
         ok = row_ok[:, None] & col_ok[None, :]
         base = part_ptr + (pid_k * B + rows[:, None]) * n_part + cols[None, :]
         tl.store(base, acc, mask=ok)
-        if ACT == 2:
+        if ACT >= 2:
             tl.store(base + N, acc2, mask=ok)
         tile = tl.program_id(1) * tl.num_programs(0) + pid_n
         if last_of_split(ticket_ptr, tile, SPLIT):
@@ -258,14 +337,44 @@ def _norm_linear_kernel(
             for s in range(SPLIT):  # fixed order: deterministic, whichever program came last
                 base = part_ptr + (s * B + rows[:, None]) * n_part + cols[None, :]
                 acc += tl.load(base, mask=ok, other=0.0, cache_modifier=".cg")
-                if ACT == 2:
+                if ACT >= 2:
                     acc2 += tl.load(base + N, mask=ok, other=0.0, cache_modifier=".cg")
             tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
             _norm_linear_finish(
-                acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N, HAS_BIAS, ACT, ROUND_OUT, dtype
+                acc,
+                acc2,
+                rows,
+                cols,
+                row_ok,
+                col_ok,
+                b_ptr,
+                out_ptr,
+                N,
+                HAS_BIAS,
+                ACT,
+                ROUND_OUT,
+                dtype,
+                LOGIT_DIV,
+                SOFTCAP,
             )
     else:
-        _norm_linear_finish(acc, acc2, rows, cols, row_ok, col_ok, b_ptr, out_ptr, N, HAS_BIAS, ACT, ROUND_OUT, dtype)
+        _norm_linear_finish(
+            acc,
+            acc2,
+            rows,
+            cols,
+            row_ok,
+            col_ok,
+            b_ptr,
+            out_ptr,
+            N,
+            HAS_BIAS,
+            ACT,
+            ROUND_OUT,
+            dtype,
+            LOGIT_DIV,
+            SOFTCAP,
+        )
 
 
 @triton.jit
@@ -283,11 +392,15 @@ def _norm_linear_finish(
     ACT: tl.constexpr,
     ROUND_OUT: tl.constexpr,
     dtype: tl.constexpr,
+    LOGIT_DIV: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
-    """Bias, activation, rounding and the store of one (BLOCK_M, BLOCK_N) output tile."""
+    """Bias, activation, rounding and the store of one (BLOCK_M, BLOCK_N) output tile. Without an activation,
+    LOGIT_DIV (a float) divides the projection and SOFTCAP (a float) soft-caps it, tanh(y / cap) * cap, each op
+    rounded to dtype as Hugging Face's ops round (None: neither)."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        if ACT == 2:
+        if ACT >= 2:
             acc2 += tl.load(b_ptr + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if ACT == 1:  # tanh GELU, on the projection rounded to dtype as the unfused model has it
         y = acc.to(dtype).to(tl.float32)
@@ -298,8 +411,18 @@ def _norm_linear_finish(
         gt = acc.to(dtype).to(tl.float32)
         up = acc2.to(dtype).to(tl.float32)
         acc = (gt * tl.sigmoid(gt)).to(dtype).to(tl.float32) * up
+    elif ACT == 3:  # GeGLU: tanh GELU(gate) * up, each rounded to dtype as the unfused model has them
+        gt = acc.to(dtype).to(tl.float32)
+        up = acc2.to(dtype).to(tl.float32)
+        acc = gelu_tanh_f32(gt).to(dtype).to(tl.float32) * up
     else:  # the projection in dtype, as the unfused model has it, even where the output is float32 (the logits)
         acc = acc.to(dtype).to(tl.float32)
+        if LOGIT_DIV is not None:  # Granite's logits_scaling
+            acc = (acc / LOGIT_DIV).to(dtype).to(tl.float32)
+        if SOFTCAP is not None:  # Gemma 2's final soft-capping: each op in dtype
+            acc = (acc / SOFTCAP).to(dtype).to(tl.float32)
+            acc = tanh_f32(acc).to(dtype).to(tl.float32)
+            acc = (acc * SOFTCAP).to(dtype).to(tl.float32)
     if ROUND_OUT:
         out = acc.to(out_ptr.dtype.element_ty)
     else:
@@ -325,8 +448,12 @@ def norm_linear(
     swap: bool | None = None,
     programs: int | None = None,
     tickets: Tickets | None = None,
+    norm_style: str = "rms",
+    logit_div: float | None = None,
+    softcap: float | None = None,
 ):
-    """The Triton kernel of `norm_linear_ref`: x (B, K) contiguous, w (N or 2N, K) row-major. The default
+    """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
+    there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
     Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128).
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on), whose tile keywords left None are
@@ -334,12 +461,13 @@ def norm_linear(
     row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
-    sums, nb, nb_pad = sums_args(norm_sums, x, norm_b is not None)
+    sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     B, K = x.shape
-    n_out = w.shape[0] // 2 if act == "silu_mul" else w.shape[0]
+    gated = act in ("silu_mul", "gelu_tanh_mul")
+    n_out = w.shape[0] // 2 if gated else w.shape[0]
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
     swapped = use_swap(B, swap)
-    accs = 2 if act == "silu_mul" else 1
+    accs = 2 if gated else 1
     tiles = (
         swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device))
         if swapped
@@ -359,13 +487,14 @@ def norm_linear(
         part = torch.empty((split, B, accs * n_out), dtype=torch.float32, device=x.device)
         counters = take_tickets(tickets, n_blocks * row_blocks, x.device)
     else:  # never written with one split: pass read-only inputs
-        part, counters = norm_w, norm_w
+        part, counters = w, w
+    dummy = norm_w if norm_w is not None else w
     _norm_linear_kernel[(n_blocks, row_blocks, split)](
         x,
-        norm_w,
-        norm_b if norm_b is not None else norm_w,
+        dummy,
+        norm_b if norm_b is not None else dummy,
         w,
-        b if b is not None else norm_w,
+        b if b is not None else dummy,
         out,
         sums,
         part,
@@ -377,7 +506,7 @@ def norm_linear(
         K,
         k_chunk,
         split,
-        LAYER=norm_b is not None,
+        LAYER=norm_code(norm_w, norm_b, norm_style),
         HAS_BIAS=b is not None,
         ACT=_ACT_CODE[act],
         ROUND_OUT=out.dtype != torch.float32,
@@ -387,6 +516,8 @@ def norm_linear(
         NB_PAD=nb_pad,
         PDL=int(pdl),
         SWAP=swapped,
+        LOGIT_DIV=None if logit_div is None else float(logit_div),
+        SOFTCAP=None if softcap is None else float(softcap),
         num_warps=num_warps or tiles["num_warps"],
         num_stages=num_stages or tiles["num_stages"],
         **pdl_launch(pdl),

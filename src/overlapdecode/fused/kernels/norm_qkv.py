@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
-from .norm_linear import NormSums, norm_ref, norm_stats, norm_tile, sums_args
+from .norm_linear import NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_swap
 
@@ -31,10 +31,28 @@ def rope_cos_sin(inv_freq, rope_scale: float, pos, dtype):
 
 
 def apply_rope(x, cos, sin):
-    """x (..., heads, D); cos/sin (..., D) broadcast over the heads."""
+    """x (..., heads, D); cos/sin (..., R) broadcast over the heads: the first R dims of each head rotated (R < D:
+    partial rotary, the other dims passed through, as Hugging Face's apply_rotary_pos_emb does)."""
+    R = cos.shape[-1]
+    if R < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :R], cos, sin), x[..., R:]), dim=-1)
     half = x.shape[-1] // 2
     rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos.unsqueeze(-2) + rot * sin.unsqueeze(-2)
+
+
+def qk_norm_ref(q, k, q_norm, k_norm, eps: float, style: str = "rms"):
+    """RMSNorms of q (..., Hq, D) and k (..., Hkv, D) before RoPE (norm_ref's `style`): per head where the weights
+    are (D,) (Qwen3, Gemma 3), over the whole projection where they are (Hq * D,) and (Hkv * D,) (OLMo2); None
+    weights: q and k unchanged."""
+    if q_norm is None:
+        return q, k
+    if q_norm.numel() == q.shape[-1]:
+        return norm_ref(q, q_norm, None, eps, style), norm_ref(k, k_norm, None, eps, style)
+    return (
+        norm_ref(q.flatten(-2), q_norm, None, eps, style).view(q.shape),
+        norm_ref(k.flatten(-2), k_norm, None, eps, style).view(k.shape),
+    )
 
 
 def norm_qkv_ref(
@@ -53,14 +71,20 @@ def norm_qkv_ref(
     n_heads: int,
     n_kv: int,
     head_dim: int,
+    q_norm=None,
+    k_norm=None,
+    norm_style: str = "rms",
 ):
-    """x (B, H), pos/slot (B,) -> q (B, Hq, D); writes K and V (B, Hkv, D) at `slot` of each row's cache."""
+    """x (B, H), pos/slot (B,) -> q (B, Hq, D); writes K and V (B, Hkv, D) at `slot` of each row's cache.
+    `norm_w` None: no norm; `q_norm`, `k_norm` (D,): per-head RMSNorms of Q and K before RoPE; `norm_style`: the
+    RMSNorms' rounding (norm_linear.norm_ref); inv_freq of R/2 < D/2 frequencies: partial rotary (the first R dims)."""
     B = x.shape[0]
-    qkv = torch.nn.functional.linear(norm_ref(x, norm_w, norm_b, eps), w, b)
+    qkv = torch.nn.functional.linear(norm_ref(x, norm_w, norm_b, eps, norm_style), w, b)
     q, k, v = qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
     q = q.view(B, n_heads, head_dim)
     k = k.view(B, n_kv, head_dim)
     v = v.view(B, n_kv, head_dim)
+    q, k = qk_norm_ref(q, k, q_norm, k_norm, eps, norm_style)
     if inv_freq is not None:
         cos, sin = rope_cos_sin(inv_freq, rope_scale, pos, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -97,22 +121,65 @@ def _qkv_finish(
     HAS_BIAS: tl.constexpr,
     ROPE: tl.constexpr,
     D: tl.constexpr,
+    qn_ptr,
+    kn_ptr,
+    eps,
+    QK_NORM: tl.constexpr,
+    NORM_OFFSET: tl.constexpr,
+    ROT: tl.constexpr,
 ):
-    """Bias, rounding, RoPE and the stores of one (rows, HALF first-half dims) tile; `head` and `dim` (HALF,)
-    are each column's head (Q, then K, then V heads) and dimension."""
+    """Bias, rounding, RoPE and the stores of one (rows, HALF pairs) tile; `head` and `dim` (HALF,) are each
+    column's head (Q, then K, then V heads) and pair: dims `dim` and `dim + D/2` of the head, or with partial
+    rotary (ROT < D rotated dims) pair p < ROT/2 is dims (p, p + ROT/2) and the others pair the dims past ROT.
+    QK_NORM: the tile is one whole head (HALF >= D/2); its Q and K heads are RMS-normalised over their D dims
+    (weights at qn_ptr / kn_ptr, (D,); NORM_OFFSET: Gemma's (1 + w)) before RoPE, as Qwen3 and Gemma 3 do."""
     dtype = q_ptr.dtype.element_ty
+    if ROT == D:
+        off1 = dim  # the first dim of each column's pair, and the distance to its second
+        gap = D // 2
+        turns = dim_ok  # the pairs RoPE rotates
+    else:
+        low = dim < ROT // 2
+        off1 = tl.where(low, dim, dim + ROT // 2)
+        gap = tl.where(low, ROT // 2, D // 2 - ROT // 2)
+        turns = dim_ok & low
     if HAS_BIAS:
         acc1 += tl.load(b_ptr + w1, mask=dim_ok, other=0.0).to(tl.float32)[None, :]
         acc2 += tl.load(b_ptr + w2, mask=dim_ok, other=0.0).to(tl.float32)[None, :]
     y1 = acc1.to(dtype).to(tl.float32)  # the projection rounded to dtype, as the unfused model has it
     y2 = acc2.to(dtype).to(tl.float32)
+    if QK_NORM:  # per-head RMSNorm of Q and K (the tile is one head: a row's sum is the head's)
+        sq = tl.where(dim_ok[None, :], y1 * y1 + y2 * y2, 0.0)
+        rstd = (1.0 / tl.sqrt(tl.sum(sq, 1) / D + eps)).to(tl.float32)
+        is_q = (head < n_heads)[None, :]
+        g1 = tl.where(
+            is_q,
+            tl.load(qn_ptr + off1, mask=dim_ok, other=0.0)[None, :],
+            tl.load(kn_ptr + off1, mask=dim_ok, other=0.0)[None, :],
+        )
+        g2 = tl.where(
+            is_q,
+            tl.load(qn_ptr + off1 + gap, mask=dim_ok, other=0.0)[None, :],
+            tl.load(kn_ptr + off1 + gap, mask=dim_ok, other=0.0)[None, :],
+        )
+        if NORM_OFFSET:  # Gemma: x * rstd * (1 + w) in float32, one rounding
+            n1 = (y1 * rstd[:, None] * (g1.to(tl.float32) + 1.0)).to(dtype).to(tl.float32)
+            n2 = (y2 * rstd[:, None] * (g2.to(tl.float32) + 1.0)).to(dtype).to(tl.float32)
+        else:  # w * (x * rstd).to(dtype), the product in dtype
+            n1 = (g1 * (y1 * rstd[:, None]).to(dtype)).to(dtype).to(tl.float32)
+            n2 = (g2 * (y2 * rstd[:, None]).to(dtype)).to(dtype).to(tl.float32)
+        normed = (head < n_heads + n_kv)[None, :]
+        y1, y2 = tl.where(normed, n1, y1), tl.where(normed, n2, y2)
     if ROPE:
         pos = tl.load(pos_ptr + rows * pos_stride, mask=row_ok, other=0).to(tl.float32)
-        inv = tl.load(inv_freq_ptr + dim, mask=dim_ok, other=0.0)
+        inv = tl.load(inv_freq_ptr + dim, mask=turns, other=0.0)
         ang = pos[:, None] * inv[None, :]
         c = (tl.cos(ang) * rope_scale).to(dtype).to(tl.float32)
         sn = (tl.sin(ang) * rope_scale).to(dtype).to(tl.float32)
-        rotated = (head < n_heads + n_kv)[None, :]  # Q and K heads; V is not rotated
+        if ROT == D:
+            rotated = (head < n_heads + n_kv)[None, :]  # Q and K heads; V is not rotated
+        else:
+            rotated = ((head < n_heads + n_kv) & turns)[None, :]  # and only the first ROT dims
         # x * cos + rotate_half(x) * sin with Hugging Face's roundings: each product in dtype, then their sum
         # (stored in dtype below); in float32 these conversions change nothing
         r1 = (y1 * c).to(dtype).to(tl.float32) - (y2 * sn).to(dtype).to(tl.float32)
@@ -122,16 +189,20 @@ def _qkv_finish(
     is_q = head < n_heads
     is_k = (head >= n_heads) & (head < n_heads + n_kv)
     is_v = head >= n_heads + n_kv
-    q_off = (rows[:, None] * n_heads + head[None, :]) * D + dim[None, :]
+    if ROT == D:
+        second = D // 2
+    else:
+        second = gap[None, :]
+    q_off = (rows[:, None] * n_heads + head[None, :]) * D + off1[None, :]
     tl.store(q_ptr + q_off, y1.to(dtype), mask=out_ok & is_q[None, :])
-    tl.store(q_ptr + q_off + D // 2, y2.to(dtype), mask=out_ok & is_q[None, :])
+    tl.store(q_ptr + q_off + second, y2.to(dtype), mask=out_ok & is_q[None, :])
     slot = tl.load(slot_ptr + rows * slot_stride, mask=row_ok, other=0).to(tl.int64)
     kv_head = tl.where(is_q, 0, (head - n_heads) % n_kv)
-    kv_off = ((rows.to(tl.int64)[:, None] * n_kv + kv_head[None, :]) * S + slot[:, None]) * D + dim[None, :]
+    kv_off = ((rows.to(tl.int64)[:, None] * n_kv + kv_head[None, :]) * S + slot[:, None]) * D + off1[None, :]
     tl.store(k_ptr + kv_off, y1.to(dtype), mask=out_ok & is_k[None, :])
-    tl.store(k_ptr + kv_off + D // 2, y2.to(dtype), mask=out_ok & is_k[None, :])
+    tl.store(k_ptr + kv_off + second, y2.to(dtype), mask=out_ok & is_k[None, :])
     tl.store(v_ptr + kv_off, y1.to(dtype), mask=out_ok & is_v[None, :])
-    tl.store(v_ptr + kv_off + D // 2, y2.to(dtype), mask=out_ok & is_v[None, :])
+    tl.store(v_ptr + kv_off + second, y2.to(dtype), mask=out_ok & is_v[None, :])
 
 
 @triton.jit
@@ -172,18 +243,36 @@ def _norm_qkv_kernel(
     NB_PAD: tl.constexpr,
     PDL: tl.constexpr,
     SWAP: tl.constexpr,
+    qn_ptr,
+    kn_ptr,
+    QK_NORM: tl.constexpr,
+    NORM_OFFSET: tl.constexpr,
+    ROT: tl.constexpr,
 ):
     pdl_start(PDL)
-    # the tile's first-half dimensions, numbered over the Hq + 2 Hkv heads (Q, then K, then V) head by head
-    i = tl.program_id(0) * HALF + tl.arange(0, HALF)
-    pid_k = tl.program_id(1)
-    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < B
-    head = i // (D // 2)
-    dim = i % (D // 2)  # dimensions i of the first half; their partners are i + D/2
-    dim_ok = i < (n_heads + 2 * n_kv) * (D // 2)
-    w1 = head * D + dim  # weight rows
-    w2 = w1 + D // 2
+    if QK_NORM:  # one head per program, its D/2 pairs in the first lanes of HALF
+        pid_k = tl.program_id(1)
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < B
+        lane = tl.arange(0, HALF)
+        head = tl.program_id(0) + 0 * lane
+        dim = lane
+        dim_ok = lane < D // 2
+    else:
+        # the tile's first-half dimensions, numbered over the Hq + 2 Hkv heads (Q, then K, then V) head by head
+        i = tl.program_id(0) * HALF + tl.arange(0, HALF)
+        pid_k = tl.program_id(1)
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < B
+        head = i // (D // 2)
+        dim = i % (D // 2)  # dimensions i of the first half; their partners are i + D/2
+        dim_ok = i < (n_heads + 2 * n_kv) * (D // 2)
+    if ROT == D:
+        w1 = head * D + dim  # weight rows
+        w2 = w1 + D // 2
+    else:  # partial rotary: pair p < ROT/2 is rows (p, p + ROT/2) of the head, the others pair the rows past ROT
+        w1 = head * D + tl.where(dim < ROT // 2, dim, dim + ROT // 2)
+        w2 = head * D + tl.where(dim < ROT // 2, dim + ROT // 2, dim + D // 2)
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
 
@@ -253,6 +342,12 @@ def _norm_qkv_kernel(
             HAS_BIAS,
             ROPE,
             D,
+            qn_ptr,
+            kn_ptr,
+            eps,
+            QK_NORM,
+            NORM_OFFSET,
+            ROT,
         )
 
 
@@ -281,6 +376,9 @@ def norm_qkv(
     pdl: int = 0,
     norm_sums: NormSums | None = None,
     swap: bool | None = None,
+    q_norm=None,
+    k_norm=None,
+    norm_style: str = "rms",
 ):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
@@ -288,12 +386,25 @@ def norm_qkv(
     with fewer tiles than `programs`, K is split as in linear_residual (`tickets`: the counters, as there).
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on); the tile keywords left None are the row-block
     kernel's (K tiles of 256, 4 warps, 3 stages) or swap_ab.swap_tiles's. `norm_sums`: where x's RMSNorm sums of
-    squares may have been recorded by its writer (NormSums)."""
-    require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq)
+    squares may have been recorded by its writer (NormSums). `norm_w` None (no norm), `q_norm`, `k_norm`,
+    `norm_style` and a partial rotary inv_freq: as in norm_qkv_ref; with `q_norm` a program owns one whole head
+    (`half` at least D/2)."""
+    require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
-    sums, nb, nb_pad = sums_args(norm_sums, x, norm_b is not None)
+    sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     halves = (n_heads + 2 * n_kv) * (head_dim // 2)  # first-half dimensions over all heads
+    rot = head_dim if inv_freq is None else 2 * inv_freq.numel()
+    if head_dim % 2 or rot % 2 or rot > head_dim:
+        raise ValueError(f"head_dim ({head_dim}) and the rotary dims ({rot}) must be even, rotary <= head_dim")
+    qk_norm = q_norm is not None
+    if qk_norm != (k_norm is not None):
+        raise ValueError("q_norm and k_norm must be given together")
+    if qk_norm and (q_norm.numel() != head_dim or norm_style == "rms_f32"):
+        raise ValueError(
+            "q_norm: the kernel normalises per head ((D,) weights) in the rms or rms_offset style; whole-projection "
+            "norms are qk_norm_rope's"
+        )
     swapped = use_swap(B, swap)
     if swapped:
         plan = swap_tiles(B, halves, K, w.element_size(), 2, sm_count(x.device))
@@ -306,15 +417,25 @@ def norm_qkv(
             num_stages=3,
         )
     block_m = plan["block_m"]
-    half = half or plan["block_n"]
+    if qk_norm:  # a program per head: its pairs in the first lanes
+        whole = max(16, triton.next_power_of_2(head_dim // 2))
+        if half is not None and half < head_dim // 2:
+            raise ValueError(f"half: with q_norm a program owns a whole head, at least {head_dim // 2}, got {half}")
+        half = half or whole
+        tiles = n_heads + 2 * n_kv
+        # the plan's weight tile elements per K tile, not more: its shared memory (float32 at HALF 128 and K tiles
+        # of 256 would need 575 KB of an H200's 227 per program; sm_90 PTX's `shared`, tests/test_kernel_compile.py)
+        block_k = block_k or max(16, min(plan["block_k"], plan["block_n"] * plan["block_k"] // half))
+    else:
+        half = half or plan["block_n"]
+        tiles = triton.cdiv(halves, half)
     block_k = block_k or plan["block_k"]
     q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
-    tiles = triton.cdiv(halves, half)
     split = split_k(tiles, K, block_k, programs)
     if swapped:
         split = min(split, split_limit(B, K, w.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
-    dummy = norm_w
+    dummy = w
     row_blocks = triton.cdiv(B, block_m)
     if split > 1:
         part = torch.empty((split, B, w.shape[0]), dtype=torch.float32, device=x.device)
@@ -326,7 +447,7 @@ def norm_qkv(
     S = k_cache.shape[2]
     _norm_qkv_kernel[(tiles, split, row_blocks)](
         x,
-        norm_w,
+        norm_w if norm_w is not None else dummy,
         norm_b if norm_b is not None else dummy,
         w,
         b_arg,
@@ -351,7 +472,7 @@ def norm_qkv(
         K,
         k_chunk,
         split,
-        LAYER=norm_b is not None,
+        LAYER=norm_code(norm_w, norm_b, norm_style),
         HAS_BIAS=b is not None,
         ROPE=inv_freq is not None,
         D=head_dim,
@@ -361,8 +482,169 @@ def norm_qkv(
         NB_PAD=nb_pad,
         PDL=int(pdl),
         SWAP=swapped,
+        qn_ptr=q_norm,  # None without (a constexpr None: no parameter)
+        kn_ptr=k_norm,
+        QK_NORM=qk_norm,
+        NORM_OFFSET=norm_style == "rms_offset",
+        ROT=rot,
         num_warps=num_warps or plan["num_warps"],
         num_stages=num_stages or plan["num_stages"],
+        **pdl_launch(pdl),
+    )
+    return q
+
+
+# --- whole-projection Q/K norms (OLMo2): a second launch after norm_qkv --------------------------------------
+
+
+def qk_norm_rope_ref(q, k_cache, slot, q_norm, k_norm, eps: float, inv_freq, rope_scale, pos, style: str = "rms"):
+    """After a norm_qkv without RoPE: q (B, Hq, D) and each row's K at `slot` of k_cache (B, Hkv, S, D) normalised
+    over the whole projection (weights (Hq * D,) and (Hkv * D,), norm_linear.norm_ref's `style`: OLMo2's
+    "rms_f32"), then rotated; q is returned, K rewritten in place."""
+    B, Hq, D = q.shape
+    rows = torch.arange(B, device=q.device)
+    k = k_cache[rows, :, slot]  # (B, Hkv, D)
+    q, k = qk_norm_ref(q, k, q_norm, k_norm, eps, style)
+    if inv_freq is not None:
+        cos, sin = rope_cos_sin(inv_freq, rope_scale, pos, q.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k_cache[rows, :, slot] = k
+    return q
+
+
+@triton.jit
+def _norm_rope_heads(
+    base,
+    head_stride,
+    heads,
+    w_ptr,
+    inv_ptr,
+    p,
+    eps,
+    rope_scale,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROPE: tl.constexpr,
+    dtype: tl.constexpr,
+):
+    """RMSNorm over `heads` heads of D values (head h at base + h * head_stride) with weights w_ptr (heads * D,),
+    OLMo2's rounding (weight times the float32 normalised x, once), then RoPE at position p, in place."""
+    n = heads * (D // 2)
+    idx = tl.arange(0, BLOCK)
+    ss = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i0 in range(0, n, BLOCK):
+        i = i0 + idx
+        ok = i < n
+        off = (i // (D // 2)) * head_stride + i % (D // 2)
+        a = tl.load(base + off, mask=ok, other=0.0).to(tl.float32)
+        c = tl.load(base + off + D // 2, mask=ok, other=0.0).to(tl.float32)
+        ss += a * a + c * c
+    rstd = (1.0 / tl.sqrt(tl.sum(ss, 0) / (heads * D) + eps)).to(tl.float32)
+    for i0 in range(0, n, BLOCK):
+        i = i0 + idx
+        ok = i < n
+        h = i // (D // 2)
+        d = i % (D // 2)
+        off = h * head_stride + d
+        a = tl.load(base + off, mask=ok, other=0.0).to(tl.float32)
+        c = tl.load(base + off + D // 2, mask=ok, other=0.0).to(tl.float32)
+        wa = tl.load(w_ptr + h * D + d, mask=ok, other=0.0).to(tl.float32)
+        wc = tl.load(w_ptr + h * D + d + D // 2, mask=ok, other=0.0).to(tl.float32)
+        y1 = (a * rstd * wa).to(dtype).to(tl.float32)
+        y2 = (c * rstd * wc).to(dtype).to(tl.float32)
+        if ROPE:  # as _qkv_finish: each product in dtype, then their sum
+            ang = p * tl.load(inv_ptr + d, mask=ok, other=0.0)
+            cs = (tl.cos(ang) * rope_scale).to(dtype).to(tl.float32)
+            sn = (tl.sin(ang) * rope_scale).to(dtype).to(tl.float32)
+            r1 = (y1 * cs).to(dtype).to(tl.float32) - (y2 * sn).to(dtype).to(tl.float32)
+            r2 = (y2 * cs).to(dtype).to(tl.float32) + (y1 * sn).to(dtype).to(tl.float32)
+            y1, y2 = r1, r2
+        tl.store(base + off, y1.to(dtype), mask=ok)
+        tl.store(base + off + D // 2, y2.to(dtype), mask=ok)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_ptr,
+    k_ptr,
+    qn_ptr,
+    kn_ptr,
+    inv_freq_ptr,
+    pos_ptr,
+    slot_ptr,
+    pos_stride,
+    slot_stride,
+    S,
+    n_heads,
+    n_kv,
+    eps,
+    rope_scale,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROPE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_start(PDL)
+    b = tl.program_id(0).to(tl.int64)
+    dtype = q_ptr.dtype.element_ty
+    p = tl.load(pos_ptr + b * pos_stride).to(tl.float32)
+    slot = tl.load(slot_ptr + b * slot_stride).to(tl.int64)
+    pdl_release(PDL)
+    if tl.program_id(1) == 0:  # the row's Q heads, (Hq, D) back to back
+        _norm_rope_heads(
+            q_ptr + b * n_heads * D, D, n_heads, qn_ptr, inv_freq_ptr, p, eps, rope_scale, D, BLOCK, ROPE, dtype
+        )
+    else:  # its K heads at the slot: (b, h, slot) rows of the cache, S * D apart
+        base = k_ptr + (b * n_kv * S + slot) * D
+        _norm_rope_heads(base, S * D, n_kv, kn_ptr, inv_freq_ptr, p, eps, rope_scale, D, BLOCK, ROPE, dtype)
+
+
+def qk_norm_rope(
+    q,
+    k_cache,
+    slot,
+    q_norm,
+    k_norm,
+    eps: float,
+    inv_freq,
+    rope_scale,
+    pos,
+    style: str = "rms_f32",
+    block: int = 1024,
+    pdl: int = 0,
+):
+    """The Triton kernel of `qk_norm_rope_ref` (OLMo2's "rms_f32" style only, whole-head rotary): grid (B, 2), one
+    program per row for its Q heads and one for its K at the slot, each reading its heads twice (the sum of
+    squares, then the normalised and rotated values, written in place); q is returned."""
+    if style != "rms_f32":
+        raise ValueError(f"style: the whole-projection Q/K norm kernel has OLMo2's rms_f32 rounding, got {style!r}")
+    B, Hq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    if q_norm.numel() != Hq * D or k_norm.numel() != Hkv * D:
+        raise ValueError(f"q_norm and k_norm must be ({Hq * D},) and ({Hkv * D},) (whole projections)")
+    if inv_freq is not None and 2 * inv_freq.numel() != D:
+        raise ValueError("inv_freq: the whole-projection Q/K norm kernel rotates whole heads")
+    require_contiguous(q=q, k_cache=k_cache, q_norm=q_norm, k_norm=k_norm)
+    _qk_norm_rope_kernel[(B, 2)](
+        q,
+        k_cache,
+        q_norm,
+        k_norm,
+        inv_freq if inv_freq is not None else q_norm,
+        pos,
+        slot,
+        pos.stride(0),
+        slot.stride(0),
+        S,
+        Hq,
+        Hkv,
+        eps,
+        rope_scale,
+        D=D,
+        BLOCK=min(block, triton.next_power_of_2(Hq * D // 2)),
+        ROPE=inv_freq is not None,
+        PDL=int(pdl),
+        num_warps=4,
         **pdl_launch(pdl),
     )
     return q

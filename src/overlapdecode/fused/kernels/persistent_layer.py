@@ -270,6 +270,12 @@ def _qkv_task(
             HAS_BIAS,
             ROPE,
             D,
+            None,  # no per-head Q/K norm, whole-head rotary
+            None,
+            0.0,
+            False,
+            False,
+            D,
         )
         _signal(cnt_ptr, signal, 1)
 
@@ -1004,6 +1010,9 @@ class PersistentLayer:
         """The layer of `reference.decode_layer`: h (B, H) -> its output (B, H) (`out`, or a new tensor); writes
         K/V at `slot` of the layer's cache; row b attends to slots [start[b], length[b]), never empty. W: the
         model's FusedWeights (eps, RoPE, heads, norm, activation), unsharded; layer: its LayerWeights."""
+        extras = W.extras()
+        if extras:
+            raise ValueError(f"W: the persistent layer runs the Llama family's and GPT-2's layer; this has {extras}")
         p = self.plan
         if W.tp is not None:
             raise ValueError("W: the persistent layer runs an unsharded model (W.tp is set)")

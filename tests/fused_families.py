@@ -1,0 +1,223 @@
+"""Tiny random models of the decoder families the fused path supports beyond the Llama family and GPT-2
+(layout.DECODERS), for the CPU tests (test_fused_families.py, fused_kernel_cases.py) and, at real sizes, the GPU
+test: each config turns on what its family changes (per-head Q/K norms, partial rotary, LongRoPE, multipliers, NoPE
+layers, post-norms, Gemma's norms and GeGLU, soft-capping, sliding windows shorter than a call), with weights large
+enough that a dropped change changes the tokens."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+WINDOW = 6  # sliding windows: shorter than the test calls' prompt + new tokens
+LONGROPE_SWITCH = 6  # Phi-3 LongRoPE's original_max_position_embeddings: shorter than the test prompts
+SMALL = dict(
+    vocab_size=1000,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    eos_token_id=2,
+    pad_token_id=0,
+    bos_token_id=1,
+)
+
+
+def _longrope(base: dict) -> dict:
+    """Phi-3 LongRoPE parameters over 0.75 of the head (Phi-4-mini's), factors of the right length, distinct."""
+    pairs = int(base["hidden_size"] // base["num_attention_heads"] * 0.75) // 2  # Phi-3 has no head_dim field
+    return dict(
+        rope_type="longrope",
+        rope_theta=10000.0,
+        partial_rotary_factor=0.75,
+        original_max_position_embeddings=LONGROPE_SWITCH,
+        short_factor=[1.0 + 0.1 * i for i in range(pairs)],
+        long_factor=[2.0 + 0.5 * i for i in range(pairs)],
+    )
+
+
+# Gemma 3: its global layers' linear scaling, its local layers' own base frequency
+GEMMA3_ROPE = dict(
+    full_attention=dict(rope_type="linear", factor=8.0, rope_theta=1_000_000.0),
+    sliding_attention=dict(rope_type="default", rope_theta=10_000.0),
+)
+
+
+def family_configs(size: dict | None = None) -> dict:
+    """name -> (model class name, config class name, config keywords). `size` replaces SMALL's sizes (the GPU
+    test's real shapes); head_dim is then size["head_dim"]."""
+    base = dict(SMALL, **(size or {}))
+    D = base.pop("head_dim", 24)
+    window = base.pop("window", WINDOW)
+    return {
+        # head_dim from the config (24, not hidden / heads = 16): the per-head Q/K norms over it
+        "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(base, head_dim=D)),
+        # with QKV biases, and one sliding-window layer of two
+        "qwen3-sliding": (
+            "Qwen3ForCausalLM",
+            "Qwen3Config",
+            dict(
+                base,
+                head_dim=D,
+                attention_bias=True,
+                use_sliding_window=True,
+                sliding_window=window,
+                layer_types=["sliding_attention", "full_attention"] * (base["num_hidden_layers"] // 2),
+            ),
+        ),
+        # fused qkv_proj / gate_up_proj as shipped, partial rotary (Phi-4-mini's 0.75)
+        "phi3": (
+            "Phi3ForCausalLM",
+            "Phi3Config",
+            dict(base, rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.75)),
+        ),
+        # LongRoPE switching at 6 positions: the test calls' prompts (8) are past it (the long table; the short one
+        # in test_fused_families.py's LongRoPE tests); Phi-3's own original_max_position_embeddings is the switch
+        "phi3-longrope": (
+            "Phi3ForCausalLM",
+            "Phi3Config",
+            dict(base, rope_parameters=_longrope(base), original_max_position_embeddings=LONGROPE_SWITCH),
+        ),
+        "granite": (
+            "GraniteForCausalLM",
+            "GraniteConfig",
+            dict(
+                base,
+                head_dim=D,
+                embedding_multiplier=6.0,
+                attention_multiplier=0.3,
+                residual_multiplier=0.4,
+                logits_scaling=4.0,
+            ),
+        ),
+        # layer 1 without RoPE
+        "smollm3": (
+            "SmolLM3ForCausalLM",
+            "SmolLM3Config",
+            dict(base, head_dim=D, no_rope_layers=[1, 0] * (base["num_hidden_layers"] // 2)),
+        ),
+        # norms after each branch and none before, Q/K norms over the whole projections
+        "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(base, head_dim=D)),
+        "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(base, head_dim=D, hidden_activation="gelu_pytorch_tanh")),
+        "gemma2": (
+            "Gemma2ForCausalLM",
+            "Gemma2Config",
+            dict(
+                base,
+                head_dim=D,
+                attn_implementation="eager",  # Hugging Face's attention that soft-caps (its SDPA does not)
+                query_pre_attn_scalar=20,
+                attn_logit_softcapping=3.0,
+                final_logit_softcapping=2.0,
+                sliding_window=window,
+                layer_types=["sliding_attention", "full_attention"] * (base["num_hidden_layers"] // 2),
+            ),
+        ),
+        "gemma3": (
+            "Gemma3ForCausalLM",
+            "Gemma3TextConfig",
+            dict(
+                base,
+                head_dim=D,
+                query_pre_attn_scalar=20,
+                sliding_window=window,
+                layer_types=["sliding_attention", "full_attention"] * (base["num_hidden_layers"] // 2),
+                rope_parameters=GEMMA3_ROPE,
+            ),
+        ),
+    }
+
+
+FAMILIES = list(family_configs())
+
+# Real sizes of each family for the GPU test (tests/gpu/test_gpu_fused.py): the widths of a released model
+# (Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B), two layers,
+# sliding windows of 64 (shorter than its calls); Granite with its released multipliers
+_QWEN3 = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072)
+_PHI4 = dict(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, intermediate_size=8192)
+_GEMMA2 = dict(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256, intermediate_size=9216)
+REAL_SIZES = {
+    "qwen3": dict(_QWEN3, vocab_size=151936),
+    "qwen3-sliding": dict(_QWEN3, vocab_size=151936, window=64),
+    "phi3": dict(_PHI4, vocab_size=200064),
+    "phi3-longrope": dict(_PHI4, vocab_size=200064),
+    "granite": dict(
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        vocab_size=49155,
+    ),
+    "smollm3": dict(
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        intermediate_size=11008,
+        vocab_size=128256,
+    ),
+    "olmo2": dict(
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        head_dim=128,
+        intermediate_size=8192,
+        vocab_size=100352,
+    ),
+    "gemma": dict(
+        hidden_size=2048,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        head_dim=256,
+        intermediate_size=16384,
+        vocab_size=256000,
+    ),
+    "gemma2": dict(_GEMMA2, vocab_size=256000, window=64),
+    "gemma3": dict(
+        hidden_size=1152,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        intermediate_size=6912,
+        vocab_size=262144,
+        window=64,
+    ),
+}
+REAL_CONFIG = {  # released values where the tiny tests use others
+    "granite": dict(
+        embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=8.0
+    ),
+    "gemma2": dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=256),
+    "gemma3": dict(query_pre_attn_scalar=256),
+}
+
+
+def real_model(name: str, device="cuda"):
+    """Family `name` at its REAL_SIZES, two layers, Hugging Face's initial scale (matrices normal(0, 0.02))."""
+    return family_model(
+        name, dict(REAL_SIZES[name], num_hidden_layers=2), device=device, std=0.02, **REAL_CONFIG.get(name, {})
+    )
+
+
+def family_model(name: str, size: dict | None = None, device="cpu", seed: int = 0, std: float = 0.1, **config):
+    """The random model `name` of family_configs, float32, eval: matrices normal(0, std) (larger than Hugging Face's
+    0.02, so that soft-caps, multipliers and norms move the logits), norm weights normal(1, 0.1) (Gemma's, which
+    add 1, normal(0, 0.1)), biases normal(0, 0.1). `config`: more config keywords."""
+    model_cls, cfg_cls, kw = family_configs(size)[name]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cfg_cls)(**dict(kw, **config))
+    with torch.device(device):
+        model = getattr(transformers, model_cls)(cfg).eval()
+    gemma = cfg.model_type.startswith("gemma")
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            elif "norm" in pname:
+                p.normal_(0.0 if gemma else 1.0, 0.1)
+            elif p.dim() == 2:
+                p.normal_(0.0, std)
+    return model

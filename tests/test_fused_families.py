@@ -1,0 +1,246 @@
+"""The `fused` preset on the decoder families beyond the Llama family and GPT-2 (layout.DECODERS), CPU, float32,
+the torch twins of the kernels: Hugging Face generate()'s greedy tokens (two left-padded prompts, EOS mid-way and
+off), per-step logits within 1e-4 of Hugging Face's, seeded sampling equal to the `kv` preset's, the Hugging Face
+model unharmed by the re-layout, and what the step does not implement refused with one ValueError naming it.
+(The Triton kernels with these families' flags against their references: fused_kernel_cases.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from fused_families import FAMILIES, LONGROPE_SWITCH, family_model
+
+import overlapdecode as od
+from fused_steps import fused_logits
+from helpers import eos_hit_midway, hf_generate, make_batch
+from overlapdecode.fused.layout import fuse_weights
+from overlapdecode.fused.model import FusedModel
+
+N = 20
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return family_model(request.param)
+
+
+def test_fused_matches_hf_eos_midway_and_never(model):
+    ids, mask = make_batch(2, seed=22)  # row 1 left-padded
+    eos = eos_hit_midway(model, ids, mask, N, [0, 1])
+    assert eos is not None, "test batch has no usable EOS; change the seed"
+    lengths = []
+    for eos_ids in (eos, []):
+        ref = hf_generate(model, ids, mask, N, eos_ids, 5)
+        out = od.generate(
+            model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused", eos_token_id=eos_ids, pad_token_id=5
+        )
+        assert torch.equal(out, ref), (model.config.model_type, eos_ids)
+        lengths.append(out.shape[1])
+    assert lengths[0] < lengths[1] == ids.shape[1] + N  # with EOS both rows really stopped early
+
+
+@torch.no_grad()
+def test_per_step_logits_match_hf(model):
+    ids, mask = make_batch(2, seed=33)
+    hf = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=N,
+        do_sample=False,
+        eos_token_id=[],
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    ref = torch.stack(hf.logits, 1).float()  # (B, N, V)
+    got = fused_logits(FusedModel(model), ids, mask, hf.sequences[:, ids.shape[1] :])
+    assert (got - ref).abs().max().item() <= 1e-4
+
+
+def test_eager_fused_and_long_prompt_match_hf(model):
+    """Uncompiled, and a prompt longer than one prefill bucket (the prefill pads it on the right); past the
+    sliding windows and, for LongRoPE, past its switch already in the prompt."""
+    ids, mask = make_batch(2, seed=31, prompt_len=70)
+    ref = hf_generate(model, ids, mask, 8, [], 0)
+    out = od.generate(
+        model, ids, attention_mask=mask, max_new_tokens=8, strategy=od.Strategy(cache="fused"), eos_token_id=[]
+    )
+    assert torch.equal(out, ref)
+
+
+def test_seeded_sampling_equals_the_kv_preset(model):
+    ids, mask = make_batch(2, seed=43)
+    kw = dict(do_sample=True, seed=9, temperature=0.8, top_k=30, top_p=0.9)
+    free = od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="kv", eos_token_id=[], **kw)
+    eos = [int(free[0, ids.shape[1] + 5])]
+    outs = [
+        od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy=s, eos_token_id=eos, **kw)
+        for s in ("kv", "fused")
+    ]
+    assert torch.equal(outs[1], outs[0])
+    greedy = od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="kv", eos_token_id=eos)
+    assert not torch.equal(greedy, outs[0]), "sampling should change some token"
+
+
+def _storage_bytes(model) -> int:
+    return sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
+
+
+@pytest.mark.parametrize("name", ["phi3", "qwen3"])
+@torch.no_grad()
+def test_relayout_keeps_hf_model_and_memory(name):
+    """Phi-3's qkv_proj and gate_up_proj are the fused tensors themselves (no copy); Qwen3's projections become
+    views of its fused ones; the Hugging Face model's logits are unchanged and no memory is added."""
+    model = family_model(name)
+    ids, mask = make_batch(2, seed=5)
+    before = model(input_ids=ids, attention_mask=mask).logits
+    bytes_before = _storage_bytes(model)
+    W = FusedModel(model).weights
+    assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, before)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    if name == "phi3":
+        assert attn.qkv_proj.weight.data_ptr() == W.layers[0].w_qkv.data_ptr()
+        assert mlp.gate_up_proj.weight.data_ptr() == W.layers[0].w_up.data_ptr()
+        assert 2 * W.inv_freq.numel() == W.head_dim * 3 // 4  # partial rotary: 0.75 of the head
+    else:
+        assert attn.k_proj.weight.data_ptr() == W.layers[0].w_qkv.data_ptr() + attn.q_proj.weight.nbytes
+        assert W.layers[0].q_norm.data_ptr() == attn.q_norm.weight.data_ptr()
+    assert _storage_bytes(model) == bytes_before
+    again = fuse_weights(model)
+    assert all(a.w_qkv.data_ptr() == b.w_qkv.data_ptr() for a, b in zip(W.layers, again.layers))
+
+
+def _gemma2_pins(W):
+    assert (W.attn_softcap, W.logit_softcap, W.layers[0].scale) == (3.0, 2.0, 20**-0.5)
+    assert W.layers[0].post_ffn_w is not None and [layer.window for layer in W.layers] == [6, None]
+
+
+def _gemma3_pins(W):
+    assert [layer.rope for layer in W.layers] == ["local", "global"] and W.layers[0].q_norm.shape == (24,)
+    assert not torch.equal(W.local_inv_freq, W.inv_freq) and W.norm == "rms_offset"
+
+
+PINS = {  # what each family's fused weights must carry
+    "qwen3": lambda W: W.layers[0].q_norm.shape == (24,) and W.head_dim == 24,
+    "qwen3-sliding": lambda W: [layer.window for layer in W.layers] == [6, None] and W.layers[0].b_qkv is not None,
+    "phi3": lambda W: 2 * W.inv_freq.numel() == 12 and W.long_inv_freq is None,
+    "phi3-longrope": lambda W: W.long_inv_freq is not None and W.rope_switch == LONGROPE_SWITCH,
+    "granite": lambda W: (W.embed_scale, W.residual_scale, W.logit_div, W.layers[0].scale) == (6.0, 0.4, 4.0, 0.3),
+    "smollm3": lambda W: [layer.rope for layer in W.layers] == ["global", None],
+    "olmo2": lambda W: (
+        W.norm == "rms_f32"
+        and W.layers[0].norm1_w is None
+        and W.layers[0].post_ffn_w is not None
+        and W.layers[0].q_norm.shape == (4 * 24,)
+    ),
+    "gemma": lambda W: W.norm == "rms_offset" and W.act == "gelu_tanh_mul" and W.embed_scale == 8.0,
+    "gemma2": lambda W: _gemma2_pins(W) is None,
+    "gemma3": lambda W: _gemma3_pins(W) is None,
+}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_what_each_family_changes_is_read_from_its_modules(name):
+    """The fused weights carry each family's changes (pinned here: a model too small to show a dropped change
+    would still pass the token tests)."""
+    assert PINS[name](fuse_weights(family_model(name)))
+
+
+@pytest.mark.parametrize("case", ["short table", "short prefill, long steps", "long prompt, EOS"])
+def test_longrope_chooses_hugging_faces_table_per_forward(case):
+    """LongRoPE (Phi-3, switch at 6 positions): a call that stays within the switch uses the short table
+    throughout; a prompt whose rows are all left-padded so that its prefill stays within it while the steps pass it
+    uses the short table for the prompt's keys and the long one from the first step on, as Hugging Face's per-forward
+    choice does (its cache is kept: the input is already past the switch); a long prompt, the long table."""
+    model = family_model("phi3-longrope")
+    P, n = {"short table": (3, 4), "short prefill, long steps": (8, 10), "long prompt, EOS": (12, 10)}[case]
+    ids, mask = make_batch(2, seed=7, prompt_len=P)
+    if case == "short prefill, long steps":
+        mask[:, :2] = 0  # positions 0 .. 5 in the prompt: within the switch
+    eos = eos_hit_midway(model, ids, mask, n, [0]) if case.endswith("EOS") else []
+    ref = hf_generate(model, ids, mask, n, eos, 0)
+    out = od.generate(
+        model, ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=eos, pad_token_id=0
+    )
+    assert torch.equal(out, ref)
+
+
+def test_a_call_crossing_the_longrope_switch_is_refused():
+    """Hugging Face recomputes the whole cache with the long table at the forward that crosses the switch; the step
+    does not, so such a call is refused before any work, naming max_new_tokens."""
+    model = family_model("phi3-longrope")
+    ids, mask = make_batch(2, seed=7, prompt_len=3)
+    with pytest.raises(ValueError, match="max_new_tokens: this model's LongRoPE switches .* past 6 positions"):
+        od.generate(model, ids, attention_mask=mask, max_new_tokens=5, strategy="fused")
+    # 3 + 4 = 7 = switch + 1 tokens: no forward's input reaches switch + 1 with a cache of switch or fewer
+    od.generate(model, ids, attention_mask=mask, max_new_tokens=4, strategy="fused")
+
+
+def test_gemma2_under_sdpa_follows_hf_which_drops_the_attention_softcap():
+    """transformers before 5.24 runs Gemma 2 on SDPA when asked, and its SDPA attention does not soft-cap the scores:
+    the step then does not either (its tokens are Hugging Face's); 5.24 refuses SDPA for Gemma 2."""
+    try:
+        model = family_model("gemma2", attn_implementation="sdpa")
+    except ValueError as err:
+        pytest.skip(f"this transformers refuses SDPA for Gemma 2 ({str(err)[:60]}...)")
+    assert fuse_weights(model).attn_softcap is None
+    ids, mask = make_batch(2, seed=22)
+    ref = hf_generate(model, ids, mask, N, [], 0)
+    assert torch.equal(od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused"), ref)
+
+
+def _config(cls: str, **kw):
+    base = dict(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        pad_token_id=0,
+    )
+    return getattr(transformers, cls)(**dict(base, **kw))
+
+
+@pytest.mark.parametrize(
+    "cls,config,kw,match",
+    [
+        ("Qwen3ForCausalLM", "Qwen3Config", dict(hidden_act="gelu"), "qwen3's hidden_act='gelu'"),
+        (
+            "Qwen3ForCausalLM",
+            "Qwen3Config",
+            dict(rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=10000.0)),
+            "qwen3's 'dynamic' RoPE",
+        ),
+        ("GemmaForCausalLM", "GemmaConfig", dict(hidden_activation="gelu", head_dim=16), "gemma's activation 'gelu'"),
+        ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(), "got model_type 'qwen3_moe'"),
+    ],
+)
+def test_what_the_step_does_not_implement_is_refused(cls, config, kw, match):
+    torch.manual_seed(0)
+    model = getattr(transformers, cls)(_config(config, **kw)).eval()
+    ids, _ = make_batch(1, seed=1, high=99)
+    with pytest.raises(ValueError, match=match):
+        od.generate(model, ids, max_new_tokens=4, strategy="fused")
+
+
+def test_the_persistent_layer_refuses_what_it_does_not_run():
+    from overlapdecode.fused.kernels.persistent_layer import PersistentLayer
+
+    W = fuse_weights(family_model("qwen3"))
+    assert W.extras() == ["q/k norm"]
+    assert fuse_weights(od.load_model("tiny-llama", device="cpu")).extras() == []
+    layer = PersistentLayer.__new__(PersistentLayer)
+    with pytest.raises(ValueError, match="persistent layer runs the Llama family's.*q/k norm"):
+        PersistentLayer.__call__(layer, W, W.layers[0], None, None, None, None, None, None, None)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_gpu_tests_real_sizes_are_accepted(name):
+    """The real-size configs of tests/gpu/test_gpu_fused.py build and fuse (on the meta device: no memory), with
+    the changes of their family, so that the GPU run cannot stop at a config."""
+    from fused_families import real_model
+
+    W = fuse_weights(real_model(name, device="meta"))
+    assert W.extras() and W.hidden == real_model(name, device="meta").config.hidden_size
