@@ -39,7 +39,8 @@ SIZES = {
     "chunk_size": 16,
     "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
     "linear_head_dim": 16, "linear_num_heads": 4,
-    "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+    "rotary_dim": 8, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
     "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
     "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16, "laurel_rank": 8,
     "num_kv_shared_layers": 0, "pronunciation_vocab_size": 32, "shape_vocab_size": 32, "pronunciation_embed_dim": 16,
@@ -61,10 +62,12 @@ OVERRIDES = {
     "bamba": {"attn_layer_indices": [1]},
     "granitemoehybrid": {"layer_types": ["mamba", "attention"]},
     "zaya": {"num_experts_per_tok": 1},
-    "dbrx": {"attn_config": {"kv_n_heads": 2}, "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}},
+    "dbrx": {"attn_config": {"kv_n_heads": 2},
+             "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}},
     "mpt": {"attn_config": {}},
-    "reformer": {"is_decoder": True, "axial_pos_shape": [16, 16], "axial_pos_embds_dim": [32, 32], "attn_layers": ["local", "lsh"],
-                     "local_attn_chunk_length": 4, "lsh_attn_chunk_length": 4, "num_buckets": 4},
+    "reformer": {"is_decoder": True, "axial_pos_shape": [16, 16], "axial_pos_embds_dim": [32, 32],
+                 "attn_layers": ["local", "lsh"], "local_attn_chunk_length": 4, "lsh_attn_chunk_length": 4,
+                 "num_buckets": 4},
 }
 
 
@@ -97,6 +100,8 @@ def _small_kwargs(cls, model_type: str | None = None) -> dict:
         target = amap.get(name, name)
         if target in fields and target not in kwargs:
             kwargs[target] = value
+    if "kv_lora_rank" in fields:  # multi-head latent attention: as many key/value heads as query heads
+        kwargs[amap.get("num_key_value_heads", "num_key_value_heads")] = SIZES["num_attention_heads"]
     for name, sub in (getattr(cls, "sub_configs", None) or {}).items():
         if isinstance(sub, type) and name in fields:
             kwargs[name] = _small_kwargs(sub)

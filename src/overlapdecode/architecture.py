@@ -170,8 +170,9 @@ def _module_local(layer) -> tuple[bool, str, int | None]:
 
 
 # class-name words of state-space / linear-attention / recurrent mixers, as whole CamelCase words
-RECURRENT_MODULE_NAMES = re.compile(r"(Mamba2?|Lstm|LSTM|Rwkv|RWKV|Recurrent|DeltaNet|ShortConv|LinearAttention|"
-                                    r"LightningAttention|Ssm|SSM)(?=[A-Z0-9_]|$)")
+# (not "LinearAttention": a model named "...Linear" has a "...LinearAttention" softmax attention)
+RECURRENT_MODULE_NAMES = re.compile(r"(Mamba2?|Lstm|LSTM|Rwkv|RWKV|Recurrent|DeltaNet|ShortConv|Ssm|SSM)"
+                                    r"(?=[A-Z0-9_]|$)")
 
 
 def _module_recurrent(layer) -> tuple[bool, str]:
@@ -218,7 +219,8 @@ def _model_modules(model) -> list:
     out = []
     for cls in type(model).__mro__:
         mod = sys.modules.get(cls.__module__)
-        if mod is not None and mod not in out and (cls is type(model) or cls.__module__.startswith("transformers.models.")):
+        ours = cls is type(model) or cls.__module__.startswith("transformers.models.")
+        if mod is not None and mod not in out and ours:
             out.append(mod)
     return out
 
@@ -366,8 +368,9 @@ def refusal(model, strategy) -> str | None:
     if arch.own_cache:
         return f"{arch.name} keeps its state in a cache class of its own ({arch.own_cache}) and refuses others"
     if arch.state_unknown_to_cache:
-        return (f"{arch.name}'s {_layers(arch.state_unknown_to_cache)} hold a recurrent state ({arch.recurrent_from}) that "
-                f"config.layer_types does not give a state-holding kind, so Hugging Face's caches have no place for it")
+        return (f"{arch.name}'s {_layers(arch.state_unknown_to_cache)} hold a recurrent state ({arch.recurrent_from}) "
+                f"that config.layer_types does not give a state-holding kind, so Hugging Face's caches have no place "
+                f"for it")
     if strategy.cache == "dynamic":
         return None
     if strategy.cache == "static":
@@ -385,8 +388,8 @@ def refusal(model, strategy) -> str | None:
             return (f"Hugging Face does not declare {arch.name} usable with its static cache "
                     f"(_can_compile_fullgraph is False)")
         if strategy.compile and arch.local_layers:
-            return (f"{arch.name} has sliding-window layers ({arch.local_from}), whose Hugging Face static cache keeps a "
-                    f"Python counter (a recompilation every step when compiled)")
+            return (f"{arch.name} has sliding-window layers ({arch.local_from}), whose Hugging Face static cache keeps "
+                    f"a Python counter (a recompilation every step when compiled)")
         if strategy.compile and arch.rope and not _rope_compiles(arch):
             return f"{arch.name}'s {'/'.join(arch.rope)} RoPE recomputes its tables from each forward's positions"
     return None
