@@ -25,7 +25,7 @@ import transformers
 
 import overlapdecode as od
 from helpers import make_batch, naive_generate
-from overlapdecode.architecture import describe, refusal
+from overlapdecode.architecture import GREEDY_PROCESSORS, describe, greedy_processors, refusal
 from overlapdecode.strategy import PRESETS
 from tiny_archs import VOCAB, causal_lm_types, tiny_model
 
@@ -59,6 +59,10 @@ class Case:
         if self.model is None:
             return
         self.ids, self.mask = make_batch(4, seed=3, prompt_len=P, high=VOCAB)
+        # generation_config settings overlapdecode warns of and does not apply: Hugging Face's reference without them
+        neutral = dict(GREEDY_PROCESSORS)
+        self.processors = greedy_processors(self.model)
+        self.without = {name: neutral[name] for name in self.processors}
         try:
             self.free = self._hf([])
             self.eos = [int(self.free[0, P + 3])]  # row 0 stops after 4 tokens; others may, later or not
@@ -82,7 +86,7 @@ class Case:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return self.model.generate(self.ids if ids is None else ids, attention_mask=self.mask, max_new_tokens=N,
-                                       do_sample=False, eos_token_id=eos, pad_token_id=PAD)
+                                       do_sample=False, eos_token_id=eos, pad_token_id=PAD, **self.without)
 
     def uncached(self, eos):
         """The naive no-cache loop's tokens (the model's uncached forward), made on first use."""
@@ -102,8 +106,12 @@ class Case:
         'refused'. Fails the test on other tokens, on a crash, and on a refusal that is not the up-front one."""
         for eos, ref in (([], self.free), (self.eos, self.stopped)):
             try:
-                out = od.generate(self.model, self.ids, attention_mask=self.mask, max_new_tokens=N, strategy=strategy,
-                                  eos_token_id=eos, pad_token_id=PAD)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    out = od.generate(self.model, self.ids, attention_mask=self.mask, max_new_tokens=N,
+                                      strategy=strategy, eos_token_id=eos, pad_token_id=PAD)
+                named = any("generation_config asks" in str(w.message) for w in caught)
+                assert named == bool(self.processors), f"{self.model_type}: {self.processors} not warned of"
             except ValueError as err:
                 up_front = str(err).startswith(f"strategy {strategy!r}: ")
                 # the fused path's own checks: its families (fused/layout.py), a window shorter than the call
@@ -163,7 +171,8 @@ def test_compiled_presets_on_one_model_per_feature_set():
         before = od.compile_count()
         for strategy in COMPILED:
             assert c.outcome(strategy) == "ok", (model_type, strategy)
-        assert od.compile_count() - before <= 2, model_type  # the prefill is eager: one decode-step graph per shape
+        # the prefill is eager: one decode-step graph per shape, and the EOS run's (one EOS id) is another
+        assert od.compile_count() - before <= 2, model_type
 
 
 def test_models_whose_own_paths_disagree():

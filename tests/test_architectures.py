@@ -124,15 +124,16 @@ def test_non_causal_models_are_refused_whatever_the_strategy():
         with pytest.raises(ValueError, match=rf"strategy '{strategy}': BertLMHeadModel does not attend causally "
                                              r"\(its attention modules are not causal"):
             _run(model, strategy)
-    assert describe(_tiny("roformer")).causal_why == (
-        "it builds its attention mask with transformers' bidirectional mask")
+    assert describe(_tiny("xlm")).causal_why == "config.causal is False"  # XLM's masked-LM default
 
 
-def test_generation_config_processors_are_refused_until_unset():
+def test_generation_config_processors_are_named_in_a_warning():
     model = _tiny("bart")  # generation_config.forced_eos_token_id = 2: Hugging Face forces EOS at the last step
-    with pytest.raises(ValueError, match=r"strategy 'kv': BartForCausalLM's generation_config asks Hugging Face "
-                                         r"generate\(\) for forced_eos_token_id=2"):
-        _run(model, "kv")
+    ids, mask = make_batch(4, seed=7, high=model.config.vocab_size)
+    with pytest.warns(UserWarning, match=r"BartForCausalLM's generation_config asks Hugging Face generate\(\) for "
+                                         r"forced_eos_token_id=2, which overlapdecode does not apply"):
+        out = od.generate(model, ids, attention_mask=mask, max_new_tokens=12, strategy="kv", eos_token_id=[],
+                          pad_token_id=0)
+    assert not torch.equal(out, hf_generate(model, ids, mask, 12, [], 0))  # Hugging Face forced the EOS
     model.generation_config.forced_eos_token_id = None
-    out, ref = _run(model, "kv")
-    assert torch.equal(out, ref)
+    assert torch.equal(out, hf_generate(model, ids, mask, 12, [], 0))

@@ -20,6 +20,7 @@ from collections import OrderedDict
 import torch
 from transformers import DynamicCache, StaticCache
 
+from . import rope
 from .architecture import describe
 from .strategy import CACHE_KINDS
 
@@ -40,6 +41,15 @@ def position_ids_for_prompt(attention_mask: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill(attention_mask == 0, 0)
 
 
+def positions_for(model, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The positions a call feeds `model`: Hugging Face generate's where the forward takes `position_ids`; where it
+    does not, generate passes none and the model counts every slot, left padding included (Whisper's decoder
+    reads ours through its **kwargs), so the same count is passed."""
+    if describe(model).takes_position_ids:
+        return position_ids_for_prompt(attention_mask)
+    return torch.arange(attention_mask.shape[1], device=attention_mask.device).expand(attention_mask.shape)
+
+
 class NoCache:
     """`baseline`: every step re-runs the whole sequence, read from the output buffer (O(N^2) work)."""
 
@@ -55,7 +65,7 @@ class NoCache:
         full_mask = torch.ones_like(out)
         full_mask[:, :prompt_len] = attention_mask
         self.mask = full_mask
-        self.position_ids = position_ids_for_prompt(full_mask)  # (B, P + N)
+        self.position_ids = positions_for(model, full_mask)  # (B, P + N)
         self.prompt_len = prompt_len
         assert self.position_ids.shape[1] == total
 
@@ -73,8 +83,9 @@ class NoCache:
 class _WithCache:
     """Shared by the dynamic and static kinds: prefill the prompt, then one token per step."""
 
-    def __init__(self, cache, input_ids: torch.Tensor, full_mask: torch.Tensor, prompt_len: int):
+    def __init__(self, cache, input_ids: torch.Tensor, full_mask: torch.Tensor, prompt_len: int, model=None):
         self.cache = cache
+        self.model = model
         self.input_ids = input_ids  # (B, P)
         self.full_mask = full_mask  # (B, P + N) or (B, max_cache_len)
         self.prompt_len = prompt_len
@@ -93,7 +104,7 @@ class _WithCache:
             return dict(
                 input_ids=self.input_ids,
                 attention_mask=self.mask_for_step(0),
-                position_ids=position_ids_for_prompt(self.full_mask[:, : self.prompt_len]),
+                position_ids=positions_for(self.model, self.full_mask[:, : self.prompt_len]),
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=1,
@@ -111,7 +122,7 @@ class DynamicKV(_WithCache):
         B, P = input_ids.shape
         full = torch.ones((B, P + max_new_tokens), dtype=attention_mask.dtype, device=input_ids.device)
         full[:, :P] = attention_mask
-        super().__init__(DynamicCache(config=model.config), input_ids, full, P)
+        super().__init__(DynamicCache(config=model.config), input_ids, full, P, model)
 
     def mask_for_step(self, step: int) -> torch.Tensor:
         return self.full_mask[:, : self.prompt_len + step]
@@ -139,12 +150,14 @@ class StaticKV(_WithCache):
         cache, full = store.get(model, B, max_cache_len)
         full.fill_(1)
         full[:, :P] = attention_mask
-        super().__init__(cache, input_ids, full, P)
+        super().__init__(cache, input_ids, full, P, model)
         self.max_cache_len = max_cache_len
         # a state-space or linear-attention layer zeroes the prompt's padding by the mask's last P columns (all
         # ones in the whole-cache mask): its prefill gets the prompt's columns only, which the attention layers
         # pad with zeros (hidden by causality anyway; a model that sizes ALiBi by the mask needs the whole one)
         self.prefill_mask = full[:, :P] if describe(model).recurrent_layers else full
+        if compiled and describe(model).rope:
+            rope.prepare(describe(model).rope_modules)  # dynamic NTK / LongRoPE tables chosen inside the graph
 
     def mask_for_step(self, step: int) -> torch.Tensor:
         if step == 0:

@@ -191,7 +191,7 @@ class Decoder:
         strat = resolve_strategy(strategy)
         req = check_request(self.model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
         params = check_sampling(do_sample, temperature, top_k, top_p, seed)
-        check_strategy(self.model, strat, strategy)  # what the model's layers need of the strategy
+        check_strategy(self.model, strat, strategy, req)  # what the model's layers need of the strategy
         if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:
             raise ValueError(
                 f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
