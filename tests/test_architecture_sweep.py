@@ -164,7 +164,8 @@ def _accepted_by_feature_set() -> dict[tuple, list[str]]:
 
 def test_compiled_presets_on_one_model_per_feature_set():
     groups = _accepted_by_feature_set()
-    assert () in groups and ("recurrent",) in groups, groups  # plain attention, and hybrid recurrent models
+    # plain attention, hybrid recurrent models, sliding-window and global/local models
+    assert () in groups and ("recurrent",) in groups and ("local",) in groups, groups
     chosen = [t for types in groups.values() for t in (types if FULL else types[:1])]
     for model_type in chosen:
         c = case(model_type)

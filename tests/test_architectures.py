@@ -48,13 +48,6 @@ def test_eager_strategies_match_hf(arch_model):
         assert torch.equal(out, ref), (name, s)
 
 
-def test_compiled_refuses_sliding_window_clearly():
-    model = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=16)).eval()
-    ids, _ = make_batch(1, seed=41)
-    with pytest.raises(ValueError, match="sliding-window layers"):
-        od.generate(model, ids, max_new_tokens=4, strategy="compiled")
-
-
 # --- what architecture.py finds, and the one error each refusal is ----------------------------------------
 
 

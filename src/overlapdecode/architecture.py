@@ -8,7 +8,8 @@ what runs) and the config second (what Hugging Face's caches are built from), ne
   `is_sliding` / `attention_type` / `layer_type`, or the config's `layer_types`-like lists and window fields.
   Hugging Face's static cache gives a layer a window only where `config.layer_types` (or a model-wide
   `sliding_window` / `attention_chunk_size`) says so; a local layer it does not mark is kept as a global one
-  (refused: the model's own local mask then disagrees with the cache);
+  (refused: the model's own local mask then disagrees with the cache). Compiled, the marked ones get
+  sliding_cache.py's whole-length layers;
 - state-space, linear-attention, convolution and recurrent layers (a mixer's `layer_type`, `A_log` / `dt_bias` /
   `time_decay` parameters, a causal depthwise convolution, the config's layer kinds): their state lives in the
   cache only where `config.layer_types` gives the layer a state-holding kind;
@@ -389,9 +390,6 @@ def refusal(model, strategy) -> str | None:
         if not arch.static_compiles:
             return (f"Hugging Face does not declare {arch.name} usable with its static cache "
                     f"(_can_compile_fullgraph is False)")
-        if strategy.compile and arch.local_layers:
-            return (f"{arch.name} has sliding-window layers ({arch.local_from}), whose Hugging Face static cache keeps "
-                    f"a Python counter (a recompilation every step when compiled)")
         if strategy.compile and arch.rope:
             return _rope_refusal(model, arch)
     return None

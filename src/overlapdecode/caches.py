@@ -22,6 +22,7 @@ from transformers import DynamicCache, StaticCache
 
 from . import rope
 from .architecture import describe
+from .sliding_cache import static_cache_for_compile
 from .strategy import CACHE_KINDS
 
 
@@ -147,7 +148,7 @@ class StaticKV(_WithCache):
                  compiled: bool = False):
         B, P = input_ids.shape
         max_cache_len = static_cache_len(P, max_new_tokens)
-        cache, full = store.get(model, B, max_cache_len)
+        cache, full = store.get(model, B, max_cache_len, compiled)
         full.fill_(1)
         full[:, :P] = attention_mask
         super().__init__(cache, input_ids, full, P, model)
@@ -178,14 +179,21 @@ class StaticCaches:
         self.keep = keep
         self._entries: OrderedDict = OrderedDict()
 
-    def get(self, model, batch_size: int, max_cache_len: int) -> tuple[StaticCache, torch.Tensor]:
-        """A reset `StaticCache` and its (B, max_cache_len) mask buffer for this shape."""
+    def get(self, model, batch_size: int, max_cache_len: int, compiled: bool = False
+            ) -> tuple[StaticCache, torch.Tensor]:
+        """A reset `StaticCache` and its (B, max_cache_len) mask buffer for this shape. `compiled`: for a compiled
+        step, local (sliding-window, chunked) layers are whole-length layers written at a device counter
+        (sliding_cache.py)."""
         param = next(model.parameters())
+        local = describe(model).local_layers if compiled else ()
         # a cache made under inference_mode holds inference tensors, which cannot be reset outside it
-        key = (batch_size, max_cache_len, param.dtype, param.device, torch.is_inference_mode_enabled())
+        key = (batch_size, max_cache_len, param.dtype, param.device, torch.is_inference_mode_enabled(), bool(local))
         entry = self._entries.pop(key, None)
         if entry is None:
-            cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+            if local:
+                cache = static_cache_for_compile(model.config, max_cache_len, local)
+            else:
+                cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
             mask = torch.ones((batch_size, max_cache_len), dtype=torch.long, device=param.device)
             torch._dynamo.mark_static_address(mask)
             entry = (cache, mask)
