@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 import torch
@@ -57,13 +58,6 @@ def test_eager_strategies_match_hf(arch_model):
     for s in EAGER:
         out = od.generate(model, ids, attention_mask=mask, max_new_tokens=30, strategy=s, eos_token_id=[])
         assert torch.equal(out, ref), (name, s)
-
-
-def test_compiled_refuses_sliding_window_clearly():
-    model = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=16)).eval()
-    ids, _ = make_batch(1, seed=41)
-    with pytest.raises(ValueError, match="sliding-window layers"):
-        od.generate(model, ids, max_new_tokens=4, strategy="compiled")
 
 
 # --- what architecture.py finds, and the one error each refusal is ----------------------------------------
@@ -153,19 +147,41 @@ def test_non_causal_models_are_refused_whatever_the_strategy():
     for strategy in ("baseline", "kv", "interleaved"):  # refused from its config before any strategy is asked
         with pytest.raises(ValueError, match=r"model BertLMHeadModel is an encoder \(bert with is_decoder=False"):
             _run(model, strategy)
+    assert describe(_tiny("xlm")).causal_why == "config.causal is False"  # XLM's masked-LM default
 
 
-def test_generation_config_processors_are_refused_until_unset():
+def test_generation_config_processors_are_named_in_a_warning():
     model = _tiny("bart")  # generation_config.forced_eos_token_id = 2: Hugging Face forces EOS at the last step
-    with pytest.raises(
-        ValueError,
-        match=r"strategy 'kv': BartForCausalLM's generation_config asks Hugging Face "
-        r"generate\(\) for forced_eos_token_id=2",
+    ids, mask = make_batch(4, seed=7, high=model.config.vocab_size)
+    with pytest.warns(
+        UserWarning,
+        match=r"BartForCausalLM's generation_config asks Hugging Face generate\(\) for "
+        r"forced_eos_token_id=2, which overlapdecode does not apply",
     ):
-        _run(model, "kv")
+        out = od.generate(
+            model, ids, attention_mask=mask, max_new_tokens=12, strategy="kv", eos_token_id=[], pad_token_id=0
+        )
+    assert not torch.equal(out, hf_generate(model, ids, mask, 12, [], 0))  # Hugging Face forced the EOS
     model.generation_config.forced_eos_token_id = None
-    out, ref = _run(model, "kv")
-    assert torch.equal(out, ref)
+    assert torch.equal(out, hf_generate(model, ids, mask, 12, [], 0))
+
+
+@pytest.mark.parametrize("strategy", ["kv", "compiled"])
+def test_generation_config_repetition_penalty_is_applied_without_a_warning(strategy):
+    """od.generate implements the repetition penalty: the model's generation_config's applies where the call
+    gives none, as in Hugging Face generate(); the call's own argument wins."""
+    model = _tiny("llama")
+    ids, mask = make_batch(4, seed=7, high=model.config.vocab_size)
+    plain = hf_generate(model, ids, mask, 12, [], 0)
+    model.generation_config.repetition_penalty = 3.0
+    ref = hf_generate(model, ids, mask, 12, [], 0)
+    assert not torch.equal(ref, plain)  # the penalty changes these tokens
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, strategy=strategy, eos_token_id=[], pad_token_id=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(od.generate(model, ids, **kwargs), ref)
+        assert torch.equal(od.generate(model, ids, repetition_penalty=1.0, **kwargs), plain)
+    assert not [w for w in caught if "generation_config" in str(w.message)]  # applied, so not warned of
 
 
 @pytest.mark.skipif(
