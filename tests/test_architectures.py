@@ -110,19 +110,31 @@ def test_hybrid_recurrent_models_match_hf_under_static(model_type):
 NEW_CACHE_NAME = "cache" in inspect.signature(transformers.GPT2LMHeadModel.forward).parameters
 
 
-@pytest.mark.skipif(
-    NEW_CACHE_NAME,
-    reason="transformers >= 5.24 names every model's cache `cache` (Mamba's too): "
-    "architecture.py does not yet tell Mamba's own state from a KV cache there",
-)
 def test_a_forward_that_takes_its_cache_by_another_name_is_refused_for_caches():
-    model = _tiny("mamba")
+    model = _tiny("rwkv")  # its own state, as `state`
     with pytest.raises(
         ValueError,
-        match="strategy 'kv': MambaForCausalLM's forward takes its cache as `cache_params`, "
+        match="strategy 'kv': RwkvForCausalLM's forward takes its cache as `state`, "
         "not `past_key_values`.*use strategy='baseline'",
     ):
         _run(model, "kv")
+
+
+def test_mamba_takes_hf_caches_where_its_forward_does():
+    """transformers 5.17's Mamba keeps its state in `cache_params` (refused for our caches); from 5.24 its forward
+    takes Hugging Face's cache as `cache`, with config.layer_types giving every layer a state: kv gives Hugging
+    Face's tokens."""
+    model = _tiny("mamba")
+    if not NEW_CACHE_NAME:
+        with pytest.raises(
+            ValueError,
+            match="strategy 'kv': MambaForCausalLM's forward takes its cache as `cache_params`, "
+            "not `past_key_values`.*use strategy='baseline'",
+        ):
+            _run(model, "kv")
+    else:
+        out, ref = _run(model, "kv")
+        assert torch.equal(out, ref)
     out, ref = _run(model, "baseline")
     assert torch.equal(out, ref)
 
@@ -147,7 +159,6 @@ def test_non_causal_models_are_refused_whatever_the_strategy():
     for strategy in ("baseline", "kv", "interleaved"):  # refused from its config before any strategy is asked
         with pytest.raises(ValueError, match=r"model BertLMHeadModel is an encoder \(bert with is_decoder=False"):
             _run(model, strategy)
-    assert describe(_tiny("xlm")).causal_why == "config.causal is False"  # XLM's masked-LM default
 
 
 def test_generation_config_processors_are_named_in_a_warning():
@@ -184,12 +195,18 @@ def test_generation_config_repetition_penalty_is_applied_without_a_warning(strat
     assert not [w for w in caught if "generation_config" in str(w.message)]  # applied, so not warned of
 
 
-@pytest.mark.skipif(
-    NEW_CACHE_NAME,
-    reason="transformers >= 5.24 builds RoFormer's mask through other utilities, "
-    "which architecture.py does not yet recognise",
-)
 def test_a_bidirectional_mask_builder_is_seen_as_not_causal():
-    assert describe(_tiny("roformer")).causal_why == (
-        "it builds its attention mask with transformers' bidirectional mask"
-    )
+    """RoFormer as a decoder (is_decoder=True): transformers 5.17's builds a bidirectional mask all the same (its
+    module imports no causal mask utility), 5.24's a causal one; each is described as its code attends."""
+    import transformers.models.roformer.modeling_roformer as roformer
+
+    model = _tiny("roformer")
+    if hasattr(roformer, "create_causal_mask"):
+        assert describe(model).causal
+        out, ref = _run(model, "kv")
+        assert torch.equal(out, ref)
+    else:
+        assert describe(model).causal_why == "it builds its attention mask with transformers' bidirectional mask"
+        with pytest.raises(ValueError, match="strategy 'kv': RoFormerForCausalLM does not attend causally"):
+            _run(model, "kv")
+    assert describe(_tiny("xlm")).causal_why == "config.causal is False"  # XLM's masked-LM default

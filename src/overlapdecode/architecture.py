@@ -57,6 +57,8 @@ RECURRENT_KINDS = {
 }
 # the kinds Hugging Face's caches keep a layer's state for (hybrid: state and attention)
 STATE_KINDS = {"linear_attention", "conv", "hybrid", "hybrid_sliding"}
+# the kinds of those whose cache layer holds a state and no keys and values
+STATE_ONLY_KINDS = {"linear_attention", "conv"}
 # kinds whose cache layer Hugging Face's StaticCache knows
 STATIC_KINDS = {
     "full_attention",
@@ -109,6 +111,7 @@ class Architecture:
     recurrent_from: str = ""
     cache_state_layers: tuple[int, ...] = ()  # the layers Hugging Face's caches keep a state for
     static_unknown_kinds: tuple[str, ...] = ()  # layer kinds the static cache has no layer for
+    attention_free: bool = False  # every layer recurrent, and Hugging Face's caches keep no keys for any
     cache_keyword: str | None = "past_key_values"  # the forward's cache argument (None: it takes none)
     takes_position_ids: bool = True  # the forward names `position_ids` (Hugging Face generate passes them)
     own_cache: str | None = None  # a cache class the model's code defines (it refuses others)
@@ -134,6 +137,8 @@ class Architecture:
             out.append("local" if not self.local_unknown_to_cache else "local-unknown-to-cache")
         if self.recurrent_layers:
             out.append("recurrent" if not self.state_unknown_to_cache else "recurrent-unknown-to-cache")
+        if self.attention_free:
+            out.append("attention-free")
         if self.static_unknown_kinds:
             out.append("static-unknown-kind")
         if self.cache_keyword != "past_key_values":
@@ -324,6 +329,7 @@ def _describe(model) -> Architecture:
         recurrent = sorted(set(recurrent) | set(from_config))
     cache_state = [i for i, k in enumerate(cache_kinds) if k in STATE_KINDS]
     unknown = tuple(sorted({k for k in cache_kinds if k not in STATIC_KINDS}))
+    attention_free = bool(n) and len(recurrent) == n and all(k in STATE_ONLY_KINDS for k in cache_kinds)
 
     # the forward's cache keyword, a cache class of the model's own, how it masks
     params = inspect.signature(model.forward).parameters
@@ -364,6 +370,7 @@ def _describe(model) -> Architecture:
         recurrent_from=recurrent_from,
         cache_state_layers=tuple(cache_state),
         static_unknown_kinds=unknown,
+        attention_free=attention_free,
         cache_keyword=keyword,
         takes_position_ids="position_ids" in params or keyword_only,
         own_cache=own_cache,

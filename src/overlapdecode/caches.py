@@ -99,6 +99,7 @@ class _WithCache:
     def __init__(self, model, cache, input_ids: torch.Tensor, full_mask: torch.Tensor, prompt_len: int):
         self.cache = cache
         self.model = model
+        self.attention_free = describe(model).attention_free
         self.keyword = cache_keyword(model)
         self.input_ids = input_ids  # (B, P)
         self.full_mask = full_mask  # (B, P + N) or (B, max_cache_len)
@@ -123,9 +124,11 @@ class _WithCache:
                 logits_to_keep=1,
                 **{self.keyword: self.cache},
             )
-        return dict(
-            attention_mask=self.mask_for_step(step), use_cache=True, logits_to_keep=1, **{self.keyword: self.cache}
-        )
+        # a model without attention (every layer a state-space / recurrent one, no keys cached) reads a mask only
+        # as the padding of the tokens it is fed: a one-token step's token is never padding, and a mask of the
+        # whole sequence would be broadcast over it (Mamba); Hugging Face generate passes none there either
+        mask = None if self.attention_free else self.mask_for_step(step)
+        return dict(attention_mask=mask, use_cache=True, logits_to_keep=1, **{self.keyword: self.cache})
 
 
 class DynamicKV(_WithCache):
