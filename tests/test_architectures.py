@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 import torch
@@ -59,13 +60,6 @@ def test_eager_strategies_match_hf(arch_model):
         assert torch.equal(out, ref), (name, s)
 
 
-def test_compiled_refuses_sliding_window_clearly():
-    model = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=16)).eval()
-    ids, _ = make_batch(1, seed=41)
-    with pytest.raises(ValueError, match="sliding-window layers"):
-        od.generate(model, ids, max_new_tokens=4, strategy="compiled")
-
-
 # --- what architecture.py finds, and the one error each refusal is ----------------------------------------
 
 
@@ -116,19 +110,31 @@ def test_hybrid_recurrent_models_match_hf_under_static(model_type):
 NEW_CACHE_NAME = "cache" in inspect.signature(transformers.GPT2LMHeadModel.forward).parameters
 
 
-@pytest.mark.skipif(
-    NEW_CACHE_NAME,
-    reason="transformers >= 5.24 names every model's cache `cache` (Mamba's too): "
-    "architecture.py does not yet tell Mamba's own state from a KV cache there",
-)
 def test_a_forward_that_takes_its_cache_by_another_name_is_refused_for_caches():
-    model = _tiny("mamba")
+    model = _tiny("rwkv")  # its own state, as `state`
     with pytest.raises(
         ValueError,
-        match="strategy 'kv': MambaForCausalLM's forward takes its cache as `cache_params`, "
+        match="strategy 'kv': RwkvForCausalLM's forward takes its cache as `state`, "
         "not `past_key_values`.*use strategy='baseline'",
     ):
         _run(model, "kv")
+
+
+def test_mamba_takes_hf_caches_where_its_forward_does():
+    """transformers 5.17's Mamba keeps its state in `cache_params` (refused for our caches); from 5.24 its forward
+    takes Hugging Face's cache as `cache`, with config.layer_types giving every layer a state: kv gives Hugging
+    Face's tokens."""
+    model = _tiny("mamba")
+    if not NEW_CACHE_NAME:
+        with pytest.raises(
+            ValueError,
+            match="strategy 'kv': MambaForCausalLM's forward takes its cache as `cache_params`, "
+            "not `past_key_values`.*use strategy='baseline'",
+        ):
+            _run(model, "kv")
+    else:
+        out, ref = _run(model, "kv")
+        assert torch.equal(out, ref)
     out, ref = _run(model, "baseline")
     assert torch.equal(out, ref)
 
@@ -155,25 +161,52 @@ def test_non_causal_models_are_refused_whatever_the_strategy():
             _run(model, strategy)
 
 
-def test_generation_config_processors_are_refused_until_unset():
+def test_generation_config_processors_are_named_in_a_warning():
     model = _tiny("bart")  # generation_config.forced_eos_token_id = 2: Hugging Face forces EOS at the last step
-    with pytest.raises(
-        ValueError,
-        match=r"strategy 'kv': BartForCausalLM's generation_config asks Hugging Face "
-        r"generate\(\) for forced_eos_token_id=2",
+    ids, mask = make_batch(4, seed=7, high=model.config.vocab_size)
+    with pytest.warns(
+        UserWarning,
+        match=r"BartForCausalLM's generation_config asks Hugging Face generate\(\) for "
+        r"forced_eos_token_id=2, which overlapdecode does not apply",
     ):
-        _run(model, "kv")
+        out = od.generate(
+            model, ids, attention_mask=mask, max_new_tokens=12, strategy="kv", eos_token_id=[], pad_token_id=0
+        )
+    assert not torch.equal(out, hf_generate(model, ids, mask, 12, [], 0))  # Hugging Face forced the EOS
     model.generation_config.forced_eos_token_id = None
-    out, ref = _run(model, "kv")
-    assert torch.equal(out, ref)
+    assert torch.equal(out, hf_generate(model, ids, mask, 12, [], 0))
 
 
-@pytest.mark.skipif(
-    NEW_CACHE_NAME,
-    reason="transformers >= 5.24 builds RoFormer's mask through other utilities, "
-    "which architecture.py does not yet recognise",
-)
+@pytest.mark.parametrize("strategy", ["kv", "compiled"])
+def test_generation_config_repetition_penalty_is_applied_without_a_warning(strategy):
+    """od.generate implements the repetition penalty: the model's generation_config's applies where the call
+    gives none, as in Hugging Face generate(); the call's own argument wins."""
+    model = _tiny("llama")
+    ids, mask = make_batch(4, seed=7, high=model.config.vocab_size)
+    plain = hf_generate(model, ids, mask, 12, [], 0)
+    model.generation_config.repetition_penalty = 3.0
+    ref = hf_generate(model, ids, mask, 12, [], 0)
+    assert not torch.equal(ref, plain)  # the penalty changes these tokens
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, strategy=strategy, eos_token_id=[], pad_token_id=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(od.generate(model, ids, **kwargs), ref)
+        assert torch.equal(od.generate(model, ids, repetition_penalty=1.0, **kwargs), plain)
+    assert not [w for w in caught if "generation_config" in str(w.message)]  # applied, so not warned of
+
+
 def test_a_bidirectional_mask_builder_is_seen_as_not_causal():
-    assert describe(_tiny("roformer")).causal_why == (
-        "it builds its attention mask with transformers' bidirectional mask"
-    )
+    """RoFormer as a decoder (is_decoder=True): transformers 5.17's builds a bidirectional mask all the same (its
+    module imports no causal mask utility), 5.24's a causal one; each is described as its code attends."""
+    import transformers.models.roformer.modeling_roformer as roformer
+
+    model = _tiny("roformer")
+    if hasattr(roformer, "create_causal_mask"):
+        assert describe(model).causal
+        out, ref = _run(model, "kv")
+        assert torch.equal(out, ref)
+    else:
+        assert describe(model).causal_why == "it builds its attention mask with transformers' bidirectional mask"
+        with pytest.raises(ValueError, match="strategy 'kv': RoFormerForCausalLM does not attend causally"):
+            _run(model, "kv")
+    assert describe(_tiny("xlm")).causal_why == "config.causal is False"  # XLM's masked-LM default

@@ -95,6 +95,7 @@ SIZES = {
     "linear_num_value_heads": 4,
     "linear_head_dim": 16,
     "linear_num_heads": 4,
+    "rotary_dim": 8,
     "q_lora_rank": 32,
     "kv_lora_rank": 16,
     "qk_rope_head_dim": 8,
@@ -184,6 +185,8 @@ def _small_kwargs(cls, model_type: str | None = None) -> dict:
         target = amap.get(name, name)
         if target in fields and target not in kwargs:
             kwargs[target] = value
+    if "kv_lora_rank" in fields:  # multi-head latent attention: as many key/value heads as query heads
+        kwargs[amap.get("num_key_value_heads", "num_key_value_heads")] = SIZES["num_attention_heads"]
     for name, sub in (getattr(cls, "sub_configs", None) or {}).items():
         if isinstance(sub, type) and name in fields:
             kwargs[name] = _small_kwargs(sub)

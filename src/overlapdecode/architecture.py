@@ -7,7 +7,9 @@ what runs) and the config second (what Hugging Face's caches are built from), ne
 - local layers (a sliding window, local attention, attention chunks): an attention module's `sliding_window` /
   `is_sliding` / `attention_type` / `layer_type`, or the config's `layer_types`-like lists and window fields.
   Hugging Face's static cache gives a layer a window only where `config.layer_types` (or a model-wide
-  `sliding_window` / `attention_chunk_size`) says so; a local layer it does not mark is kept as a global one;
+  `sliding_window` / `attention_chunk_size`) says so; a local layer it does not mark is kept as a global one
+  (refused: the model's own local mask then disagrees with the cache). Compiled, the marked ones get
+  sliding_cache.py's whole-length layers;
 - state-space, linear-attention, convolution and recurrent layers (a mixer's `layer_type`, `A_log` / `dt_bias` /
   `time_decay` parameters, a causal depthwise convolution, the config's layer kinds): their state lives in the
   cache only where `config.layer_types` gives the layer a state-holding kind;
@@ -18,10 +20,12 @@ what runs) and the config second (what Hugging Face's caches are built from), ne
 - causality: attention modules marked `is_causal`, the causal mask utilities, a lower-triangular mask buffer,
   or no attention at all (a recurrence); a model with none of these, or one that sets bidirectional attention,
   is refused whatever the strategy (its prompt would see later tokens);
-- rotary embeddings whose tables change with the length (dynamic NTK, LongRoPE): under compile they need
-  rope.py's in-graph tables;
-- generation_config settings that change greedy tokens (forced ids, repetition penalty, suppressed tokens...),
-  which Hugging Face applies and overlapdecode does not.
+- rotary embeddings whose tables change with the length (dynamic NTK, LongRoPE): under compile they run on
+  rope.py's in-graph choice of table, where it gives Hugging Face's (refused where it cannot);
+- generation_config settings that change greedy tokens (forced ids, suppressed tokens...), which Hugging Face
+  applies and overlapdecode does not: not a refusal (a checkpoint's generation_config often has one), a
+  UserWarning naming them, so that other tokens than generate()'s are never silent. Its repetition_penalty is
+  applied, as generate()'s own argument is (generation_defaults).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -52,6 +57,8 @@ RECURRENT_KINDS = {
 }
 # the kinds Hugging Face's caches keep a layer's state for (hybrid: state and attention)
 STATE_KINDS = {"linear_attention", "conv", "hybrid", "hybrid_sliding"}
+# the kinds of those whose cache layer holds a state and no keys and values
+STATE_ONLY_KINDS = {"linear_attention", "conv"}
 # kinds whose cache layer Hugging Face's StaticCache knows
 STATIC_KINDS = {
     "full_attention",
@@ -70,11 +77,11 @@ KIND_LISTS = ("layer_types", "layers_block_type", "attention_layers", "block_typ
 WINDOW_FIELDS = ("sliding_window", "window_size", "attention_chunk_size", "sliding_window_size", "local_window_size")
 # rotary types whose tables Hugging Face recomputes from the positions of each forward
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
-# generation_config values that Hugging Face's greedy search applies: (attribute, value that changes nothing)
+# generation_config values that Hugging Face's greedy search applies and overlapdecode does not:
+# (attribute, value that changes nothing)
 GREEDY_PROCESSORS = (
     ("forced_bos_token_id", None),
     ("forced_eos_token_id", None),
-    ("repetition_penalty", 1.0),
     ("no_repeat_ngram_size", 0),
     ("encoder_no_repeat_ngram_size", 0),
     ("bad_words_ids", None),
@@ -84,9 +91,10 @@ GREEDY_PROCESSORS = (
     ("min_length", 0),
     ("min_new_tokens", None),
     ("exponential_decay_length_penalty", None),
-    ("logits_processor", None),
-    ("renormalize_logits", False),
 )
+# generation_config values that od.generate applies as Hugging Face does, where its own argument is not given:
+# (attribute, value that changes nothing)
+APPLIED_DEFAULTS = (("repetition_penalty", 1.0),)
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,9 @@ class Architecture:
     recurrent_from: str = ""
     cache_state_layers: tuple[int, ...] = ()  # the layers Hugging Face's caches keep a state for
     static_unknown_kinds: tuple[str, ...] = ()  # layer kinds the static cache has no layer for
+    attention_free: bool = False  # every layer recurrent, and Hugging Face's caches keep no keys for any
     cache_keyword: str | None = "past_key_values"  # the forward's cache argument (None: it takes none)
+    takes_position_ids: bool = True  # the forward names `position_ids` (Hugging Face generate passes them)
     own_cache: str | None = None  # a cache class the model's code defines (it refuses others)
     mask_utils: bool = True  # builds its attention mask with transformers' masking utilities
     causal: bool = True
@@ -127,6 +137,8 @@ class Architecture:
             out.append("local" if not self.local_unknown_to_cache else "local-unknown-to-cache")
         if self.recurrent_layers:
             out.append("recurrent" if not self.state_unknown_to_cache else "recurrent-unknown-to-cache")
+        if self.attention_free:
+            out.append("attention-free")
         if self.static_unknown_kinds:
             out.append("static-unknown-kind")
         if self.cache_keyword != "past_key_values":
@@ -208,9 +220,9 @@ def _module_local(layer) -> tuple[bool, str, int | None]:
 
 
 # class-name words of state-space / linear-attention / recurrent mixers, as whole CamelCase words
+# (not "LinearAttention": a model named "...Linear" has a "...LinearAttention" softmax attention)
 RECURRENT_MODULE_NAMES = re.compile(
-    r"(Mamba2?|Lstm|LSTM|Rwkv|RWKV|Recurrent|DeltaNet|ShortConv|LinearAttention|"
-    r"LightningAttention|Ssm|SSM)(?=[A-Z0-9_]|$)"
+    r"(Mamba2?|Lstm|LSTM|Rwkv|RWKV|Recurrent|DeltaNet|ShortConv|Ssm|SSM)(?=[A-Z0-9_]|$)"
 )
 
 
@@ -317,6 +329,7 @@ def _describe(model) -> Architecture:
         recurrent = sorted(set(recurrent) | set(from_config))
     cache_state = [i for i, k in enumerate(cache_kinds) if k in STATE_KINDS]
     unknown = tuple(sorted({k for k in cache_kinds if k not in STATIC_KINDS}))
+    attention_free = bool(n) and len(recurrent) == n and all(k in STATE_ONLY_KINDS for k in cache_kinds)
 
     # the forward's cache keyword, a cache class of the model's own, how it masks
     params = inspect.signature(model.forward).parameters
@@ -326,6 +339,9 @@ def _describe(model) -> Architecture:
         if "past_key_values" in params or "cache" in params
         else next((p for p in ("cache_params", "state", "past_buckets_states", "mems") if p in params), None)
     )
+    keyword_only = all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values())
+    if keyword is None and keyword_only:
+        keyword = "past_key_values"  # a wrapper's (*args, **kwargs): Hugging Face's own forward takes it
     modules = _model_modules(model)
     from transformers.cache_utils import Cache
 
@@ -354,7 +370,9 @@ def _describe(model) -> Architecture:
         recurrent_from=recurrent_from,
         cache_state_layers=tuple(cache_state),
         static_unknown_kinds=unknown,
+        attention_free=attention_free,
         cache_keyword=keyword,
+        takes_position_ids="position_ids" in params or keyword_only,
         own_cache=own_cache,
         mask_utils=mask_utils,
         causal=causal,
@@ -404,17 +422,28 @@ def _rope_kind(module) -> str:
     return next(r for k in kinds if isinstance(k, str) for r in LENGTH_DEPENDENT_ROPE if r in k)
 
 
-def greedy_processors(model) -> dict:
-    """generation_config values with which Hugging Face's greedy search changes the argmax token."""
+def _set_values(model, table) -> dict:
     gen = getattr(model, "generation_config", None)
     if gen is None:
         return {}
     out = {}
-    for attr, neutral in GREEDY_PROCESSORS:
+    for attr, neutral in table:
         value = getattr(gen, attr, neutral)
         if value is not None and value != neutral and value != [] and value != {}:
             out[attr] = value
     return out
+
+
+def greedy_processors(model) -> dict:
+    """generation_config values with which Hugging Face's greedy search changes the argmax token, and which
+    overlapdecode does not apply (a UserWarning names them: check_strategy)."""
+    return _set_values(model, GREEDY_PROCESSORS)
+
+
+def generation_defaults(model) -> dict:
+    """generation_config values that od.generate applies where the call does not give its own argument, as
+    Hugging Face generate() does (a call's argument wins)."""
+    return _set_values(model, APPLIED_DEFAULTS)
 
 
 def _layers(indices) -> str:
@@ -431,13 +460,6 @@ def refusal(model, strategy) -> str | None:
     arch = describe(model)
     if not arch.causal:
         return f"{arch.name} does not attend causally ({arch.causal_why}); generate needs a causal decoder"
-    procs = greedy_processors(model)
-    if procs:
-        listed = ", ".join(f"{k}={v!r}" for k, v in procs.items())
-        return (
-            f"{arch.name}'s generation_config asks Hugging Face generate() for {listed}, which overlapdecode does "
-            f"not apply; set them to None (model.generation_config.<name> = None) to decode without them"
-        )
     if strategy.cache in ("none", "fused"):
         return None  # no cache to hand over; the fused path checks its families itself (fused/layout.py: SUPPORTED,
         # and what each family's modules and config ask of its step)
@@ -475,24 +497,74 @@ def refusal(model, strategy) -> str | None:
                 f"Hugging Face does not declare {arch.name} usable with its static cache "
                 f"(_can_compile_fullgraph is False)"
             )
-        if strategy.compile and arch.local_layers:
-            return (
-                f"{arch.name} has sliding-window layers ({arch.local_from}), whose Hugging Face static cache keeps a "
-                f"Python counter (a recompilation every step when compiled)"
-            )
-        if strategy.compile and arch.rope and not _rope_compiles(arch):
-            return f"{arch.name}'s {'/'.join(arch.rope)} RoPE recomputes its tables from each forward's positions"
+        if strategy.compile and arch.rope:
+            return _rope_refusal(model, arch)
     return None
 
 
-def _rope_compiles(arch: Architecture) -> bool:
-    return False
+def _rope_refusal(model, arch: Architecture) -> str | None:
+    """Why the length-dependent rotary modules cannot run in a compiled step (rope.py), or None."""
+    from . import rope
+
+    for mname, module in arch.rope_modules:
+        why = rope.compiles(module)
+        if why is not None:
+            return f"{arch.name}'s {'/'.join(arch.rope)} RoPE ({mname}: {why}) recomputes its tables in Python"
+        limit = rope.dynamic_limit(module)
+        positions = getattr(_text_config(model), "max_position_embeddings", None)
+        if limit is not None and (not isinstance(positions, int) or positions > limit):
+            return (
+                f"{arch.name}'s dynamic RoPE rescales its table past {limit} positions, which a call may reach "
+                f"(max_position_embeddings={positions}); a compiled step keeps the original table"
+            )
+    return None
 
 
-def check_strategy(model, strategy, given=None) -> None:
+def _longrope_crossing(model, arch: Architecture, request) -> str | None:
+    """Why a cache cannot serve this call: its LongRoPE table switches from the short factors to the long ones
+    during the call (the keys already cached were rotated with the short ones). Hugging Face's answer is to
+    recompute the whole cache at the switch (Phi-3's prepare_inputs_for_generation; in transformers 5.17 it then
+    feeds the last token alone, without any cache); the no-cache loop recomputes every step, which is what the
+    model means, so `baseline` serves such a call."""
+    from . import rope
+
+    for _, module in arch.rope_modules:
+        threshold = rope.longrope_threshold(module)
+        if threshold is None:
+            continue
+        P = request.input_ids.shape[1]
+        longest = int(request.attention_mask.sum(1).max())  # host sync (once per call, LongRoPE models only)
+        last = P + request.max_new_tokens - 1  # the sequence length the last step sees (left padding included)
+        if longest <= threshold < last:
+            return (
+                f"{arch.name}'s LongRoPE switches from its short to its long factors past {threshold} positions, "
+                f"and this call crosses it (a prompt of {longest} + {request.max_new_tokens} new tokens): the "
+                f"keys already cached keep the short factors' rotation, where the model means every position "
+                f"rotated with the long ones (Hugging Face recomputes its cache there)"
+            )
+    return None
+
+
+def check_strategy(model, strategy, given=None, request=None) -> None:
     """ValueError, naming the strategy and what the model has or lacks, if `strategy` cannot give `model` Hugging
-    Face's tokens; the presets that can are suggested. `given`: the strategy as the caller named it."""
+    Face's tokens; the presets that can are suggested. `given`: the strategy as the caller named it; `request`:
+    the call (inputs.Request), for what depends on its length. A UserWarning for generation_config settings
+    Hugging Face would apply and overlapdecode does not."""
+    procs = greedy_processors(model)
+    if procs:
+        listed = ", ".join(f"{k}={v!r}" for k, v in procs.items())
+        warnings.warn(
+            f"{type(model).__name__}'s generation_config asks Hugging Face generate() for {listed}, which "
+            f"overlapdecode does not apply: these are greedy search's tokens without them (set them to None "
+            f"in model.generation_config to silence this)",
+            UserWarning,
+            stacklevel=3,
+        )
     why = refusal(model, strategy)
+    arch = describe(model)
+    crossing = None
+    if why is None and request is not None and strategy.cache not in ("none", "fused") and "longrope" in arch.rope:
+        why = crossing = _longrope_crossing(model, arch, request)
     if why is None:
         return
     from .strategy import PRESETS  # light: strategy.py imports nothing heavy
@@ -500,5 +572,7 @@ def check_strategy(model, strategy, given=None) -> None:
     label = given if isinstance(given, str) else next((n for n, s in PRESETS.items() if s == strategy), None)
     label = f"strategy {label!r}" if label else f"strategy {strategy}"
     ok = [n for n, s in PRESETS.items() if s.cache != "fused" and refusal(model, s) is None][::-1][:2]
+    if crossing:
+        ok = ["baseline"]
     hint = f"; use strategy={' or '.join(repr(n) for n in ok)}" if ok else ""
     raise ValueError(f"{label}: {why}{hint}")

@@ -25,7 +25,9 @@ from collections import OrderedDict
 import torch
 from transformers import DynamicCache, StaticCache
 
+from . import rope
 from .architecture import describe
+from .sliding_cache import static_cache_for_compile
 from .strategy import CACHE_KINDS
 
 # Round the static cache length up, so that nearby prompt lengths share one compiled graph.
@@ -42,6 +44,15 @@ def position_ids_for_prompt(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, P) positions as Hugging Face generate makes them: count of real tokens - 1, 0 on left padding."""
     pos = attention_mask.long().cumsum(-1) - 1
     return pos.masked_fill(attention_mask == 0, 0)
+
+
+def positions_for(model, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The positions a call feeds `model`: Hugging Face generate's where the forward takes `position_ids`; where it
+    does not, generate passes none and the model counts every slot, left padding included (Whisper's decoder
+    reads ours through its **kwargs), so the same count is passed."""
+    if describe(model).takes_position_ids:
+        return position_ids_for_prompt(attention_mask)
+    return torch.arange(attention_mask.shape[1], device=attention_mask.device).expand(attention_mask.shape)
 
 
 @functools.cache
@@ -67,7 +78,7 @@ class NoCache:
         full_mask = torch.ones_like(out)
         full_mask[:, :prompt_len] = attention_mask
         self.mask = full_mask
-        self.position_ids = position_ids_for_prompt(full_mask)  # (B, P + N)
+        self.position_ids = positions_for(model, full_mask)  # (B, P + N)
         self.prompt_len = prompt_len
         assert self.position_ids.shape[1] == total
 
@@ -87,6 +98,8 @@ class _WithCache:
 
     def __init__(self, model, cache, input_ids: torch.Tensor, full_mask: torch.Tensor, prompt_len: int):
         self.cache = cache
+        self.model = model
+        self.attention_free = describe(model).attention_free
         self.keyword = cache_keyword(model)
         self.input_ids = input_ids  # (B, P)
         self.full_mask = full_mask  # (B, P + N) or (B, max_cache_len)
@@ -106,14 +119,16 @@ class _WithCache:
             return dict(
                 input_ids=self.input_ids,
                 attention_mask=self.mask_for_step(0),
-                position_ids=position_ids_for_prompt(self.full_mask[:, : self.prompt_len]),
+                position_ids=positions_for(self.model, self.full_mask[:, : self.prompt_len]),
                 use_cache=True,
                 logits_to_keep=1,
                 **{self.keyword: self.cache},
             )
-        return dict(
-            attention_mask=self.mask_for_step(step), use_cache=True, logits_to_keep=1, **{self.keyword: self.cache}
-        )
+        # a model without attention (every layer a state-space / recurrent one, no keys cached) reads a mask only
+        # as the padding of the tokens it is fed: a one-token step's token is never padding, and a mask of the
+        # whole sequence would be broadcast over it (Mamba); Hugging Face generate passes none there either
+        mask = None if self.attention_free else self.mask_for_step(step)
+        return dict(attention_mask=mask, use_cache=True, logits_to_keep=1, **{self.keyword: self.cache})
 
 
 class DynamicKV(_WithCache):
@@ -147,7 +162,7 @@ class StaticKV(_WithCache):
     ):
         B, P = input_ids.shape
         max_cache_len = static_cache_len(P, max_new_tokens)
-        cache, full = store.get(model, B, max_cache_len)
+        cache, full = store.get(model, B, max_cache_len, compiled)
         full.fill_(1)
         full[:, :P] = attention_mask
         super().__init__(model, cache, input_ids, full, P)
@@ -155,6 +170,8 @@ class StaticKV(_WithCache):
         # ones in the whole-cache mask): its prefill gets the prompt's columns only, which the attention layers
         # pad with zeros (hidden by causality anyway; a model that sizes ALiBi by the mask needs the whole one)
         self.prefill_mask = full[:, :P] if describe(model).recurrent_layers else full
+        if compiled and describe(model).rope:
+            rope.prepare(describe(model).rope_modules)  # dynamic NTK / LongRoPE tables chosen inside the graph
 
     def mask_for_step(self, step: int) -> torch.Tensor:
         if step == 0:
@@ -175,14 +192,22 @@ class StaticCaches:
         self.keep = keep
         self._entries: OrderedDict = OrderedDict()
 
-    def get(self, model, batch_size: int, max_cache_len: int) -> tuple[StaticCache, torch.Tensor]:
-        """A reset `StaticCache` and its (B, max_cache_len) mask buffer for this shape."""
+    def get(
+        self, model, batch_size: int, max_cache_len: int, compiled: bool = False
+    ) -> tuple[StaticCache, torch.Tensor]:
+        """A reset `StaticCache` and its (B, max_cache_len) mask buffer for this shape. `compiled`: for a compiled
+        step, local (sliding-window, chunked) layers are whole-length layers written at a device counter
+        (sliding_cache.py)."""
         param = next(model.parameters())
+        local = describe(model).local_layers if compiled else ()
         # a cache made under inference_mode holds inference tensors, which cannot be reset outside it
-        key = (batch_size, max_cache_len, param.dtype, param.device, torch.is_inference_mode_enabled())
+        key = (batch_size, max_cache_len, param.dtype, param.device, torch.is_inference_mode_enabled(), bool(local))
         entry = self._entries.pop(key, None)
         if entry is None:
-            cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+            if local:
+                cache = static_cache_for_compile(model.config, max_cache_len, local)
+            else:
+                cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
             mask = torch.ones((batch_size, max_cache_len), dtype=torch.long, device=param.device)
             torch._dynamo.mark_static_address(mask)
             entry = (cache, mask)

@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from . import markers
-from .architecture import check_strategy
+from .architecture import check_strategy, generation_defaults
 from .caches import StaticCaches
 from .fused_path import FusedPath
 from .inputs import Request, check_model, check_request, model_device
@@ -120,8 +120,10 @@ class Decoder:
         """
         strat = resolve_strategy(strategy)
         req = check_request(self.model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
+        if repetition_penalty is None:  # the model's generation_config's, as Hugging Face generate() reads it
+            repetition_penalty = generation_defaults(self.model).get("repetition_penalty")
         params = check_sampling(do_sample, temperature, top_k, top_p, seed, min_p, repetition_penalty)
-        check_strategy(self.model, strat, strategy)  # what the model's layers need of the strategy
+        check_strategy(self.model, strat, strategy, req)  # what the model's layers need of the strategy
         if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:
             raise ValueError(
                 f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
