@@ -31,7 +31,6 @@ class BenchConfig:
     warmup: int = 1
     repeats: int = 3
     profile: bool = True
-    profile_strategies: tuple[str, ...] = ()  # the strategies and peers profiled; empty: every one
     device: str | None = None
     seed: int = 0
 
@@ -67,6 +66,5 @@ def plan(cfg: BenchConfig) -> tuple[list[tuple[str, int]], list[tuple]]:
         for batch in [b for d, b in pairs if d == dtype]
         for n in lengths[workload]
         for name in list(cfg.strategies) + list(cfg.peers)
-        if workload != "profile" or not cfg.profile_strategies or name in cfg.profile_strategies
     ]
     return pairs, rows
