@@ -525,6 +525,9 @@ def _fuse_decoder(model) -> FusedWeights:
                 window=window,
             )
         )
+    _module_eps(inner.norm, eps, cfg, "final norm")
+    if getattr(model.lm_head, "bias", None) is not None:
+        _refuse(cfg, "LM head bias")
     embed = inner.embed_tokens
     embed_scale = None
     if getattr(embed, "embed_scale", None) is not None:  # Gemma: sqrt(hidden), rounded to the model dtype
