@@ -146,9 +146,9 @@ class CapturedSampledSteps(CapturedSteps):
         kwargs = self.cache.model_kwargs(0)
         self._noise(graph.noise)
         logits = self.model(**kwargs).logits[:, -1, :]  # (B, V)
-        # the choice advances the state from the position of each row's last prompt token, not finished
+        # the choice advances the state from the position of each row's last prompt token (the state was zeroed
+        # when these steps were made: no row is finished)
         self.state[:, 1] = kwargs["position_ids"][:, -1]
-        self.state[:, 2] = 0
         _sampled_choice(
             logits, graph.noise, i.params, i.seen, self.state, i.eos_ids, i.pad_id, graph.done, pdl=self.model.pdl
         )

@@ -297,7 +297,7 @@ def _check_kernel(
         live = row_ok
         _, cand = _row_best(pr_ptr, pi_ptr, nblk, B, rows, row_ok, BLOCK_M)
     else:
-        # only the rows whose x0 round 1 dropped (about 1 - top_p of them) load the tile
+        # only the rows whose x0 the first check dropped (about 1 - top_p of them) load the tile
         live = row_ok & (_row_sum(pmass_ptr, nblk, B, rows, row_ok, BLOCK_M) <= limit)
         ok = ok & live[:, None]
         x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
