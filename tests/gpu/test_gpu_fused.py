@@ -119,7 +119,16 @@ def test_float32_tokens_equal_hf_for_200_steps(name, B, strategy):
     else:
         dec = od.Decoder(model)
     ids, mask = prompts(model, B)
-    n = 200
+
+    def run(n):
+        return dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+
+    assert_hf_greedy_tokens(model, ids, mask, run, f"{name} B={B}")
+
+
+def assert_hf_greedy_tokens(model, ids, mask, run, label: str, n: int = 200):
+    """`run(n)`'s tokens equal Hugging Face's greedy tokens for n steps, a divergence accepted only after a near
+    tie; -> Hugging Face's generate output (sequences and per-step logits)."""
     hf = model.generate(
         ids,
         attention_mask=mask,
@@ -131,12 +140,13 @@ def test_float32_tokens_equal_hf_for_200_steps(name, B, strategy):
         return_dict_in_generate=True,
     )
     ties = near_ties(hf.logits)
-    out = dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+    out = run(n)
     P = ids.shape[1]
     diff = (out[:, P:] != hf.sequences[:, P:]).any(0).nonzero().flatten()
     first = int(diff[0]) if diff.numel() else None
-    print(f"{name} B={B}: first divergence {first}, near-tie steps {ties}")
+    print(f"{label}: first divergence {first}, near-tie steps {ties}")
     assert first is None or any(t <= first for t in ties), f"diverged at step {first} with no near tie before"
+    return hf
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -148,24 +158,12 @@ def test_each_decoder_family_float32_tokens_equal_hf_for_200_steps(name):
     1e-4 (relative to their scale) of Hugging Face's."""
     model = real_model(name)
     ids, mask = prompts(model, 2, seed=3)
-    n = 200
-    hf = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=[],
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    ties = near_ties(hf.logits)
-    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[])
+
+    def run(n):
+        return od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[])
+
+    hf = assert_hf_greedy_tokens(model, ids, mask, run, name)
     P = ids.shape[1]
-    diff = (out[:, P:] != hf.sequences[:, P:]).any(0).nonzero().flatten()
-    first = int(diff[0]) if diff.numel() else None
-    print(f"{name}: first divergence {first}, near-tie steps {ties}")
-    assert first is None or any(t <= first for t in ties), f"diverged at step {first} with no near tie before"
     ref = torch.stack(hf.logits[:32], 1).float()
     got = fused_logits(FusedModel(model), ids, mask, hf.sequences[:, P : P + 32])
     close(got, ref)
