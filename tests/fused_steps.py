@@ -18,3 +18,18 @@ def fused_logits(fm, ids, mask, tokens):
         last = last + 1
         out.append(fm(input_ids=tokens[:, j : j + 1], position_ids=last, past_key_values=cache).logits[:, -1])
     return torch.stack(out, 1).float()
+
+
+def hf_greedy(model, ids, mask, n: int):
+    """Hugging Face generate()'s greedy output for n new tokens, EOS off, pad 0, with each step's logits
+    (`.sequences`, `.logits`): what the fused path's tokens and logits are checked against."""
+    return model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=[],
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )

@@ -17,7 +17,7 @@ from transformers import (
 )
 
 import overlapdecode as od
-from fused_steps import fused_logits
+from fused_steps import fused_logits, hf_greedy
 from helpers import eos_hit_midway, hf_generate, make_batch
 from overlapdecode.fused.layout import fuse_weights
 from overlapdecode.fused.model import FusedModel
@@ -136,16 +136,7 @@ def test_eager_fused_and_long_prompt_match_hf(model):
 @torch.no_grad()
 def test_per_step_logits_match_hf(model):
     ids, mask = make_batch(4, seed=33)
-    hf = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=N,
-        do_sample=False,
-        eos_token_id=[],
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
+    hf = hf_greedy(model, ids, mask, N)
     ref = torch.stack(hf.logits, 1).float()  # (B, N, V)
     got = fused_logits(FusedModel(model), ids, mask, hf.sequences[:, ids.shape[1] :])
     assert got.dtype == torch.float32

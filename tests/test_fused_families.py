@@ -12,7 +12,7 @@ import transformers
 from fused_families import FAMILIES, LONGROPE_SWITCH, family_model
 
 import overlapdecode as od
-from fused_steps import fused_logits
+from fused_steps import fused_logits, hf_greedy
 from helpers import eos_hit_midway, hf_generate, make_batch
 from overlapdecode.fused.layout import fuse_weights
 from overlapdecode.fused.model import FusedModel
@@ -43,16 +43,7 @@ def test_fused_matches_hf_eos_midway_and_never(model):
 @torch.no_grad()
 def test_per_step_logits_match_hf(model):
     ids, mask = make_batch(2, seed=33)
-    hf = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=N,
-        do_sample=False,
-        eos_token_id=[],
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
+    hf = hf_greedy(model, ids, mask, N)
     ref = torch.stack(hf.logits, 1).float()  # (B, N, V)
     got = fused_logits(FusedModel(model), ids, mask, hf.sequences[:, ids.shape[1] :])
     assert (got - ref).abs().max().item() <= 1e-4

@@ -12,7 +12,7 @@ import torch
 from fused_families import FAMILIES, real_model
 
 import overlapdecode as od
-from fused_steps import fused_logits
+from fused_steps import fused_logits, hf_greedy
 from helpers import make_batch
 from overlapdecode.caches import position_ids_for_prompt
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
@@ -129,16 +129,7 @@ def test_float32_tokens_equal_hf_for_200_steps(name, B, strategy):
 def assert_hf_greedy_tokens(model, ids, mask, run, label: str, n: int = 200):
     """`run(n)`'s tokens equal Hugging Face's greedy tokens for n steps, a divergence accepted only after a near
     tie; -> Hugging Face's generate output (sequences and per-step logits)."""
-    hf = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=[],
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
+    hf = hf_greedy(model, ids, mask, n)
     ties = near_ties(hf.logits)
     out = run(n)
     P = ids.shape[1]

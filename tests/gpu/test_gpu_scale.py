@@ -11,6 +11,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import overlapdecode as od
+from fused_steps import hf_greedy
 from helpers import make_batch
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
@@ -60,16 +61,7 @@ def wide_llama():
 
 
 def _check_rows(model, ids, mask, n):
-    hf = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=[],
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
+    hf = hf_greedy(model, ids, mask, n)
     # the prefill eager: compiled, each prompt bucket would cost a compile, and the decode step is what is checked
     dec = od.Decoder(model, fused_options=dict(compile_prefill=False))
     out = dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[])
