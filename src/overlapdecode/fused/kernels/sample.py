@@ -436,6 +436,12 @@ def _finish_kernel(
         tl.store(count_ptr, column + 1)
 
 
+def default_block_v(rows: int) -> int:
+    """Logits per row per program: 4096 at one row, down to 1024 at 8 rows and more: a few dozen to a hundred
+    programs at a 128K vocabulary, so that each program's reduction of the partials (NBLK per row) stays short."""
+    return max(1024, min(4096, 8192 // min(16, triton.next_power_of_2(rows))))
+
+
 def sample_choice(
     logits: torch.Tensor,
     noise: torch.Tensor,
@@ -469,9 +475,7 @@ def sample_choice(
         raise ValueError(f"seen must be a contiguous ({B}, {V}) bool tensor, got {tuple(seen.shape)} {seen.dtype}")
     check_finish(GreedyFinish(state, eos, int(pad_id), done, log), B, logits.device)
     block_m = min(16, triton.next_power_of_2(B))
-    # 4096 logits per program at one row, down to 1024 at 8 rows and more: a few dozen to a hundred programs at
-    # a 128K vocabulary, so that each program's reduction of the partials (NBLK per row) stays short
-    block_v = block_v or max(1024, min(4096, 8192 // block_m))
+    block_v = block_v or default_block_v(B)
     grid = (triton.cdiv(V, block_v), triton.cdiv(B, block_m))
     dev = logits.device
     f32 = dict(dtype=torch.float32, device=dev)
