@@ -314,6 +314,73 @@ def _check_kernel(
 
 
 @triton.jit
+def _chain(
+    logits_ptr,
+    seen_ptr,
+    noise_ptr,
+    kth_ptr,
+    pmax_ptr,
+    pz_ptr,
+    token,
+    one,
+    NBLK,
+    B,
+    V,
+    row_stride,
+    rep,
+    temperature,
+    min_p,
+    limit,
+    CHAIN_V: tl.constexpr,
+    PENALTY: tl.constexpr,
+    TOP_K: tl.constexpr,
+):
+    """Row `one` (a (1,) index)'s chain from its candidate `token` ((1,) int32, to be checked): one pass over the
+    row per candidate until top-p keeps one; -> that token, a scalar."""
+    one_ok = one < B
+    m = _row_max(pmax_ptr, NBLK, B, one, one_ok, 1)
+    z = _row_sum(pz_ptr, NBLK, B, one, one_ok, 1)
+    kth_l = tl.load(kth_ptr + one, mask=one_ok, other=0.0) if TOP_K else m
+    kept = ~one_ok
+    while tl.min(kept.to(tl.int32), 0) == 0:
+        pivot = _candidate_score(logits_ptr, seen_ptr, token, one, one_ok, m, V, row_stride, rep, temperature, PENALTY)
+        mass = tl.zeros((1,), tl.float32)
+        best = tl.full((1,), -2.0, tl.float32)
+        best_idx = tl.full((1,), BIG_INDEX, tl.int32)
+        for c0 in range(0, V, CHAIN_V):
+            cols = c0 + tl.arange(0, CHAIN_V)
+            mass_c, r = _check_tile(
+                logits_ptr,
+                seen_ptr,
+                noise_ptr,
+                kth_l,
+                one,
+                cols,
+                one_ok,
+                m,
+                z,
+                pivot,
+                V,
+                row_stride,
+                rep,
+                temperature,
+                min_p,
+                PENALTY,
+                TOP_K,
+            )
+            mass += mass_c
+            c_max = tl.max(r, 1)
+            c_idx = tl.min(tl.where(r == c_max[:, None], cols[None, :], BIG_INDEX), 1)
+            take = c_max > best
+            best = tl.where(take, c_max, best)
+            best_idx = tl.where(take, c_idx, best_idx)
+        now = mass > limit
+        token = tl.where(kept | now, token, best_idx)
+        kept = kept | now
+    return tl.sum(token, 0)
+
+
+@triton.jit
 def _finish_kernel(
     logits_ptr,
     seen_ptr,
@@ -365,54 +432,47 @@ def _finish_kernel(
         _, x0 = _row_best(pr_ptr, pi_ptr, NBLK, B, rows, row_ok, BLOCK_M)
         token = x0
         if TOP_P:
-            m = _row_max(pmax_ptr, NBLK, B, rows, row_ok, BLOCK_M)
-            z = _row_sum(pz_ptr, NBLK, B, rows, row_ok, BLOCK_M)
-            kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0) if TOP_K else m
             kept0 = _row_sum(pmass_ptr, NBLK, B, rows, row_ok, BLOCK_M) > limit
             kept1 = _row_sum(pmass2_ptr, NBLK, B, rows, row_ok, BLOCK_M) > limit
             _, x1 = _row_best(pr2_ptr, pi2_ptr, NBLK, B, rows, row_ok, BLOCK_M)
             _, x2 = _row_best(pr3_ptr, pi3_ptr, NBLK, B, rows, row_ok, BLOCK_M)
             token = tl.where(kept0, x0, tl.where(kept1, x1, x2))
             kept = kept0 | kept1 | ~row_ok
-            # rarely: x2 is to be checked; continue the chain over the whole row, one candidate per pass. It ends:
-            # the top-scored token is always kept, and each pass moves to a strictly higher score.
-            while tl.min(kept.to(tl.int32), 0) == 0:
-                pivot = _candidate_score(
-                    logits_ptr, seen_ptr, token, rows, row_ok, m, V, row_stride, rep, temperature, PENALTY
-                )
-                mass = tl.zeros((BLOCK_M,), tl.float32)
-                best = tl.full((BLOCK_M,), -2.0, tl.float32)
-                best_idx = tl.full((BLOCK_M,), BIG_INDEX, tl.int32)
-                for c0 in range(0, V, CHAIN_V):
-                    cols = c0 + tl.arange(0, CHAIN_V)
-                    mass_c, r = _check_tile(
-                        logits_ptr,
-                        seen_ptr,
-                        noise_ptr,
-                        kth_l,
-                        rows,
-                        cols,
-                        row_ok & ~kept,
-                        m,
-                        z,
-                        pivot,
-                        V,
-                        row_stride,
-                        rep,
-                        temperature,
-                        min_p,
-                        PENALTY,
-                        TOP_K,
-                    )
-                    mass += mass_c
-                    c_max = tl.max(r, 1)
-                    c_idx = tl.min(tl.where(r == c_max[:, None], cols[None, :], BIG_INDEX), 1)
-                    take = c_max > best
-                    best = tl.where(take, c_max, best)
-                    best_idx = tl.where(take, c_idx, best_idx)
-                now = mass > limit
-                token = tl.where(kept | now, token, best_idx)
-                kept = kept | now
+            # rarely (about one row in 150 at top_p 0.9): x2 is to be checked; continue that row's chain over the
+            # whole row, one candidate per pass. It ends: the top-scored token is always kept, and each pass moves
+            # to a strictly higher score. One row at a time in (1, CHAIN_V) tiles, so that all of the program's
+            # threads load the row that needs it (with the block's rows as the tile's M, a lone live row used one
+            # lane in BLOCK_M of each load: at 8 rows, a pass took 8x the loads it needs).
+            if tl.min(kept.to(tl.int32), 0) == 0:
+                lane = tl.arange(0, BLOCK_M)
+                for i in range(BLOCK_M):
+                    if tl.sum(tl.where(lane == i, kept.to(tl.int32), 0), 0) == 0:
+                        one = r0 + i + tl.arange(0, 1)
+                        token = tl.where(
+                            lane == i,
+                            _chain(
+                                logits_ptr,
+                                seen_ptr,
+                                noise_ptr,
+                                kth_ptr,
+                                pmax_ptr,
+                                pz_ptr,
+                                tl.sum(tl.where(lane == i, token, 0), 0) + tl.zeros((1,), tl.int32),
+                                one,
+                                NBLK,
+                                B,
+                                V,
+                                row_stride,
+                                rep,
+                                temperature,
+                                min_p,
+                                limit,
+                                CHAIN_V,
+                                PENALTY,
+                                TOP_K,
+                            ),
+                            token,
+                        )
         token = token.to(tl.int64)
         fin = tl.load(state_ptr + rows * 3 + 2, mask=row_ok, other=1) != 0
         pos = tl.load(state_ptr + rows * 3 + 1, mask=row_ok, other=0)
@@ -437,9 +497,10 @@ def _finish_kernel(
 
 
 def default_block_v(rows: int) -> int:
-    """Logits per row per program: 4096 at one row, down to 1024 at 8 rows and more: a few dozen to a hundred
-    programs at a 128K vocabulary, so that each program's reduction of the partials (NBLK per row) stays short."""
-    return max(1024, min(4096, 8192 // min(16, triton.next_power_of_2(rows))))
+    """Logits per row per program: 1024 up to 8 rows, 512 from 16 (tiles of at most 8K logits): about one program
+    per SM of an H200 at a 128K vocabulary. Measured by scripts/sample_sweep.py (H200, top_p 0.9, V = 128256): at
+    one row 12.9 us per choice at 1024 against 17.9 at 4096; at 8 rows 27.6 at 1024, 28.0 at 512, 39.9 at 2048."""
+    return max(512, min(1024, 8192 // min(16, triton.next_power_of_2(rows))))
 
 
 def sample_choice(
@@ -553,7 +614,7 @@ def sample_choice(
         tokens, flags, count = log.tokens, log.flags.view(torch.uint8), log.count
     else:
         tokens, flags, count = state, done_u8, done_u8  # never read or written without a log
-    chain_v = max(1024, 8192 // block_m)
+    chain_v = 4096  # one row per pass (_chain)
     _finish_kernel[(1,)](
         logits,
         seen_arg,
