@@ -12,19 +12,22 @@ from overlapdecode.sampling import SamplingParams
 from overlapdecode.step_graph import StepGraph
 
 
-def test_run_advances_the_owned_buffers_in_place():
-    seen = []
+def test_run_advances_the_owned_buffers_in_place_and_draws_the_noise_from_the_calls_sequence():
+    seen, noises = [], []
 
     def step(state, eos, noise, done, log):
         assert log is None  # made without a step log
         seen.append((state.data_ptr(), eos.data_ptr(), noise.data_ptr(), done.data_ptr()))
-        state[:, 0] += noise[:, 0].long()
+        noises.append(noise.clone())
+        state[:, 0] += 2
         state[:, 1] += 1
         done.copy_((state[:, 0] >= eos[0]).all())
 
     g = StepGraph(step, batch=2, eos_count=1, noise_shape=(2, 3), device=torch.device("cpu"))
     g.eos.fill_(5)
-    g.noise.fill_(2.0)
+    call = torch.Generator().manual_seed(7)
+    torch.empty(4).exponential_(generator=call)  # the call has drawn before (its prefill)
+    g.seed_from(call)
     addresses = (g.state.data_ptr(), g.done.data_ptr())
     for _ in range(3):
         g.run()
@@ -32,6 +35,11 @@ def test_run_advances_the_owned_buffers_in_place():
     assert (g.state.data_ptr(), g.done.data_ptr()) == addresses  # in place: a graph reads fixed addresses
     assert len(set(seen)) == 1  # every step read the same buffers
     assert g.graph is None and g.eager_runs == 3  # no capture on CPU
+    # each run drew its step's noise first, continuing the call's sequence, as sampling.draw_noise would
+    ref = torch.Generator().manual_seed(7)
+    torch.empty(4).exponential_(generator=ref)
+    for noise in noises:
+        assert torch.equal(noise, torch.empty(2, 3).exponential_(generator=ref))
 
 
 def test_a_step_log_is_owned_by_the_graph_and_passed_to_its_step():

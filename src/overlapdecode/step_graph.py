@@ -56,7 +56,8 @@ Step = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor
 
 class StepGraph:
     """The step `step` over buffers of one shape: `state` (B, 3) long (last token, its position, finished),
-    `eos` (E,) long, `noise` (B, V) float32 when sampling (else None), `done` 0-d bool, and with `log_length` > 0
+    `eos` (E,) long, `noise` (B, V) float32 when sampling (else None; each run draws it first, from `generator`),
+    `done` 0-d bool, and with `log_length` > 0
     a StepLog `log` of that many columns (the step must write it), and with `seen_vocab` > 0 a (B, V) bool `seen`
     passed to the step as a keyword. `run()` advances `state` and `done` (and the
     log) by one step, in place, on the current stream. On a CPU device nothing is captured: the step runs
@@ -75,6 +76,9 @@ class StepGraph:
         self.state = torch.zeros((batch, 3), dtype=torch.long, device=device)
         self.eos = torch.zeros((eos_count,), dtype=torch.long, device=device)
         self.noise = None if noise_shape is None else torch.zeros(noise_shape, dtype=torch.float32, device=device)
+        # the step's noise is drawn inside the graph, from this generator (registered with the graph, so that each
+        # replay advances its offset as an eager draw would); a call copies its own generator's state into it
+        self.generator = None if noise_shape is None else torch.Generator(device=device)
         self.done = torch.zeros((), dtype=torch.bool, device=device)
         self.log = StepLog.empty(batch, log_length, device) if log_length > 0 else None
         # the repetition penalty's (B, V) mask of seen tokens, which the step reads and updates (keyword `seen`)
@@ -84,8 +88,15 @@ class StepGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.eager_runs = 0  # steps run eagerly (1 before the capture when capturing)
 
+    def seed_from(self, generator: torch.Generator) -> None:
+        """Continue `generator`'s sequence in this graph's draws (its seed and offset copied; the state object
+        the graph registered stays, so later replays read the new values)."""
+        self.generator.set_state(generator.get_state())
+
     def _body(self) -> None:
         # in place: the next step (or replay) reads the same addresses
+        if self.generator is not None:
+            self.noise.exponential_(generator=self.generator)  # this step's noise, as sampling.draw_noise draws it
         extra = {} if self.seen is None else {"seen": self.seen}
         self._step(self.state, self.eos, self.noise, self.done, self.log, **extra)
 
@@ -100,6 +111,8 @@ class StepGraph:
 
     def _record(self) -> None:
         graph = torch.cuda.CUDAGraph()
+        if self.generator is not None:
+            graph.register_generator_state(self.generator)
         device = self.state.device
         # Captured on a stream of its own (not the process-wide default capture stream, which belongs to
         # whichever device first asked for it), in "thread_local" mode as torch.compile's graphs are: another

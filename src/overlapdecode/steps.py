@@ -18,6 +18,7 @@ a device value on the host.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -178,6 +179,9 @@ class CapturedSteps(Steps):
     in place (fused/kernels/sample.py)."""
 
     def __init__(self, model, cache, out, graph, inputs: StepInputs):
+        if inputs.generator is not None:  # every draw of the call, the prefill's too, from the graph's generator
+            graph.seed_from(inputs.generator)
+            inputs = dataclasses.replace(inputs, generator=graph.generator)
         super().__init__(model, cache, out, graph.state, inputs)
         self.graph = graph
         self.out_is_kept = graph.log is not None  # then `out` is the log's: the next call writes it again
@@ -187,7 +191,6 @@ class CapturedSteps(Steps):
         return self._eager(0, noise_out=self.graph.noise)
 
     def step(self, j: int) -> torch.Tensor:
-        self._noise(self.graph.noise)
         # a graph's first run is eager (and may compile what its step compiles)
         with recompile_limits() if self.graph.eager_runs == 0 else contextlib.nullcontext():
             self.graph.run()  # advances state and graph.done in place
