@@ -1,7 +1,6 @@
 """Time the fused step's token choice alone on a GPU: the greedy kernel against the sampled choice's five launches
 (fused/kernels/sample.py) at each setting, over logits per program (`block_v`), and the cost of the step's
-noise draw, outside the step's graph (as CapturedSteps draws it) and inside it (the generator registered with
-the graph).
+noise draw, launched eagerly and inside a graph (the generator registered with it, as StepGraph draws it).
 
 Each case is captured in one CUDA graph of REPEAT consecutive choices (PDL as the fused step launches them);
 its replays are timed with events, median of ROUNDS after warm-up, in us per choice. The logits are fixed
@@ -37,6 +36,19 @@ SETTINGS = {
 }
 
 
+def median_us(run, calls: int) -> float:
+    """us per call: `run()` (which makes `calls` calls) timed with events, median of ROUNDS."""
+    times = []
+    for _ in range(ROUNDS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()  # host sync: timing only
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
 def timed_graph(body, generator=None) -> float:
     """us per call of `body` in a graph of REPEAT calls (the generator registered with it, if given)."""
     body()  # compile, warm up
@@ -50,31 +62,19 @@ def timed_graph(body, generator=None) -> float:
             body()
     for _ in range(3):
         graph.replay()
-    times = []
-    for _ in range(ROUNDS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()  # host sync: timing only
-        times.append(a.elapsed_time(b) * 1e3 / REPEAT)
-    return statistics.median(times)
+    return median_us(graph.replay, REPEAT)
 
 
 def timed_eager(body) -> float:
     """us per call of `body` launched eagerly REPEAT times between two events."""
     body()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(ROUNDS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+
+    def run():
         for _ in range(REPEAT):
             body()
-        b.record()
-        b.synchronize()  # host sync: timing only
-        times.append(a.elapsed_time(b) * 1e3 / REPEAT)
-    return statistics.median(times)
+
+    return median_us(run, REPEAT)
 
 
 def buffers(B: int, V: int):

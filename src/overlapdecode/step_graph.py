@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import torch
 
+from .sampling import draw_noise
+
 
 class StepLog(NamedTuple):
     """What each step writes where the decode loop reads it, so that no copy follows the step: the step writes
@@ -96,7 +98,7 @@ class StepGraph:
     def _body(self) -> None:
         # in place: the next step (or replay) reads the same addresses
         if self.generator is not None:
-            self.noise.exponential_(generator=self.generator)  # this step's noise, as sampling.draw_noise draws it
+            draw_noise(self.noise.shape, self.noise.device, self.generator, out=self.noise)  # this step's noise
         extra = {} if self.seen is None else {"seen": self.seen}
         self._step(self.state, self.eos, self.noise, self.done, self.log, **extra)
 
