@@ -401,9 +401,9 @@ def main(argv=None) -> int:
             print("persistent_layer_ab.py: --dry-run needs TRITON_INTERPRET=1 in the environment", file=sys.stderr)
             return 2
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-        from triton_interpreter import patch_loop_bounds
+        from triton_interpreter import patch_interpreter
 
-        patch_loop_bounds()  # the interpreter's runtime loop bounds under NumPy >= 2.4 (tests/triton_interpreter.py)
+        patch_interpreter()  # the interpreter's loop bounds and dots (tests/triton_interpreter.py)
     elif not torch.cuda.is_available():
         print("persistent_layer_ab.py: needs a CUDA GPU (none here); nothing was run", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from overlapdecode.fused.kernels.norm_linear import NormSums, norm_linear, norm_
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
 from overlapdecode.step_graph import StepLog
-from triton_interpreter import interpreter_loop_bounds  # noqa: F401 (autouse fixture: the attention's loops)
+from triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture: the attention's loops)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = dict(atol=1e-4, rtol=1e-4)

@@ -20,7 +20,7 @@ from overlapdecode.fused.kernels.persistent_layer import PersistentLayer, matchi
 from overlapdecode.fused.kernels.persistent_schedule import final_counters, make_plan
 from overlapdecode.fused.layout import fuse_weights
 from overlapdecode.fused.model import REFERENCE_OPS
-from triton_interpreter import INTERPRETING, interpreter_loop_bounds  # noqa: F401 (autouse fixture)
+from triton_interpreter import INTERPRETING, interpreter_patches  # noqa: F401 (autouse fixture)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # small tiles and large split targets, so that every phase is split (and its tickets used) at these sizes

@@ -126,7 +126,7 @@ def main(spec_path: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") == "1":  # the Triton kernels in the interpreter, as in the kernel tests
-        from triton_interpreter import patch_loop_bounds  # tests/ is this script's directory
+        from triton_interpreter import patch_interpreter  # tests/ is this script's directory
 
-        patch_loop_bounds()
+        patch_interpreter()
     main(sys.argv[1], sys.argv[2])

@@ -11,10 +11,18 @@ from triton.runtime.jit import JITFunction
 INTERPRETING = not isinstance(tl.cdiv, JITFunction)  # triton was imported with TRITON_INTERPRET=1
 
 
-def patch_loop_bounds(setattr_=setattr) -> None:
-    """Triton 3.6's interpreter turns a runtime loop bound into an int with int() of a one-element array,
-    which NumPy >= 2.4 refuses ("only 0-dimensional arrays can be converted"); take the element instead.
-    `setattr_`: how to set it (a monkeypatch's, to undo it after a test; plain setattr in a worker process)."""
+def patch_interpreter(setattr_=setattr) -> None:
+    """Two fixes to Triton 3.6's interpreter, both in NumPy terms. `setattr_`: how to set them (a monkeypatch's,
+    to undo them after a test; plain setattr in a worker process).
+
+    - Loop bounds: a runtime loop bound becomes an int through int() of a one-element array, which NumPy >= 2.4
+      refuses ("only 0-dimensional arrays can be converted"); take the element instead.
+    - tl.dot: the interpreter computes it with np.matmul, and OpenBLAS's float32 GEMM for some CPUs (its Haswell
+      and Zen kernels, chosen at load time from the CPU) sums an output element's products in an order that
+      depends on where the element sits in the tile: two kernels that cover the same output with tiles at other
+      offsets got results an ulp apart on such a CPU and equal ones on another. Here every element is the sum of
+      its own products, over k in order, then plus the accumulator, the same wherever it sits (as a GPU's
+      FMA chain is), so a dot's roundings depend on its inputs alone."""
     original = triton_interpreter._patch_lang_tensor
 
     def patch(tensor, scope):
@@ -23,9 +31,22 @@ def patch_loop_bounds(setattr_=setattr) -> None:
 
     setattr_(triton_interpreter, "_patch_lang_tensor", patch)
 
+    builder = triton_interpreter.InterpreterBuilder
+    dot = builder.create_dot
+
+    def elementwise_dot(self, a, b, d, *rest):
+        if a.dtype.primitive_bitwidth == 8 and a.dtype.is_floating():  # fp8: the interpreter's own conversion
+            return dot(self, a, b, d, *rest)
+        acc = d.data.dtype
+        # (..., M, K, 1) * (..., 1, K, N) summed over K: numpy adds the K slices one after another, elementwise
+        products = a.data.astype(acc)[..., :, :, None] * b.data.astype(acc)[..., None, :, :]
+        return triton_interpreter.TensorHandle(products.sum(axis=-2) + d.data, d.dtype.scalar)
+
+    setattr_(builder, "create_dot", elementwise_dot)
+
 
 @pytest.fixture(autouse=True)
-def interpreter_loop_bounds(monkeypatch):
-    """patch_loop_bounds for the test, where Triton interprets."""
+def interpreter_patches(monkeypatch):
+    """patch_interpreter for the test, where Triton interprets."""
     if INTERPRETING:
-        patch_loop_bounds(monkeypatch.setattr)
+        patch_interpreter(monkeypatch.setattr)
