@@ -83,7 +83,8 @@ def test_sliding_window_models_compile_once_and_match_hf(name):
     model = _model(name)
     arch = describe(model)
     assert arch.local_layers and arch.window == WINDOW < P
-    ids, mask = make_batch(4, seed=11, prompt_len=P, high=VOCAB)  # rows 1 and 3 left-padded
+    ids, mask = make_batch(4, seed=11, prompt_len=P, high=VOCAB)
+    mask[3, :7] = 0  # rows 1 and 3 left-padded, row 3 into the last window of the prompt (padding in the ring)
     eos = eos_hit_midway(model, ids, mask, N, [0, 2])
     assert eos is not None, "no usable EOS for this batch; change the seed"
     dec = od.Decoder(model)
