@@ -9,7 +9,7 @@ what runs) and the config second (what Hugging Face's caches are built from), ne
   Hugging Face's static cache gives a layer a window only where `config.layer_types` (or a model-wide
   `sliding_window` / `attention_chunk_size`) says so; a local layer it does not mark is kept as a global one
   (refused: the model's own local mask then disagrees with the cache). Compiled, the marked ones get
-  sliding_cache.py's whole-length layers;
+  sliding_cache.py's rings (or its whole-length layers where a ring does not fit);
 - state-space, linear-attention, convolution and recurrent layers (a mixer's `layer_type`, `A_log` / `dt_bias` /
   `time_decay` parameters, a causal depthwise convolution, the config's layer kinds): their state lives in the
   cache only where `config.layer_types` gives the layer a state-holding kind;

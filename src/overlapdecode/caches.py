@@ -196,8 +196,8 @@ class StaticCaches:
         self, model, batch_size: int, max_cache_len: int, compiled: bool = False
     ) -> tuple[StaticCache, torch.Tensor]:
         """A reset `StaticCache` and its (B, max_cache_len) mask buffer for this shape. `compiled`: for a compiled
-        step, local (sliding-window, chunked) layers are whole-length layers written at a device counter
-        (sliding_cache.py)."""
+        step, local (sliding-window, chunked) layers are rings of `window` slots, or whole-length layers, written at
+        a device counter (sliding_cache.py)."""
         param = next(model.parameters())
         local = describe(model).local_layers if compiled else ()
         # a cache made under inference_mode holds inference tensors, which cannot be reset outside it

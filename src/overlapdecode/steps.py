@@ -28,6 +28,7 @@ from . import caches
 from .compiling import recompile_limits
 from .inputs import Request
 from .sampling import SamplingParams, draw_noise, mark_seen, pick_next
+from .sliding_cache import decode_masks
 from .stopping import mark_finished
 from .strategy import Strategy
 
@@ -45,6 +46,7 @@ def decode_step(
     """
     if "input_ids" not in model_kwargs:
         model_kwargs = dict(model_kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
+        model_kwargs = decode_masks(model_kwargs)  # a ring cache's masks, built here (sliding_cache.py)
     logits = model(**model_kwargs).logits[:, -1, :]  # (B, V)
     position = model_kwargs["position_ids"][:, -1]  # (B,)
     return (choose or choose_next)(logits, position, state, eos_ids, pad_id, noise, params, seen)
