@@ -1,8 +1,8 @@
 """Tiny random models of the decoder families the fused path supports beyond the Llama family and GPT-2
 (layout.DECODERS), for the CPU tests (test_fused_families.py, fused_kernel_cases.py) and, at real sizes, the GPU
 test: each config turns on what its family changes (per-head Q/K norms, partial rotary, LongRoPE, multipliers, NoPE
-layers, post-norms, Gemma's norms and GeGLU, soft-capping, sliding windows shorter than a call), with weights large
-enough that a dropped change changes the tokens."""
+layers, post-norms, Gemma's norms and GeGLU, soft-capping, sliding windows shorter than a call, routed experts), with
+weights large enough that a dropped change changes the tokens."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ def family_configs(size: dict | None = None) -> dict:
     base = dict(SMALL, **(size or {}))
     D = base.pop("head_dim", 24)
     window = base.pop("window", WINDOW)
+    moe = base.pop("moe_intermediate_size", 40)  # experts' width: not a multiple of the kernels' tiles
     return {
         # head_dim from the config (24, not hidden / heads = 16): the per-head Q/K norms over it
         "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(base, head_dim=D)),
@@ -126,6 +127,35 @@ def family_configs(size: dict | None = None) -> dict:
                 layer_types=["sliding_attention", "full_attention"] * (base["num_hidden_layers"] // 2),
                 rope_parameters=GEMMA3_ROPE,
             ),
+        ),
+        # routed experts in every layer: 8 of 10 per token (Qwen3-30B-A3B's 8), the top-k weights not renormalised,
+        # Qwen3's per-head Q/K norms
+        "qwen3-moe": (
+            "Qwen3MoeForCausalLM",
+            "Qwen3MoeConfig",
+            dict(
+                base, head_dim=D, num_experts=10, num_experts_per_tok=8, moe_intermediate_size=moe, norm_topk_prob=False
+            ),
+        ),
+        # 2 of 5 per token, renormalised, in layer 0; layer 1 a dense MLP (mlp_only_layers)
+        "qwen3-moe-dense": (
+            "Qwen3MoeForCausalLM",
+            "Qwen3MoeConfig",
+            dict(
+                base,
+                head_dim=D,
+                num_experts=5,
+                num_experts_per_tok=2,
+                moe_intermediate_size=moe,
+                norm_topk_prob=True,
+                mlp_only_layers=list(range(1, base["num_hidden_layers"], 2)),
+            ),
+        ),
+        # 2 of 6 per token, always renormalised
+        "mixtral": (
+            "MixtralForCausalLM",
+            "MixtralConfig",
+            dict(base, head_dim=D, num_local_experts=6, num_experts_per_tok=2),
         ),
     }
 
@@ -203,7 +233,7 @@ def real_model(name: str, device="cuda"):
 
 
 def family_model(name: str, size: dict | None = None, device="cpu", seed: int = 0, std: float = 0.1, **config):
-    """The random model `name` of family_configs, float32, eval: matrices normal(0, std) (larger than Hugging Face's
+    """The random model `name` of family_configs, float32, eval: matrices (experts' included) normal(0, std) (larger than Hugging Face's
     0.02, so that soft-caps, multipliers and norms move the logits), norm weights normal(1, 0.1) (Gemma's, which
     add 1, normal(0, 0.1)), biases normal(0, 0.1). `config`: more config keywords."""
     model_cls, cfg_cls, kw = family_configs(size)[name]
@@ -218,6 +248,6 @@ def family_model(name: str, size: dict | None = None, device="cpu", seed: int = 
                 p.normal_(0.0, 0.1)
             elif "norm" in pname:
                 p.normal_(0.0 if gemma else 1.0, 0.1)
-            elif p.dim() == 2:
+            elif p.dim() >= 2:  # matrices, and the experts' (E, out, in) stacks
                 p.normal_(0.0, std)
     return model
