@@ -151,11 +151,11 @@ def family_configs(size: dict | None = None) -> dict:
                 mlp_only_layers=list(range(1, base["num_hidden_layers"], 2)),
             ),
         ),
-        # 2 of 6 per token, always renormalised
+        # 2 of 6 per token, always renormalised (Mixtral's experts are intermediate_size wide)
         "mixtral": (
             "MixtralForCausalLM",
             "MixtralConfig",
-            dict(base, head_dim=D, num_local_experts=6, num_experts_per_tok=2),
+            dict(base, head_dim=D, num_local_experts=6, num_experts_per_tok=2, intermediate_size=moe),
         ),
     }
 
@@ -163,10 +163,20 @@ def family_configs(size: dict | None = None) -> dict:
 FAMILIES = list(family_configs())
 
 # Real sizes of each family for the GPU test (tests/gpu/test_gpu_fused.py): the widths of a released model
-# (Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B), two layers,
-# sliding windows of 64 (shorter than its calls); Granite with its released multipliers
+# (Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B, Qwen3-30B-A3B,
+# Mixtral-8x7B), two layers, sliding windows of 64 (shorter than its calls); Granite with its released multipliers,
+# the mixtures of experts with their released expert counts and top k
 _QWEN3 = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072)
 _PHI4 = dict(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, intermediate_size=8192)
+_QWEN3_MOE = dict(  # Qwen3-30B-A3B
+    hidden_size=2048,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    vocab_size=151936,
+)
 _GEMMA2 = dict(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256, intermediate_size=9216)
 REAL_SIZES = {
     "qwen3": dict(_QWEN3, vocab_size=151936),
@@ -215,13 +225,28 @@ REAL_SIZES = {
         vocab_size=262144,
         window=64,
     ),
+    "qwen3-moe": _QWEN3_MOE,
+    "qwen3-moe-dense": _QWEN3_MOE,
+    "mixtral": dict(  # Mixtral-8x7B
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        moe_intermediate_size=14336,
+        vocab_size=32000,
+    ),
 }
+_QWEN3_30B_ROUTING = dict(num_experts=128, num_experts_per_tok=8, norm_topk_prob=True)
 REAL_CONFIG = {  # released values where the tiny tests use others
     "granite": dict(
         embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=8.0
     ),
     "gemma2": dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=256),
     "gemma3": dict(query_pre_attn_scalar=256),
+    "qwen3-moe": _QWEN3_30B_ROUTING,
+    "qwen3-moe-dense": _QWEN3_30B_ROUTING,
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2),
 }
 
 
