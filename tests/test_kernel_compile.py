@@ -18,6 +18,7 @@ from overlapdecode.fused.kernels.decode_attention import _split_kernel  # noqa: 
 from overlapdecode.fused.kernels.embed import _embed_kernel  # noqa: E402
 from overlapdecode.fused.kernels.greedy import _greedy_kernel  # noqa: E402
 from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
+from overlapdecode.fused.kernels.moe import _down_kernel, _gate_up_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import _norm_linear_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel  # noqa: E402
 from overlapdecode.fused.kernels.swap_ab import swap_tiles  # noqa: E402
@@ -188,6 +189,21 @@ CASES = {
             "row_stride": "i32",
         },
         dict(BLOCK_M=1, BLOCK_V=2048, LOG=True),
+    ),
+    # the routed experts at Qwen3-30B-A3B's shape (128 experts, 8 per token)
+    "moe_gate_up": (
+        _gate_up_kernel,
+        {
+            **bf16("h_ptr", "nw_ptr", "logits_ptr", "w_ptr", "act_ptr"),
+            **{n: "i32" for n in ("H", "I", "E")},
+            "eps": "fp32",
+        },
+        dict(TOPK=8, STYLE=0, BLOCK_E=128, BLOCK_N=16, BLOCK_K=128),
+    ),
+    "moe_down": (
+        _down_kernel,
+        {**bf16("act_ptr", "logits_ptr", "w_ptr", "res_ptr", "out_ptr"), **{n: "i32" for n in ("H", "I", "E")}},
+        dict(TOPK=8, RENORM=True, BLOCK_E=128, BLOCK_N=16, BLOCK_K=128),
     ),
 }
 
