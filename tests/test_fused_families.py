@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from fused_families import FAMILIES, LONGROPE_SWITCH, family_model
+from fused_families import FAMILIES, LONGROPE_SWITCH, WINDOW, family_model
 
 import overlapdecode as od
 from fused_steps import fused_logits, hf_greedy
@@ -305,3 +305,28 @@ def test_moe_shapes_the_kernels_cannot_run_are_refused():
         check_routing(logits, w_up, w_down.transpose(1, 2), 2)
     with pytest.raises(ValueError, match="w_up must be"):
         check_routing(logits, w_up[:4], w_down, 2)
+
+
+@pytest.mark.parametrize(
+    "name,config",
+    [("mixtral", dict(sliding_window=WINDOW)), ("qwen3-moe", dict(use_sliding_window=True, sliding_window=WINDOW))],
+)
+def test_moe_with_a_sliding_window_shorter_than_the_call(name, config):
+    """Mixtral's config window, and Qwen3-MoE's where use_sliding_window, apply to every layer: Hugging Face's
+    tokens past the window."""
+    model = family_model(name, **config)
+    assert [layer.window for layer in fuse_weights(model).layers] == [WINDOW] * 2
+    ids, mask = make_batch(2, seed=13)
+    ref = hf_generate(model, ids, mask, N, [], 0)
+    assert torch.equal(od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused"), ref)
+
+
+def test_the_bench_mixture_of_experts_shape_is_fused():
+    """qwen3-moe-random (models.py, the bench's Qwen3-30B-A3B layer): every layer routed, 8 of 32, renormalised; built
+    on the meta device."""
+    config = od.models.embedded_config("qwen3-moe-random")
+    with torch.device("meta"):
+        model = od.models._CAUSAL_LM[config.model_type](config)
+    W = fuse_weights(model)
+    assert [(layer.router.shape, layer.top_k, layer.renorm) for layer in W.layers] == [((32, 2048), 8, True)] * 12
+    assert W.layers[0].w_up.shape == (32, 1536, 2048) and W.layers[0].q_norm.shape == (128,)
