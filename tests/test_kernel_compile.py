@@ -411,3 +411,16 @@ def test_per_head_qk_norm_tiles_fit_in_shared_memory(D, dtype):
         options=dict(num_warps=seen["num_warps"], num_stages=seen["num_stages"]),
     )
     assert compiled.metadata.shared <= 227 * 1024
+
+
+@pytest.mark.parametrize("dtype", ["*fp32", "*bf16"])
+def test_the_routed_experts_variants_compile_for_sm90(dtype):
+    """The routed experts' other constexprs (top-2 without renormalising, Gemma's and OLMo2's norm roundings, an
+    expert count not a power of two's block) in float32, as the GPU tests run them, and bfloat16."""
+    for name, flags in (("moe_gate_up", dict(TOPK=2, STYLE=1, BLOCK_E=8)), ("moe_down", dict(TOPK=2, RENORM=False))):
+        kernel, types, constants = CASES[name]
+        types = {k: dtype if v == "*bf16" else v for k, v in types.items()}
+        assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=3, **flags))
+    kernel, types, constants = CASES["moe_gate_up"]
+    types = {k: dtype if v == "*bf16" else v for k, v in types.items()}
+    assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=1, STYLE=2))
