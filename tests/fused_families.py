@@ -258,9 +258,9 @@ def real_model(name: str, device="cuda"):
 
 
 def family_model(name: str, size: dict | None = None, device="cpu", seed: int = 0, std: float = 0.1, **config):
-    """The random model `name` of family_configs, float32, eval: matrices (experts' included) normal(0, std) (larger than Hugging Face's
-    0.02, so that soft-caps, multipliers and norms move the logits), norm weights normal(1, 0.1) (Gemma's, which
-    add 1, normal(0, 0.1)), biases normal(0, 0.1). `config`: more config keywords."""
+    """The random model `name` of family_configs, float32, eval: matrices (the experts' stacks included) normal(0,
+    std) (larger than Hugging Face's 0.02, so that soft-caps, multipliers and norms move the logits), norm weights
+    normal(1, 0.1) (Gemma's, which add 1, normal(0, 0.1)), biases normal(0, 0.1). `config`: more config keywords."""
     model_cls, cfg_cls, kw = family_configs(size)[name]
     torch.manual_seed(seed)
     cfg = getattr(transformers, cfg_cls)(**dict(kw, **config))

@@ -160,8 +160,8 @@ def model_family(model) -> str:
         return "gpt2"
     raise ValueError(
         f"model: the fused path supports the Llama family (Llama, Qwen2, Mistral), GPT-2, Qwen3, Phi-3, Granite, "
-        f"SmolLM3, OLMo2, Gemma 1/2/3 (text), Qwen3-MoE and Mixtral, got model_type {model_type!r} ({type(model).__name__}); use "
-        f"another strategy for it"
+        f"SmolLM3, OLMo2, Gemma 1/2/3 (text), Qwen3-MoE and Mixtral, got model_type {model_type!r} "
+        f"({type(model).__name__}); use another strategy for it"
     )
 
 
