@@ -1,8 +1,8 @@
 """Tiny random models of the decoder families the fused path supports beyond the Llama family and GPT-2
 (layout.DECODERS), for the CPU tests (test_fused_families.py, fused_kernel_cases.py) and, at real sizes, the GPU
 test: each config turns on what its family changes (per-head Q/K norms, partial rotary, LongRoPE, multipliers, NoPE
-layers, post-norms, Gemma's norms and GeGLU, soft-capping, sliding windows shorter than a call), with weights large
-enough that a dropped change changes the tokens."""
+layers, post-norms, Gemma's norms and GeGLU, soft-capping, sliding windows shorter than a call, routed experts), with
+weights large enough that a dropped change changes the tokens."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ def family_configs(size: dict | None = None) -> dict:
     base = dict(SMALL, **(size or {}))
     D = base.pop("head_dim", 24)
     window = base.pop("window", WINDOW)
+    moe = base.pop("moe_intermediate_size", 40)  # experts' width: not a multiple of the kernels' tiles
     return {
         # head_dim from the config (24, not hidden / heads = 16): the per-head Q/K norms over it
         "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(base, head_dim=D)),
@@ -127,16 +128,55 @@ def family_configs(size: dict | None = None) -> dict:
                 rope_parameters=GEMMA3_ROPE,
             ),
         ),
+        # routed experts in every layer: 8 of 10 per token (Qwen3-30B-A3B's 8), the top-k weights not renormalised,
+        # Qwen3's per-head Q/K norms
+        "qwen3-moe": (
+            "Qwen3MoeForCausalLM",
+            "Qwen3MoeConfig",
+            dict(
+                base, head_dim=D, num_experts=10, num_experts_per_tok=8, moe_intermediate_size=moe, norm_topk_prob=False
+            ),
+        ),
+        # 2 of 5 per token, renormalised, in layer 0; layer 1 a dense MLP (mlp_only_layers)
+        "qwen3-moe-dense": (
+            "Qwen3MoeForCausalLM",
+            "Qwen3MoeConfig",
+            dict(
+                base,
+                head_dim=D,
+                num_experts=5,
+                num_experts_per_tok=2,
+                moe_intermediate_size=moe,
+                norm_topk_prob=True,
+                mlp_only_layers=list(range(1, base["num_hidden_layers"], 2)),
+            ),
+        ),
+        # 2 of 6 per token, always renormalised (Mixtral's experts are intermediate_size wide)
+        "mixtral": (
+            "MixtralForCausalLM",
+            "MixtralConfig",
+            dict(base, head_dim=D, num_local_experts=6, num_experts_per_tok=2, intermediate_size=moe),
+        ),
     }
 
 
 FAMILIES = list(family_configs())
 
 # Real sizes of each family for the GPU test (tests/gpu/test_gpu_fused.py): the widths of a released model
-# (Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B), two layers,
-# sliding windows of 64 (shorter than its calls); Granite with its released multipliers
+# (Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B, Qwen3-30B-A3B,
+# Mixtral-8x7B), two layers, sliding windows of 64 (shorter than its calls); Granite with its released multipliers,
+# the mixtures of experts with their released expert counts and top k
 _QWEN3 = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072)
 _PHI4 = dict(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, intermediate_size=8192)
+_QWEN3_MOE = dict(  # Qwen3-30B-A3B
+    hidden_size=2048,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    vocab_size=151936,
+)
 _GEMMA2 = dict(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256, intermediate_size=9216)
 REAL_SIZES = {
     "qwen3": dict(_QWEN3, vocab_size=151936),
@@ -185,13 +225,28 @@ REAL_SIZES = {
         vocab_size=262144,
         window=64,
     ),
+    "qwen3-moe": _QWEN3_MOE,
+    "qwen3-moe-dense": _QWEN3_MOE,
+    "mixtral": dict(  # Mixtral-8x7B
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        moe_intermediate_size=14336,
+        vocab_size=32000,
+    ),
 }
+_QWEN3_30B_ROUTING = dict(num_experts=128, num_experts_per_tok=8, norm_topk_prob=True)
 REAL_CONFIG = {  # released values where the tiny tests use others
     "granite": dict(
         embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22, logits_scaling=8.0
     ),
     "gemma2": dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=256),
     "gemma3": dict(query_pre_attn_scalar=256),
+    "qwen3-moe": _QWEN3_30B_ROUTING,
+    "qwen3-moe-dense": _QWEN3_30B_ROUTING,
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2),
 }
 
 
@@ -203,9 +258,9 @@ def real_model(name: str, device="cuda"):
 
 
 def family_model(name: str, size: dict | None = None, device="cpu", seed: int = 0, std: float = 0.1, **config):
-    """The random model `name` of family_configs, float32, eval: matrices normal(0, std) (larger than Hugging Face's
-    0.02, so that soft-caps, multipliers and norms move the logits), norm weights normal(1, 0.1) (Gemma's, which
-    add 1, normal(0, 0.1)), biases normal(0, 0.1). `config`: more config keywords."""
+    """The random model `name` of family_configs, float32, eval: matrices (the experts' stacks included) normal(0,
+    std) (larger than Hugging Face's 0.02, so that soft-caps, multipliers and norms move the logits), norm weights
+    normal(1, 0.1) (Gemma's, which add 1, normal(0, 0.1)), biases normal(0, 0.1). `config`: more config keywords."""
     model_cls, cfg_cls, kw = family_configs(size)[name]
     torch.manual_seed(seed)
     cfg = getattr(transformers, cfg_cls)(**dict(kw, **config))
@@ -218,6 +273,6 @@ def family_model(name: str, size: dict | None = None, device="cpu", seed: int = 
                 p.normal_(0.0, 0.1)
             elif "norm" in pname:
                 p.normal_(0.0 if gemma else 1.0, 0.1)
-            elif p.dim() == 2:
+            elif p.dim() >= 2:  # matrices, and the experts' (E, out, in) stacks
                 p.normal_(0.0, std)
     return model

@@ -837,7 +837,9 @@ def test_whole_step_of_each_family_kernels_vs_reference(name):
         torch.testing.assert_close(a, b, **TOL)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "phi3", "granite", "olmo2", "gemma2", "gemma3"])
+@pytest.mark.parametrize(
+    "name", ["qwen3", "phi3", "granite", "olmo2", "gemma2", "gemma3", "qwen3-moe-dense", "mixtral"]
+)
 @torch.no_grad()
 def test_generate_of_each_family_with_the_kernels_equals_the_references(name):
     """Whole calls (left-padded batch of 3, strided state columns, the kernels' NormSums where the family's norms
@@ -888,3 +890,51 @@ def test_qk_norm_rope(B, Hq, Hkv, D, block, rope):
     torch.testing.assert_close(got, ref, **TOL)
     torch.testing.assert_close(caches[1], caches[0], **TOL)
     assert (ref - q).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    "B,E,top_k,H,I,block_n,block_k",
+    [(1, 6, 2, 72, 40, 16, 32), (5, 10, 8, 72, 40, 16, 32), (3, 7, 3, 50, 33, 8, 16), (16, 12, 8, 100, 24, 32, 64)],
+)
+@pytest.mark.parametrize("renorm", [False, True])
+def test_moe_experts(B, E, top_k, H, I, block_n, block_k, renorm):
+    """The routed experts (kernels/moe.py) against their reference: expert counts not a power of two, top-k 2 to 8,
+    widths not multiples of the tiles, one row and several whose choices overlap; the prefill's dense form gives the
+    same sum."""
+    from overlapdecode.fused.kernels.moe import moe_dense_ref, moe_experts, moe_experts_ref, route_ref
+    from overlapdecode.fused.kernels.norm_linear import norm_ref
+
+    torch.manual_seed(B * E + top_k)
+    h, nw, router = rnd(B, H), rnd(H, scale=0.3) + 1, rnd(E, H, scale=0.5)
+    w_up, w_down = rnd(E, 2 * I, H, scale=H**-0.5), rnd(E, H, I, scale=I**-0.5)
+    logits = norm_linear_ref(h, nw, None, 1e-6, router, None, "none")
+    experts = route_ref(logits, top_k, renorm)[1]
+    if B > 1:  # several rows share an expert and the rows' choices differ
+        assert len(set(experts.flatten().tolist())) < B * top_k
+        assert len({frozenset(row.tolist()) for row in experts}) > 1
+    ref = moe_experts_ref(h, nw, 1e-6, logits, w_up, w_down, top_k, renorm)
+    got = moe_experts(h, nw, 1e-6, logits, w_up, w_down, top_k, renorm, block_n=block_n, block_k=block_k)
+    torch.testing.assert_close(got, ref, **TOL)
+    dense = h + moe_dense_ref(norm_ref(h, nw, None, 1e-6), logits, w_up, w_down, top_k, renorm)
+    torch.testing.assert_close(dense, ref, **TOL)
+
+
+@pytest.mark.parametrize("style", ["rms", "rms_offset", "rms_f32"])
+def test_moe_experts_read_only_the_chosen_experts(style):
+    """Every expert no row chose holds NaN: the kernels and the reference never read it (their sums stay finite
+    and equal), in each RMSNorm rounding the kernel takes."""
+    from overlapdecode.fused.kernels.moe import moe_experts, moe_experts_ref, route_ref
+
+    torch.manual_seed(3)
+    B, E, top_k, H, I = 2, 9, 2, 40, 24
+    h, nw, router = rnd(B, H), rnd(H, scale=0.3) + 1, rnd(E, H, scale=0.5)
+    w_up, w_down = rnd(E, 2 * I, H, scale=H**-0.5), rnd(E, H, I, scale=I**-0.5)
+    logits = norm_linear_ref(h, nw, None, 1e-6, router, None, "none")
+    chosen = set(route_ref(logits, top_k, True)[1].flatten().tolist())
+    unused = [e for e in range(E) if e not in chosen]
+    assert unused
+    w_up[unused], w_down[unused] = float("nan"), float("nan")
+    ref = moe_experts_ref(h, nw, 1e-6, logits, w_up, w_down, top_k, True, style)
+    got = moe_experts(h, nw, 1e-6, logits, w_up, w_down, top_k, True, style, block_n=16, block_k=16)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, ref, **TOL)

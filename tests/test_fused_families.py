@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from fused_families import FAMILIES, LONGROPE_SWITCH, family_model
+from fused_families import FAMILIES, LONGROPE_SWITCH, WINDOW, family_model
 
 import overlapdecode as od
 from fused_steps import fused_logits, hf_greedy
@@ -78,11 +78,12 @@ def _storage_bytes(model) -> int:
     return sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
 
 
-@pytest.mark.parametrize("name", ["phi3", "qwen3"])
+@pytest.mark.parametrize("name", ["phi3", "qwen3", "qwen3-moe-dense"])
 @torch.no_grad()
 def test_relayout_keeps_hf_model_and_memory(name):
     """Phi-3's qkv_proj and gate_up_proj are the fused tensors themselves (no copy); Qwen3's projections become
-    views of its fused ones; the Hugging Face model's logits are unchanged and no memory is added."""
+    views of its fused ones; Qwen3-MoE's experts and router are its own tensors, its dense layer's gate/up views; the
+    Hugging Face model's logits are unchanged and no memory is added."""
     model = family_model(name)
     ids, mask = make_batch(2, seed=5)
     before = model(input_ids=ids, attention_mask=mask).logits
@@ -97,6 +98,12 @@ def test_relayout_keeps_hf_model_and_memory(name):
     else:
         assert attn.k_proj.weight.data_ptr() == W.layers[0].w_qkv.data_ptr() + attn.q_proj.weight.nbytes
         assert W.layers[0].q_norm.data_ptr() == attn.q_norm.weight.data_ptr()
+    if name == "qwen3-moe-dense":
+        assert mlp.experts.gate_up_proj.data_ptr() == W.layers[0].w_up.data_ptr()
+        assert mlp.experts.down_proj.data_ptr() == W.layers[0].w_down.data_ptr()
+        assert mlp.gate.weight.data_ptr() == W.layers[0].router.data_ptr()
+        dense = model.model.layers[1].mlp
+        assert dense.up_proj.weight.data_ptr() == W.layers[1].w_up.data_ptr() + dense.gate_proj.weight.nbytes
     assert _storage_bytes(model) == bytes_before
     again = fuse_weights(model)
     assert all(a.w_qkv.data_ptr() == b.w_qkv.data_ptr() for a, b in zip(W.layers, again.layers))
@@ -128,7 +135,18 @@ PINS = {  # what each family's fused weights must carry
     "gemma": lambda W: W.norm == "rms_offset" and W.act == "gelu_tanh_mul" and W.embed_scale == 8.0,
     "gemma2": lambda W: _gemma2_pins(W) is None,
     "gemma3": lambda W: _gemma3_pins(W) is None,
+    "qwen3-moe": lambda W: _moe_pins(W, [(10, 8, False)] * 2),
+    "qwen3-moe-dense": lambda W: _moe_pins(W, [(5, 2, True), None]),
+    "mixtral": lambda W: _moe_pins(W, [(6, 2, True)] * 2) and W.layers[0].q_norm is None,
 }
+
+
+def _moe_pins(W, routing) -> bool:
+    """Each layer's (experts, top k, renormalised), None for a dense MLP layer; the experts 40 wide."""
+    got = [None if layer.router is None else (layer.router.shape[0], layer.top_k, layer.renorm) for layer in W.layers]
+    moe = [layer for layer in W.layers if layer.router is not None]
+    shapes = all(layer.w_up.shape[1:] == (80, 64) and layer.w_down.shape[1:] == (64, 40) for layer in moe)
+    return got == routing and shapes and "mixture of experts" in W.extras()
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -205,7 +223,7 @@ def _config(cls: str, **kw):
             "qwen3's 'dynamic' RoPE",
         ),
         ("GemmaForCausalLM", "GemmaConfig", dict(hidden_activation="gelu", head_dim=16), "gemma's activation 'gelu'"),
-        ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(), "got model_type 'qwen3_moe'"),
+        ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(moe_intermediate_size=16, num_experts=4), "'qwen2_moe'"),
     ],
 )
 def test_what_the_step_does_not_implement_is_refused(cls, config, kw, match):
@@ -235,3 +253,80 @@ def test_the_gpu_tests_real_sizes_are_accepted(name):
 
     W = fuse_weights(real_model(name, device="meta"))
     assert W.extras() and W.hidden == real_model(name, device="meta").config.hidden_size
+
+
+MOE_FAMILIES = ["qwen3-moe", "qwen3-moe-dense", "mixtral"]
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_moe_greedy_and_sampled_at_batch_1_and_3(name, batch):
+    """The mixtures of experts at one row and at three (row 1 left-padded; the rows route to different experts):
+    Hugging Face generate()'s greedy tokens with EOS mid-way and without, and seeded sampling equal to the `kv`
+    preset's."""
+    model = family_model(name)
+    ids, mask = make_batch(batch, seed=61)
+    eos = eos_hit_midway(model, ids, mask, N, [0])
+    assert eos is not None, "test batch has no usable EOS; change the seed"
+    for eos_ids in (eos, []):
+        ref = hf_generate(model, ids, mask, N, eos_ids, 5)
+        out = od.generate(
+            model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused", eos_token_id=eos_ids, pad_token_id=5
+        )
+        assert torch.equal(out, ref), (name, eos_ids)
+    kw = dict(do_sample=True, seed=4, temperature=0.9, top_k=40, eos_token_id=eos, pad_token_id=5)
+    outs = [od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy=s, **kw) for s in ("kv", "fused")]
+    assert torch.equal(outs[1], outs[0])
+
+
+def test_moe_rows_route_to_different_experts():
+    """The batch tests above mean something only if the rows' tokens choose different experts (and some the
+    same): the routing of the first decode step's inputs, from the Hugging Face router itself."""
+    model = family_model("qwen3-moe-dense")
+    ids, mask = make_batch(3, seed=61)
+    chosen = []
+    hook = model.model.layers[0].mlp.gate.register_forward_hook(lambda m, i, o: chosen.append(o[2]))
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    hook.remove()
+    experts = chosen[0].view(3, -1, 2)[:, -1]  # (rows, top k) at each row's last prompt token
+    sets = [set(row.tolist()) for row in experts]
+    assert len({frozenset(s) for s in sets}) > 1 and any(a & b for a in sets for b in sets if a is not b)
+
+
+def test_moe_shapes_the_kernels_cannot_run_are_refused():
+    from overlapdecode.fused.kernels.moe import check_routing
+
+    logits, w_up, w_down = torch.zeros(2, 5), torch.zeros(5, 8, 6), torch.zeros(5, 6, 4)
+    check_routing(logits, w_up, w_down, 2)
+    with pytest.raises(ValueError, match="top_k must be an int in 1 .. 5"):
+        check_routing(logits, w_up, w_down, 6)
+    with pytest.raises(ValueError, match="w_down must be"):
+        check_routing(logits, w_up, w_down.transpose(1, 2), 2)
+    with pytest.raises(ValueError, match="w_up must be"):
+        check_routing(logits, w_up[:4], w_down, 2)
+
+
+@pytest.mark.parametrize(
+    "name,config",
+    [("mixtral", dict(sliding_window=WINDOW)), ("qwen3-moe", dict(use_sliding_window=True, sliding_window=WINDOW))],
+)
+def test_moe_with_a_sliding_window_shorter_than_the_call(name, config):
+    """Mixtral's config window, and Qwen3-MoE's where use_sliding_window, apply to every layer: Hugging Face's
+    tokens past the window."""
+    model = family_model(name, **config)
+    assert [layer.window for layer in fuse_weights(model).layers] == [WINDOW] * 2
+    ids, mask = make_batch(2, seed=13)
+    ref = hf_generate(model, ids, mask, N, [], 0)
+    assert torch.equal(od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused"), ref)
+
+
+def test_the_bench_mixture_of_experts_shape_is_fused():
+    """qwen3-moe-random (models.py, the bench's Qwen3-30B-A3B layer): every layer routed, 8 of 32, renormalised; built
+    on the meta device."""
+    config = od.models.embedded_config("qwen3-moe-random")
+    with torch.device("meta"):
+        model = od.models._CAUSAL_LM[config.model_type](config)
+    W = fuse_weights(model)
+    assert [(layer.router.shape, layer.top_k, layer.renorm) for layer in W.layers] == [((32, 2048), 8, True)] * 12
+    assert W.layers[0].w_up.shape == (32, 1536, 2048) and W.layers[0].q_norm.shape == (128,)

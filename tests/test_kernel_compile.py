@@ -18,6 +18,7 @@ from overlapdecode.fused.kernels.decode_attention import _split_kernel  # noqa: 
 from overlapdecode.fused.kernels.embed import _embed_kernel  # noqa: E402
 from overlapdecode.fused.kernels.greedy import _greedy_kernel  # noqa: E402
 from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
+from overlapdecode.fused.kernels.moe import _down_kernel, _gate_up_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import _norm_linear_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel  # noqa: E402
 from overlapdecode.fused.kernels.swap_ab import swap_tiles  # noqa: E402
@@ -188,6 +189,21 @@ CASES = {
             "row_stride": "i32",
         },
         dict(BLOCK_M=1, BLOCK_V=2048, LOG=True),
+    ),
+    # the routed experts at Qwen3-30B-A3B's shape (128 experts, 8 per token)
+    "moe_gate_up": (
+        _gate_up_kernel,
+        {
+            **bf16("h_ptr", "nw_ptr", "logits_ptr", "w_ptr", "act_ptr"),
+            **{n: "i32" for n in ("H", "I", "E")},
+            "eps": "fp32",
+        },
+        dict(TOPK=8, STYLE=0, BLOCK_E=128, BLOCK_N=16, BLOCK_K=128),
+    ),
+    "moe_down": (
+        _down_kernel,
+        {**bf16("act_ptr", "logits_ptr", "w_ptr", "res_ptr", "out_ptr"), **{n: "i32" for n in ("H", "I", "E")}},
+        dict(TOPK=8, RENORM=True, BLOCK_E=128, BLOCK_N=16, BLOCK_K=128),
     ),
 }
 
@@ -395,3 +411,16 @@ def test_per_head_qk_norm_tiles_fit_in_shared_memory(D, dtype):
         options=dict(num_warps=seen["num_warps"], num_stages=seen["num_stages"]),
     )
     assert compiled.metadata.shared <= 227 * 1024
+
+
+@pytest.mark.parametrize("dtype", ["*fp32", "*bf16"])
+def test_the_routed_experts_variants_compile_for_sm90(dtype):
+    """The routed experts' other constexprs (top-2 without renormalising, Gemma's and OLMo2's norm roundings, an
+    expert count not a power of two's block) in float32, as the GPU tests run them, and bfloat16."""
+    for name, flags in (("moe_gate_up", dict(TOPK=2, STYLE=1, BLOCK_E=8)), ("moe_down", dict(TOPK=2, RENORM=False))):
+        kernel, types, constants = CASES[name]
+        types = {k: dtype if v == "*bf16" else v for k, v in types.items()}
+        assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=3, **flags))
+    kernel, types, constants = CASES["moe_gate_up"]
+    types = {k: dtype if v == "*bf16" else v for k, v in types.items()}
+    assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=1, STYLE=2))

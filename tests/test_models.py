@@ -362,7 +362,7 @@ def test_other_families_load_and_generate_their_hf_tokens_at_a_tiny_size(name, m
         assert model.config.layer_types.count("full_attention") == 1
     ids, mask = make_batch(2, seed=4, prompt_len=12)
     want = hf_generate(model, ids, mask, 10, [], 0)
-    for strategy in ("kv", "static"):
+    for strategy in ("kv", "static", "fused"):  # fused: the mixture of experts' routed kernels' twins too
         out = od.generate(model, ids, attention_mask=mask, max_new_tokens=10, strategy=strategy, eos_token_id=[])
         assert torch.equal(out, want), strategy
 

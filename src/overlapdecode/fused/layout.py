@@ -21,8 +21,12 @@ LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 # Decoders of the Llama family's shape that change some part of its layer (fused by _fuse_decoder): per-head Q/K
 # norms (Qwen3, Gemma 3), fused QKV and gate/up as shipped with partial rotary and LongRoPE (Phi-3), multipliers
 # (Granite), layers without RoPE (SmolLM3), post-norms and whole-projection Q/K norms (OLMo2), Gemma's norms,
-# GeGLU, scaled embeddings, soft-capping and sliding-window layers (Gemma 1/2/3).
-DECODERS = ("qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma", "gemma2", "gemma3_text")
+# GeGLU, scaled embeddings, soft-capping and sliding-window layers (Gemma 1/2/3), routed experts in place of the MLP
+# (Qwen3-MoE, Mixtral: kernels/moe.py).
+DECODERS = ("qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma", "gemma2", "gemma3_text", "qwen3_moe", "mixtral")
+# The mixtures of experts among them: softmax over the router logits, top-k, the top-k weights renormalised
+# (Mixtral always, Qwen3-MoE where config.norm_topk_prob), each expert a SiLU-gated MLP.
+MOE = ("qwen3_moe", "mixtral")
 SUPPORTED = LLAMA_FAMILY + ("gpt2",) + DECODERS
 # Rotary variants whose frequencies do not depend on the sequence length (HF precomputes `inv_freq`).
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -42,9 +46,9 @@ class LayerWeights:
     b_o: torch.Tensor | None
     norm2_w: torch.Tensor | None  # None: no norm before the MLP (OLMo2)
     norm2_b: torch.Tensor | None
-    w_up: torch.Tensor  # Llama family: (2I, H), gate rows then up rows; GPT-2: (4H, H)
+    w_up: torch.Tensor  # Llama family: (2I, H), gate rows then up rows; GPT-2: (4H, H); experts: (E, 2I, H)
     b_up: torch.Tensor | None
-    w_down: torch.Tensor  # (H, I)
+    w_down: torch.Tensor  # (H, I); experts: (E, H, I)
     b_down: torch.Tensor | None
     scale: float  # attention score scale
     q_norm: torch.Tensor | None = None  # RMSNorm of Q before RoPE: (D,) per head (Qwen3, Gemma 3), (Hq*D,) OLMo2's
@@ -53,6 +57,9 @@ class LayerWeights:
     post_ffn_w: torch.Tensor | None = None  # of the MLP branch
     rope: str | None = "global"  # the rotary table: "global" (FusedWeights.inv_freq), "local", None (no RoPE)
     window: int | None = None  # sliding window: keys at slots > the query's slot - window
+    router: torch.Tensor | None = None  # (E, H): a layer of routed experts (w_up, w_down per expert); None: an MLP
+    top_k: int = 0  # experts per token
+    renorm: bool = False  # the top-k routing weights divided by their sum
 
 
 @dataclass
@@ -118,6 +125,7 @@ class FusedWeights:
             "no pre-norm": lambda layer: layer.norm1_w is None,
             "sliding-window layers": lambda layer: layer.window is not None,
             "per-layer RoPE": lambda layer: layer.rope != "global",
+            "mixture of experts": lambda layer: layer.router is not None,
         }
         found += [name for name, has in per_layer.items() if any(has(layer) for layer in self.layers)]
         return found
@@ -152,8 +160,8 @@ def model_family(model) -> str:
         return "gpt2"
     raise ValueError(
         f"model: the fused path supports the Llama family (Llama, Qwen2, Mistral), GPT-2, Qwen3, Phi-3, Granite, "
-        f"SmolLM3, OLMo2 and Gemma 1/2/3 (text), got model_type {model_type!r} ({type(model).__name__}); use "
-        f"another strategy for it"
+        f"SmolLM3, OLMo2, Gemma 1/2/3 (text), Qwen3-MoE and Mixtral, got model_type {model_type!r} "
+        f"({type(model).__name__}); use another strategy for it"
     )
 
 
@@ -460,7 +468,11 @@ def _fuse_decoder(model) -> FusedWeights:
             projs = [attn.q_proj, attn.k_proj, attn.v_proj]
             w_qkv = _fuse_rows([(p, "weight") for p in projs])
             b_qkv = _fuse_rows([(p, "bias") for p in projs])
-        if hasattr(mlp, "gate_up_proj"):  # Phi-3: gate rows then up rows, as shipped
+        moe = {}
+        if hasattr(mlp, "experts"):  # Qwen3-MoE, Mixtral: the experts' (E, 2I, H) and (E, H, I) tensors as shipped
+            moe = _experts(mlp, cfg)
+            w_up, b_up, w_down = moe.pop("w_up"), None, moe.pop("w_down")
+        elif hasattr(mlp, "gate_up_proj"):  # Phi-3: gate rows then up rows, as shipped
             w_up, b_up = mlp.gate_up_proj.weight.detach(), _bias(mlp.gate_up_proj)
         else:
             w_up = _fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")])
@@ -491,8 +503,8 @@ def _fuse_decoder(model) -> FusedWeights:
             if mt == "olmo2" and 2 * ropes["inv_freq"].numel() != head_dim:
                 _refuse(cfg, "partial rotary with whole-projection Q/K norms")
         window = getattr(attn, "sliding_window", None)
-        if mt == "phi3":
-            window = getattr(cfg, "sliding_window", None)  # Phi-3 gives every layer the config's window
+        if mt in ("phi3", "mixtral"):
+            window = getattr(cfg, "sliding_window", None)  # these give every layer the config's window
         if layer_types and layer_types[i] == "sliding_attention" and window is None:
             _refuse(cfg, f"sliding layer {i} without a window")
         if getattr(attn, "attn_logit_softcapping", None) != getattr(cfg, "attn_logit_softcapping", None):
@@ -514,8 +526,8 @@ def _fuse_decoder(model) -> FusedWeights:
                 norm2_b=None,
                 w_up=w_up,
                 b_up=b_up,
-                w_down=mlp.down_proj.weight.detach(),
-                b_down=_bias(mlp.down_proj),
+                w_down=w_down if moe else mlp.down_proj.weight.detach(),
+                b_down=None if moe else _bias(mlp.down_proj),
                 scale=float(attn.scaling),
                 q_norm=None if q_norm is None else q_norm.weight.detach(),
                 k_norm=None if q_norm is None else attn.k_norm.weight.detach(),
@@ -523,6 +535,7 @@ def _fuse_decoder(model) -> FusedWeights:
                 post_ffn_w=None if post_ffn is None else post_ffn.weight.detach(),
                 rope=rope,
                 window=window,
+                **moe,
             )
         )
     _module_eps(inner.norm, eps, cfg, "final norm")
@@ -564,4 +577,34 @@ def _fuse_decoder(model) -> FusedWeights:
         logit_softcap=None if softcap is None else float(softcap),
         attn_softcap=None if attn_softcap is None else float(attn_softcap),
         **ropes,
+    )
+
+
+def _experts(mlp, cfg) -> dict:
+    """A sparse MoE block's LayerWeights fields: its experts' fused tensors (views, no copy), router, top k and
+    renormalisation; a ValueError for what kernels/moe.py does not run (shared experts, biases, other layouts)."""
+    experts, router = mlp.experts, mlp.gate
+    if cfg.model_type not in MOE:
+        _refuse(cfg, "mixture-of-experts MLP")
+    for name in ("shared_expert", "shared_experts"):
+        if getattr(mlp, name, None) is not None:
+            _refuse(cfg, "shared experts")
+    gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    if not (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == 3):
+        _refuse(cfg, f"experts stored as {type(experts).__name__} without (E, 2I, H) gate_up_proj tensors")
+    if getattr(experts, "has_bias", False) or getattr(router, "bias", None) is not None:
+        _refuse(cfg, "expert or router biases")
+    E, I2, H = gate_up.shape
+    if tuple(down.shape) != (E, H, I2 // 2) or tuple(router.weight.shape) != (E, H):
+        _refuse(
+            cfg, f"experts of shapes {tuple(gate_up.shape)}, {tuple(down.shape)}, router {tuple(router.weight.shape)}"
+        )
+    if not (gate_up.is_contiguous() and down.is_contiguous()):
+        _refuse(cfg, "experts' tensors that are not contiguous")
+    return dict(
+        w_up=gate_up.detach(),
+        w_down=down.detach(),
+        router=router.weight.detach(),
+        top_k=int(router.top_k),
+        renorm=bool(getattr(router, "norm_topk_prob", True)),  # Mixtral's router always renormalises
     )

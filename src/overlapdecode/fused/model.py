@@ -25,6 +25,7 @@ from .cache import FusedCache
 from .kernels.embed import embed_ref
 from .kernels.greedy import GreedyFinish, greedy_finish_ref
 from .kernels.linear_residual import linear_residual_ref
+from .kernels.moe import moe_experts_ref
 from .kernels.norm_linear import norm_linear_ref
 from .kernels.norm_qkv import norm_qkv_ref, qk_norm_rope_ref
 from .kernels.norm_residual import norm_residual_ref
@@ -75,6 +76,7 @@ class StepOps(NamedTuple):
     symmetric: object = None  # tp.SymmetricAllReduce for a sharded model's all-reduces, or None
     norm_residual: object = None  # residual + RMSNorm(branch), for post-norm layers (kernels/norm_residual.py)
     qk_norm_rope: object = None  # whole-projection Q/K norms, then RoPE (kernels/norm_qkv.py), for OLMo2
+    moe: object = None  # residual + the routed experts (kernels/moe.py), for Qwen3-MoE and Mixtral
 
 
 REFERENCE_OPS = StepOps(
@@ -86,6 +88,7 @@ REFERENCE_OPS = StepOps(
     greedy_finish_ref,
     norm_residual=norm_residual_ref,
     qk_norm_rope=qk_norm_rope_ref,
+    moe=moe_experts_ref,
 )
 
 
@@ -137,6 +140,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     from .kernels.embed import embed
     from .kernels.greedy import greedy_choice
     from .kernels.linear_residual import Tickets, linear_residual
+    from .kernels.moe import moe_experts
     from .kernels.norm_linear import NormSums, norm_linear
     from .kernels.norm_qkv import norm_qkv, qk_norm_rope
     from .kernels.norm_residual import norm_residual
@@ -165,6 +169,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
         functools.partial(greedy_choice, tickets=tickets, pdl=pdl),
         norm_residual=functools.partial(norm_residual, pdl=pdl),
         qk_norm_rope=functools.partial(qk_norm_rope, pdl=pdl),
+        moe=functools.partial(moe_experts, pdl=pdl),
     )
 
 

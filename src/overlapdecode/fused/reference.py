@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from ..tp import reduce_residual
 from .kernels.embed import embed_rows
 from .kernels.linear_residual import linear_residual_ref
+from .kernels.moe import moe_dense_ref
 from .kernels.norm_linear import norm_linear_ref, norm_ref
 from .kernels.norm_qkv import apply_rope, qk_norm_ref, rope_cos_sin
 from .kernels.norm_residual import norm_residual_ref
@@ -115,6 +116,9 @@ def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, 
         # under tp (W.tp), w_o and w_down hold 1/tp of their inputs: reduce_residual sums the ranks' parts
         # (ops.symmetric: over symmetric memory; None: the functional collective)
         h = reduce_residual(ops.linear_residual, a.reshape(B, -1), layer.w_o, layer.b_o, h, W.tp, ops.symmetric)
+    if layer.router is not None:  # routed experts (kernels/moe.py): the router logits, then the chosen experts
+        logits = ops.norm_linear(h, layer.norm2_w, None, W.eps, layer.router, None, "none", **W.norm_options())
+        return ops.moe(h, layer.norm2_w, W.eps, logits, layer.w_up, layer.w_down, layer.top_k, layer.renorm, W.norm)
     m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act, **W.norm_options())
     if layer.post_ffn_w is not None:
         branch = ops.linear_residual(m, layer.w_down, layer.b_down, None)
@@ -170,6 +174,9 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
             h = linear_residual_ref(a, layer.w_o, layer.b_o, h, W.residual_scale)
         else:
             h = reduce_residual(_add_linear, a, layer.w_o, layer.b_o, h, W.tp)
+        if layer.router is not None:
+            h = h + _moe_prefill(W, layer, h)
+            continue
         m = norm_linear_ref(
             h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act, None, **W.norm_options()
         )
@@ -191,6 +198,13 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
         **W.head_options(),
     )
     return logits if W.vocab is None else W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
+
+
+def _moe_prefill(W: FusedWeights, layer, h):
+    """The routed experts' sum of a (B, T, H) prompt (kernels/moe.py moe_dense_ref): every expert on every token."""
+    x = norm_ref(h, layer.norm2_w, None, W.eps, W.norm).reshape(-1, h.shape[-1])
+    logits = F.linear(x, layer.router)
+    return moe_dense_ref(x, logits, layer.w_up, layer.w_down, layer.top_k, layer.renorm).view(h.shape)
 
 
 def _softcap_attention(q, k, v, mask, scale: float, softcap: float):

@@ -1,0 +1,265 @@
+"""The routed experts of a mixture-of-experts MLP (Qwen3-MoE, Mixtral) at decode: each row's top-k experts
+chosen on the device from its router logits, and only those experts' weights read.
+
+Why: a mixture of experts is sparse per token (Qwen3-30B-A3B reads 8 of its 128 experts, 3B of its 30B
+parameters), and a decode step that ran every expert, or copied the chosen ones' weights, would read all or twice
+of them. The step is captured in a CUDA graph, so the choice cannot leave the device nor change a shape: the
+router logits (B, E) come from norm_linear (the norm + router GEMV), and both kernels here choose the experts
+again from them (softmax, top-k, renormalise: a few hundred floats per row, cheaper than a launch and a buffer
+of indices), then load the chosen expert's weight tiles through that device index.
+
+- `_gate_up_kernel`, programs (row, slot, column tile): the slot-th choice of the row, its gate and up tiles of
+  the normalised row, SiLU(gate) * up, stored (B, k, I) in the model dtype.
+- `_down_kernel`, programs (row, column tile): each slot's down projection tile of its activations, times the
+  slot's routing weight, summed over the slots in float32 in slot order, plus the residual.
+The rows are independent GEMVs (elementwise products and sums, no MMA): rows choosing the same expert read its
+tiles again, mostly from L2.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .linear_residual import require_32bit, require_contiguous
+from .norm_linear import STYLES, norm_ref
+from .pdl import pdl_launch, pdl_release, pdl_start
+
+
+def route_ref(logits, top_k: int, renorm: bool):
+    """Hugging Face's router on (B, E) logits: softmax in float32, the top_k largest probabilities and their
+    experts, divided by their sum where `renorm` (Mixtral always, Qwen3-MoE where config.norm_topk_prob) ->
+    weights (B, k) float32, experts (B, k) long."""
+    probs = logits.float().softmax(-1)
+    weights, experts = probs.topk(top_k, dim=-1)
+    if renorm:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, experts
+
+
+def moe_experts_ref(h, norm_w, eps: float, logits, w_up, w_down, top_k: int, renorm: bool, norm_style: str = "rms"):
+    """h + the routed experts' sum, one token per row: h (B, H); logits (B, E), the router's on norm(h);
+    w_up (E, 2I, H) gate rows then up rows per expert; w_down (E, H, I). Each expert's output rounded to h's dtype
+    as Hugging Face's linear rounds it, times its routing weight and summed over the slots in float32, added to
+    the residual, rounded once. Reads only the chosen experts' weights (an index, not a mask)."""
+    x = norm_ref(h, norm_w, None, eps, norm_style)
+    weights, experts = route_ref(logits, top_k, renorm)
+    out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+    for j in range(top_k):
+        e = experts[:, j]
+        gate, up = torch.einsum("bnh,bh->bn", w_up[e], x).chunk(2, dim=-1)
+        y = torch.einsum("bhi,bi->bh", w_down[e], F.silu(gate) * up)
+        out += weights[:, j, None] * y.float()
+    return (h.float() + out).to(h.dtype)
+
+
+def moe_dense_ref(x, logits, w_up, w_down, top_k: int, renorm: bool):
+    """The prefill's form of the experts' sum (no residual), x (N, H) already normalised: every expert on every
+    token, weighted by a (N, E) matrix zero outside each token's top k. Static shapes for the compiled prefill,
+    E / k times the experts' work of the routed sum (the prompt is one pass; the decode steps read only the chosen
+    experts)."""
+    weights, experts = route_ref(logits, top_k, renorm)
+    dense = torch.zeros(logits.shape, dtype=torch.float32, device=x.device).scatter(1, experts, weights)
+    gate, up = torch.einsum("nh,eoh->neo", x, w_up).chunk(2, dim=-1)
+    y = torch.einsum("nei,ehi->neh", F.silu(gate) * up, w_down)
+    return torch.einsum("ne,neh->nh", dense, y.float()).to(x.dtype)
+
+
+@triton.jit
+def _probs(logits_ptr, row, E, BLOCK_E: tl.constexpr):
+    """The row's softmax over its E logits in float32 (lanes past E: -1, below every probability), lane ids."""
+    ids = tl.arange(0, BLOCK_E)
+    lg = tl.load(logits_ptr + row * E + ids, mask=ids < E, other=float("-inf")).to(tl.float32)
+    ex = tl.exp(lg - tl.max(lg, 0))
+    p = ex / tl.sum(ex, 0)
+    return tl.where(ids < E, p, -1.0), ids
+
+
+@triton.jit
+def _pick(p, ids, BLOCK_E: tl.constexpr):
+    """The largest remaining probability and its expert (the lowest among equals); p with that lane removed."""
+    m = tl.max(p, 0)
+    e = tl.min(tl.where(p == m, ids, BLOCK_E), 0)
+    return e, m, tl.where(ids == e, -1.0, p)
+
+
+@triton.jit
+def _gate_up_kernel(
+    h_ptr,
+    nw_ptr,
+    logits_ptr,
+    w_ptr,
+    act_ptr,
+    H,
+    I,
+    E,
+    eps,
+    TOPK: tl.constexpr,
+    STYLE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_start(PDL)
+    pid = tl.program_id(0)
+    row = (pid // TOPK).to(tl.int64)
+    slot = pid % TOPK
+    p, ids = _probs(logits_ptr, row, E, BLOCK_E)
+    expert = 0
+    for j in tl.static_range(TOPK):
+        e, m, p = _pick(p, ids, BLOCK_E)
+        expert = tl.where(slot == j, e, expert)
+    dtype = act_ptr.dtype.element_ty
+    ks = tl.arange(0, BLOCK_K)
+    ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        xv = tl.load(h_ptr + row * H + k0 + ks, mask=k0 + ks < H, other=0.0).to(tl.float32)
+        ss += xv * xv
+    rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / H + eps)
+    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = ns < I
+    base = w_ptr + expert.to(tl.int64) * (2 * I) * H  # the chosen expert's (2I, H) block
+    gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k_ok = k0 + ks < H
+        xv = tl.load(h_ptr + row * H + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
+        g = tl.load(nw_ptr + k0 + ks, mask=k_ok, other=0.0)
+        if STYLE == 1:  # Gemma's (1 + w), one rounding
+            xn = (xv * rstd * (g.to(tl.float32) + 1.0)).to(dtype)
+        elif STYLE == 2:  # OLMo2's w times the float32 normalised x, one rounding
+            xn = (xv * rstd * g.to(tl.float32)).to(dtype)
+        else:  # Llama's: w times the normalised x rounded to the dtype
+            xn = (g * (xv * rstd).to(dtype)).to(dtype)
+        xn = xn.to(tl.float32)[None, :]
+        ok = n_ok[:, None] & k_ok[None, :]
+        offs = ns[:, None] * H + k0 + ks[None, :]
+        wg = tl.load(base + offs, mask=ok, other=0.0).to(tl.float32)
+        wu = tl.load(base + I * H + offs, mask=ok, other=0.0).to(tl.float32)
+        gate += tl.sum(wg * xn, 1)
+        up += tl.sum(wu * xn, 1)
+    pdl_release(PDL)
+    gate = gate.to(dtype).to(tl.float32)  # rounded as Hugging Face's linear rounds its outputs
+    up = up.to(dtype).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    tl.store(act_ptr + (row * TOPK + slot) * I + ns, (silu * up).to(dtype), mask=n_ok)
+
+
+@triton.jit
+def _down_kernel(
+    act_ptr,
+    logits_ptr,
+    w_ptr,
+    res_ptr,
+    out_ptr,
+    H,
+    I,
+    E,
+    TOPK: tl.constexpr,
+    RENORM: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_start(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    dtype = out_ptr.dtype.element_ty
+    p, ids = _probs(logits_ptr, row, E, BLOCK_E)
+    total = 1.0
+    if RENORM:  # the sum of the top k, in their order, before any is used
+        q = p
+        total = 0.0
+        for _j in tl.static_range(TOPK):
+            e, m, q = _pick(q, ids, BLOCK_E)
+            total += m
+    ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = ns < H
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        e, m, p = _pick(p, ids, BLOCK_E)
+        base = w_ptr + e.to(tl.int64) * H * I  # the chosen expert's (H, I) block
+        y = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            k_ok = k0 + ks < I
+            a = tl.load(act_ptr + (row * TOPK + j) * I + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
+            w = tl.load(base + ns[:, None] * I + k0 + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            y += tl.sum(w.to(tl.float32) * a[None, :], 1)
+        weight = m / total if RENORM else m
+        acc += weight * y.to(dtype).to(tl.float32)
+    pdl_release(PDL)
+    res = tl.load(res_ptr + row * H + ns, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * H + ns, (res + acc).to(dtype), mask=n_ok)
+
+
+def check_routing(logits, w_up, w_down, top_k: int) -> None:
+    """The experts' shapes against the logits' and top_k, else a ValueError naming the argument."""
+    E = logits.shape[1]
+    if w_up.dim() != 3 or w_up.shape[0] != E or w_up.shape[1] % 2:
+        raise ValueError(f"w_up must be (E={E}, 2I, H), gate rows then up rows per expert; got {tuple(w_up.shape)}")
+    I = w_up.shape[1] // 2
+    if tuple(w_down.shape) != (E, w_up.shape[2], I):
+        raise ValueError(f"w_down must be (E, H, I) = {(E, w_up.shape[2], I)}; got {tuple(w_down.shape)}")
+    if not (isinstance(top_k, int) and 1 <= top_k <= E):
+        raise ValueError(f"top_k must be an int in 1 .. {E} (the experts), got {top_k!r}")
+
+
+def moe_experts(
+    h,
+    norm_w,
+    eps: float,
+    logits,
+    w_up,
+    w_down,
+    top_k: int,
+    renorm: bool,
+    norm_style: str = "rms",
+    block_n: int = 16,
+    block_k: int = 128,
+    pdl: int = 0,
+):
+    """The Triton kernels of `moe_experts_ref`: h (B, H) contiguous, norm_w (H,), logits (B, E) (the router's, any
+    float dtype), w_up (E, 2I, H), w_down (E, H, I); two launches, no host sync, shapes fixed by the arguments'."""
+    check_routing(logits, w_up, w_down, top_k)
+    require_32bit(h=h, norm_w=norm_w, logits=logits)
+    require_contiguous(w_up=w_up, w_down=w_down)
+    require_32bit(w_up=w_up[0], w_down=w_down[0])  # the expert's offset is 64-bit, within it 32-bit
+    B, H = h.shape
+    E, I = logits.shape[1], w_down.shape[2]
+    act = torch.empty((B, top_k, I), dtype=h.dtype, device=h.device)
+    out = torch.empty_like(h)
+    common = dict(BLOCK_E=triton.next_power_of_2(E), BLOCK_N=block_n, PDL=int(pdl), num_warps=4, **pdl_launch(pdl))
+    _gate_up_kernel[(B * top_k, triton.cdiv(I, block_n))](
+        h,
+        norm_w,
+        logits,
+        w_up,
+        act,
+        H,
+        I,
+        E,
+        eps,
+        TOPK=top_k,
+        STYLE=STYLES.index(norm_style),
+        BLOCK_K=min(block_k, triton.next_power_of_2(H)),
+        **common,
+    )
+    _down_kernel[(B, triton.cdiv(H, block_n))](
+        act,
+        logits,
+        w_down,
+        h,
+        out,
+        H,
+        I,
+        E,
+        TOPK=top_k,
+        RENORM=bool(renorm),
+        BLOCK_K=min(block_k, triton.next_power_of_2(I)),
+        **common,
+    )
+    return out
