@@ -55,11 +55,25 @@ def moe_experts_ref(h, norm_w, eps: float, logits, w_up, w_down, top_k: int, ren
     return (h.float() + out).to(h.dtype)
 
 
-def moe_dense_ref(x, logits, w_up, w_down, top_k: int, renorm: bool):
+# The prefill's dense form holds (tokens, E, width) intermediates: it runs this many elements at a time at most
+# (Qwen3-30B-A3B, 128 experts of 768 x 2048: 256 tokens at a time, intermediates of about 130 MB each in bfloat16).
+DENSE_CHUNK_ELEMENTS = 1 << 26
+
+
+def moe_dense_ref(x, logits, w_up, w_down, top_k: int, renorm: bool, chunk_elements: int = DENSE_CHUNK_ELEMENTS):
     """The prefill's form of the experts' sum (no residual), x (N, H) already normalised: every expert on every
     token, weighted by a (N, E) matrix zero outside each token's top k. Static shapes for the compiled prefill,
     E / k times the experts' work of the routed sum (the prompt is one pass; the decode steps read only the chosen
-    experts)."""
+    experts); the tokens in chunks of at most `chunk_elements` / (E x the wider of 2I and H), so that a long prompt's
+    intermediates stay bounded."""
+    E, width = w_up.shape[0], max(w_up.shape[1], w_up.shape[2])
+    chunk = max(1, chunk_elements // (E * width))
+    if x.shape[0] > chunk:
+        parts = [
+            moe_dense_ref(x[i : i + chunk], logits[i : i + chunk], w_up, w_down, top_k, renorm, chunk_elements)
+            for i in range(0, x.shape[0], chunk)
+        ]
+        return torch.cat(parts)
     weights, experts = route_ref(logits, top_k, renorm)
     dense = torch.zeros(logits.shape, dtype=torch.float32, device=x.device).scatter(1, experts, weights)
     gate, up = torch.einsum("nh,eoh->neo", x, w_up).chunk(2, dim=-1)
