@@ -894,11 +894,18 @@ def test_qk_norm_rope(B, Hq, Hkv, D, block, rope):
 
 @pytest.mark.parametrize(
     "B,E,top_k,H,I,block_n,block_k",
-    [(1, 6, 2, 72, 40, 16, 32), (5, 10, 8, 72, 40, 16, 32), (3, 7, 3, 50, 33, 8, 16), (16, 12, 8, 100, 24, 32, 64)],
+    [
+        (1, 6, 2, 72, 40, 16, 32),
+        (5, 10, 8, 72, 40, 16, 32),
+        (3, 7, 3, 50, 33, 8, 16),
+        (16, 12, 8, 100, 24, 32, 64),
+        (1, 1, 1, 40, 24, 16, 16),  # one expert: a one-lane softmax
+        (1, 5, 5, 40, 24, 16, 16),  # every expert chosen: each real lane picked once, the padding never
+    ],
 )
 @pytest.mark.parametrize("renorm", [False, True])
 def test_moe_experts(B, E, top_k, H, I, block_n, block_k, renorm):
-    """The routed experts (kernels/moe.py) against their reference: expert counts not a power of two, top-k 2 to 8,
+    """The routed experts (kernels/moe.py) against their reference: expert counts not a power of two, one expert, top-k 1 to 8 and all of them,
     widths not multiples of the tiles, one row and several whose choices overlap; the prefill's dense form gives the
     same sum."""
     from overlapdecode.fused.kernels.moe import moe_dense_ref, moe_experts, moe_experts_ref, route_ref

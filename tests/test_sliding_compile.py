@@ -117,3 +117,27 @@ def test_chunked_layers_stay_whole_length_and_calls_within_the_window_need_no_ri
     model = _model("gemma2")
     assert isinstance(static_cache_for_compile(model.config, 64, describe(model).local_layers), RingCache)
     assert not isinstance(static_cache_for_compile(model.config, WINDOW, describe(model).local_layers), RingCache)
+
+
+@pytest.mark.parametrize("name", ["mistral-window", "gemma3_text"])
+def test_one_ring_cache_serves_prompts_longer_shorter_and_as_long_as_the_window(name):
+    """Calls of one shape (batch 2, the same rounded cache length) on one decoder share one ring cache and one graph,
+    whatever their prompt: longer than the window (the prefill wraps the ring), shorter than it (the ring not yet
+    full, its other slots left over from the call before: reset() must empty them), exactly as long, and one token
+    (the prefill a one-token write, through the decode step's path); rows of very different lengths."""
+    model = _model(name)
+    dec = od.Decoder(model)
+    before = od.compile_count()
+    for P, real in ((10, (10, 2)), (3, (3, 3)), (WINDOW, (WINDOW, 1)), (WINDOW + 1, (WINDOW + 1, 7)), (1, (1, 1))):
+        ids, _ = make_batch(2, seed=P, prompt_len=max(P, 2), high=VOCAB)
+        ids = ids[:, :P]
+        mask = torch.zeros_like(ids)
+        for row, n in enumerate(real):
+            mask[row, P - n :] = 1
+        ref = hf_generate(model, ids, mask, N, [], 0)
+        out = dec.generate(
+            ids, attention_mask=mask, max_new_tokens=N, strategy="compiled", eos_token_id=[], pad_token_id=0
+        )
+        assert torch.equal(out, ref), (P, real)
+        assert static_cache_len(P, N) == static_cache_len(10, N)  # the one cache of the shape, reset between calls
+    assert len(dec.static_caches) == 1 and od.compile_count() - before == 1
