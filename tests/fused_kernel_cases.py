@@ -858,6 +858,16 @@ def test_moe_experts_gpt_oss(B, E, top_k, H, I, block_n, block_k):
     ref = moe_experts_ref(h, nw, 1e-6, logits, w_up, w_down, top_k, False, **options)
     got = moe_experts(h, nw, 1e-6, logits, w_up, w_down, top_k, False, block_n=block_n, block_k=block_k, **options)
     torch.testing.assert_close(got, ref, **TOL)
+    # as transformers ships them, (E, H, 2I) and (E, I, H): read through their transposed views, not copied
+    up_t, down_t = (
+        w_up.transpose(1, 2).contiguous().transpose(1, 2),
+        w_down.transpose(1, 2).contiguous().transpose(1, 2),
+    )
+    assert not up_t.is_contiguous() and not down_t.is_contiguous()
+    shipped = moe_experts(h, nw, 1e-6, logits, up_t, down_t, top_k, False, block_n=block_n, block_k=block_k, **options)
+    torch.testing.assert_close(shipped, got, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="w_up must have positive strides"):
+        moe_experts(h, nw, 1e-6, logits, w_up[:1].expand(E, -1, -1), w_down, top_k, False, **options)
     dense = h + moe_dense_ref(norm_ref(h, nw, None, 1e-6), logits, w_up, w_down, top_k, False, **options)
     torch.testing.assert_close(dense, ref, **TOL)
     for name, off in (("b_up", None), ("b_down", None), ("topk_first", False), ("interleaved", False)):

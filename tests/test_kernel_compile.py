@@ -196,7 +196,7 @@ CASES = {
         _gate_up_kernel,
         {
             **bf16("h_ptr", "nw_ptr", "logits_ptr", "w_ptr", "act_ptr"),
-            **{n: "i32" for n in ("H", "I", "E")},
+            **{n: "i32" for n in ("H", "I", "E", "w_se", "w_sn", "w_sk")},
             "eps": "fp32",
         },
         dict(TOPK=8, STYLE=0, BLOCK_E=128, BLOCK_N=16, BLOCK_K=128, bu_ptr=None, TOPK_FIRST=False, INTERLEAVED=False)
@@ -204,7 +204,10 @@ CASES = {
     ),
     "moe_down": (
         _down_kernel,
-        {**bf16("act_ptr", "logits_ptr", "w_ptr", "res_ptr", "out_ptr"), **{n: "i32" for n in ("H", "I", "E")}},
+        {
+            **bf16("act_ptr", "logits_ptr", "w_ptr", "res_ptr", "out_ptr"),
+            **{n: "i32" for n in ("H", "I", "E", "w_se", "w_sn", "w_sk")},
+        },
         dict(TOPK=8, RENORM=True, BLOCK_E=128, BLOCK_N=16, BLOCK_K=128, bd_ptr=None, TOPK_FIRST=False),
     ),
 }

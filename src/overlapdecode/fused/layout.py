@@ -598,20 +598,10 @@ def _fuse_decoder(model) -> FusedWeights:
     )
 
 
-def _transposed(module: nn.Module, name: str) -> torch.Tensor:
-    """An (E, in, out) parameter (gpt-oss's experts) as a contiguous (E, out, in) tensor, the parameter re-bound as
-    its transposed view (no copy if already so)."""
-    w = getattr(module, name)
-    if w.transpose(1, 2).is_contiguous():
-        return w.detach().transpose(1, 2)
-    out_in = w.detach().transpose(1, 2).contiguous()
-    setattr(module, name, nn.Parameter(out_in.transpose(1, 2), requires_grad=w.requires_grad))
-    return out_in
-
-
 def _gpt_oss_experts(mlp, cfg) -> dict:
     """gpt-oss's MoE block as LayerWeights fields: its (E, H, 2I) gate_up_proj (gate and up columns interleaved)
-    and (E, I, H) down_proj re-laid out (E, 2I, H) and (E, H, I), the parameters re-bound as transposed views;
+    and (E, I, H) down_proj as (E, 2I, H) and (E, H, I) transposed views (the kernels read them at their strides:
+    no copy, and the model's own parameters left as they are);
     the router's and experts' biases; the clamped activation's alpha and limit from the experts module."""
     experts, router = mlp.experts, mlp.router
     gate_up, down = experts.gate_up_proj, experts.down_proj
@@ -624,8 +614,8 @@ def _gpt_oss_experts(mlp, cfg) -> dict:
     if any(b is None for b in biases):
         _refuse(cfg, "experts or router without biases")
     return dict(
-        w_up=_transposed(experts, "gate_up_proj"),
-        w_down=_transposed(experts, "down_proj"),
+        w_up=gate_up.detach().transpose(1, 2),
+        w_down=down.detach().transpose(1, 2),
         b_up=experts.gate_up_proj_bias.detach().contiguous(),
         b_down=experts.down_proj_bias.detach().contiguous(),
         router=router.weight.detach(),

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .linear_residual import require_32bit, require_contiguous
+from .linear_residual import require_32bit
 from .norm_linear import STYLES, norm_ref
 from .pdl import pdl_launch, pdl_release, pdl_start
 
@@ -179,6 +179,9 @@ def _gate_up_kernel(
     H,
     I,
     E,
+    w_se,
+    w_sn,
+    w_sk,
     eps,
     TOPK: tl.constexpr,
     STYLE: tl.constexpr,
@@ -209,7 +212,7 @@ def _gate_up_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / H + eps)
     ns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = ns < I
-    base = w_ptr + expert.to(tl.int64) * (2 * I) * H  # the chosen expert's (2I, H) block
+    base = w_ptr + expert.to(tl.int64) * w_se  # the chosen expert's (2I, H) block, at its strides
     gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
     up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -224,14 +227,15 @@ def _gate_up_kernel(
             xn = (g * (xv * rstd).to(dtype)).to(dtype)
         xn = xn.to(tl.float32)[None, :]
         ok = n_ok[:, None] & k_ok[None, :]
+        cols = (k0 + ks[None, :]) * w_sk
         if INTERLEAVED:  # gate row 2n, up row 2n + 1
-            offs = (2 * ns)[:, None] * H + k0 + ks[None, :]
+            offs = (2 * ns)[:, None] * w_sn + cols
             wg = tl.load(base + offs, mask=ok, other=0.0).to(tl.float32)
-            wu = tl.load(base + H + offs, mask=ok, other=0.0).to(tl.float32)
+            wu = tl.load(base + w_sn + offs, mask=ok, other=0.0).to(tl.float32)
         else:
-            offs = ns[:, None] * H + k0 + ks[None, :]
+            offs = ns[:, None] * w_sn + cols
             wg = tl.load(base + offs, mask=ok, other=0.0).to(tl.float32)
-            wu = tl.load(base + I * H + offs, mask=ok, other=0.0).to(tl.float32)
+            wu = tl.load(base + I * w_sn + offs, mask=ok, other=0.0).to(tl.float32)
         gate += tl.sum(wg * xn, 1)
         up += tl.sum(wu * xn, 1)
     pdl_release(PDL)
@@ -271,6 +275,9 @@ def _down_kernel(
     H,
     I,
     E,
+    w_se,
+    w_sn,
+    w_sk,
     TOPK: tl.constexpr,
     RENORM: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -304,12 +311,13 @@ def _down_kernel(
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOPK):
         e, m, p = _pick(p, ids, BLOCK_E, TOPK_FIRST)
-        base = w_ptr + e.to(tl.int64) * H * I  # the chosen expert's (H, I) block
+        base = w_ptr + e.to(tl.int64) * w_se  # the chosen expert's (H, I) block, at its strides
         y = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
             k_ok = k0 + ks < I
             a = tl.load(act_ptr + (row * TOPK + j) * I + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
-            w = tl.load(base + ns[:, None] * I + k0 + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            offs = ns[:, None] * w_sn + (k0 + ks[None, :]) * w_sk
+            w = tl.load(base + offs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             y += tl.sum(w.to(tl.float32) * a[None, :], 1)
         y = y.to(dtype).to(tl.float32)
         if bd_ptr is not None:  # the expert's bias, added to the rounded product
@@ -323,6 +331,18 @@ def _down_kernel(
     pdl_release(PDL)
     res = tl.load(res_ptr + row * H + ns, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * H + ns, (res + acc).to(dtype), mask=n_ok)
+
+
+def require_expert_offsets(**experts) -> None:
+    """The (E, N, K) expert tensors the kernels index at their strides (any order of their dimensions, as shipped:
+    gpt-oss's are transposed views, never copied): each expert's offset is 64-bit, the offsets within an expert
+    32-bit, and no stride negative or zero; else a ValueError naming the tensor."""
+    for name, w in experts.items():
+        if min(w.stride()) < 1:
+            raise ValueError(f"{name} must have positive strides, got {w.stride()}")
+        span = sum((n - 1) * st for n, st in zip(w.shape[1:], w.stride()[1:])) + 1
+        if span >= 2**31:
+            raise ValueError(f"{name}: one expert spans {span} elements: the kernels' 32-bit offsets reach 2**31 - 1")
 
 
 def check_routing(logits, w_up, w_down, top_k: int) -> None:
@@ -371,13 +391,12 @@ def moe_experts(
     swiglu: tuple[float, float] | None = None,
 ):
     """The Triton kernels of `moe_experts_ref`: h (B, H) contiguous, norm_w (H,), logits (B, E) (the router's, any
-    float dtype), w_up (E, 2I, H), w_down (E, H, I); two launches, no host sync, shapes fixed by the arguments'.
+    float dtype), w_up (E, 2I, H), w_down (E, H, I) at any strides (require_expert_offsets); two launches, no host sync, shapes fixed by the arguments'.
     gpt-oss's keywords as moe_experts_ref's (constexprs of the launch; b_up (E, 2I), b_down (E, H) contiguous)."""
     check_routing(logits, w_up, w_down, top_k)
     check_expert_options(w_up, w_down, b_up, b_down, swiglu)
     require_32bit(h=h, norm_w=norm_w, logits=logits)
-    require_contiguous(w_up=w_up, w_down=w_down)
-    require_32bit(w_up=w_up[0], w_down=w_down[0])  # the expert's offset is 64-bit, within it 32-bit
+    require_expert_offsets(w_up=w_up, w_down=w_down)
     B, H = h.shape
     E, I = logits.shape[1], w_down.shape[2]
     act = torch.empty((B, top_k, I), dtype=h.dtype, device=h.device)
@@ -393,6 +412,7 @@ def moe_experts(
         H,
         I,
         E,
+        *w_up.stride(),
         eps,
         TOPK=top_k,
         STYLE=STYLES.index(norm_style),
@@ -413,6 +433,7 @@ def moe_experts(
         H,
         I,
         E,
+        *w_down.stride(),
         TOPK=top_k,
         RENORM=bool(renorm),
         BLOCK_K=min(block_k, triton.next_power_of_2(I)),
