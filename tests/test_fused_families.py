@@ -330,6 +330,13 @@ def test_moe_prefill_form_runs_long_prompts_in_chunks():
     x_rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))  # moe_experts_ref normalises its h itself
     routed = moe_experts_ref(x_rms, ones, 0.0, logits, w_up, w_down, 2, True, "rms") - x_rms
     torch.testing.assert_close(moe_dense_ref(x_rms, logits, w_up, w_down, 2, True), routed, atol=1e-4, rtol=1e-4)
+    # an expert no token chooses (every token's router prefers experts 0 and 1), its float16 output overflowed to
+    # inf: its zero weight must drop it, not multiply it (inf * 0 = NaN)
+    w16, prefer = w_up.half(), logits.clone()
+    prefer[:, :2] += 20
+    w16[4] = 1e4
+    out16 = moe_dense_ref(x.half(), prefer.half(), w16, w_down.half(), 2, True)
+    assert torch.isfinite(out16).all()
     for tokens in (1, 3, N):
         chunked = moe_dense_ref(x, logits, w_up, w_down, 2, True, chunk_elements=tokens * E * 2 * I)
         torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)

@@ -131,7 +131,9 @@ def moe_dense_ref(
     y = torch.einsum("nei,ehi->neh", glu_ref(gu, options.get("interleaved", False), options.get("swiglu")), w_down)
     if b_down is not None:
         y = y + b_down
-    return torch.einsum("ne,neh->nh", dense, y.float()).to(x.dtype)
+    # an unchosen expert's output is dropped, not multiplied by 0: a 16-bit one that overflowed would give inf * 0
+    y = torch.where((dense != 0)[..., None], y.float(), 0.0)
+    return torch.einsum("ne,neh->nh", dense, y).to(x.dtype)
 
 
 @triton.jit
