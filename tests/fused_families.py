@@ -157,14 +157,37 @@ def family_configs(size: dict | None = None) -> dict:
             "MixtralConfig",
             dict(base, head_dim=D, num_local_experts=6, num_experts_per_tok=2, intermediate_size=moe),
         ),
+        # gpt-oss: attention sinks, Q/K/V/O biases, a sliding layer then a full one, YaRN, 2 of 5 experts per token
+        # (the top k of the biased router's logits, then their softmax), experts with biases, interleaved gate/up
+        # and the clamped SwiGLU (its limit reached: family_model's larger gate/up weights)
+        "gpt-oss": ("GptOssForCausalLM", "GptOssConfig", _gpt_oss(base, D, window, moe, 5, 2)),
+        # 3 of 7 per token
+        "gpt-oss-top3": ("GptOssForCausalLM", "GptOssConfig", _gpt_oss(base, D, window, moe, 7, 3)),
     }
+
+
+def _gpt_oss(base: dict, D: int, window: int, width: int, experts: int, top_k: int) -> dict:
+    """gpt-oss's config at `base`'s sizes: experts `width` wide (a multiple of 4: Hugging Face's grouped_mm experts
+    want 16-byte strides), YaRN over a quarter of max_position_embeddings (gpt-oss's factor 32 at 4096 of 131072)."""
+    yarn = dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
+    yarn["original_max_position_embeddings"] = base["max_position_embeddings"] // 4
+    return dict(
+        base,
+        head_dim=D,
+        intermediate_size=width,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"] * (base["num_hidden_layers"] // 2),
+        rope_parameters=yarn,
+    )
 
 
 FAMILIES = list(family_configs())
 
 # Real sizes of each family for the GPU test (tests/gpu/test_gpu_fused.py): the widths of a released model
 # (Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B, Qwen3-30B-A3B,
-# Mixtral-8x7B), two layers, sliding windows of 64 (shorter than its calls); Granite with its released multipliers,
+# Mixtral-8x7B, gpt-oss-20b), two layers, sliding windows of 64 (shorter than its calls); Granite with its released multipliers,
 # the mixtures of experts with their released expert counts and top k
 _QWEN3 = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072)
 _PHI4 = dict(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, intermediate_size=8192)
@@ -176,6 +199,15 @@ _QWEN3_MOE = dict(  # Qwen3-30B-A3B
     intermediate_size=6144,
     moe_intermediate_size=768,
     vocab_size=151936,
+)
+_GPT_OSS_20B = dict(
+    hidden_size=2880,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    moe_intermediate_size=2880,
+    vocab_size=201088,
+    window=64,
 )
 _GEMMA2 = dict(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256, intermediate_size=9216)
 REAL_SIZES = {
@@ -236,6 +268,8 @@ REAL_SIZES = {
         moe_intermediate_size=14336,
         vocab_size=32000,
     ),
+    "gpt-oss": _GPT_OSS_20B,
+    "gpt-oss-top3": _GPT_OSS_20B,
 }
 _QWEN3_30B_ROUTING = dict(num_experts=128, num_experts_per_tok=8, norm_topk_prob=True)
 REAL_CONFIG = {  # released values where the tiny tests use others
@@ -247,6 +281,7 @@ REAL_CONFIG = {  # released values where the tiny tests use others
     "qwen3-moe": _QWEN3_30B_ROUTING,
     "qwen3-moe-dense": _QWEN3_30B_ROUTING,
     "mixtral": dict(num_local_experts=8, num_experts_per_tok=2),
+    "gpt-oss": dict(num_local_experts=32, num_experts_per_tok=4),  # gpt-oss-20b's
 }
 
 
@@ -269,7 +304,11 @@ def family_model(name: str, size: dict | None = None, device="cpu", seed: int = 
     gemma = cfg.model_type.startswith("gemma")
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if pname.endswith("bias"):
+            if pname.endswith("sinks"):  # gpt-oss: large enough to take much of each softmax
+                p.normal_(1.0, 1.0)
+            elif pname.endswith("gate_up_proj"):  # gpt-oss's experts: past the activation's clamp at times
+                p.normal_(0.0, 4 * std)
+            elif pname.endswith("bias"):
                 p.normal_(0.0, 0.1)
             elif "norm" in pname:
                 p.normal_(0.0 if gemma else 1.0, 0.1)

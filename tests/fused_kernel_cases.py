@@ -813,6 +813,72 @@ def test_attention_softcap_and_window_start(splits):
     assert (capped - decode_attention_ref(q, k, v, start, length, 0.3)).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("splits", [1, 3, 5])
+def test_attention_sinks(splits):
+    """gpt-oss's sinks (a logit per query head in its softmax, no value), with a sliding window's later first slot:
+    the kernel against both references in one piece and in several (the sink in the combine's max and
+    denominator); sinks above every score and below, groups of 3 heads, a head size not a power of two."""
+    from overlapdecode.fused.kernels.decode_attention import decode_attention, decode_attention_ref
+
+    torch.manual_seed(splits)
+    B, Hq, Hkv, S, D = 3, 6, 2, 37, 20
+    q, k, v = rnd(B, Hq, D) * 2, rnd(B, Hkv, S, D) * 2, rnd(B, Hkv, S, D)
+    sinks = torch.tensor([4.0, -3.0, 0.5, 9.0, -30.0, 1.5], device=DEV)
+    pad = torch.tensor([0, 3, 1], device=DEV)
+    length = torch.tensor([30, 37, 9], device=DEV)
+    for start in (pad, reference.window_start(pad, length, 6)):
+        got = decode_attention(q, k, v, start, length, 0.3, num_splits=splits, block_n=16, sinks=sinks)
+        ref = decode_attention_ref(q, k, v, start, length, 0.3, sinks=sinks)
+        torch.testing.assert_close(got, ref, **TOL)
+        torch.testing.assert_close(got, reference.decode_attention_torch(q, k, v, start, length, 0.3, sinks=sinks))
+        assert (ref - decode_attention_ref(q, k, v, start, length, 0.3)).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="sinks"):
+        decode_attention(q, k, v, pad, length, 0.3, sinks=sinks[:4])
+
+
+@pytest.mark.parametrize(
+    "B,E,top_k,H,I,block_n,block_k", [(1, 5, 2, 72, 40, 16, 32), (4, 7, 3, 50, 33, 8, 16), (3, 12, 4, 64, 24, 32, 64)]
+)
+def test_moe_experts_gpt_oss(B, E, top_k, H, I, block_n, block_k):
+    """gpt-oss's experts (kernels/moe.py's flags) against their reference: the top k of the logits then their
+    softmax, the experts' biases, gate/up rows interleaved and the clamped SwiGLU (its limit reached on both sides);
+    expert counts not a power of two, widths not multiples of the tiles; each flag changes the sum, and the
+    prefill's dense form gives the same one."""
+    from overlapdecode.fused.kernels.moe import moe_dense_ref, moe_experts, moe_experts_ref
+    from overlapdecode.fused.kernels.norm_linear import norm_ref
+
+    torch.manual_seed(B * E + top_k)
+    h, nw, router = rnd(B, H), rnd(H, scale=0.3) + 1, rnd(E, H, scale=0.5)
+    w_up, w_down = rnd(E, 2 * I, H, scale=3 * H**-0.5), rnd(E, H, I, scale=I**-0.5)
+    b_up, b_down = rnd(E, 2 * I, scale=0.5), rnd(E, H, scale=0.5)
+    logits = norm_linear_ref(h, nw, None, 1e-6, router, None, "none")
+    options = dict(b_up=b_up, b_down=b_down, topk_first=True, interleaved=True, swiglu=(1.702, 1.5))
+    gate_up = torch.einsum("eoh,bh->beo", w_up, norm_ref(h, nw, None, 1e-6)) + b_up
+    assert (gate_up > 1.5).any() and (gate_up < -1.5).any()  # the clamp takes effect
+    ref = moe_experts_ref(h, nw, 1e-6, logits, w_up, w_down, top_k, False, **options)
+    got = moe_experts(h, nw, 1e-6, logits, w_up, w_down, top_k, False, block_n=block_n, block_k=block_k, **options)
+    torch.testing.assert_close(got, ref, **TOL)
+    # as transformers ships them, (E, H, 2I) and (E, I, H): read through their transposed views, not copied
+    up_t, down_t = (
+        w_up.transpose(1, 2).contiguous().transpose(1, 2),
+        w_down.transpose(1, 2).contiguous().transpose(1, 2),
+    )
+    assert not up_t.is_contiguous() and not down_t.is_contiguous()
+    shipped = moe_experts(h, nw, 1e-6, logits, up_t, down_t, top_k, False, block_n=block_n, block_k=block_k, **options)
+    torch.testing.assert_close(shipped, got, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="w_up must have positive strides"):
+        moe_experts(h, nw, 1e-6, logits, w_up[:1].expand(E, -1, -1), w_down, top_k, False, **options)
+    dense = h + moe_dense_ref(norm_ref(h, nw, None, 1e-6), logits, w_up, w_down, top_k, False, **options)
+    torch.testing.assert_close(dense, ref, **TOL)
+    for name, off in (("b_up", None), ("b_down", None), ("topk_first", False), ("interleaved", False)):
+        other = moe_experts_ref(h, nw, 1e-6, logits, w_up, w_down, top_k, False, **dict(options, **{name: off}))
+        assert (other - ref).abs().max() > 1e-3, name
+    unclamped = moe_experts_ref(h, nw, 1e-6, logits, w_up, w_down, top_k, False, **dict(options, swiglu=(1.702, 99)))
+    assert (unclamped - ref).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="b_down"):
+        moe_experts(h, nw, 1e-6, logits, w_up, w_down, top_k, False, **dict(options, b_down=b_down[:, :-1]))
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 @torch.no_grad()
 def test_whole_step_of_each_family_kernels_vs_reference(name):
@@ -838,7 +904,7 @@ def test_whole_step_of_each_family_kernels_vs_reference(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["qwen3", "phi3", "granite", "olmo2", "gemma2", "gemma3", "qwen3-moe-dense", "mixtral"]
+    "name", ["qwen3", "phi3", "granite", "olmo2", "gemma2", "gemma3", "qwen3-moe-dense", "mixtral", "gpt-oss"]
 )
 @torch.no_grad()
 def test_generate_of_each_family_with_the_kernels_equals_the_references(name):

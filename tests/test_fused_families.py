@@ -78,18 +78,20 @@ def _storage_bytes(model) -> int:
     return sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
 
 
-@pytest.mark.parametrize("name", ["phi3", "qwen3", "qwen3-moe-dense"])
+@pytest.mark.parametrize("name", ["phi3", "qwen3", "qwen3-moe-dense", "gpt-oss"])
 @torch.no_grad()
 def test_relayout_keeps_hf_model_and_memory(name):
     """Phi-3's qkv_proj and gate_up_proj are the fused tensors themselves (no copy); Qwen3's projections become
-    views of its fused ones; Qwen3-MoE's experts and router are its own tensors, its dense layer's gate/up views; the
-    Hugging Face model's logits are unchanged and no memory is added."""
+    views of its fused ones; Qwen3-MoE's experts and router are its own tensors, its dense layer's gate/up views;
+    gpt-oss's (E, in, out) experts are read as transposed views of its own tensors, left as they are; the Hugging
+    Face model's logits are unchanged and no memory is added."""
     model = family_model(name)
     ids, mask = make_batch(2, seed=5)
     before = model(input_ids=ids, attention_mask=mask).logits
     bytes_before = _storage_bytes(model)
     W = FusedModel(model).weights
-    assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, before)
+    after = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(after, before)
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     if name == "phi3":
         assert attn.qkv_proj.weight.data_ptr() == W.layers[0].w_qkv.data_ptr()
@@ -97,7 +99,14 @@ def test_relayout_keeps_hf_model_and_memory(name):
         assert 2 * W.inv_freq.numel() == W.head_dim * 3 // 4  # partial rotary: 0.75 of the head
     else:
         assert attn.k_proj.weight.data_ptr() == W.layers[0].w_qkv.data_ptr() + attn.q_proj.weight.nbytes
+    if name == "qwen3":
         assert W.layers[0].q_norm.data_ptr() == attn.q_norm.weight.data_ptr()
+    if name == "gpt-oss":
+        for got, param in ((W.layers[0].w_up, mlp.experts.gate_up_proj), (W.layers[0].w_down, mlp.experts.down_proj)):
+            assert param.is_contiguous() and torch.equal(got, param.transpose(1, 2))  # the parameter as shipped
+            assert got.data_ptr() == param.data_ptr()
+        assert W.layers[0].sinks.data_ptr() == attn.sinks.data_ptr()
+        assert W.layers[0].router_b.data_ptr() == mlp.router.bias.data_ptr()
     if name == "qwen3-moe-dense":
         assert mlp.experts.gate_up_proj.data_ptr() == W.layers[0].w_up.data_ptr()
         assert mlp.experts.down_proj.data_ptr() == W.layers[0].w_down.data_ptr()
@@ -138,7 +147,19 @@ PINS = {  # what each family's fused weights must carry
     "qwen3-moe": lambda W: _moe_pins(W, [(10, 8, False)] * 2),
     "qwen3-moe-dense": lambda W: _moe_pins(W, [(5, 2, True), None]),
     "mixtral": lambda W: _moe_pins(W, [(6, 2, True)] * 2) and W.layers[0].q_norm is None,
+    "gpt-oss": lambda W: _gpt_oss_pins(W, 5, 2) is None,
+    "gpt-oss-top3": lambda W: _gpt_oss_pins(W, 7, 3) is None,
 }
+
+
+def _gpt_oss_pins(W, experts: int, top_k: int):
+    layer = W.layers[0]
+    assert [x.window for x in W.layers] == [WINDOW, None] and all(x.sinks.shape == (4,) for x in W.layers)
+    assert layer.b_qkv is not None and layer.b_o is not None and layer.router_b.shape == (experts,)
+    assert (layer.b_up.shape, layer.b_down.shape) == ((experts, 80), (experts, 64))
+    assert (layer.topk_first, layer.interleaved, layer.swiglu) == (True, True, (1.702, 7.0))
+    assert W.rope_scale > 1.0 and W.norm == "rms_f32"  # YaRN's attention factor; norms in float32
+    assert _moe_pins(W, [(experts, top_k, False)] * 2) and "attention sinks" in W.extras()
 
 
 def _moe_pins(W, routing) -> bool:
@@ -255,7 +276,7 @@ def test_the_gpu_tests_real_sizes_are_accepted(name):
     assert W.extras() and W.hidden == real_model(name, device="meta").config.hidden_size
 
 
-MOE_FAMILIES = ["qwen3-moe", "qwen3-moe-dense", "mixtral"]
+MOE_FAMILIES = ["qwen3-moe", "qwen3-moe-dense", "mixtral", "gpt-oss", "gpt-oss-top3"]
 
 
 @pytest.mark.parametrize("name", MOE_FAMILIES)
@@ -309,6 +330,13 @@ def test_moe_prefill_form_runs_long_prompts_in_chunks():
     x_rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))  # moe_experts_ref normalises its h itself
     routed = moe_experts_ref(x_rms, ones, 0.0, logits, w_up, w_down, 2, True, "rms") - x_rms
     torch.testing.assert_close(moe_dense_ref(x_rms, logits, w_up, w_down, 2, True), routed, atol=1e-4, rtol=1e-4)
+    # an expert no token chooses (every token's router prefers experts 0 and 1), its float16 output overflowed to
+    # inf: its zero weight must drop it, not multiply it (inf * 0 = NaN)
+    w16, prefer = w_up.half(), logits.clone()
+    prefer[:, :2] += 20
+    w16[4] = 1e4
+    out16 = moe_dense_ref(x.half(), prefer.half(), w16, w_down.half(), 2, True)
+    assert torch.isfinite(out16).all()
     for tokens in (1, 3, N):
         chunked = moe_dense_ref(x, logits, w_up, w_down, 2, True, chunk_elements=tokens * E * 2 * I)
         torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)

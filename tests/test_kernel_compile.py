@@ -113,6 +113,7 @@ CASES = {
             DIRECT=False,
             IEEE=False,
             SOFTCAP=None,
+            sinks_ptr=None,
         ),
     ),
     "linear_residual": (
@@ -195,15 +196,19 @@ CASES = {
         _gate_up_kernel,
         {
             **bf16("h_ptr", "nw_ptr", "logits_ptr", "w_ptr", "act_ptr"),
-            **{n: "i32" for n in ("H", "I", "E")},
+            **{n: "i32" for n in ("H", "I", "E", "w_se", "w_sn", "w_sk")},
             "eps": "fp32",
         },
-        dict(TOPK=8, STYLE=0, BLOCK_E=128, BLOCK_N=16, BLOCK_K=128),
+        dict(TOPK=8, STYLE=0, BLOCK_E=128, BLOCK_N=16, BLOCK_K=128, bu_ptr=None, TOPK_FIRST=False, INTERLEAVED=False)
+        | dict(ALPHA=None, LIMIT=None),
     ),
     "moe_down": (
         _down_kernel,
-        {**bf16("act_ptr", "logits_ptr", "w_ptr", "res_ptr", "out_ptr"), **{n: "i32" for n in ("H", "I", "E")}},
-        dict(TOPK=8, RENORM=True, BLOCK_E=128, BLOCK_N=16, BLOCK_K=128),
+        {
+            **bf16("act_ptr", "logits_ptr", "w_ptr", "res_ptr", "out_ptr"),
+            **{n: "i32" for n in ("H", "I", "E", "w_se", "w_sn", "w_sk")},
+        },
+        dict(TOPK=8, RENORM=True, BLOCK_E=128, BLOCK_N=16, BLOCK_K=128, bd_ptr=None, TOPK_FIRST=False),
     ),
 }
 
@@ -424,3 +429,30 @@ def test_the_routed_experts_variants_compile_for_sm90(dtype):
     kernel, types, constants = CASES["moe_gate_up"]
     types = {k: dtype if v == "*bf16" else v for k, v in types.items()}
     assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=1, STYLE=2))
+
+
+@pytest.mark.parametrize("dtype", ["*fp32", "*bf16"])
+def test_the_gpt_oss_variants_compile_for_sm90(dtype):
+    """gpt-oss's flags at gpt-oss-20b's shape (4 of 32 experts, 64 query heads over 8): the attention's sinks, in
+    one piece and split; the experts' top k of the logits, biases, interleaved gate/up and clamped SwiGLU."""
+    to = {k: dtype for k in ("*bf16",)}
+    kernel, types, constants = CASES["attention"]
+    types = {k: to.get(v, v) for k, v in types.items()}
+    for direct in (False, True):
+        flags = dict(HQ=64, HKV=8, G=8, PDL=3, DIRECT=direct, IEEE=dtype == "*fp32")
+        assert "griddepcontrol.wait" in ptx(
+            kernel, dict(types, sinks_ptr=dtype), _without(constants, "sinks_ptr", flags)
+        )
+    kernel, types, constants = CASES["moe_gate_up"]
+    types = {k: to.get(v, v) for k, v in types.items()}
+    flags = dict(TOPK=4, BLOCK_E=32, PDL=1, TOPK_FIRST=True, INTERLEAVED=True, ALPHA=1.702, LIMIT=7.0)
+    assert "griddepcontrol.wait" in ptx(kernel, dict(types, bu_ptr=dtype), _without(constants, "bu_ptr", flags))
+    kernel, types, constants = CASES["moe_down"]
+    types = {k: to.get(v, v) for k, v in types.items()}
+    flags = dict(TOPK=4, BLOCK_E=32, RENORM=False, PDL=3, TOPK_FIRST=True)
+    assert "griddepcontrol.wait" in ptx(kernel, dict(types, bd_ptr=dtype), _without(constants, "bd_ptr", flags))
+
+
+def _without(constants: dict, pointer: str, flags: dict) -> dict:
+    """`constants` with `flags`, less the pointer the case passes (a run-time argument there, not a None)."""
+    return {k: v for k, v in dict(constants, **flags).items() if k != pointer}

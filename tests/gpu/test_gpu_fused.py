@@ -160,10 +160,11 @@ def test_each_decoder_family_float32_tokens_equal_hf_for_200_steps(name):
     close(got, ref)
 
 
-@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral", "gpt-oss"])
 @torch.no_grad()
 def test_moe_float32_tokens_equal_hf_for_200_steps_at_batch_8(name):
-    """The mixtures of experts at their real widths (Qwen3-30B-A3B: 8 of 128 experts; Mixtral-8x7B: 2 of 8), two
+    """The mixtures of experts at their real widths (Qwen3-30B-A3B: 8 of 128 experts; Mixtral-8x7B: 2 of 8;
+    gpt-oss-20b: 4 of 32, with its sinks, biases and clamped experts), two
     layers, float32, eight rows (left-padded every other row) routing to overlapping experts: the captured step's
     routed-expert kernels give Hugging Face's greedy tokens for 200 steps, a divergence accepted only after a near
     tie; the kernels' per-step logits of the first 16 steps within 1e-4 of their torch references'."""

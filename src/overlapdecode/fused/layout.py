@@ -22,11 +22,13 @@ LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 # norms (Qwen3, Gemma 3), fused QKV and gate/up as shipped with partial rotary and LongRoPE (Phi-3), multipliers
 # (Granite), layers without RoPE (SmolLM3), post-norms and whole-projection Q/K norms (OLMo2), Gemma's norms,
 # GeGLU, scaled embeddings, soft-capping and sliding-window layers (Gemma 1/2/3), routed experts in place of the MLP
-# (Qwen3-MoE, Mixtral: kernels/moe.py).
+# (Qwen3-MoE, Mixtral: kernels/moe.py), and gpt-oss's attention sinks, biases and clamped experts.
 DECODERS = ("qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma", "gemma2", "gemma3_text", "qwen3_moe", "mixtral")
+DECODERS += ("gpt_oss",)
 # The mixtures of experts among them: softmax over the router logits, top-k, the top-k weights renormalised
-# (Mixtral always, Qwen3-MoE where config.norm_topk_prob), each expert a SiLU-gated MLP.
-MOE = ("qwen3_moe", "mixtral")
+# (Mixtral always, Qwen3-MoE where config.norm_topk_prob), each expert a SiLU-gated MLP; gpt-oss: a router with a
+# bias, the top k of its logits then their softmax, experts with biases, gate/up rows interleaved, a clamped SwiGLU.
+MOE = ("qwen3_moe", "mixtral", "gpt_oss")
 SUPPORTED = LLAMA_FAMILY + ("gpt2",) + DECODERS
 # Rotary variants whose frequencies do not depend on the sequence length (HF precomputes `inv_freq`).
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -60,6 +62,19 @@ class LayerWeights:
     router: torch.Tensor | None = None  # (E, H): a layer of routed experts (w_up, w_down per expert); None: an MLP
     top_k: int = 0  # experts per token
     renorm: bool = False  # the top-k routing weights divided by their sum
+    router_b: torch.Tensor | None = (
+        None  # (E,) the router's bias (gpt-oss); experts' biases: b_up (E, 2I), b_down (E, H)
+    )
+    topk_first: bool = False  # the top k of the router logits, then their softmax (gpt-oss)
+    interleaved: bool = False  # the experts' gate and up rows alternate (gpt-oss)
+    swiglu: tuple[float, float] | None = None  # (alpha, limit) of gpt-oss's clamped activation; None: SiLU(gate) * up
+    sinks: torch.Tensor | None = None  # (Hq,) attention sink logits (gpt-oss)
+
+    def moe_options(self) -> dict:
+        """kernels/moe.py's keywords beyond Qwen3-MoE's and Mixtral's for this layer (none for those)."""
+        out = dict(b_up=self.b_up, b_down=self.b_down, topk_first=self.topk_first, interleaved=self.interleaved)
+        out["swiglu"] = self.swiglu
+        return {k: v for k, v in out.items() if v is not None and v is not False}
 
 
 @dataclass
@@ -126,6 +141,7 @@ class FusedWeights:
             "sliding-window layers": lambda layer: layer.window is not None,
             "per-layer RoPE": lambda layer: layer.rope != "global",
             "mixture of experts": lambda layer: layer.router is not None,
+            "attention sinks": lambda layer: layer.sinks is not None,
         }
         found += [name for name, has in per_layer.items() if any(has(layer) for layer in self.layers)]
         return found
@@ -160,7 +176,7 @@ def model_family(model) -> str:
         return "gpt2"
     raise ValueError(
         f"model: the fused path supports the Llama family (Llama, Qwen2, Mistral), GPT-2, Qwen3, Phi-3, Granite, "
-        f"SmolLM3, OLMo2, Gemma 1/2/3 (text), Qwen3-MoE and Mixtral, got model_type {model_type!r} "
+        f"SmolLM3, OLMo2, Gemma 1/2/3 (text), Qwen3-MoE, Mixtral and gpt-oss, got model_type {model_type!r} "
         f"({type(model).__name__}); use another strategy for it"
     )
 
@@ -448,7 +464,8 @@ def _fuse_decoder(model) -> FusedWeights:
         if getattr(cfg, "hidden_act", "silu") != "silu":
             _refuse(cfg, f"hidden_act={cfg.hidden_act!r} (the SiLU MLP is supported)")
         act = "silu_mul"
-    norm = "rms_offset" if gemma else ("rms_f32" if mt == "olmo2" else "rms")
+    # OLMo2 and gpt-oss: the norm weight times the float32 normalised x (gpt-oss keeps its norms in float32)
+    norm = "rms_offset" if gemma else ("rms_f32" if mt in ("olmo2", "gpt_oss") else "rms")
     eps = float(cfg.rms_norm_eps)
     first = inner.layers[0].self_attn
     head_dim = first.head_dim
@@ -471,7 +488,7 @@ def _fuse_decoder(model) -> FusedWeights:
         moe = {}
         if hasattr(mlp, "experts"):  # Qwen3-MoE, Mixtral: the experts' (E, 2I, H) and (E, H, I) tensors as shipped
             moe = _experts(mlp, cfg)
-            w_up, b_up, w_down = moe.pop("w_up"), None, moe.pop("w_down")
+            w_up, b_up, w_down = moe.pop("w_up"), moe.pop("b_up", None), moe.pop("w_down")
         elif hasattr(mlp, "gate_up_proj"):  # Phi-3: gate rows then up rows, as shipped
             w_up, b_up = mlp.gate_up_proj.weight.detach(), _bias(mlp.gate_up_proj)
         else:
@@ -527,7 +544,7 @@ def _fuse_decoder(model) -> FusedWeights:
                 w_up=w_up,
                 b_up=b_up,
                 w_down=w_down if moe else mlp.down_proj.weight.detach(),
-                b_down=None if moe else _bias(mlp.down_proj),
+                b_down=moe.pop("b_down", None) if moe else _bias(mlp.down_proj),
                 scale=float(attn.scaling),
                 q_norm=None if q_norm is None else q_norm.weight.detach(),
                 k_norm=None if q_norm is None else attn.k_norm.weight.detach(),
@@ -535,6 +552,7 @@ def _fuse_decoder(model) -> FusedWeights:
                 post_ffn_w=None if post_ffn is None else post_ffn.weight.detach(),
                 rope=rope,
                 window=window,
+                sinks=None if getattr(attn, "sinks", None) is None else attn.sinks.detach(),
                 **moe,
             )
         )
@@ -580,12 +598,43 @@ def _fuse_decoder(model) -> FusedWeights:
     )
 
 
+def _gpt_oss_experts(mlp, cfg) -> dict:
+    """gpt-oss's MoE block as LayerWeights fields: its (E, H, 2I) gate_up_proj (gate and up columns interleaved)
+    and (E, I, H) down_proj as (E, 2I, H) and (E, H, I) transposed views (the kernels read them at their strides:
+    no copy, and the model's own parameters left as they are);
+    the router's and experts' biases; the clamped activation's alpha and limit from the experts module."""
+    experts, router = mlp.experts, mlp.router
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    E, H, I2 = gate_up.shape
+    if tuple(down.shape) != (E, I2 // 2, H) or tuple(router.weight.shape) != (E, H):
+        _refuse(
+            cfg, f"experts of shapes {tuple(gate_up.shape)}, {tuple(down.shape)}, router {tuple(router.weight.shape)}"
+        )
+    biases = [getattr(experts, n, None) for n in ("gate_up_proj_bias", "down_proj_bias")] + [router.bias]
+    if any(b is None for b in biases):
+        _refuse(cfg, "experts or router without biases")
+    return dict(
+        w_up=gate_up.detach().transpose(1, 2),
+        w_down=down.detach().transpose(1, 2),
+        b_up=experts.gate_up_proj_bias.detach().contiguous(),
+        b_down=experts.down_proj_bias.detach().contiguous(),
+        router=router.weight.detach(),
+        router_b=router.bias.detach(),
+        top_k=int(router.top_k),
+        topk_first=True,
+        interleaved=True,
+        swiglu=(float(experts.alpha), float(experts.limit)),
+    )
+
+
 def _experts(mlp, cfg) -> dict:
     """A sparse MoE block's LayerWeights fields: its experts' fused tensors (views, no copy), router, top k and
     renormalisation; a ValueError for what kernels/moe.py does not run (shared experts, biases, other layouts)."""
-    experts, router = mlp.experts, mlp.gate
     if cfg.model_type not in MOE:
         _refuse(cfg, "mixture-of-experts MLP")
+    if cfg.model_type == "gpt_oss":
+        return _gpt_oss_experts(mlp, cfg)
+    experts, router = mlp.experts, mlp.gate
     for name in ("shared_expert", "shared_experts"):
         if getattr(mlp, name, None) is not None:
             _refuse(cfg, "shared experts")

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..tp import reduce_residual
+from .kernels.decode_attention import with_sink_softmax
 from .kernels.embed import embed_rows
 from .kernels.linear_residual import linear_residual_ref
 from .kernels.moe import moe_dense_ref
@@ -21,10 +22,10 @@ from .kernels.norm_residual import norm_residual_ref
 from .layout import FusedWeights
 
 
-def decode_attention_torch(q, k_cache, v_cache, start, length, scale: float, softcap: float | None = None):
+def decode_attention_torch(q, k_cache, v_cache, start, length, scale: float, softcap: float | None = None, sinks=None):
     """The contract of kernels.decode_attention in torch: q (B, Hq, D), caches (B, Hkv, S, D); row b attends
     to slots [start[b], length[b]); softmax in float32; output in q's dtype; `softcap`: scores
-    cap * tanh(scores / cap) (Gemma 2)."""
+    cap * tanh(scores / cap) (Gemma 2); `sinks` (Hq,): a logit per head in the softmax, no value (gpt-oss)."""
     B, Hq, D = q.shape
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
     k = k_cache.repeat_interleave(Hq // Hkv, dim=1).float()  # (B, Hq, S, D)
@@ -35,7 +36,8 @@ def decode_attention_torch(q, k_cache, v_cache, start, length, scale: float, sof
     slots = torch.arange(S, device=q.device)
     keep = (slots[None, :] >= start[:, None].long()) & (slots[None, :] < length[:, None].long())  # (B, S)
     scores = scores.masked_fill(~keep[:, None, :], float("-inf"))
-    return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), v).to(q.dtype)
+    probs = scores.softmax(-1) if sinks is None else with_sink_softmax(scores, sinks.float().view(1, Hq, 1))
+    return torch.einsum("bhs,bhsd->bhd", probs, v).to(q.dtype)
 
 
 def step_ropes(W: FusedWeights, pos) -> dict:
@@ -106,6 +108,8 @@ def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, 
     if whole:  # normalise Q and the slot's K over their whole projections, then rotate them
         q = ops.qk_norm_rope(q, k_cache, slot, layer.q_norm, layer.k_norm, W.eps, inv_freq, rope_scale, pos, W.norm)
     attn = {} if W.attn_softcap is None else dict(softcap=W.attn_softcap)
+    if layer.sinks is not None:
+        attn["sinks"] = layer.sinks
     a = ops.attention(q, k_cache, v_cache, window_start(start, length, layer.window), length, layer.scale, **attn)
     if layer.post_attn_w is not None:  # normalised before the add (OLMo2, Gemma 2/3); unsharded
         branch = ops.linear_residual(a.reshape(B, -1), layer.w_o, layer.b_o, None)
@@ -117,8 +121,20 @@ def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, 
         # (ops.symmetric: over symmetric memory; None: the functional collective)
         h = reduce_residual(ops.linear_residual, a.reshape(B, -1), layer.w_o, layer.b_o, h, W.tp, ops.symmetric)
     if layer.router is not None:  # routed experts (kernels/moe.py): the router logits, then the chosen experts
-        logits = ops.norm_linear(h, layer.norm2_w, None, W.eps, layer.router, None, "none", **W.norm_options())
-        return ops.moe(h, layer.norm2_w, W.eps, logits, layer.w_up, layer.w_down, layer.top_k, layer.renorm, W.norm)
+        norm = W.norm_options()
+        logits = ops.norm_linear(h, layer.norm2_w, None, W.eps, layer.router, layer.router_b, "none", **norm)
+        return ops.moe(
+            h,
+            layer.norm2_w,
+            W.eps,
+            logits,
+            layer.w_up,
+            layer.w_down,
+            layer.top_k,
+            layer.renorm,
+            W.norm,
+            **layer.moe_options(),
+        )
     m = ops.norm_linear(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act, **W.norm_options())
     if layer.post_ffn_w is not None:
         branch = ops.linear_residual(m, layer.w_down, layer.b_down, None)
@@ -161,7 +177,9 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
         kc[:, :, :T] = k
         vc[:, :, :T] = v
         q = q.transpose(1, 2)
-        if W.attn_softcap is None:
+        if layer.sinks is not None:
+            a = _sink_attention(q, k, v, masks[layer.window], layer.scale, layer.sinks)
+        elif W.attn_softcap is None:
             a = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=masks[layer.window], scale=layer.scale, enable_gqa=Hq != Hkv
             )
@@ -203,8 +221,9 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
 def _moe_prefill(W: FusedWeights, layer, h):
     """The routed experts' sum of a (B, T, H) prompt (kernels/moe.py moe_dense_ref): every expert on every token."""
     x = norm_ref(h, layer.norm2_w, None, W.eps, W.norm).reshape(-1, h.shape[-1])
-    logits = F.linear(x, layer.router)
-    return moe_dense_ref(x, logits, layer.w_up, layer.w_down, layer.top_k, layer.renorm).view(h.shape)
+    logits = F.linear(x, layer.router, layer.router_b)
+    dense = moe_dense_ref(x, logits, layer.w_up, layer.w_down, layer.top_k, layer.renorm, **layer.moe_options())
+    return dense.view(h.shape)
 
 
 def _softcap_attention(q, k, v, mask, scale: float, softcap: float):
@@ -216,3 +235,13 @@ def _softcap_attention(q, k, v, mask, scale: float, softcap: float):
     scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)
+
+
+def _sink_attention(q, k, v, mask, scale: float, sinks):
+    """Attention with gpt-oss's sinks (a logit per head in each softmax, with no value), as its eager attention
+    computes it: q (B, Hq, T, D), k and v (B, Hkv, T, D), mask (B, 1, T, T) bool, sinks (Hq,)."""
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    scores = (torch.matmul(q, k.transpose(2, 3)) * scale).masked_fill(~mask, float("-inf"))
+    probs = with_sink_softmax(scores, sinks.view(1, -1, 1, 1).to(scores.dtype))
+    return torch.matmul(probs.to(v.dtype), v)

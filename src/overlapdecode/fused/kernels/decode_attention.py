@@ -92,6 +92,7 @@ def _split_kernel(
     part_l_ptr,
     out_ptr,
     ticket_ptr,
+    sinks_ptr,
     qk_scale,
     S,
     HQ: tl.constexpr,
@@ -109,6 +110,8 @@ def _split_kernel(
     SOFTCAP: tl.constexpr,
 ):
     pdl_start(PDL)
+    # sinks_ptr (gpt-oss): a logit per query head that enters each head's max and denominator and no value; None
+    # (a constexpr) where the model has none
     pid_bh = tl.program_id(0)  # b * HKV + kv head
     pid_s = tl.program_id(1)
     b = pid_bh // HKV
@@ -176,7 +179,13 @@ def _split_kernel(
     pdl_release(PDL)
     heads = b * HQ + head0 + offs_g  # flat (b, h) index of each group row
     store_mask = mask_g[:, None] & mask_d[None, :]
+    if sinks_ptr is not None:  # in the scores' log2 units
+        sink = tl.load(sinks_ptr + head0 + offs_g, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
     if DIRECT:
+        if sinks_ptr is not None:
+            m_sink = tl.maximum(m_i, sink)
+            acc = acc * tl.math.exp2(m_i - m_sink)[:, None]
+            l_i = l_i * tl.math.exp2(m_i - m_sink) + tl.math.exp2(sink - m_sink)
         o = acc / l_i[:, None]
         o_offs = heads.to(tl.int64)[:, None] * D + offs_d[None, :]
         tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=store_mask)
@@ -200,8 +209,12 @@ def _split_kernel(
             )
             l_s = tl.load(part_l_ptr + first[:, None] + sp[None, :], mask=ml_ok, other=0.0, cache_modifier=".cg")
             m_max = tl.max(m_s, 1)
+            if sinks_ptr is not None:
+                m_max = tl.maximum(m_max, sink)
             w = tl.where(ml_ok, tl.math.exp2(m_s - m_max[:, None]), 0.0)  # (GROUP_PAD, SPLIT_PAD)
             den = tl.sum(w * l_s, 1)
+            if sinks_ptr is not None:
+                den += tl.math.exp2(sink - m_max)
             for g in tl.static_range(G):  # sums in a fixed order: deterministic, whichever program came last
                 head = b * HQ + head0 + g
                 a_s = tl.load(
@@ -262,10 +275,10 @@ def _check(q, k_cache, v_cache, start, length, scale):
     return B, Hq, Hkv, S, D
 
 
-def decode_attention_ref(q, k_cache, v_cache, start, length, scale, softcap: float | None = None):
+def decode_attention_ref(q, k_cache, v_cache, start, length, scale, softcap: float | None = None, sinks=None):
     """Plain-PyTorch decode attention with the kernel's contract: slots outside [start, length) are masked
     (their keys may hold anything, even NaN), softmax in float32, output in q's dtype; `softcap`: scores
-    cap * tanh(scores / cap)."""
+    cap * tanh(scores / cap); `sinks` (Hq,) (gpt-oss): a logit per head in the softmax, with no value."""
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
     G = Hq // Hkv
     slots = torch.arange(S, device=q.device)
@@ -278,8 +291,17 @@ def decode_attention_ref(q, k_cache, v_cache, start, length, scale, softcap: flo
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~live[:, None, None, :], float("-inf"))
-    out = torch.einsum("bkgs,bksd->bkgd", scores.softmax(-1), v)
+    probs = scores.softmax(-1) if sinks is None else with_sink_softmax(scores, sinks.float().view(1, Hkv, G, 1))
+    out = torch.einsum("bkgs,bksd->bkgd", probs, v)
     return out.reshape(B, Hq, D).to(q.dtype)
+
+
+def with_sink_softmax(scores, sinks):
+    """The softmax over the last dim of `scores` with a sink logit (broadcast to scores[..., :1]) in its max and
+    denominator, the sink's own column dropped, as Hugging Face's gpt-oss eager attention computes it."""
+    both = torch.cat([scores, sinks.expand(*scores.shape[:-1], 1).to(scores.dtype)], dim=-1)
+    both = both - both.max(dim=-1, keepdim=True).values
+    return both.softmax(-1)[..., :-1]
 
 
 def block_sizes(D: int, dtype: torch.dtype) -> tuple[int, int]:
@@ -334,10 +356,13 @@ def decode_attention(
     pdl: int = 0,
     tickets: Tickets | None = None,
     softcap: float | None = None,
+    sinks=None,
 ):
     """Decode attention, (B, Hq, D) in q's dtype; see the module docstring.
 
     softcap: Gemma 2's attention soft-capping, scores cap * tanh(scale * q.k / cap) (a constexpr of the launch).
+    sinks: gpt-oss's (Hq,) contiguous logits, one per query head, in each head's softmax max and denominator
+      (also in the split's combine); None: none (the pointer a constexpr None, the kernel without them).
 
     out: optional (B, Hq, D) contiguous tensor of q's dtype, written in place and returned.
     workspace: optional contiguous float32 tensor of at least `workspace_numel(...)` elements, such as
@@ -379,6 +404,14 @@ def decode_attention(
         or workspace.numel() < need
     ):
         raise ValueError(f"workspace must be a contiguous float32 tensor on {q.device} with at least {need} elements")
+    if sinks is not None and (
+        not isinstance(sinks, torch.Tensor)
+        or sinks.shape != (Hq,)
+        or sinks.device != q.device
+        or not sinks.is_contiguous()
+        or not sinks.is_floating_point()
+    ):
+        raise ValueError(f"sinks must be None or a contiguous float ({Hq},) tensor on {q.device} (one per q head)")
     if q.device.type != "cuda" and not _INTERPRETED:
         raise ValueError(
             f"q is on {q.device}: the Triton kernel needs CUDA tensors "
@@ -407,6 +440,7 @@ def decode_attention(
         part_l,
         out,
         counters,
+        sinks,
         scale * LOG2E if softcap is None else scale / softcap,
         S,
         HQ=Hq,
