@@ -18,17 +18,17 @@ from ..tp import RowReduce, VocabShard, row_reduce_of
 from ..tp.shard import is_sharded
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+# The mixtures of experts among the decoders below: softmax over the router logits, top-k, the top-k weights
+# renormalised (Mixtral always, Qwen3-MoE where config.norm_topk_prob), each expert a SiLU-gated MLP; gpt-oss: a
+# router with a bias, the top k of its logits then their softmax, experts with biases, gate/up rows interleaved, a
+# clamped SwiGLU.
+MOE = ("qwen3_moe", "mixtral", "gpt_oss")
 # Decoders of the Llama family's shape that change some part of its layer (fused by _fuse_decoder): per-head Q/K
 # norms (Qwen3, Gemma 3), fused QKV and gate/up as shipped with partial rotary and LongRoPE (Phi-3), multipliers
 # (Granite), layers without RoPE (SmolLM3), post-norms and whole-projection Q/K norms (OLMo2), Gemma's norms,
 # GeGLU, scaled embeddings, soft-capping and sliding-window layers (Gemma 1/2/3), routed experts in place of the MLP
 # (Qwen3-MoE, Mixtral: kernels/moe.py), and gpt-oss's attention sinks, biases and clamped experts.
-DECODERS = ("qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma", "gemma2", "gemma3_text", "qwen3_moe", "mixtral")
-DECODERS += ("gpt_oss",)
-# The mixtures of experts among them: softmax over the router logits, top-k, the top-k weights renormalised
-# (Mixtral always, Qwen3-MoE where config.norm_topk_prob), each expert a SiLU-gated MLP; gpt-oss: a router with a
-# bias, the top k of its logits then their softmax, experts with biases, gate/up rows interleaved, a clamped SwiGLU.
-MOE = ("qwen3_moe", "mixtral", "gpt_oss")
+DECODERS = ("qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma", "gemma2", "gemma3_text") + MOE
 SUPPORTED = LLAMA_FAMILY + ("gpt2",) + DECODERS
 # Rotary variants whose frequencies do not depend on the sequence length (HF precomputes `inv_freq`).
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -62,9 +62,8 @@ class LayerWeights:
     router: torch.Tensor | None = None  # (E, H): a layer of routed experts (w_up, w_down per expert); None: an MLP
     top_k: int = 0  # experts per token
     renorm: bool = False  # the top-k routing weights divided by their sum
-    router_b: torch.Tensor | None = (
-        None  # (E,) the router's bias (gpt-oss); experts' biases: b_up (E, 2I), b_down (E, H)
-    )
+    # gpt-oss: the router's bias (E,) (the experts' are b_up (E, 2I) and b_down (E, H))
+    router_b: torch.Tensor | None = None
     topk_first: bool = False  # the top k of the router logits, then their softmax (gpt-oss)
     interleaved: bool = False  # the experts' gate and up rows alternate (gpt-oss)
     swiglu: tuple[float, float] | None = None  # (alpha, limit) of gpt-oss's clamped activation; None: SiLU(gate) * up
@@ -73,8 +72,7 @@ class LayerWeights:
     def moe_options(self) -> dict:
         """kernels/moe.py's keywords beyond Qwen3-MoE's and Mixtral's for this layer (none for those)."""
         out = dict(b_up=self.b_up, b_down=self.b_down, topk_first=self.topk_first, interleaved=self.interleaved)
-        out["swiglu"] = self.swiglu
-        return {k: v for k, v in out.items() if v is not None and v is not False}
+        return {k: v for k, v in dict(out, swiglu=self.swiglu).items() if v is not None and v is not False}
 
 
 @dataclass
@@ -628,8 +626,8 @@ def _gpt_oss_experts(mlp, cfg) -> dict:
 
 
 def _experts(mlp, cfg) -> dict:
-    """A sparse MoE block's LayerWeights fields: its experts' fused tensors (views, no copy), router, top k and
-    renormalisation; a ValueError for what kernels/moe.py does not run (shared experts, biases, other layouts)."""
+    """A sparse MoE block's LayerWeights fields: its experts' fused tensors (as shipped, at their strides: no copy),
+    router, top k and renormalisation; a ValueError for what kernels/moe.py does not run (shared experts, biases, other layouts)."""
     if cfg.model_type not in MOE:
         _refuse(cfg, "mixture-of-experts MLP")
     if cfg.model_type == "gpt_oss":
@@ -648,8 +646,6 @@ def _experts(mlp, cfg) -> dict:
         _refuse(
             cfg, f"experts of shapes {tuple(gate_up.shape)}, {tuple(down.shape)}, router {tuple(router.weight.shape)}"
         )
-    if not (gate_up.is_contiguous() and down.is_contiguous()):
-        _refuse(cfg, "experts' tensors that are not contiguous")
     return dict(
         w_up=gate_up.detach(),
         w_down=down.detach(),

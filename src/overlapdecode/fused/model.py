@@ -76,7 +76,7 @@ class StepOps(NamedTuple):
     symmetric: object = None  # tp.SymmetricAllReduce for a sharded model's all-reduces, or None
     norm_residual: object = None  # residual + RMSNorm(branch), for post-norm layers (kernels/norm_residual.py)
     qk_norm_rope: object = None  # whole-projection Q/K norms, then RoPE (kernels/norm_qkv.py), for OLMo2
-    moe: object = None  # residual + the routed experts (kernels/moe.py), for Qwen3-MoE and Mixtral
+    moe: object = None  # residual + the routed experts (kernels/moe.py), for Qwen3-MoE, Mixtral and gpt-oss
 
 
 REFERENCE_OPS = StepOps(
