@@ -78,6 +78,18 @@ def _ring_layers(dec, model) -> list:
     return [cache.layers[i] for i in local]
 
 
+def assert_compiled_once(dec, ids, mask, n, eos_ids, ref):
+    """`compiled`, `interleaved`, then `compiled` again on one Decoder give `ref`, from one graph for the shape (a
+    count of EOS ids is another shape): none per step, none per call."""
+    before = od.compile_count()
+    for strategy in ("compiled", "interleaved", "compiled"):
+        out = dec.generate(
+            ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=eos_ids, pad_token_id=0
+        )
+        assert torch.equal(out, ref), (strategy, eos_ids)
+    assert od.compile_count() - before == 1
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_sliding_window_models_compile_once_and_match_hf(name):
     model = _model(name)
@@ -90,14 +102,7 @@ def test_sliding_window_models_compile_once_and_match_hf(name):
     dec = od.Decoder(model)
     for eos_ids in ([], eos):
         ref = hf_generate(model, ids, mask, N, eos_ids, 0)
-        before = od.compile_count()
-        for strategy in ("compiled", "interleaved", "compiled"):
-            out = dec.generate(
-                ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, eos_token_id=eos_ids, pad_token_id=0
-            )
-            assert torch.equal(out, ref), (strategy, eos_ids)
-        # one graph for the shape (a count of EOS ids is another shape): none per step, none per call
-        assert od.compile_count() - before == 1
+        assert_compiled_once(dec, ids, mask, N, eos_ids, ref)
         if not eos_ids:  # the last call wrote P + N - 1 positions (not the last token): a ring holds the last 6
             for layer in _ring_layers(dec, model):
                 assert sorted(layer.slot_positions.tolist()) == list(range(P + N - 1 - WINDOW, P + N - 1))

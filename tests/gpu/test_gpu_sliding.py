@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_sliding_compile import assert_compiled_once
 
 import overlapdecode as od
 from helpers import hf_generate, make_batch
@@ -37,13 +38,7 @@ def test_tiny_sliding_models_match_hf_under_cuda_graphs(name):
     eos = [int(free[0, P + 5])]  # row 0 stops by its sixth token
     for eos_ids in ([], eos):
         ref = free if not eos_ids else hf_generate(model, ids, mask, N, eos_ids, 0)
-        before = od.compile_count()
-        for strategy in ("compiled", "interleaved", "compiled"):
-            out = dec.generate(
-                ids, attention_mask=mask, max_new_tokens=N, strategy=strategy, eos_token_id=eos_ids, pad_token_id=0
-            )
-            assert torch.equal(out, ref), (strategy, eos_ids)
-        assert od.compile_count() - before == 1
+        assert_compiled_once(dec, ids, mask, N, eos_ids, ref)
     cache = _kept_cache(dec)
     for i in describe(model).local_layers:
         assert type(cache.layers[i]) is RingLayer and cache.layers[i].keys.shape[2] == WINDOW
