@@ -187,8 +187,8 @@ FAMILIES = list(family_configs())
 
 # Real sizes of each family for the GPU test (tests/gpu/test_gpu_fused.py): the widths of a released model
 # (Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B, Qwen3-30B-A3B,
-# Mixtral-8x7B, gpt-oss-20b), two layers, sliding windows of 64 (shorter than its calls); Granite with its released multipliers,
-# the mixtures of experts with their released expert counts and top k
+# Mixtral-8x7B, gpt-oss-20b), two layers, sliding windows of 64 (shorter than its calls); Granite with its released
+# multipliers, the mixtures of experts with their released expert counts and top k
 _QWEN3 = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072)
 _PHI4 = dict(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, intermediate_size=8192)
 _QWEN3_MOE = dict(  # Qwen3-30B-A3B

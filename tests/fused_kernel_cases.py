@@ -971,9 +971,9 @@ def test_qk_norm_rope(B, Hq, Hkv, D, block, rope):
 )
 @pytest.mark.parametrize("renorm", [False, True])
 def test_moe_experts(B, E, top_k, H, I, block_n, block_k, renorm):
-    """The routed experts (kernels/moe.py) against their reference: expert counts not a power of two, one expert, top-k 1 to 8 and all of them,
-    widths not multiples of the tiles, one row and several whose choices overlap; the prefill's dense form gives the
-    same sum."""
+    """The routed experts (kernels/moe.py) against their reference: expert counts not a power of two, one expert,
+    top-k 1 to 8 and all of them, widths not multiples of the tiles, one row and several whose choices overlap; the
+    prefill's dense form gives the same sum."""
     from overlapdecode.fused.kernels.moe import moe_dense_ref, moe_experts, moe_experts_ref, route_ref
     from overlapdecode.fused.kernels.norm_linear import norm_ref
 

@@ -627,7 +627,8 @@ def _gpt_oss_experts(mlp, cfg) -> dict:
 
 def _experts(mlp, cfg) -> dict:
     """A sparse MoE block's LayerWeights fields: its experts' fused tensors (as shipped, at their strides: no copy),
-    router, top k and renormalisation; a ValueError for what kernels/moe.py does not run (shared experts, biases, other layouts)."""
+    router, top k and renormalisation; a ValueError for what kernels/moe.py does not run (shared experts, biases,
+    other layouts)."""
     if cfg.model_type not in MOE:
         _refuse(cfg, "mixture-of-experts MLP")
     if cfg.model_type == "gpt_oss":

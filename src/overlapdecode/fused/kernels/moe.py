@@ -393,7 +393,8 @@ def moe_experts(
     swiglu: tuple[float, float] | None = None,
 ):
     """The Triton kernels of `moe_experts_ref`: h (B, H) contiguous, norm_w (H,), logits (B, E) (the router's, any
-    float dtype), w_up (E, 2I, H), w_down (E, H, I) at any strides (require_expert_offsets); two launches, no host sync, shapes fixed by the arguments'.
+    float dtype), w_up (E, 2I, H), w_down (E, H, I) at any strides (require_expert_offsets); two launches, no host
+    sync, shapes fixed by the arguments'.
     gpt-oss's keywords as moe_experts_ref's (constexprs of the launch; b_up (E, 2I), b_down (E, H) contiguous)."""
     check_routing(logits, w_up, w_down, top_k)
     check_expert_options(w_up, w_down, b_up, b_down, swiglu)
