@@ -26,6 +26,7 @@ from . import markers
 from .architecture import check_strategy, generation_defaults
 from .caches import StaticCaches
 from .fused_path import FusedPath
+from .graph_experts import graph_safe_experts
 from .inputs import Request, check_model, check_request, model_device
 from .sampling import SamplingParams, check_sampling, make_generator, seen_tokens
 from .steps import StepInputs, hf_steps
@@ -135,7 +136,9 @@ class Decoder:
                 "same noise and picks the same token (each rank's global generator may differ)"
             )
         sink = _token_sink(streamer)
-        with self._guard(), torch.no_grad():
+        # a compiled call's captured step cannot run experts that copy to the host: graph_experts.py
+        experts = graph_safe_experts(self.model, strat.compile and strat.cache != "fused", model_device(self.model).type)
+        with self._guard(), torch.no_grad(), experts:
             return self._decode(req, strat, params, seed, sink)
 
     def _wait_last_call(self) -> None:

@@ -1,0 +1,144 @@
+"""The swapped GEMV tiles at serving row counts, on a GPU: each projection of the Llama-1B shape (gate/up, down,
+O, LM head) at 64 and 128 rows, bfloat16, as the fused kernels run it (norm_linear / linear_residual swapped,
+their default tiles and a spread of others) beside cuBLAS (`x @ w.T`) and two plain Triton GEMMs of the same
+orientation with no prologue or epilogue (x read transposed from memory, or read row-major and transposed in
+registers as the fused kernels do), so that what the fused kernels lose to the GEMM itself, to their orientation
+and to their prologue and epilogue shows apart. Timed as CUDA-graph replays over weight copies 4x the L2
+(kernel_sweep.rotated), median; writes DIR/swap-sweep.json after every kernel.
+
+    python3 scripts/swap_sweep.py --out DIR [--rows 64,128] [--budget S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import triton
+import triton.language as tl
+from kernel_sweep import rotated, time_rotated
+
+DEV = "cuda"
+H, I, QD, V = 2048, 8192, 2048, 128256  # Llama-3.2-1B: hidden, MLP width, query width, vocabulary
+# (block_n, block_k, num_warps, num_stages, programs / SMs): a spread around the rule's tiles
+VARIANTS = [
+    (64, 32, 8, 3, 2),
+    (64, 64, 8, 3, 2),
+    (128, 32, 8, 3, 2),
+    (128, 64, 8, 3, 2),
+    (64, 64, 4, 3, 2),
+    (64, 64, 8, 4, 2),
+    (64, 64, 8, 2, 1),
+    (128, 64, 8, 4, 1),
+    (64, 128, 8, 2, 2),
+    (64, 64, 8, 3, 4),
+    (128, 128, 8, 2, 1),
+]
+
+
+@triton.jit
+def _plain_swapped(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    B,
+    N,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    X_T: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w = tl.load(w_ptr + cols[:, None] * K + (k0 + ks)[None, :])
+        if X_T:  # x^T tile addressed directly
+            xt = tl.load(x_ptr + rows[None, :] * K + (k0 + ks)[:, None], mask=(rows < B)[None, :], other=0.0)
+        else:  # x tile row-major, transposed in registers
+            xt = tl.trans(tl.load(x_ptr + rows[:, None] * K + (k0 + ks)[None, :], mask=(rows < B)[:, None], other=0.0))
+        acc = tl.dot(w, xt, acc)
+    tl.store(out_ptr + rows[None, :] * N + cols[:, None], acc.to(out_ptr.dtype.element_ty), mask=(rows < B)[None, :])
+
+
+def plain(x, w, out, block_n, block_k, warps, stages, x_t):
+    B, K = x.shape
+    N = w.shape[0]
+    bm = max(16, triton.next_power_of_2(B))
+    _plain_swapped[(triton.cdiv(N, block_n),)](
+        x, w, out, B, N, K, BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k, X_T=x_t, num_warps=warps, num_stages=stages
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", default="64,128")
+    ap.add_argument("--budget", type=float, default=20.0, help="seconds per kernel and row count")
+    args = ap.parse_args()
+    from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
+    from overlapdecode.fused.kernels.norm_linear import norm_linear
+
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "swap-sweep.json")
+    if os.path.exists(path):
+        raise SystemExit(f"{path} exists: choose a new --out")
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    dt = torch.bfloat16
+    tk = Tickets(DEV)
+    r = lambda *s: torch.randn(*s, device=DEV, dtype=dt) * 0.02  # noqa: E731
+    rows_out = []
+    kernels = {"gate_up": (2 * I, H), "down": (H, I), "o_proj": (H, QD), "lm_head": (V, H)}
+    for B in [int(v) for v in args.rows.split(",")]:
+        for name, (N, K) in kernels.items():
+            x, nw, res = r(B, K), r(K) + 1, r(B, N)
+            sets = rotated(lambda N=N, K=K: (r(N, K),), N * K * 2)
+            nbytes = N * K * 2
+            n_out = N // 2 if name == "gate_up" else N
+            out = torch.empty((B, N), device=DEV, dtype=dt)
+
+            def ours(cfg):
+                kw = (
+                    {}
+                    if cfg is None
+                    else dict(
+                        block_n=cfg[0], block_k=cfg[1], num_warps=cfg[2], num_stages=cfg[3], programs=cfg[4] * sms
+                    )
+                )
+                if name in ("down", "o_proj"):
+                    return lambda w: linear_residual(x, w, None, res, tickets=tk, **kw)
+                act, od_ = ("silu_mul", None) if name == "gate_up" else ("none", torch.float32)
+                return lambda w: norm_linear(x, nw, None, 1e-5, w, None, act, od_, tickets=tk, **kw)
+
+            cands = [("cublas", None, lambda w: torch.mm(x, w.t(), out=out))]
+            cands += [("ours", None, ours(None))] + [("ours", c, ours(c)) for c in VARIANTS]
+            if N % 128 == 0 and name != "down":
+                for xt in (True, False):
+                    for c in ((64, 64, 8, 3), (128, 64, 8, 3), (64, 64, 4, 4)):
+                        cands.append(
+                            (f"plain-x{'T' if xt else 'row'}", c, lambda w, c=c, xt=xt: plain(x, w, out, *c, xt))
+                        )
+            t0 = time.time()
+            for kind, cfg, fn in cands:
+                if time.time() - t0 > args.budget and kind == "ours" and cfg is not None:
+                    continue
+                row = dict(B=B, kernel=name, N=N, K=K, n_out=n_out, kind=kind, cfg=cfg)
+                try:
+                    us = time_rotated(fn, sets)
+                    row.update(us=round(us, 2), gbs=round(nbytes / us / 1e3, 1))
+                except Exception as e:  # a tile that does not compile (shared memory, registers) is recorded
+                    row["error"] = str(e)[:160]
+                rows_out.append(row)
+                print(row, flush=True)
+            del sets
+            torch.cuda.empty_cache()
+            json.dump(rows_out, open(path, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
