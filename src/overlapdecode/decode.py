@@ -137,7 +137,9 @@ class Decoder:
             )
         sink = _token_sink(streamer)
         # a compiled call's captured step cannot run experts that copy to the host: graph_experts.py
-        experts = graph_safe_experts(self.model, strat.compile and strat.cache != "fused", model_device(self.model).type)
+        experts = graph_safe_experts(
+            self.model, strat.compile and strat.cache != "fused", model_device(self.model).type
+        )
         with self._guard(), torch.no_grad(), experts:
             return self._decode(req, strat, params, seed, sink)
 

@@ -248,6 +248,72 @@ def norm_tile(
 
 
 @triton.jit
+def _norm_rows_kernel(
+    x_ptr,
+    nw_ptr,
+    nb_ptr,
+    out_ptr,
+    ss_ptr,
+    B,
+    NB,
+    eps,
+    K: tl.constexpr,
+    LAYER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NB_PAD: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_start(PDL)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < B
+    ks = tl.arange(0, BLOCK_K)
+    dtype = out_ptr.dtype.element_ty
+    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_ok = kk < K
+        m = row_ok[:, None] & k_ok[None, :]
+        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
+        tl.store(out_ptr + rows[:, None] * K + kk[None, :], xn, mask=m)
+    pdl_release(PDL)
+
+
+def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tuple, pdl: int = 0) -> torch.Tensor:
+    """x (B, K) normalised as the kernels' prologue normalises it (norm_stats, then norm_tile: the same code,
+    hence the same bits), in x's dtype: what a swapped launch multiplies. Why: inside a swapped program the
+    normalised tile is computed in registers, so it reaches the MMA through a register-to-shared store in every
+    K step instead of an asynchronous copy, and each program repeats the row statistics over all of K for up to
+    128 rows; scripts/swap_sweep.py on an H200 measured the swapped gate/up at 128 rows 5x slower than the same
+    GEMM with plain loads. One launch of (B / 4) programs reads and writes the (B, K) rows once instead.
+    `sums_arg`: sums_args's (sums, NB, NB_PAD) for x."""
+    B, K = x.shape
+    sums, nb, nb_pad = sums_arg
+    out = torch.empty_like(x)
+    block_m = 4
+    dummy = norm_w
+    _norm_rows_kernel[(triton.cdiv(B, block_m),)](
+        x,
+        norm_w,
+        norm_b if norm_b is not None else dummy,
+        out,
+        sums,
+        B,
+        nb,
+        eps,
+        K,
+        LAYER=norm_code(norm_w, norm_b, norm_style),
+        BLOCK_M=block_m,
+        BLOCK_K=min(1024, triton.next_power_of_2(K)),
+        NB_PAD=nb_pad,
+        PDL=int(pdl),
+        num_warps=4,
+        **pdl_launch(pdl),
+    )
+    return out
+
+
+@triton.jit
 def tanh_f32(x):
     """tanh in float32 (1 - 2 / (e^2x + 1): exact at the limits, ~1e-7 absolute near 0)."""
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
@@ -467,6 +533,9 @@ def norm_linear(
     n_out = w.shape[0] // 2 if gated else w.shape[0]
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
     swapped = use_swap(B, swap)
+    if swapped and norm_w is not None:  # the rows normalised once, then multiplied with plain loads
+        x = normalized_rows(x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl)
+        norm_w, norm_b, (sums, nb, nb_pad) = None, None, (x, 0, 0)
     accs = 2 if gated else 1
     tiles = (
         swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device))

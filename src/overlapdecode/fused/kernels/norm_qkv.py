@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
-from .norm_linear import NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args
+from .norm_linear import NormSums, norm_code, norm_ref, norm_stats, norm_tile, normalized_rows, sums_args
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_swap
 
@@ -406,6 +406,9 @@ def norm_qkv(
             "norms are qk_norm_rope's"
         )
     swapped = use_swap(B, swap)
+    if swapped and norm_w is not None:  # the rows normalised once, then multiplied with plain loads (norm_linear)
+        x = normalized_rows(x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl)
+        norm_w, norm_b, (sums, nb, nb_pad) = None, None, (x, 0, 0)
     if swapped:
         plan = swap_tiles(B, halves, K, w.element_size(), 2, sm_count(x.device))
     else:
