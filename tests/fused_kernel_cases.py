@@ -14,8 +14,16 @@ from overlapdecode.fused import reference
 from overlapdecode.fused.kernels.embed import embed, embed_ref
 from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref, split_k
-from overlapdecode.fused.kernels.norm_linear import NormSums, norm_linear, norm_linear_ref
+from overlapdecode.fused.kernels.norm_linear import (
+    NormSums,
+    norm_linear,
+    norm_linear_ref,
+    norm_ref,
+    normalized_rows,
+    sums_args,
+)
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
+from overlapdecode.fused.kernels.swap_ab import use_prenorm
 from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
 from overlapdecode.step_graph import StepLog
 from triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture: the attention's loops)
@@ -150,6 +158,42 @@ def test_swapped_and_row_block_tiles_match_the_references(B, swap):
     for programs in (1, 1000):
         got = linear_residual(xd, wd, b[:N], res, block_k=16, programs=programs, swap=swap)
         torch.testing.assert_close(got, linear_residual_ref(xd, wd, b[:N], res), **TOL)
+
+
+@pytest.mark.parametrize("style", ["rms", "rms_offset", "rms_f32", "layer"])
+def test_prenormalised_rows_of_the_widest_batch_tile(style):
+    """From 65 rows on (swap_ab.use_prenorm) the swapped kernels multiply rows normalised by one launch beforehand
+    (normalized_rows): every norm style as the references round it, from x or from recorded sums of squares, and
+    norm_linear / norm_qkv on those rows equal to their references, on odd shapes."""
+    torch.manual_seed(len(style))
+    B, K, N = 67, 72, 50
+    assert use_prenorm(B) and use_prenorm(128) and not use_prenorm(64)  # the widest batch tile only
+    x = rnd(B, K) + 0.5
+    nw, nb = rnd(K, scale=0.3) + 1, (rnd(K, scale=0.1) if style == "layer" else None)
+    rms = "rms" if style == "layer" else style
+    ref = norm_ref(x, nw, nb, 1e-5, rms)
+    got = normalized_rows(x, nw, nb, 1e-5, rms, sums_args(None, x, nb is not None))
+    torch.testing.assert_close(got, ref, **TOL)
+    if nb is None:  # the sums of squares as a writer records them (two column blocks)
+        parts = torch.stack([(x[:, :40].float() ** 2).sum(1), (x[:, 40:].float() ** 2).sum(1)])
+        sums = NormSums()
+        sums.record(x, parts)
+        torch.testing.assert_close(normalized_rows(x, nw, None, 1e-5, rms, sums_args(sums, x, False)), ref, **TOL)
+    w = rnd(2 * N, K, scale=K**-0.5)
+    got = norm_linear(x, nw, nb, 1e-5, w, None, "silu_mul", block_k=16, swap=True, programs=1000, norm_style=rms)
+    torch.testing.assert_close(got, norm_linear_ref(x, nw, nb, 1e-5, w, None, "silu_mul", norm_style=rms), **TOL)
+    if nb is None and style != "rms_f32":
+        Hq, Hkv, D, S = 4, 2, 24, 13
+        wq = rnd((Hq + 2 * Hkv) * D, K, scale=K**-0.5)
+        inv_freq = 1.0 / (500.0 ** (torch.arange(0, D, 2, device=DEV).float() / D))
+        pos = column(torch.randint(0, 50, (B,), device=DEV))
+        slot = torch.randint(0, S, (B,), device=DEV)
+        caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
+        args = (wq, None, inv_freq, 1.0, pos, slot)
+        q_ref = norm_qkv_ref(x, nw, None, 1e-5, *args, caches[0], caches[1], Hq, Hkv, D, norm_style=rms)
+        q = norm_qkv(x, nw, None, 1e-5, *args, caches[2], caches[3], Hq, Hkv, D, block_k=16, swap=True, norm_style=rms)
+        torch.testing.assert_close(q, q_ref, **TOL)
+        torch.testing.assert_close(caches[2], caches[0], **TOL)
 
 
 def test_swapped_tiles_in_16_bit_follow_the_row_block_tiles():

@@ -43,6 +43,15 @@ def use_swap(rows: int, swap: bool | None = None) -> bool:
     return rows > ROW_TILE if swap is None else bool(swap)
 
 
+def use_prenorm(rows: int) -> bool:
+    """Whether a swapped launch over `rows` rows multiplies rows normalised beforehand (norm_linear.normalized_rows,
+    one launch more) instead of normalising each K tile in registers: where the batch tile is the largest (128),
+    as the register-computed operand grows with it. Measured on an H200 at the Llama-1B shape (bfloat16, the fused
+    step, scripts/scale_sweep.py at a2a24cc, every swapped launch pre-normalised, against e3c189c's): 128 rows 3.298
+    -> 3.036 ms/step, 64 rows 1.797 -> 1.795, 32 rows 1.436 -> 1.453."""
+    return batch_tile(rows) == MAX_BATCH_TILE
+
+
 def batch_tile(rows: int) -> int:
     """BLOCK_M of a swapped launch: the rows rounded up to a power of two, at least 16 (tl.dot's N), at most 128."""
     return min(MAX_BATCH_TILE, max(ROW_TILE, triton.next_power_of_2(rows)))
