@@ -19,9 +19,9 @@ from overlapdecode.fused.kernels.embed import _embed_kernel  # noqa: E402
 from overlapdecode.fused.kernels.greedy import _greedy_kernel  # noqa: E402
 from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
 from overlapdecode.fused.kernels.moe import _down_kernel, _gate_up_kernel  # noqa: E402
-from overlapdecode.fused.kernels.norm_linear import _norm_linear_kernel  # noqa: E402
+from overlapdecode.fused.kernels.norm_linear import NORM_NONE, _norm_linear_kernel, _norm_rows_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel  # noqa: E402
-from overlapdecode.fused.kernels.swap_ab import swap_tiles  # noqa: E402
+from overlapdecode.fused.kernels.swap_ab import swap_tiles, use_prenorm  # noqa: E402
 from overlapdecode.fused.model import TILES  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -169,6 +169,11 @@ CASES = {
             SOFTCAP=None,
         ),
     ),
+    "norm_rows": (
+        _norm_rows_kernel,
+        {**bf16("x_ptr", "nw_ptr", "nb_ptr", "out_ptr"), "ss_ptr": "*fp32", "B": "i32", "NB": "i32", "eps": "fp32"},
+        dict(K=2048, LAYER=0, BLOCK_M=4, BLOCK_K=1024, NB_PAD=64),
+    ),
     "greedy": (
         _greedy_kernel,
         {
@@ -308,6 +313,8 @@ def test_swapped_tiles_compile_to_warpgroup_mmas_without_spills(name, rows):
         SPLIT=2,
     )
     constants["HALF" if fn == "norm_qkv" else "BLOCK_N"] = tiles["block_n"]
+    if fn != "linear_residual" and use_prenorm(rows):  # rows normalised beforehand (norm_linear.normalized_rows)
+        constants.update(LAYER=NORM_NONE, NB_PAD=0)
     text = ptx(kernel, types, constants, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
     assert "wgmma.mma_async" in text
     assert spill_bytes(text) <= 128
