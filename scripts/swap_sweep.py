@@ -75,12 +75,14 @@ def plain(x, w, out, block_n, block_k, warps, stages, x_t):
     )
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", default="64,128")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds per kernel and row count")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("swap_sweep.py: needs a CUDA GPU")
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
     from overlapdecode.fused.kernels.norm_linear import norm_linear
 
