@@ -28,18 +28,14 @@ def _implementations(model) -> dict | None:
         return None
 
 
-def _has_experts(model) -> bool:
-    """Whether any module runs through transformers' experts interface (it reads config._experts_implementation
-    at each forward)."""
+def _experts_dtypes(model) -> set:
+    """The parameter dtypes of the modules that run through transformers' experts interface (they read
+    config._experts_implementation at each forward); empty where there are none."""
+    dtypes = set()
     for module in model.modules():
         if hasattr(type(module), "_apply_gate") and hasattr(module, "config") and module is not model:
-            return True
-    return False
-
-
-def _dtype(model) -> torch.dtype | None:
-    p = next(iter(model.parameters()), None)
-    return None if p is None else p.dtype
+            dtypes.update(p.dtype for p in module.parameters(recurse=False))
+    return dtypes
 
 
 def needs_graph_safe(model, compile_: bool, device_type: str) -> bool:
@@ -48,12 +44,13 @@ def needs_graph_safe(model, compile_: bool, device_type: str) -> bool:
     if not compile_ or device_type != "cuda":
         return False
     impls = _implementations(model)
-    if not impls or not _has_experts(model):
+    dtypes = _experts_dtypes(model) if impls else set()
+    if not dtypes:
         return False
     chosen = {v for v in impls.values() if v is not None}
     if "eager" in chosen:
         return True
-    return "grouped_mm" in chosen and _dtype(model) != torch.bfloat16
+    return "grouped_mm" in chosen and dtypes != {torch.bfloat16}
 
 
 @contextlib.contextmanager
