@@ -314,6 +314,16 @@ def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tu
     return out
 
 
+def swapped_operand(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tuple, pdl: int, swapped: bool):
+    """What a launch multiplies and how it normalises it: (x, norm_w, norm_b, sums_arg) as given, or, for a swapped
+    launch where swap_ab.use_prenorm says, the rows normalised beforehand (normalized_rows) with no norm left to
+    the kernel."""
+    if not (swapped and norm_w is not None and use_prenorm(x.shape[0])):
+        return x, norm_w, norm_b, sums_arg
+    xn = normalized_rows(x, norm_w, norm_b, eps, norm_style, sums_arg, pdl)
+    return xn, None, None, (xn, 0, 0)
+
+
 @triton.jit
 def tanh_f32(x):
     """tanh in float32 (1 - 2 / (e^2x + 1): exact at the limits, ~1e-7 absolute near 0)."""
@@ -534,9 +544,9 @@ def norm_linear(
     n_out = w.shape[0] // 2 if gated else w.shape[0]
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
     swapped = use_swap(B, swap)
-    if swapped and norm_w is not None and use_prenorm(B):  # the rows normalised once, then multiplied with plain loads
-        x = normalized_rows(x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl)
-        norm_w, norm_b, (sums, nb, nb_pad) = None, None, (x, 0, 0)
+    x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
+        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped
+    )
     accs = 2 if gated else 1
     tiles = (
         swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device))

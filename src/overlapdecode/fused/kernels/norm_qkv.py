@@ -18,9 +18,9 @@ import triton
 import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
-from .norm_linear import NormSums, norm_code, norm_ref, norm_stats, norm_tile, normalized_rows, sums_args
+from .norm_linear import NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
 from .pdl import pdl_launch, pdl_release, pdl_start
-from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_prenorm, use_swap
+from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_swap
 
 
 def rope_cos_sin(inv_freq, rope_scale: float, pos, dtype):
@@ -406,11 +406,9 @@ def norm_qkv(
             "norms are qk_norm_rope's"
         )
     swapped = use_swap(B, swap)
-    if (
-        swapped and norm_w is not None and use_prenorm(B)
-    ):  # the rows normalised once, then multiplied with plain loads (norm_linear)
-        x = normalized_rows(x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl)
-        norm_w, norm_b, (sums, nb, nb_pad) = None, None, (x, 0, 0)
+    x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
+        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped
+    )
     if swapped:
         plan = swap_tiles(B, halves, K, w.element_size(), 2, sm_count(x.device))
     else:
