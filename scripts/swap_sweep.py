@@ -1,6 +1,7 @@
-"""The swapped GEMV tiles at serving row counts, on a GPU: each projection of the Llama-1B shape (gate/up, down,
-O, LM head) at 64 and 128 rows, bfloat16, as the fused kernels run it (norm_linear / linear_residual swapped,
-their default tiles and a spread of others) beside cuBLAS (`x @ w.T`) and two plain Triton GEMMs of the same
+"""The swapped GEMV tiles at serving row counts, on a GPU: each projection of the Llama-1B shape (QKV, gate/up, down,
+O, LM head) at 64 and 128 rows, bfloat16, as the fused kernels run it (norm_qkv / norm_linear / linear_residual
+swapped, their default tiles and a spread of others, the norm kernels also on rows normalised beforehand: `prenorm`)
+beside cuBLAS (`x @ w.T`) and two plain Triton GEMMs of the same
 orientation with no prologue or epilogue (x read transposed from memory, or read row-major and transposed in
 registers as the fused kernels do), so that what the fused kernels lose to the GEMM itself, to their orientation
 and to their prologue and epilogue shows apart. Timed as CUDA-graph replays over weight copies 4x the L2
@@ -23,8 +24,17 @@ from kernel_sweep import rotated, time_rotated
 
 DEV = "cuda"
 H, I, QD, V = 2048, 8192, 2048, 128256  # Llama-3.2-1B: hidden, MLP width, query width, vocabulary
-# (block_n, block_k, num_warps, num_stages, programs / SMs): a spread around the rule's tiles
+KVD, HEAD = 512, 64  # its key (and value) width and head size
+# (block_n, block_k, num_warps, num_stages, programs / SMs): a spread around the rule's tiles; programs 0: K not
+# split (one program per output tile), as the plain GEMMs
 VARIANTS = [
+    (64, 64, 4, 4, 0),
+    (64, 64, 8, 3, 0),
+    (32, 64, 4, 4, 0),
+    (64, 128, 4, 3, 0),
+    (128, 64, 8, 3, 0),
+    (32, 128, 4, 3, 1),
+    (64, 64, 4, 4, 1),
     (64, 32, 8, 3, 2),
     (64, 64, 8, 3, 2),
     (128, 32, 8, 3, 2),
@@ -83,8 +93,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("swap_sweep.py: needs a CUDA GPU")
+    from overlapdecode.fused.kernels import norm_linear as norm_linear_module
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
     from overlapdecode.fused.kernels.norm_linear import norm_linear
+    from overlapdecode.fused.kernels.norm_qkv import norm_qkv
 
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "swap-sweep.json")
@@ -95,7 +107,8 @@ def main(argv=None):
     tk = Tickets(DEV)
     r = lambda *s: torch.randn(*s, device=DEV, dtype=dt) * 0.02  # noqa: E731
     rows_out = []
-    kernels = {"gate_up": (2 * I, H), "down": (H, I), "o_proj": (H, QD), "lm_head": (V, H)}
+    kernels = {"qkv": (QD + 2 * KVD, H), "gate_up": (2 * I, H), "down": (H, I), "o_proj": (H, QD), "lm_head": (V, H)}
+    rule_prenorm = norm_linear_module.use_prenorm
     for B in [int(v) for v in args.rows.split(",")]:
         for name, (N, K) in kernels.items():
             x, nw, res = r(B, K), r(K) + 1, r(B, N)
@@ -104,21 +117,71 @@ def main(argv=None):
             n_out = N // 2 if name == "gate_up" else N
             out = torch.empty((B, N), device=DEV, dtype=dt)
 
-            def ours(cfg):
+            def ours(cfg, prenorm=False):
                 kw = (
                     {}
                     if cfg is None
                     else dict(
-                        block_n=cfg[0], block_k=cfg[1], num_warps=cfg[2], num_stages=cfg[3], programs=cfg[4] * sms
+                        block_n=cfg[0],
+                        block_k=cfg[1],
+                        num_warps=cfg[2],
+                        num_stages=cfg[3],
+                        programs=max(1, cfg[4] * sms),
                     )
                 )
                 if name in ("down", "o_proj"):
                     return lambda w: linear_residual(x, w, None, res, tickets=tk, **kw)
-                act, od_ = ("silu_mul", None) if name == "gate_up" else ("none", torch.float32)
-                return lambda w: norm_linear(x, nw, None, 1e-5, w, None, act, od_, tickets=tk, **kw)
 
+                def forced(fn):  # prenorm: every swapped launch multiplies rows normalised beforehand
+                    def call(w):
+                        norm_linear_module.use_prenorm = (lambda rows: True) if prenorm else rule_prenorm
+                        try:
+                            return fn(w)
+                        finally:
+                            norm_linear_module.use_prenorm = rule_prenorm
+
+                    return call
+
+                if name == "qkv":
+                    kw = {("half" if k == "block_n" else k): v for k, v in kw.items()}
+                    kw.setdefault("programs", 4 * sms)  # the step's grid target for norm_qkv
+                    return forced(
+                        lambda w: norm_qkv(
+                            x,
+                            nw,
+                            None,
+                            1e-5,
+                            w,
+                            None,
+                            inv_freq,
+                            1.0,
+                            pos,
+                            slot,
+                            kc,
+                            vc,
+                            QD // HEAD,
+                            KVD // HEAD,
+                            HEAD,
+                            tickets=tk,
+                            **kw,
+                        )
+                    )
+                act, od_ = ("silu_mul", None) if name == "gate_up" else ("none", torch.float32)
+                return forced(lambda w: norm_linear(x, nw, None, 1e-5, w, None, act, od_, tickets=tk, **kw))
+
+            if name == "qkv":
+                inv_freq = 1.0 / (500000.0 ** (torch.arange(0, HEAD, 2, device=DEV).float() / HEAD))
+                pos = torch.full((B,), 40, device=DEV, dtype=torch.long)
+                slot = pos.clone()
+                kc = torch.zeros((B, KVD // HEAD, 64, HEAD), device=DEV, dtype=dt)
+                vc = torch.zeros_like(kc)
             cands = [("cublas", None, lambda w: torch.mm(x, w.t(), out=out))]
-            cands += [("ours", None, ours(None))] + [("ours", c, ours(c)) for c in VARIANTS]
+            cands += [("ours", None, ours(None))]
+            if name in ("qkv", "gate_up", "lm_head"):
+                cands += [("ours-prenorm", None, ours(None, True))]
+            cands += [("ours", c, ours(c)) for c in VARIANTS]
+            if name in ("qkv", "gate_up", "lm_head"):
+                cands += [("ours-prenorm", c, ours(c, True)) for c in VARIANTS[:6]]
             if N % 128 == 0 and name != "down":
                 for xt in (True, False):
                     for c in ((64, 64, 8, 3), (128, 64, 8, 3), (64, 64, 4, 4)):
@@ -127,7 +190,7 @@ def main(argv=None):
                         )
             t0 = time.time()
             for kind, cfg, fn in cands:
-                if time.time() - t0 > args.budget and kind == "ours" and cfg is not None:
+                if time.time() - t0 > args.budget and kind.startswith("ours") and cfg is not None:
                     continue
                 row = dict(B=B, kernel=name, N=N, K=K, n_out=n_out, kind=kind, cfg=cfg)
                 try:
