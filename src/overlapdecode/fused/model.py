@@ -106,8 +106,8 @@ class Tiled:
     swap their tiles (kernels/swap_ab.py), whose own rule chooses them unless an entry of a larger min_batch says
     otherwise."""
 
-    def __init__(self, fn, name: str, w_arg: int, tiles: dict):
-        self.fn, self.w_arg = fn, w_arg
+    def __init__(self, fn, name: str, w_arg: int, tiles: dict, row_block: dict | None = None):
+        self.fn, self.w_arg, self.row_block = fn, w_arg, row_block or {}
         self.tiles: dict = {}  # (N, K) -> [(min_batch, keywords)], min_batch descending
         for key, cfg in tiles.items():
             if key[0] == name:
@@ -116,8 +116,9 @@ class Tiled:
             entries.sort(key=lambda e: -e[0])
 
     def keywords(self, shape: tuple, batch: int) -> dict:
-        """The tile keywords of a weight of `shape` (N, K) at `batch` rows."""
-        return next(
+        """The tile keywords of a weight of `shape` (N, K) at `batch` rows: `row_block`'s up to ROW_TILE rows, under
+        the table's entry for the shape."""
+        entry = next(
             (
                 cfg
                 for min_batch, cfg in self.tiles.get(shape, ())
@@ -125,6 +126,7 @@ class Tiled:
             ),
             {},
         )
+        return {**self.row_block, **entry} if batch <= ROW_TILE else entry
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs, **self.keywords(tuple(args[self.w_arg].shape), args[0].shape[0]))
@@ -145,23 +147,25 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     from .kernels.norm_qkv import norm_qkv, qk_norm_rope
     from .kernels.norm_residual import norm_residual
 
-    # grid targets of the split-K kernels (programs= below): measured by scripts/kernel_sweep.py (docs/KERNELS.md)
+    # grid targets of the row-block split-K kernels (programs= below; swapped launches take swap_ab.swap_tiles's):
+    # measured by scripts/kernel_sweep.py (docs/KERNELS.md)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     tickets = Tickets(device)
     tiles = {} if tiles is None else tiles
     sums = dict(norm_sums=NormSums()) if norm_sums else {}  # one, shared by the writers and readers of h
     return StepOps(
-        Tiled(functools.partial(norm_qkv, programs=4 * sms, tickets=tickets, pdl=pdl, **sums), "norm_qkv", 4, tiles),
+        Tiled(
+            functools.partial(norm_qkv, tickets=tickets, pdl=pdl, **sums), "norm_qkv", 4, tiles, dict(programs=4 * sms)
+        ),
         functools.partial(decode_attention, pdl=pdl, tickets=tickets),
         Tiled(
-            functools.partial(linear_residual, programs=2 * sms, tickets=tickets, pdl=pdl, **sums),
+            functools.partial(linear_residual, tickets=tickets, pdl=pdl, **sums),
             "linear_residual",
             1,
             tiles,
+            dict(programs=2 * sms),
         ),
-        Tiled(
-            functools.partial(norm_linear, programs=2 * sms, tickets=tickets, pdl=pdl, **sums), "norm_linear", 4, tiles
-        ),
+        Tiled(functools.partial(norm_linear, tickets=tickets, pdl=pdl, **sums), "norm_linear", 4, tiles),
         # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
         # 1: GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
         functools.partial(embed, pdl=pdl, **sums),

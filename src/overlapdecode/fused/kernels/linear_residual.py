@@ -193,7 +193,7 @@ def linear_residual(
     branch alone, which records no norm sums); `res_scale`: as there, a constexpr of the launch.
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on); the tile keywords left None are the row-block
     kernel's defaults (32 x 128, 4 warps, 3 stages) or, swapped, swap_ab.swap_tiles's.
-    `programs`: the grid size split-K aims at (default 2 x the SMs); `tickets`: the counters of the split
+    `programs`: the grid size split-K aims at (default 2 x the SMs, or swapped swap_tiles's: one per SM); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
     dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
     result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_linear.NormSums): record the
@@ -204,14 +204,14 @@ def linear_residual(
     has_res = residual is not None
     if not has_res:
         residual, norm_sums = torch.empty((B, N), dtype=x.dtype, device=x.device), None  # never read
-    if programs is None:
-        programs = 2 * sm_count(x.device) if x.is_cuda else 1
     swapped = use_swap(B, swap)
     tiles = (
         swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device))
         if swapped
-        else dict(block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3)
+        else dict(block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3, programs=2 * sm_count(x.device))
     )
+    if programs is None:
+        programs = tiles["programs"] if x.is_cuda else 1
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]

@@ -23,7 +23,19 @@ import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
-from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_prenorm, use_swap
+from .swap_ab import (
+    ROW_TILE,
+    acc_dot,
+    acc_rows,
+    acc_zeros,
+    pair_rows,
+    sm_count,
+    split_limit,
+    swap_tiles,
+    unpair,
+    use_prenorm,
+    use_swap,
+)
 
 ACTS = ("none", "gelu_tanh", "silu_mul", "gelu_tanh_mul")
 # norm kinds of the LAYER constexpr past 0 (RMSNorm) and 1 (LayerNorm): see norm_code
@@ -230,7 +242,7 @@ def norm_tile(
     Face's norms round (0 where `m` is false): the per-tile half of the norm prologue (`norm_stats`). LAYER: 0
     RMSNorm, 1 LayerNorm, 2 Gemma's RMSNorm ((1 + weight) in float32, one rounding), 3 none (x as it is), 4 OLMo2's
     RMSNorm (weight times the float32 normalised x, one rounding)."""
-    if LAYER == 3:
+    if LAYER == 3:  # masked to 0 by the load alone: no register pass, so the tile can reach shared memory directly
         xn = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(dtype)
     else:
         xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
@@ -244,7 +256,8 @@ def norm_tile(
             xn = (xv * rstd[:, None] * g.to(tl.float32)[None, :]).to(dtype)
         else:  # HF RMSNorm: weight * (x * rstd).to(dtype), the product in dtype
             xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
-    return tl.where(m, xn, 0.0).to(dtype)
+        xn = tl.where(m, xn, 0.0).to(dtype)
+    return xn
 
 
 @triton.jit
@@ -383,21 +396,33 @@ def _norm_linear_kernel(
 
     k_lo = pid_k * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
-    acc2 = acc_zeros(BLOCK_M, BLOCK_N, SWAP)  # the up rows of gate/up
+    PAIRED: tl.constexpr = SWAP and ACT >= 2  # gate and up rows in one swapped tile (swap_ab.pair_rows)
+    if PAIRED:
+        w_rows = pair_rows(cols, cols + N, BLOCK_N)
+        w_ok = pair_rows(col_ok, col_ok, BLOCK_N)
+        accp = tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
+        acc2 = acc_zeros(BLOCK_M, BLOCK_N, SWAP)  # the up rows of gate/up
     for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
         xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
-        wm = col_ok[:, None] & k_ok[None, :]
-        wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=wm, other=0.0)
-        acc = acc_dot(acc, xn, wt, SWAP)
-        if ACT >= 2:  # gate/up: the up rows too
-            wu = tl.load(w_ptr + (cols + N)[:, None] * K + kk[None, :], mask=wm, other=0.0)
-            acc2 = acc_dot(acc2, xn, wu, SWAP)
+        if PAIRED:
+            wp = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
+            accp = acc_dot(accp, xn, wp, SWAP)
+        else:
+            wm = col_ok[:, None] & k_ok[None, :]
+            wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=wm, other=0.0)
+            acc = acc_dot(acc, xn, wt, SWAP)
+            if ACT >= 2:  # gate/up: the up rows too
+                wu = tl.load(w_ptr + (cols + N)[:, None] * K + kk[None, :], mask=wm, other=0.0)
+                acc2 = acc_dot(acc2, xn, wu, SWAP)
 
     pdl_release(PDL)
+    if PAIRED:
+        acc, acc2 = unpair(accp, BLOCK_N, BLOCK_M)
     acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
     acc2 = acc_rows(acc2, SWAP)
     if SPLIT > 1:  # partial sums (SPLIT, B, N or 2N) float32; the last program of the tile finishes it
@@ -534,8 +559,8 @@ def norm_linear(
     tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
     Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128).
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on), whose tile keywords left None are
-    swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default 2 x the SMs; the
-    row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
+    swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default swap_tiles's, one program
+    per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
@@ -560,7 +585,7 @@ def norm_linear(
     split = 1
     if swapped:
         if programs is None:
-            programs = 2 * sm_count(x.device) if x.is_cuda else 1
+            programs = tiles["programs"] if x.is_cuda else 1
         split = min(split_k(n_blocks, K, block_k, programs), split_limit(B, K, w.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     if split > 1:

@@ -20,7 +20,18 @@ import triton.language as tl
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
 from .norm_linear import NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
 from .pdl import pdl_launch, pdl_release, pdl_start
-from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_swap
+from .swap_ab import (
+    ROW_TILE,
+    acc_dot,
+    acc_rows,
+    acc_zeros,
+    pair_rows,
+    sm_count,
+    split_limit,
+    swap_tiles,
+    unpair,
+    use_swap,
+)
 
 
 def rope_cos_sin(inv_freq, rope_scale: float, pos, dtype):
@@ -282,20 +293,31 @@ def _norm_qkv_kernel(
 
     k_lo = pid_k * K_CHUNK
     k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    acc1 = acc_zeros(BLOCK_M, HALF, SWAP)
-    acc2 = acc_zeros(BLOCK_M, HALF, SWAP)
+    if SWAP:  # each pair's two rows in one tile (swap_ab.pair_rows)
+        w_rows = pair_rows(w1, w2, HALF)
+        w_ok = pair_rows(dim_ok, dim_ok, HALF)
+        accp = tl.zeros((2 * HALF, BLOCK_M), dtype=tl.float32)
+    else:
+        acc1 = acc_zeros(BLOCK_M, HALF, SWAP)
+        acc2 = acc_zeros(BLOCK_M, HALF, SWAP)
     for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
         xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
-        wm = dim_ok[:, None] & k_ok[None, :]
-        wa = tl.load(w_ptr + w1[:, None] * K + kk[None, :], mask=wm, other=0.0)
-        wb = tl.load(w_ptr + w2[:, None] * K + kk[None, :], mask=wm, other=0.0)
-        acc1 = acc_dot(acc1, xn, wa, SWAP)
-        acc2 = acc_dot(acc2, xn, wb, SWAP)
+        if SWAP:
+            wp = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
+            accp = acc_dot(accp, xn, wp, SWAP)
+        else:
+            wm = dim_ok[:, None] & k_ok[None, :]
+            wa = tl.load(w_ptr + w1[:, None] * K + kk[None, :], mask=wm, other=0.0)
+            wb = tl.load(w_ptr + w2[:, None] * K + kk[None, :], mask=wm, other=0.0)
+            acc1 = acc_dot(acc1, xn, wa, SWAP)
+            acc2 = acc_dot(acc2, xn, wb, SWAP)
 
     pdl_release(PDL)
+    if SWAP:
+        acc1, acc2 = unpair(accp, HALF, BLOCK_M)
     acc1 = acc_rows(acc1, SWAP)  # (BLOCK_M, HALF) from here on
     acc2 = acc_rows(acc2, SWAP)
     finish = True
@@ -369,7 +391,7 @@ def norm_qkv(
     head_dim: int,
     half: int | None = None,
     block_k: int | None = None,
-    programs: int = 1,
+    programs: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
     tickets: Tickets | None = None,
@@ -383,7 +405,8 @@ def norm_qkv(
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
     first-half dimensions and their partners (default: up to 32, one head's at most; swapped, swap_ab.swap_tiles's);
-    with fewer tiles than `programs`, K is split as in linear_residual (`tickets`: the counters, as there).
+    with fewer tiles than `programs` (default: 1, no split; swapped, swap_tiles's one per SM), K is split as in
+    linear_residual (`tickets`: the counters, as there).
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on); the tile keywords left None are the row-block
     kernel's (K tiles of 256, 4 warps, 3 stages) or swap_ab.swap_tiles's. `norm_sums`: where x's RMSNorm sums of
     squares may have been recorded by its writer (NormSums). `norm_w` None (no norm), `q_norm`, `k_norm`,
@@ -434,6 +457,8 @@ def norm_qkv(
         tiles = triton.cdiv(halves, half)
     block_k = block_k or plan["block_k"]
     q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
+    if programs is None:  # row-block: no split; swapped: swap_tiles's target
+        programs = plan["programs"] if swapped and x.is_cuda else 1
     split = split_k(tiles, K, block_k, programs)
     if swapped:
         split = min(split, split_limit(B, K, w.element_size()))

@@ -3,25 +3,27 @@
 Why: the row-block kernels compute a (16 rows x BLOCK_N outputs) tile per program, `tl.dot(x, w^T)`, with the
 batch as the MMA's M. Past 16 rows they launch one grid per 16 rows, and each grid reads the whole weight matrix
 again (from HBM: a layer's matrices are larger than the L2): at 64 rows four times, at 128 rows eight. Swapped,
-a program holds a tile of BLOCK_N weight rows as the MMA's M (64 or 128, a Hopper warpgroup MMA's natural M) and
+a program holds a tile of BLOCK_N weight rows as the MMA's M (32 to 128; from 64 a Hopper warpgroup MMA) and
 all the rows of the batch, padded to a power of two from 16 to 128, as its N: `tl.dot(w, x^T)`, acc
 (BLOCK_N, BLOCK_M). Each weight byte is then read once for up to 128 rows, on tensor cores in 16-bit dtypes,
 and the same prologues and epilogues (norm, RoPE and the cache write, SiLU-mul, GELU, bias, residual, the norm
 sums) run on the transposed accumulator (`acc_rows`), so nothing else of a kernel changes.
 
-The rule (`use_swap`, `swap_tiles`), from the row count and the weight's shape, reasoned, not measured (the
-sweep of scripts/scale_sweep.sh measures it):
+The rule (`use_swap`, `swap_tiles`), from the row count and the weight's shape:
 - swapped from 17 rows on: up to 16 rows one row block already reads the weights once, and its tiles are the
   measured ones (docs/KERNELS.md);
 - BLOCK_M = the rows rounded up to a power of two, 16 .. 128 (more rows: several row blocks of 128);
-- BLOCK_N = 128 weight rows for one accumulator of up to 64 rows where the matrix has at least one such tile
-  per SM, else 64 (more programs; gate/up and QKV hold two accumulators);
-- 8 warps (two warpgroups), 3 stages, BLOCK_K 64, or 32 where the accumulators hold more than 8 K floats (gate/up
-  and QKV at 128 rows), halved further while a pipeline stage exceeds the shared-memory budget. These are the
-  tiles ptxas compiles for sm_90 without spilling registers (or a few dozen bytes), to warpgroup MMAs
-  (tests/test_kernel_compile.py); 4 warps, BLOCK_K 128 or BLOCK_N 128 at 128 rows spilled hundreds of bytes;
-- split-K (`split_k`, as the row-block kernels) until the grid reaches the kernel's program target, but never
-  so far that the float32 partial sums (SPLIT x B x N) outweigh the weight bytes they serve.
+- the weight rows per program (BLOCK_N times the accumulators' pairing: gate/up's and QKV's two rows of a pair are
+  one tile, `pair_rows`): the widest of 128, 64 and 32 that still gives every SM a tile, else 32; 8 warps at 128
+  weight rows or 128 batch rows (4 would spill the accumulator's epilogue: tests/test_kernel_compile.py), else 4.
+  Why: a swapped program's cost is its weight tile's bytes, so the widest tile wins while the grid fills the
+  GPU, and below that a narrower tile is cheaper than a deeper K split (each split writes and reads float32
+  partials of all the rows);
+- K tiles of 64, 4 stages, K tiles halved while a pipeline stage exceeds the shared-memory budget;
+- split-K (`split_k`, as the row-block kernels) until the grid reaches one program per SM, but never so far
+  that the float32 partial sums (SPLIT x B x N) outweigh the weight bytes they serve.
+Measured on an H200 at the Llama-1B shape, each projection alone at 64 and 128 rows against cuBLAS and a plain
+Triton GEMM of the same orientation: scripts/swap_sweep.py, docs/KERNELS.md.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import triton.language as tl
 ROW_TILE = 16  # rows per program of the row-block kernels (the MMA's smallest M, and N)
 MAX_BATCH_TILE = 128  # rows per program of the swapped kernels
 SMEM_BUDGET = 160 * 1024  # bytes of shared memory a swapped kernel's pipeline may take (H100/H200: 227 KB)
-MAX_ACC = 8 * 1024  # float32 accumulator elements per program with K tiles of 64 (32 registers per thread at 8 warps)
+WEIGHT_TILES = (128, 64, 32)  # weight rows per swapped program, widest first (swap_tiles)
 
 
 def use_swap(rows: int, swap: bool | None = None) -> bool:
@@ -57,16 +59,24 @@ def batch_tile(rows: int) -> int:
     return min(MAX_BATCH_TILE, max(ROW_TILE, triton.next_power_of_2(rows)))
 
 
-def swap_tiles(rows: int, n_out: int, K: int, elt_bytes: int, accs: int, sms: int, stages: int = 3) -> dict:
-    """Tile keywords of a swapped launch (block_m, block_n, block_k, num_warps, num_stages) for a weight of
-    `n_out` output rows per accumulator (`accs` of them: gate/up 2, QKV's two halves of a head 2) and K inputs of
-    `elt_bytes` bytes each, on a GPU of `sms` SMs (see the module docstring)."""
+def swap_tiles(rows: int, n_out: int, K: int, elt_bytes: int, accs: int, sms: int, stages: int = 4) -> dict:
+    """Tile keywords of a swapped launch (block_m, block_n, block_k, num_warps, num_stages, programs: the grid
+    split-K aims at) for a weight of `n_out` output rows per accumulator (`accs` of them paired in one tile:
+    gate/up 2, QKV's two halves of a head 2) and K inputs of `elt_bytes` bytes each, on a GPU of `sms` SMs (see the
+    module docstring)."""
     block_m = batch_tile(rows)
-    block_n = 128 if accs == 1 and block_m <= 64 and triton.cdiv(n_out, 128) >= sms else 64
-    block_k = 64 if accs * block_n * block_m <= MAX_ACC else 32
-    while block_k > 16 and (accs * block_n + block_m) * block_k * elt_bytes * stages > SMEM_BUDGET:
+    tile = next((t for t in WEIGHT_TILES if triton.cdiv(accs * n_out, t) >= sms), WEIGHT_TILES[-1])
+    block_k = 64
+    while block_k > 16 and (tile + block_m) * block_k * elt_bytes * stages > SMEM_BUDGET:
         block_k //= 2
-    return dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=8, num_stages=stages)
+    return dict(
+        block_m=block_m,
+        block_n=tile // accs,
+        block_k=block_k,
+        num_warps=8 if tile == 128 or block_m == MAX_BATCH_TILE else 4,
+        num_stages=stages,
+        programs=sms,
+    )
 
 
 def split_limit(rows: int, K: int, elt_bytes: int) -> int:
@@ -102,6 +112,23 @@ def acc_rows(acc, SWAP: tl.constexpr):
         return tl.trans(acc)
     else:
         return acc
+
+
+@triton.jit
+def pair_rows(a, b, HALF: tl.constexpr):
+    """(2 * HALF,) from two (HALF,) tensors, interleaved: a[0], b[0], a[1], b[1], ...: the weight rows (or their
+    masks) of a paired tile, gate/up's gate and up rows or QKV's rotary pairs, so that a swapped program multiplies
+    both in one MMA per K tile. Why: two dots per K tile on their own accumulators each ended in a wait for the
+    tensor cores (sm_90 PTX: `wgmma.wait_group 0` after each, where one dot keeps one group in flight) and ran at
+    half a plain GEMM's bandwidth (scripts/swap_sweep.py)."""
+    return tl.reshape(tl.join(a, b), (2 * HALF,))
+
+
+@triton.jit
+def unpair(acc, HALF: tl.constexpr, BLOCK_M: tl.constexpr):
+    """A swapped accumulator of paired rows (2 * HALF, BLOCK_M) (pair_rows's order) -> the a rows' and the b rows'
+    (HALF, BLOCK_M) each."""
+    return tl.split(tl.permute(tl.reshape(acc, (HALF, 2, BLOCK_M)), (0, 2, 1)))
 
 
 @functools.cache
