@@ -4,15 +4,16 @@ the figures): ms/step, tok/s, MBU and the per-layer toll with the KV bytes each 
     python3 scripts/scale_sweep.py --out DIR [--model llama-1b-random] [--dtype bfloat16]
         [--rows 1,16,32,64,128] [--prompts 32] [--long-rows 1,8] [--long-prompts 4096,8192,16384]
         [--strategies fused,interleaved] [--new-tokens 64] [--long-new-tokens 32] [--repeats 3]
-        [--time-budget 120] [--no-kernels] [--prenorm rule|never]
+        [--time-budget 120] [--no-kernels] [--prenorm rule|never|always]
 
 Points run short prompts first, every strategy at a point before the next; past --time-budget seconds (from the
 start, the model's load included) no new point starts and the rest are listed as not run. The fused prefill runs
 eagerly (compiled, it would compile per batch and prompt bucket; the decode figures do not need it): its TTFT is
 the eager prefill's. DIR gets scale.json, scale.md (the table) and, unless --no-kernels, one profiler trace per
 point (traces/). A point that runs out of memory is recorded as such. On CPU it runs too (no bandwidth, hence no
-MBU or toll; no kernel counts): `--model tiny-llama --dtype float32`. `--prenorm never`: the swapped launches
-normalise their rows in registers at every row count (swap_ab.use_prenorm's rule replaced), to measure that rule.
+MBU or toll; no kernel counts): `--model tiny-llama --dtype float32`. `--prenorm never` / `always`: the swapped launches
+normalise their rows in registers / by one launch beforehand at every row count (swap_ab.use_prenorm's rule
+replaced), to measure that rule.
 """
 
 from __future__ import annotations
@@ -54,17 +55,17 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--time-budget", type=float, default=120.0)
     ap.add_argument("--no-kernels", action="store_true", help="no profiler trace per point (no kernels/step)")
-    ap.add_argument("--prenorm", choices=("rule", "never"), default="rule", help="default: %(default)s")
+    ap.add_argument("--prenorm", choices=("rule", "never", "always"), default="rule", help="default: %(default)s")
     args = ap.parse_args(argv)
     if args.new_tokens < 2 or args.long_new_tokens < 2:
         ap.error("--new-tokens and --long-new-tokens must be >= 2 (decode time = call of N - call of 1)")
     if os.path.exists(os.path.join(args.out, "scale.json")):
         ap.error(f"--out {args.out} already holds a sweep (scale.json); choose another directory")
     strategies = [s for s in args.strategies.split(",") if s]
-    if args.prenorm == "never":  # the one place that decides it (norm_linear.swapped_operand) reads this name
+    if args.prenorm != "rule":  # the one place that decides it (norm_linear.swapped_operand) reads this name
         from overlapdecode.fused.kernels import norm_linear
 
-        norm_linear.use_prenorm = lambda rows: False
+        norm_linear.use_prenorm = lambda rows: args.prenorm == "always"
     os.makedirs(args.out, exist_ok=True)
     traces = None if args.no_kernels else os.path.join(args.out, "traces")
     if traces:

@@ -18,7 +18,17 @@ import triton
 import triton.language as tl
 
 from .pdl import pdl_launch, pdl_release, pdl_start
-from .swap_ab import ROW_TILE, acc_dot, acc_rows, acc_zeros, sm_count, split_limit, swap_tiles, use_swap
+from .swap_ab import (
+    ROW_TILE,
+    acc_dot,
+    acc_rows,
+    acc_zeros,
+    sm_count,
+    split_k,
+    split_limit,
+    swap_tiles,
+    use_swap,
+)
 
 
 def linear_residual_ref(x, w, b, residual, res_scale: float | None = None):
@@ -29,14 +39,6 @@ def linear_residual_ref(x, w, b, residual, res_scale: float | None = None):
     if res_scale is not None:
         y = y * res_scale
     return y if residual is None else residual + y
-
-
-def split_k(n_blocks: int, K: int, block_k: int, programs: int) -> int:
-    """How many K ranges: enough programs to fill `programs` slots, each range at least 4 K tiles long."""
-    split = 1
-    while n_blocks * split < programs and K // (2 * split) >= 4 * block_k:
-        split *= 2
-    return split
 
 
 class Tickets:

@@ -14,12 +14,14 @@ The rule (`use_swap`, `swap_tiles`), from the row count and the weight's shape:
   measured ones (docs/KERNELS.md);
 - BLOCK_M = the rows rounded up to a power of two, 16 .. 128 (more rows: several row blocks of 128);
 - the weight rows per program (BLOCK_N times the accumulators' pairing: gate/up's and QKV's two rows of a pair are
-  one tile, `pair_rows`): the widest of 128, 64 and 32 that still gives every SM a tile, else 32; 8 warps at 128
-  weight rows or 128 batch rows (4 would spill the accumulator's epilogue: tests/test_kernel_compile.py), else 4.
-  Why: a swapped program's cost is its weight tile's bytes, so the widest tile wins while the grid fills the
-  GPU, and below that a narrower tile is cheaper than a deeper K split (each split writes and reads float32
-  partials of all the rows);
-- K tiles of 64, 4 stages, K tiles halved while a pipeline stage exceeds the shared-memory budget;
+  one tile, `pair_rows`): the widest of 128, 64 and 32 that still gives every SM a tile unsplit; where none does,
+  64 if the split that fills the SMs with 64-row tiles leaves each program at least twice the pipeline's depth of
+  K tiles (Llama-1B's down projection, K 8192), else 32 (its O projection, K 2048: 64-row tiles would need K
+  ranges of 4 tiles); 8 warps at 128 weight rows or 128 batch rows (4 would spill the accumulator's epilogue:
+  tests/test_kernel_compile.py), else 4. Why: each program reads every batch row of x for its K range, so the
+  widest tile moves the fewest bytes, while the GPU is full and each program's loads still overlap;
+- K tiles of 64, 4 stages, K tiles halved while a pipeline stage (at 128 weight rows) exceeds the shared-memory
+  budget;
 - split-K (`split_k`, as the row-block kernels) until the grid reaches one program per SM, but never so far
   that the float32 partial sums (SPLIT x B x N) outweigh the weight bytes they serve.
 Measured on an H200 at the Llama-1B shape, each projection alone at 64 and 128 rows against cuBLAS and a plain
@@ -65,10 +67,13 @@ def swap_tiles(rows: int, n_out: int, K: int, elt_bytes: int, accs: int, sms: in
     gate/up 2, QKV's two halves of a head 2) and K inputs of `elt_bytes` bytes each, on a GPU of `sms` SMs (see the
     module docstring)."""
     block_m = batch_tile(rows)
-    tile = next((t for t in WEIGHT_TILES if triton.cdiv(accs * n_out, t) >= sms), WEIGHT_TILES[-1])
     block_k = 64
-    while block_k > 16 and (tile + block_m) * block_k * elt_bytes * stages > SMEM_BUDGET:
+    while block_k > 16 and (128 + block_m) * block_k * elt_bytes * stages > SMEM_BUDGET:
         block_k //= 2
+    tile = next((t for t in WEIGHT_TILES if triton.cdiv(accs * n_out, t) >= sms), None)
+    if tile is None:  # no width fills the SMs unsplit: 64 if its split leaves each program a pipelined K loop
+        split = split_k(triton.cdiv(accs * n_out, 64), K, block_k, sms)
+        tile = 64 if K // split >= 2 * stages * block_k else 32
     return dict(
         block_m=block_m,
         block_n=tile // accs,
@@ -77,6 +82,14 @@ def swap_tiles(rows: int, n_out: int, K: int, elt_bytes: int, accs: int, sms: in
         num_stages=stages,
         programs=sms,
     )
+
+
+def split_k(n_blocks: int, K: int, block_k: int, programs: int) -> int:
+    """How many K ranges: enough programs to fill `programs` slots, each range at least 4 K tiles long."""
+    split = 1
+    while n_blocks * split < programs and K // (2 * split) >= 4 * block_k:
+        split *= 2
+    return split
 
 
 def split_limit(rows: int, K: int, elt_bytes: int) -> int:
