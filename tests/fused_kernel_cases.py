@@ -161,13 +161,13 @@ def test_swapped_and_row_block_tiles_match_the_references(B, swap):
 
 
 @pytest.mark.parametrize("style", ["rms", "rms_offset", "rms_f32", "layer"])
-def test_prenormalised_rows_of_the_widest_batch_tile(style):
-    """From 65 rows on (swap_ab.use_prenorm) the swapped kernels multiply rows normalised by one launch beforehand
+def test_prenormalised_rows_of_the_swapped_launches(style):
+    """From 17 rows on (swap_ab.use_prenorm) the swapped kernels multiply rows normalised by one launch beforehand
     (normalized_rows): every norm style as the references round it, from x or from recorded sums of squares, and
     norm_linear / norm_qkv on those rows equal to their references, on odd shapes."""
     torch.manual_seed(len(style))
     B, K, N = 67, 72, 50
-    assert use_prenorm(B) and use_prenorm(128) and not use_prenorm(64)  # the widest batch tile only
+    assert use_prenorm(B) and use_prenorm(17) and not use_prenorm(16)  # where the launches swap by default
     x = rnd(B, K) + 0.5
     nw, nb = rnd(K, scale=0.3) + 1, (rnd(K, scale=0.1) if style == "layer" else None)
     rms = "rms" if style == "layer" else style

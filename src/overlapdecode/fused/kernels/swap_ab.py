@@ -49,11 +49,13 @@ def use_swap(rows: int, swap: bool | None = None) -> bool:
 
 def use_prenorm(rows: int) -> bool:
     """Whether a swapped launch over `rows` rows multiplies rows normalised beforehand (norm_linear.normalized_rows,
-    one launch more) instead of normalising each K tile in registers: where the batch tile is the largest (128),
-    as the register-computed operand grows with it. Measured on an H200 at the Llama-1B shape (bfloat16, the fused
-    step, scripts/scale_sweep.py at a2a24cc, every swapped launch pre-normalised, against e3c189c's): 128 rows 3.298
-    -> 3.036 ms/step, 64 rows 1.797 -> 1.795, 32 rows 1.436 -> 1.453."""
-    return batch_tile(rows) == MAX_BATCH_TILE
+    one launch more) instead of normalising each K tile in registers: wherever the launch would swap by default
+    (from ROW_TILE + 1 rows), since then x reaches shared memory by asynchronous copies like the weights, where the
+    register-normalised tile is stored there by the program in every K step. Measured on an H200 at the Llama-1B
+    shape (bfloat16, the fused step, scripts/scale_sweep.py at c95e6ac, `--prenorm always` against the rule of the
+    time, pre-normalised from 65 rows only): 32 rows 1.112 against 1.214 ms/step, 64 rows 1.311 against 1.490; at
+    128 rows (a2a24cc against e3c189c) 3.036 against 3.298."""
+    return rows > ROW_TILE
 
 
 def batch_tile(rows: int) -> int:
