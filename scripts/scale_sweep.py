@@ -27,7 +27,7 @@ import torch
 
 import overlapdecode as od
 from overlapdecode.bench import scale
-from overlapdecode.bench.worker import device_bandwidth_gbs, weight_bytes
+from overlapdecode.bench.worker import device_bandwidth_gbs, step_weight_bytes, weight_bytes
 
 
 def _ints(text: str) -> list[int]:
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     model = od.load_model(args.model, dtype=args.dtype)
     device = next(model.parameters()).device
     bandwidth = device_bandwidth_gbs(device)
-    wbytes = weight_bytes(model)
+    wbytes = weight_bytes(model)  # the whole model's; a point's figures count the experts its rows can reach
 
     # the fused prefill runs eagerly: compiled it would compile once per batch and prompt bucket (tens of seconds
     # each on a 1B model), which the decode figures do not need; TTFT is then the eager prefill's
@@ -97,9 +97,10 @@ def main(argv=None) -> int:
             result["not_run"] = [list(p) for p in todo[i:]]
             break
         n = args.new_tokens if prompt_len in args.prompts else args.long_new_tokens
+        step_bytes = step_weight_bytes(model, rows)  # a mixture of experts' step reads only min(E, rows x k) experts
         try:
             row = scale.measure_point(
-                decoder, model, name, rows, prompt_len, n, args.repeats, bandwidth, wbytes, traces
+                decoder, model, name, rows, prompt_len, n, args.repeats, bandwidth, step_bytes, traces
             )
         except torch.OutOfMemoryError:
             row = dict(strategy=name, rows=rows, prompt_len=prompt_len, error="out of memory")
