@@ -293,8 +293,9 @@ def _norm_rows_kernel(
 
 
 def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tuple, pdl: int = 0) -> torch.Tensor:
-    """x (B, K) normalised as the kernels' prologue normalises it (norm_stats, then norm_tile: the same code,
-    hence the same bits), in x's dtype: what a swapped launch multiplies. Why: inside a swapped program the
+    """x (B, K) normalised as the kernels' prologue normalises it (norm_stats, then norm_tile: the same code; the
+    same bits where the statistics come from recorded sums, while from x its K tiles of up to 1024 group the sum
+    of squares otherwise than a kernel's K tiles, a float32 ulp apart), in x's dtype: what a swapped launch multiplies. Why: inside a swapped program the
     normalised tile is computed in registers, so it reaches the MMA through a register-to-shared store in every
     K step instead of an asynchronous copy, and each program repeats the row statistics over all of K for up to
     128 rows; scripts/swap_sweep.py on an H200 measured the swapped gate/up at 128 rows 5x slower than the same
@@ -327,11 +328,15 @@ def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tu
     return out
 
 
-def swapped_operand(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tuple, pdl: int, swapped: bool):
+def swapped_operand(
+    x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tuple, pdl: int, swapped: bool, prenorm: bool | None
+):
     """What a launch multiplies and how it normalises it: (x, norm_w, norm_b, sums_arg) as given, or, for a swapped
-    launch where swap_ab.use_prenorm says, the rows normalised beforehand (normalized_rows) with no norm left to
-    the kernel."""
-    if not (swapped and norm_w is not None and use_prenorm(x.shape[0])):
+    launch where `prenorm` (None: swap_ab.use_prenorm) says, the rows normalised beforehand (normalized_rows) with no
+    norm left to the kernel."""
+    if prenorm is None:
+        prenorm = use_prenorm(x.shape[0])
+    if not (swapped and norm_w is not None and prenorm):
         return x, norm_w, norm_b, sums_arg
     xn = normalized_rows(x, norm_w, norm_b, eps, norm_style, sums_arg, pdl)
     return xn, None, None, (xn, 0, 0)
@@ -553,6 +558,7 @@ def norm_linear(
     norm_style: str = "rms",
     logit_div: float | None = None,
     softcap: float | None = None,
+    prenorm: bool | None = None,
 ):
     """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
     there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
@@ -561,7 +567,8 @@ def norm_linear(
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on), whose tile keywords left None are
     swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default swap_tiles's, one program
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
-    `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums)."""
+    `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums). `prenorm`: whether
+    a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     B, K = x.shape
@@ -570,7 +577,7 @@ def norm_linear(
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
     swapped = use_swap(B, swap)
     x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
-        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped
+        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm
     )
     accs = 2 if gated else 1
     tiles = (

@@ -401,6 +401,7 @@ def norm_qkv(
     q_norm=None,
     k_norm=None,
     norm_style: str = "rms",
+    prenorm: bool | None = None,
 ):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
@@ -411,7 +412,8 @@ def norm_qkv(
     kernel's (K tiles of 256, 4 warps, 3 stages) or swap_ab.swap_tiles's. `norm_sums`: where x's RMSNorm sums of
     squares may have been recorded by its writer (NormSums). `norm_w` None (no norm), `q_norm`, `k_norm`,
     `norm_style` and a partial rotary inv_freq: as in norm_qkv_ref; with `q_norm` a program owns one whole head
-    (`half` at least D/2)."""
+    (`half` at least D/2). `prenorm`: whether a swapped launch multiplies rows normalised beforehand (None:
+    swap_ab.use_prenorm)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
@@ -430,7 +432,7 @@ def norm_qkv(
         )
     swapped = use_swap(B, swap)
     x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
-        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped
+        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm
     )
     if swapped:
         plan = swap_tiles(B, halves, K, w.element_size(), 2, sm_count(x.device))

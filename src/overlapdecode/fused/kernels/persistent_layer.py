@@ -1188,7 +1188,8 @@ def matching_ops(plan: LayerPlan, pdl: int = 0, tickets=None, norm_sums: NormSum
     launches the persistent layer equals (the same partial sums in the same order). `tickets`: their split
     counters (linear_residual.Tickets; default fresh zeros per launch). `norm_sums`: the RMSNorm sums handed from
     the O and down projections to the norms that read their outputs, as a PersistentLayer with norm_sums hands
-    them (a NormSums(min_rows=1); None: every norm reads its whole row, as with norm_sums=False)."""
+    them (a NormSums(min_rows=1); None: every norm reads its whole row, as with norm_sums=False). The norms run in
+    the kernels' prologues (prenorm=False), as the persistent layer's do."""
     import functools
 
     from ..model import StepOps  # the model module imports the kernels, not this one: no cycle
@@ -1240,12 +1241,20 @@ def matching_ops(plan: LayerPlan, pdl: int = 0, tickets=None, norm_sums: NormSum
             tickets=tickets,
             pdl=pdl,
             norm_sums=norm_sums,
+            prenorm=False,
         ),
         functools.partial(
             decode_attention, num_splits=plan.att_splits, block_n=plan.att_block_n, pdl=pdl, tickets=tickets
         ),
         linear,
-        functools.partial(norm_linear, block_n=plan.up_block_n, block_k=plan.up_block_k, pdl=pdl, norm_sums=norm_sums),
+        functools.partial(
+            norm_linear,
+            block_n=plan.up_block_n,
+            block_k=plan.up_block_k,
+            pdl=pdl,
+            norm_sums=norm_sums,
+            prenorm=False,
+        ),
         None,
         None,
     )
