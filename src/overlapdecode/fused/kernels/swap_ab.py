@@ -52,9 +52,10 @@ def use_prenorm(rows: int) -> bool:
     one launch more) instead of normalising each K tile in registers: wherever the launch would swap by default
     (from ROW_TILE + 1 rows), since then x reaches shared memory by asynchronous copies like the weights, where the
     register-normalised tile is stored there by the program in every K step. Measured on an H200 at the Llama-1B
-    shape (bfloat16, the fused step, scripts/scale_sweep.py at c95e6ac, `--prenorm always` against the rule of the
-    time, pre-normalised from 65 rows only): 32 rows 1.112 against 1.214 ms/step, 64 rows 1.311 against 1.490; at
-    128 rows (a2a24cc against e3c189c) 3.036 against 3.298."""
+    shape (bfloat16, the fused step, scripts/scale_sweep.py; results/h200/llama-1b-prenorm-rows): 64 rows 1.311 ms
+    per step pre-normalised (c95e6ac `--prenorm always`, and fc6b970) against 1.490-1.580 in registers (three runs
+    at 03e1384 and c95e6ac); 128 rows 1.817 against 2.617 (03e1384, `--prenorm never`); at 32 rows the runs
+    overlap (1.089 and 1.112 against 1.061 and 1.214)."""
     return rows > ROW_TILE
 
 
