@@ -382,6 +382,15 @@ def pretrained_config(name_or_path: str, what: str | None = None):
     return config
 
 
+def _embedded_attention(cls, config, asked: str) -> str:
+    """The attention implementation an embedded model is built with: `asked`, but eager in place of SDPA for a class
+    that has no SDPA attention (gpt-oss) and for a config that soft-caps the attention logits (Gemma 2: Hugging Face's
+    SDPA attention skips the cap, and later transformers versions refuse the pair)."""
+    if asked == "sdpa" and (not cls._supports_sdpa or getattr(config, "attn_logit_softcapping", None) is not None):
+        return "eager"
+    return asked
+
+
 def load_model(
     name_or_path: str,
     dtype: str | torch.dtype = "float32",
@@ -393,7 +402,8 @@ def load_model(
     """Return a causal LM in eval mode on `device` (default: CUDA if available, else CPU).
 
     `name_or_path` is an embedded name (see EMBEDDED; random weights drawn with `seed`), a local directory
-    or a hub name (both through `from_pretrained`; hub names need network access).
+    or a hub name (both through `from_pretrained`; hub names need network access). `attn_implementation` is Hugging
+    Face's; an embedded gpt-oss (no SDPA attention) or Gemma 2 (attention soft-capping) takes eager in place of SDPA.
 
     `tp=N` > 1, in each process of `torchrun --nproc-per-node N`: this rank's tensor-parallel shard (tp.py),
     on cuda:LOCAL_RANK when `device` is CUDA without an index; torch.distributed is started if the caller
@@ -410,13 +420,13 @@ def load_model(
 
     if name_or_path in EMBEDDED:
         config = embedded_config(name_or_path)
-        config._attn_implementation = attn_implementation
+        cls = _CAUSAL_LM[config.model_type]
+        config._attn_implementation = _embedded_attention(cls, config, attn_implementation)
         place = tensor_parallel.prepare(tp, device, config)  # validates tp on every rank; starts the group
         tensor_parallel.check_same_on_every_rank(
             place, name_or_path=name_or_path, dtype=str(torch_dtype), seed=seed, attn_implementation=attn_implementation
         )
         device = place.device
-        cls = _CAUSAL_LM[config.model_type]
         if name_or_path in _LLAMA_SHAPES or name_or_path in _SMALL_SHAPES:  # drawn as shards: a 70B never exists whole
             model = random_init.random_model(cls, config, place, torch_dtype, seed)
         else:
