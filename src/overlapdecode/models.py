@@ -4,12 +4,21 @@ The embedded configs exist so that the benchmark and the tests run with no downl
 GPT-2 124M architecture with random weights (the benchmark's reference model), `tiny-gpt2` and
 `tiny-llama` are small enough for CPU tests. The `llama-*-random` shapes are Llama-3's; `smollm2-*-random` and
 `qwen2.5-*-random` are smaller Llama-family shapes with other head counts and GQA ratios (SmolLM2-360M and -1.7B,
-Qwen2.5-0.5B and -1.5B, the Qwen2 ones with their QKV biases), to measure the fused step on. Three more families
+Qwen2.5-0.5B and -1.5B, the Qwen2 ones with their QKV biases), to measure the fused step on. Other families
 at real size, with their own vocabularies: `qwen3-0.6b-random` (Qwen3-0.6B: RMSNorm on each head's queries and
 keys), `gemma3-1b-random` (Gemma-3-1B: five 512-token sliding-window layers to one global layer, each kind with
 its own RoPE base) and `qwen3-moe-random` (a mixture of experts cut down from Qwen3-30B-A3B: its layer, 12 of its
-48 layers and 32 of its 128 experts, 8 experts per token; 2.7B parameters). Random weights give the same time per
-token as trained ones; only the text is meaningless, which the command line says.
+48 layers and 32 of its 128 experts, 8 experts per token; 2.7B parameters). `phi3-mini-random` is
+Phi-3.5-mini-instruct (3.8B: Q/K/V and gate/up each one matrix as shipped, LongRoPE to 128K positions).
+`olmo2-1b-random` is OLMo-2-0425-1B (1.5B: RMSNorm after each branch and none before, Q/K norms over the whole
+projection). `smollm3-3b-random` is SmolLM3-3B (3.1B: every fourth layer without RoPE). `granite-3b-random` is
+granite-3.1-2b-instruct (2.5B: its embedding, attention, residual and logit multipliers). `gemma2-2b-random` is
+gemma-2-2b (2.6B: 4096-token sliding-window and global layers alternating, attention and final logits soft-capped,
+built with eager attention since Hugging Face's SDPA attention skips the cap). `mixtral-random` is Mixtral-8x7B's
+layer in 8 of its 32 layers (8 experts, 2 per token; 11.9B parameters). `gpt-oss-random` is gpt-oss-20b's layer in
+12 of its 24 layers (32 experts with biases, 4 per token, attention sinks, 128-token sliding and full layers
+alternating, YaRN; 11.0B parameters, eager attention: its class has no SDPA one). Random weights give the same time
+per token as trained ones; only the text is meaningless, which the command line says.
 Their tokenizer is the byte-level one of tokenizer.py (random text out, but text in and out with no download).
 
 Every argument is checked before anything is built or downloaded: a device that does not exist, a seed a
@@ -30,18 +39,32 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
+    GptOssConfig,
+    GptOssForCausalLM,
+    GraniteConfig,
+    GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 from . import random_init
@@ -62,6 +85,13 @@ EMBEDDED = (
     "qwen3-0.6b-random",
     "gemma3-1b-random",
     "qwen3-moe-random",
+    "phi3-mini-random",
+    "olmo2-1b-random",
+    "smollm3-3b-random",
+    "granite-3b-random",
+    "gemma2-2b-random",
+    "mixtral-random",
+    "gpt-oss-random",
     "tiny-gpt2",
     "tiny-llama",
 )
@@ -101,6 +131,20 @@ _SMALL_SHAPES = {
 # Real-size shapes of other families: (config class, its arguments), as the published configs give them. Random
 # weights as Hugging Face initialises each family (Gemma's norms scale by 1 + weight: zeros), made on the device.
 _GEMMA3_1B_LAYERS = 26
+# Phi-3.5-mini-instruct's LongRoPE factors, one per rotary pair (head size 96: 48 pairs), rounded to two decimals:
+# the short table up to 4096 positions, the long one past them
+_PHI35_SHORT_FACTOR = [1.0, 1.02, 1.03, 1.03, 1.05, 1.05, 1.05, 1.05, 1.05, 1.07, 1.1, 1.11, 1.16, 1.16, 1.17, 1.29]
+_PHI35_SHORT_FACTOR += [1.34, 1.68, 1.79, 1.82, 1.85, 1.88, 1.91, 1.94, 1.99, 2.02, 2.02, 2.02, 2.02, 2.02, 2.02, 2.03]
+_PHI35_SHORT_FACTOR += [2.03, 2.03, 2.03, 2.03, 2.03, 2.03, 2.03, 2.03, 2.08, 2.09, 2.19, 2.22, 2.59, 2.73, 2.75, 2.84]
+_PHI35_LONG_FACTOR = [1.08, 1.11, 1.14, 1.34, 1.59, 1.6, 1.62, 2.62, 3.23, 3.23, 4.79, 7.4, 7.7, 9.09, 12.2, 17.67]
+_PHI35_LONG_FACTOR += [24.46, 28.57, 30.42, 30.84, 32.59, 32.93, 42.32, 44.96, 50.34, 50.45, 57.55, 57.93, 58.21, 60.14]
+_PHI35_LONG_FACTOR += [62.61, 62.62, 62.71, 63.14, 63.14, 63.77, 63.93, 63.96, 63.97, 64.03, 64.07, 64.08, 64.12, 64.41]
+_PHI35_LONG_FACTOR += [64.48, 64.51, 64.53, 64.84]
+_SMOLLM3_3B_LAYERS = 36
+_GEMMA2_2B_LAYERS = 26
+# gpt-oss-20b has 24 layers: half of them, alternating as it does, keep 11.0B parameters (22 GB in bfloat16, 44 GB
+# in the bench's default float32: one 80 GB GPU with room for the caches); a decode step's time is per layer
+_GPT_OSS_LAYERS = 12
 _FAMILY_SHAPES = {
     # Qwen3-0.6B: 596M parameters (tied embeddings), 16 query heads of 128 over a hidden size of 1024
     "qwen3-0.6b-random": (
@@ -175,6 +219,195 @@ _FAMILY_SHAPES = {
             eos_token_id=151645,
         ),
     ),
+    # Phi-3.5-mini-instruct (the 128K-context Phi-3-mini): 3.82B parameters (untied), 32 heads of 96 and as many KV
+    # heads, Q/K/V and gate/up each one matrix as shipped (qkv_proj, gate_up_proj); LongRoPE to 131072 positions
+    # (factor 32 = 131072 / 4096, which transformers derives when the config leaves it out, and warns), every layer
+    # given the config's 262144-token window
+    "phi3-mini-random": (
+        Phi3Config,
+        dict(
+            vocab_size=32064,
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            max_position_embeddings=131072,
+            original_max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            sliding_window=262144,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=10000.0,
+                factor=32.0,
+                original_max_position_embeddings=4096,
+                short_factor=_PHI35_SHORT_FACTOR,
+                long_factor=_PHI35_LONG_FACTOR,
+            ),
+            bos_token_id=1,
+            eos_token_id=32000,
+            pad_token_id=32000,
+        ),
+    ),
+    # OLMo-2-0425-1B: 1.48B parameters (untied), 16 heads of 128 and as many KV heads; RMSNorm after each branch and
+    # none before it, Q and K normalised over the whole projection; no BOS id in its config
+    "olmo2-1b-random": (
+        Olmo2Config,
+        dict(
+            vocab_size=100352,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=500000.0),
+            bos_token_id=None,
+            eos_token_id=100257,
+            pad_token_id=100277,
+        ),
+    ),
+    # SmolLM3-3B: 3.08B parameters (tied), 16 query and 4 KV heads of 128; every fourth layer without RoPE
+    # (no_rope_layers: 1 rotates, 0 does not), no sliding window; no BOS id in its config
+    "smollm3-3b-random": (
+        SmolLM3Config,
+        dict(
+            vocab_size=128256,
+            hidden_size=2048,
+            intermediate_size=11008,
+            num_hidden_layers=_SMOLLM3_3B_LAYERS,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            max_position_embeddings=65536,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=5000000.0),
+            no_rope_layer_interval=4,
+            no_rope_layers=[int((i + 1) % 4 != 0) for i in range(_SMOLLM3_3B_LAYERS)],
+            use_sliding_window=False,
+            sliding_window=None,
+            bos_token_id=None,
+            eos_token_id=128012,
+            pad_token_id=128004,
+        ),
+    ),
+    # granite-3.1-2b-instruct: 2.53B parameters (tied), 32 query and 8 KV heads of 64 in 40 layers; its multipliers
+    # (embeddings x 12, attention scores x 1/64, each branch x 0.22 before its add, logits / 8)
+    "granite-3b-random": (
+        GraniteConfig,
+        dict(
+            vocab_size=49155,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=40,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=5000000.0),
+            embedding_multiplier=12.0,
+            attention_multiplier=0.015625,
+            residual_multiplier=0.22,
+            logits_scaling=8.0,
+            attention_dropout=0.1,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+        ),
+    ),
+    # gemma-2-2b: 2.61B parameters (tied), 8 query and 4 KV heads of 256; sliding-window (4096) and global layers
+    # alternating, attention logits soft-capped at 50 and final logits at 30, four norms a layer
+    "gemma2-2b-random": (
+        Gemma2Config,
+        dict(
+            vocab_size=256000,
+            hidden_size=2304,
+            intermediate_size=9216,
+            num_hidden_layers=_GEMMA2_2B_LAYERS,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            hidden_activation="gelu_pytorch_tanh",
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            sliding_window=4096,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(_GEMMA2_2B_LAYERS)],
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=1,
+        ),
+    ),
+    # Mixtral-8x7B's layer (32 query and 8 KV heads of 128, 8 experts 14336 wide, 2 of them per token) in 8 of its
+    # 32 layers, a quarter as qwen3-moe-random keeps of Qwen3-30B-A3B's: 11.9B parameters (Mixtral-8x7B: 46.7B),
+    # 24 GB in bfloat16 and 47 GB in the bench's default float32, so it fits one 80 GB GPU with room for the caches;
+    # 3.3B of them read per token at batch 1
+    "mixtral-random": (
+        MixtralConfig,
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=8,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            router_aux_loss_coef=0.02,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            sliding_window=None,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    # gpt-oss-20b's layer (64 query and 8 KV heads of 64 with biases and a sink logit per head, 32 experts 2880 wide
+    # with biases, 4 of them per token, the clamped SwiGLU) in 12 of its 24 layers, sliding (128 tokens) and full
+    # alternating; YaRN from 4096 to 131072 positions: 11.0B parameters (gpt-oss-20b: 20.9B, its experts in MXFP4;
+    # here every weight in the asked dtype); no BOS id in its config
+    "gpt-oss-random": (
+        GptOssConfig,
+        dict(
+            vocab_size=201088,
+            hidden_size=2880,
+            intermediate_size=2880,
+            num_hidden_layers=_GPT_OSS_LAYERS,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=64,
+            num_local_experts=32,
+            num_experts_per_tok=4,
+            router_aux_loss_coef=0.9,
+            attention_bias=True,
+            sliding_window=128,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(_GPT_OSS_LAYERS)],
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=150000.0,
+                factor=32.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=4096,
+            ),
+            bos_token_id=None,
+            eos_token_id=200002,
+            pad_token_id=199999,
+        ),
+    ),
 }
 _CAUSAL_LM = {
     "gpt2": GPT2LMHeadModel,
@@ -183,6 +416,13 @@ _CAUSAL_LM = {
     "qwen3": Qwen3ForCausalLM,
     "gemma3_text": Gemma3ForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,
+    "phi3": Phi3ForCausalLM,
+    "olmo2": Olmo2ForCausalLM,
+    "smollm3": SmolLM3ForCausalLM,
+    "granite": GraniteForCausalLM,
+    "gemma2": Gemma2ForCausalLM,
+    "mixtral": MixtralForCausalLM,
+    "gpt_oss": GptOssForCausalLM,
 }
 
 _DTYPES = {
@@ -382,6 +622,15 @@ def pretrained_config(name_or_path: str, what: str | None = None):
     return config
 
 
+def _embedded_attention(cls, config, asked: str) -> str:
+    """The attention implementation an embedded model is built with: `asked`, but eager in place of SDPA for a class
+    that has no SDPA attention (gpt-oss) and for a config that soft-caps the attention logits (Gemma 2: Hugging Face's
+    SDPA attention skips the cap, and later transformers versions refuse the pair)."""
+    if asked == "sdpa" and (not cls._supports_sdpa or getattr(config, "attn_logit_softcapping", None) is not None):
+        return "eager"
+    return asked
+
+
 def load_model(
     name_or_path: str,
     dtype: str | torch.dtype = "float32",
@@ -393,7 +642,8 @@ def load_model(
     """Return a causal LM in eval mode on `device` (default: CUDA if available, else CPU).
 
     `name_or_path` is an embedded name (see EMBEDDED; random weights drawn with `seed`), a local directory
-    or a hub name (both through `from_pretrained`; hub names need network access).
+    or a hub name (both through `from_pretrained`; hub names need network access). `attn_implementation` is Hugging
+    Face's; an embedded gpt-oss (no SDPA attention) or Gemma 2 (attention soft-capping) takes eager in place of SDPA.
 
     `tp=N` > 1, in each process of `torchrun --nproc-per-node N`: this rank's tensor-parallel shard (tp.py),
     on cuda:LOCAL_RANK when `device` is CUDA without an index; torch.distributed is started if the caller
@@ -410,13 +660,13 @@ def load_model(
 
     if name_or_path in EMBEDDED:
         config = embedded_config(name_or_path)
-        config._attn_implementation = attn_implementation
+        cls = _CAUSAL_LM[config.model_type]
+        config._attn_implementation = _embedded_attention(cls, config, attn_implementation)
         place = tensor_parallel.prepare(tp, device, config)  # validates tp on every rank; starts the group
         tensor_parallel.check_same_on_every_rank(
             place, name_or_path=name_or_path, dtype=str(torch_dtype), seed=seed, attn_implementation=attn_implementation
         )
         device = place.device
-        cls = _CAUSAL_LM[config.model_type]
         if name_or_path in _LLAMA_SHAPES or name_or_path in _SMALL_SHAPES:  # drawn as shards: a 70B never exists whole
             model = random_init.random_model(cls, config, place, torch_dtype, seed)
         else:
