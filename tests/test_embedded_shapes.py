@@ -72,7 +72,7 @@ CONFIGS = {
         ),
         dict(rope_type="default", rope_theta=5000000.0),
     ),
-    "granite-3b-random": (
+    "granite-2b-random": (
         "GraniteConfig",
         dict(
             vocab_size=49155,
@@ -175,7 +175,7 @@ PUBLISHED = {
     "phi3-mini-random": ("Phi-3.5-mini-instruct", 3.82e9, 32, 3_821_079_552, 96),
     "olmo2-1b-random": ("OLMo-2-0425-1B", 1.48e9, 16, 1_484_916_736, 128),
     "smollm3-3b-random": ("SmolLM3-3B", 3.08e9, 36, 3_075_098_624, 128),
-    "granite-3b-random": ("granite-3.1-2b-instruct", 2.53e9, 40, 2_533_531_648, 64),
+    "granite-2b-random": ("granite-3.1-2b-instruct", 2.53e9, 40, 2_533_531_648, 64),
     "gemma2-2b-random": ("gemma-2-2b", 2.61e9, 26, 2_614_341_888, 256),
     "mixtral-random": ("Mixtral-8x7B-v0.1", 46.7e9, 32, 11_872_309_248, 128),
     "gpt-oss-random": ("gpt-oss-20b", 20.91e9, 24, 11_036_513_472, 64),
@@ -185,7 +185,7 @@ PUBLISHED_CLASS = {
     "phi3-mini-random": "Phi3ForCausalLM",
     "olmo2-1b-random": "Olmo2ForCausalLM",
     "smollm3-3b-random": "SmolLM3ForCausalLM",
-    "granite-3b-random": "GraniteForCausalLM",
+    "granite-2b-random": "GraniteForCausalLM",
     "gemma2-2b-random": "Gemma2ForCausalLM",
     "mixtral-random": "MixtralForCausalLM",
     "gpt-oss-random": "GptOssForCausalLM",
@@ -279,7 +279,7 @@ EXTRAS = {
     "phi3-mini-random": {"long_inv_freq", "sliding-window layers"},
     "olmo2-1b-random": {"norm=rms_f32", "q/k norm", "post-norms", "no pre-norm"},
     "smollm3-3b-random": {"per-layer RoPE"},
-    "granite-3b-random": {"embed_scale", "residual_scale", "logit_div"},
+    "granite-2b-random": {"embed_scale", "residual_scale", "logit_div"},
     "gemma2-2b-random": {
         "embed_scale",
         "logit_softcap",
@@ -320,7 +320,7 @@ def test_the_fused_weights_of_each_family_are_its_own():
     assert W.layers[0].window == 262144
     W = fused("smollm3-3b-random")
     assert [i for i, layer in enumerate(W.layers) if layer.rope is None] == list(range(3, 36, 4))
-    W = fused("granite-3b-random")
+    W = fused("granite-2b-random")
     assert (W.embed_scale, W.residual_scale, W.logit_div, W.layers[0].scale) == (12.0, 0.22, 8.0, 0.015625)
     W = fused("gemma2-2b-random")
     assert (W.attn_softcap, W.logit_softcap) == (50.0, 30.0)
@@ -371,7 +371,7 @@ _TINY_OVERRIDES = {
     ),
     "olmo2-1b-random": dict(num_hidden_layers=2, num_key_value_heads=2),
     "smollm3-3b-random": dict(num_hidden_layers=4, num_key_value_heads=2, no_rope_layers=[1, 1, 1, 0]),
-    "granite-3b-random": dict(num_hidden_layers=2, num_key_value_heads=2),
+    "granite-2b-random": dict(num_hidden_layers=2, num_key_value_heads=2),
     "gemma2-2b-random": dict(
         num_hidden_layers=2,
         num_key_value_heads=2,

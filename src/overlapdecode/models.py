@@ -11,7 +11,7 @@ its own RoPE base) and `qwen3-moe-random` (a mixture of experts cut down from Qw
 48 layers and 32 of its 128 experts, 8 experts per token; 2.7B parameters). `phi3-mini-random` is
 Phi-3.5-mini-instruct (3.8B: Q/K/V and gate/up each one matrix as shipped, LongRoPE to 128K positions).
 `olmo2-1b-random` is OLMo-2-0425-1B (1.5B: RMSNorm after each branch and none before, Q/K norms over the whole
-projection). `smollm3-3b-random` is SmolLM3-3B (3.1B: every fourth layer without RoPE). `granite-3b-random` is
+projection). `smollm3-3b-random` is SmolLM3-3B (3.1B: every fourth layer without RoPE). `granite-2b-random` is
 granite-3.1-2b-instruct (2.5B: its embedding, attention, residual and logit multipliers). `gemma2-2b-random` is
 gemma-2-2b (2.6B: 4096-token sliding-window and global layers alternating, attention and final logits soft-capped,
 built with eager attention since Hugging Face's SDPA attention skips the cap). `mixtral-random` is Mixtral-8x7B's
@@ -88,7 +88,7 @@ EMBEDDED = (
     "phi3-mini-random",
     "olmo2-1b-random",
     "smollm3-3b-random",
-    "granite-3b-random",
+    "granite-2b-random",
     "gemma2-2b-random",
     "mixtral-random",
     "gpt-oss-random",
@@ -296,7 +296,7 @@ _FAMILY_SHAPES = {
     ),
     # granite-3.1-2b-instruct: 2.53B parameters (tied), 32 query and 8 KV heads of 64 in 40 layers; its multipliers
     # (embeddings x 12, attention scores x 1/64, each branch x 0.22 before its add, logits / 8)
-    "granite-3b-random": (
+    "granite-2b-random": (
         GraniteConfig,
         dict(
             vocab_size=49155,
