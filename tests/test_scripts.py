@@ -189,3 +189,36 @@ def test_scale_sweep_sh_takes_out_and_refuses_an_earlier_run(tmp_path):
     done = subprocess.run(["bash", script, "--out", str(out)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and "sweep.log exists: choose a new --out" in done.stderr
     assert len(calls.read_text().splitlines()) == 2  # nothing ran the second time
+
+
+def test_families_bench_sh_takes_out_and_refuses_an_earlier_run(tmp_path):
+    script = os.path.join(SCRIPTS, "families_bench.sh")
+    done = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--out DIR is required" in done.stderr
+    done = subprocess.run(
+        ["bash", script, "--out", str(tmp_path / "x"), "--seconds", "0"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--seconds" in done.stderr and not (tmp_path / "x").exists()
+    # the commands it runs, recorded by a python3 ahead of the real one on PATH (no GPU here)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text('#!/bin/sh\necho "$*" >> "$FAMILIES_CALLS"\n')
+    (bin_dir / "python3").chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", FAMILIES_CALLS=str(calls))
+    out = tmp_path / "rows"
+    done = subprocess.run(["bash", script, "--out", str(out)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = calls.read_text().splitlines()
+    from overlapdecode.models import EMBEDDED
+
+    models = [line.split("--model ")[1].split()[0] for line in lines]
+    assert all(m in EMBEDDED for m in models) and len(models) == 10
+    assert all(f"--out {out}/{m}-fused-b1" in line and "--strategies fused" in line for m, line in zip(models, lines))
+    assert (out / "gemma3-1b-random.log").read_text().endswith("gemma3-1b-random rc=0\n")
+    (out / "mixtral-random-fused-b1").mkdir()
+    done = subprocess.run(
+        ["bash", script, "--out", str(out), "mixtral-random"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 2 and "mixtral-random-fused-b1 exists" in done.stderr
+    assert len(calls.read_text().splitlines()) == 10  # nothing ran the second time
