@@ -1,13 +1,15 @@
 """The swapped GEMV tiles at serving row counts, on a GPU: each projection of the Llama-1B shape (QKV, gate/up, down,
 O, LM head) at 64 and 128 rows, bfloat16, as the fused kernels run it (norm_qkv / norm_linear / linear_residual
-swapped, their default tiles and a spread of others, the norm kernels also on rows normalised beforehand: `prenorm`)
-beside cuBLAS (`x @ w.T`) and two plain Triton GEMMs of the same
-orientation with no prologue or epilogue (x read transposed from memory, or read row-major and transposed in
-registers as the fused kernels do), so that what the fused kernels lose to the GEMM itself, to their orientation
-and to their prologue and epilogue shows apart. Timed as CUDA-graph replays over weight copies 4x the L2
-(kernel_sweep.rotated), median; writes DIR/swap-sweep.json after every kernel.
+swapped, their default tiles and a spread of others: `ours`, as the step runs them, with the rows normalised by a
+launch beforehand where swap_ab.use_prenorm says; `ours-registers`, the norm kernels normalising in every K step)
+beside cuBLAS (`x @ w.T`) and two plain Triton GEMMs of the same orientation with no prologue or epilogue (x read
+transposed from memory, or read row-major and transposed in registers as the fused kernels do), so that what the
+fused kernels lose to the GEMM itself, to their orientation and to their prologue and epilogue shows apart; and
+`norm_rows`, the normalising launch alone (norm_linear.normalized_rows: the part of `ours` that is not the GEMM).
+Timed as CUDA-graph replays over weight copies 4x the L2 (kernel_sweep.rotated), median; writes
+DIR/swap-sweep.json after every kernel.
 
-    python3 scripts/swap_sweep.py --out DIR [--rows 64,128] [--budget S]
+    python3 scripts/swap_sweep.py --out DIR [--rows 64,128] [--kernels qkv,gate_up,...] [--budget S]
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ KVD, HEAD = 512, 64  # its key (and value) width and head size
 # (block_n, block_k, num_warps, num_stages, programs / SMs): a spread around the rule's tiles (block_n per
 # accumulator: gate/up's and QKV's programs hold twice as many weight rows); programs 0: K not split (one program
 # per output tile), as the plain GEMMs
+# (N, K) of each weight; norm_rows: the (B, H) rows normalised alone, no weight (N is H, what it writes per row)
+KERNELS = {
+    "qkv": (QD + 2 * KVD, H),
+    "gate_up": (2 * I, H),
+    "down": (H, I),
+    "o_proj": (H, QD),
+    "lm_head": (V, H),
+    "norm_rows": (H, H),
+}
 VARIANTS = [
     (32, 64, 4, 4, 1),
     (32, 64, 8, 4, 1),
@@ -81,13 +92,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", default="64,128")
+    ap.add_argument("--kernels", default=",".join(KERNELS), help="default: %(default)s")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds per kernel and row count")
     args = ap.parse_args(argv)
+    chosen = [k for k in args.kernels.split(",") if k]
+    unknown = sorted(set(chosen) - set(KERNELS))
+    if unknown or not chosen:
+        raise SystemExit(f"swap_sweep.py: --kernels takes some of {','.join(KERNELS)}, got {args.kernels!r}")
     if not torch.cuda.is_available():
         raise SystemExit("swap_sweep.py: needs a CUDA GPU")
-    from overlapdecode.fused.kernels import norm_linear as norm_linear_module
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
-    from overlapdecode.fused.kernels.norm_linear import norm_linear
+    from overlapdecode.fused.kernels.norm_linear import norm_linear, normalized_rows, sums_args
     from overlapdecode.fused.kernels.norm_qkv import norm_qkv
 
     os.makedirs(args.out, exist_ok=True)
@@ -99,17 +114,16 @@ def main(argv=None):
     tk = Tickets(DEV)
     r = lambda *s: torch.randn(*s, device=DEV, dtype=dt) * 0.02  # noqa: E731
     rows_out = []
-    kernels = {"qkv": (QD + 2 * KVD, H), "gate_up": (2 * I, H), "down": (H, I), "o_proj": (H, QD), "lm_head": (V, H)}
-    rule_prenorm = norm_linear_module.use_prenorm
     for B in [int(v) for v in args.rows.split(",")]:
-        for name, (N, K) in kernels.items():
+        for name in chosen:
+            N, K = KERNELS[name]
             x, nw, res = r(B, K), r(K) + 1, r(B, N)
-            sets = rotated(lambda N=N, K=K: (r(N, K),), N * K * 2)
+            sets = [(nw,)] if name == "norm_rows" else rotated(lambda N=N, K=K: (r(N, K),), N * K * 2)
             nbytes = N * K * 2
             n_out = N // 2 if name == "gate_up" else N
             out = torch.empty((B, N), device=DEV, dtype=dt)
 
-            def ours(cfg, prenorm=False):
+            def ours(cfg, prenorm=None):
                 kw = (
                     {}
                     if cfg is None
@@ -124,42 +138,30 @@ def main(argv=None):
                 if name in ("down", "o_proj"):
                     return lambda w: linear_residual(x, w, None, res, tickets=tk, **kw)
 
-                def forced(fn):  # prenorm: every swapped launch multiplies rows normalised beforehand
-                    def call(w):
-                        norm_linear_module.use_prenorm = (lambda rows: True) if prenorm else rule_prenorm
-                        try:
-                            return fn(w)
-                        finally:
-                            norm_linear_module.use_prenorm = rule_prenorm
-
-                    return call
-
                 if name == "qkv":
                     kw = {("half" if k == "block_n" else k): v for k, v in kw.items()}
-                    kw.setdefault("programs", 4 * sms)  # the step's grid target for norm_qkv
-                    return forced(
-                        lambda w: norm_qkv(
-                            x,
-                            nw,
-                            None,
-                            1e-5,
-                            w,
-                            None,
-                            inv_freq,
-                            1.0,
-                            pos,
-                            slot,
-                            kc,
-                            vc,
-                            QD // HEAD,
-                            KVD // HEAD,
-                            HEAD,
-                            tickets=tk,
-                            **kw,
-                        )
+                    return lambda w: norm_qkv(
+                        x,
+                        nw,
+                        None,
+                        1e-5,
+                        w,
+                        None,
+                        inv_freq,
+                        1.0,
+                        pos,
+                        slot,
+                        kc,
+                        vc,
+                        QD // HEAD,
+                        KVD // HEAD,
+                        HEAD,
+                        tickets=tk,
+                        prenorm=prenorm,
+                        **kw,
                     )
                 act, od_ = ("silu_mul", None) if name == "gate_up" else ("none", torch.float32)
-                return forced(lambda w: norm_linear(x, nw, None, 1e-5, w, None, act, od_, tickets=tk, **kw))
+                return lambda w: norm_linear(x, nw, None, 1e-5, w, None, act, od_, tickets=tk, prenorm=prenorm, **kw)
 
             if name == "qkv":
                 inv_freq = 1.0 / (500000.0 ** (torch.arange(0, HEAD, 2, device=DEV).float() / HEAD))
@@ -167,14 +169,18 @@ def main(argv=None):
                 slot = pos.clone()
                 kc = torch.zeros((B, KVD // HEAD, 64, HEAD), device=DEV, dtype=dt)
                 vc = torch.zeros_like(kc)
-            cands = [("cublas", None, lambda w: torch.mm(x, w.t(), out=out))]
-            cands += [("ours", None, ours(None))]
-            if name in ("qkv", "gate_up", "lm_head"):
-                cands += [("ours-prenorm", None, ours(None, True))]
-            cands += [("ours", c, ours(c)) for c in VARIANTS]
-            if name in ("qkv", "gate_up", "lm_head"):
-                cands += [("ours-prenorm", c, ours(c, True)) for c in VARIANTS[:5]]
-            if N % 128 == 0 and name != "down":
+            if name == "norm_rows":  # no weight: one launch over the rows, from x (no recorded sums)
+                nbytes = 2 * B * K * 2  # what it reads and writes
+                sums = sums_args(None, x, False)
+                cands = [("ours", None, lambda w: normalized_rows(x, w, None, 1e-5, "rms", sums))]
+            else:
+                cands = [("cublas", None, lambda w: torch.mm(x, w.t(), out=out))]
+                cands += [("ours", None, ours(None))]
+            if name in ("qkv", "gate_up", "lm_head"):  # the norm in registers, in every K step
+                cands += [("ours-registers", None, ours(None, False))]
+            if name != "norm_rows":
+                cands += [("ours", c, ours(c)) for c in VARIANTS]
+            if N % 128 == 0 and name not in ("down", "norm_rows"):
                 for xt in (True, False):
                     for c in ((64, 64, 8, 3), (128, 64, 8, 3), (64, 64, 4, 4)):
                         cands.append(
