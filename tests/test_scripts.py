@@ -113,9 +113,9 @@ def test_the_python_scripts_take_out():
     code = (
         "import sys, contextlib, io\n"
         f"sys.path.insert(0, {SCRIPTS!r})\n"
-        "import kernel_sweep, ttft_profile, call_timeline, tp_probe, swap_sweep\n"
+        "import kernel_sweep, ttft_profile, call_timeline, tp_probe, swap_sweep, attention_sweep\n"
         "for main in (kernel_sweep.parse_args, ttft_profile.main, call_timeline.main, tp_probe.parse_args,\n"
-        "             swap_sweep.main):\n"
+        "             swap_sweep.main, attention_sweep.main):\n"
         "    buf = io.StringIO()\n"
         "    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):\n"
         "        main(['--help'])\n"

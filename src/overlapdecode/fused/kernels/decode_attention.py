@@ -353,6 +353,8 @@ def decode_attention(
     *,
     num_splits=None,
     block_n=None,
+    num_warps: int = 4,
+    num_stages: int = 2,
     pdl: int = 0,
     tickets: Tickets | None = None,
     softcap: float | None = None,
@@ -368,7 +370,8 @@ def decode_attention(
     workspace: optional contiguous float32 tensor of at least `workspace_numel(...)` elements, such as
       `make_workspace(q, k_cache)` (a captured graph can own it); allocated per call when None (its size
       depends on shapes only).
-    num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values).
+    num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values);
+      num_warps, num_stages: the launch's (scripts/attention_sweep.py times them).
     pdl: the programmatic dependent launch mode of the kernel (pdl.py; 0: off; sm_90+).
     tickets: the ticket counters of the split (linear_residual.Tickets; default: fresh zeros, a fill per call).
     """
@@ -456,8 +459,8 @@ def decode_attention(
         IEEE=q.dtype == torch.float32,
         PDL=int(pdl),
         SOFTCAP=None if softcap is None else float(softcap),
-        num_warps=4,
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=num_stages,
         **pdl_launch(pdl),
     )
     return out
