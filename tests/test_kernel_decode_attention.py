@@ -24,6 +24,7 @@ from overlapdecode.fused.kernels.decode_attention import (
     MAX_SPLITS,
     TARGET_PROGRAMS,
     choose_num_splits,
+    pipeline_stages,
     decode_attention,
     decode_attention_ref,
     workspace_numel,
@@ -174,13 +175,24 @@ def test_rejects_cpu_tensors_without_the_interpreter():
 
 def test_num_splits_follow_shapes_alone():
     assert choose_num_splits(1, 8, 2048, 64) == 32  # one split per block of keys
-    assert choose_num_splits(4, 8, 2048, 64) == triton_cdiv(TARGET_PROGRAMS, 32)
+    assert choose_num_splits(4, 8, 2048, 64) == 8  # TARGET_PROGRAMS // 32 = 8.25, down to a power of two
+    assert choose_num_splits(1, 8, 1000, 64) == 16  # no more splits than blocks of keys (16)
     assert choose_num_splits(64, 8, 2048, 64) == 1  # enough programs already: no split, no combine
     assert choose_num_splits(1, 1, 1 << 20, 64) == MAX_SPLITS
     # the grid target is the GPU's (2 x its SMs): a smaller GPU splits less, more rows split less
-    assert choose_num_splits(1, 8, 4096, 64, programs=2 * 132) == 33
-    assert choose_num_splits(1, 8, 4096, 64, programs=2 * 78) == 20
-    assert choose_num_splits(8, 8, 4096, 64, programs=2 * 132) == 5
+    assert choose_num_splits(1, 8, 4096, 64, programs=2 * 132) == 32
+    assert choose_num_splits(1, 8, 4096, 64, programs=2 * 78) == 16
+    assert choose_num_splits(8, 8, 4096, 64, programs=2 * 132) == 4
+    for B in range(1, 200, 7):  # always a power of two, within the grid target unless one split is already past it
+        n = choose_num_splits(B, 8, 1 << 16, 64)
+        assert n & (n - 1) == 0 and (n == 1 or B * 8 * n <= TARGET_PROGRAMS)
+
+
+def test_pipeline_depth_follows_the_blocks_a_piece_spans():
+    assert pipeline_stages(16384 + 64, 64, 32) == 3  # 9 blocks of keys per piece
+    assert pipeline_stages(4096 + 64, 64, 32) == 2  # 3 blocks: the prologue of a deeper pipeline would not pay
+    assert pipeline_stages(96, 64, 1) == 2
+    assert pipeline_stages(256, 64, 1) == 3
     assert workspace_numel(2, 4, 64, 1) == 0 and workspace_numel(2, 4, 64, 3) == 2 * 4 * 3 * 66
 
 

@@ -41,13 +41,14 @@ as 64 with the last 16 lanes masked); D > 256 is refused with a ValueError (the 
 registers). D is a constexpr (a model constant), so the mask folds away when BLOCK_D == D and the loads stay
 vectorised. BLOCK_N (keys per step) is 64 for D <= 64, and 32 (16-bit) or 16 (float32) for D = 128: the
 largest that Triton 3.6 compiles for sm_90 without register spills (ptxas resource usage, not timed).
-num_splits is picked from the shapes alone (so one CUDA graph serves every step of a call): enough programs for
-about two per SM of the GPU at hand (TARGET_PROGRAMS, an H200's, in the interpreter), at most one per block of
-keys of the cache, at most MAX_SPLITS; a row shorter than the cache spreads its live range over the same
-pieces, and pieces past it return at once. The combine reads every piece's max and sum in one load and each
-query head's accumulators in one more (G loads in all, not two per piece: with 33 pieces at one row and 4K
-keys a serial loop makes 66 dependent loads from L2; reasoned, not profiled). These are reasoned defaults,
-not measured optima.
+num_splits is picked from the shapes alone (so one CUDA graph serves every step of a call): a power of two of
+pieces, as many as keep the grid within about two programs per SM of the GPU at hand (TARGET_PROGRAMS, an
+H200's, in the interpreter), at most one per block of keys of the cache, at most MAX_SPLITS; a row shorter than
+the cache spreads its live range over the same pieces, and pieces past it return at once. The pipeline is 3
+stages deep where a piece spans at least 4 blocks of keys, else 2 (pipeline_stages). Both rules were timed
+against other splits and depths at 1-128 rows and 96-32K keys (scripts/attention_sweep.py). The combine reads
+every piece's max and sum in one load and each query head's accumulators in one more (G loads in all, not two
+per piece: with 32 pieces a serial loop makes 64 dependent loads from L2; reasoned, not profiled).
 
 CUDA graphs: the grids, constexprs and workspace size depend only on (B, Hq, Hkv, S, D, dtype); start and
 length are only read by the kernels. There are no host syncs in this module (no .item(), no value-dependent
@@ -316,10 +317,22 @@ def block_sizes(D: int, dtype: torch.dtype) -> tuple[int, int]:
 
 
 def choose_num_splits(B: int, Hkv: int, S: int, block_n: int, programs: int = TARGET_PROGRAMS) -> int:
-    """Splits per (row, kv head), from shapes alone: enough programs to reach `programs` (the fused step: 2 x
-    the GPU's SMs), no more splits than blocks of keys of the cache, at most MAX_SPLITS."""
-    want = triton.cdiv(programs, B * Hkv)
-    return max(1, min(want, triton.cdiv(S, block_n), MAX_SPLITS))
+    """Splits per (row, kv head), from shapes alone: the largest power of two that keeps the grid within
+    `programs` (the fused step: 2 x the GPU's SMs), no more splits than blocks of keys of the cache, at most
+    MAX_SPLITS. A power of two because the combine pads the pieces to one (SPLIT_PAD): at one row of 16K keys
+    (Llama-1B heads, H200) 32 splits took 20.0 us where 33 took 22.9 (scripts/attention_sweep.py,
+    results/h200/llama-attention-sweep)."""
+    want = max(1, programs // (B * Hkv))
+    return max(1, min(1 << (want.bit_length() - 1), triton.cdiv(S, block_n), MAX_SPLITS))
+
+
+def pipeline_stages(S: int, block_n: int, num_splits: int) -> int:
+    """The launch's num_stages: 3 where a piece of a full cache spans at least 4 blocks of keys, so that the
+    next blocks' loads run under this one's dots; 2 for short pieces, where a deeper pipeline only adds its
+    prologue. Measured on an H200 (scripts/attention_sweep.py, results/h200/llama-attention-sweep), us per call:
+    1 x 16K keys 22.9 -> 18.2, 8 x 8K 48.7 -> 38.9 (Llama-1B heads), 8 x 8K 95.1 -> 71.8 (Llama-8B); at 64 and
+    128 rows of 96 keys 3 stages were 4% slower."""
+    return 3 if triton.cdiv(triton.cdiv(S, block_n), num_splits) >= 4 else 2
 
 
 def workspace_numel(B: int, Hq: int, D: int, num_splits: int) -> int:
@@ -354,7 +367,7 @@ def decode_attention(
     num_splits=None,
     block_n=None,
     num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int | None = None,
     pdl: int = 0,
     tickets: Tickets | None = None,
     softcap: float | None = None,
@@ -371,7 +384,7 @@ def decode_attention(
       `make_workspace(q, k_cache)` (a captured graph can own it); allocated per call when None (its size
       depends on shapes only).
     num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values);
-      num_warps, num_stages: the launch's (scripts/attention_sweep.py times them).
+      num_warps, num_stages: the launch's (num_stages None: pipeline_stages; scripts/attention_sweep.py times them).
     pdl: the programmatic dependent launch mode of the kernel (pdl.py; 0: off; sm_90+).
     tickets: the ticket counters of the split (linear_residual.Tickets; default: fresh zeros, a fill per call).
     """
@@ -390,6 +403,8 @@ def decode_attention(
         num_splits = choose_num_splits(B, Hkv, S, block_n, default_programs(q.device))
     elif not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    if num_stages is None:
+        num_stages = pipeline_stages(S, block_n, num_splits)
     if out is not None and (
         not isinstance(out, torch.Tensor)
         or out.shape != q.shape
