@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fused step of every embedded family shape beside Llama's, on one GPU: `overlapdecode bench` at batch 1, 200 new
-# tokens, bfloat16, `fused` only, one results folder per shape (DIR/NAME-fused-b1) and one log each (DIR/NAME.log),
-# each run cut at SECONDS (default 150: a real-size shape's first call compiles the prefill and the kernels).
+# tokens, bfloat16, `fused` only, one results folder per shape and one log each, named without the -random suffix
+# (mixtral-random: DIR/mixtral-fused-b1, DIR/mixtral.log), each run cut at SECONDS (default 150: a real-size shape's
+# first call compiles the prefill and the kernels).
 #     bash scripts/families_bench.sh --out DIR [--seconds S] [NAME ...]   (default: every family shape below)
 # The results folders go under results/<gpu>/ as they are; the README table: python3 -m
 # overlapdecode.bench.results_table results/h200 --readme README.md
@@ -26,14 +27,15 @@ done
 [ ! -e "$out" ] || [ -d "$out" ] || { echo "families_bench.sh: --out $out is a file, not a directory" >&2; exit 2; }
 [ ${#names[@]} -gt 0 ] || names=("${FAMILIES[@]}")
 for name in "${names[@]}"; do  # an earlier run's: never overwritten
-  [ ! -e "$out/$name-fused-b1" ] || { echo "families_bench.sh: $out/$name-fused-b1 exists: choose a new --out" >&2; exit 2; }
+  dir="$out/${name%-random}-fused-b1"
+  [ ! -e "$dir" ] || { echo "families_bench.sh: $dir exists: choose a new --out" >&2; exit 2; }
 done
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 for name in "${names[@]}"; do
   timeout "$seconds" python3 -m overlapdecode bench --model "$name" --dtype bfloat16 --batch 1 --lengths 200 \
-    --strategies fused --peers none --warmup 1 --repeats 3 --no-profile --out "$out/$name-fused-b1" \
-    > "$out/$name.log" 2>&1
-  echo "$name rc=$?" | tee -a "$out/$name.log"
+    --strategies fused --peers none --warmup 1 --repeats 3 --no-profile --out "$out/${name%-random}-fused-b1" \
+    > "$out/${name%-random}.log" 2>&1
+  echo "$name rc=$?" | tee -a "$out/${name%-random}.log"
 done
