@@ -149,23 +149,33 @@ def _add_linear(x, w, b, residual):
 
 
 def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
-    """The prompt (B, T) through every layer; K/V written at slots 0 .. T-1; -> float32 logits (B, V) of
-    token `last` ((1,) long, a tensor so that one compiled prefill serves every prompt length of a bucket). Row b's keys start at slot pad[b]; a padding query sees itself only (no empty softmax)."""
+    """The prompt (B, T), row b left-padded by pad[b], through every layer; K/V written at slots 0 .. T-1;
+    -> float32 logits (B, V) of token `last` ((1,) long, a tensor so that one compiled prefill serves every
+    prompt length of a bucket).
+
+    Each row runs rolled left by its padding (its real tokens at 0 .. T-1-pad[b], its padding after them), so
+    that a real query attends exactly its row's earlier real tokens under the causal mask alone: layers without
+    window, sinks or soft-capping take SDPA's is_causal path (an explicit mask keeps it off the flash kernels),
+    the others a (T, T) mask shared by every row. A padding query sees more than itself then, but its keys land
+    in slots below pad[b], which no step reads. K/V are written back in the padded layout the decode step reads:
+    slot s of row b holds rolled index (s - pad[b]) % T."""
     B, T = ids.shape
-    h = embed_rows(W.embed, W.pos_embed, ids, pos, W.embed_scale)  # (B, T, H)
     i = torch.arange(T, device=ids.device)
-    causal = i[None, :] <= i[:, None]  # (T query, T key)
-    allowed = causal[None] & ((i[None, None, :] >= pad[:, None, None]) | (i[None, :, None] == i[None, None, :]))
-    masks = {None: allowed[:, None]}  # (B, 1, T, T), per sliding window
-    for window in {layer.window for layer in W.layers} - {None}:
-        masks[window] = (allowed & (i[None, None, :] > i[None, :, None] - window))[:, None]
+    rolled = (i[None, :] + pad[:, None]) % T  # (B, T): rolled index -> slot
+    ids, pos = ids.gather(1, rolled), pos.gather(1, rolled)
+    back = ((i[None, :] - pad[:, None]) % T)[:, None, :, None]  # (B, 1, T, 1): slot -> rolled index
+    h = embed_rows(W.embed, W.pos_embed, ids, pos, W.embed_scale)  # (B, T, H)
+    # per layer: its sliding window, None where it masks nothing beyond causality (T keys or more)
+    windows = [None if layer.window is None or layer.window >= T else layer.window for layer in W.layers]
+    causal = i[None, :] <= i[:, None]  # (T query, T key), the same for every row once rolled
+    masks = {w: causal if w is None else causal & (i[None, :] > i[:, None] - w) for w in set(windows)}
     D, Hq, Hkv = W.head_dim, W.n_heads, W.n_kv_heads
     tables = {
         kind: None if inv is None else rope_cos_sin(inv, scale, pos, h.dtype)
         for kind, (inv, scale) in step_ropes(W, pos).items()
     }
     style = W.norm if W.norm != "layer" else "rms"
-    for layer, kc, vc in zip(W.layers, k_caches, v_caches):
+    for layer, window, kc, vc in zip(W.layers, windows, k_caches, v_caches):
         qkv = F.linear(norm_ref(h, layer.norm1_w, layer.norm1_b, W.eps, style), layer.w_qkv, layer.b_qkv)
         q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
         q, k, v = q.view(B, T, Hq, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
@@ -174,17 +184,19 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
         if cos_sin is not None:
             q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, D)
-        kc[:, :, :T] = k
-        vc[:, :, :T] = v
+        kc[:, :, :T] = k.gather(2, back.expand(B, Hkv, T, D))
+        vc[:, :, :T] = v.gather(2, back.expand(B, Hkv, T, D))
         q = q.transpose(1, 2)
         if layer.sinks is not None:
-            a = _sink_attention(q, k, v, masks[layer.window], layer.scale, layer.sinks)
-        elif W.attn_softcap is None:
-            a = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=masks[layer.window], scale=layer.scale, enable_gqa=Hq != Hkv
-            )
+            a = _sink_attention(q, k, v, masks[window], layer.scale, layer.sinks)
+        elif W.attn_softcap is not None:
+            a = _softcap_attention(q, k, v, masks[window], layer.scale, W.attn_softcap)
+        elif window is None:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=layer.scale, enable_gqa=Hq != Hkv)
         else:
-            a = _softcap_attention(q, k, v, masks[layer.window], layer.scale, W.attn_softcap)
+            a = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=masks[window], scale=layer.scale, enable_gqa=Hq != Hkv
+            )
         a = a.transpose(1, 2).reshape(B, T, Hq * D)
         if layer.post_attn_w is not None:
             h = norm_residual_ref(F.linear(a, layer.w_o, layer.b_o), layer.post_attn_w, W.eps, h, W.norm)
@@ -204,8 +216,9 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
             h = linear_residual_ref(m, layer.w_down, layer.b_down, h, W.residual_scale)
         else:
             h = reduce_residual(_add_linear, m, layer.w_down, layer.b_down, h, W.tp)
+    final = (last - pad) % T  # (B,): the last prompt token's rolled index
     logits = norm_linear_ref(
-        h.index_select(1, last)[:, 0],
+        h.gather(1, final[:, None, None].expand(B, 1, h.shape[-1]))[:, 0],
         W.norm_w,
         W.norm_b,
         W.eps,
@@ -228,7 +241,7 @@ def _moe_prefill(W: FusedWeights, layer, h):
 
 def _softcap_attention(q, k, v, mask, scale: float, softcap: float):
     """Attention with Gemma 2's soft-capped scores (cap * tanh(scores / cap)), as its eager attention computes
-    it: q (B, Hq, T, D), k and v (B, Hkv, T, D), mask (B, 1, T, T) bool."""
+    it: q (B, Hq, T, D), k and v (B, Hkv, T, D), mask (T, T) bool."""
     G = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * scale
@@ -239,7 +252,7 @@ def _softcap_attention(q, k, v, mask, scale: float, softcap: float):
 
 def _sink_attention(q, k, v, mask, scale: float, sinks):
     """Attention with gpt-oss's sinks (a logit per head in each softmax, with no value), as its eager attention
-    computes it: q (B, Hq, T, D), k and v (B, Hkv, T, D), mask (B, 1, T, T) bool, sinks (Hq,)."""
+    computes it: q (B, Hq, T, D), k and v (B, Hkv, T, D), mask (T, T) bool, sinks (Hq,)."""
     G = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
     scores = (torch.matmul(q, k.transpose(2, 3)) * scale).masked_fill(~mask, float("-inf"))
