@@ -24,9 +24,9 @@ from overlapdecode.fused.kernels.decode_attention import (
     MAX_SPLITS,
     TARGET_PROGRAMS,
     choose_num_splits,
-    pipeline_stages,
     decode_attention,
     decode_attention_ref,
+    pipeline_stages,
     workspace_numel,
 )
 from overlapdecode.fused.kernels.linear_residual import Tickets
