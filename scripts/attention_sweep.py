@@ -33,6 +33,22 @@ def _points(text: str) -> list[tuple[int, int]]:
     return pts
 
 
+def candidates(S: int, block_n: int, rule: int) -> list[tuple[str, dict]]:
+    """(label, decode_attention keywords) of one point, each launch once and its num_stages explicit (the kernel's
+    default is pipeline_stages): `rule`, the shape rule's split and depth; `rule, N stages`, its split at the other
+    depths; `splits N` (2 stages) and `splits N, M stages`, the other splits that fit the cache; `rule, 8 warps`."""
+    from overlapdecode.fused.kernels.decode_attention import pipeline_stages
+
+    own = pipeline_stages(S, block_n, rule)
+    others = [s for s in SPLITS if s != rule and s <= -(-S // block_n)]
+    cands = [("rule", dict(num_splits=rule, num_stages=own))]
+    cands += [(f"splits {s}", dict(num_splits=s, num_stages=2)) for s in others]
+    cands += [(f"rule, {st} stages", dict(num_splits=rule, num_stages=st)) for st in STAGES if st != own]
+    cands += [(f"splits {s}, {st} stages", dict(num_splits=s, num_stages=st)) for s in others for st in STAGES[1:]]
+    cands += [("rule, 8 warps", dict(num_splits=rule, num_stages=own, num_warps=8))]
+    return cands
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -76,16 +92,7 @@ def main(argv=None):
             rule = choose_num_splits(B, Hkv, S, block_n, default_programs(DEV))
             ws = torch.empty(workspace_numel(B, Hq, D, MAX_SPLITS), dtype=torch.float32, device=DEV)
             out = torch.empty_like(q)
-            cands = [("rule", dict(num_splits=rule))]
-            cands += [(f"splits {s}", dict(num_splits=s)) for s in SPLITS if s != rule and s <= -(-S // block_n)]
-            cands += [(f"rule, {st} stages", dict(num_splits=rule, num_stages=st)) for st in STAGES if st != 2]
-            cands += [
-                (f"splits {s}, {st} stages", dict(num_splits=s, num_stages=st))
-                for s in SPLITS
-                for st in STAGES[1:]
-                if s != rule and s <= -(-S // block_n)
-            ]
-            cands += [("rule, 8 warps", dict(num_splits=rule, num_warps=8))]
+            cands = candidates(S, block_n, rule)
             t0 = time.time()
             for label, kw in cands:
                 if time.time() - t0 > args.budget and label != "rule":

@@ -109,6 +109,28 @@ def test_call_timeline_analyses_a_saved_trace_into_out(tmp_path):
         timeline.main(["--analyse", str(trace), "--out", str(tmp_path / "analysis")])
 
 
+@pytest.mark.parametrize("S, rule", [(16384 + 64, 32), (8192 + 64, 4), (96 + 64, 3), (96 + 64, 1)])
+def test_attention_sweep_names_each_launch_by_its_splits_and_stages(S, rule):
+    """Every candidate states its num_stages (the kernel's default is pipeline_stages, not 2): `rule` is the rule's
+    own split and depth, the other depths of the rule are timed too, and no launch is timed twice."""
+    from overlapdecode.fused.kernels.decode_attention import pipeline_stages
+
+    sweep = _script("attention_sweep")
+    cands = sweep.candidates(S, 64, rule)
+    assert all("num_stages" in kw for _, kw in cands)
+    labels = dict(cands)
+    assert labels["rule"] == dict(num_splits=rule, num_stages=pipeline_stages(S, 64, rule))
+    assert {kw["num_stages"] for _, kw in cands if kw["num_splits"] == rule and "num_warps" not in kw} == set(
+        sweep.STAGES
+    )
+    launches = [tuple(sorted(kw.items())) for _, kw in cands]
+    assert len(launches) == len(set(launches)) and len(labels) == len(cands)
+    for label, kw in cands:
+        if label.startswith("splits ") and "stages" not in label:
+            assert kw["num_stages"] == 2  # "splits N": 2 stages, as in results/h200/llama-attention-sweep
+        assert kw["num_splits"] <= -(-S // 64)
+
+
 def test_the_python_scripts_take_out():
     code = (
         "import sys, contextlib, io\n"
