@@ -27,9 +27,6 @@ from kernel_sweep import rotated, time_rotated
 DEV = "cuda"
 H, I, QD, V = 2048, 8192, 2048, 128256  # Llama-3.2-1B: hidden, MLP width, query width, vocabulary
 KVD, HEAD = 512, 64  # its key (and value) width and head size
-# (block_n, block_k, num_warps, num_stages, programs / SMs): a spread around the rule's tiles (block_n per
-# accumulator: gate/up's and QKV's programs hold twice as many weight rows); programs 0: K not split (one program
-# per output tile), as the plain GEMMs
 # (N, K) of each weight; norm_rows: the (B, H) rows normalised alone, no weight (N is H, what it writes per row)
 KERNELS = {
     "qkv": (QD + 2 * KVD, H),
@@ -39,6 +36,9 @@ KERNELS = {
     "lm_head": (V, H),
     "norm_rows": (H, H),
 }
+# (block_n, block_k, num_warps, num_stages, programs / SMs): a spread around the rule's tiles (block_n per
+# accumulator: gate/up's and QKV's programs hold twice as many weight rows); programs 0: K not split (one program
+# per output tile), as the plain GEMMs
 VARIANTS = [
     (32, 64, 4, 4, 1),
     (32, 64, 8, 4, 1),
@@ -99,6 +99,12 @@ def main(argv=None):
     unknown = sorted(set(chosen) - set(KERNELS))
     if unknown or not chosen:
         raise SystemExit(f"swap_sweep.py: --kernels takes some of {','.join(KERNELS)}, got {args.kernels!r}")
+    try:
+        rows = [int(v) for v in args.rows.split(",") if v]
+    except ValueError:
+        rows = []
+    if not rows or min(rows) < 1:
+        raise SystemExit(f"swap_sweep.py: --rows takes positive row counts, e.g. 64,128, got {args.rows!r}")
     if not torch.cuda.is_available():
         raise SystemExit("swap_sweep.py: needs a CUDA GPU")
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
@@ -114,7 +120,7 @@ def main(argv=None):
     tk = Tickets(DEV)
     r = lambda *s: torch.randn(*s, device=DEV, dtype=dt) * 0.02  # noqa: E731
     rows_out = []
-    for B in [int(v) for v in args.rows.split(",")]:
+    for B in rows:
         for name in chosen:
             N, K = KERNELS[name]
             x, nw, res = r(B, K), r(K) + 1, r(B, N)

@@ -131,6 +131,13 @@ def test_attention_sweep_names_each_launch_by_its_splits_and_stages(S, rule):
         assert kw["num_splits"] <= -(-S // 64)
 
 
+@pytest.mark.parametrize("rows", ["64,abc", "0", ","])
+def test_swap_sweep_refuses_bad_rows_before_it_needs_a_gpu(tmp_path, rows):
+    with pytest.raises(SystemExit, match="--rows takes positive row counts"):
+        _script("swap_sweep").main(["--out", str(tmp_path / "out"), "--rows", rows])
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_python_scripts_take_out():
     code = (
         "import sys, contextlib, io\n"
