@@ -182,3 +182,25 @@ def test_plain_layers_attend_without_a_mask(monkeypatch):
     assert _causal(second)
     wide = family_model("qwen3-sliding", sliding_window=PREFILL_BUCKET)
     assert all(_causal(call) for call in _attention_calls(monkeypatch, wide, ids, mask))
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gpt-oss"])
+@torch.no_grad()
+def test_a_full_bucket_and_a_row_of_padding_only(name):
+    """A prompt as long as its bucket (T == P, no right padding) with a row that is all padding and one of a single
+    real token: the real rows' logits and cache slots [pad, T) as the masked prefill's, every logit finite."""
+    model = _model(name)
+    fm = FusedModel(model, compile_prefill=False)
+    pads = [0, 7, PREFILL_BUCKET, PREFILL_BUCKET - 1]
+    ids = torch.randint(3, 990, (len(pads), PREFILL_BUCKET), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate(pads):
+        mask[row, :pad] = 0
+    got, cache = _prefill(fm, reference.prefill, ids, mask)
+    want, old = _prefill(fm, _masked_prefill, ids, mask)
+    assert torch.isfinite(got).all()
+    real = [row for row, pad in enumerate(pads) if pad < PREFILL_BUCKET]
+    assert (got[real] - want[real]).abs().max().item() <= 1e-5
+    for row in real:
+        for new, before in zip((*cache.k, *cache.v), (*old.k, *old.v)):
+            assert (new[row, :, pads[row] :] - before[row, :, pads[row] :]).abs().max().item() <= 1e-5, row
