@@ -170,23 +170,11 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
     causal = i[None, :] <= i[:, None]  # (T query, T key), the same for every row once rolled
     masks = {w: causal if w is None else causal & (i[None, :] > i[:, None] - w) for w in set(windows)}
     D, Hq, Hkv = W.head_dim, W.n_heads, W.n_kv_heads
-    tables = {
-        kind: None if inv is None else rope_cos_sin(inv, scale, pos, h.dtype)
-        for kind, (inv, scale) in step_ropes(W, pos).items()
-    }
-    style = W.norm if W.norm != "layer" else "rms"
+    tables = prefill_rope_tables(W, pos, h.dtype)
     for layer, window, kc, vc in zip(W.layers, windows, k_caches, v_caches):
-        qkv = F.linear(norm_ref(h, layer.norm1_w, layer.norm1_b, W.eps, style), layer.w_qkv, layer.b_qkv)
-        q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
-        q, k, v = q.view(B, T, Hq, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
-        q, k = qk_norm_ref(q, k, layer.q_norm, layer.k_norm, W.eps, style)
-        cos_sin = tables[layer.rope]
-        if cos_sin is not None:
-            q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, D)
+        q, k, v = prefill_qkv(W, layer, h, tables[layer.rope])
         kc[:, :, :T] = k.gather(2, back.expand(B, Hkv, T, D))
         vc[:, :, :T] = v.gather(2, back.expand(B, Hkv, T, D))
-        q = q.transpose(1, 2)
         if layer.sinks is not None:
             a = _sink_attention(q, k, v, masks[window], layer.scale, layer.sinks)
         elif W.attn_softcap is not None:
@@ -197,25 +185,7 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
             a = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=masks[window], scale=layer.scale, enable_gqa=Hq != Hkv
             )
-        a = a.transpose(1, 2).reshape(B, T, Hq * D)
-        if layer.post_attn_w is not None:
-            h = norm_residual_ref(F.linear(a, layer.w_o, layer.b_o), layer.post_attn_w, W.eps, h, W.norm)
-        elif W.residual_scale is not None:
-            h = linear_residual_ref(a, layer.w_o, layer.b_o, h, W.residual_scale)
-        else:
-            h = reduce_residual(_add_linear, a, layer.w_o, layer.b_o, h, W.tp)
-        if layer.router is not None:
-            h = h + _moe_prefill(W, layer, h)
-            continue
-        m = norm_linear_ref(
-            h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act, None, **W.norm_options()
-        )
-        if layer.post_ffn_w is not None:
-            h = norm_residual_ref(F.linear(m, layer.w_down, layer.b_down), layer.post_ffn_w, W.eps, h, W.norm)
-        elif W.residual_scale is not None:
-            h = linear_residual_ref(m, layer.w_down, layer.b_down, h, W.residual_scale)
-        else:
-            h = reduce_residual(_add_linear, m, layer.w_down, layer.b_down, h, W.tp)
+        h = prefill_after_attention(W, layer, h, a)
     final = (last - pad) % T  # (B,): the last prompt token's rolled index
     logits = norm_linear_ref(
         h.gather(1, final[:, None, None].expand(B, 1, h.shape[-1]))[:, 0],
@@ -229,6 +199,50 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
         **W.head_options(),
     )
     return logits if W.vocab is None else W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
+
+
+def prefill_rope_tables(W: FusedWeights, pos, dtype) -> dict:
+    """cos, sin per RoPE kind of the model's layers (None: no RoPE) at positions `pos` (B, T)."""
+    return {
+        kind: None if inv is None else rope_cos_sin(inv, scale, pos, dtype)
+        for kind, (inv, scale) in step_ropes(W, pos).items()
+    }
+
+
+def prefill_qkv(W: FusedWeights, layer, h, cos_sin):
+    """A layer's attention inputs from its input h (B, T, H): norm, QKV projection, Q/K norms, RoPE (`cos_sin`:
+    prefill_rope_tables's for the layer's kind) -> q (B, Hq, T, D), k and v (B, Hkv, T, D)."""
+    B, T, _ = h.shape
+    D, Hq, Hkv = W.head_dim, W.n_heads, W.n_kv_heads
+    style = W.norm if W.norm != "layer" else "rms"
+    qkv = F.linear(norm_ref(h, layer.norm1_w, layer.norm1_b, W.eps, style), layer.w_qkv, layer.b_qkv)
+    q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+    q, k, v = q.view(B, T, Hq, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+    q, k = qk_norm_ref(q, k, layer.q_norm, layer.k_norm, W.eps, style)
+    if cos_sin is not None:
+        q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def prefill_after_attention(W: FusedWeights, layer, h, a):
+    """The rest of a layer after attention: a (B, Hq, T, D) -> O projection and residual, then the MLP (or the
+    routed experts) and its residual -> the layer's output (B, T, H)."""
+    B, _, T, _ = a.shape
+    a = a.transpose(1, 2).reshape(B, T, -1)
+    if layer.post_attn_w is not None:
+        h = norm_residual_ref(F.linear(a, layer.w_o, layer.b_o), layer.post_attn_w, W.eps, h, W.norm)
+    elif W.residual_scale is not None:
+        h = linear_residual_ref(a, layer.w_o, layer.b_o, h, W.residual_scale)
+    else:
+        h = reduce_residual(_add_linear, a, layer.w_o, layer.b_o, h, W.tp)
+    if layer.router is not None:
+        return h + _moe_prefill(W, layer, h)
+    m = norm_linear_ref(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act, None, **W.norm_options())
+    if layer.post_ffn_w is not None:
+        return norm_residual_ref(F.linear(m, layer.w_down, layer.b_down), layer.post_ffn_w, W.eps, h, W.norm)
+    if W.residual_scale is not None:
+        return linear_residual_ref(m, layer.w_down, layer.b_down, h, W.residual_scale)
+    return reduce_residual(_add_linear, m, layer.w_down, layer.b_down, h, W.tp)
 
 
 def _moe_prefill(W: FusedWeights, layer, h):
