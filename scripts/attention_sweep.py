@@ -14,7 +14,7 @@ import os
 import time
 
 import torch
-from kernel_sweep import rotated, time_rotated
+from kernel_sweep import rotated, timed_row
 
 DEV = "cuda"
 SHAPES = {"llama-1b": (32, 8, 64), "llama-8b": (32, 8, 128)}  # query heads, key/value heads, head size
@@ -98,16 +98,8 @@ def main(argv=None):
                 if time.time() - t0 > args.budget and label != "rule":
                     continue
                 row = dict(shape=shape, B=B, length=n, variant=label, **kw)
-                try:
-                    fn = lambda k, v, kw=kw: decode_attention(  # noqa: E731
-                        q, k, v, start, length, D**-0.5, out, ws, tickets=tk, **kw
-                    )
-                    us = time_rotated(fn, sets)
-                    row.update(us=round(us, 2), gbs=round(kv_bytes / us / 1e3, 1))
-                except Exception as e:  # a launch that does not compile (registers, shared memory) is recorded
-                    row["error"] = str(e)[:160]
-                rows_out.append(row)
-                print(row, flush=True)
+                fn = lambda k, v, kw=kw: decode_attention(q, k, v, start, length, D**-0.5, out, ws, tickets=tk, **kw)  # noqa: E731
+                rows_out.append(timed_row(row, fn, sets, kv_bytes))
             del sets
             torch.cuda.empty_cache()
             json.dump(rows_out, open(path, "w"), indent=1)

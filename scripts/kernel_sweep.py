@@ -59,6 +59,18 @@ def time_rotated(fn, sets) -> float:
     return ms * 1e3 / len(sets)
 
 
+def timed_row(row: dict, fn, sets, nbytes: int) -> dict:
+    """`row` with fn's us per call over `sets` (time_rotated) and GB/s of `nbytes` per call, or the error of a
+    launch that does not compile (registers, shared memory), printed."""
+    try:
+        us = time_rotated(fn, sets)
+        row.update(us=round(us, 2), gbs=round(nbytes / us / 1e3, 1))
+    except Exception as e:  # recorded, not raised: the sweep goes on with the next candidate
+        row["error"] = str(e)[:160]
+    print(row, flush=True)
+    return row
+
+
 def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
     from overlapdecode.fused.kernels.norm_linear import norm_linear

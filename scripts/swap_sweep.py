@@ -22,7 +22,7 @@ import time
 import torch
 import triton
 import triton.language as tl
-from kernel_sweep import rotated, time_rotated
+from kernel_sweep import rotated, timed_row
 
 DEV = "cuda"
 H, I, QD, V = 2048, 8192, 2048, 128256  # Llama-3.2-1B: hidden, MLP width, query width, vocabulary
@@ -197,13 +197,7 @@ def main(argv=None):
                 if time.time() - t0 > args.budget and kind.startswith("ours") and cfg is not None:
                     continue
                 row = dict(B=B, kernel=name, N=N, K=K, n_out=n_out, kind=kind, cfg=cfg)
-                try:
-                    us = time_rotated(fn, sets)
-                    row.update(us=round(us, 2), gbs=round(nbytes / us / 1e3, 1))
-                except Exception as e:  # a tile that does not compile (shared memory, registers) is recorded
-                    row["error"] = str(e)[:160]
-                rows_out.append(row)
-                print(row, flush=True)
+                rows_out.append(timed_row(row, fn, sets, nbytes))
             del sets
             torch.cuda.empty_cache()
             json.dump(rows_out, open(path, "w"), indent=1)
