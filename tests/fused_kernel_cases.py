@@ -406,6 +406,23 @@ def test_greedy_choice_equals_the_loops_choice(B, V, block_v):
     assert bool(_check_choice_against_ref(logits, state, [1], pad_id=2, block_v=block_v).done)
 
 
+@pytest.mark.parametrize("running", [None, 0, 1, 2])
+def test_greedy_choice_flag_counts_every_row_block(running):
+    """Each row block's last program reduces its own rows and the last of those writes the all-finished flag: over
+    two row blocks and a part block (B 40), every row finished but one of block `running` (None: none running):
+    done only when no block has a row running, whichever block's reduction comes last; the counters back at 0."""
+    B, V = 40, 300
+    torch.manual_seed(40)
+    logits = rnd(B, V)
+    state = torch.zeros((B, 3), dtype=torch.long, device=DEV)
+    state[:, 2] = 1
+    if running is not None:
+        state[running * 16, 2] = 0  # one row of the block still running
+    tickets = Tickets(DEV)
+    got = _check_choice_against_ref(logits, state, [], tickets=tickets)
+    assert bool(got.done) == (running is None) and int(tickets.counters.abs().sum()) == 0
+
+
 @pytest.mark.parametrize(
     "case",
     [

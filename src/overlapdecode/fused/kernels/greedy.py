@@ -16,7 +16,10 @@ programmatic dependent launch. Here one launch (with PDL, pdl.py) does it all. G
 cdiv(B, BLOCK_M)): each program loads its (BLOCK_M, BLOCK_V) tile of float32 logits and stores each row's
 maximum and first column holding it (NaN first), (NBLK, B) partials; the program that takes the last ticket
 reduces them in column-block order (the first block holding a row's maximum wins: the first index, whichever
-program came last) and writes the state and the flag.
+program came last) and writes the state; of the row blocks' last programs, the last (a second ticket) writes the
+flag. Why per row block: one program reducing every row block in turn took 58 us of the 128-row step
+(results/h200/llama-1b-timeline-128-rows); the row blocks' reductions now run side by side, and the flag needs
+only a count of the rows still running, added by each block's reduction before its second ticket.
 
 Folding the same partials and reduction into the LM head's own programs saves the launch but makes the step
 slower: the head, the one kernel at full bandwidth, loses more than the launch saves (CHANGELOG.md, "tried and
@@ -106,66 +109,72 @@ def greedy_finish(
     idx_ptr,
     NBLK,
     B,
+    r0,
     state_ptr,
     eos_ptr,
     E,
     pad_id,
-    done_ptr,
     tokens_ptr,
-    flags_ptr,
     count_ptr,
     L,
     BLOCK_M: tl.constexpr,
     RB: tl.constexpr,
     LOG: tl.constexpr,
 ):
-    """Run by the program that takes the last ticket: reduce the (NBLK, B) partials of block_argmax to each row's token
-    and write the new state and the all-finished flag (see the module docstring). Its loads of the partials
-    bypass L1 (the other programs stored them; linear_residual.last_of_split)."""
-    all_done = tl.full((BLOCK_M,), 1, tl.int32)
-    if LOG:  # the log's column: the previous launch's last program advanced the count (read past L1)
+    """Run by the program that takes the last ticket of the row block at r0: reduce its rows' (NBLK,) partials of
+    block_argmax to each row's token, write their new state (and log column) and return how many of them are still
+    running (see the module docstring). Its loads of the partials bypass L1 (the other programs stored them;
+    linear_residual.last_of_split)."""
+    rows = r0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < B
+    best_nan = tl.zeros((BLOCK_M,), tl.int32)
+    best_val = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    best_idx = tl.full((BLOCK_M,), BIG_INDEX, tl.int32)
+    for c0 in range(0, NBLK, RB):  # column blocks in order: an earlier block wins a tie
+        blk = c0 + tl.arange(0, RB)
+        ok = (blk < NBLK)[:, None] & row_ok[None, :]
+        pv = tl.load(val_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
+        pi = tl.load(idx_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=BIG_INDEX, cache_modifier=".cg")
+        pn = (pv != pv) & ok
+        c_nan = tl.max(pn.to(tl.int32), 0)
+        key = tl.where(pn, float("inf"), pv)
+        c_max = tl.max(key, 0)
+        cand = tl.where((c_nan > 0)[None, :], pn, key == c_max[None, :]) & ok
+        c_idx = tl.min(tl.where(cand, pi, BIG_INDEX), 0)
+        # take this chunk's candidate unless an earlier chunk already holds a NaN or an equal or larger max
+        take = (best_nan == 0) & ((c_nan > 0) | (c_max > best_val) | (best_idx == BIG_INDEX))
+        best_val = tl.where(take, c_max, best_val)
+        best_idx = tl.where(take, c_idx, best_idx)
+        best_nan = tl.maximum(best_nan, c_nan)
+    token = best_idx.to(tl.int64)
+    fin = tl.load(state_ptr + rows * 3 + 2, mask=row_ok, other=1) != 0
+    pos = tl.load(state_ptr + rows * 3 + 1, mask=row_ok, other=0)
+    token = tl.where(fin, pad_id, token)
+    is_eos = rows < 0  # all false
+    for e in range(E):
+        is_eos = is_eos | (token == tl.load(eos_ptr + e))
+    fin = fin | is_eos
+    tl.store(state_ptr + rows * 3, token, mask=row_ok)
+    tl.store(state_ptr + rows * 3 + 1, pos + 1, mask=row_ok)
+    tl.store(state_ptr + rows * 3 + 2, fin.to(tl.int64), mask=row_ok)
+    if LOG:  # the log's column: the previous launch's flag writer advanced the count, this launch's only after
+        # every row block's reduction has taken its second ticket, i.e. after this load (read past L1)
         column = tl.load(count_ptr, cache_modifier=".cg")
         in_log = (column >= 0) & (column < L)  # never past the log's end
-    for r0 in range(0, B, BLOCK_M):
-        rows = r0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < B
-        best_nan = tl.zeros((BLOCK_M,), tl.int32)
-        best_val = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        best_idx = tl.full((BLOCK_M,), BIG_INDEX, tl.int32)
-        for c0 in range(0, NBLK, RB):  # column blocks in order: an earlier block wins a tie
-            blk = c0 + tl.arange(0, RB)
-            ok = (blk < NBLK)[:, None] & row_ok[None, :]
-            pv = tl.load(val_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
-            pi = tl.load(idx_ptr + blk[:, None] * B + rows[None, :], mask=ok, other=BIG_INDEX, cache_modifier=".cg")
-            pn = (pv != pv) & ok
-            c_nan = tl.max(pn.to(tl.int32), 0)
-            key = tl.where(pn, float("inf"), pv)
-            c_max = tl.max(key, 0)
-            cand = tl.where((c_nan > 0)[None, :], pn, key == c_max[None, :]) & ok
-            c_idx = tl.min(tl.where(cand, pi, BIG_INDEX), 0)
-            # take this chunk's candidate unless an earlier chunk already holds a NaN or an equal or larger max
-            take = (best_nan == 0) & ((c_nan > 0) | (c_max > best_val) | (best_idx == BIG_INDEX))
-            best_val = tl.where(take, c_max, best_val)
-            best_idx = tl.where(take, c_idx, best_idx)
-            best_nan = tl.maximum(best_nan, c_nan)
-        token = best_idx.to(tl.int64)
-        fin = tl.load(state_ptr + rows * 3 + 2, mask=row_ok, other=1) != 0
-        pos = tl.load(state_ptr + rows * 3 + 1, mask=row_ok, other=0)
-        token = tl.where(fin, pad_id, token)
-        is_eos = rows < 0  # all false
-        for e in range(E):
-            is_eos = is_eos | (token == tl.load(eos_ptr + e))
-        fin = fin | is_eos
-        tl.store(state_ptr + rows * 3, token, mask=row_ok)
-        tl.store(state_ptr + rows * 3 + 1, pos + 1, mask=row_ok)
-        tl.store(state_ptr + rows * 3 + 2, fin.to(tl.int64), mask=row_ok)
-        if LOG:
-            tl.store(tokens_ptr + rows.to(tl.int64) * L + column, token, mask=row_ok & in_log)
-        all_done = all_done & tl.where(row_ok, fin.to(tl.int32), 1)
-    flag = (tl.min(all_done, 0) > 0).to(tl.uint8)
+        tl.store(tokens_ptr + rows.to(tl.int64) * L + column, token, mask=row_ok & in_log)
+    return tl.sum(tl.where(row_ok & (fin == 0), 1, 0), 0)
+
+
+@triton.jit
+def write_flag(running_ptr, done_ptr, flags_ptr, count_ptr, L, LOG: tl.constexpr):
+    """Run by the last of the row blocks' reductions (their second ticket): done = no row still running (the count
+    they added), written with the log's flag; the count goes back to 0 and the log's column advances."""
+    running = tl.atomic_xchg(running_ptr, 0, sem="acq_rel", scope="gpu")
+    flag = (running == 0).to(tl.uint8)
     tl.store(done_ptr, flag)
     if LOG:  # pinned host memory on CUDA: the host reads it after the step's event
-        tl.store(flags_ptr + column, flag, mask=in_log)
+        column = tl.load(count_ptr, cache_modifier=".cg")
+        tl.store(flags_ptr + column, flag, mask=(column >= 0) & (column < L))
         tl.store(count_ptr, column + 1)
 
 
@@ -205,26 +214,33 @@ def _greedy_kernel(
     )
     pdl_release(PDL)
     block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B)
-    if last_of_split(ticket_ptr, 0, tl.num_programs(0) * tl.num_programs(1)):
-        greedy_finish(
+    # counters: [0, NR) one per row block (its column programs), NR the row blocks' reductions, NR + 1 the rows
+    # still running. No program waits on another (tickets only), so nothing can deadlock.
+    pid_m = tl.program_id(1)
+    NR = tl.num_programs(1)
+    if last_of_split(ticket_ptr, pid_m, tl.num_programs(0)):
+        running = greedy_finish(
             val_ptr,
             idx_ptr,
             tl.num_programs(0),
             B,
+            pid_m * BLOCK_M,
             state_ptr,
             eos_ptr,
             E,
             pad_id,
-            done_ptr,
             tokens_ptr,
-            flags_ptr,
             count_ptr,
             L,
             BLOCK_M,
             REDUCE_BLOCKS,
             LOG,
         )
-        tl.store(ticket_ptr, 0)  # back to zero for the next launch
+        tl.store(ticket_ptr + pid_m, 0)  # back to zero for the next launch
+        tl.atomic_add(ticket_ptr + NR + 1, running, sem="relaxed", scope="gpu")  # ordered by the ticket below
+        if last_of_split(ticket_ptr, NR, NR):
+            write_flag(ticket_ptr + NR + 1, done_ptr, flags_ptr, count_ptr, L, LOG)
+            tl.store(ticket_ptr + NR, 0)
 
 
 def check_finish(finish: GreedyFinish, batch: int, device) -> None:
@@ -315,7 +331,7 @@ def greedy_choice(
         logits,
         vals,
         idx,
-        take_tickets(tickets, 1, logits.device),
+        take_tickets(tickets, grid[1] + 2, logits.device),
         finish.state,
         eos,
         finish.eos.numel(),
