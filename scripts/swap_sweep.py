@@ -38,7 +38,7 @@ KERNELS = {
 }
 # (block_n, block_k, num_warps, num_stages, programs / SMs): a spread around the rule's tiles (block_n per
 # accumulator: gate/up's and QKV's programs hold twice as many weight rows); programs 0: K not split (one program
-# per output tile), as the plain GEMMs
+# per output tile), as the plain GEMMs; 0.5: split to half the SMs
 VARIANTS = [
     (32, 64, 4, 4, 1),
     (32, 64, 8, 4, 1),
@@ -52,6 +52,7 @@ VARIANTS = [
     (32, 64, 8, 4, 0),
     (64, 64, 4, 4, 0),
     (64, 64, 8, 4, 0),
+    (32, 64, 8, 4, 0.5),
 ]
 
 
@@ -141,7 +142,7 @@ def main(argv=None):
                         block_k=cfg[1],
                         num_warps=cfg[2],
                         num_stages=cfg[3],
-                        programs=max(1, cfg[4] * sms),
+                        programs=max(1, int(cfg[4] * sms)),
                     )
                 )
                 if name in ("down", "o_proj"):
