@@ -36,6 +36,7 @@ SMALL = dict(
     qkv_programs=10**4,
     o_programs=10**4,
     down_programs=10**4,
+    att_programs=2 * 132,  # the attention's splits of an H200 (make_plan's default for sms=132)
 )
 
 

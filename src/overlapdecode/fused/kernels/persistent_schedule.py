@@ -135,9 +135,11 @@ def make_plan(
     down_programs: int | None = None,
     att_splits: int | None = None,
     att_block_n: int | None = None,
+    att_programs: int | None = None,
 ) -> LayerPlan:
     """The plan of the five kernels' defaults on a GPU of `sms` SMs: norm_qkv splits K for 4 x sms programs,
-    linear_residual for 2 x sms, the attention's splits come from the shapes (choose_num_splits)."""
+    linear_residual for 2 x sms, the attention's splits come from the shapes within 2 x sms programs
+    (choose_num_splits, as decode_attention.default_programs on that GPU)."""
     for name, v in (
         ("batch", batch),
         ("hidden", hidden),
@@ -164,7 +166,7 @@ def make_plan(
     default_n, block_d = block_sizes(head_dim, dtype)
     att_block_n = att_block_n or default_n
     if att_splits is None:
-        att_splits = choose_num_splits(batch, n_kv, cache_len, att_block_n)
+        att_splits = choose_num_splits(batch, n_kv, cache_len, att_block_n, att_programs or 2 * sms)
     return LayerPlan(
         batch,
         hidden,
