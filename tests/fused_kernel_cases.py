@@ -940,23 +940,25 @@ def test_moe_experts_gpt_oss(B, E, top_k, H, I, block_n, block_k):
         moe_experts(h, nw, 1e-6, logits, w_up, w_down, top_k, False, **dict(options, b_down=b_down[:, :-1]))
 
 
+@pytest.mark.parametrize("B", [2, 20])
 @pytest.mark.parametrize("name", FAMILIES)
 @torch.no_grad()
-def test_whole_step_of_each_family_kernels_vs_reference(name):
+def test_whole_step_of_each_family_kernels_vs_reference(name, B):
     """Each family's decode step made of the kernels (with its flags) equals the one made of their references,
-    cache writes included, at two rows with left padding and positions past its sliding windows."""
+    cache writes included, with left padding and positions past its sliding windows: at 2 rows (row-block tiles)
+    and at 20 (swapped tiles on rows normalised beforehand, swap_ab.py)."""
     model = family_model(name, device=DEV)
     fm = FusedModel(model, kernels="triton", compile_prefill=False)
-    B, S = 2, 16
-    ids = column(torch.tensor([5, 17], device=DEV), at=0)
-    pos = column(torch.tensor([11, 8], device=DEV))
+    S = 16
+    ids = column(torch.tensor([5, 17] * (B // 2), device=DEV), at=0)
+    pos = column(torch.tensor([11, 8] * (B // 2), device=DEV))
     results = []
     for ops in (REFERENCE_OPS, fm.ops):
         cache = fm.cache_for(B, S)
         torch.manual_seed(0)
         for t in cache.k + cache.v:
             t.copy_(torch.randn_like(t))
-        cache.pad.copy_(torch.tensor([1, 4], device=DEV))
+        cache.pad.copy_(torch.tensor([1, 4] * (B // 2), device=DEV))
         logits = reference.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
         results.append((logits, [t.clone() for t in cache.k + cache.v]))
     torch.testing.assert_close(results[1][0], results[0][0], **TOL)

@@ -160,6 +160,20 @@ def test_each_decoder_family_float32_tokens_equal_hf_for_200_steps(name):
     close(got, ref)
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+@torch.no_grad()
+def test_each_decoder_family_float32_tokens_equal_hf_at_40_rows(name):
+    """The same at 40 rows of mixed left padding for 48 steps: every projection on swapped tiles over rows
+    normalised beforehand (swap_ab.py), the greedy choice over three row blocks."""
+    model = real_model(name)
+    ids, mask = prompts(model, 40, seed=5)
+
+    def run(n):
+        return od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[])
+
+    assert_hf_greedy_tokens(model, ids, mask, run, f"{name} x 40", n=48)
+
+
 @pytest.mark.parametrize("name", ["qwen3-moe", "mixtral", "gpt-oss"])
 @torch.no_grad()
 def test_moe_float32_tokens_equal_hf_for_200_steps_at_batch_8(name):
