@@ -5,7 +5,8 @@ launch beforehand where swap_ab.use_prenorm says; `ours-registers`, the norm ker
 beside cuBLAS (`x @ w.T`) and two plain Triton GEMMs of the same orientation with no prologue or epilogue (x read
 transposed from memory, or read row-major and transposed in registers as the fused kernels do), so that what the
 fused kernels lose to the GEMM itself, to their orientation and to their prologue and epilogue shows apart; and
-`norm_rows`, the normalising launch alone (norm_linear.normalized_rows: the part of `ours` that is not the GEMM).
+`norm_rows`, the normalising launch alone (norm_linear.normalized_rows: the part of `ours` that is not the GEMM);
+`ours-norope`, QKV without its RoPE epilogue (the part of its gap that is the rotation).
 Timed as CUDA-graph replays over weight copies 4x the L2 (kernel_sweep.rotated), median; writes
 DIR/swap-sweep.json after every kernel.
 
@@ -54,6 +55,9 @@ VARIANTS = [
     (64, 64, 8, 4, 0),
     (32, 64, 8, 4, 0.5),
 ]
+# tiles tried first for one kernel: the LM head's 128-row tiles at fewer stages or shorter K tiles, so that two
+# programs fit per SM
+FIRST = {"lm_head": [(128, 64, 8, 3, 1), (128, 32, 8, 4, 1)]}
 
 
 @triton.jit
@@ -133,7 +137,7 @@ def main(argv=None):
             n_out = N // 2 if name == "gate_up" else N
             out = torch.empty((B, N), device=DEV, dtype=dt)
 
-            def ours(cfg, prenorm=None):
+            def ours(cfg, prenorm=None, rope=True):
                 kw = (
                     {}
                     if cfg is None
@@ -157,7 +161,7 @@ def main(argv=None):
                         1e-5,
                         w,
                         None,
-                        inv_freq,
+                        inv_freq if rope else None,
                         1.0,
                         pos,
                         slot,
@@ -186,6 +190,9 @@ def main(argv=None):
             else:
                 cands = [("cublas", None, lambda w: torch.mm(x, w.t(), out=out))]
                 cands += [("ours", None, ours(None))]
+            if name == "qkv":  # without its RoPE epilogue (K written unrotated): the rule's tile and the plain GEMM's
+                cands += [("ours-norope", c, ours(c, rope=False)) for c in (None, (32, 64, 4, 4, 0))]
+            cands += [("ours", c, ours(c)) for c in FIRST.get(name, [])]
             if name in ("qkv", "gate_up", "lm_head"):  # the norm in registers, in every K step
                 cands += [("ours-registers", None, ours(None, False))]
             if name != "norm_rows":
