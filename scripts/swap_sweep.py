@@ -6,7 +6,8 @@ beside cuBLAS (`x @ w.T`) and two plain Triton GEMMs of the same orientation wit
 transposed from memory, or read row-major and transposed in registers as the fused kernels do), so that what the
 fused kernels lose to the GEMM itself, to their orientation and to their prologue and epilogue shows apart; and
 `norm_rows`, the normalising launch alone (norm_linear.normalized_rows: the part of `ours` that is not the GEMM);
-`ours-norope`, QKV without its RoPE epilogue (the part of its gap that is the rotation).
+`ours-norope`, QKV without its RoPE epilogue (the part of its gap that is the rotation); `ours-table`, QKV reading
+the step's rotary table (norm_qkv.rope_table) as the step does from 17 rows, not computing sin and cos.
 Timed as CUDA-graph replays over weight copies 4x the L2 (kernel_sweep.rotated), median; writes
 DIR/swap-sweep.json after every kernel.
 
@@ -117,7 +118,7 @@ def main(argv=None):
         raise SystemExit("swap_sweep.py: needs a CUDA GPU")
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
     from overlapdecode.fused.kernels.norm_linear import norm_linear, normalized_rows, sums_args
-    from overlapdecode.fused.kernels.norm_qkv import norm_qkv
+    from overlapdecode.fused.kernels.norm_qkv import norm_qkv, rope_table
 
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "swap-sweep.json")
@@ -137,7 +138,7 @@ def main(argv=None):
             n_out = N // 2 if name == "gate_up" else N
             out = torch.empty((B, N), device=DEV, dtype=dt)
 
-            def ours(cfg, prenorm=None, rope=True):
+            def ours(cfg, prenorm=None, rope=True, table=False):
                 kw = (
                     {}
                     if cfg is None
@@ -172,6 +173,7 @@ def main(argv=None):
                         HEAD,
                         tickets=tk,
                         prenorm=prenorm,
+                        **(dict(rope_table=rt) if table else {}),
                         **kw,
                     )
                 act, od_ = ("silu_mul", None) if name == "gate_up" else ("none", torch.float32)
@@ -183,6 +185,7 @@ def main(argv=None):
                 slot = pos.clone()
                 kc = torch.zeros((B, KVD // HEAD, 64, HEAD), device=DEV, dtype=dt)
                 vc = torch.zeros_like(kc)
+                rt = rope_table(inv_freq, 1.0, pos, dt)  # the step's table, made once per step
             if name == "norm_rows":  # no weight: one launch over the rows, from x (no recorded sums)
                 nbytes = 2 * B * K * 2  # what it reads and writes
                 sums = sums_args(None, x, False)
@@ -192,6 +195,7 @@ def main(argv=None):
                 cands += [("ours", None, ours(None))]
             if name == "qkv":  # without its RoPE epilogue (K written unrotated): the rule's tile and the plain GEMM's
                 cands += [("ours-norope", c, ours(c, rope=False)) for c in (None, (32, 64, 4, 4, 0))]
+                cands += [("ours-table", None, ours(None, table=True))]
             cands += [("ours", c, ours(c)) for c in FIRST.get(name, [])]
             if name in ("qkv", "gate_up", "lm_head"):  # the norm in registers, in every K step
                 cands += [("ours-registers", None, ours(None, False))]

@@ -22,7 +22,7 @@ from overlapdecode.fused.kernels.norm_linear import (
     normalized_rows,
     sums_args,
 )
-from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
+from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref, rope_cos_sin, rope_table, rope_table_ref
 from overlapdecode.fused.kernels.swap_ab import use_prenorm
 from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
 from overlapdecode.step_graph import StepLog
@@ -739,6 +739,44 @@ def test_norm_qkv_with_the_families_flags(variant, B, programs, swap):
         x, nw, None, 1e-5, w, b, None, 0.9, pos, slot, caches[0].clone(), caches[1].clone(), Hq, Hkv, D
     )
     assert (q_ref - plain).abs().max() > 1e-2  # the flags change the result
+    # the step's rotary table read instead of sin and cos computed in the epilogue: the same bits
+    kc, vc = torch.zeros_like(caches[2]), torch.zeros_like(caches[3])
+    table = rope_table(inv, 0.9, pos, x.dtype)
+    args = (x, nw, None, 1e-5, w, b, inv, 0.9, pos, slot, kc, vc, Hq, Hkv, D)
+    q_table = norm_qkv(*args, block_k=16, programs=programs, swap=swap, rope_table=table, **kw)
+    assert torch.equal(q_table, q) and torch.equal(kc, caches[2]) and torch.equal(vc, caches[3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B,R2", [(5, 8), (19, 12)])
+def test_rope_table_equals_its_reference(B, R2, dtype):
+    """The step's rotary table (kernels/norm_qkv.py rope_table): each row's cos and sin, scaled and rounded to the
+    model's dtype as Hugging Face has them, from a strided column of positions; one or two row blocks, frequencies
+    not a power of two; bad arguments refused by name."""
+    torch.manual_seed(B + R2)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 2 * R2, 2, device=DEV).float() / (2 * R2)))
+    pos = column(torch.randint(0, 5000, (B,), device=DEV))
+    got = rope_table(inv, 0.7, pos, dtype)
+    want = rope_table_ref(inv, 0.7, pos, dtype)
+    # within one rounding of the dtype (Triton's sin and cos against torch's may differ in float32's last bit,
+    # which can move a 16-bit rounding; the QKV kernels read the table or compute the same Triton code: equal bits,
+    # test_norm_qkv_with_the_families_flags)
+    tol = dict(rtol=0, atol=2 * torch.finfo(dtype).eps)
+    assert got.shape == (B, 2 * R2) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, **tol)
+    assert torch.equal(got, got.to(dtype).float())  # values of the dtype
+    cos, sin = rope_cos_sin(inv, 0.7, pos, dtype)  # the model's own (B, 2 R2) halves
+    torch.testing.assert_close(got, torch.cat((cos[:, :R2], sin[:, :R2]), 1).float(), **tol)
+    with pytest.raises(ValueError, match="inv_freq must be a contiguous 1-d float"):
+        rope_table(inv[None], 0.7, pos, dtype)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        rope_table(inv, 0.7, pos, torch.int32)
+    caches = [torch.zeros(B, 2, 4, 6, device=DEV) for _ in range(2)]  # 2 KV heads of 6 dims, 3 rotary pairs
+    args = (rnd(B, 8), None, None, 1e-5, rnd(36, 8), None, inv[:3], 1.0, pos, pos, *caches, 2, 2, 6)
+    with pytest.raises(ValueError, match=rf"rope_table must be a contiguous \({B}, 6\) float32"):
+        norm_qkv(*args, rope_table=got)
+    with pytest.raises(ValueError, match="rope_table: given without inv_freq"):
+        norm_qkv(*args[:6], None, *args[7:], rope_table=got[:, :6].contiguous())
 
 
 @pytest.mark.parametrize("B,swap", [(3, False), (17, None)])

@@ -11,6 +11,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
+import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -20,7 +21,7 @@ from overlapdecode.fused.kernels.greedy import _greedy_kernel  # noqa: E402
 from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
 from overlapdecode.fused.kernels.moe import _down_kernel, _gate_up_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import NORM_NONE, _norm_linear_kernel, _norm_rows_kernel  # noqa: E402
-from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel  # noqa: E402
+from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel, _rope_table_kernel, swapped_qkv_tiles  # noqa: E402
 from overlapdecode.fused.kernels.swap_ab import swap_tiles, use_prenorm  # noqa: E402
 from overlapdecode.fused.model import TILES  # noqa: E402
 
@@ -85,7 +86,21 @@ CASES = {
             QK_NORM=False,
             NORM_OFFSET=False,
             ROT=64,
+            rt_ptr=None,
+            TABLE=False,
         ),
+    ),
+    "rope_table": (
+        _rope_table_kernel,
+        {
+            "inv_ptr": "*fp32",
+            "pos_ptr": "*i64",
+            "out_ptr": "*fp32",
+            "B": "i32",
+            "pos_stride": "i32",
+            "rope_scale": "fp32",
+        },
+        dict(R2=32, BLOCK_B=16, BLOCK_R=32, DT=tl.bfloat16),
     ),
     "attention": (
         _split_kernel,
@@ -303,8 +318,11 @@ def test_swapped_tiles_compile_to_tensor_core_mmas_without_spills(name, rows):
     `wgmma.wait_group` in the loop, not one wait for all groups after each), and spill at most a few dozen
     bytes."""
     fn, N, K, accs, extra = SWAPPED[name]
-    tiles = swap_tiles(rows, N, K, 2, accs, 132)
+    tiles = swapped_qkv_tiles(rows, N, K, 2, 132) if fn == "norm_qkv" else swap_tiles(rows, N, K, 2, accs, 132)
     kernel, types, constants = CASES[fn]
+    if fn == "norm_qkv":  # as the step runs it from 17 rows: cos and sin from the step's table
+        constants = {k: v for k, v in constants.items() if k != "rt_ptr"}
+        types, extra = dict(types, rt_ptr="*fp32"), dict(extra, TABLE=True)
     constants = dict(
         constants,
         **extra,
@@ -341,6 +359,8 @@ FAMILY_FLAGS = {
         {"qn_ptr": "*bf16", "kn_ptr": "*bf16"},
     ),
     "phi4 partial rotary": ("norm_qkv", dict(D=128, ROT=96, HALF=32), {}),
+    "rotary table": ("norm_qkv", dict(TABLE=True), {"rt_ptr": "*fp32"}),
+    "rotary table, partial rotary": ("norm_qkv", dict(D=128, ROT=96, HALF=32, TABLE=True), {"rt_ptr": "*fp32"}),
     "no prologue norm": ("norm_qkv", dict(LAYER=3, NB_PAD=0), {}),
     "gemma GeGLU": ("norm_linear", dict(ACT=3, LAYER=2), {}),
     "granite head": ("norm_linear", dict(ACT=0, ROUND_OUT=False, LOGIT_DIV=8.0), {}),
@@ -360,6 +380,8 @@ def test_the_families_flags_compile_for_sm90(name):
     constants = dict(constants, PDL=3, **flags)
     if flags.get("QK_NORM"):
         constants.pop("qn_ptr", None), constants.pop("kn_ptr", None)
+    if flags.get("TABLE"):
+        constants.pop("rt_ptr", None)
     text = ptx(kernel, dict(base_types, **types), constants)
     assert "griddepcontrol.wait" in text
 

@@ -77,6 +77,7 @@ class StepOps(NamedTuple):
     norm_residual: object = None  # residual + RMSNorm(branch), for post-norm layers (kernels/norm_residual.py)
     qk_norm_rope: object = None  # whole-projection Q/K norms, then RoPE (kernels/norm_qkv.py), for OLMo2
     moe: object = None  # residual + the routed experts (kernels/moe.py), for Qwen3-MoE, Mixtral and gpt-oss
+    rope_table: object = None  # the step's rotary cos/sin, once per table, for the QKV launches (kernels/norm_qkv.py)
 
 
 REFERENCE_OPS = StepOps(
@@ -144,7 +145,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.moe import moe_experts
     from .kernels.norm_linear import NormSums, norm_linear
-    from .kernels.norm_qkv import norm_qkv, qk_norm_rope
+    from .kernels.norm_qkv import norm_qkv, qk_norm_rope, rope_table
     from .kernels.norm_residual import norm_residual
 
     # grid targets of the row-block split-K kernels (programs= below; swapped launches take swap_ab.swap_tiles's):
@@ -174,6 +175,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
         norm_residual=functools.partial(norm_residual, pdl=pdl),
         qk_norm_rope=functools.partial(qk_norm_rope, pdl=pdl),
         moe=functools.partial(moe_experts, pdl=pdl),
+        rope_table=functools.partial(rope_table, pdl=pdl),
     )
 
 

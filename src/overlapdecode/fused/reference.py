@@ -19,6 +19,7 @@ from .kernels.moe import moe_dense_ref
 from .kernels.norm_linear import norm_linear_ref, norm_ref
 from .kernels.norm_qkv import apply_rope, qk_norm_ref, rope_cos_sin
 from .kernels.norm_residual import norm_residual_ref
+from .kernels.swap_ab import use_swap
 from .layout import FusedWeights
 
 
@@ -53,6 +54,17 @@ def step_ropes(W: FusedWeights, pos) -> dict:
     return ropes
 
 
+def step_rope_tables(W: FusedWeights, ropes: dict, pos, ops) -> dict:
+    """ops.rope_table's cos and sin of this step's positions, one per rotary table of step_ropes, read by every
+    layer's QKV launch instead of each of its programs computing them: where the launches swap (from ROW_TILE + 1
+    rows), whose programs hold 64-128 rows each, so that their precise sin and cos cost microseconds per launch
+    (kernels/norm_qkv.py rope_table); {} below that, or where the ops have no table (the torch twins)."""
+    if ops.rope_table is None or not use_swap(pos.shape[0]):
+        return {}
+    dtype = W.layers[0].w_qkv.dtype
+    return {kind: ops.rope_table(inv, scale, pos, dtype) for kind, (inv, scale) in ropes.items() if inv is not None}
+
+
 def window_start(start, length, window: int | None):
     """The first slot a row attends to in a layer of sliding window `window` (None: `start`, the row's first):
     keys at slots > the query's slot - window, as Hugging Face's sliding-window mask keeps them."""
@@ -69,8 +81,9 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     scale = {} if W.embed_scale is None else dict(scale=W.embed_scale)
     h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad, **scale)  # (B, H), (B,), (B,)
     ropes = step_ropes(W, pos)
+    tables = step_rope_tables(W, ropes, pos, ops)
     for layer, kc, vc in zip(W.layers, k_caches, v_caches):
-        h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops, ropes)
+        h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops, ropes, tables)
     logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, **W.head_options())
     if W.vocab is not None:
         logits = W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
@@ -79,14 +92,17 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     return logits
 
 
-def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, length, ops, ropes=None):
+def decode_layer(
+    W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, length, ops, ropes=None, rope_tables=None
+):
     """One decoder layer of the one-token step: h (B, H) -> the layer's output (B, H); writes K/V at `slot` of
     its cache; row b attends to slots [start[b], length[b]). Five operations of `ops` (model.StepOps), seven
     where the layer normalises its branches before adding them (ops.norm_residual). `ropes`: step_ropes's
-    tables (None: W's own)."""
+    tables (None: W's own); `rope_tables`: step_rope_tables's (None or no entry: QKV computes cos and sin)."""
     B = h.shape[0]
     inv_freq, rope_scale = (W.inv_freq, W.rope_scale) if ropes is None else ropes[layer.rope]
     whole = layer.q_norm is not None and layer.q_norm.numel() != W.head_dim  # OLMo2: norms after the projection
+    table = None if whole or not rope_tables else rope_tables.get(layer.rope)
     q = ops.norm_qkv(
         h,
         layer.norm1_w,
@@ -104,6 +120,7 @@ def decode_layer(W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, 
         W.n_kv_heads,
         W.head_dim,
         **W.qkv_options(layer),
+        **({} if table is None else dict(rope_table=table)),
     )
     if whole:  # normalise Q and the slot's K over their whole projections, then rotate them
         q = ops.qk_norm_rope(q, k_cache, slot, layer.q_norm, layer.k_norm, W.eps, inv_freq, rope_scale, pos, W.norm)

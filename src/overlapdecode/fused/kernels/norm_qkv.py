@@ -85,10 +85,13 @@ def norm_qkv_ref(
     q_norm=None,
     k_norm=None,
     norm_style: str = "rms",
+    rope_table=None,
 ):
     """x (B, H), pos/slot (B,) -> q (B, Hq, D); writes K and V (B, Hkv, D) at `slot` of each row's cache.
     `norm_w` None: no norm; `q_norm`, `k_norm` (D,): per-head RMSNorms of Q and K before RoPE; `norm_style`: the
-    RMSNorms' rounding (norm_linear.norm_ref); inv_freq of R/2 < D/2 frequencies: partial rotary (the first R dims)."""
+    RMSNorms' rounding (norm_linear.norm_ref); inv_freq of R/2 < D/2 frequencies: partial rotary (the first R dims).
+    `rope_table` (the kernel's precomputed cos and sin, rope_table_ref's): not read; the same values are computed
+    here from inv_freq and pos."""
     B = x.shape[0]
     qkv = torch.nn.functional.linear(norm_ref(x, norm_w, norm_b, eps, norm_style), w, b)
     q, k, v = qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
@@ -103,6 +106,90 @@ def norm_qkv_ref(
     k_cache[rows, :, slot] = k
     v_cache[rows, :, slot] = v
     return q
+
+
+@triton.jit
+def rope_cos_sin_tile(pos, inv, rope_scale, dtype: tl.constexpr):
+    """cos and sin of pos (M,) float32 x inv (R,) as Hugging Face rounds them (rope_cos_sin): (M, R) float32 each."""
+    ang = pos[:, None] * inv[None, :]
+    c = (tl.cos(ang) * rope_scale).to(dtype).to(tl.float32)
+    sn = (tl.sin(ang) * rope_scale).to(dtype).to(tl.float32)
+    return c, sn
+
+
+@triton.jit
+def _rope_table_kernel(
+    inv_ptr,
+    pos_ptr,
+    out_ptr,
+    B,
+    pos_stride,
+    rope_scale,
+    R2: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    DT: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_start(PDL)
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    dim = tl.arange(0, BLOCK_R)
+    row_ok = rows < B
+    dim_ok = dim < R2
+    pos = tl.load(pos_ptr + rows * pos_stride, mask=row_ok, other=0).to(tl.float32)
+    inv = tl.load(inv_ptr + dim, mask=dim_ok, other=0.0)
+    pdl_release(PDL)
+    c, sn = rope_cos_sin_tile(pos, inv, rope_scale, DT)
+    ok = row_ok[:, None] & dim_ok[None, :]
+    base = out_ptr + rows[:, None] * (2 * R2) + dim[None, :]
+    tl.store(base, c, mask=ok)
+    tl.store(base + R2, sn, mask=ok)
+
+
+def rope_table_ref(inv_freq, rope_scale: float, pos, dtype) -> torch.Tensor:
+    """The rotary cos and sin of each row's position, rounded to `dtype` as Hugging Face has them (rope_cos_sin)
+    and stored as float32: (B, R) for R/2 frequencies, cos in [:, :R/2], sin in [:, R/2:]."""
+    freqs = pos.float()[:, None] * inv_freq.float()[None, :]
+    return torch.cat(
+        ((freqs.cos() * rope_scale).to(dtype).float(), (freqs.sin() * rope_scale).to(dtype).float()), dim=1
+    )
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def rope_table(inv_freq, rope_scale: float, pos, dtype, pdl: int = 0) -> torch.Tensor:
+    """The Triton kernel of `rope_table_ref`, one launch per step and rotary table: computed once, read by every
+    layer's norm_qkv (`rope_table=`) instead of each program evaluating sin and cos for its tile. Why: at 128 rows a
+    swapped QKV program holds 128 rows x 32 pairs, and with the precise sin and cos of each (libdevice, as torch's)
+    the launch took 22.6 us against 16.3 without RoPE (H200, Llama-1B shape, scripts/swap_sweep.py `ours-norope`)."""
+    if dtype not in _TL_DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(_TL_DTYPES)}, got {dtype}")
+    if inv_freq.dim() != 1 or not inv_freq.is_floating_point() or not inv_freq.is_contiguous():
+        raise ValueError(
+            f"inv_freq must be a contiguous 1-d float tensor, got {tuple(inv_freq.shape)} {inv_freq.dtype}"
+        )
+    if pos.dim() != 1:
+        raise ValueError(f"pos must be 1-d (one position per row), got shape {tuple(pos.shape)}")
+    B, R2 = pos.shape[0], inv_freq.numel()
+    out = torch.empty((B, 2 * R2), dtype=torch.float32, device=pos.device)
+    block_b = min(16, triton.next_power_of_2(B))
+    _rope_table_kernel[(triton.cdiv(B, block_b),)](
+        inv_freq,
+        pos,
+        out,
+        B,
+        pos.stride(0),
+        float(rope_scale),
+        R2=R2,
+        BLOCK_B=block_b,
+        BLOCK_R=triton.next_power_of_2(R2),
+        DT=_TL_DTYPES[dtype],
+        PDL=int(pdl),
+        num_warps=4,
+        **pdl_launch(pdl),
+    )
+    return out
 
 
 @triton.jit
@@ -138,12 +225,15 @@ def _qkv_finish(
     QK_NORM: tl.constexpr,
     NORM_OFFSET: tl.constexpr,
     ROT: tl.constexpr,
+    rt_ptr=None,
+    TABLE: tl.constexpr = False,
 ):
     """Bias, rounding, RoPE and the stores of one (rows, HALF pairs) tile; `head` and `dim` (HALF,) are each
     column's head (Q, then K, then V heads) and pair: dims `dim` and `dim + D/2` of the head, or with partial
     rotary (ROT < D rotated dims) pair p < ROT/2 is dims (p, p + ROT/2) and the others pair the dims past ROT.
     QK_NORM: the tile is one whole head (HALF >= D/2); its Q and K heads are RMS-normalised over their D dims
-    (weights at qn_ptr / kn_ptr, (D,); NORM_OFFSET: Gemma's (1 + w)) before RoPE, as Qwen3 and Gemma 3 do."""
+    (weights at qn_ptr / kn_ptr, (D,); NORM_OFFSET: Gemma's (1 + w)) before RoPE, as Qwen3 and Gemma 3 do.
+    TABLE: cos and sin read from rope_table's (B, ROT) table at rt_ptr instead of computed here."""
     dtype = q_ptr.dtype.element_ty
     if ROT == D:
         off1 = dim  # the first dim of each column's pair, and the distance to its second
@@ -182,11 +272,15 @@ def _qkv_finish(
         normed = (head < n_heads + n_kv)[None, :]
         y1, y2 = tl.where(normed, n1, y1), tl.where(normed, n2, y2)
     if ROPE:
-        pos = tl.load(pos_ptr + rows * pos_stride, mask=row_ok, other=0).to(tl.float32)
-        inv = tl.load(inv_freq_ptr + dim, mask=turns, other=0.0)
-        ang = pos[:, None] * inv[None, :]
-        c = (tl.cos(ang) * rope_scale).to(dtype).to(tl.float32)
-        sn = (tl.sin(ang) * rope_scale).to(dtype).to(tl.float32)
+        if TABLE:  # the step's table (rope_table): the same values, computed once per step
+            tb = rt_ptr + rows[:, None] * ROT + dim[None, :]
+            tm = row_ok[:, None] & turns[None, :]
+            c = tl.load(tb, mask=tm, other=0.0)
+            sn = tl.load(tb + ROT // 2, mask=tm, other=0.0)
+        else:
+            pos = tl.load(pos_ptr + rows * pos_stride, mask=row_ok, other=0).to(tl.float32)
+            inv = tl.load(inv_freq_ptr + dim, mask=turns, other=0.0)
+            c, sn = rope_cos_sin_tile(pos, inv, rope_scale, dtype)
         if ROT == D:
             rotated = (head < n_heads + n_kv)[None, :]  # Q and K heads; V is not rotated
         else:
@@ -259,6 +353,8 @@ def _norm_qkv_kernel(
     QK_NORM: tl.constexpr,
     NORM_OFFSET: tl.constexpr,
     ROT: tl.constexpr,
+    rt_ptr,
+    TABLE: tl.constexpr,
 ):
     pdl_start(PDL)
     if QK_NORM:  # one head per program, its D/2 pairs in the first lanes of HALF
@@ -370,7 +466,19 @@ def _norm_qkv_kernel(
             QK_NORM,
             NORM_OFFSET,
             ROT,
+            rt_ptr,
+            TABLE,
         )
+
+
+def swapped_qkv_tiles(rows: int, halves: int, K: int, elt_bytes: int, sms: int) -> dict:
+    """swap_ab.swap_tiles's tiles for QKV's `halves` rotary pairs (two weight rows each), with 8 warps from 64 batch
+    rows: the RoPE epilogue holds both halves of the tile and their cos and sin at once (64 rows, Llama-1B shape,
+    H200: 14.6 us against 16.9 on 4 warps, scripts/swap_sweep.py)."""
+    plan = swap_tiles(rows, halves, K, elt_bytes, 2, sms)
+    if plan["block_m"] >= 64:
+        plan["num_warps"] = 8
+    return plan
 
 
 def norm_qkv(
@@ -402,6 +510,7 @@ def norm_qkv(
     k_norm=None,
     norm_style: str = "rms",
     prenorm: bool | None = None,
+    rope_table: torch.Tensor | None = None,
 ):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
@@ -413,7 +522,8 @@ def norm_qkv(
     squares may have been recorded by its writer (NormSums). `norm_w` None (no norm), `q_norm`, `k_norm`,
     `norm_style` and a partial rotary inv_freq: as in norm_qkv_ref; with `q_norm` a program owns one whole head
     (`half` at least D/2). `prenorm`: whether a swapped launch multiplies rows normalised beforehand (None:
-    swap_ab.use_prenorm)."""
+    swap_ab.use_prenorm). `rope_table`: rope_table's (B, rotary dims) cos and sin for these rows' positions, read
+    instead of computed (None: computed in the epilogue)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
@@ -422,6 +532,14 @@ def norm_qkv(
     rot = head_dim if inv_freq is None else 2 * inv_freq.numel()
     if head_dim % 2 or rot % 2 or rot > head_dim:
         raise ValueError(f"head_dim ({head_dim}) and the rotary dims ({rot}) must be even, rotary <= head_dim")
+    if rope_table is not None:
+        if inv_freq is None:
+            raise ValueError("rope_table: given without inv_freq (no RoPE to apply)")
+        if rope_table.shape != (B, rot) or rope_table.dtype != torch.float32 or not rope_table.is_contiguous():
+            raise ValueError(
+                f"rope_table must be a contiguous ({B}, {rot}) float32 tensor (rope_table's), got "
+                f"{tuple(rope_table.shape)} {rope_table.dtype}"
+            )
     qk_norm = q_norm is not None
     if qk_norm != (k_norm is not None):
         raise ValueError("q_norm and k_norm must be given together")
@@ -435,9 +553,7 @@ def norm_qkv(
         x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm
     )
     if swapped:
-        plan = swap_tiles(B, halves, K, w.element_size(), 2, sm_count(x.device))
-        if plan["block_m"] >= 64:  # the RoPE epilogue holds both halves of the tile and their cos/sin at once
-            plan["num_warps"] = 8  # 64 rows, Llama-1B: 14.6 us against 16.9 at 4 warps (scripts/swap_sweep.py)
+        plan = swapped_qkv_tiles(B, halves, K, w.element_size(), sm_count(x.device))
     else:
         plan = dict(
             block_m=ROW_TILE,
@@ -519,6 +635,8 @@ def norm_qkv(
         QK_NORM=qk_norm,
         NORM_OFFSET=norm_style == "rms_offset",
         ROT=rot,
+        rt_ptr=rope_table,  # None without (a constexpr None: no parameter)
+        TABLE=rope_table is not None,
         num_warps=num_warps or plan["num_warps"],
         num_stages=num_stages or plan["num_stages"],
         **pdl_launch(pdl),
