@@ -4,7 +4,7 @@ the figures): ms/step, tok/s, MBU and the per-layer toll with the KV bytes each 
     python3 scripts/scale_sweep.py --out DIR [--model llama-1b-random] [--dtype bfloat16]
         [--rows 1,16,32,64,128] [--prompts 32] [--long-rows 1,8] [--long-prompts 4096,8192,16384]
         [--strategies fused,interleaved] [--new-tokens 64] [--long-new-tokens 32] [--repeats 3]
-        [--time-budget 120] [--no-kernels] [--prenorm rule|never|always]
+        [--time-budget 120] [--no-kernels] [--prenorm rule|never|always] [--rope-table rule|never]
 
 Points run short prompts first, every strategy at a point before the next; past --time-budget seconds (from the
 start, the model's load included) no new point starts and the rest are listed as not run. The fused prefill runs
@@ -13,7 +13,8 @@ the eager prefill's. DIR gets scale.json, scale.md (the table) and, unless --no-
 point (traces/). A point that runs out of memory is recorded as such. On CPU it runs too (no bandwidth, hence no
 MBU or toll; no kernel counts): `--model tiny-llama --dtype float32`. `--prenorm never` / `always`: the swapped launches
 normalise their rows in registers / by one launch beforehand at every row count (swap_ab.use_prenorm's rule
-replaced), to measure that rule.
+replaced), to measure that rule; `--rope-table never`: every QKV launch computes RoPE's sin and cos itself
+(reference.step_rope_tables replaced by no tables), to measure the step's rotary table.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--time-budget", type=float, default=120.0)
     ap.add_argument("--no-kernels", action="store_true", help="no profiler trace per point (no kernels/step)")
     ap.add_argument("--prenorm", choices=("rule", "never", "always"), default="rule", help="default: %(default)s")
+    ap.add_argument("--rope-table", choices=("rule", "never"), default="rule", help="default: %(default)s")
     args = ap.parse_args(argv)
     if args.new_tokens < 2 or args.long_new_tokens < 2:
         ap.error("--new-tokens and --long-new-tokens must be >= 2 (decode time = call of N - call of 1)")
@@ -66,6 +68,10 @@ def main(argv=None) -> int:
         from overlapdecode.fused.kernels import norm_linear
 
         norm_linear.use_prenorm = lambda rows: args.prenorm == "always"
+    if args.rope_table == "never":  # the one place that decides it (reference.decode_step) reads this name
+        from overlapdecode.fused import reference
+
+        reference.step_rope_tables = lambda *a, **k: {}
     os.makedirs(args.out, exist_ok=True)
     traces = None if args.no_kernels else os.path.join(args.out, "traces")
     if traces:
