@@ -987,11 +987,13 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B):
     and at 20 (swapped tiles on rows normalised beforehand, swap_ab.py)."""
     model = family_model(name, device=DEV)
     fm = FusedModel(model, kernels="triton", compile_prefill=False)
+    W = fm.weights
     S = 16
     ids = column(torch.tensor([5, 17] * (B // 2), device=DEV), at=0)
     pos = column(torch.tensor([11, 8] * (B // 2), device=DEV))
-    results = []
-    for ops in (REFERENCE_OPS, fm.ops):
+    results, tables = [], []
+    kernels = fm.ops._replace(rope_table=lambda *a, **k: tables.append(fm.ops.rope_table(*a, **k)) or tables[-1])
+    for ops in (REFERENCE_OPS, kernels):
         cache = fm.cache_for(B, S)
         torch.manual_seed(0)
         for t in cache.k + cache.v:
@@ -1002,6 +1004,51 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B):
     torch.testing.assert_close(results[1][0], results[0][0], **TOL)
     for a, b in zip(results[1][1], results[0][1]):
         torch.testing.assert_close(a, b, **TOL)
+    # from 17 rows the QKV launches read the step's rotary tables: one per table a layer's norm_qkv rotates with
+    read = {L.rope for L in W.layers if L.rope is not None and not reference.whole_qk_norms(W, L)}
+    assert len(tables) == (len(read) if B > 16 else 0), (name, B, len(tables), read)
+
+
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_norm_qkv_reads_the_rope_table_bit_for_bit_in_16_bit(dtype, swap):
+    """In 16-bit, where the table's values are rounded to the dtype, norm_qkv reading rope_table's table gives the
+    bits of computing cos and sin in its epilogue (partial rotary, a strided position column, split K)."""
+    torch.manual_seed(3)
+    B, H, Hq, Hkv, D, R, S = 19, 40, 4, 2, 24, 16, 9
+    x = rnd(B, H).to(dtype)
+    w = (rnd((Hq + 2 * Hkv) * D, H) * H**-0.5).to(dtype)
+    inv = 1.0 / (500.0 ** (torch.arange(0, R, 2, device=DEV).float() / R))
+    pos = column(torch.randint(0, 3000, (B,), device=DEV))
+    slot = torch.randint(0, S, (B,), device=DEV)
+    nw = rnd(H).to(dtype) + 1
+    outs = []
+    for table in (None, rope_table(inv, 0.8, pos, dtype)):
+        kc, vc = (torch.zeros(B, Hkv, S, D, device=DEV, dtype=dtype) for _ in range(2))
+        q = norm_qkv(
+            x,
+            nw,
+            None,
+            1e-5,
+            w,
+            None,
+            inv,
+            0.8,
+            pos,
+            slot,
+            kc,
+            vc,
+            Hq,
+            Hkv,
+            D,
+            block_k=16,
+            programs=1000,
+            swap=swap,
+            rope_table=table,
+        )
+        outs.append((q, kc, vc))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize(

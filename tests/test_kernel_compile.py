@@ -309,18 +309,21 @@ def spill_bytes(text: str) -> int:
     return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
 
 
-@pytest.mark.parametrize("rows", [32, 128])
-@pytest.mark.parametrize("name", sorted(SWAPPED))
-def test_swapped_tiles_compile_to_tensor_core_mmas_without_spills(name, rows):
+@pytest.mark.parametrize(
+    "name,rows,table",
+    [(n, r, False) for n in sorted(SWAPPED) for r in (32, 64, 128)]
+    + [(n, r, True) for n in sorted(SWAPPED) if SWAPPED[n][0] == "norm_qkv" for r in (32, 64, 128)],
+)
+def test_swapped_tiles_compile_to_tensor_core_mmas_without_spills(name, rows, table):
     """The swapped tiles swap_ab.swap_tiles picks (bfloat16, 132 SMs, split, PDL LATE) compile for sm_90 to
     tensor-core MMAs with the weight rows as M (warpgroup MMAs, wgmma, from 64 weight rows per program; mma.sync
     below), one MMA chain per K tile where a program pairs two accumulators' rows (swap_ab.pair_rows: a single
     `wgmma.wait_group` in the loop, not one wait for all groups after each), and spill at most a few dozen
-    bytes."""
+    bytes; QKV with its tiles (swapped_qkv_tiles) and also reading the step's rotary table (`table`)."""
     fn, N, K, accs, extra = SWAPPED[name]
     tiles = swapped_qkv_tiles(rows, N, K, 2, 132) if fn == "norm_qkv" else swap_tiles(rows, N, K, 2, accs, 132)
     kernel, types, constants = CASES[fn]
-    if fn == "norm_qkv":  # as the step runs it from 17 rows: cos and sin from the step's table
+    if table:  # QKV as the step runs it from 17 rows: cos and sin from the step's table
         constants = {k: v for k, v in constants.items() if k != "rt_ptr"}
         types, extra = dict(types, rt_ptr="*fp32"), dict(extra, TABLE=True)
     constants = dict(
@@ -345,6 +348,15 @@ def test_swapped_tiles_compile_to_tensor_core_mmas_without_spills(name, rows):
     else:
         assert "mma.sync.aligned" in text
     assert spill_bytes(text) <= 192  # the LM head at 128 x 128 spills 168 bytes in its epilogue
+
+
+def test_swapped_qkv_tiles_take_8_warps_from_64_rows():
+    """QKV's swapped tiles: swap_tiles's, with 8 warps from 64 batch rows (measured there), 4 below at the 1B shape."""
+    warps = {rows: swapped_qkv_tiles(rows, 1536, 2048, 2, 132)["num_warps"] for rows in (17, 32, 40, 63, 64, 100, 128)}
+    assert warps == {17: 4, 32: 4, 40: 4, 63: 4, 64: 8, 100: 8, 128: 8}
+    assert {k: v for k, v in swapped_qkv_tiles(40, 1536, 2048, 2, 132).items() if k != "num_warps"} == {
+        k: v for k, v in swap_tiles(40, 1536, 2048, 2, 2, 132).items() if k != "num_warps"
+    }
 
 
 # the decoder families' flags (layout.DECODERS), each on the Llama-1B case of its kernel: Qwen3's per-head Q/K

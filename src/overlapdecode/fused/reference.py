@@ -54,15 +54,26 @@ def step_ropes(W: FusedWeights, pos) -> dict:
     return ropes
 
 
-def step_rope_tables(W: FusedWeights, ropes: dict, pos, ops) -> dict:
-    """ops.rope_table's cos and sin of this step's positions, one per rotary table of step_ropes, read by every
-    layer's QKV launch instead of each of its programs computing them: where the launches swap (from ROW_TILE + 1
-    rows), whose programs hold 64-128 rows each, so that their precise sin and cos cost microseconds per launch
-    (kernels/norm_qkv.py rope_table); {} below that, or where the ops have no table (the torch twins)."""
+def whole_qk_norms(W: FusedWeights, layer) -> bool:
+    """Whether the layer normalises Q and K over their whole projections (OLMo2): then RoPE follows those norms
+    (ops.qk_norm_rope), not norm_qkv."""
+    return layer.q_norm is not None and layer.q_norm.numel() != W.head_dim
+
+
+def step_rope_tables(W: FusedWeights, ropes: dict, pos, ops, dtype) -> dict:
+    """ops.rope_table's cos and sin of this step's positions in `dtype` (the hidden states'), one per rotary table
+    of step_ropes that a layer's norm_qkv reads, instead of each of its programs computing them: where the launches
+    swap (from ROW_TILE + 1 rows), whose programs hold 64-128 rows each, so that their precise sin and cos cost
+    microseconds per launch (kernels/norm_qkv.py rope_table); {} below that (not measured there), or where the ops
+    have no table (the torch twins)."""
     if ops.rope_table is None or not use_swap(pos.shape[0]):
         return {}
-    dtype = W.layers[0].w_qkv.dtype
-    return {kind: ops.rope_table(inv, scale, pos, dtype) for kind, (inv, scale) in ropes.items() if inv is not None}
+    kinds = {layer.rope for layer in W.layers if not whole_qk_norms(W, layer)}
+    return {
+        kind: ops.rope_table(inv, scale, pos, dtype)
+        for kind, (inv, scale) in ropes.items()
+        if inv is not None and kind in kinds
+    }
 
 
 def window_start(start, length, window: int | None):
@@ -81,7 +92,7 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     scale = {} if W.embed_scale is None else dict(scale=W.embed_scale)
     h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad, **scale)  # (B, H), (B,), (B,)
     ropes = step_ropes(W, pos)
-    tables = step_rope_tables(W, ropes, pos, ops)
+    tables = step_rope_tables(W, ropes, pos, ops, h.dtype)
     for layer, kc, vc in zip(W.layers, k_caches, v_caches):
         h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops, ropes, tables)
     logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, **W.head_options())
@@ -101,7 +112,7 @@ def decode_layer(
     tables (None: W's own); `rope_tables`: step_rope_tables's (None or no entry: QKV computes cos and sin)."""
     B = h.shape[0]
     inv_freq, rope_scale = (W.inv_freq, W.rope_scale) if ropes is None else ropes[layer.rope]
-    whole = layer.q_norm is not None and layer.q_norm.numel() != W.head_dim  # OLMo2: norms after the projection
+    whole = whole_qk_norms(W, layer)  # OLMo2: norms after the projection
     table = None if whole or not rope_tables else rope_tables.get(layer.rope)
     q = ops.norm_qkv(
         h,

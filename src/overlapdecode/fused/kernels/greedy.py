@@ -14,12 +14,12 @@ Why: after the head, the step used to launch the chunked argmax and the finished
 kernels of `choose_next`) and two copies into the step's state and flag: five small kernels, none with
 programmatic dependent launch. Here one launch (with PDL, pdl.py) does it all. Grid (cdiv(V, BLOCK_V),
 cdiv(B, BLOCK_M)): each program loads its (BLOCK_M, BLOCK_V) tile of float32 logits and stores each row's
-maximum and first column holding it (NaN first), (NBLK, B) partials; the program that takes the last ticket
-reduces them in column-block order (the first block holding a row's maximum wins: the first index, whichever
-program came last) and writes the state; of the row blocks' last programs, the last (a second ticket) writes the
-flag. Why per row block: one program reducing every row block in turn took 58 us of the 128-row step
-(results/h200/llama-1b-timeline-128-rows); the row blocks' reductions now run side by side, and the flag needs
-only a count of the rows still running, added by each block's reduction before its second ticket.
+maximum and first column holding it (NaN first), (NBLK, B) partials; in each row block the program that takes the
+block's last ticket reduces its rows' partials in column-block order (the first block holding a row's maximum
+wins: the first index, whichever program came last) and writes their state; of those, the last (a second ticket)
+writes the flag. Why per row block: with one program reducing every row block in turn the kernel took 59.3 us in
+the 128-row step (results/h200/llama-1b-timeline-128-rows), 39.5 per row block; the flag needs only a count of the
+rows still running, added by each block's reduction before its second ticket.
 
 Folding the same partials and reduction into the LM head's own programs saves the launch but makes the step
 slower: the head, the one kernel at full bandwidth, loses more than the launch saves (CHANGELOG.md, "tried and
@@ -296,8 +296,8 @@ def greedy_choice(
 ) -> None:
     """The Triton kernel of `greedy_finish_ref`: logits (B, V) float32 with contiguous rows (a column slice,
     such as the vocabulary-parallel head's gathered logits, is read in place); writes finish.state and
-    finish.done (and finish.log) in place. `tickets`: the counter of the launch (linear_residual.Tickets;
-    default fresh zeros); `pdl`: pdl.py's mode; `block_v`: logits per row per program (a power of two; default block_v_for(B))."""
+    finish.done (and finish.log) in place. `tickets`: the launch's counters, one per row block and two more
+    (linear_residual.Tickets; default fresh zeros); `pdl`: pdl.py's mode; `block_v`: logits per row per program (a power of two; default block_v_for(B))."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(
             f"logits must be a (B, V) float32 tensor, got {getattr(logits, 'shape', logits)!r} "

@@ -476,7 +476,7 @@ def swapped_qkv_tiles(rows: int, halves: int, K: int, elt_bytes: int, sms: int) 
     rows: the RoPE epilogue holds both halves of the tile and their cos and sin at once (64 rows, Llama-1B shape,
     H200: 14.6 us against 16.9 on 4 warps, scripts/swap_sweep.py)."""
     plan = swap_tiles(rows, halves, K, elt_bytes, 2, sms)
-    if plan["block_m"] >= 64:
+    if rows >= 64:  # measured at 64 and 128 rows; 33-63 rows keep swap_tiles's 4 (not timed)
         plan["num_warps"] = 8
     return plan
 
@@ -523,7 +523,8 @@ def norm_qkv(
     `norm_style` and a partial rotary inv_freq: as in norm_qkv_ref; with `q_norm` a program owns one whole head
     (`half` at least D/2). `prenorm`: whether a swapped launch multiplies rows normalised beforehand (None:
     swap_ab.use_prenorm). `rope_table`: rope_table's (B, rotary dims) cos and sin for these rows' positions, read
-    instead of computed (None: computed in the epilogue)."""
+    instead of computed (None: computed in the epilogue from inv_freq, rope_scale and pos, which a table replaces:
+    it must have been made from the same ones, in x's dtype)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
@@ -535,10 +536,15 @@ def norm_qkv(
     if rope_table is not None:
         if inv_freq is None:
             raise ValueError("rope_table: given without inv_freq (no RoPE to apply)")
-        if rope_table.shape != (B, rot) or rope_table.dtype != torch.float32 or not rope_table.is_contiguous():
+        if (
+            rope_table.shape != (B, rot)
+            or rope_table.dtype != torch.float32
+            or not rope_table.is_contiguous()
+            or rope_table.device != x.device
+        ):
             raise ValueError(
-                f"rope_table must be a contiguous ({B}, {rot}) float32 tensor (rope_table's), got "
-                f"{tuple(rope_table.shape)} {rope_table.dtype}"
+                f"rope_table must be a contiguous ({B}, {rot}) float32 tensor on {x.device} (rope_table's), got "
+                f"{tuple(rope_table.shape)} {rope_table.dtype} on {rope_table.device}"
             )
     qk_norm = q_norm is not None
     if qk_norm != (k_norm is not None):
