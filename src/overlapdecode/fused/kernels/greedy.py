@@ -104,6 +104,23 @@ def block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B):
 
 
 @triton.jit
+def advance_rows(token, rows, row_ok, state_ptr, eos_ptr, E, pad_id):
+    """The stop bookkeeping of the rows' chosen tokens (int64): a finished row emits pad_id, an EOS token finishes
+    its row; each row's state (token, position + 1, finished) written. -> (token, finished) of the rows."""
+    fin = tl.load(state_ptr + rows * 3 + 2, mask=row_ok, other=1) != 0
+    pos = tl.load(state_ptr + rows * 3 + 1, mask=row_ok, other=0)
+    token = tl.where(fin, pad_id, token)
+    is_eos = rows < 0  # all false
+    for e in range(E):
+        is_eos = is_eos | (token == tl.load(eos_ptr + e))
+    fin = fin | is_eos
+    tl.store(state_ptr + rows * 3, token, mask=row_ok)
+    tl.store(state_ptr + rows * 3 + 1, pos + 1, mask=row_ok)
+    tl.store(state_ptr + rows * 3 + 2, fin.to(tl.int64), mask=row_ok)
+    return token, fin
+
+
+@triton.jit
 def greedy_finish(
     val_ptr,
     idx_ptr,
@@ -146,17 +163,7 @@ def greedy_finish(
         best_val = tl.where(take, c_max, best_val)
         best_idx = tl.where(take, c_idx, best_idx)
         best_nan = tl.maximum(best_nan, c_nan)
-    token = best_idx.to(tl.int64)
-    fin = tl.load(state_ptr + rows * 3 + 2, mask=row_ok, other=1) != 0
-    pos = tl.load(state_ptr + rows * 3 + 1, mask=row_ok, other=0)
-    token = tl.where(fin, pad_id, token)
-    is_eos = rows < 0  # all false
-    for e in range(E):
-        is_eos = is_eos | (token == tl.load(eos_ptr + e))
-    fin = fin | is_eos
-    tl.store(state_ptr + rows * 3, token, mask=row_ok)
-    tl.store(state_ptr + rows * 3 + 1, pos + 1, mask=row_ok)
-    tl.store(state_ptr + rows * 3 + 2, fin.to(tl.int64), mask=row_ok)
+    token, fin = advance_rows(best_idx.to(tl.int64), rows, row_ok, state_ptr, eos_ptr, E, pad_id)
     if LOG:  # the log's column: the previous launch's flag writer advanced the count, this launch's only after
         # every row block's reduction has taken its second ticket, i.e. after this load (read past L1)
         column = tl.load(count_ptr, cache_modifier=".cg")

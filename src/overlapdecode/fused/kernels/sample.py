@@ -43,7 +43,7 @@ import triton.language as tl
 from ...sampling import SamplingParams, mark_seen, penalize, pick_next
 from ...step_graph import StepLog
 from ...stopping import mark_finished
-from .greedy import BIG_INDEX, REDUCE_BLOCKS, GreedyFinish, check_finish, greedy_finish_ref_log
+from .greedy import BIG_INDEX, REDUCE_BLOCKS, GreedyFinish, advance_rows, check_finish, greedy_finish_ref_log
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 
@@ -473,17 +473,7 @@ def _finish_kernel(
                             ),
                             token,
                         )
-        token = token.to(tl.int64)
-        fin = tl.load(state_ptr + rows * 3 + 2, mask=row_ok, other=1) != 0
-        pos = tl.load(state_ptr + rows * 3 + 1, mask=row_ok, other=0)
-        token = tl.where(fin, pad_id, token)
-        is_eos = rows < 0  # all false
-        for e in range(E):
-            is_eos = is_eos | (token == tl.load(eos_ptr + e))
-        fin = fin | is_eos
-        tl.store(state_ptr + rows * 3, token, mask=row_ok)
-        tl.store(state_ptr + rows * 3 + 1, pos + 1, mask=row_ok)
-        tl.store(state_ptr + rows * 3 + 2, fin.to(tl.int64), mask=row_ok)
+        token, fin = advance_rows(token.to(tl.int64), rows, row_ok, state_ptr, eos_ptr, E, pad_id)
         if PENALTY:
             tl.store(seen_ptr + rows.to(tl.int64) * V + token, 1, mask=row_ok)
         if LOG:
