@@ -506,3 +506,21 @@ def test_the_gpt_oss_variants_compile_for_sm90(dtype):
 def _without(constants: dict, pointer: str, flags: dict) -> dict:
     """`constants` with `flags`, less the pointer the case passes (a run-time argument there, not a None)."""
     return {k: v for k, v in dict(constants, **flags).items() if k != pointer}
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, False), (50, True)])
+def test_the_sampled_finish_compiles_for_sm90(top_k, top_p):
+    """The sampled choice's finishing kernel (kernels/sample.py), with the stop bookkeeping it shares with the greedy
+    choice (greedy.advance_rows), the repetition penalty and the step log, compiles for sm_90 and waits for the
+    kernel ahead (PDL)."""
+    from overlapdecode.fused.kernels.sample import _finish_kernel
+
+    f32 = ("logits_ptr", "noise_ptr", "kth_ptr", "pmax_ptr", "pz_ptr", "pr_ptr", "pmass_ptr", "pr2_ptr", "pmass2_ptr")
+    types = {n: "*fp32" for n in f32 + ("pr3_ptr",)}
+    types.update({n: "*i32" for n in ("pi_ptr", "pi2_ptr", "pi3_ptr", "count_ptr")})
+    types.update({n: "*u8" for n in ("seen_ptr", "done_ptr", "flags_ptr")})
+    types.update({n: "*i64" for n in ("state_ptr", "eos_ptr", "tokens_ptr")})
+    types.update({n: "i32" for n in ("NBLK", "B", "V", "row_stride", "E", "pad_id", "L", "limit")})
+    types.update({n: "fp32" for n in ("rep", "temperature", "min_p")})
+    constants = dict(BLOCK_M=16, CHAIN_V=64, PENALTY=True, TOP_K=top_k, TOP_P=top_p, LOG=True, PDL=3)
+    assert "griddepcontrol.wait" in ptx(_finish_kernel, types, constants, num_warps=8)
