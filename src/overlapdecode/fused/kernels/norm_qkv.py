@@ -149,10 +149,9 @@ def _rope_table_kernel(
 def rope_table_ref(inv_freq, rope_scale: float, pos, dtype) -> torch.Tensor:
     """The rotary cos and sin of each row's position, rounded to `dtype` as Hugging Face has them (rope_cos_sin)
     and stored as float32: (B, R) for R/2 frequencies, cos in [:, :R/2], sin in [:, R/2:]."""
-    freqs = pos.float()[:, None] * inv_freq.float()[None, :]
-    return torch.cat(
-        ((freqs.cos() * rope_scale).to(dtype).float(), (freqs.sin() * rope_scale).to(dtype).float()), dim=1
-    )
+    cos, sin = rope_cos_sin(inv_freq, rope_scale, pos, dtype)  # (B, R): each frequency twice
+    half = inv_freq.numel()
+    return torch.cat((cos[:, :half], sin[:, :half]), dim=1).float()
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
