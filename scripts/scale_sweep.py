@@ -5,6 +5,7 @@ the figures): ms/step, tok/s, MBU and the per-layer toll with the KV bytes each 
         [--rows 1,16,32,64,128] [--prompts 32] [--long-rows 1,8] [--long-prompts 4096,8192,16384]
         [--strategies fused,interleaved] [--new-tokens 64] [--long-new-tokens 32] [--repeats 3]
         [--time-budget 120] [--no-kernels] [--prenorm rule|never|always] [--rope-table rule|never]
+        [--variants rule,dense:qkv+o,...] [--rounds 1]
 
 Points run short prompts first, every strategy at a point before the next; past --time-budget seconds (from the
 start, the model's load included) no new point starts and the rest are listed as not run. The fused prefill runs
@@ -15,11 +16,18 @@ MBU or toll; no kernel counts): `--model tiny-llama --dtype float32`. `--prenorm
 normalise their rows in registers / by one launch beforehand at every row count (swap_ab.use_prenorm's rule
 replaced), to measure that rule; `--rope-table never`: every QKV launch computes RoPE's sin and cos itself
 (reference.step_rope_tables replaced by no tables), to measure the step's rotary table.
+
+`--variants`: an A/B in one process: at each point `fused` runs once per variant (each with its own Decoder, so
+its own CUDA graphs), the variants in the order given, `--rounds` times over. A variant is `rule` (the code as it
+is) or one rule replaced: `dense:none` / `dense:qkv+o+down` (any of qkv, o, down: those projections in dense form
+from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:never` / `prenorm:always`. Each row
+of the table names its variant.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -41,6 +49,68 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+DENSE_KINDS = ("qkv", "o", "down")
+
+
+def _variants(text: str) -> list[str]:
+    names = [v for v in text.split(",") if v]
+    for v in names:
+        key, _, value = v.partition(":")
+        ok = (
+            v == "rule"
+            or (key == "dense" and (value == "none" or set(value.split("+")) <= set(DENSE_KINDS)))
+            or (key == "rope-table" and value == "never")
+            or (key == "prenorm" and value in ("never", "always"))
+        )
+        if not ok:
+            raise argparse.ArgumentTypeError(
+                f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always"
+            )
+    if not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")
+    return names
+
+
+def _dense_shapes(model, kinds) -> set:
+    """The (N, K) weight shapes of the projections `kinds` name, from the model's config."""
+    cfg = model.config
+    H, hq = cfg.hidden_size, cfg.num_attention_heads
+    hkv = getattr(cfg, "num_key_value_heads", None) or hq
+    d = getattr(cfg, "head_dim", None) or H // hq
+    inter = getattr(cfg, "intermediate_size", None) or 4 * H
+    shapes = dict(qkv=((hq + 2 * hkv) * d, H), o=(H, hq * d), down=(H, inter))
+    return {shapes[k] for k in kinds}
+
+
+@contextlib.contextmanager
+def _patched(variant: str | None, model):
+    """The rule a variant replaces, replaced where the step reads it, for the duration (None or rule: nothing)."""
+    from overlapdecode.fused import reference
+    from overlapdecode.fused.kernels import dense, norm_linear
+
+    key, _, value = (variant or "rule").partition(":")
+    if key == "dense":
+        shapes = set() if value == "none" else _dense_shapes(model, value.split("+"))
+
+        def rule(rows, n_out, K, forced=None):
+            return bool(forced) if forced is not None else rows > 16 and (n_out, K) in shapes
+
+        target, name, new = dense, "use_dense", rule
+    elif key == "rope-table":
+        target, name, new = reference, "step_rope_tables", lambda *a, **k: {}
+    elif key == "prenorm":
+        target, name, new = norm_linear, "use_prenorm", lambda rows: value == "always"
+    else:
+        yield
+        return
+    old = getattr(target, name)
+    setattr(target, name, new)
+    try:
+        yield
+    finally:
+        setattr(target, name, old)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -58,7 +128,13 @@ def main(argv=None) -> int:
     ap.add_argument("--no-kernels", action="store_true", help="no profiler trace per point (no kernels/step)")
     ap.add_argument("--prenorm", choices=("rule", "never", "always"), default="rule", help="default: %(default)s")
     ap.add_argument("--rope-table", choices=("rule", "never"), default="rule", help="default: %(default)s")
+    ap.add_argument("--variants", type=_variants, default=None, help="an A/B of rules in one process (see above)")
+    ap.add_argument("--rounds", type=int, default=1, help="passes over --variants at each point")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.variants and not args.no_kernels:
+        ap.error("--variants needs --no-kernels (one profiler trace per point and strategy)")
     if args.new_tokens < 2 or args.long_new_tokens < 2:
         ap.error("--new-tokens and --long-new-tokens must be >= 2 (decode time = call of N - call of 1)")
     if os.path.exists(os.path.join(args.out, "scale.json")):
@@ -88,7 +164,11 @@ def main(argv=None) -> int:
     def new_decoder():
         return od.Decoder(model, fused_options=dict(compile_prefill=False))
 
-    decoder = new_decoder()
+    variants = args.variants or [None]
+    decoders = {}
+    for v in variants:
+        with _patched(v, model):
+            decoders[v] = new_decoder()
     todo = scale.points(args.rows, args.prompts, args.long_rows, args.long_prompts, strategies)
     result = dict(
         config=dict(vars(args), strategies=strategies),
@@ -104,17 +184,24 @@ def main(argv=None) -> int:
             break
         n = args.new_tokens if prompt_len in args.prompts else args.long_new_tokens
         step_bytes = step_weight_bytes(model, rows)  # a mixture of experts' step reads only min(E, rows x k) experts
-        try:
-            row = scale.measure_point(
-                decoder, model, name, rows, prompt_len, n, args.repeats, bandwidth, step_bytes, traces
-            )
-        except torch.OutOfMemoryError:
-            row = dict(strategy=name, rows=rows, prompt_len=prompt_len, error="out of memory")
-            decoder = new_decoder()  # drop the kept caches and graphs
-            torch.cuda.empty_cache()
-        result["rows"].append(row)
-        scale.write(args.out, result)
-        print(scale.markdown(result).splitlines()[-1], flush=True)
+        runs = [(r, v) for r in range(args.rounds) for v in variants] if name == "fused" else [(0, None)]
+        for round_, v in runs:
+            decoder = decoders[v] if name == "fused" else decoders[variants[0]]
+            try:
+                with _patched(v if name == "fused" else None, model):
+                    row = scale.measure_point(
+                        decoder, model, name, rows, prompt_len, n, args.repeats, bandwidth, step_bytes, traces
+                    )
+            except torch.OutOfMemoryError:
+                row = dict(strategy=name, rows=rows, prompt_len=prompt_len, error="out of memory")
+                with _patched(v, model):
+                    decoders[v] = new_decoder()  # drop the kept caches and graphs
+                torch.cuda.empty_cache()
+            if v is not None:
+                row.update(variant=v, round=round_)
+            result["rows"].append(row)
+            scale.write(args.out, result)
+            print(scale.markdown(result).splitlines()[-1], flush=True)
     scale.write(args.out, result)
     print(scale.markdown(result))
     return 0

@@ -11,6 +11,7 @@ import torch
 from fused_families import FAMILIES, family_model
 
 from overlapdecode.fused import reference
+from overlapdecode.fused.kernels import dense as dense_gemm
 from overlapdecode.fused.kernels.embed import embed, embed_ref
 from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref, split_k
@@ -856,6 +857,79 @@ def test_linear_residual_with_the_families_flags(B, K, N, programs, variant):
     torch.testing.assert_close(got, ref, **TOL)
 
 
+@pytest.mark.parametrize("B", [3, 19])
+@pytest.mark.parametrize(
+    "variant", ["rope, bias", "layer norm, no rope", "q/k norm (1 + w), partial rotary", "no norm", "rope table"]
+)
+def test_norm_qkv_dense_runs_the_same_epilogue_on_the_product(variant, B):
+    """dense=True (kernels/dense.py): the product by torch.mm on the normalised rows, then the kernel's epilogue
+    alone over the product's tiles, equals the reference with every flag of the families' QKV (bias, LayerNorm,
+    per-head Q/K norms of the (1 + w) style, partial rotary, no norm, the step's rotary table), at odd shapes."""
+    torch.manual_seed(B + len(variant))
+    H, Hq, Hkv, D, S = 40, 4, 2, 24, 9
+    qk = variant.startswith("q/k norm")
+    offset = "(1 + w)" in variant
+    R = 16 if "partial" in variant else D
+    x = rnd(B, H) + 0.3
+    nw = None if variant == "no norm" else rnd(H, scale=0.3) + (0.0 if offset else 1.0)
+    nb = rnd(H, scale=0.1) if "layer norm" in variant else None
+    rows = (Hq + 2 * Hkv) * D
+    w, b = rnd(rows, H, scale=H**-0.5), (rnd(rows, scale=0.1) if "bias" in variant else None)
+    inv = None if "no rope" in variant else 1.0 / (500.0 ** (torch.arange(0, R, 2, device=DEV).float() / R))
+    kw = dict(norm_style="rms_offset" if offset else "rms")
+    if qk:
+        kw.update(q_norm=rnd(D, scale=0.3) + 1, k_norm=rnd(D, scale=0.3) + 1)
+    pos = column(torch.randint(0, 50, (B,), device=DEV))
+    slot = torch.randint(0, S, (B,), device=DEV)
+    caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
+    q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D, **kw)
+    if variant == "rope table":
+        kw["rope_table"] = rope_table(inv, 0.9, pos, x.dtype)
+    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, dense=True, **kw)
+    torch.testing.assert_close(q, q_ref, **TOL)
+    torch.testing.assert_close(caches[2], caches[0], **TOL)
+    torch.testing.assert_close(caches[3], caches[1], **TOL)
+    assert caches[0].abs().sum() > 0 and caches[1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("B,K,N", [(3, 100, 24), (19, 72, 130)])
+@pytest.mark.parametrize("variant", ["residual, bias", "residual scale", "branch alone", "norm sums"])
+def test_linear_residual_dense_runs_the_same_epilogue_on_the_product(B, K, N, variant):
+    """dense=True: torch.mm's float32 product, then the kernel's epilogue (bias, Granite's residual scale, the
+    branch alone, the rows' norm sums per column block as the next RMSNorm reads them) equals the reference."""
+    torch.manual_seed(B + K + N + len(variant))
+    x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
+    b = rnd(N, scale=0.1) if "bias" in variant else None
+    kw = dict(res_scale=0.3) if variant == "residual scale" else {}
+    residual = None if variant == "branch alone" else res
+    sums = NormSums(min_rows=1) if variant == "norm sums" else None
+    got = linear_residual(x, w, b, residual, dense=True, norm_sums=sums, **kw)
+    torch.testing.assert_close(got, linear_residual_ref(x, w, b, residual, **kw), **TOL)
+    if sums is not None:  # per 64-column block of the epilogue's tiles
+        nb = -(-N // 64)
+        hb = torch.nn.functional.pad(got, (0, nb * 64 - N)).view(B, nb, 64)
+        torch.testing.assert_close(sums.of(got), (hb * hb).sum(-1).T, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dense_16_bit_products_are_float32_accumulations(dtype):
+    """In 16-bit the dense product is accumulated and kept in float32 (the fused kernels' accumulator), and the
+    epilogue rounds it once as the references do: the results stay within one 16-bit ulp of the swapped kernels'."""
+    torch.manual_seed(7)
+    B, K, N = 33, 96, 80
+    x, w, res = rnd(B, K).to(dtype), rnd(N, K, scale=K**-0.5).to(dtype), rnd(B, N).to(dtype)
+    got = linear_residual(x, w, None, res, dense=True)
+    assert got.dtype == dtype
+    ref = (res.float() + (x.float() @ w.float().T).to(dtype).float()).to(dtype)
+    torch.testing.assert_close(got.float(), ref.float(), atol=2e-2, rtol=1e-2)
+    if dtype == torch.bfloat16 and DEV == "cpu":  # Triton 3.6's interpreter rounds bfloat16 otherwise than CUDA
+        return
+    # the same bits nearly everywhere (float32 sums in another order can cross a rounding boundary, rarely)
+    assert (got == ref).float().mean() > 0.97
+    fused = linear_residual(x, w, None, res, dense=False, swap=True)
+    torch.testing.assert_close(got.float(), fused.float(), atol=2e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("B,H,block", [(3, 37, 16), (2, 64, 1024)])
 @pytest.mark.parametrize("style", ["rms", "rms_offset", "rms_f32"])
 def test_norm_residual(B, H, block, style):
@@ -978,13 +1052,19 @@ def test_moe_experts_gpt_oss(B, E, top_k, H, I, block_n, block_k):
         moe_experts(h, nw, 1e-6, logits, w_up, w_down, top_k, False, **dict(options, b_down=b_down[:, :-1]))
 
 
-@pytest.mark.parametrize("B", [2, 20])
+@pytest.mark.parametrize("B,dense", [(2, False), (20, False), (20, True)])
 @pytest.mark.parametrize("name", FAMILIES)
 @torch.no_grad()
-def test_whole_step_of_each_family_kernels_vs_reference(name, B):
+def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypatch):
     """Each family's decode step made of the kernels (with its flags) equals the one made of their references,
     cache writes included, with left padding and positions past its sliding windows: at 2 rows (row-block tiles)
-    and at 20 (swapped tiles on rows normalised beforehand, swap_ab.py)."""
+    and at 20 (swapped tiles on rows normalised beforehand, swap_ab.py), there also with QKV, O and down in dense
+    form from 17 rows (kernels/dense.py: torch.mm's product, the kernels' epilogues)."""
+    products = []
+    if dense:
+        monkeypatch.setattr(dense_gemm, "DENSE_ROWS", 17)
+        mm = dense_gemm.dense_product
+        monkeypatch.setattr(dense_gemm, "dense_product", lambda x, w: products.append(w.shape) or mm(x, w))
     model = family_model(name, device=DEV)
     fm = FusedModel(model, kernels="triton", compile_prefill=False)
     W = fm.weights
@@ -1007,6 +1087,9 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B):
     # from 17 rows the QKV launches read the step's rotary tables: one per table a layer's norm_qkv rotates with
     read = {L.rope for L in W.layers if L.rope is not None and not reference.whole_qk_norms(W, L)}
     assert len(tables) == (len(read) if B > 16 else 0), (name, B, len(tables), read)
+    # dense: every layer's QKV and its linear_residual launches (O, down where not routed experts) took the product
+    plain = sum(1 for L in W.layers if L.router is None)
+    assert len(products) == (len(W.layers) + len(W.layers) + plain if dense else 0), (name, len(products))
 
 
 @pytest.mark.parametrize("swap", [False, True])

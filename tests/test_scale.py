@@ -131,3 +131,45 @@ def test_the_sweep_replaces_the_rules_it_is_told_to(tmp_path, monkeypatch):
     args += ["--long-new-tokens", "2", "--repeats", "1", "--no-kernels", "--rope-table", "never", "--prenorm", "never"]
     assert _script().main(args) == 0
     assert reference.step_rope_tables(None, {}, None, None, None) == {} and not norm_linear.use_prenorm(64)
+
+
+def test_the_sweeps_variants_run_in_one_process_each_with_its_rule(tmp_path, monkeypatch):
+    """--variants: each point runs `fused` once per variant and round, with that variant's rule in place only
+    while it runs (dense:qkv+o: the QKV and O weights' launches in dense form, down not), and the table names each
+    row's variant. (On CPU the fused step runs the torch references, so the rule in force is what is checked.)"""
+    from overlapdecode.fused.kernels import dense
+
+    rule = dense.use_dense
+    seen = []
+
+    def fake_point(decoder, model, name, rows, prompt_len, *a):
+        # tiny-llama: hidden 64, 4 heads of 16, 2 kv heads: QKV (128, 64), O (64, 64), down (256, 64) -> (64, 256)
+        seen.append(tuple(dense.use_dense(20, n, k) for n, k in ((128, 64), (64, 64), (64, 256))))
+        return dict(strategy=name, rows=rows, prompt_len=prompt_len, ms_per_step=1.0, tok_s=1.0, kv_bytes=0, ttft_ms=1)
+
+    monkeypatch.setattr(scale, "measure_point", fake_point)
+    out = tmp_path / "ab"
+    args = ["--out", str(out), "--model", "tiny-llama", "--dtype", "float32", "--rows", "20", "--prompts", "8"]
+    args += ["--long-rows", "1", "--long-prompts", "8", "--strategies", "fused", "--new-tokens", "2"]
+    args += ["--long-new-tokens", "2", "--repeats", "1", "--no-kernels", "--variants", "rule,dense:qkv+o"]
+    args += ["--rounds", "2"]
+    assert _script().main(args) == 0
+    assert dense.use_dense is rule  # put back
+    result = json.loads((out / "scale.json").read_text())
+    assert [(r["rows"], r.get("variant"), r.get("round")) for r in result["rows"]] == [
+        (20, "rule", 0),
+        (20, "dense:qkv+o", 0),
+        (20, "rule", 1),
+        (20, "dense:qkv+o", 1),
+        (1, "rule", 0),
+        (1, "dense:qkv+o", 0),
+        (1, "rule", 1),
+        (1, "dense:qkv+o", 1),
+    ]
+    off, on = (rule(20, 128, 64),) * 3, (True, True, False)
+    assert seen == [off, on] * 4
+    assert "| fused [dense:qkv+o] | 20 | 8 |" in (out / "scale.md").read_text()
+    with pytest.raises(SystemExit):
+        _script().main(["--out", str(tmp_path / "x"), "--variants", "dense:mlp", "--no-kernels"])
+    with pytest.raises(SystemExit):
+        _script().main(["--out", str(tmp_path / "y"), "--variants", "rule"])

@@ -85,6 +85,18 @@ def test_float32_tokens_equal_hf_at_many_rows(wide_llama, B):
     _check_rows(wide_llama, ids, mask, 24)
 
 
+@pytest.mark.parametrize("B", [40, 128])
+@torch.no_grad()
+def test_float32_tokens_equal_hf_with_dense_projections(wide_llama, B, monkeypatch):
+    """QKV, O and down in dense form from 17 rows (kernels/dense.py: cuBLAS's product, the kernels' epilogues),
+    whatever the rule says at these rows."""
+    from overlapdecode.fused.kernels import dense
+
+    monkeypatch.setattr(dense, "DENSE_ROWS", 17)
+    ids, mask = make_batch(B, seed=B + 1, prompt_len=24, low=0, high=128000, device=DEV)
+    _check_rows(wide_llama, ids, mask, 24)
+
+
 @torch.no_grad()
 def test_float32_tokens_equal_hf_at_a_4k_prompt(wide_llama):
     ids, mask = make_batch(2, seed=4, prompt_len=4096, low=0, high=128000, device=DEV)

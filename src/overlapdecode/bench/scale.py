@@ -185,7 +185,7 @@ def markdown(result: dict) -> str:
             " | ".join(
                 [
                     "",
-                    r["strategy"],
+                    r["strategy"] + (f" [{r['variant']}]" if r.get("variant") else ""),
                     str(r["rows"]),
                     str(r["prompt_len"]),
                     f"{r['ms_per_step']:.3f}",

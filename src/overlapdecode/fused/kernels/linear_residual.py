@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import dense as dense_gemm
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
@@ -119,6 +120,7 @@ def _linear_split_kernel(
     SWAP: tl.constexpr,
     HAS_RES: tl.constexpr,
     RES_SCALE: tl.constexpr,
+    PRODUCT: tl.constexpr = False,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -127,19 +129,23 @@ def _linear_split_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < B
     col_ok = cols < N
-    ks = tl.arange(0, BLOCK_K)
-    k_lo = pid_k * K_CHUNK
-    k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
-    for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
-        kk = k_lo + k0 + ks
-        k_ok = kk < k_hi
-        xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = acc_dot(acc, xv, wt, SWAP)
-    pdl_release(PDL)
-    acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
     out_ok = row_ok[:, None] & col_ok[None, :]
+    if PRODUCT:  # dense.py: the float32 product (B, N) is at part_ptr; only the epilogue is left
+        acc = tl.load(part_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0)
+        pdl_release(PDL)
+    else:
+        ks = tl.arange(0, BLOCK_K)
+        k_lo = pid_k * K_CHUNK
+        k_hi = tl.minimum(k_lo + K_CHUNK, K)
+        acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
+        for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
+            kk = k_lo + k0 + ks
+            k_ok = kk < k_hi
+            xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = acc_dot(acc, xv, wt, SWAP)
+        pdl_release(PDL)
+        acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
     finish = True
     if SPLIT > 1:
         tl.store(part_ptr + (pid_k * B + rows[:, None]) * N + cols[None, :], acc, mask=out_ok)
@@ -190,6 +196,7 @@ def linear_residual(
     norm_sums=None,
     swap: bool | None = None,
     res_scale: float | None = None,
+    dense: bool | None = None,
 ):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N) or None (the
     branch alone, which records no norm sums); `res_scale`: as there, a constexpr of the launch.
@@ -199,7 +206,8 @@ def linear_residual(
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
     dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
     result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_linear.NormSums): record the
-    output rows' sums of squares per column block there, for the RMSNorm that reads the output next."""
+    output rows' sums of squares per column block there, for the RMSNorm that reads the output next. `dense`: the
+    product by cuBLAS and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule)."""
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
@@ -207,11 +215,18 @@ def linear_residual(
     if not has_res:
         residual, norm_sums = torch.empty((B, N), dtype=x.dtype, device=x.device), None  # never read
     swapped = use_swap(B, swap)
-    tiles = (
-        swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device))
-        if swapped
-        else dict(block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3, programs=2 * sm_count(x.device))
-    )
+    product = dense_gemm.use_dense(B, N, K, dense)
+    if product:  # the epilogue over the product's (16 x 64) tiles: no K loop, no split
+        tiles = dict(block_m=ROW_TILE, block_n=64, block_k=16, num_warps=4, num_stages=1, programs=1)
+        swapped = False
+    elif swapped:
+        tiles = swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device))
+    else:
+        tiles = dict(
+            block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3, programs=2 * sm_count(x.device)
+        )
+    if product:
+        block_n = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
     if programs is None:
         programs = tiles["programs"] if x.is_cuda else 1
     block_m = tiles["block_m"]
@@ -225,12 +240,14 @@ def linear_residual(
         out = torch.empty_like(residual)
     elif out.shape != residual.shape or out.dtype != residual.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {residual.dtype} tensor of shape {tuple(residual.shape)}")
-    split = split_k(n_blocks, K, block_k, programs)
+    split = 1 if product else split_k(n_blocks, K, block_k, programs)
     if swapped:
         split = min(split, split_limit(B, K, w.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     row_blocks = triton.cdiv(B, block_m)
-    if split > 1:
+    if product:
+        part, counters = dense_gemm.dense_product(x, w), residual
+    elif split > 1:
         part = torch.empty((split, B, N), dtype=torch.float32, device=x.device)
         counters = take_tickets(tickets, n_blocks * row_blocks, x.device)
     else:  # never written with one split: pass read-only inputs, not aliases of `out`
@@ -258,6 +275,7 @@ def linear_residual(
         SWAP=swapped,
         HAS_RES=has_res,
         RES_SCALE=None if res_scale is None else float(res_scale),
+        PRODUCT=product,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(pdl),

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import dense as dense_gemm
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
 from .norm_linear import NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
 from .pdl import pdl_launch, pdl_release, pdl_start
@@ -354,6 +355,7 @@ def _norm_qkv_kernel(
     ROT: tl.constexpr,
     rt_ptr,
     TABLE: tl.constexpr,
+    PRODUCT: tl.constexpr = False,
 ):
     pdl_start(PDL)
     if QK_NORM:  # one head per program, its D/2 pairs in the first lanes of HALF
@@ -379,59 +381,66 @@ def _norm_qkv_kernel(
     else:  # partial rotary: pair p < ROT/2 is rows (p, p + ROT/2) of the head, the others pair the rows past ROT
         w1 = head * D + tl.where(dim < ROT // 2, dim, dim + ROT // 2)
         w2 = head * D + tl.where(dim < ROT // 2, dim + ROT // 2, dim + D // 2)
-    ks = tl.arange(0, BLOCK_K)
-    dtype = w_ptr.dtype.element_ty
-
-    # prologue: the norm's statistics over all of K (also in a split-K program: they scale its K range), from x
-    # or from the partial sums of squares its writer left (NB_PAD > 0: NormSums)
-    mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
-
-    k_lo = pid_k * K_CHUNK
-    k_hi = tl.minimum(k_lo + K_CHUNK, K)
-    if SWAP:  # each pair's two rows in one tile (swap_ab.pair_rows)
-        w_rows = pair_rows(w1, w2, HALF)
-        w_ok = pair_rows(dim_ok, dim_ok, HALF)
-        accp = tl.zeros((2 * HALF, BLOCK_M), dtype=tl.float32)
-    else:
-        acc1 = acc_zeros(BLOCK_M, HALF, SWAP)
-        acc2 = acc_zeros(BLOCK_M, HALF, SWAP)
-    for k0 in range(0, K_CHUNK, BLOCK_K):
-        kk = k_lo + k0 + ks
-        k_ok = kk < k_hi
-        m = row_ok[:, None] & k_ok[None, :]
-        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
-        if SWAP:
-            wp = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
-            accp = acc_dot(accp, xn, wp, SWAP)
-        else:
-            wm = dim_ok[:, None] & k_ok[None, :]
-            wa = tl.load(w_ptr + w1[:, None] * K + kk[None, :], mask=wm, other=0.0)
-            wb = tl.load(w_ptr + w2[:, None] * K + kk[None, :], mask=wm, other=0.0)
-            acc1 = acc_dot(acc1, xn, wa, SWAP)
-            acc2 = acc_dot(acc2, xn, wb, SWAP)
-
-    pdl_release(PDL)
-    if SWAP:
-        acc1, acc2 = unpair(accp, HALF, BLOCK_M)
-    acc1 = acc_rows(acc1, SWAP)  # (BLOCK_M, HALF) from here on
-    acc2 = acc_rows(acc2, SWAP)
     finish = True
-    if SPLIT > 1:  # partial sums (SPLIT, B, N) float32; the last program of the tile finishes it
+    if PRODUCT:  # dense.py: the float32 product (B, N) is at part_ptr; only the epilogue is left
         n_rows = (n_heads + 2 * n_kv) * D
         ok = row_ok[:, None] & dim_ok[None, :]
-        base = part_ptr + (pid_k * B + rows[:, None]) * n_rows
-        tl.store(base + w1[None, :], acc1, mask=ok)
-        tl.store(base + w2[None, :], acc2, mask=ok)
-        tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
-        finish = last_of_split(ticket_ptr, tile, SPLIT)
-        if finish:
-            acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-            acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-            for s in range(SPLIT):  # fixed order: deterministic, whichever program came last
-                base = part_ptr + (s * B + rows[:, None]) * n_rows
-                acc1 += tl.load(base + w1[None, :], mask=ok, other=0.0, cache_modifier=".cg")
-                acc2 += tl.load(base + w2[None, :], mask=ok, other=0.0, cache_modifier=".cg")
-            tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
+        acc1 = tl.load(part_ptr + rows[:, None] * n_rows + w1[None, :], mask=ok, other=0.0)
+        acc2 = tl.load(part_ptr + rows[:, None] * n_rows + w2[None, :], mask=ok, other=0.0)
+        pdl_release(PDL)
+    else:
+        ks = tl.arange(0, BLOCK_K)
+        dtype = w_ptr.dtype.element_ty
+
+        # prologue: the norm's statistics over all of K (also in a split-K program: they scale its K range), from x
+        # or from the partial sums of squares its writer left (NB_PAD > 0: NormSums)
+        mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
+
+        k_lo = pid_k * K_CHUNK
+        k_hi = tl.minimum(k_lo + K_CHUNK, K)
+        if SWAP:  # each pair's two rows in one tile (swap_ab.pair_rows)
+            w_rows = pair_rows(w1, w2, HALF)
+            w_ok = pair_rows(dim_ok, dim_ok, HALF)
+            accp = tl.zeros((2 * HALF, BLOCK_M), dtype=tl.float32)
+        else:
+            acc1 = acc_zeros(BLOCK_M, HALF, SWAP)
+            acc2 = acc_zeros(BLOCK_M, HALF, SWAP)
+        for k0 in range(0, K_CHUNK, BLOCK_K):
+            kk = k_lo + k0 + ks
+            k_ok = kk < k_hi
+            m = row_ok[:, None] & k_ok[None, :]
+            xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
+            if SWAP:
+                wp = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
+                accp = acc_dot(accp, xn, wp, SWAP)
+            else:
+                wm = dim_ok[:, None] & k_ok[None, :]
+                wa = tl.load(w_ptr + w1[:, None] * K + kk[None, :], mask=wm, other=0.0)
+                wb = tl.load(w_ptr + w2[:, None] * K + kk[None, :], mask=wm, other=0.0)
+                acc1 = acc_dot(acc1, xn, wa, SWAP)
+                acc2 = acc_dot(acc2, xn, wb, SWAP)
+
+        pdl_release(PDL)
+        if SWAP:
+            acc1, acc2 = unpair(accp, HALF, BLOCK_M)
+        acc1 = acc_rows(acc1, SWAP)  # (BLOCK_M, HALF) from here on
+        acc2 = acc_rows(acc2, SWAP)
+        if SPLIT > 1:  # partial sums (SPLIT, B, N) float32; the last program of the tile finishes it
+            n_rows = (n_heads + 2 * n_kv) * D
+            ok = row_ok[:, None] & dim_ok[None, :]
+            base = part_ptr + (pid_k * B + rows[:, None]) * n_rows
+            tl.store(base + w1[None, :], acc1, mask=ok)
+            tl.store(base + w2[None, :], acc2, mask=ok)
+            tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+            finish = last_of_split(ticket_ptr, tile, SPLIT)
+            if finish:
+                acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+                acc2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+                for s in range(SPLIT):  # fixed order: deterministic, whichever program came last
+                    base = part_ptr + (s * B + rows[:, None]) * n_rows
+                    acc1 += tl.load(base + w1[None, :], mask=ok, other=0.0, cache_modifier=".cg")
+                    acc2 += tl.load(base + w2[None, :], mask=ok, other=0.0, cache_modifier=".cg")
+                tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
     if finish:
         _qkv_finish(
             acc1,
@@ -510,6 +519,7 @@ def norm_qkv(
     norm_style: str = "rms",
     prenorm: bool | None = None,
     rope_table: torch.Tensor | None = None,
+    dense: bool | None = None,
 ):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
@@ -523,7 +533,8 @@ def norm_qkv(
     (`half` at least D/2). `prenorm`: whether a swapped launch multiplies rows normalised beforehand (None:
     swap_ab.use_prenorm). `rope_table`: rope_table's (B, rotary dims) cos and sin for these rows' positions, read
     instead of computed (None: computed in the epilogue from inv_freq, rope_scale and pos, which a table replaces:
-    it must have been made from the same ones, in x's dtype)."""
+    it must have been made from the same ones, in x's dtype). `dense`: the product by cuBLAS on the normalised
+    rows and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
@@ -554,8 +565,12 @@ def norm_qkv(
             "norms are qk_norm_rope's"
         )
     swapped = use_swap(B, swap)
+    product = dense_gemm.use_dense(B, w.shape[0], K, dense)
+    if product:  # cuBLAS multiplies normalised rows; the kernel runs the epilogue over (16-row) tiles of the product
+        swapped, prenorm = False, True
+        half = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
     x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
-        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm
+        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped or product, prenorm
     )
     if swapped:
         plan = swapped_qkv_tiles(B, halves, K, w.element_size(), sm_count(x.device))
@@ -584,13 +599,15 @@ def norm_qkv(
     q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
     if programs is None:  # row-block: no split; swapped: swap_tiles's target
         programs = plan["programs"] if swapped and x.is_cuda else 1
-    split = split_k(tiles, K, block_k, programs)
+    split = 1 if product else split_k(tiles, K, block_k, programs)
     if swapped:
         split = min(split, split_limit(B, K, w.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     dummy = w
     row_blocks = triton.cdiv(B, block_m)
-    if split > 1:
+    if product:
+        part, counters = dense_gemm.dense_product(x, w), dummy
+    elif split > 1:
         part = torch.empty((split, B, w.shape[0]), dtype=torch.float32, device=x.device)
         counters = take_tickets(tickets, tiles * row_blocks, x.device)
     else:  # never written with one split: pass read-only inputs
@@ -642,6 +659,7 @@ def norm_qkv(
         ROT=rot,
         rt_ptr=rope_table,  # None without (a constexpr None: no parameter)
         TABLE=rope_table is not None,
+        PRODUCT=product,
         num_warps=num_warps or plan["num_warps"],
         num_stages=num_stages or plan["num_stages"],
         **pdl_launch(pdl),
