@@ -20,8 +20,9 @@ replaced), to measure that rule; `--rope-table never`: every QKV launch computes
 `--variants`: an A/B in one process: at each point `fused` runs once per variant (each with its own Decoder, so
 its own CUDA graphs), the variants in the order given, `--rounds` times over. A variant is `rule` (the code as it
 is) or one rule replaced: `dense:none` / `dense:qkv+o+down` (any of qkv, o, down: those projections in dense form
-from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:never` / `prenorm:always`. Each row
-of the table names its variant.
+from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:never` / `prenorm:always`,
+`two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows). Each row of the table
+names its variant.
 """
 
 from __future__ import annotations
@@ -61,10 +62,12 @@ def _variants(text: str) -> list[str]:
             or (key == "dense" and (value == "none" or set(value.split("+")) <= set(DENSE_KINDS)))
             or (key == "rope-table" and value == "never")
             or (key == "prenorm" and value in ("never", "always"))
+            or (key == "two-per-sm" and value == "off")
         )
         if not ok:
             raise argparse.ArgumentTypeError(
-                f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always"
+                f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always, "
+                "two-per-sm:off"
             )
     if not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")
@@ -86,7 +89,7 @@ def _dense_shapes(model, kinds) -> set:
 def _patched(variant: str | None, model):
     """The rule a variant replaces, replaced where the step reads it, for the duration (None or rule: nothing)."""
     from overlapdecode.fused import reference
-    from overlapdecode.fused.kernels import dense, norm_linear
+    from overlapdecode.fused.kernels import dense, norm_linear, swap_ab
 
     key, _, value = (variant or "rule").partition(":")
     if key == "dense":
@@ -100,6 +103,8 @@ def _patched(variant: str | None, model):
         target, name, new = reference, "step_rope_tables", lambda *a, **k: {}
     elif key == "prenorm":
         target, name, new = norm_linear, "use_prenorm", lambda rows: value == "always"
+    elif key == "two-per-sm":
+        target, name, new = swap_ab, "TWO_PER_SM", False
     else:
         yield
         return

@@ -88,6 +88,7 @@ CASES = {
             ROT=64,
             rt_ptr=None,
             TABLE=False,
+            PRODUCT=False,
         ),
     ),
     "rope_table": (
@@ -153,6 +154,7 @@ CASES = {
             SWAP=False,
             HAS_RES=True,
             RES_SCALE=None,
+            PRODUCT=False,
         ),
     ),
     "norm_linear": (
@@ -524,3 +526,36 @@ def test_the_sampled_finish_compiles_for_sm90(top_k, top_p):
     types.update({n: "fp32" for n in ("rep", "temperature", "min_p")})
     constants = dict(BLOCK_M=16, CHAIN_V=64, PENALTY=True, TOP_K=top_k, TOP_P=top_p, LOG=True, PDL=3)
     assert "griddepcontrol.wait" in ptx(_finish_kernel, types, constants, num_warps=8)
+
+
+@pytest.mark.parametrize("name", ["qkv", "o", "8b qkv", "8b down"])
+def test_the_dense_epilogues_compile_without_a_k_loop_or_spills(name):
+    """In dense form (kernels/dense.py, PRODUCT) a launch loads its tile of cuBLAS's float32 product and runs only
+    its epilogue: for sm_90 no MMA is left in it, no spill, at the tiles norm_qkv and linear_residual give it."""
+    fn, N, K, accs, extra = SWAPPED[name]
+    kernel, types, constants = CASES[fn]
+    if fn == "norm_qkv":  # as the step runs it from 17 rows: cos and sin from the step's table
+        constants = {k: v for k, v in constants.items() if k != "rt_ptr"}
+        types, extra = dict(types, rt_ptr="*fp32"), dict(extra, TABLE=True, HALF=32, LAYER=NORM_NONE, NB_PAD=0)
+    else:
+        extra = dict(extra, BLOCK_N=64)
+    constants = dict(
+        constants, **extra, PDL=3, SWAP=False, BLOCK_M=16, BLOCK_K=16, K=K, K_CHUNK=K, SPLIT=1, PRODUCT=True
+    )
+    text = ptx(kernel, types, constants, num_warps=4, num_stages=1)
+    assert "mma" not in text
+    assert spill_bytes(text) == 0
+
+
+def test_the_dense_rule_and_the_two_programs_per_sm_pipeline():
+    """dense.use_dense: QKV, O and down in dense form from DENSE_ROWS (64) rows, never at 16 or fewer, `dense`
+    overriding either way; swap_tiles: 4 stages, or 3 where a weight of more tiles than SMs would hold one 4-stage
+    program per SM (the LM head at 128 rows), never below 2."""
+    from overlapdecode.fused.kernels import dense
+
+    assert [dense.use_dense(r, 2048, 2048) for r in (1, 16, 17, 32, 63, 64, 128, 300)] == [False] * 5 + [True] * 3
+    assert dense.use_dense(3, 8, 8, True) and not dense.use_dense(128, 8, 8, False)
+    stages = {r: swap_tiles(r, 128256, 2048, 2, 1, 132)["num_stages"] for r in (17, 64, 128)}
+    assert stages == {17: 4, 64: 4, 128: 3}
+    assert swap_tiles(128, 8192, 2048, 2, 2, 132)["num_stages"] == 4  # 128 tiles of 128: not more than the SMs
+    assert swap_tiles(128, 128256, 2048, 2, 1, 16)["num_stages"] == 3

@@ -9,9 +9,15 @@ holds), and the kernel of the same launch runs with PRODUCT set: it loads its ti
 computing it, and runs its own epilogue unchanged (bias, rounding, RoPE and the cache write, the residual add, the
 norm sums), so every family the kernel serves is served the same way.
 
-Which launches take it (`use_dense`): the module-level rule below, from the rows and the weight's shape; the step
-measured with it on and off is in docs/KERNELS.md. The rows reach cuBLAS normalised (norm_linear.normalized_rows,
-one launch, as every swapped launch's rows already are).
+Which launches take it (`use_dense`): every QKV and every linear_residual launch (O, down) from DENSE_ROWS rows
+on; gate/up and the LM head keep their fused GEMVs (their float32 products, 2 x the intermediate size or the
+vocabulary wide, would cost more to write and read back than cuBLAS saves). Measured in one process
+(scripts/scale_sweep.py --variants, H200, bfloat16, ms/step over two rounds; results/h200/llama-1b-dense-rows):
+Llama-1B shape at 128 rows 1.597 / 1.599 fused, 1.531 / 1.530 with QKV dense, 1.458 / 1.481 with QKV and O,
+1.431 / 1.443 with all three; at 64 rows 1.263 / 1.265 against 1.215 / 1.212; Llama-3-8B shape at 64 rows 5.656
+/ 5.580 against 5.141 / 5.162 (QKV and O alone 5.100 / 5.194); at 32 rows the fused launches win (1.060 / 1.100
+against 1.155 / 1.138), 33-63 rows are not measured. The rows reach cuBLAS normalised
+(norm_linear.normalized_rows, one launch, as every swapped launch's rows already are).
 
 Host syncs: none (no value-dependent Python branch); torch.mm is captured into the step's CUDA graph like the
 kernels. A kernel launched after it under PDL waits for it whole (cuBLAS kernels trigger nothing early), so the
@@ -24,8 +30,7 @@ import torch
 
 from .swap_ab import ROW_TILE
 
-# from this many rows a launch whose weight is small next to the rows it multiplies runs dense (use_dense)
-DENSE_ROWS = 1 << 30  # off until measured
+DENSE_ROWS = 64  # from this many rows the QKV and linear_residual launches run dense (use_dense)
 
 
 def use_dense(rows: int, n_out: int, K: int, dense: bool | None = None) -> bool:

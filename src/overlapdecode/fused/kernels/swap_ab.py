@@ -21,7 +21,9 @@ The rule (`use_swap`, `swap_tiles`), from the row count and the weight's shape:
   tests/test_kernel_compile.py), else 4. Why: each program reads every batch row of x for its K range, so the
   widest tile moves the fewest bytes, while the GPU is full and each program's loads still overlap;
 - K tiles of 64, 4 stages, K tiles halved while a pipeline stage (at 128 weight rows) exceeds the shared-memory
-  budget;
+  budget; where the weight has more tiles than the GPU has SMs (the LM head), the deepest pipeline at which two
+  programs share an SM's shared memory (`two_per_sm`: at 128 rows the LM head's 4 stages of 32 KB left one
+  program per SM; on 3 it took 184.7 us against 197.2, H200, Llama-1B shape, scripts/swap_sweep.py);
 - split-K (`split_k`, as the row-block kernels) until the grid reaches one program per SM, but never so far
   that the float32 partial sums (SPLIT x B x N) outweigh the weight bytes they serve.
 Measured on an H200 at the Llama-1B shape, each projection alone at 64 and 128 rows against cuBLAS and a plain
@@ -40,6 +42,8 @@ ROW_TILE = 16  # rows per program of the row-block kernels (the MMA's smallest M
 MAX_BATCH_TILE = 128  # rows per program of the swapped kernels
 SMEM_BUDGET = 160 * 1024  # bytes of shared memory a swapped kernel's pipeline may take (H100/H200: 227 KB)
 WEIGHT_TILES = (128, 64, 32)  # weight rows per swapped program, widest first (swap_tiles)
+SM_SMEM = 228 * 1024  # shared memory of one SM (H100/H200), shared by the programs resident on it
+TWO_PER_SM = True  # swap_tiles: with more tiles than SMs, a pipeline shallow enough for two programs per SM
 
 
 def use_swap(rows: int, swap: bool | None = None) -> bool:
@@ -77,6 +81,9 @@ def swap_tiles(rows: int, n_out: int, K: int, elt_bytes: int, accs: int, sms: in
     if tile is None:  # no width fills the SMs unsplit: 64 if its split leaves each program a pipelined K loop
         split = split_k(triton.cdiv(accs * n_out, 64), K, block_k, sms)
         tile = 64 if K // split >= 2 * stages * block_k else 32
+    elif TWO_PER_SM and triton.cdiv(accs * n_out, tile) > sms:
+        while stages > 2 and 2 * stages * (tile + block_m) * block_k * elt_bytes > SM_SMEM:
+            stages -= 1
     return dict(
         block_m=block_m,
         block_n=tile // accs,
