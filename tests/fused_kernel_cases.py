@@ -1084,9 +1084,9 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
     torch.testing.assert_close(results[1][0], results[0][0], **TOL)
     for a, b in zip(results[1][1], results[0][1]):
         torch.testing.assert_close(a, b, **TOL)
-    # from 17 rows the QKV launches read the step's rotary tables: one per table a layer's norm_qkv rotates with
+    # the QKV launches read the step's rotary tables: one per table a layer's norm_qkv rotates with
     read = {L.rope for L in W.layers if L.rope is not None and not reference.whole_qk_norms(W, L)}
-    assert len(tables) == (len(read) if B > 16 else 0), (name, B, len(tables), read)
+    assert len(tables) == len(read), (name, B, len(tables), read)
     # dense: every layer's QKV and its linear_residual launches (O, down where not routed experts) took the product
     plain = sum(1 for L in W.layers if L.router is None)
     assert len(products) == (len(W.layers) + len(W.layers) + plain if dense else 0), (name, len(products))
@@ -1095,8 +1095,11 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
 @pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_norm_qkv_reads_the_rope_table_bit_for_bit_in_16_bit(dtype, swap):
-    """In 16-bit, where the table's values are rounded to the dtype, norm_qkv reading rope_table's table gives the
-    bits of computing cos and sin in its epilogue (partial rotary, a strided position column, split K)."""
+    """In 16-bit, where cos and sin are rounded to the dtype, norm_qkv reading rope_table's table gives torch's
+    bits (norm_qkv_ref; on a GPU) with partial rotary, a strided position column and split K. In the interpreter
+    it also gives the bits of computing cos and sin in the epilogue; on an H200 that computation differed from
+    torch's in 289 of this test's 1824 bfloat16 Q elements, the table in none, hence the table at every row
+    count (reference.step_rope_tables)."""
     torch.manual_seed(3)
     B, H, Hq, Hkv, D, R, S = 19, 40, 4, 2, 24, 16, 9
     x = rnd(B, H).to(dtype)
@@ -1130,8 +1133,17 @@ def test_norm_qkv_reads_the_rope_table_bit_for_bit_in_16_bit(dtype, swap):
             rope_table=table,
         )
         outs.append((q, kc, vc))
-    for a, b in zip(*outs):
-        assert torch.equal(a, b)
+    kc, vc = (torch.zeros(B, Hkv, S, D, device=DEV, dtype=dtype) for _ in range(2))
+    ref = norm_qkv_ref(x, nw, None, 1e-5, w, None, inv, 0.8, pos, slot, kc, vc, Hq, Hkv, D)
+    if DEV == "cuda":
+        for a, b in zip(outs[1], (ref, kc, vc)):
+            assert torch.equal(a, b)
+    else:  # the interpreter (whose bfloat16 tl.dot is wrong): the same bits with or without the table
+        if dtype == torch.float16:
+            for a, b in zip(outs[1], (ref, kc, vc)):
+                torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=1e-2)
+        for a, b in zip(*outs):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize(

@@ -548,12 +548,12 @@ def test_the_dense_epilogues_compile_without_a_k_loop_or_spills(name):
 
 
 def test_the_dense_rule_and_the_two_programs_per_sm_pipeline():
-    """dense.use_dense: QKV, O and down in dense form from DENSE_ROWS (64) rows, never at 16 or fewer, `dense`
+    """dense.use_dense: QKV, O and down in dense form from DENSE_ROWS (48) rows, never at 16 or fewer, `dense`
     overriding either way; swap_tiles: 4 stages, or 3 where a weight of more tiles than SMs would hold one 4-stage
     program per SM (the LM head at 128 rows), never below 2."""
     from overlapdecode.fused.kernels import dense
 
-    assert [dense.use_dense(r, 2048, 2048) for r in (1, 16, 17, 32, 63, 64, 128, 300)] == [False] * 5 + [True] * 3
+    assert [dense.use_dense(r, 2048, 2048) for r in (1, 16, 17, 32, 47, 48, 128, 300)] == [False] * 5 + [True] * 3
     assert dense.use_dense(3, 8, 8, True) and not dense.use_dense(128, 8, 8, False)
     stages = {r: swap_tiles(r, 128256, 2048, 2, 1, 132)["num_stages"] for r in (17, 64, 128)}
     assert stages == {17: 4, 64: 4, 128: 3}

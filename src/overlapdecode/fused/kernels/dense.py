@@ -11,12 +11,13 @@ norm sums), so every family the kernel serves is served the same way.
 
 Which launches take it (`use_dense`): every QKV and every linear_residual launch (O, down) from DENSE_ROWS rows
 on; gate/up and the LM head keep their fused GEMVs (their float32 products, 2 x the intermediate size or the
-vocabulary wide, would cost more to write and read back than cuBLAS saves). Measured in one process
-(scripts/scale_sweep.py --variants, H200, bfloat16, ms/step over two rounds; results/h200/llama-1b-dense-rows):
-Llama-1B shape at 128 rows 1.597 / 1.599 fused, 1.531 / 1.530 with QKV dense, 1.458 / 1.481 with QKV and O,
-1.431 / 1.443 with all three; at 64 rows 1.263 / 1.265 against 1.215 / 1.212; Llama-3-8B shape at 64 rows 5.656
-/ 5.580 against 5.141 / 5.162 (QKV and O alone 5.100 / 5.194); at 32 rows the fused launches win (1.060 / 1.100
-against 1.155 / 1.138), 33-63 rows are not measured. The rows reach cuBLAS normalised
+vocabulary wide, would cost more to write and read back than cuBLAS saves; not measured). Measured in one process
+(scripts/scale_sweep.py --variants, H200, bfloat16, ms/step, two rounds each; results/h200/llama-1b-dense-rows and
+llama-8b-dense-64-rows): at the Llama-1B shape, fused launches against all three dense, 32 rows 1.060 / 1.100
+against 1.155 / 1.138 (dense loses), 48 rows 1.221 / 1.211 against 1.191 / 1.186, 64 rows 1.263 / 1.265 against
+1.215 / 1.212, 96 rows 1.482 / 1.474 against 1.330 / 1.322, 128 rows 1.597 / 1.599 against 1.431 / 1.443 (QKV
+alone dense 1.531 / 1.530, QKV and O 1.458 / 1.481); at the Llama-3-8B shape, 64 rows 5.656 / 5.580 against 5.141
+/ 5.162. 33-47 rows are not measured. The rows reach cuBLAS normalised
 (norm_linear.normalized_rows, one launch, as every swapped launch's rows already are).
 
 Host syncs: none (no value-dependent Python branch); torch.mm is captured into the step's CUDA graph like the
@@ -30,7 +31,7 @@ import torch
 
 from .swap_ab import ROW_TILE
 
-DENSE_ROWS = 64  # from this many rows the QKV and linear_residual launches run dense (use_dense)
+DENSE_ROWS = 48  # from this many rows the QKV and linear_residual launches run dense (use_dense)
 
 
 def use_dense(rows: int, n_out: int, K: int, dense: bool | None = None) -> bool:
