@@ -19,6 +19,7 @@ from .kernels.moe import moe_dense_ref
 from .kernels.norm_linear import norm_linear_ref, norm_ref
 from .kernels.norm_qkv import apply_rope, qk_norm_ref, rope_cos_sin
 from .kernels.norm_residual import norm_residual_ref
+from .kernels.swap_ab import use_swap
 from .layout import FusedWeights
 
 
@@ -61,12 +62,13 @@ def whole_qk_norms(W: FusedWeights, layer) -> bool:
 
 def step_rope_tables(W: FusedWeights, ropes: dict, pos, ops, dtype) -> dict:
     """ops.rope_table's cos and sin of this step's positions in `dtype` (the hidden states'), one per rotary table
-    of step_ropes that a layer's norm_qkv reads, instead of each of its programs computing them; {} where the ops
-    have no table (the torch twins). Why, at every row count: a swapped program holds 64-128 rows, and its precise
-    sin and cos cost microseconds per launch (kernels/norm_qkv.py rope_table); and in 16-bit the table's values
-    are torch's bit for bit on an H200, where the QKV epilogue's own differed in rounding
-    (fused_kernel_cases.py test_norm_qkv_reads_the_rope_table_bit_for_bit_in_16_bit)."""
-    if ops.rope_table is None:
+    of step_ropes that a layer's norm_qkv reads, instead of each of its programs computing them: where the launches
+    swap (from ROW_TILE + 1 rows), whose programs hold 64-128 rows each, so that their precise sin and cos cost
+    microseconds per launch (kernels/norm_qkv.py rope_table); {} below that, or where the ops have no table (the
+    torch twins). Below 17 rows the table's launch cost more than it saved: Llama-1B shape, H200, one process, the
+    1-row step 0.895 / 0.959 / 0.932 ms with it against 0.879 / 0.916 / 0.918 without
+    (results/h200/llama-1b-dense-rows/rope-table-rows)."""
+    if ops.rope_table is None or not use_swap(pos.shape[0]):
         return {}
     kinds = {layer.rope for layer in W.layers if not whole_qk_norms(W, layer)}
     return {
