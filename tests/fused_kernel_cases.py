@@ -1134,7 +1134,13 @@ def test_norm_qkv_reads_the_rope_table_bit_for_bit_in_16_bit(dtype, swap):
         )
         outs.append((q, kc, vc))
     kc, vc = (torch.zeros(B, Hkv, S, D, device=DEV, dtype=dtype) for _ in range(2))
-    ref = norm_qkv_ref(x, nw, None, 1e-5, w, None, inv, 0.8, pos, slot, kc, vc, Hq, Hkv, D)
+    matmul = torch.backends.cuda.matmul
+    reduced = matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction
+    try:  # torch's 16-bit GEMM summed in float32 throughout, as the kernel sums
+        matmul.allow_fp16_reduced_precision_reduction = matmul.allow_bf16_reduced_precision_reduction = False
+        ref = norm_qkv_ref(x, nw, None, 1e-5, w, None, inv, 0.8, pos, slot, kc, vc, Hq, Hkv, D)
+    finally:
+        matmul.allow_fp16_reduced_precision_reduction, matmul.allow_bf16_reduced_precision_reduction = reduced
     if DEV == "cuda":  # float32 sums in another order than torch's can cross a rounding boundary, rarely
         for a, b in zip(outs[1], (ref, kc, vc)):
             torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=1e-2)
