@@ -184,9 +184,6 @@ CASES = {
             SWAP=False,
             LOGIT_DIV=None,
             SOFTCAP=None,
-            val_ptr=None,
-            idx_ptr=None,
-            CHOICE=False,
         ),
     ),
     "norm_rows": (
@@ -213,9 +210,8 @@ CASES = {
             "B": "i32",
             "V": "i32",
             "row_stride": "i32",
-            "NBLK": "i32",
         },
-        dict(BLOCK_M=1, BLOCK_V=2048, LOG=True, PARTIALS=False),
+        dict(BLOCK_M=1, BLOCK_V=2048, LOG=True),
     ),
     # the routed experts at Qwen3-30B-A3B's shape (128 experts, 8 per token)
     "moe_gate_up": (
@@ -563,36 +559,3 @@ def test_the_dense_rule_and_the_two_programs_per_sm_pipeline():
     assert stages == {17: 4, 64: 4, 128: 3}
     assert swap_tiles(128, 8192, 2048, 2, 2, 132)["num_stages"] == 4  # 128 tiles of 128: not more than the SMs
     assert swap_tiles(128, 128256, 2048, 2, 1, 16)["num_stages"] == 3
-
-
-@pytest.mark.parametrize("rows", [32, 64, 128])
-def test_the_heads_greedy_partials_compile_for_sm90(rows):
-    """The LM head with `choice` (its tiles reduced to the greedy choice's partials, never stored) on the tiles
-    swap_tiles gives it at the Llama-1B shape: wgmma, no store of the (B, V) logits' tile shape, few spills; and
-    the greedy kernel that finishes from the partials (one program per row block)."""
-    kernel, types, constants = CASES["norm_linear"]
-    tiles = swap_tiles(rows, 128256, 2048, 2, 1, 132)
-    constants = {k: v for k, v in constants.items() if k not in ("val_ptr", "idx_ptr")}
-    types = dict(types, val_ptr="*fp32", idx_ptr="*i32")
-    constants = dict(
-        constants,
-        ACT=0,
-        ROUND_OUT=False,
-        PDL=3,
-        SWAP=True,
-        BLOCK_M=tiles["block_m"],
-        BLOCK_N=tiles["block_n"],
-        BLOCK_K=tiles["block_k"],
-        K=2048,
-        K_CHUNK=2048,
-        SPLIT=1,
-        LAYER=NORM_NONE,
-        NB_PAD=0,
-        CHOICE=True,
-    )
-    text = ptx(kernel, types, constants, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
-    assert "wgmma.mma_async" in text
-    assert spill_bytes(text) <= 192
-    gk, gtypes, gconst = CASES["greedy"]
-    text = ptx(gk, gtypes, dict(gconst, BLOCK_M=16, BLOCK_V=16, PARTIALS=True, PDL=3), num_warps=4)
-    assert "griddepcontrol.wait" in text and "ld.global" in text
