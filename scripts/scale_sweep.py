@@ -21,9 +21,8 @@ replaced), to measure that rule; `--rope-table never`: every QKV launch computes
 its own CUDA graphs), the variants in the order given, `--rounds` times over. A variant is `rule` (the code as it
 is) or one rule replaced: `dense:none` / `dense:qkv+o+down` (any of qkv, o, down: those projections in dense form
 from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:never` / `prenorm:always`,
-`two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows), `head-choice:off` (the
-greedy kernel reads the logits at every row count, greedy.use_head_choice). Each row of the table names its
-variant.
+`two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows). Each row of the table
+names its variant.
 """
 
 from __future__ import annotations
@@ -64,12 +63,11 @@ def _variants(text: str) -> list[str]:
             or (key == "rope-table" and value == "never")
             or (key == "prenorm" and value in ("never", "always"))
             or (key == "two-per-sm" and value == "off")
-            or (key == "head-choice" and value == "off")
         )
         if not ok:
             raise argparse.ArgumentTypeError(
                 f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always, "
-                "two-per-sm:off, head-choice:off"
+                "two-per-sm:off"
             )
     if not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")
@@ -107,8 +105,6 @@ def _patched(variant: str | None, model):
         target, name, new = norm_linear, "use_prenorm", lambda rows: value == "always"
     elif key == "two-per-sm":
         target, name, new = swap_ab, "TWO_PER_SM", False
-    elif key == "head-choice":
-        target, name, new = reference, "use_head_choice", lambda rows: False
     else:
         yield
         return

@@ -13,7 +13,7 @@ from fused_families import FAMILIES, family_model
 from overlapdecode.fused import reference
 from overlapdecode.fused.kernels import dense as dense_gemm
 from overlapdecode.fused.kernels.embed import embed, embed_ref
-from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref, head_greedy
+from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref, split_k
 from overlapdecode.fused.kernels.norm_linear import (
     NormSums,
@@ -469,40 +469,6 @@ def test_greedy_choice_ties_nan_and_infinities(case):
     for rows in (logits, wide[:, :V]):  # the second a column slice (rows not back to back), read in place
         got = _check_choice_against_ref(rows, state, [want], tickets=tickets)
         assert got.state[0].tolist() == [want, 1, 1] and int(tickets.counters.abs().sum()) == 0
-
-
-@pytest.mark.parametrize("B", [20, 40])
-@pytest.mark.parametrize("head", [{}, dict(softcap=3.0), dict(logit_div=4.0)])
-def test_head_greedy_chooses_as_the_logits_would(B, head):
-    """From 17 rows the LM head's programs reduce their logits to the greedy choice's partials (norm_linear
-    `choice`) and greedy_from_partials finishes: the state, flag and step log of greedy_choice on the logits, with
-    a tie across the head's column blocks (rows 10 and 250 of the weight equal: the first wins), a row of NaN
-    logits (column 0), finished rows emitting the pad id, an EOS, Gemma 2's soft-cap and Granite's division."""
-    torch.manual_seed(B + len(head))
-    K, V = 48, 300
-    x, nw, w = rnd(B, K), rnd(K, scale=0.3) + 1, rnd(V, K, scale=K**-0.5)
-    w[250] = w[10] = w[10] * 20  # a tie, the largest logit wherever it is positive
-    x[0, 5] = float("nan")  # row 0: every logit NaN
-    state = torch.stack([torch.zeros(B, dtype=torch.long), torch.arange(B), torch.zeros(B, dtype=torch.long)], 1)
-    state = state.to(DEV)
-    state[3, 2] = 1  # finished: emits the pad id
-    logits = norm_linear_ref(x, nw, None, 1e-5, w, None, "none", torch.float32, **head)
-    eos = int(logits[5].argmax())  # row 5's token is an EOS
-    tickets = Tickets(DEV)
-    log = StepLog.empty(B, 4, torch.device(DEV)) if DEV == "cpu" else None
-    got = _finish(state.clone(), [eos], pad_id=7)._replace(log=log)
-    ref = _finish(state.clone(), [eos], pad_id=7)
-    head_greedy(x, nw, None, 1e-5, w, got, tickets=tickets, **head)
-    greedy_finish_ref(logits, ref)
-    assert torch.equal(got.state, ref.state) and bool(got.done) == bool(ref.done)
-    tokens = got.state[:, 0]
-    assert tokens[0] == 0 and tokens[3] == 7 and got.state[5, 2] == 1
-    assert (tokens == 10).any() and not (tokens == 250).any()
-    assert int(tickets.counters.abs().sum()) == 0
-    if log is not None:
-        assert log.tokens[:, 0].tolist() == tokens.tolist() and log.count.tolist() == [1]
-    with pytest.raises(ValueError, match="choice: the LM head's"):
-        norm_linear(x, nw, None, 1e-5, w, None, "silu_mul", torch.float32, choice=True)
 
 
 def test_greedy_choice_refuses_bad_buffers():
@@ -1212,31 +1178,6 @@ def test_generate_of_each_family_with_the_kernels_equals_the_references(name):
         kv.append(torch.stack(cache.k + cache.v))
     assert torch.equal(outs[1], outs[0])
     torch.testing.assert_close(kv[1], kv[0], **TOL)
-
-
-@pytest.mark.parametrize("name", ["tiny-llama", "granite", "gemma2"])
-@torch.no_grad()
-def test_greedy_calls_of_20_rows_choose_from_the_heads_partials(name, monkeypatch):
-    """A greedy call of 20 left-padded rows (strided state, the step graph's path): each decode step's head reduces
-    its logits to the greedy choice's partials (greedy.head_greedy, counted), and the tokens are the torch
-    references' (Granite's logit division, Gemma 2's soft-cap in the head)."""
-    import overlapdecode as od
-    from overlapdecode.fused.kernels import greedy
-
-    calls = []
-    real = greedy.head_greedy
-    monkeypatch.setattr(greedy, "head_greedy", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
-    model = od.load_model(name, device=DEV) if name.startswith("tiny") else family_model(name, device=DEV)
-    torch.manual_seed(1)
-    ids = torch.randint(3, 200, (20, 5), device=DEV)
-    mask = torch.ones_like(ids)
-    mask[1::3, :2] = 0
-    outs = []
-    for kernels in ("torch", "triton"):
-        dec = od.Decoder(model, fused_options=dict(kernels=kernels, compile_prefill=False))
-        outs.append(dec.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=[], strategy="fused"))
-    assert torch.equal(outs[1], outs[0])
-    assert len(calls) == 3 and all(c[0] == 20 for c in calls)  # steps 1-3 (step 0 is the prefill's choice)
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,D,block", [(3, 4, 2, 24, 16), (2, 3, 1, 16, 1024)])

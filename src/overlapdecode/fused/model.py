@@ -23,7 +23,7 @@ from ..tp.shard import is_sharded
 from . import reference
 from .cache import FusedCache
 from .kernels.embed import embed_ref
-from .kernels.greedy import GreedyFinish, greedy_finish_ref, head_greedy_ref
+from .kernels.greedy import GreedyFinish, greedy_finish_ref
 from .kernels.linear_residual import linear_residual_ref
 from .kernels.moe import moe_experts_ref
 from .kernels.norm_linear import norm_linear_ref
@@ -78,9 +78,6 @@ class StepOps(NamedTuple):
     qk_norm_rope: object = None  # whole-projection Q/K norms, then RoPE (kernels/norm_qkv.py), for OLMo2
     moe: object = None  # residual + the routed experts (kernels/moe.py), for Qwen3-MoE, Mixtral and gpt-oss
     rope_table: object = None  # the step's rotary cos/sin, once per table, for the QKV launches (kernels/norm_qkv.py)
-    head_greedy: object = (
-        None  # norm + LM head + the greedy choice without the logits, from 17 rows (kernels/greedy.py)
-    )
 
 
 REFERENCE_OPS = StepOps(
@@ -93,7 +90,6 @@ REFERENCE_OPS = StepOps(
     norm_residual=norm_residual_ref,
     qk_norm_rope=qk_norm_rope_ref,
     moe=moe_experts_ref,
-    head_greedy=head_greedy_ref,
 )
 
 
@@ -145,7 +141,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     unsharded RMSNorm model). Imported here because Triton is an optional, heavy dependency of the CUDA path."""
     from .kernels.decode_attention import decode_attention
     from .kernels.embed import embed
-    from .kernels.greedy import greedy_choice, head_greedy
+    from .kernels.greedy import greedy_choice
     from .kernels.linear_residual import Tickets, linear_residual
     from .kernels.moe import moe_experts
     from .kernels.norm_linear import NormSums, norm_linear
@@ -180,7 +176,6 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
         qk_norm_rope=functools.partial(qk_norm_rope, pdl=pdl),
         moe=functools.partial(moe_experts, pdl=pdl),
         rope_table=functools.partial(rope_table, pdl=pdl),
-        head_greedy=functools.partial(head_greedy, tickets=tickets, pdl=pdl),
     )
 
 

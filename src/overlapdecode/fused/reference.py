@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from ..tp import reduce_residual
 from .kernels.decode_attention import with_sink_softmax
 from .kernels.embed import embed_rows
-from .kernels.greedy import use_head_choice
 from .kernels.linear_residual import linear_residual_ref
 from .kernels.moe import moe_dense_ref
 from .kernels.norm_linear import norm_linear_ref, norm_ref
@@ -89,8 +88,7 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     """One token per row: ids, pos (B,) long -> float32 logits (B, V); writes K/V at slot pos + pad.
     `ops` (model.StepOps): the operations, Triton kernels or their `*_ref` twins. `finish`
     (kernels/greedy.py GreedyFinish): also choose the greedy tokens and advance its state and flag in place
-    (ops.greedy, after the head; from 17 rows ops.head_greedy, and then no logits: None is returned); ids and pos
-    may be views of that state: they are read before it is written."""
+    (ops.greedy, after the head); ids and pos may be views of that state: they are read before it is written."""
     # slot and length int64 (the attention takes either): a `pad.to(int32)` here was recomputed by inductor
     # before every layer's attention, 16 one-element kernels per step at Llama-1B (its output code, H200)
     scale = {} if W.embed_scale is None else dict(scale=W.embed_scale)
@@ -99,11 +97,6 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     tables = step_rope_tables(W, ropes, pos, ops, h.dtype)
     for layer, kc, vc in zip(W.layers, k_caches, v_caches):
         h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops, ropes, tables)
-    if finish is not None and ops.head_greedy is not None and W.vocab is None and use_head_choice(h.shape[0]):
-        # from 17 rows the head's programs reduce their logits to the greedy choice's partials, which ops.head_greedy
-        # finishes: the (B, V) logits are never written (kernels/greedy.py head_greedy)
-        ops.head_greedy(h, W.norm_w, W.norm_b, W.eps, W.lm_head, finish, **W.head_options())
-        return None
     logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, **W.head_options())
     if W.vocab is not None:
         logits = W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows

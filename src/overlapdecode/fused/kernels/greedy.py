@@ -39,12 +39,10 @@ import triton.language as tl
 from ...sampling import argmax_rows
 from ...step_graph import StepLog
 from ...stopping import mark_finished
-from .argmax import BIG_INDEX, block_argmax
 from .linear_residual import Tickets, last_of_split, take_tickets
-from .norm_linear import norm_linear, norm_linear_ref
 from .pdl import pdl_launch, pdl_release, pdl_start
-from .swap_ab import use_swap
 
+BIG_INDEX = tl.constexpr(2**31 - 1)  # above any column: "no candidate"
 REDUCE_BLOCKS = tl.constexpr(256)  # column blocks the last program reduces per iteration
 
 
@@ -87,6 +85,22 @@ def greedy_finish_ref_log(log: StepLog, tokens: torch.Tensor, done: torch.Tensor
         log.tokens[:, column] = tokens
         log.flags[column] = done
     log.count.add_(1)
+
+
+@triton.jit
+def block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B):
+    """Store the per-row maximum of the (BLOCK_M, BLOCK_N) tile `y` (float32) and the first column holding it
+    (NaN counting as the maximum, the first NaN then) at (pid_n, row) of the (NBLK, B) partials."""
+    live = row_ok[:, None] & col_ok[None, :]
+    v = tl.where(live, y, float("-inf"))
+    nan = v != v
+    any_nan = tl.max(nan.to(tl.int32), 1) > 0
+    key = tl.where(nan, float("inf"), v)
+    m = tl.max(key, 1)
+    cand = tl.where(any_nan[:, None], nan, key == m[:, None]) & live
+    first = tl.min(tl.where(cand, cols[None, :], BIG_INDEX), 1)
+    tl.store(val_ptr + pid_n * B + rows, tl.where(any_nan, float("nan"), m), mask=row_ok)
+    tl.store(idx_ptr + pid_n * B + rows, first, mask=row_ok)
 
 
 @triton.jit
@@ -193,27 +207,20 @@ def _greedy_kernel(
     BLOCK_V: tl.constexpr,
     LOG: tl.constexpr,
     PDL: tl.constexpr,
-    NBLK=0,
-    PARTIALS: tl.constexpr = False,
 ):
     pdl_start(PDL)
-    if PARTIALS:  # the LM head's programs stored the (NBLK, B) partials (norm_linear `choice`): one program a row block
-        pdl_release(PDL)
-        n_blocks = NBLK
-    else:
-        pid_n = tl.program_id(0)
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
-        row_ok = rows < B
-        col_ok = cols < V
-        y = tl.load(
-            logits_ptr + rows[:, None].to(tl.int64) * row_stride + cols[None, :],
-            mask=row_ok[:, None] & col_ok[None, :],
-            other=float("-inf"),
-        )
-        pdl_release(PDL)
-        block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B)
-        n_blocks = tl.num_programs(0)
+    pid_n = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_ok = rows < B
+    col_ok = cols < V
+    y = tl.load(
+        logits_ptr + rows[:, None].to(tl.int64) * row_stride + cols[None, :],
+        mask=row_ok[:, None] & col_ok[None, :],
+        other=float("-inf"),
+    )
+    pdl_release(PDL)
+    block_argmax(y, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, pid_n, B)
     # counters: [0, NR) one per row block (its column programs), NR the row blocks' reductions, NR + 1 the rows
     # still running. No program waits on another (tickets only), so nothing can deadlock.
     pid_m = tl.program_id(1)
@@ -222,7 +229,7 @@ def _greedy_kernel(
         running = greedy_finish(
             val_ptr,
             idx_ptr,
-            n_blocks,
+            tl.num_programs(0),
             B,
             pid_m * BLOCK_M,
             state_ptr,
@@ -351,75 +358,3 @@ def greedy_choice(
         num_warps=4,
         **pdl_launch(pdl),
     )
-
-
-def greedy_from_partials(vals: torch.Tensor, idx: torch.Tensor, finish: GreedyFinish, tickets=None, pdl: int = 0):
-    """greedy_choice's reduction and bookkeeping on the (NBLK, B) partials the LM head's programs stored
-    (norm_linear `choice`: each column block's per-row maximum, float32, and first column holding it, int32; column
-    blocks in vocabulary order): one program per row block of up to 16 rows, so the (B, V) logits are never read."""
-    if vals.dim() != 2 or vals.dtype != torch.float32 or idx.shape != vals.shape or idx.dtype != torch.int32:
-        raise ValueError(
-            f"vals and idx must be (NBLK, B) float32 and int32 partials, got {tuple(vals.shape)} {vals.dtype} and "
-            f"{tuple(idx.shape)} {idx.dtype}"
-        )
-    nblk, B = vals.shape
-    check_finish(finish, B, vals.device)
-    block_m = min(16, triton.next_power_of_2(B))
-    grid = (1, triton.cdiv(B, block_m))
-    eos = finish.eos if finish.eos.numel() else finish.state  # never read when E == 0
-    done = finish.done.view(torch.uint8)
-    log = finish.log
-    if log is not None:
-        tokens, flags, count = log.tokens, log.flags.view(torch.uint8), log.count
-    else:
-        tokens, flags, count = finish.state, done, done  # never read or written without a log
-    _greedy_kernel[grid](
-        vals,
-        vals,
-        idx,
-        take_tickets(tickets, grid[1] + 2, vals.device),
-        finish.state,
-        eos,
-        finish.eos.numel(),
-        int(finish.pad_id),
-        done,
-        tokens,
-        flags,
-        count,
-        flags.numel(),
-        B,
-        1,
-        1,
-        BLOCK_M=block_m,
-        BLOCK_V=16,
-        LOG=log is not None,
-        PDL=int(pdl),
-        NBLK=nblk,
-        PARTIALS=True,
-        num_warps=4,
-        **pdl_launch(pdl),
-    )
-
-
-def use_head_choice(rows: int) -> bool:
-    """Whether a greedy step over `rows` rows takes its choice from the LM head's partials (head_greedy): where the
-    head's tiles are swapped (from 17 rows), whose programs hold up to 128 rows of a 128-column block of logits;
-    up to 16 rows the greedy kernel reads the logits (folding its first stage into the row-block head made the
-    1-row step slower, CHANGELOG.md)."""
-    return use_swap(rows)
-
-
-def head_greedy(x, norm_w, norm_b, eps, w, finish: GreedyFinish, tickets=None, pdl: int = 0, **head) -> None:
-    """The norm + LM head and the greedy choice of a step from 17 rows (reference.decode_step): the head's swapped
-    programs reduce the logits they compute to per-block maxima (norm_linear `choice`) and greedy_from_partials
-    finishes, so the (B, V) float32 logits are neither written nor read (at 128 rows of a 128K vocabulary, 66 MB
-    each way). `head`: the head's keywords (layout.FusedWeights.head_options)."""
-    vals, idx = norm_linear(
-        x, norm_w, norm_b, eps, w, None, "none", torch.float32, pdl=pdl, tickets=tickets, choice=True, **head
-    )
-    greedy_from_partials(vals, idx, finish, tickets=tickets, pdl=pdl)
-
-
-def head_greedy_ref(x, norm_w, norm_b, eps, w, finish: GreedyFinish, **head) -> None:
-    """head_greedy's torch twin: the logits, then greedy_finish_ref."""
-    greedy_finish_ref(norm_linear_ref(x, norm_w, norm_b, eps, w, None, "none", torch.float32, **head), finish)

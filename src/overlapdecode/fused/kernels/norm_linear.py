@@ -21,7 +21,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .argmax import block_argmax
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
@@ -386,9 +385,6 @@ def _norm_linear_kernel(
     SWAP: tl.constexpr,
     LOGIT_DIV: tl.constexpr,
     SOFTCAP: tl.constexpr,
-    val_ptr=None,
-    idx_ptr=None,
-    CHOICE: tl.constexpr = False,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -467,10 +463,6 @@ def _norm_linear_kernel(
                 dtype,
                 LOGIT_DIV,
                 SOFTCAP,
-                val_ptr,
-                idx_ptr,
-                B,
-                CHOICE,
             )
     else:
         _norm_linear_finish(
@@ -489,10 +481,6 @@ def _norm_linear_kernel(
             dtype,
             LOGIT_DIV,
             SOFTCAP,
-            val_ptr,
-            idx_ptr,
-            B,
-            CHOICE,
         )
 
 
@@ -513,16 +501,10 @@ def _norm_linear_finish(
     dtype: tl.constexpr,
     LOGIT_DIV: tl.constexpr,
     SOFTCAP: tl.constexpr,
-    val_ptr,
-    idx_ptr,
-    B,
-    CHOICE: tl.constexpr,
 ):
     """Bias, activation, rounding and the store of one (BLOCK_M, BLOCK_N) output tile. Without an activation,
     LOGIT_DIV (a float) divides the projection and SOFTCAP (a float) soft-caps it, tanh(y / cap) * cap, each op
-    rounded to dtype as Hugging Face's ops round (None: neither). CHOICE: instead of storing the tile, store each
-    row's maximum and its first column (argmax.block_argmax) at this column block's place of the (NBLK, B) partials
-    at val_ptr / idx_ptr."""
+    rounded to dtype as Hugging Face's ops round (None: neither)."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if ACT >= 2:
@@ -552,10 +534,7 @@ def _norm_linear_finish(
         out = acc.to(out_ptr.dtype.element_ty)
     else:
         out = acc
-    if CHOICE:  # the float32 logits as they would be stored, reduced to the greedy choice's partials
-        block_argmax(out, rows, cols, row_ok, col_ok, val_ptr, idx_ptr, tl.program_id(0), B)
-    else:
-        tl.store(out_ptr + rows[:, None] * N + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
 
 
 def norm_linear(
@@ -580,7 +559,6 @@ def norm_linear(
     logit_div: float | None = None,
     softcap: float | None = None,
     prenorm: bool | None = None,
-    choice: bool = False,
 ):
     """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
     there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
@@ -590,19 +568,13 @@ def norm_linear(
     swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default swap_tiles's, one program
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums). `prenorm`: whether
-    a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm). `choice` (act "none",
-    float32 out_dtype): instead of the logits, which then never reach memory, return the greedy choice's partials
-    (argmax.block_argmax's per-row maximum and first column of each column block: (NBLK, B) float32 and int32),
-    for greedy.greedy_from_partials."""
+    a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
-    if choice and (act != "none" or out_dtype != torch.float32):
-        raise ValueError(f"choice: the LM head's (act 'none', float32 out_dtype), got act {act!r}, {out_dtype}")
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     B, K = x.shape
     gated = act in ("silu_mul", "gelu_tanh_mul")
     n_out = w.shape[0] // 2 if gated else w.shape[0]
-    # with `choice` nothing is stored there (the kernel writes the partials): a (1, 1) stand-in of the logits' dtype
-    out = torch.empty((1, 1) if choice else (B, n_out), dtype=out_dtype or x.dtype, device=x.device)
+    out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
     swapped = use_swap(B, swap)
     x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
         x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm
@@ -629,9 +601,6 @@ def norm_linear(
     else:  # never written with one split: pass read-only inputs
         part, counters = w, w
     dummy = norm_w if norm_w is not None else w
-    if choice:
-        vals = torch.empty((n_blocks, B), dtype=torch.float32, device=x.device)
-        idx = torch.empty((n_blocks, B), dtype=torch.int32, device=x.device)
     _norm_linear_kernel[(n_blocks, row_blocks, split)](
         x,
         dummy,
@@ -661,11 +630,8 @@ def norm_linear(
         SWAP=swapped,
         LOGIT_DIV=None if logit_div is None else float(logit_div),
         SOFTCAP=None if softcap is None else float(softcap),
-        val_ptr=vals if choice else None,  # None without (a constexpr None: no parameter)
-        idx_ptr=idx if choice else None,
-        CHOICE=choice,
         num_warps=num_warps or tiles["num_warps"],
         num_stages=num_stages or tiles["num_stages"],
         **pdl_launch(pdl),
     )
-    return (vals, idx) if choice else out
+    return out
