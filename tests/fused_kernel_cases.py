@@ -686,6 +686,29 @@ def test_16bit_roundings_follow_the_references():
 # --- the decoder families' flags (layout.DECODERS) -----------------------------------------------------------
 
 
+QKV_CASE = (40, 4, 2, 24, 9)  # H, Hq, Hkv, D (24: 12 of a tile's 16 lanes live), cache slots
+
+
+def _qkv_inputs(variant: str, B: int):
+    """norm_qkv's inputs at QKV_CASE for a variant naming its flags: "q/k norm", "(1 + w)", "partial" (16 of 24
+    dims rotated), "no norm", "layer norm", "no rope", "bias"; four zeroed caches."""
+    H, Hq, Hkv, D, S = QKV_CASE
+    offset = "(1 + w)" in variant
+    R = 16 if "partial" in variant else D
+    x = rnd(B, H) + 0.3
+    nw = None if "no norm" in variant else rnd(H, scale=0.3) + (0.0 if offset else 1.0)
+    nb = rnd(H, scale=0.1) if "layer norm" in variant else None
+    rows = (Hq + 2 * Hkv) * D
+    w, b = rnd(rows, H, scale=H**-0.5), (rnd(rows, scale=0.1) if "bias" in variant else None)
+    inv = None if "no rope" in variant else 1.0 / (500.0 ** (torch.arange(0, R, 2, device=DEV).float() / R))
+    kw = dict(norm_style="rms_offset" if offset else "rms")
+    if variant.startswith("q/k norm"):
+        kw.update(q_norm=rnd(D, scale=0.3) + 1, k_norm=rnd(D, scale=0.3) + 1)
+    pos = column(torch.randint(0, 50, (B,), device=DEV))
+    slot = torch.randint(0, S, (B,), device=DEV)
+    return x, nw, nb, w, b, inv, kw, pos, slot, [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
+
+
 @pytest.mark.parametrize(
     "variant",
     ["q/k norm", "q/k norm (1 + w), no norm, partial rotary", "partial rotary", "q/k norm, partial rotary"],
@@ -696,21 +719,8 @@ def test_norm_qkv_with_the_families_flags(variant, B, programs, swap):
     partial rotary (Phi-3: the first R of D dims rotated, R/2 pairs): heads of 24 dims (one program a head with
     the norms, 12 of 16 lanes live), odd sizes, split-K and not, both tile orientations."""
     torch.manual_seed(B + programs + len(variant))
-    H, Hq, Hkv, D, S = 40, 4, 2, 24, 9
-    qk = variant.startswith("q/k norm")
-    offset = "(1 + w)" in variant
-    R = 16 if "partial" in variant else D
-    x = rnd(B, H) + 0.3
-    nw = None if "no norm" in variant else rnd(H, scale=0.3) + (0.0 if offset else 1.0)
-    rows = (Hq + 2 * Hkv) * D
-    w, b = rnd(rows, H, scale=H**-0.5), rnd(rows, scale=0.1)
-    inv = 1.0 / (500.0 ** (torch.arange(0, R, 2, device=DEV).float() / R))
-    kw = dict(norm_style="rms_offset" if offset else "rms")
-    if qk:
-        kw.update(q_norm=rnd(D, scale=0.3) + 1, k_norm=rnd(D, scale=0.3) + 1)
-    pos = column(torch.randint(0, 50, (B,), device=DEV))
-    slot = torch.randint(0, S, (B,), device=DEV)
-    caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
+    H, Hq, Hkv, D, S = QKV_CASE
+    x, nw, _, w, b, inv, kw, pos, slot, caches = _qkv_inputs(variant + ", bias", B)
     q_ref = norm_qkv_ref(x, nw, None, 1e-5, w, b, inv, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D, **kw)
     q = norm_qkv(
         x,
@@ -866,22 +876,8 @@ def test_norm_qkv_dense_runs_the_same_epilogue_on_the_product(variant, B):
     alone over the product's tiles, equals the reference with every flag of the families' QKV (bias, LayerNorm,
     per-head Q/K norms of the (1 + w) style, partial rotary, no norm, the step's rotary table), at odd shapes."""
     torch.manual_seed(B + len(variant))
-    H, Hq, Hkv, D, S = 40, 4, 2, 24, 9
-    qk = variant.startswith("q/k norm")
-    offset = "(1 + w)" in variant
-    R = 16 if "partial" in variant else D
-    x = rnd(B, H) + 0.3
-    nw = None if variant == "no norm" else rnd(H, scale=0.3) + (0.0 if offset else 1.0)
-    nb = rnd(H, scale=0.1) if "layer norm" in variant else None
-    rows = (Hq + 2 * Hkv) * D
-    w, b = rnd(rows, H, scale=H**-0.5), (rnd(rows, scale=0.1) if "bias" in variant else None)
-    inv = None if "no rope" in variant else 1.0 / (500.0 ** (torch.arange(0, R, 2, device=DEV).float() / R))
-    kw = dict(norm_style="rms_offset" if offset else "rms")
-    if qk:
-        kw.update(q_norm=rnd(D, scale=0.3) + 1, k_norm=rnd(D, scale=0.3) + 1)
-    pos = column(torch.randint(0, 50, (B,), device=DEV))
-    slot = torch.randint(0, S, (B,), device=DEV)
-    caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
+    H, Hq, Hkv, D, S = QKV_CASE
+    x, nw, nb, w, b, inv, kw, pos, slot, caches = _qkv_inputs(variant, B)
     q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D, **kw)
     if variant == "rope table":
         kw["rope_table"] = rope_table(inv, 0.9, pos, x.dtype)
