@@ -527,7 +527,15 @@ def test_ctrl_c_is_one_line_and_keeps_what_was_measured(whom, tmp_path):
         str(out),
     ]
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # as a terminal's foreground job has it: a test run started in the background (a non-interactive shell's
+        # `&`) hands its children SIGINT ignored, and the bench would never see the Ctrl-C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     rows = out / "rows-default.jsonl"
     deadline = time.monotonic() + 240
