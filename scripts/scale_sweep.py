@@ -191,16 +191,16 @@ def main(argv=None) -> int:
         step_bytes = step_weight_bytes(model, rows)  # a mixture of experts' step reads only min(E, rows x k) experts
         runs = [(r, v) for r in range(args.rounds) for v in variants] if name == "fused" else [(0, None)]
         for round_, v in runs:
-            decoder = decoders[v] if name == "fused" else decoders[variants[0]]
+            key = v if name == "fused" else variants[0]  # the other strategies share the first variant's Decoder
             try:
-                with _patched(v if name == "fused" else None, model):
+                with _patched(v, model):
                     row = scale.measure_point(
-                        decoder, model, name, rows, prompt_len, n, args.repeats, bandwidth, step_bytes, traces
+                        decoders[key], model, name, rows, prompt_len, n, args.repeats, bandwidth, step_bytes, traces
                     )
             except torch.OutOfMemoryError:
                 row = dict(strategy=name, rows=rows, prompt_len=prompt_len, error="out of memory")
-                with _patched(v, model):
-                    decoders[v] = new_decoder()  # drop the kept caches and graphs
+                with _patched(key, model):
+                    decoders[key] = new_decoder()  # drop the kept caches and graphs
                 torch.cuda.empty_cache()
             if v is not None:
                 row.update(variant=v, round=round_)

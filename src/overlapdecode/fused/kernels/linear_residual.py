@@ -219,14 +219,13 @@ def linear_residual(
     if product:  # the epilogue over the product's (16 x 64) tiles: no K loop, no split
         tiles = dict(block_m=ROW_TILE, block_n=64, block_k=16, num_warps=4, num_stages=1, programs=1)
         swapped = False
+        block_n = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
     elif swapped:
         tiles = swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device))
     else:
         tiles = dict(
             block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3, programs=2 * sm_count(x.device)
         )
-    if product:
-        block_n = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
     if programs is None:
         programs = tiles["programs"] if x.is_cuda else 1
     block_m = tiles["block_m"]

@@ -382,9 +382,9 @@ def _norm_qkv_kernel(
         w1 = head * D + tl.where(dim < ROT // 2, dim, dim + ROT // 2)
         w2 = head * D + tl.where(dim < ROT // 2, dim + ROT // 2, dim + D // 2)
     finish = True
+    n_rows = (n_heads + 2 * n_kv) * D  # the row length of the product or of the split's partial sums
+    ok = row_ok[:, None] & dim_ok[None, :]
     if PRODUCT:  # dense.py: the float32 product (B, N) is at part_ptr; only the epilogue is left
-        n_rows = (n_heads + 2 * n_kv) * D
-        ok = row_ok[:, None] & dim_ok[None, :]
         acc1 = tl.load(part_ptr + rows[:, None] * n_rows + w1[None, :], mask=ok, other=0.0)
         acc2 = tl.load(part_ptr + rows[:, None] * n_rows + w2[None, :], mask=ok, other=0.0)
         pdl_release(PDL)
@@ -426,8 +426,6 @@ def _norm_qkv_kernel(
         acc1 = acc_rows(acc1, SWAP)  # (BLOCK_M, HALF) from here on
         acc2 = acc_rows(acc2, SWAP)
         if SPLIT > 1:  # partial sums (SPLIT, B, N) float32; the last program of the tile finishes it
-            n_rows = (n_heads + 2 * n_kv) * D
-            ok = row_ok[:, None] & dim_ok[None, :]
             base = part_ptr + (pid_k * B + rows[:, None]) * n_rows
             tl.store(base + w1[None, :], acc1, mask=ok)
             tl.store(base + w2[None, :], acc2, mask=ok)
