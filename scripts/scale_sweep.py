@@ -21,7 +21,8 @@ replaced), to measure that rule; `--rope-table never`: every QKV launch computes
 its own CUDA graphs), the variants in the order given, `--rounds` times over. A variant is `rule` (the code as it
 is) or one rule replaced: `dense:none` / `dense:qkv+o+down` (any of qkv, o, down: those projections in dense form
 from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:never` / `prenorm:always`,
-`two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows). Each row of the table
+`two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows), `residual-norm:off` (the
+dense O and down epilogues leave the next norm to its own launch, kernels/residual_norm.py). Each row of the table
 names its variant.
 """
 
@@ -62,12 +63,12 @@ def _variants(text: str) -> list[str]:
             or (key == "dense" and (value == "none" or set(value.split("+")) <= set(DENSE_KINDS)))
             or (key == "rope-table" and value == "never")
             or (key == "prenorm" and value in ("never", "always"))
-            or (key == "two-per-sm" and value == "off")
+            or (key in ("two-per-sm", "residual-norm") and value == "off")
         )
         if not ok:
             raise argparse.ArgumentTypeError(
                 f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always, "
-                "two-per-sm:off"
+                "two-per-sm:off, residual-norm:off"
             )
     if not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")
@@ -89,7 +90,7 @@ def _dense_shapes(model, kinds) -> set:
 def _patched(variant: str | None, model):
     """The rule a variant replaces, replaced where the step reads it, for the duration (None or rule: nothing)."""
     from overlapdecode.fused import reference
-    from overlapdecode.fused.kernels import dense, norm_linear, swap_ab
+    from overlapdecode.fused.kernels import dense, norm_linear, residual_norm, swap_ab
 
     key, _, value = (variant or "rule").partition(":")
     if key == "dense":
@@ -105,6 +106,8 @@ def _patched(variant: str | None, model):
         target, name, new = norm_linear, "use_prenorm", lambda rows: value == "always"
     elif key == "two-per-sm":
         target, name, new = swap_ab, "TWO_PER_SM", False
+    elif key == "residual-norm":  # no row fits: every launch is linear_residual's
+        target, name, new = residual_norm, "MAX_N", 0
     else:
         yield
         return

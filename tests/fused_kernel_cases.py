@@ -12,6 +12,7 @@ from fused_families import FAMILIES, family_model
 
 from overlapdecode.fused import reference
 from overlapdecode.fused.kernels import dense as dense_gemm
+from overlapdecode.fused.kernels import norm_linear as norm_linear_module
 from overlapdecode.fused.kernels.embed import embed, embed_ref
 from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref, split_k
@@ -554,31 +555,43 @@ def test_embed(B, H, block, positions):
     assert torch.equal(h[0], torch.zeros(H, device=DEV) if wpe is None else wpe[pos[0]])
 
 
+@pytest.mark.parametrize("B", [2, 20])
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
 @torch.no_grad()
-def test_whole_step_kernels_vs_reference(name):
+def test_whole_step_kernels_vs_reference(name, B, monkeypatch):
     """The decode step made of the kernels equals the one made of their references, cache writes included,
-    with the step's embedding by the embedding kernel (as the step runs it) and by torch ops."""
+    with the step's embedding by the embedding kernel (as the step runs it) and by torch ops. At 20 rows in dense
+    form (from 17 rows here): every O and down epilogue hands its rows normalised to the next projection
+    (kernels/residual_norm.py; GPT-2's LayerNorm, Llama's RMSNorm), so the one normalising launch left in the step
+    is the first layer's."""
     import overlapdecode as od
 
+    normalising = []
+    if B > 16:
+        monkeypatch.setattr(dense_gemm, "DENSE_ROWS", 17)
+        rows = norm_linear_module.normalized_rows
+        monkeypatch.setattr(
+            norm_linear_module, "normalized_rows", lambda *a, **k: normalising.append(1) or rows(*a, **k)
+        )
     model = od.load_model(name, device=DEV)
     fm = FusedModel(model, kernels="triton", compile_prefill=False)
-    B, S = 2, 16
-    ids = column(torch.tensor([5, 17], device=DEV), at=0)
-    pos = column(torch.tensor([6, 3], device=DEV))
+    S = 16
+    ids = column(torch.tensor([5, 17] * (B // 2), device=DEV), at=0)
+    pos = column(torch.tensor([6, 3] * (B // 2), device=DEV))
     results = []
     for ops in (REFERENCE_OPS, fm.ops, fm.ops._replace(embed=embed_ref)):
         cache = fm.cache_for(B, S)
         torch.manual_seed(0)
         for t in cache.k + cache.v:
             t.copy_(torch.randn_like(t))
-        cache.pad.copy_(torch.tensor([1, 4], device=DEV))
+        cache.pad.copy_(torch.tensor([1, 4] * (B // 2), device=DEV))
         logits = reference.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
         results.append((logits, [t.clone() for t in cache.k + cache.v]))
     for logits, caches in results[1:]:
         torch.testing.assert_close(logits, results[0][0], **TOL)
         for a, b in zip(caches, results[0][1]):
             torch.testing.assert_close(a, b, **TOL)
+    assert len(normalising) == (2 if B > 16 else 0)  # one per kernel step: the first layer's QKV
 
 
 @pytest.mark.parametrize(
@@ -907,6 +920,59 @@ def test_linear_residual_dense_runs_the_same_epilogue_on_the_product(B, K, N, va
         torch.testing.assert_close(sums.of(got), (hb * hb).sum(-1).T, **TOL)
 
 
+@pytest.mark.parametrize("B,K,N", [(17, 100, 24), (19, 72, 130)])
+@pytest.mark.parametrize(
+    "style,variant", [("rms", "bias"), ("rms_offset", "residual scale"), ("rms_f32", ""), ("layer", "bias")]
+)
+def test_residual_norm_writes_h_and_the_next_norm_of_it(B, K, N, style, variant):
+    """kernels/residual_norm.py: the dense O/down epilogue over whole rows writes h exactly as linear_residual's
+    dense epilogue does, and h normalised by the norm that reads it next (each family's rounding; GPT-2's
+    LayerNorm) as norm_ref computes it, recorded for that h and that norm only; RMSNorm sums as one block."""
+    from overlapdecode.fused.kernels.norm_linear import NormedRows, norm_ref
+    from overlapdecode.fused.kernels.residual_norm import linear_residual_norm
+
+    torch.manual_seed(B + K + N + len(style))
+    x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
+    b = rnd(N, scale=0.1) if variant == "bias" else None
+    kw = dict(res_scale=0.3) if variant == "residual scale" else {}
+    nw = 1.0 + rnd(N, scale=0.3)
+    nb = rnd(N, scale=0.1) if style == "layer" else None
+    norm = (nw, nb, 1e-5, "rms" if style == "layer" else style)
+    rows, sums = NormedRows(), NormSums(min_rows=1)
+    h = linear_residual_norm(x, w, b, res, dense=True, then_norm=norm, normed_rows=rows, norm_sums=sums, **kw)
+    assert torch.equal(h, linear_residual(x, w, b, res, dense=True, **kw))  # the same epilogue code
+    xn = rows.of(h, NormedRows.key(*norm))
+    assert xn is not None and xn.dtype == h.dtype
+    torch.testing.assert_close(xn, norm_ref(h, nw, nb, 1e-5, norm[3]), **TOL)
+    if style != "layer":
+        torch.testing.assert_close(sums.of(h), (h * h).sum(1)[None], **TOL)
+    assert rows.of(h, NormedRows.key(nw.clone(), nb, 1e-5, norm[3])) is None  # another norm's weight
+    assert rows.of(h.clone(), NormedRows.key(*norm)) is None  # another tensor
+    h.add_(0)
+    assert rows.of(h, NormedRows.key(*norm)) is None  # modified since
+
+
+def test_residual_norm_falls_back_where_its_kernel_does_not_serve():
+    """Where the launch is not dense, has no norm after it, has at most 16 rows (no swapped reader) or rows wider
+    than MAX_N, linear_residual_norm is linear_residual and records nothing."""
+    from overlapdecode.fused.kernels import residual_norm as rn
+    from overlapdecode.fused.kernels.norm_linear import NormedRows
+
+    torch.manual_seed(5)
+    for B, N, dense, then in [(19, 24, False, True), (19, 24, True, False), (16, 24, True, True), (19, 40, True, True)]:
+        x, w, res = rnd(B, 32), rnd(N, 32, scale=32**-0.5), rnd(B, N)
+        norm = (1.0 + rnd(N, scale=0.3), None, 1e-5, "rms") if then else None
+        rows = NormedRows()
+        max_n = rn.MAX_N
+        rn.MAX_N = 32 if N == 40 else max_n
+        try:
+            h = rn.linear_residual_norm(x, w, None, res, dense=dense, then_norm=norm, normed_rows=rows)
+        finally:
+            rn.MAX_N = max_n
+        torch.testing.assert_close(h, linear_residual_ref(x, w, None, res), **TOL)
+        assert rows._last is None, (B, N, dense, then)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_dense_16_bit_products_are_float32_accumulations(dtype):
     """In 16-bit the dense product is accumulated and kept in float32 (the fused kernels' accumulator), and the
@@ -1055,12 +1121,18 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
     """Each family's decode step made of the kernels (with its flags) equals the one made of their references,
     cache writes included, with left padding and positions past its sliding windows: at 2 rows (row-block tiles)
     and at 20 (swapped tiles on rows normalised beforehand, swap_ab.py), there also with QKV, O and down in dense
-    form from 17 rows (kernels/dense.py: torch.mm's product, the kernels' epilogues)."""
-    products = []
+    form from 17 rows (kernels/dense.py: torch.mm's product, the kernels' epilogues), where the O and down
+    epilogues also hand the rows normalised for the next projection over (kernels/residual_norm.py): each such
+    writer takes one normalising launch out of the step, and the step equals the one without the hand-off."""
+    products, normalising = [], []
     if dense:
         monkeypatch.setattr(dense_gemm, "DENSE_ROWS", 17)
         mm = dense_gemm.dense_product
         monkeypatch.setattr(dense_gemm, "dense_product", lambda x, w: products.append(w.shape) or mm(x, w))
+        rows = norm_linear_module.normalized_rows
+        monkeypatch.setattr(
+            norm_linear_module, "normalized_rows", lambda *a, **k: normalising.append(1) or rows(*a, **k)
+        )
     model = family_model(name, device=DEV)
     fm = FusedModel(model, kernels="triton", compile_prefill=False)
     W = fm.weights
@@ -1069,7 +1141,11 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
     pos = column(torch.tensor([11, 8] * (B // 2), device=DEV))
     results, tables = [], []
     kernels = fm.ops._replace(rope_table=lambda *a, **k: tables.append(fm.ops.rope_table(*a, **k)) or tables[-1])
-    for ops in (REFERENCE_OPS, kernels):
+    # the same kernels, each norm normalising its rows itself: every writer's then_norm dropped
+    unhanded = kernels._replace(linear_residual=lambda *a, then_norm=None, **k: kernels.linear_residual(*a, **k))
+    launches = []
+    for ops in (REFERENCE_OPS, kernels) + ((unhanded,) if dense else ()):
+        launches.append(len(normalising))
         cache = fm.cache_for(B, S)
         torch.manual_seed(0)
         for t in cache.k + cache.v:
@@ -1077,15 +1153,23 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
         cache.pad.copy_(torch.tensor([1, 4] * (B // 2), device=DEV))
         logits = reference.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
         results.append((logits, [t.clone() for t in cache.k + cache.v]))
-    torch.testing.assert_close(results[1][0], results[0][0], **TOL)
-    for a, b in zip(results[1][1], results[0][1]):
-        torch.testing.assert_close(a, b, **TOL)
+    for result in results[1:]:
+        torch.testing.assert_close(result[0], results[0][0], **TOL)
+        for a, b in zip(result[1], results[0][1]):
+            torch.testing.assert_close(a, b, **TOL)
     # from 17 rows the QKV launches read the step's rotary tables: one per table a layer's norm_qkv rotates with
     read = {L.rope for L in W.layers if L.rope is not None and not reference.whole_qk_norms(W, L)}
-    assert len(tables) == (len(read) if B > 16 else 0), (name, B, len(tables), read)
+    assert len(tables) == (len(read) * (2 if dense else 1) if B > 16 else 0), (name, B, len(tables), read)
     # dense: every layer's QKV and its linear_residual launches (O, down where not routed experts) took the product
     plain = sum(1 for L in W.layers if L.router is None)
-    assert len(products) == (len(W.layers) + len(W.layers) + plain if dense else 0), (name, len(products))
+    per_step = len(W.layers) + len(W.layers) + plain
+    assert len(products) == (2 * per_step if dense else 0), (name, len(products))
+    if dense:  # the writers that hand normalised rows: O before a dense MLP, down of a layer without post-norms
+        handed = sum(
+            (L.post_attn_w is None and L.router is None) + (L.post_ffn_w is None and L.router is None) for L in W.layers
+        )
+        with_hand, without = launches[2] - launches[1], len(normalising) - launches[2]
+        assert without - with_hand == handed, (name, with_hand, without, handed)
 
 
 @pytest.mark.parametrize("swap", [False, True])

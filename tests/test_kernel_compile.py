@@ -22,6 +22,7 @@ from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # 
 from overlapdecode.fused.kernels.moe import _down_kernel, _gate_up_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import NORM_NONE, _norm_linear_kernel, _norm_rows_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel, _rope_table_kernel, swapped_qkv_tiles  # noqa: E402
+from overlapdecode.fused.kernels.residual_norm import _residual_norm_kernel  # noqa: E402
 from overlapdecode.fused.kernels.swap_ab import swap_tiles, use_prenorm  # noqa: E402
 from overlapdecode.fused.model import TILES  # noqa: E402
 
@@ -157,6 +158,17 @@ CASES = {
             PRODUCT=False,
         ),
     ),
+    "residual_norm": (
+        _residual_norm_kernel,
+        {
+            **bf16("b_ptr", "res_ptr", "out_ptr", "nw_ptr", "nb_ptr", "xn_ptr"),
+            "part_ptr": "*fp32",
+            "ss_ptr": "*fp32",
+            "N": "i32",
+            "eps": "fp32",
+        },
+        dict(N_PAD=2048, HAS_BIAS=False, RES_SCALE=None, LAYER=0, SUMS=True),
+    ),
     "norm_linear": (
         _norm_linear_kernel,
         {
@@ -240,6 +252,7 @@ GPT2 = {
     "norm_qkv": dict(K=768, K_CHUNK=768, SPLIT=1, LAYER=True, HAS_BIAS=True, ROPE=False, NB_PAD=0),
     "linear_residual": dict(K=3072, K_CHUNK=768, HAS_BIAS=True, SUMS=False),
     "norm_linear": dict(K=768, K_CHUNK=768, LAYER=True, HAS_BIAS=True, ACT=1, NB_PAD=0),
+    "residual_norm": dict(N_PAD=1024, HAS_BIAS=True, LAYER=1, SUMS=False),
     "attention": dict(HQ=12, HKV=12, G=1),
     # (the batch, not GPT-2, sets BLOCK_M: 16 rows, as from batch 16 on)
     "greedy": dict(BLOCK_M=16),
@@ -543,6 +556,20 @@ def test_the_dense_epilogues_compile_without_a_k_loop_or_spills(name):
         constants, **extra, PDL=3, SWAP=False, BLOCK_M=16, BLOCK_K=16, K=K, K_CHUNK=K, SPLIT=1, PRODUCT=True
     )
     text = ptx(kernel, types, constants, num_warps=4, num_stages=1)
+    assert "mma" not in text
+    assert spill_bytes(text) == 0
+
+
+@pytest.mark.parametrize("n_pad,layer", [(2048, 0), (4096, 2), (8192, 1)])
+def test_the_residual_norm_epilogue_holds_whole_rows_without_spills(n_pad, layer):
+    """kernels/residual_norm.py holds a whole row of up to MAX_N in registers, with the warps its wrapper gives
+    it (4 per 512 columns, 4 to 16): for sm_90 no spill at 2048, 4096 and 8192 columns, and no MMA."""
+    from overlapdecode.fused.kernels.residual_norm import MAX_N, warps_for
+
+    assert n_pad <= MAX_N
+    kernel, types, constants = CASES["residual_norm"]
+    constants = dict(constants, N_PAD=n_pad, LAYER=layer, HAS_BIAS=True, PDL=3)
+    text = ptx(kernel, types, constants, num_warps=warps_for(n_pad), num_stages=1)
     assert "mma" not in text
     assert spill_bytes(text) == 0
 

@@ -173,3 +173,23 @@ def test_the_sweeps_variants_run_in_one_process_each_with_its_rule(tmp_path, mon
         _script().main(["--out", str(tmp_path / "x"), "--variants", "dense:mlp", "--no-kernels"])
     with pytest.raises(SystemExit):
         _script().main(["--out", str(tmp_path / "y"), "--variants", "rule"])
+
+
+def test_the_residual_norm_variant_turns_the_hand_off_off_while_it_runs(tmp_path, monkeypatch):
+    """--variants rule,residual-norm:off: with the variant no row fits kernels/residual_norm.py (every dense O and
+    down epilogue leaves the next norm to its own launch), with rule the module's MAX_N; put back after."""
+    from overlapdecode.fused.kernels import residual_norm
+
+    max_n = residual_norm.MAX_N
+    seen = []
+
+    def fake_point(decoder, model, name, rows, prompt_len, *a):
+        seen.append(residual_norm.MAX_N)
+        return dict(strategy=name, rows=rows, prompt_len=prompt_len, ms_per_step=1.0, tok_s=1.0, kv_bytes=0, ttft_ms=1)
+
+    monkeypatch.setattr(scale, "measure_point", fake_point)
+    args = ["--out", str(tmp_path / "ab"), "--model", "tiny-llama", "--dtype", "float32", "--rows", "20"]
+    args += ["--prompts", "8", "--long-rows", "1", "--long-prompts", "8", "--strategies", "fused"]
+    args += ["--new-tokens", "2", "--long-new-tokens", "2", "--repeats", "1", "--no-kernels"]
+    assert _script().main(args + ["--variants", "rule,residual-norm:off"]) == 0
+    assert seen == [max_n, 0, max_n, 0] and residual_norm.MAX_N == max_n

@@ -142,11 +142,12 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     from .kernels.decode_attention import decode_attention
     from .kernels.embed import embed
     from .kernels.greedy import greedy_choice
-    from .kernels.linear_residual import Tickets, linear_residual
+    from .kernels.linear_residual import Tickets
     from .kernels.moe import moe_experts
-    from .kernels.norm_linear import NormSums, norm_linear
+    from .kernels.norm_linear import NormedRows, NormSums, norm_linear
     from .kernels.norm_qkv import norm_qkv, qk_norm_rope, rope_table
     from .kernels.norm_residual import norm_residual
+    from .kernels.residual_norm import linear_residual_norm
 
     # grid targets of the row-block split-K kernels (programs= below; swapped launches take swap_ab.swap_tiles's):
     # measured by scripts/kernel_sweep.py (docs/KERNELS.md)
@@ -154,19 +155,21 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
     tickets = Tickets(device)
     tiles = {} if tiles is None else tiles
     sums = dict(norm_sums=NormSums()) if norm_sums else {}  # one, shared by the writers and readers of h
+    # normalised rows handed from the dense O and down epilogues to the next projection (kernels/residual_norm.py)
+    hand = dict(sums, normed_rows=NormedRows())
     return StepOps(
         Tiled(
-            functools.partial(norm_qkv, tickets=tickets, pdl=pdl, **sums), "norm_qkv", 4, tiles, dict(programs=4 * sms)
+            functools.partial(norm_qkv, tickets=tickets, pdl=pdl, **hand), "norm_qkv", 4, tiles, dict(programs=4 * sms)
         ),
         functools.partial(decode_attention, pdl=pdl, tickets=tickets),
         Tiled(
-            functools.partial(linear_residual, tickets=tickets, pdl=pdl, **sums),
+            functools.partial(linear_residual_norm, tickets=tickets, pdl=pdl, **hand),
             "linear_residual",
             1,
             tiles,
             dict(programs=2 * sms),
         ),
-        Tiled(functools.partial(norm_linear, tickets=tickets, pdl=pdl, **sums), "norm_linear", 4, tiles),
+        Tiled(functools.partial(norm_linear, tickets=tickets, pdl=pdl, **hand), "norm_linear", 4, tiles),
         # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
         # 1: GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
         functools.partial(embed, pdl=pdl, **sums),

@@ -95,8 +95,9 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad, **scale)  # (B, H), (B,), (B,)
     ropes = step_ropes(W, pos)
     tables = step_rope_tables(W, ropes, pos, ops, h.dtype)
-    for layer, kc, vc in zip(W.layers, k_caches, v_caches):
-        h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops, ropes, tables)
+    reads = [(L.norm1_w, L.norm1_b) for L in W.layers[1:]] + [(W.norm_w, W.norm_b)]  # the norm after each layer
+    for layer, kc, vc, after in zip(W.layers, k_caches, v_caches, reads):
+        h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops, ropes, tables, then_norm(W, *after))
     logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, **W.head_options())
     if W.vocab is not None:
         logits = W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
@@ -105,13 +106,35 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     return logits
 
 
+def then_norm(W: FusedWeights, norm_w, norm_b) -> tuple | None:
+    """The `then_norm` of a residual projection whose output the norm (norm_w, norm_b) reads next: (norm_w,
+    norm_b, eps, the kernels' norm_style), for ops.linear_residual (kernels/residual_norm.py); None without a norm
+    or under tensor parallelism (an all-reduce sits between the two)."""
+    if norm_w is None or W.tp is not None:
+        return None
+    return (norm_w, norm_b, W.eps, W.norm_options().get("norm_style", "rms"))
+
+
 def decode_layer(
-    W: FusedWeights, layer, h, k_cache, v_cache, pos, slot, start, length, ops, ropes=None, rope_tables=None
+    W: FusedWeights,
+    layer,
+    h,
+    k_cache,
+    v_cache,
+    pos,
+    slot,
+    start,
+    length,
+    ops,
+    ropes=None,
+    rope_tables=None,
+    after=None,
 ):
     """One decoder layer of the one-token step: h (B, H) -> the layer's output (B, H); writes K/V at `slot` of
     its cache; row b attends to slots [start[b], length[b]). Five operations of `ops` (model.StepOps), seven
     where the layer normalises its branches before adding them (ops.norm_residual). `ropes`: step_ropes's
-    tables (None: W's own); `rope_tables`: step_rope_tables's (None or no entry: QKV computes cos and sin)."""
+    tables (None: W's own); `rope_tables`: step_rope_tables's (None or no entry: QKV computes cos and sin).
+    `after`: then_norm's tuple of the norm that reads the layer's output (the next layer's or the final norm)."""
     B = h.shape[0]
     inv_freq, rope_scale = (W.inv_freq, W.rope_scale) if ropes is None else ropes[layer.rope]
     whole = whole_qk_norms(W, layer)  # OLMo2: norms after the projection
@@ -144,8 +167,11 @@ def decode_layer(
     if layer.post_attn_w is not None:  # normalised before the add (OLMo2, Gemma 2/3); unsharded
         branch = ops.linear_residual(a.reshape(B, -1), layer.w_o, layer.b_o, None)
         h = ops.norm_residual(branch, layer.post_attn_w, W.eps, h, W.norm)
-    elif W.residual_scale is not None:  # Granite: the branch times residual_multiplier; unsharded
-        h = ops.linear_residual(a.reshape(B, -1), layer.w_o, layer.b_o, h, res_scale=W.residual_scale)
+    elif W.tp is None:  # Granite: the branch times residual_multiplier
+        mlp_norm = None if layer.router is not None else then_norm(W, layer.norm2_w, layer.norm2_b)
+        h = ops.linear_residual(
+            a.reshape(B, -1), layer.w_o, layer.b_o, h, res_scale=W.residual_scale, then_norm=mlp_norm
+        )
     else:
         # under tp (W.tp), w_o and w_down hold 1/tp of their inputs: reduce_residual sums the ranks' parts
         # (ops.symmetric: over symmetric memory; None: the functional collective)
@@ -169,8 +195,8 @@ def decode_layer(
     if layer.post_ffn_w is not None:
         branch = ops.linear_residual(m, layer.w_down, layer.b_down, None)
         return ops.norm_residual(branch, layer.post_ffn_w, W.eps, h, W.norm)
-    if W.residual_scale is not None:
-        return ops.linear_residual(m, layer.w_down, layer.b_down, h, res_scale=W.residual_scale)
+    if W.tp is None:
+        return ops.linear_residual(m, layer.w_down, layer.b_down, h, res_scale=W.residual_scale, then_norm=after)
     return reduce_residual(ops.linear_residual, m, layer.w_down, layer.b_down, h, W.tp, ops.symmetric)
 
 

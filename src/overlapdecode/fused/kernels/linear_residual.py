@@ -32,10 +32,12 @@ from .swap_ab import (
 )
 
 
-def linear_residual_ref(x, w, b, residual, res_scale: float | None = None):
+def linear_residual_ref(x, w, b, residual, res_scale: float | None = None, then_norm: tuple | None = None):
     """residual + (x @ w.T + b), the branch rounded to the residual's dtype first as the unfused model has it;
     `res_scale` (Granite's residual_multiplier): the branch times it (rounded) before the add; `residual` None: the
-    branch alone (a layer that normalises it before adding it, kernels/norm_residual.py)."""
+    branch alone (a layer that normalises it before adding it, kernels/norm_residual.py). `then_norm`: the norm
+    that reads the result next, which the kernels may apply in the same launch (kernels/residual_norm.py); the
+    reference leaves it to the reader."""
     y = torch.nn.functional.linear(x, w, b)
     if res_scale is not None:
         y = y * res_scale
@@ -94,6 +96,41 @@ def last_of_split(ticket_ptr, tile, n):
     tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel", scope="gpu")
     return ticket == n - 1
+
+
+@triton.jit
+def residual_finish(
+    acc,
+    rows,
+    cols,
+    col_ok,
+    out_ok,
+    b_ptr,
+    res_ptr,
+    N,
+    dtype: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    RES_SCALE: tl.constexpr,
+):
+    """The epilogue of a (rows, cols) tile of the float32 product: bias, the branch rounded to `dtype` (times
+    Granite's residual scale, rounded again), plus the residual (or the branch alone), rounded: what
+    linear_residual_ref computes, in `dtype`."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_RES and RES_SCALE is None:
+        res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
+        y = (res + acc.to(dtype).to(tl.float32)).to(dtype)
+    else:
+        branch = acc.to(dtype).to(tl.float32)
+        if RES_SCALE is not None:  # Granite's residual_multiplier, the product rounded as the unfused model has it
+            branch = (branch * RES_SCALE).to(dtype).to(tl.float32)
+        if HAS_RES:
+            res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
+            y = (res + branch).to(dtype)
+        else:
+            y = branch.to(dtype)
+    return y
 
 
 @triton.jit
@@ -159,21 +196,9 @@ def _linear_split_kernel(
                 )
             tl.store(ticket_ptr + tile, 0)  # back to zero for the next launch
     if finish:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        dtype = out_ptr.dtype.element_ty
-        if HAS_RES and RES_SCALE is None:
-            res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
-            y = (res + acc.to(dtype).to(tl.float32)).to(dtype)
-        else:
-            branch = acc.to(dtype).to(tl.float32)
-            if RES_SCALE is not None:  # Granite's residual_multiplier, the product rounded as the unfused model has it
-                branch = (branch * RES_SCALE).to(dtype).to(tl.float32)
-            if HAS_RES:
-                res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0).to(tl.float32)
-                y = (res + branch).to(dtype)
-            else:
-                y = branch.to(dtype)
+        y = residual_finish(
+            acc, rows, cols, col_ok, out_ok, b_ptr, res_ptr, N, out_ptr.dtype.element_ty, HAS_BIAS, HAS_RES, RES_SCALE
+        )
         tl.store(out_ptr + rows[:, None] * N + cols[None, :], y, mask=out_ok)
         if SUMS:  # the rows' sums of squares over this column block, of the values as stored (NormSums)
             yf = tl.where(out_ok, y.to(tl.float32), 0.0)

@@ -171,6 +171,36 @@ class NormSums:
         return sums if ref() is h and _version(h) == version else None
 
 
+class NormedRows:
+    """Rows of the hidden states already normalised by the kernel that wrote them, handed to the next launch that
+    would normalise them again (`swapped_operand`): the dense epilogue of the O and down projections
+    (kernels/residual_norm.py) holds whole rows and writes both h and norm(h) in one launch, so the
+    `normalized_rows` launch before the next projection is left out.
+
+    The link is the tensor object and its norm, as for NormSums: `record(h, norm, xn)` after the writer's launch;
+    `of(h, norm)` answers xn only for that very h, unmodified since (its version counter), and the same norm
+    (weight and bias by identity, eps, style); anything else is normalised as before. Host-side bookkeeping at
+    launch (or capture) time, nothing per replay."""
+
+    def __init__(self):
+        self._last = None  # (weak reference to h, its version, the norm's key, xn)
+
+    @staticmethod
+    def key(norm_w, norm_b, eps: float, norm_style: str) -> tuple:
+        return (id(norm_w), id(norm_b), float(eps), norm_style)
+
+    def record(self, h: torch.Tensor, norm: tuple, xn: torch.Tensor) -> None:
+        """xn is h normalised by `norm` (NormedRows.key's tuple); held until the next record."""
+        self._last = (weakref.ref(h), _version(h), norm, xn)
+
+    def of(self, h: torch.Tensor, norm: tuple) -> torch.Tensor | None:
+        """The rows recorded for h under `norm`, or None."""
+        if self._last is None:
+            return None
+        ref, version, key, xn = self._last
+        return xn if ref() is h and _version(h) == version and key == norm else None
+
+
 def _version(h: torch.Tensor) -> int | None:
     """h's version counter; None for an inference tensor (made under torch.inference_mode), which has none:
     for those only the identity is checked (the step never changes a hidden state in place)."""
@@ -246,18 +276,25 @@ def norm_tile(
         xn = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(dtype)
     else:
         xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
-        g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
-        if LAYER == 1:
-            beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-            xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
-        elif LAYER == 2:  # Gemma: (x * rstd) * (1 + weight), in float32, rounded once
-            xn = (xv * rstd[:, None] * (g.to(tl.float32) + 1.0)[None, :]).to(dtype)
-        elif LAYER == 4:  # OLMo2: (x * rstd) * weight, in float32, rounded once
-            xn = (xv * rstd[:, None] * g.to(tl.float32)[None, :]).to(dtype)
-        else:  # HF RMSNorm: weight * (x * rstd).to(dtype), the product in dtype
-            xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
-        xn = tl.where(m, xn, 0.0).to(dtype)
+        xn = norm_values(xv, nw_ptr, nb_ptr, kk, k_ok, m, mean, rstd, LAYER, dtype)
     return xn
+
+
+@triton.jit
+def norm_values(xv, nw_ptr, nb_ptr, kk, k_ok, m, mean, rstd, LAYER: tl.constexpr, dtype: tl.constexpr):
+    """x (float32, (BLOCK_M, len(kk))) normalised with the rows' (mean, 1/std) and the norm's weights at columns
+    `kk`, rounded as Hugging Face's norms round (0 where `m` is false); LAYER as in norm_tile (not 3)."""
+    g = tl.load(nw_ptr + kk, mask=k_ok, other=0.0)
+    if LAYER == 1:
+        beta = tl.load(nb_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        xn = ((xv - mean[:, None]) * rstd[:, None] * g.to(tl.float32)[None, :] + beta[None, :]).to(dtype)
+    elif LAYER == 2:  # Gemma: (x * rstd) * (1 + weight), in float32, rounded once
+        xn = (xv * rstd[:, None] * (g.to(tl.float32) + 1.0)[None, :]).to(dtype)
+    elif LAYER == 4:  # OLMo2: (x * rstd) * weight, in float32, rounded once
+        xn = (xv * rstd[:, None] * g.to(tl.float32)[None, :]).to(dtype)
+    else:  # HF RMSNorm: weight * (x * rstd).to(dtype), the product in dtype
+        xn = (g[None, :] * (xv * rstd[:, None]).to(dtype)).to(dtype)
+    return tl.where(m, xn, 0.0).to(dtype)
 
 
 @triton.jit
@@ -329,16 +366,29 @@ def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tu
 
 
 def swapped_operand(
-    x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tuple, pdl: int, swapped: bool, prenorm: bool | None
+    x,
+    norm_w,
+    norm_b,
+    eps: float,
+    norm_style: str,
+    sums_arg: tuple,
+    pdl: int,
+    swapped: bool,
+    prenorm: bool | None,
+    normed_rows: NormedRows | None = None,
 ):
     """What a launch multiplies and how it normalises it: (x, norm_w, norm_b, sums_arg) as given, or, for a swapped
-    launch where `prenorm` (None: swap_ab.use_prenorm) says, the rows normalised beforehand (normalized_rows) with no
-    norm left to the kernel."""
+    launch where `prenorm` (None: swap_ab.use_prenorm) says, the rows normalised beforehand with no norm left to the
+    kernel: those x's writer recorded in `normed_rows` for this norm, else normalized_rows's (one launch)."""
     if prenorm is None:
         prenorm = use_prenorm(x.shape[0])
     if not (swapped and norm_w is not None and prenorm):
         return x, norm_w, norm_b, sums_arg
-    xn = normalized_rows(x, norm_w, norm_b, eps, norm_style, sums_arg, pdl)
+    xn = None
+    if normed_rows is not None:
+        xn = normed_rows.of(x, NormedRows.key(norm_w, norm_b, eps, norm_style))
+    if xn is None:
+        xn = normalized_rows(x, norm_w, norm_b, eps, norm_style, sums_arg, pdl)
     return xn, None, None, (xn, 0, 0)
 
 
@@ -559,6 +609,7 @@ def norm_linear(
     logit_div: float | None = None,
     softcap: float | None = None,
     prenorm: bool | None = None,
+    normed_rows: NormedRows | None = None,
 ):
     """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
     there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
@@ -568,7 +619,8 @@ def norm_linear(
     swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default swap_tiles's, one program
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums). `prenorm`: whether
-    a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm)."""
+    a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm); `normed_rows`: where its
+    writer may have recorded them (NormedRows)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     B, K = x.shape
@@ -577,7 +629,7 @@ def norm_linear(
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
     swapped = use_swap(B, swap)
     x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
-        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm
+        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm, normed_rows
     )
     accs = 2 if gated else 1
     tiles = (

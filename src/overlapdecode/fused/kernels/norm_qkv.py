@@ -19,7 +19,7 @@ import triton.language as tl
 
 from . import dense as dense_gemm
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
-from .norm_linear import NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
+from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
@@ -518,6 +518,7 @@ def norm_qkv(
     prenorm: bool | None = None,
     rope_table: torch.Tensor | None = None,
     dense: bool | None = None,
+    normed_rows: NormedRows | None = None,
 ):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
@@ -532,7 +533,8 @@ def norm_qkv(
     swap_ab.use_prenorm). `rope_table`: rope_table's (B, rotary dims) cos and sin for these rows' positions, read
     instead of computed (None: computed in the epilogue from inv_freq, rope_scale and pos, which a table replaces:
     it must have been made from the same ones, in x's dtype). `dense`: the product by cuBLAS on the normalised
-    rows and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule)."""
+    rows and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `normed_rows`: where x's writer
+    may have recorded x normalised by this norm (NormedRows), taken instead of normalising it again."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
@@ -568,7 +570,7 @@ def norm_qkv(
         swapped, prenorm = False, True
         half = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
     x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
-        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped or product, prenorm
+        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped or product, prenorm, normed_rows
     )
     if swapped:
         plan = swapped_qkv_tiles(B, halves, K, w.element_size(), sm_count(x.device))
