@@ -18,7 +18,8 @@ against 1.155 / 1.138 (dense loses), 48 rows 1.221 / 1.211 against 1.191 / 1.186
 1.215 / 1.212, 96 rows 1.482 / 1.474 against 1.330 / 1.322, 128 rows 1.597 / 1.599 against 1.431 / 1.443 (QKV
 alone dense 1.531 / 1.530, QKV and O 1.458 / 1.481); at the Llama-3-8B shape, 64 rows 5.656 / 5.580 against 5.141
 / 5.162. 33-47 rows are not measured. The rows reach cuBLAS normalised
-(norm_linear.normalized_rows, one launch, as every swapped launch's rows already are).
+(norm_linear.normalized_rows, one launch, as every swapped launch's rows already are, or handed over normalised by
+the O or down epilogue before it: residual_norm.py).
 
 Host syncs: none (no value-dependent Python branch); torch.mm is captured into the step's CUDA graph like the
 kernels. A kernel launched after it under PDL waits for it whole (cuBLAS kernels trigger nothing early), so the
