@@ -36,7 +36,9 @@ def _points(text: str) -> list[tuple[int, int]]:
 def candidates(S: int, block_n: int, rule: int) -> list[tuple[str, dict]]:
     """(label, decode_attention keywords) of one point, each launch once and its num_stages explicit (the kernel's
     default is pipeline_stages): `rule`, the shape rule's split and depth; `rule, N stages`, its split at the other
-    depths; `splits N` (2 stages) and `splits N, M stages`, the other splits that fit the cache; `rule, 8 warps`."""
+    depths; `splits N` (2 stages) and `splits N, M stages`, the other splits that fit the cache; `rule, 8 warps`; and
+    for the many-row, short-cache launches (one program per row and key/value head), what lets more programs share an
+    SM: `rule, 2 warps`, `rule, 1 stage`, `rule, keys of 32` and `rule, keys of 32, 2 warps` (BLOCK_N 32)."""
     from overlapdecode.fused.kernels.decode_attention import pipeline_stages
 
     own = pipeline_stages(S, block_n, rule)
@@ -46,6 +48,11 @@ def candidates(S: int, block_n: int, rule: int) -> list[tuple[str, dict]]:
     cands += [(f"rule, {st} stages", dict(num_splits=rule, num_stages=st)) for st in STAGES if st != own]
     cands += [(f"splits {s}, {st} stages", dict(num_splits=s, num_stages=st)) for s in others for st in STAGES[1:]]
     cands += [("rule, 8 warps", dict(num_splits=rule, num_stages=own, num_warps=8))]
+    cands += [("rule, 2 warps", dict(num_splits=rule, num_stages=own, num_warps=2))]
+    cands += [("rule, 1 stage", dict(num_splits=rule, num_stages=1))]
+    if block_n > 32:
+        cands += [("rule, keys of 32", dict(num_splits=rule, num_stages=own, block_n=32))]
+        cands += [("rule, keys of 32, 2 warps", dict(num_splits=rule, num_stages=own, block_n=32, num_warps=2))]
     return cands
 
 
