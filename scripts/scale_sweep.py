@@ -22,8 +22,9 @@ its own CUDA graphs), the variants in the order given, `--rounds` times over. A 
 is) or one rule replaced: `dense:none` / `dense:qkv+o+down` (any of qkv, o, down: those projections in dense form
 from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:never` / `prenorm:always`,
 `two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows), `residual-norm:off` (the
-dense O and down epilogues leave the next norm to its own launch, kernels/residual_norm.py). Each row of the table
-names its variant.
+dense O and down epilogues leave the next norm to its own launch, kernels/residual_norm.py), `dense-pieces:off`
+(every dense product over the whole of K, dense.pieces_for), `attention-direct:off` (64 keys on 4 warps at many
+rows too, decode_attention.direct_tiles). Each row of the table names its variant.
 """
 
 from __future__ import annotations
@@ -63,12 +64,12 @@ def _variants(text: str) -> list[str]:
             or (key == "dense" and (value == "none" or set(value.split("+")) <= set(DENSE_KINDS)))
             or (key == "rope-table" and value == "never")
             or (key == "prenorm" and value in ("never", "always"))
-            or (key in ("two-per-sm", "residual-norm") and value == "off")
+            or (key in ("two-per-sm", "residual-norm", "dense-pieces", "attention-direct") and value == "off")
         )
         if not ok:
             raise argparse.ArgumentTypeError(
                 f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always, "
-                "two-per-sm:off, residual-norm:off"
+                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off"
             )
     if not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")
@@ -90,7 +91,7 @@ def _dense_shapes(model, kinds) -> set:
 def _patched(variant: str | None, model):
     """The rule a variant replaces, replaced where the step reads it, for the duration (None or rule: nothing)."""
     from overlapdecode.fused import reference
-    from overlapdecode.fused.kernels import dense, norm_linear, residual_norm, swap_ab
+    from overlapdecode.fused.kernels import decode_attention, dense, norm_linear, residual_norm, swap_ab
 
     key, _, value = (variant or "rule").partition(":")
     if key == "dense":
@@ -108,6 +109,10 @@ def _patched(variant: str | None, model):
         target, name, new = swap_ab, "TWO_PER_SM", False
     elif key == "residual-norm":  # no row fits: every launch is linear_residual's
         target, name, new = residual_norm, "MAX_N", 0
+    elif key == "dense-pieces":
+        target, name, new = dense, "pieces_for", lambda n_out, K, sms: 1
+    elif key == "attention-direct":
+        target, name, new = decode_attention, "direct_tiles", lambda block_d, num_splits: None
     else:
         yield
         return

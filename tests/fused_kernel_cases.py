@@ -880,14 +880,16 @@ def test_linear_residual_with_the_families_flags(B, K, N, programs, variant):
     torch.testing.assert_close(got, ref, **TOL)
 
 
-@pytest.mark.parametrize("B", [3, 19])
+@pytest.mark.parametrize("B,pieces", [(3, 1), (19, 1), (19, 2)])
 @pytest.mark.parametrize(
     "variant", ["rope, bias", "layer norm, no rope", "q/k norm (1 + w), partial rotary", "no norm", "rope table"]
 )
-def test_norm_qkv_dense_runs_the_same_epilogue_on_the_product(variant, B):
-    """dense=True (kernels/dense.py): the product by torch.mm on the normalised rows, then the kernel's epilogue
-    alone over the product's tiles, equals the reference with every flag of the families' QKV (bias, LayerNorm,
-    per-head Q/K norms of the (1 + w) style, partial rotary, no norm, the step's rotary table), at odd shapes."""
+def test_norm_qkv_dense_runs_the_same_epilogue_on_the_product(variant, B, pieces, monkeypatch):
+    """dense=True (kernels/dense.py): the product by torch.mm on the normalised rows (or its partial products over
+    `pieces` of K), then the kernel's epilogue alone over the product's tiles, equals the reference with every flag
+    of the families' QKV (bias, LayerNorm, per-head Q/K norms of the (1 + w) style, partial rotary, no norm, the
+    step's rotary table), at odd shapes."""
+    monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: pieces)
     torch.manual_seed(B + len(variant))
     H, Hq, Hkv, D, S = QKV_CASE
     x, nw, nb, w, b, inv, kw, pos, slot, caches = _qkv_inputs(variant, B)
@@ -901,11 +903,13 @@ def test_norm_qkv_dense_runs_the_same_epilogue_on_the_product(variant, B):
     assert caches[0].abs().sum() > 0 and caches[1].abs().sum() > 0
 
 
-@pytest.mark.parametrize("B,K,N", [(3, 100, 24), (19, 72, 130)])
+@pytest.mark.parametrize("B,K,N,pieces", [(3, 100, 24, 1), (19, 72, 130, 1), (19, 72, 130, 3)])
 @pytest.mark.parametrize("variant", ["residual, bias", "residual scale", "branch alone", "norm sums"])
-def test_linear_residual_dense_runs_the_same_epilogue_on_the_product(B, K, N, variant):
-    """dense=True: torch.mm's float32 product, then the kernel's epilogue (bias, Granite's residual scale, the
-    branch alone, the rows' norm sums per column block as the next RMSNorm reads them) equals the reference."""
+def test_linear_residual_dense_runs_the_same_epilogue_on_the_product(B, K, N, pieces, variant, monkeypatch):
+    """dense=True: torch.mm's float32 product (or bmm's over `pieces` of K, added in the epilogue), then the
+    kernel's epilogue (bias, Granite's residual scale, the branch alone, the rows' norm sums per column block as the
+    next RMSNorm reads them) equals the reference."""
+    monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: pieces)
     torch.manual_seed(B + K + N + len(variant))
     x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
     b = rnd(N, scale=0.1) if "bias" in variant else None
@@ -920,17 +924,18 @@ def test_linear_residual_dense_runs_the_same_epilogue_on_the_product(B, K, N, va
         torch.testing.assert_close(sums.of(got), (hb * hb).sum(-1).T, **TOL)
 
 
-@pytest.mark.parametrize("B,K,N", [(17, 100, 24), (19, 72, 130)])
+@pytest.mark.parametrize("B,K,N,pieces", [(17, 100, 24, 1), (19, 72, 130, 2)])
 @pytest.mark.parametrize(
     "style,variant", [("rms", "bias"), ("rms_offset", "residual scale"), ("rms_f32", ""), ("layer", "bias")]
 )
-def test_residual_norm_writes_h_and_the_next_norm_of_it(B, K, N, style, variant):
+def test_residual_norm_writes_h_and_the_next_norm_of_it(B, K, N, pieces, style, variant, monkeypatch):
     """kernels/residual_norm.py: the dense O/down epilogue over whole rows writes h exactly as linear_residual's
     dense epilogue does, and h normalised by the norm that reads it next (each family's rounding; GPT-2's
     LayerNorm) as norm_ref computes it, recorded for that h and that norm only; RMSNorm sums as one block."""
     from overlapdecode.fused.kernels.norm_linear import NormedRows, norm_ref
     from overlapdecode.fused.kernels.residual_norm import linear_residual_norm
 
+    monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: pieces)  # (`pieces` of K: added in order)
     torch.manual_seed(B + K + N + len(style))
     x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
     b = rnd(N, scale=0.1) if variant == "bias" else None
@@ -1125,10 +1130,11 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
     epilogues also hand the rows normalised for the next projection over (kernels/residual_norm.py): each such
     writer takes one normalising launch out of the step, and the step equals the one without the hand-off."""
     products, normalising = [], []
-    if dense:
+    if dense:  # the products in two pieces of K where it is even (dense.pieces_for), as on a GPU
         monkeypatch.setattr(dense_gemm, "DENSE_ROWS", 17)
+        monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: 2 if K % 2 == 0 else 1)
         mm = dense_gemm.dense_product
-        monkeypatch.setattr(dense_gemm, "dense_product", lambda x, w: products.append(w.shape) or mm(x, w))
+        monkeypatch.setattr(dense_gemm, "dense_product", lambda x, w, p=1: products.append((w.shape, p)) or mm(x, w, p))
         rows = norm_linear_module.normalized_rows
         monkeypatch.setattr(
             norm_linear_module, "normalized_rows", lambda *a, **k: normalising.append(1) or rows(*a, **k)
@@ -1164,6 +1170,7 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
     plain = sum(1 for L in W.layers if L.router is None)
     per_step = len(W.layers) + len(W.layers) + plain
     assert len(products) == (2 * per_step if dense else 0), (name, len(products))
+    assert not dense or any(p == 2 for _, p in products), name
     if dense:  # the writers that hand normalised rows: O before a dense MLP, down of a layer without post-norms
         handed = sum(
             (L.post_attn_w is None and L.router is None) + (L.post_ffn_w is None and L.router is None) for L in W.layers

@@ -89,7 +89,7 @@ CASES = {
             ROT=64,
             rt_ptr=None,
             TABLE=False,
-            PRODUCT=False,
+            PRODUCT=0,
         ),
     ),
     "rope_table": (
@@ -155,7 +155,7 @@ CASES = {
             SWAP=False,
             HAS_RES=True,
             RES_SCALE=None,
-            PRODUCT=False,
+            PRODUCT=0,
         ),
     ),
     "residual_norm": (
@@ -164,10 +164,11 @@ CASES = {
             **bf16("b_ptr", "res_ptr", "out_ptr", "nw_ptr", "nb_ptr", "xn_ptr"),
             "part_ptr": "*fp32",
             "ss_ptr": "*fp32",
+            "B": "i32",
             "N": "i32",
             "eps": "fp32",
         },
-        dict(N_PAD=2048, HAS_BIAS=False, RES_SCALE=None, LAYER=0, SUMS=True),
+        dict(N_PAD=2048, HAS_BIAS=False, RES_SCALE=None, LAYER=0, SUMS=True, PIECES=2),
     ),
     "norm_linear": (
         _norm_linear_kernel,
@@ -552,9 +553,7 @@ def test_the_dense_epilogues_compile_without_a_k_loop_or_spills(name):
         types, extra = dict(types, rt_ptr="*fp32"), dict(extra, TABLE=True, HALF=32, LAYER=NORM_NONE, NB_PAD=0)
     else:
         extra = dict(extra, BLOCK_N=64)
-    constants = dict(
-        constants, **extra, PDL=3, SWAP=False, BLOCK_M=16, BLOCK_K=16, K=K, K_CHUNK=K, SPLIT=1, PRODUCT=True
-    )
+    constants = dict(constants, **extra, PDL=3, SWAP=False, BLOCK_M=16, BLOCK_K=16, K=K, K_CHUNK=K, SPLIT=1, PRODUCT=2)
     text = ptx(kernel, types, constants, num_warps=4, num_stages=1)
     assert "mma" not in text
     assert spill_bytes(text) == 0
@@ -582,7 +581,24 @@ def test_the_dense_rule_and_the_two_programs_per_sm_pipeline():
 
     assert [dense.use_dense(r, 2048, 2048) for r in (1, 16, 17, 32, 47, 48, 128, 300)] == [False] * 5 + [True] * 3
     assert dense.use_dense(3, 8, 8, True) and not dense.use_dense(128, 8, 8, False)
+    # the product in two pieces of K where the weight has at most 32 rows per SM and a piece is >= 1024 long
+    pieces = {(n, k): dense.pieces_for(n, k, 132) for n, k in ((3072, 2048), (2048, 8192), (4096, 14336), (6144, 4096))}
+    assert pieces == {(3072, 2048): 2, (2048, 8192): 2, (4096, 14336): 2, (6144, 4096): 1}
+    assert dense.pieces_for(768, 768, 132) == dense.pieces_for(2048, 2047, 132) == 1
     stages = {r: swap_tiles(r, 128256, 2048, 2, 1, 132)["num_stages"] for r in (17, 64, 128)}
     assert stages == {17: 4, 64: 4, 128: 3}
     assert swap_tiles(128, 8192, 2048, 2, 2, 132)["num_stages"] == 4  # 128 tiles of 128: not more than the SMs
     assert swap_tiles(128, 128256, 2048, 2, 1, 16)["num_stages"] == 3
+
+
+def test_the_direct_attention_tiles_compile_without_spills():
+    """decode_attention.direct_tiles's launch (one piece per row and kv head: NUM_SPLITS 1, DIRECT, 32 keys, 2
+    warps) compiles for sm_90 with its PDL wait and no spill."""
+    from overlapdecode.fused.kernels.decode_attention import direct_tiles
+
+    block_n, warps = direct_tiles(64, 1)
+    kernel, types, constants = CASES["attention"]
+    constants = dict(constants, BLOCK_N=block_n, NUM_SPLITS=1, SPLIT_PAD=1, DIRECT=True, PDL=3)
+    text = ptx(kernel, types, constants, num_warps=warps, num_stages=3)
+    assert "griddepcontrol.wait" in text
+    assert spill_bytes(text) == 0

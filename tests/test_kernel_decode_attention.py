@@ -26,6 +26,7 @@ from overlapdecode.fused.kernels.decode_attention import (
     choose_num_splits,
     decode_attention,
     decode_attention_ref,
+    direct_tiles,
     pipeline_stages,
     workspace_numel,
 )
@@ -196,6 +197,12 @@ def test_pipeline_depth_follows_the_blocks_a_piece_spans():
     assert workspace_numel(2, 4, 64, 1) == 0 and workspace_numel(2, 4, 64, 3) == 2 * 4 * 3 * 66
 
 
+def test_many_rows_read_blocks_of_32_keys_on_2_warps():
+    """direct_tiles: one piece per (row, kv head) and heads up to 64 wide: 32 keys on 2 warps; else the defaults."""
+    assert direct_tiles(64, 1) == direct_tiles(16, 1) == (32, 2)
+    assert direct_tiles(64, 2) is None and direct_tiles(128, 1) is None
+
+
 def triton_cdiv(a, b):
     return -(-a // b)
 
@@ -216,6 +223,20 @@ def test_triton_matches_reference(D, block_n, num_splits):
     ref = decode_attention_ref(q, k, v, start, length, D**-0.5)
     assert out.dtype == q.dtype and out.shape == q.shape
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@kernel_runs_here
+@pytest.mark.parametrize("D", [16, 48])
+def test_triton_many_rows_with_the_direct_tiles(D, monkeypatch):
+    """With more rows x kv heads than the grid target (one piece each), the default launch takes direct_tiles's
+    32-key blocks on 2 warps and equals the reference (live ranges of 1 to 3 blocks of 32 keys)."""
+    import overlapdecode.fused.kernels.decode_attention as attention
+
+    monkeypatch.setattr(attention, "TARGET_PROGRAMS", 4)  # B x Hkv = 8 programs: past it
+    q, k, v, start, length = make_case(D, starts=[0, 3, 0, 9], lengths=[70, 40, 1, 95], s=96, device=KERNEL_DEVICE)
+    assert choose_num_splits(4, k.shape[1], 96, 64, attention.default_programs(q.device)) == 1
+    out = decode_attention(q, k, v, start, length, D**-0.5)
+    torch.testing.assert_close(out, decode_attention_ref(q, k, v, start, length, D**-0.5), rtol=1e-5, atol=1e-5)
 
 
 @kernel_runs_here

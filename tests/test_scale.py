@@ -193,3 +193,24 @@ def test_the_residual_norm_variant_turns_the_hand_off_off_while_it_runs(tmp_path
     args += ["--new-tokens", "2", "--long-new-tokens", "2", "--repeats", "1", "--no-kernels"]
     assert _script().main(args + ["--variants", "rule,residual-norm:off"]) == 0
     assert seen == [max_n, 0, max_n, 0] and residual_norm.MAX_N == max_n
+
+
+def test_the_pieces_and_direct_tile_variants_replace_their_rules_while_they_run(tmp_path, monkeypatch):
+    """dense-pieces:off: every dense product over the whole of K; attention-direct:off: no direct tiles at many
+    rows; each put back after."""
+    from overlapdecode.fused.kernels import decode_attention, dense
+
+    rules = dense.pieces_for, decode_attention.direct_tiles
+    seen = []
+
+    def fake_point(decoder, model, name, rows, prompt_len, *a):
+        seen.append((dense.pieces_for(2048, 8192, 132), decode_attention.direct_tiles(64, 1)))
+        return dict(strategy=name, rows=rows, prompt_len=prompt_len, ms_per_step=1.0, tok_s=1.0, kv_bytes=0, ttft_ms=1)
+
+    monkeypatch.setattr(scale, "measure_point", fake_point)
+    args = ["--out", str(tmp_path / "ab"), "--model", "tiny-llama", "--dtype", "float32", "--rows", "20"]
+    args += ["--prompts", "8", "--long-rows", "1", "--long-prompts", "8", "--strategies", "fused"]
+    args += ["--new-tokens", "2", "--long-new-tokens", "2", "--repeats", "1", "--no-kernels"]
+    assert _script().main(args + ["--variants", "rule,dense-pieces:off,attention-direct:off"]) == 0
+    assert seen[:3] == [(2, (32, 2)), (1, (32, 2)), (2, None)]
+    assert (dense.pieces_for, decode_attention.direct_tiles) == rules

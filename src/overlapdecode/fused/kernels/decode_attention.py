@@ -45,7 +45,8 @@ num_splits is picked from the shapes alone (so one CUDA graph serves every step 
 pieces, as many as keep the grid within about two programs per SM of the GPU at hand (TARGET_PROGRAMS, an
 H200's, in the interpreter), at most one per block of keys of the cache, at most MAX_SPLITS; a row shorter than
 the cache spreads its live range over the same pieces, and pieces past it return at once. The pipeline is 3
-stages deep where a piece spans at least 4 blocks of keys, else 2 (pipeline_stages). Both rules were timed
+stages deep where a piece spans at least 4 blocks of keys, else 2 (pipeline_stages). With one piece per (row, kv
+head) (many rows) and heads up to 64 wide the blocks are 32 keys on 2 warps instead (direct_tiles). Both rules were timed
 against other splits and depths at 1-128 rows and 96-32K keys (scripts/attention_sweep.py). The combine reads
 every piece's max and sum in one load and each query head's accumulators in one more (G loads in all, not two
 per piece: with 32 pieces a serial loop makes 64 dependent loads from L2; reasoned, not profiled).
@@ -326,6 +327,16 @@ def choose_num_splits(B: int, Hkv: int, S: int, block_n: int, programs: int = TA
     return max(1, min(1 << (want.bit_length() - 1), triton.cdiv(S, block_n), MAX_SPLITS))
 
 
+def direct_tiles(block_d: int, num_splits: int) -> tuple[int, int] | None:
+    """(BLOCK_N, num_warps) where one program per (row, kv head) reads its whole live range (num_splits 1: many
+    rows) and the heads are at most 64 wide: blocks of 32 keys on 2 warps, so that more programs share an SM
+    (the grid is B x Hkv programs of a few blocks each). None elsewhere: block_sizes's keys on 4 warps. Measured
+    alone on an H200 (Llama-1B heads, bfloat16, scripts/attention_sweep.py, us, against 64 keys on 4 warps): 64
+    rows x 96 keys 7.32 -> 6.98, 128 x 96 10.93 -> 9.36, 64 x 160 9.62 -> 8.16, 128 x 160 16.82 -> 13.63; the
+    pipeline depth stays the one the 64-key blocks give."""
+    return (32, 2) if num_splits == 1 and block_d <= 64 else None
+
+
 def pipeline_stages(S: int, block_n: int, num_splits: int) -> int:
     """The launch's num_stages: 3 where a piece of a full cache spans at least 4 blocks of keys, so that the
     next blocks' loads run under this one's dots; 2 for short pieces, where a deeper pipeline only adds its
@@ -366,7 +377,7 @@ def decode_attention(
     *,
     num_splits=None,
     block_n=None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int | None = None,
     pdl: int = 0,
     tickets: Tickets | None = None,
@@ -384,7 +395,8 @@ def decode_attention(
       `make_workspace(q, k_cache)` (a captured graph can own it); allocated per call when None (its size
       depends on shapes only).
     num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values);
-      num_warps, num_stages: the launch's (num_stages None: pipeline_stages; scripts/attention_sweep.py times them).
+      num_warps, num_stages: the launch's (None: 4 warps, or direct_tiles's where block_n is not given;
+      num_stages pipeline_stages of block_sizes's keys; scripts/attention_sweep.py times them).
     pdl: the programmatic dependent launch mode of the kernel (pdl.py; 0: off; sm_90+).
     tickets: the ticket counters of the split (linear_residual.Tickets; default: fresh zeros, a fill per call).
     """
@@ -395,7 +407,8 @@ def decode_attention(
         raise ValueError(f"k_cache slots x head size ({S} x {D}) must stay below 2**31 (32-bit offsets)")
     require_contiguous(q=q, k_cache=k_cache, v_cache=v_cache, start=start, length=length)
     default_n, block_d = block_sizes(D, q.dtype)
-    if block_n is None:
+    chosen = block_n is None
+    if chosen:
         block_n = default_n
     elif not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
@@ -405,6 +418,11 @@ def decode_attention(
         raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
     if num_stages is None:
         num_stages = pipeline_stages(S, block_n, num_splits)
+    direct_plan = direct_tiles(block_d, num_splits) if chosen else None
+    if direct_plan is not None:
+        block_n = direct_plan[0]
+        num_warps = num_warps or direct_plan[1]
+    num_warps = num_warps or 4
     if out is not None and (
         not isinstance(out, torch.Tensor)
         or out.shape != q.shape

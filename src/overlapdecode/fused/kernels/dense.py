@@ -21,6 +21,15 @@ alone dense 1.531 / 1.530, QKV and O 1.458 / 1.481); at the Llama-3-8B shape, 64
 (norm_linear.normalized_rows, one launch, as every swapped launch's rows already are, or handed over normalised by
 the O or down epilogue before it: residual_norm.py).
 
+The product in pieces of K (`pieces_for`): cuBLAS tiles a product of 64-128 rows into few output tiles where
+the weight has few rows (H200: 64 x 32 and 24 x 64 tiles at the Llama-1B shape), fewer than the SMs; with K cut
+in two, `torch.bmm` writes two float32 partial products (2, B, N) and the epilogue adds them in a fixed order
+(`product_tile`). Measured alone on an H200 (bfloat16, whole K against two pieces, us): Llama-1B shape at 64 rows
+QKV 6.68 -> 6.26, O 6.17 -> 5.37, down 14.33 -> 11.67 (cuBLAS's own split-K reduction launch gone); at 128 rows
+7.03 -> 6.24, 6.69 -> 5.41, 17.19 -> 14.33; Llama-3-8B shape at 64 / 128 rows O 11.68 -> 11.79 / 14.03 -> 12.37,
+down 36.64 -> 34.35 / 39.89 -> 36.61, and QKV (6144 rows) 16.46 -> 16.48 / 17.54 -> 18.17, which the rule leaves
+whole.
+
 Host syncs: none (no value-dependent Python branch); torch.mm is captured into the step's CUDA graph like the
 kernels. A kernel launched after it under PDL waits for it whole (cuBLAS kernels trigger nothing early), so the
 product is complete before any program loads it.
@@ -29,10 +38,14 @@ product is complete before any program loads it.
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from .swap_ab import ROW_TILE
 
 DENSE_ROWS = 48  # from this many rows the QKV and linear_residual launches run dense (use_dense)
+PIECE_COLUMNS = 32  # weight rows per SM below which K is cut in two (pieces_for)
+MIN_PIECE = 1024  # the shortest K piece
 
 
 def use_dense(rows: int, n_out: int, K: int, dense: bool | None = None) -> bool:
@@ -43,11 +56,36 @@ def use_dense(rows: int, n_out: int, K: int, dense: bool | None = None) -> bool:
     return rows > ROW_TILE and rows >= DENSE_ROWS
 
 
-def dense_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x (B, K) @ w.T for w (N, K), as float32 (B, N) contiguous: on CUDA in one cuBLAS call that accumulates
-    16-bit operands in float32 and writes float32 (`out_dtype`), elsewhere in float32 (CPU's mm has no out_dtype)."""
-    if x.dtype == torch.float32:
-        return torch.mm(x, w.t())
-    if x.is_cuda:
-        return torch.mm(x, w.t(), out_dtype=torch.float32)
-    return torch.mm(x.float(), w.float().t())
+def pieces_for(n_out: int, K: int, sms: int) -> int:
+    """Pieces of K the dense product of a (n_out, K) weight is computed in: 2 where the weight has at most
+    PIECE_COLUMNS rows per SM (cuBLAS's few output tiles leave SMs idle) and each piece is at least MIN_PIECE long,
+    else 1 (see the module docstring)."""
+    return 2 if n_out <= PIECE_COLUMNS * sms and K % 2 == 0 and K // 2 >= MIN_PIECE else 1
+
+
+def dense_product(x: torch.Tensor, w: torch.Tensor, pieces: int = 1) -> torch.Tensor:
+    """x (B, K) @ w.T for w (N, K), as float32 contiguous: (B, N), or with `pieces` > 1 (K divisible by it) the
+    partial products over its K pieces, (pieces, B, N), which product_tile adds. On CUDA one cuBLAS call that
+    accumulates 16-bit operands in float32 and writes float32 (`out_dtype`), elsewhere in float32 (CPU's mm has no
+    out_dtype)."""
+    if not x.is_cuda or x.dtype == torch.float32:
+        x, w, kw = x.float(), w.float(), {}
+    else:
+        kw = dict(out_dtype=torch.float32)
+    if pieces == 1:
+        return torch.mm(x, w.t(), **kw)
+    (B, K), N = x.shape, w.shape[0]
+    if K % pieces:
+        raise ValueError(f"pieces ({pieces}) must divide K ({K})")
+    k = K // pieces
+    return torch.bmm(x.view(B, pieces, k).permute(1, 0, 2), w.view(N, pieces, k).permute(1, 2, 0), **kw)
+
+
+@triton.jit
+def product_tile(part_ptr, offs, mask, plane, PIECES: tl.constexpr):
+    """A tile of the dense product at offsets `offs` of its (B, N) plane: the sum of its PIECES partial products
+    (planes `plane` = B * N elements apart), in the order 0, 1, ... (deterministic)."""
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for p in tl.static_range(1, PIECES):
+        acc += tl.load(part_ptr + p * plane + offs, mask=mask, other=0.0)
+    return acc

@@ -157,7 +157,7 @@ def _linear_split_kernel(
     SWAP: tl.constexpr,
     HAS_RES: tl.constexpr,
     RES_SCALE: tl.constexpr,
-    PRODUCT: tl.constexpr = False,
+    PRODUCT: tl.constexpr = 0,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -167,8 +167,8 @@ def _linear_split_kernel(
     row_ok = rows < B
     col_ok = cols < N
     out_ok = row_ok[:, None] & col_ok[None, :]
-    if PRODUCT:  # dense.py: the float32 product (B, N) is at part_ptr; only the epilogue is left
-        acc = tl.load(part_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0)
+    if PRODUCT:  # dense.py: the float32 product (B, N), in PRODUCT pieces, is at part_ptr; only the epilogue is left
+        acc = dense_gemm.product_tile(part_ptr, rows[:, None] * N + cols[None, :], out_ok, B * N, PRODUCT)
         pdl_release(PDL)
     else:
         ks = tl.arange(0, BLOCK_K)
@@ -270,7 +270,8 @@ def linear_residual(
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     row_blocks = triton.cdiv(B, block_m)
     if product:
-        part, counters = dense_gemm.dense_product(x, w), residual
+        pieces = dense_gemm.pieces_for(N, K, sm_count(x.device))
+        part, counters = dense_gemm.dense_product(x, w, pieces), residual
     elif split > 1:
         part = torch.empty((split, B, N), dtype=torch.float32, device=x.device)
         counters = take_tickets(tickets, n_blocks * row_blocks, x.device)
@@ -299,7 +300,7 @@ def linear_residual(
         SWAP=swapped,
         HAS_RES=has_res,
         RES_SCALE=None if res_scale is None else float(res_scale),
-        PRODUCT=product,
+        PRODUCT=pieces if product else 0,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(pdl),

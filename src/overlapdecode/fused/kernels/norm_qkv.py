@@ -355,7 +355,7 @@ def _norm_qkv_kernel(
     ROT: tl.constexpr,
     rt_ptr,
     TABLE: tl.constexpr,
-    PRODUCT: tl.constexpr = False,
+    PRODUCT: tl.constexpr = 0,
 ):
     pdl_start(PDL)
     if QK_NORM:  # one head per program, its D/2 pairs in the first lanes of HALF
@@ -384,9 +384,9 @@ def _norm_qkv_kernel(
     finish = True
     n_rows = (n_heads + 2 * n_kv) * D  # the row length of the product or of the split's partial sums
     ok = row_ok[:, None] & dim_ok[None, :]
-    if PRODUCT:  # dense.py: the float32 product (B, N) is at part_ptr; only the epilogue is left
-        acc1 = tl.load(part_ptr + rows[:, None] * n_rows + w1[None, :], mask=ok, other=0.0)
-        acc2 = tl.load(part_ptr + rows[:, None] * n_rows + w2[None, :], mask=ok, other=0.0)
+    if PRODUCT:  # dense.py: the float32 product (B, N), in PRODUCT pieces, is at part_ptr; only the epilogue is left
+        acc1 = dense_gemm.product_tile(part_ptr, rows[:, None] * n_rows + w1[None, :], ok, B * n_rows, PRODUCT)
+        acc2 = dense_gemm.product_tile(part_ptr, rows[:, None] * n_rows + w2[None, :], ok, B * n_rows, PRODUCT)
         pdl_release(PDL)
     else:
         ks = tl.arange(0, BLOCK_K)
@@ -606,7 +606,8 @@ def norm_qkv(
     dummy = w
     row_blocks = triton.cdiv(B, block_m)
     if product:
-        part, counters = dense_gemm.dense_product(x, w), dummy
+        pieces = dense_gemm.pieces_for(w.shape[0], K, sm_count(x.device))
+        part, counters = dense_gemm.dense_product(x, w, pieces), dummy
     elif split > 1:
         part = torch.empty((split, B, w.shape[0]), dtype=torch.float32, device=x.device)
         counters = take_tickets(tickets, tiles * row_blocks, x.device)
@@ -659,7 +660,7 @@ def norm_qkv(
         ROT=rot,
         rt_ptr=rope_table,  # None without (a constexpr None: no parameter)
         TABLE=rope_table is not None,
-        PRODUCT=product,
+        PRODUCT=pieces if product else 0,
         num_warps=num_warps or plan["num_warps"],
         num_stages=num_stages or plan["num_stages"],
         **pdl_launch(pdl),

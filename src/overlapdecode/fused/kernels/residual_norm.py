@@ -33,7 +33,7 @@ from . import dense as dense_gemm
 from .linear_residual import linear_residual, residual_finish
 from .norm_linear import NormedRows, NormSums, norm_code, norm_values
 from .pdl import pdl_launch, pdl_release, pdl_start
-from .swap_ab import ROW_TILE
+from .swap_ab import ROW_TILE, sm_count
 
 MAX_N = 8192  # widest row a program holds (float32 in registers, 16 warps: 16 values per thread per tensor)
 NORMS = (0, 1, 2, 4)  # norm_code's LAYER values this kernel computes (not 3: no norm)
@@ -49,9 +49,11 @@ def _residual_norm_kernel(
     nb_ptr,
     xn_ptr,
     ss_ptr,
+    B,
     N,
     eps,
     N_PAD: tl.constexpr,
+    PIECES: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RES_SCALE: tl.constexpr,
     LAYER: tl.constexpr,
@@ -63,7 +65,7 @@ def _residual_norm_kernel(
     cols = tl.arange(0, N_PAD)
     col_ok = cols < N
     out_ok = (rows >= 0)[:, None] & col_ok[None, :]
-    acc = tl.load(part_ptr + rows[:, None] * N + cols[None, :], mask=out_ok, other=0.0)
+    acc = dense_gemm.product_tile(part_ptr, rows[:, None] * N + cols[None, :], out_ok, B * N, PIECES)
     pdl_release(PDL)
     dtype = out_ptr.dtype.element_ty
     y = residual_finish(acc, rows, cols, col_ok, out_ok, b_ptr, res_ptr, N, dtype, HAS_BIAS, True, RES_SCALE)
@@ -105,7 +107,8 @@ def residual_norm(x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, 
     B, N = residual.shape
     norm_w, norm_b, eps, style = then_norm
     layer = norm_code(norm_w, norm_b, style)
-    part = dense_gemm.dense_product(x, w)
+    pieces = dense_gemm.pieces_for(N, x.shape[1], sm_count(x.device))
+    part = dense_gemm.dense_product(x, w, pieces)
     out = torch.empty_like(residual)
     xn = torch.empty_like(residual)
     sums = norm_sums.buffer(1, B, x.device, out) if norm_sums is not None and layer != 1 else None
@@ -119,9 +122,11 @@ def residual_norm(x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, 
         norm_b if norm_b is not None else norm_w,
         xn,
         sums if sums is not None else part,
+        B,
         N,
         eps,
         N_PAD=n_pad,
+        PIECES=pieces,
         HAS_BIAS=b is not None,
         RES_SCALE=None if res_scale is None else float(res_scale),
         LAYER=layer,
