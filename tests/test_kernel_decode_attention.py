@@ -232,7 +232,7 @@ def test_triton_many_rows_with_the_direct_tiles(D, monkeypatch):
     32-key blocks on 2 warps and equals the reference (live ranges of 1 to 3 blocks of 32 keys)."""
     import overlapdecode.fused.kernels.decode_attention as attention
 
-    monkeypatch.setattr(attention, "TARGET_PROGRAMS", 4)  # B x Hkv = 8 programs: past it
+    monkeypatch.setattr(attention, "default_programs", lambda device: 4)  # B x Hkv = 8 programs: past it
     q, k, v, start, length = make_case(D, starts=[0, 3, 0, 9], lengths=[70, 40, 1, 95], s=96, device=KERNEL_DEVICE)
     assert choose_num_splits(4, k.shape[1], 96, 64, attention.default_programs(q.device)) == 1
     out = decode_attention(q, k, v, start, length, D**-0.5)
