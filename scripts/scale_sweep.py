@@ -97,8 +97,10 @@ def _patched(variant: str | None, model):
     if key == "dense":
         shapes = set() if value == "none" else _dense_shapes(model, value.split("+"))
 
-        def rule(rows, n_out, K, forced=None):
-            return bool(forced) if forced is not None else rows > 16 and (n_out, K) in shapes
+        def rule(rows, n_out, K, forced=None, swap=None):
+            if forced is not None:
+                return bool(forced)
+            return swap is None and rows > 16 and (n_out, K) in shapes
 
         target, name, new = dense, "use_dense", rule
     elif key == "rope-table":

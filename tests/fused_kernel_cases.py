@@ -262,7 +262,7 @@ def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
     torch.testing.assert_close(q, q_ref, **TOL)
     torch.testing.assert_close(caches[2], caches[0], **TOL)
     x, wd = rnd(B, K), rnd(H, K, scale=K**-0.5)
-    h2 = linear_residual(x, wd, None, h, block_n=block_n, block_k=32, programs=programs, norm_sums=sums)
+    h2 = linear_residual(x, wd, None, h, block_n=block_n, block_k=32, programs=programs, norm_sums=sums, dense=False)
     assert sums.of(h) is None and sums.of(h2).shape == (-(-H // block_n), B)
     nb = -(-H // block_n)
     hb = torch.nn.functional.pad(h2, (0, nb * block_n - H)).view(B, nb, block_n)
@@ -597,10 +597,10 @@ def test_whole_step_kernels_vs_reference(name, B, monkeypatch):
 @pytest.mark.parametrize(
     "name,variant",
     [(n, v) for n in ("tiny-gpt2", "tiny-llama") for v in ("as in the step", "split-K everywhere, hidden 256")]
-    + [("tiny-llama", "40 rows: swapped tiles")],
+    + [("tiny-llama", "40 rows: swapped tiles"), ("tiny-llama", "40 rows: as in the step")],
 )
 @torch.no_grad()
-def test_generate_with_the_kernels_equals_generate_with_the_references(name, variant):
+def test_generate_with_the_kernels_equals_generate_with_the_references(name, variant, monkeypatch):
     """Whole calls, as the decode loop makes them (left-padded batch of 4, its tokens and positions strided
     columns of its state): the Triton kernels give the tokens of their torch references and leave the same
     keys and values in the cache (an unstrided test of each kernel alone missed that rows past the first read
@@ -608,11 +608,16 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
     Llama's RMSNorms take their sums of squares from the hidden states' writers (NormSums), GPT-2's
     LayerNorms do not. The second variant also splits K in every QKV and output/down projection
     (tiny shapes on one "SM" never split otherwise), all splits sharing one Tickets, as on a GPU. The third runs
-    40 rows, mixed prompt lengths: every GEMV swapped (swap_ab.py), the batch one partial tile of 64."""
+    40 rows, mixed prompt lengths: every GEMV swapped (swap_ab.py), the batch one partial tile of 64; the fourth the
+    same 40 rows as the step runs them: QKV, O and down in dense form (dense.py; the products in two pieces of K where
+    even, as on a GPU), the O and down epilogues handing the next norm's rows over (residual_norm.py), the attention
+    on its direct tiles where each row and kv head is one piece."""
     import functools
 
     import overlapdecode as od
 
+    if variant == "40 rows: as in the step":
+        monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: 2 if K % 2 == 0 else 1)
     model = od.load_model(name, device=DEV)
     torch.manual_seed(0)
     ids = torch.randint(0, 500, (40 if variant.startswith("40") else 4, 6), device=DEV)
@@ -623,14 +628,16 @@ def test_generate_with_the_kernels_equals_generate_with_the_references(name, var
     outs, kv = [], []
     for kernels in ("torch", "triton"):
         dec = od.Decoder(model, fused_options=dict(kernels=kernels, compile_prefill=False))
-        if kernels == "triton" and variant != "as in the step":
+        if kernels == "triton" and "as in the step" not in variant:
             fm, tickets = dec.fused_model(), Tickets(DEV)
             for K in (256, 512):  # the QKV and output projections' K, the down projection's: all split
                 assert split_k(2, K, 16, 10000) > 1
             sums = dict(norm_sums=fm.ops.embed.keywords["norm_sums"]) if name == "tiny-llama" else {}
             fm.ops = fm.ops._replace(
-                norm_qkv=functools.partial(norm_qkv, programs=10000, block_k=16, tickets=tickets, **sums),
-                linear_residual=functools.partial(linear_residual, programs=10000, block_k=16, tickets=tickets, **sums),
+                norm_qkv=functools.partial(norm_qkv, programs=10000, block_k=16, tickets=tickets, dense=False, **sums),
+                linear_residual=functools.partial(
+                    linear_residual, programs=10000, block_k=16, tickets=tickets, dense=False, **sums
+                ),
             )
         outs.append(
             dec.generate(
@@ -1130,8 +1137,8 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
     epilogues also hand the rows normalised for the next projection over (kernels/residual_norm.py): each such
     writer takes one normalising launch out of the step, and the step equals the one without the hand-off."""
     products, normalising = [], []
+    monkeypatch.setattr(dense_gemm, "DENSE_ROWS", 17 if dense else 10**9)  # 20 rows: dense or the swapped GEMVs
     if dense:  # the products in two pieces of K where it is even (dense.pieces_for), as on a GPU
-        monkeypatch.setattr(dense_gemm, "DENSE_ROWS", 17)
         monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: 2 if K % 2 == 0 else 1)
         mm = dense_gemm.dense_product
         monkeypatch.setattr(dense_gemm, "dense_product", lambda x, w, p=1: products.append((w.shape, p)) or mm(x, w, p))

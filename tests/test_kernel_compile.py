@@ -574,13 +574,15 @@ def test_the_residual_norm_epilogue_holds_whole_rows_without_spills(n_pad, layer
 
 
 def test_the_dense_rule_and_the_two_programs_per_sm_pipeline():
-    """dense.use_dense: QKV, O and down in dense form from DENSE_ROWS (48) rows, never at 16 or fewer, `dense`
+    """dense.use_dense: QKV, O and down in dense form from DENSE_ROWS (17) rows, never at 16 or fewer nor where the
+    caller chose the GEMV's tile form (`swap`), `dense`
     overriding either way; swap_tiles: 4 stages, or 3 where a weight of more tiles than SMs would hold one 4-stage
     program per SM (the LM head at 128 rows), never below 2."""
     from overlapdecode.fused.kernels import dense
 
-    assert [dense.use_dense(r, 2048, 2048) for r in (1, 16, 17, 32, 47, 48, 128, 300)] == [False] * 5 + [True] * 3
+    assert [dense.use_dense(r, 2048, 2048) for r in (1, 16, 17, 32, 47, 48, 128, 300)] == [False] * 2 + [True] * 6
     assert dense.use_dense(3, 8, 8, True) and not dense.use_dense(128, 8, 8, False)
+    assert not dense.use_dense(64, 8, 8, swap=True) and dense.use_dense(64, 8, 8, True, swap=True)
     # the product in two pieces of K where the weight has at most 32 rows per SM and a piece is >= 1024 long
     pieces = {(n, k): dense.pieces_for(n, k, 132) for n, k in ((3072, 2048), (2048, 8192), (4096, 14336), (6144, 4096))}
     assert pieces == {(3072, 2048): 2, (2048, 8192): 2, (4096, 14336): 2, (6144, 4096): 1}

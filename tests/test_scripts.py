@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SCRIPTS = os.path.join(ROOT, "scripts")
@@ -255,3 +256,15 @@ def test_families_bench_sh_takes_out_and_refuses_an_earlier_run(tmp_path):
     )
     assert done.returncode == 2 and "mixtral-fused-b1 exists" in done.stderr
     assert len(calls.read_text().splitlines()) == 10  # nothing ran the second time
+
+
+def test_dense_pieces_sweep_answers_a_bad_call_in_one_line(tmp_path):
+    """scripts/dense_pieces_sweep.py: without its one argument, a usage line; without a GPU, says so; nothing
+    written either way."""
+    sweep = _script("dense_pieces_sweep")
+    with pytest.raises(SystemExit, match="usage: dense_pieces_sweep.py OUT.json"):
+        sweep.main([])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            sweep.main([str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()

@@ -163,8 +163,10 @@ def test_each_decoder_family_float32_tokens_equal_hf_for_200_steps(name):
 @pytest.mark.parametrize("name", FAMILIES)
 @torch.no_grad()
 def test_each_decoder_family_float32_tokens_equal_hf_at_40_rows(name):
-    """The same at 40 rows of mixed left padding for 48 steps: every projection on swapped tiles over rows
-    normalised beforehand (swap_ab.py), the greedy choice over three row blocks."""
+    """The same at 40 rows of mixed left padding for 48 steps: QKV, O and down in dense form (dense.py: cuBLAS's
+    product, in two pieces of K where the weight is narrow, and the kernels' epilogues, the O and down ones handing
+    the next norm's rows over: residual_norm.py), gate/up and the LM head on swapped tiles (swap_ab.py), the
+    attention on its direct tiles, the greedy choice over three row blocks."""
     model = real_model(name)
     ids, mask = prompts(model, 40, seed=5)
 

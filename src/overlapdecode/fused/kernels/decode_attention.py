@@ -332,8 +332,8 @@ def direct_tiles(block_d: int, num_splits: int) -> tuple[int, int] | None:
     rows) and the heads are at most 64 wide: blocks of 32 keys on 2 warps, so that more programs share an SM
     (the grid is B x Hkv programs of a few blocks each). None elsewhere: block_sizes's keys on 4 warps. Measured
     alone on an H200 (Llama-1B heads, bfloat16, scripts/attention_sweep.py, us, against 64 keys on 4 warps): 64
-    rows x 96 keys 7.32 -> 6.98, 128 x 96 10.93 -> 9.36, 64 x 160 9.62 -> 8.16, 128 x 160 16.82 -> 13.63; the
-    pipeline depth stays the one the 64-key blocks give."""
+    rows x 96 keys 7.32 -> 6.98, 128 x 96 10.93 -> 9.36, 64 x 160 9.62 -> 8.16, 128 x 160 16.82 -> 13.63
+    (results/h200/llama-attention-sweep/many-rows); the pipeline depth stays the one the 64-key blocks give."""
     return (32, 2) if num_splits == 1 and block_d <= 64 else None
 
 

@@ -17,14 +17,20 @@ llama-8b-dense-64-rows): at the Llama-1B shape, fused launches against all three
 against 1.155 / 1.138 (dense loses), 48 rows 1.221 / 1.211 against 1.191 / 1.186, 64 rows 1.263 / 1.265 against
 1.215 / 1.212, 96 rows 1.482 / 1.474 against 1.330 / 1.322, 128 rows 1.597 / 1.599 against 1.431 / 1.443 (QKV
 alone dense 1.531 / 1.530, QKV and O 1.458 / 1.481); at the Llama-3-8B shape, 64 rows 5.656 / 5.580 against 5.141
-/ 5.162. 33-47 rows are not measured. The rows reach cuBLAS normalised
+/ 5.162. That was with the dense launches of the time; with the products in pieces (below), the next norm in the
+O and down epilogues (residual_norm.py) and the direct attention tiles, dense wins from 24 rows too (24 rows 1.084 /
+1.088 -> 0.892 / 1.011, 32 rows 1.120 / 1.123 -> 0.971 / 1.036, 40 rows 1.217 / 1.221 -> 1.074 / 1.075; f51e95f,
+results/h200/llama-1b-dense-rows/rule-from-17), so DENSE_ROWS is 17, wherever the launch would swap; 17-23 rows
+were not measured, nor other shapes below 64 rows. A caller that names the GEMV's tile form (`swap`) gets it, not
+the dense form. The rows reach cuBLAS normalised
 (norm_linear.normalized_rows, one launch, as every swapped launch's rows already are, or handed over normalised by
 the O or down epilogue before it: residual_norm.py).
 
 The product in pieces of K (`pieces_for`): cuBLAS tiles a product of 64-128 rows into few output tiles where
 the weight has few rows (H200: 64 x 32 and 24 x 64 tiles at the Llama-1B shape), fewer than the SMs; with K cut
 in two, `torch.bmm` writes two float32 partial products (2, B, N) and the epilogue adds them in a fixed order
-(`product_tile`). Measured alone on an H200 (bfloat16, whole K against two pieces, us): Llama-1B shape at 64 rows
+(`product_tile`). Measured alone on an H200 (bfloat16, whole K against two pieces, us; scripts/dense_pieces_sweep.py,
+results/h200/llama-dense-pieces): Llama-1B shape at 64 rows
 QKV 6.68 -> 6.26, O 6.17 -> 5.37, down 14.33 -> 11.67 (cuBLAS's own split-K reduction launch gone); at 128 rows
 7.03 -> 6.24, 6.69 -> 5.41, 17.19 -> 14.33; Llama-3-8B shape at 64 / 128 rows O 11.68 -> 11.79 / 14.03 -> 12.37,
 down 36.64 -> 34.35 / 39.89 -> 36.61, and QKV (6144 rows) 16.46 -> 16.48 / 17.54 -> 18.17, which the rule leaves
@@ -43,17 +49,18 @@ import triton.language as tl
 
 from .swap_ab import ROW_TILE
 
-DENSE_ROWS = 48  # from this many rows the QKV and linear_residual launches run dense (use_dense)
+DENSE_ROWS = 17  # from this many rows the QKV and linear_residual launches run dense (use_dense)
 PIECE_COLUMNS = 32  # weight rows per SM below which K is cut in two (pieces_for)
 MIN_PIECE = 1024  # the shortest K piece
 
 
-def use_dense(rows: int, n_out: int, K: int, dense: bool | None = None) -> bool:
-    """Whether a swapped launch over `rows` rows of a (n_out, K) weight computes its product with cuBLAS
-    (dense_product) and runs only its epilogue: `dense` if given, else the rule."""
+def use_dense(rows: int, n_out: int, K: int, dense: bool | None = None, swap: bool | None = None) -> bool:
+    """Whether a launch over `rows` rows of a (n_out, K) weight computes its product with cuBLAS (dense_product) and
+    runs only its epilogue: `dense` if given; else not where the caller chose the GEMV's tile form (`swap` given);
+    else the rule, from DENSE_ROWS rows."""
     if dense is not None:
         return bool(dense)
-    return rows > ROW_TILE and rows >= DENSE_ROWS
+    return swap is None and rows > ROW_TILE and rows >= DENSE_ROWS
 
 
 def pieces_for(n_out: int, K: int, sms: int) -> int:

@@ -222,6 +222,7 @@ def linear_residual(
     swap: bool | None = None,
     res_scale: float | None = None,
     dense: bool | None = None,
+    then_norm: tuple | None = None,
 ):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N) or None (the
     branch alone, which records no norm sums); `res_scale`: as there, a constexpr of the launch.
@@ -232,7 +233,9 @@ def linear_residual(
     dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
     result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_linear.NormSums): record the
     output rows' sums of squares per column block there, for the RMSNorm that reads the output next. `dense`: the
-    product by cuBLAS and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule)."""
+    product by cuBLAS and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `then_norm`: the norm
+    that reads the output next, as for linear_residual_ref: not applied here (residual_norm.linear_residual_norm, the
+    step's launch, applies it in the same launch where it can)."""
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
@@ -240,7 +243,7 @@ def linear_residual(
     if not has_res:
         residual, norm_sums = torch.empty((B, N), dtype=x.dtype, device=x.device), None  # never read
     swapped = use_swap(B, swap)
-    product = dense_gemm.use_dense(B, N, K, dense)
+    product = dense_gemm.use_dense(B, N, K, dense, swap)
     if product:  # the epilogue over the product's (16 x 64) tiles: no K loop, no split
         tiles = dict(block_m=ROW_TILE, block_n=64, block_k=16, num_warps=4, num_stages=1, programs=1)
         swapped = False

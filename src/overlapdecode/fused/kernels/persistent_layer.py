@@ -1209,7 +1209,7 @@ def matching_ops(plan: LayerPlan, pdl: int = 0, tickets=None, norm_sums: NormSum
             "calls cannot be told apart by shape"
         )
 
-    def linear(x, w, b, residual, res_scale=None, then_norm=None):  # then_norm: left to the reader, as there
+    def linear(x, w, b, residual, res_scale=None, then_norm=None):  # then_norm: left to the reader
         o = w.shape[1] == plan.n_heads * plan.head_dim
         block_n, block_k, split = (
             (plan.o_block_n, plan.o_block_k, plan.o_split)
