@@ -20,8 +20,9 @@ alone dense 1.531 / 1.530, QKV and O 1.458 / 1.481); at the Llama-3-8B shape, 64
 / 5.162. That was with the dense launches of the time; with the products in pieces (below), the next norm in the
 O and down epilogues (residual_norm.py) and the direct attention tiles, dense wins from 24 rows too (24 rows 1.084 /
 1.088 -> 0.892 / 1.011, 32 rows 1.120 / 1.123 -> 0.971 / 1.036, 40 rows 1.217 / 1.221 -> 1.074 / 1.075; f51e95f,
-results/h200/llama-1b-dense-rows/rule-from-17), so DENSE_ROWS is 17, wherever the launch would swap; 17-23 rows
-were not measured, nor other shapes below 64 rows. A caller that names the GEMV's tile form (`swap`) gets it, not
+results/h200/llama-1b-dense-rows/rule-from-17), so DENSE_ROWS is 17, wherever the launch would swap (then at 17
+rows 1.062 / 1.133 -> 1.004 / 0.998, at 20 rows 1.089 / 1.036 -> 1.033 / 1.036: rule-17-20); other shapes were
+not measured below 64 rows. A caller that names the GEMV's tile form (`swap`) gets it, not
 the dense form. The rows reach cuBLAS normalised
 (norm_linear.normalized_rows, one launch, as every swapped launch's rows already are, or handed over normalised by
 the O or down epilogue before it: residual_norm.py).
