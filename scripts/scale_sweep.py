@@ -114,7 +114,7 @@ def _patched(variant: str | None, model):
     elif key == "dense-pieces":
         target, name, new = dense, "pieces_for", lambda n_out, K, sms: 1
     elif key == "attention-direct":
-        target, name, new = decode_attention, "direct_tiles", lambda block_d, num_splits: None
+        target, name, new = decode_attention, "direct_tiles", lambda *shape: None
     else:
         yield
         return

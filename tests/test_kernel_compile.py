@@ -598,7 +598,7 @@ def test_the_direct_attention_tiles_compile_without_spills():
     warps) compiles for sm_90 with its PDL wait and no spill."""
     from overlapdecode.fused.kernels.decode_attention import direct_tiles
 
-    block_n, warps = direct_tiles(64, 1)
+    block_n, warps = direct_tiles(64, 1, 512, 264)
     kernel, types, constants = CASES["attention"]
     constants = dict(constants, BLOCK_N=block_n, NUM_SPLITS=1, SPLIT_PAD=1, DIRECT=True, PDL=3)
     text = ptx(kernel, types, constants, num_warps=warps, num_stages=3)

@@ -198,9 +198,11 @@ def test_pipeline_depth_follows_the_blocks_a_piece_spans():
 
 
 def test_many_rows_read_blocks_of_32_keys_on_2_warps():
-    """direct_tiles: one piece per (row, kv head) and heads up to 64 wide: 32 keys on 2 warps; else the defaults."""
-    assert direct_tiles(64, 1) == direct_tiles(16, 1) == (32, 2)
-    assert direct_tiles(64, 2) is None and direct_tiles(128, 1) is None
+    """direct_tiles: one piece per (row, kv head) because the rows x kv heads are past half the grid target, heads
+    up to 64 wide: 32 keys on 2 warps; else (a short cache at a few rows, wider heads) the defaults."""
+    assert direct_tiles(64, 1, 512, 264) == direct_tiles(16, 1, 136, 264) == (32, 2)
+    assert direct_tiles(64, 2, 512, 264) is None and direct_tiles(128, 1, 512, 264) is None
+    assert direct_tiles(64, 1, 8, 264) is None  # one row, a cache of one block: not the many-row case
 
 
 def triton_cdiv(a, b):

@@ -204,7 +204,7 @@ def test_the_pieces_and_direct_tile_variants_replace_their_rules_while_they_run(
     seen = []
 
     def fake_point(decoder, model, name, rows, prompt_len, *a):
-        seen.append((dense.pieces_for(2048, 8192, 132), decode_attention.direct_tiles(64, 1)))
+        seen.append((dense.pieces_for(2048, 8192, 132), decode_attention.direct_tiles(64, 1, 512, 264)))
         return dict(strategy=name, rows=rows, prompt_len=prompt_len, ms_per_step=1.0, tok_s=1.0, kv_bytes=0, ttft_ms=1)
 
     monkeypatch.setattr(scale, "measure_point", fake_point)

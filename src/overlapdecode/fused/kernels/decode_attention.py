@@ -327,14 +327,15 @@ def choose_num_splits(B: int, Hkv: int, S: int, block_n: int, programs: int = TA
     return max(1, min(1 << (want.bit_length() - 1), triton.cdiv(S, block_n), MAX_SPLITS))
 
 
-def direct_tiles(block_d: int, num_splits: int) -> tuple[int, int] | None:
-    """(BLOCK_N, num_warps) where one program per (row, kv head) reads its whole live range (num_splits 1: many
-    rows) and the heads are at most 64 wide: blocks of 32 keys on 2 warps, so that more programs share an SM
-    (the grid is B x Hkv programs of a few blocks each). None elsewhere: block_sizes's keys on 4 warps. Measured
+def direct_tiles(block_d: int, num_splits: int, pairs: int, programs: int) -> tuple[int, int] | None:
+    """(BLOCK_N, num_warps) where one program per (row, kv head) reads its whole live range because the `pairs` =
+    B x Hkv programs alone are past half the grid target `programs` (many rows: choose_num_splits gives 1 whatever
+    the cache) and the heads are at most 64 wide: blocks of 32 keys on 2 warps, so that more programs share an SM.
+    None elsewhere (a short cache at a few rows included): block_sizes's keys on 4 warps. Measured
     alone on an H200 (Llama-1B heads, bfloat16, scripts/attention_sweep.py, us, against 64 keys on 4 warps): 64
     rows x 96 keys 7.32 -> 6.98, 128 x 96 10.93 -> 9.36, 64 x 160 9.62 -> 8.16, 128 x 160 16.82 -> 13.63
     (results/h200/llama-attention-sweep/many-rows); the pipeline depth stays the one the 64-key blocks give."""
-    return (32, 2) if num_splits == 1 and block_d <= 64 else None
+    return (32, 2) if num_splits == 1 and 2 * pairs > programs and block_d <= 64 else None
 
 
 def pipeline_stages(S: int, block_n: int, num_splits: int) -> int:
@@ -412,13 +413,14 @@ def decode_attention(
         block_n = default_n
     elif not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
+    programs = default_programs(q.device)
     if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, S, block_n, default_programs(q.device))
+        num_splits = choose_num_splits(B, Hkv, S, block_n, programs)
     elif not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
     if num_stages is None:
         num_stages = pipeline_stages(S, block_n, num_splits)
-    direct_plan = direct_tiles(block_d, num_splits) if chosen else None
+    direct_plan = direct_tiles(block_d, num_splits, B * Hkv, programs) if chosen else None
     if direct_plan is not None:
         block_n = direct_plan[0]
         num_warps = num_warps or direct_plan[1]
