@@ -141,6 +141,7 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
                     num_warps=c["num_warps"],
                     num_stages=c["num_stages"],
                     tickets=tk,
+                    dense=False,  # the GEMV's tiles are what is swept, at any --batch
                 )
             elif name in ("o_proj", "down"):
                 inp = a if name == "o_proj" else m
@@ -155,6 +156,7 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
                     num_warps=c["num_warps"],
                     num_stages=c["num_stages"],
                     tickets=tk,
+                    dense=False,
                 )
             else:
                 act, od = {"gate_up": ("silu_mul", None), "fc": ("gelu_tanh", None)}.get(name, ("none", torch.float32))

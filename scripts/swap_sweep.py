@@ -151,7 +151,7 @@ def main(argv=None):
                     )
                 )
                 if name in ("down", "o_proj"):
-                    return lambda w: linear_residual(x, w, None, res, tickets=tk, **kw)
+                    return lambda w: linear_residual(x, w, None, res, tickets=tk, swap=True, **kw)
 
                 if name == "qkv":
                     kw = {("half" if k == "block_n" else k): v for k, v in kw.items()}
@@ -172,6 +172,7 @@ def main(argv=None):
                         KVD // HEAD,
                         HEAD,
                         tickets=tk,
+                        swap=True,  # the swapped GEMV, not the dense form (dense.use_dense)
                         prenorm=prenorm,
                         **(dict(rope_table=rt) if table else {}),
                         **kw,

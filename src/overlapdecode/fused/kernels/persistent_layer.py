@@ -1230,6 +1230,7 @@ def matching_ops(plan: LayerPlan, pdl: int = 0, tickets=None, norm_sums: NormSum
             pdl=pdl,
             norm_sums=norm_sums,
             res_scale=res_scale,
+            dense=False,  # the GEMV the persistent layer's tasks run, at any row count
         )
 
     qkv_programs = plan.qkv_tiles * plan.qkv_split
@@ -1243,6 +1244,7 @@ def matching_ops(plan: LayerPlan, pdl: int = 0, tickets=None, norm_sums: NormSum
             pdl=pdl,
             norm_sums=norm_sums,
             prenorm=False,
+            dense=False,
         ),
         functools.partial(
             decode_attention, num_splits=plan.att_splits, block_n=plan.att_block_n, pdl=pdl, tickets=tickets
