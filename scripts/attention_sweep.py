@@ -38,12 +38,15 @@ def candidates(S: int, block_n: int, rule: int) -> list[tuple[str, dict]]:
     default is pipeline_stages): `rule`, the shape rule's split and depth; `rule, N stages`, its split at the other
     depths; `splits N` (2 stages) and `splits N, M stages`, the other splits that fit the cache; `rule, 8 warps`; and
     for the many-row, short-cache launches (one program per row and key/value head), what lets more programs share an
-    SM: `rule, 2 warps`, `rule, 1 stage`, `rule, keys of 32` and `rule, keys of 32, 2 warps` (BLOCK_N 32)."""
+    SM: `rule, 2 warps`, `rule, 1 stage`, `rule, keys of 32` and `rule, keys of 32, 2 warps` (BLOCK_N 32). Every
+    candidate names its BLOCK_N (block_sizes's unless said), so none takes decode_attention.direct_tiles's; `direct`
+    is the launch as the kernel chooses it where those apply."""
     from overlapdecode.fused.kernels.decode_attention import pipeline_stages
 
     own = pipeline_stages(S, block_n, rule)
     others = [s for s in SPLITS if s != rule and s <= -(-S // block_n)]
     cands = [("rule", dict(num_splits=rule, num_stages=own))]
+    cands += [("direct", dict(num_splits=rule, num_stages=own, block_n=None))]
     cands += [(f"splits {s}", dict(num_splits=s, num_stages=2)) for s in others]
     cands += [(f"rule, {st} stages", dict(num_splits=rule, num_stages=st)) for st in STAGES if st != own]
     cands += [(f"splits {s}, {st} stages", dict(num_splits=s, num_stages=st)) for s in others for st in STAGES[1:]]
@@ -53,7 +56,7 @@ def candidates(S: int, block_n: int, rule: int) -> list[tuple[str, dict]]:
     if block_n > 32:
         cands += [("rule, keys of 32", dict(num_splits=rule, num_stages=own, block_n=32))]
         cands += [("rule, keys of 32, 2 warps", dict(num_splits=rule, num_stages=own, block_n=32, num_warps=2))]
-    return cands
+    return [(label, {"block_n": block_n, **kw}) for label, kw in cands]
 
 
 def main(argv=None):

@@ -120,14 +120,17 @@ def test_attention_sweep_names_each_launch_by_its_splits_and_stages(S, rule):
     cands = sweep.candidates(S, 64, rule)
     assert all("num_stages" in kw for _, kw in cands)
     labels = dict(cands)
-    assert labels["rule"] == dict(num_splits=rule, num_stages=pipeline_stages(S, 64, rule))
-    assert {kw["num_stages"] for label, kw in cands if label == "rule" or label.endswith(" stages")} >= set(
-        sweep.STAGES
-    )
+    assert labels["rule"] == dict(block_n=64, num_splits=rule, num_stages=pipeline_stages(S, 64, rule))
+    assert labels["direct"]["block_n"] is None  # the kernel's own choice (direct_tiles where they apply)
+    own = [
+        kw["num_stages"] for label, kw in cands if label == "rule" or (label.startswith("rule, ") and "stage" in label)
+    ]
+    assert set(own) >= set(sweep.STAGES)
     assert {"rule, 2 warps", "rule, 1 stage", "rule, keys of 32"} <= set(labels)  # many rows: more programs per SM
     launches = [tuple(sorted(kw.items())) for _, kw in cands]
     assert len(launches) == len(set(launches)) and len(labels) == len(cands)
     for label, kw in cands:
+        assert "block_n" in kw  # every launch names its keys: none falls to direct_tiles unasked
         if label.startswith("splits ") and "stages" not in label:
             assert kw["num_stages"] == 2  # "splits N": 2 stages, as in results/h200/llama-attention-sweep
         assert kw["num_splits"] <= -(-S // 64)

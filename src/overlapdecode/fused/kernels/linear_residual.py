@@ -6,9 +6,10 @@ N / BLOCK_N programs alone would leave most SMs idle; split-K gives each of SPLI
 one K range. Partial sums go to a small float32 buffer (SPLIT, B, N); the program that finishes its column
 block last (a ticket counter, `Tickets`) sums them in a fixed order (deterministic, unlike atomic adds of
 floats), adds the bias and the residual, and resets the counter: one launch, no second kernel. With
-SPLIT = 1 the one program of a column block finishes the job itself. From 17 rows on the tile is swapped (the
-weight rows as the MMA's M, every row of the batch as its N: swap_ab.py), so the weights are read once for up
-to 128 rows instead of once per 16.
+SPLIT = 1 the one program of a column block finishes the job itself. From 17 rows on the step runs it in dense
+form (dense.py: cuBLAS's product, this kernel's epilogue); asked for (`swap=True`) the tile is swapped (the weight
+rows as the MMA's M, every row of the batch as its N: swap_ab.py), so the weights are read once for up to 128 rows
+instead of once per 16.
 """
 
 from __future__ import annotations

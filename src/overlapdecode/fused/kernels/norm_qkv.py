@@ -5,7 +5,8 @@ Each program owns HALF first-half dimensions i of the heads (consecutive in the 
 head by head: a tile may span heads) together with the matching i + D/2 of their second halves, so that the
 rotary pairs meet in its registers and the result is final: Q goes to a (B, Hq, D) buffer, K and V straight to
 the cache. The grid is small (48 tiles of 32 at Llama-1B), so K is split when that leaves the GPU short of
-programs; from 17 rows on the tiles are swapped (swap_ab.py: the weight rows as the MMA's M, all rows of the
+programs; from 17 rows on the step runs it in dense form (dense.py: cuBLAS's product, this kernel's epilogue),
+and asked for (`swap=True`) the tiles are swapped (swap_ab.py: the weight rows as the MMA's M, all rows of the
 batch as its N, the weights read once for up to 128 rows, HALF 64 or 128); the program that finishes a tile last (a ticket,
 as in linear_residual) sums the float32 partials in a fixed order and runs the epilogue. The slot and position are device tensors (slot =
 position + the row's left padding), so one CUDA graph serves every step.

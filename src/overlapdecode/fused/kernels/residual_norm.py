@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from . import dense as dense_gemm
-from .linear_residual import linear_residual, residual_finish
+from .linear_residual import linear_residual, require_32bit, residual_finish
 from .norm_linear import NormedRows, NormSums, norm_code, norm_values
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import ROW_TILE, sm_count
@@ -104,8 +104,9 @@ def residual_norm(x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, 
     """linear_residual's dense form, h = residual + x @ w.T (+ bias, Granite's scale), with h normalised by
     `then_norm` = (norm_w, norm_b, eps, norm_style) in the same launch and recorded in `normed_rows` (see the
     module docstring); `norm_sums` (RMSNorm): h's sum of squares recorded there as one block. Returns h."""
-    B, N = residual.shape
     norm_w, norm_b, eps, style = then_norm
+    require_32bit(x=x, w=w, b=b, residual=residual, norm_w=norm_w, norm_b=norm_b)
+    B, N = residual.shape
     layer = norm_code(norm_w, norm_b, style)
     pieces = dense_gemm.pieces_for(N, x.shape[1], sm_count(x.device))
     part = dense_gemm.dense_product(x, w, pieces)
