@@ -24,7 +24,9 @@ from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:ne
 `two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows), `residual-norm:off` (the
 dense O and down epilogues leave the next norm to its own launch, kernels/residual_norm.py), `dense-pieces:off`
 (every dense product over the whole of K, dense.pieces_for), `attention-direct:off` (64 keys on 4 warps at many
-rows too, decode_attention.direct_tiles). Each row of the table names its variant.
+rows too, decode_attention.direct_tiles); and FusedModel options: `pdl:0` .. `pdl:4` (kernels/pdl.py's mode),
+`preload:ahead` / `preload:late` (the projections of at most 16 rows in the preload form, kernels/preload.py, under
+PDL mode 4 / 3). Each row of the table names its variant.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def _ints(text: str) -> list[int]:
 
 
 DENSE_KINDS = ("qkv", "o", "down")
+# variants that are FusedModel options rather than a rule replaced
+OPTION_VARIANTS = {
+    **{f"pdl:{m}": dict(pdl=m) for m in range(5)},
+    "preload:ahead": dict(preload=True, pdl=4),
+    "preload:late": dict(preload=True, pdl=3),
+}
 
 
 def _variants(text: str) -> list[str]:
@@ -65,11 +73,13 @@ def _variants(text: str) -> list[str]:
             or (key == "rope-table" and value == "never")
             or (key == "prenorm" and value in ("never", "always"))
             or (key in ("two-per-sm", "residual-norm", "dense-pieces", "attention-direct") and value == "off")
+            or v in OPTION_VARIANTS
         )
         if not ok:
             raise argparse.ArgumentTypeError(
                 f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always, "
-                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off"
+                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off, pdl:0..4, "
+                "preload:ahead|late"
             )
     if not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")
@@ -176,14 +186,14 @@ def main(argv=None) -> int:
 
     # the fused prefill runs eagerly: compiled it would compile once per batch and prompt bucket (tens of seconds
     # each on a 1B model), which the decode figures do not need; TTFT is then the eager prefill's
-    def new_decoder():
-        return od.Decoder(model, fused_options=dict(compile_prefill=False))
+    def new_decoder(variant=None):
+        return od.Decoder(model, fused_options=dict(compile_prefill=False, **OPTION_VARIANTS.get(variant, {})))
 
     variants = args.variants or [None]
     decoders = {}
     for v in variants:
         with _patched(v, model):
-            decoders[v] = new_decoder()
+            decoders[v] = new_decoder(v)
     todo = scale.points(args.rows, args.prompts, args.long_rows, args.long_prompts, strategies)
     result = dict(
         config=dict(vars(args), strategies=strategies),
@@ -210,7 +220,7 @@ def main(argv=None) -> int:
             except torch.OutOfMemoryError:
                 row = dict(strategy=name, rows=rows, prompt_len=prompt_len, error="out of memory")
                 with _patched(key, model):
-                    decoders[key] = new_decoder()  # drop the kept caches and graphs
+                    decoders[key] = new_decoder(key)  # drop the kept caches and graphs
                 torch.cuda.empty_cache()
             if v is not None:
                 row.update(variant=v, round=round_)
