@@ -1366,9 +1366,7 @@ def preload_plans(monkeypatch):
     monkeypatch.setattr(preload, "BUDGET", 1024)
     plans = []
     for module in (lr_module, norm_linear_module, qkv_module):
-        monkeypatch.setattr(
-            module, "preload_tiles", lambda *a: plans.append(preload.preload_tiles(*a)) or plans[-1]
-        )
+        monkeypatch.setattr(module, "preload_tiles", lambda *a: plans.append(preload.preload_tiles(*a)) or plans[-1])
     return plans
 
 
