@@ -1141,7 +1141,13 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
     if dense:  # the products in two pieces of K where it is even (dense.pieces_for), as on a GPU
         monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: 2 if K % 2 == 0 else 1)
         mm = dense_gemm.dense_product
-        monkeypatch.setattr(dense_gemm, "dense_product", lambda x, w, p=1: products.append((w.shape, p)) or mm(x, w, p))
+
+        def counted(x, w, pieces=None):  # each product's weight shape and the pieces it chose
+            part, pieces = mm(x, w, pieces)
+            products.append((w.shape, pieces))
+            return part, pieces
+
+        monkeypatch.setattr(dense_gemm, "dense_product", counted)
         rows = norm_linear_module.normalized_rows
         monkeypatch.setattr(
             norm_linear_module, "normalized_rows", lambda *a, **k: normalising.append(1) or rows(*a, **k)

@@ -274,8 +274,8 @@ def linear_residual(
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     row_blocks = triton.cdiv(B, block_m)
     if product:
-        pieces = dense_gemm.pieces_for(N, K, sm_count(x.device))
-        part, counters = dense_gemm.dense_product(x, w, pieces), residual
+        part, pieces = dense_gemm.dense_product(x, w)
+        counters = residual
     elif split > 1:
         part = torch.empty((split, B, N), dtype=torch.float32, device=x.device)
         counters = take_tickets(tickets, n_blocks * row_blocks, x.device)

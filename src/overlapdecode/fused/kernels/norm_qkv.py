@@ -607,8 +607,8 @@ def norm_qkv(
     dummy = w
     row_blocks = triton.cdiv(B, block_m)
     if product:
-        pieces = dense_gemm.pieces_for(w.shape[0], K, sm_count(x.device))
-        part, counters = dense_gemm.dense_product(x, w, pieces), dummy
+        part, pieces = dense_gemm.dense_product(x, w)
+        counters = dummy
     elif split > 1:
         part = torch.empty((split, B, w.shape[0]), dtype=torch.float32, device=x.device)
         counters = take_tickets(tickets, tiles * row_blocks, x.device)

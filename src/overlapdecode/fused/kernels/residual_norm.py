@@ -33,7 +33,7 @@ from . import dense as dense_gemm
 from .linear_residual import linear_residual, require_32bit, residual_finish
 from .norm_linear import NormedRows, NormSums, norm_code, norm_values
 from .pdl import pdl_launch, pdl_release, pdl_start
-from .swap_ab import ROW_TILE, sm_count
+from .swap_ab import ROW_TILE
 
 MAX_N = 8192  # widest row a program holds (float32 in registers, 16 warps: 16 values per thread per tensor)
 NORMS = (0, 1, 2, 4)  # norm_code's LAYER values this kernel computes (not 3: no norm)
@@ -108,8 +108,7 @@ def residual_norm(x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, 
     require_32bit(x=x, w=w, b=b, residual=residual, norm_w=norm_w, norm_b=norm_b)
     B, N = residual.shape
     layer = norm_code(norm_w, norm_b, style)
-    pieces = dense_gemm.pieces_for(N, x.shape[1], sm_count(x.device))
-    part = dense_gemm.dense_product(x, w, pieces)
+    part, pieces = dense_gemm.dense_product(x, w)
     out = torch.empty_like(residual)
     xn = torch.empty_like(residual)
     sums = norm_sums.buffer(1, B, x.device, out) if norm_sums is not None and layer != 1 else None
