@@ -964,25 +964,25 @@ def test_residual_norm_writes_h_and_the_next_norm_of_it(B, K, N, pieces, style, 
     assert rows.of(h, NormedRows.key(*norm)) is None  # modified since
 
 
-def test_residual_norm_falls_back_where_its_kernel_does_not_serve():
-    """Where the launch is not dense, has no norm after it, has at most 16 rows (no swapped reader) or rows wider
-    than MAX_N, linear_residual_norm is linear_residual and records nothing."""
+def test_residual_norm_falls_back_where_its_kernel_does_not_serve(monkeypatch):
+    """Where the launch is not dense, has no norm after it, has at most 16 rows (no swapped reader), rows wider
+    than MAX_N or the kernel switched off (ENABLED), linear_residual_norm is linear_residual and records nothing."""
     from overlapdecode.fused.kernels import residual_norm as rn
     from overlapdecode.fused.kernels.norm_linear import NormedRows
 
     torch.manual_seed(5)
-    for B, N, dense, then in [(19, 24, False, True), (19, 24, True, False), (16, 24, True, True), (19, 40, True, True)]:
+    cases = [(19, 24, False, True, {}), (19, 24, True, False, {}), (16, 24, True, True, {})]
+    cases += [(19, 40, True, True, dict(MAX_N=32)), (19, 24, True, True, dict(ENABLED=False))]
+    for B, N, dense, then, module in cases:
         x, w, res = rnd(B, 32), rnd(N, 32, scale=32**-0.5), rnd(B, N)
         norm = (1.0 + rnd(N, scale=0.3), None, 1e-5, "rms") if then else None
         rows = NormedRows()
-        max_n = rn.MAX_N
-        rn.MAX_N = 32 if N == 40 else max_n
-        try:
+        with monkeypatch.context() as m:
+            for name, value in module.items():
+                m.setattr(rn, name, value)
             h = rn.linear_residual_norm(x, w, None, res, dense=dense, then_norm=norm, normed_rows=rows)
-        finally:
-            rn.MAX_N = max_n
         torch.testing.assert_close(h, linear_residual_ref(x, w, None, res), **TOL)
-        assert rows._last is None, (B, N, dense, then)
+        assert rows._last is None, (B, N, dense, then, module)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -176,15 +176,14 @@ def test_the_sweeps_variants_run_in_one_process_each_with_its_rule(tmp_path, mon
 
 
 def test_the_residual_norm_variant_turns_the_hand_off_off_while_it_runs(tmp_path, monkeypatch):
-    """--variants rule,residual-norm:off: with the variant no row fits kernels/residual_norm.py (every dense O and
-    down epilogue leaves the next norm to its own launch), with rule the module's MAX_N; put back after."""
+    """--variants rule,residual-norm:off: with the variant kernels/residual_norm.py is switched off (ENABLED: every
+    dense O and down epilogue leaves the next norm to its own launch), with rule on; put back after."""
     from overlapdecode.fused.kernels import residual_norm
 
-    max_n = residual_norm.MAX_N
     seen = []
 
     def fake_point(decoder, model, name, rows, prompt_len, *a):
-        seen.append(residual_norm.MAX_N)
+        seen.append(residual_norm.ENABLED)
         return dict(strategy=name, rows=rows, prompt_len=prompt_len, ms_per_step=1.0, tok_s=1.0, kv_bytes=0, ttft_ms=1)
 
     monkeypatch.setattr(scale, "measure_point", fake_point)
@@ -192,7 +191,7 @@ def test_the_residual_norm_variant_turns_the_hand_off_off_while_it_runs(tmp_path
     args += ["--prompts", "8", "--long-rows", "1", "--long-prompts", "8", "--strategies", "fused"]
     args += ["--new-tokens", "2", "--long-new-tokens", "2", "--repeats", "1", "--no-kernels"]
     assert _script().main(args + ["--variants", "rule,residual-norm:off"]) == 0
-    assert seen == [max_n, 0, max_n, 0] and residual_norm.MAX_N == max_n
+    assert seen == [True, False, True, False] and residual_norm.ENABLED is True
 
 
 def test_the_pieces_and_direct_tile_variants_replace_their_rules_while_they_run(tmp_path, monkeypatch):

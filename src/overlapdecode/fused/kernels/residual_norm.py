@@ -35,6 +35,7 @@ from .norm_linear import NormedRows, NormSums, norm_code, norm_values
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import ROW_TILE
 
+ENABLED = True  # False: every dense O and down epilogue leaves the next norm to its own launch (fits)
 MAX_N = 8192  # widest row a program holds (float32 in registers, 16 warps: 16 values per thread per tensor)
 NORMS = (0, 1, 2, 4)  # norm_code's LAYER values this kernel computes (not 3: no norm)
 
@@ -92,9 +93,9 @@ def warps_for(n_pad: int) -> int:
 
 
 def fits(N: int, then_norm, residual) -> bool:
-    """Whether residual_norm's kernel serves this launch: a residual, a norm it computes, rows no wider than
-    MAX_N."""
-    if then_norm is None or residual is None or N > MAX_N:
+    """Whether residual_norm's kernel serves this launch: ENABLED, a residual, a norm it computes, rows no wider
+    than MAX_N."""
+    if not ENABLED or then_norm is None or residual is None or N > MAX_N:
         return False
     norm_w, norm_b, _, style = then_norm
     return norm_w is not None and norm_code(norm_w, norm_b, style) in NORMS
