@@ -87,9 +87,8 @@ def test_norm_qkv(B, H, Hq, Hkv, D, programs, rope, layer, bias):
         assert pos.stride(0) == 3
     caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
     q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D)
-    q = norm_qkv(
-        x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32, programs=programs
-    )
+    args = (x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D)
+    q = norm_qkv(*args, block_k=32, programs=programs, dense=False)  # at 17 rows the swapped GEMV, split
     torch.testing.assert_close(q, q_ref, **TOL)
     torch.testing.assert_close(caches[2], caches[0], **TOL)  # K written at the slot, nothing else touched
     torch.testing.assert_close(caches[3], caches[1], **TOL)
@@ -257,6 +256,7 @@ def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
         block_k=32,
         programs=programs,
         norm_sums=sums,
+        dense=False,
     )
     q_ref = norm_qkv_ref(h, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[0], caches[1], Hq, Hkv, D)
     torch.testing.assert_close(q, q_ref, **TOL)
@@ -733,11 +733,14 @@ def _qkv_inputs(variant: str, B: int):
     "variant",
     ["q/k norm", "q/k norm (1 + w), no norm, partial rotary", "partial rotary", "q/k norm, partial rotary"],
 )
-@pytest.mark.parametrize("B,programs,swap", [(3, 1, False), (2, 1000, False), (17, 64, None), (3, 1000, True)])
+@pytest.mark.parametrize(
+    "B,programs,swap", [(3, 1, False), (2, 1000, False), (17, 64, True), (3, 1000, True), (17, 1, None)]
+)
 def test_norm_qkv_with_the_families_flags(variant, B, programs, swap):
     """Per-head Q/K RMSNorms before RoPE (Qwen3; Gemma 3's (1 + w) with its (1 + w) prologue), no prologue norm,
     partial rotary (Phi-3: the first R of D dims rotated, R/2 pairs): heads of 24 dims (one program a head with
-    the norms, 12 of 16 lanes live), odd sizes, split-K and not, both tile orientations."""
+    the norms, 12 of 16 lanes live), odd sizes, split-K and not, both tile orientations, and at 17 rows without
+    `swap` the dense form (dense.py)."""
     torch.manual_seed(B + programs + len(variant))
     H, Hq, Hkv, D, S = QKV_CASE
     x, nw, _, w, b, inv, kw, pos, slot, caches = _qkv_inputs(variant + ", bias", B)
