@@ -22,7 +22,7 @@ its own CUDA graphs), the variants in the order given, `--rounds` times over. A 
 is) or one rule replaced: `dense:none` / `dense:qkv+o+down` (any of qkv, o, down: those projections in dense form
 from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:never` / `prenorm:always`,
 `two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows), `residual-norm:off` (the
-dense O and down epilogues leave the next norm to its own launch, kernels/residual_norm.py), `dense-pieces:off`
+dense O and down epilogues leave the next norm to its own launch, residual_norm.ENABLED), `dense-pieces:off`
 (every dense product over the whole of K, dense.pieces_for), `attention-direct:off` (64 keys on 4 warps at many
 rows too, decode_attention.direct_tiles); and FusedModel options: `pdl:0` .. `pdl:4` (kernels/pdl.py's mode),
 `preload:ahead` / `preload:late` (the projections of at most 16 rows in the preload form, kernels/preload.py, under
@@ -119,8 +119,8 @@ def _patched(variant: str | None, model):
         target, name, new = norm_linear, "use_prenorm", lambda rows: value == "always"
     elif key == "two-per-sm":
         target, name, new = swap_ab, "TWO_PER_SM", False
-    elif key == "residual-norm":  # no row fits: every launch is linear_residual's
-        target, name, new = residual_norm, "MAX_N", 0
+    elif key == "residual-norm":  # every launch is linear_residual's
+        target, name, new = residual_norm, "ENABLED", False
     elif key == "dense-pieces":
         target, name, new = dense, "pieces_for", lambda n_out, K, sms: 1
     elif key == "attention-direct":

@@ -87,9 +87,8 @@ def test_norm_qkv(B, H, Hq, Hkv, D, programs, rope, layer, bias):
         assert pos.stride(0) == 3
     caches = [torch.zeros(B, Hkv, S, D, device=DEV) for _ in range(4)]
     q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D)
-    q = norm_qkv(
-        x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, block_k=32, programs=programs
-    )
+    args = (x, nw, nb, 1e-5, w, b, inv_freq, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D)
+    q = norm_qkv(*args, block_k=32, programs=programs, dense=False)  # at 17 rows the swapped GEMV, split
     torch.testing.assert_close(q, q_ref, **TOL)
     torch.testing.assert_close(caches[2], caches[0], **TOL)  # K written at the slot, nothing else touched
     torch.testing.assert_close(caches[3], caches[1], **TOL)
@@ -257,6 +256,7 @@ def test_norm_sums_handed_from_writers_to_rms_norms(B, H, block_n, programs):
         block_k=32,
         programs=programs,
         norm_sums=sums,
+        dense=False,
     )
     q_ref = norm_qkv_ref(h, nw, None, 1e-5, w, None, None, 1.0, pos, slot, caches[0], caches[1], Hq, Hkv, D)
     torch.testing.assert_close(q, q_ref, **TOL)
@@ -733,11 +733,14 @@ def _qkv_inputs(variant: str, B: int):
     "variant",
     ["q/k norm", "q/k norm (1 + w), no norm, partial rotary", "partial rotary", "q/k norm, partial rotary"],
 )
-@pytest.mark.parametrize("B,programs,swap", [(3, 1, False), (2, 1000, False), (17, 64, None), (3, 1000, True)])
+@pytest.mark.parametrize(
+    "B,programs,swap", [(3, 1, False), (2, 1000, False), (17, 64, True), (3, 1000, True), (17, 1, None)]
+)
 def test_norm_qkv_with_the_families_flags(variant, B, programs, swap):
     """Per-head Q/K RMSNorms before RoPE (Qwen3; Gemma 3's (1 + w) with its (1 + w) prologue), no prologue norm,
     partial rotary (Phi-3: the first R of D dims rotated, R/2 pairs): heads of 24 dims (one program a head with
-    the norms, 12 of 16 lanes live), odd sizes, split-K and not, both tile orientations."""
+    the norms, 12 of 16 lanes live), odd sizes, split-K and not, both tile orientations, and at 17 rows without
+    `swap` the dense form (dense.py)."""
     torch.manual_seed(B + programs + len(variant))
     H, Hq, Hkv, D, S = QKV_CASE
     x, nw, _, w, b, inv, kw, pos, slot, caches = _qkv_inputs(variant + ", bias", B)
@@ -964,25 +967,25 @@ def test_residual_norm_writes_h_and_the_next_norm_of_it(B, K, N, pieces, style, 
     assert rows.of(h, NormedRows.key(*norm)) is None  # modified since
 
 
-def test_residual_norm_falls_back_where_its_kernel_does_not_serve():
-    """Where the launch is not dense, has no norm after it, has at most 16 rows (no swapped reader) or rows wider
-    than MAX_N, linear_residual_norm is linear_residual and records nothing."""
+def test_residual_norm_falls_back_where_its_kernel_does_not_serve(monkeypatch):
+    """Where the launch is not dense, has no norm after it, has at most 16 rows (no swapped reader), rows wider
+    than MAX_N or the kernel switched off (ENABLED), linear_residual_norm is linear_residual and records nothing."""
     from overlapdecode.fused.kernels import residual_norm as rn
     from overlapdecode.fused.kernels.norm_linear import NormedRows
 
     torch.manual_seed(5)
-    for B, N, dense, then in [(19, 24, False, True), (19, 24, True, False), (16, 24, True, True), (19, 40, True, True)]:
+    cases = [(19, 24, False, True, {}), (19, 24, True, False, {}), (16, 24, True, True, {})]
+    cases += [(19, 40, True, True, dict(MAX_N=32)), (19, 24, True, True, dict(ENABLED=False))]
+    for B, N, dense, then, module in cases:
         x, w, res = rnd(B, 32), rnd(N, 32, scale=32**-0.5), rnd(B, N)
         norm = (1.0 + rnd(N, scale=0.3), None, 1e-5, "rms") if then else None
         rows = NormedRows()
-        max_n = rn.MAX_N
-        rn.MAX_N = 32 if N == 40 else max_n
-        try:
+        with monkeypatch.context() as m:
+            for name, value in module.items():
+                m.setattr(rn, name, value)
             h = rn.linear_residual_norm(x, w, None, res, dense=dense, then_norm=norm, normed_rows=rows)
-        finally:
-            rn.MAX_N = max_n
         torch.testing.assert_close(h, linear_residual_ref(x, w, None, res), **TOL)
-        assert rows._last is None, (B, N, dense, then)
+        assert rows._last is None, (B, N, dense, then, module)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -1141,7 +1144,13 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
     if dense:  # the products in two pieces of K where it is even (dense.pieces_for), as on a GPU
         monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: 2 if K % 2 == 0 else 1)
         mm = dense_gemm.dense_product
-        monkeypatch.setattr(dense_gemm, "dense_product", lambda x, w, p=1: products.append((w.shape, p)) or mm(x, w, p))
+
+        def counted(x, w, pieces=None):  # each product's weight shape and the pieces it chose
+            part, pieces = mm(x, w, pieces)
+            products.append((w.shape, pieces))
+            return part, pieces
+
+        monkeypatch.setattr(dense_gemm, "dense_product", counted)
         rows = norm_linear_module.normalized_rows
         monkeypatch.setattr(
             norm_linear_module, "normalized_rows", lambda *a, **k: normalising.append(1) or rows(*a, **k)

@@ -603,6 +603,24 @@ def test_the_dense_rule_and_the_two_programs_per_sm_pipeline():
     assert swap_tiles(128, 128256, 2048, 2, 1, 16)["num_stages"] == 3
 
 
+def test_the_dense_product_chooses_its_pieces_unless_given():
+    """dense.dense_product: the pieces pieces_for gives on x's device (a CPU counts as one SM), the partial products
+    over them summing to x @ w.T; an explicit `pieces` taken as given."""
+    import torch
+
+    from overlapdecode.fused.kernels import dense
+
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 2048), torch.randn(24, 2048)
+    part, pieces = dense.dense_product(x, w)
+    assert pieces == dense.pieces_for(24, 2048, 1) == 2 and part.shape == (2, 3, 24)
+    torch.testing.assert_close(part.sum(0), x @ w.T, rtol=1e-4, atol=1e-3)
+    whole, one = dense.dense_product(x, w, pieces=1)
+    assert one == 1 and whole.shape == (3, 24)
+    torch.testing.assert_close(whole, x @ w.T, rtol=1e-4, atol=1e-3)
+    assert dense.dense_product(x, torch.randn(40, 2048))[1] == 1  # more than 32 weight rows per SM: whole
+
+
 def test_the_direct_attention_tiles_compile_without_spills():
     """decode_attention.direct_tiles's launch (one piece per row and kv head: NUM_SPLITS 1, DIRECT, 32 keys, 2
     warps) compiles for sm_90 with its PDL wait and no spill."""

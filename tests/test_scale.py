@@ -175,24 +175,30 @@ def test_the_sweeps_variants_run_in_one_process_each_with_its_rule(tmp_path, mon
         _script().main(["--out", str(tmp_path / "y"), "--variants", "rule"])
 
 
-def test_the_residual_norm_variant_turns_the_hand_off_off_while_it_runs(tmp_path, monkeypatch):
-    """--variants rule,residual-norm:off: with the variant no row fits kernels/residual_norm.py (every dense O and
-    down epilogue leaves the next norm to its own launch), with rule the module's MAX_N; put back after."""
-    from overlapdecode.fused.kernels import residual_norm
-
-    max_n = residual_norm.MAX_N
+def _probes_per_variant(tmp_path, monkeypatch, variants: str, probe) -> list:
+    """scale_sweep --variants `variants` over one point of 20 rows, then one of 1 row (tiny-llama, float32, fused
+    only), each point's measurement faked: what `probe()` returned at each, in the order run."""
     seen = []
 
     def fake_point(decoder, model, name, rows, prompt_len, *a):
-        seen.append(residual_norm.MAX_N)
+        seen.append(probe())
         return dict(strategy=name, rows=rows, prompt_len=prompt_len, ms_per_step=1.0, tok_s=1.0, kv_bytes=0, ttft_ms=1)
 
     monkeypatch.setattr(scale, "measure_point", fake_point)
     args = ["--out", str(tmp_path / "ab"), "--model", "tiny-llama", "--dtype", "float32", "--rows", "20"]
     args += ["--prompts", "8", "--long-rows", "1", "--long-prompts", "8", "--strategies", "fused"]
     args += ["--new-tokens", "2", "--long-new-tokens", "2", "--repeats", "1", "--no-kernels"]
-    assert _script().main(args + ["--variants", "rule,residual-norm:off"]) == 0
-    assert seen == [max_n, 0, max_n, 0] and residual_norm.MAX_N == max_n
+    assert _script().main(args + ["--variants", variants]) == 0
+    return seen
+
+
+def test_the_residual_norm_variant_turns_the_hand_off_off_while_it_runs(tmp_path, monkeypatch):
+    """--variants rule,residual-norm:off: with the variant kernels/residual_norm.py is switched off (ENABLED: every
+    dense O and down epilogue leaves the next norm to its own launch), with rule on; put back after."""
+    from overlapdecode.fused.kernels import residual_norm
+
+    seen = _probes_per_variant(tmp_path, monkeypatch, "rule,residual-norm:off", lambda: residual_norm.ENABLED)
+    assert seen == [True, False, True, False] and residual_norm.ENABLED is True
 
 
 def test_the_pieces_and_direct_tile_variants_replace_their_rules_while_they_run(tmp_path, monkeypatch):
@@ -201,16 +207,11 @@ def test_the_pieces_and_direct_tile_variants_replace_their_rules_while_they_run(
     from overlapdecode.fused.kernels import decode_attention, dense
 
     rules = dense.pieces_for, decode_attention.direct_tiles
-    seen = []
-
-    def fake_point(decoder, model, name, rows, prompt_len, *a):
-        seen.append((dense.pieces_for(2048, 8192, 132), decode_attention.direct_tiles(64, 1, 512, 264)))
-        return dict(strategy=name, rows=rows, prompt_len=prompt_len, ms_per_step=1.0, tok_s=1.0, kv_bytes=0, ttft_ms=1)
-
-    monkeypatch.setattr(scale, "measure_point", fake_point)
-    args = ["--out", str(tmp_path / "ab"), "--model", "tiny-llama", "--dtype", "float32", "--rows", "20"]
-    args += ["--prompts", "8", "--long-rows", "1", "--long-prompts", "8", "--strategies", "fused"]
-    args += ["--new-tokens", "2", "--long-new-tokens", "2", "--repeats", "1", "--no-kernels"]
-    assert _script().main(args + ["--variants", "rule,dense-pieces:off,attention-direct:off"]) == 0
+    seen = _probes_per_variant(
+        tmp_path,
+        monkeypatch,
+        "rule,dense-pieces:off,attention-direct:off",
+        lambda: (dense.pieces_for(2048, 8192, 132), decode_attention.direct_tiles(64, 1, 512, 264)),
+    )
     assert seen[:3] == [(2, (32, 2)), (1, (32, 2)), (2, None)]
     assert (dense.pieces_for, decode_attention.direct_tiles) == rules

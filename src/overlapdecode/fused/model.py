@@ -105,7 +105,8 @@ class Tiled:
     shape with the largest min_batch <= B (a 3-tuple key is min_batch 1); shapes not in it keep the kernel's
     defaults. Entries of min_batch <= ROW_TILE (16) serve calls of up to ROW_TILE rows only: past that the kernels
     swap their tiles (kernels/swap_ab.py), whose own rule chooses them unless an entry of a larger min_batch says
-    otherwise."""
+    otherwise. For norm_qkv and linear_residual an entry of min_batch > ROW_TILE never applies: from
+    dense.DENSE_ROWS (17) rows they run the dense form (kernels/dense.py), which ignores tile keywords."""
 
     def __init__(self, fn, name: str, w_arg: int, tiles: dict, row_block: dict | None = None):
         self.fn, self.w_arg, self.row_block = fn, w_arg, row_block or {}

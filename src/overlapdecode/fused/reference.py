@@ -62,12 +62,14 @@ def whole_qk_norms(W: FusedWeights, layer) -> bool:
 
 def step_rope_tables(W: FusedWeights, ropes: dict, pos, ops, dtype) -> dict:
     """ops.rope_table's cos and sin of this step's positions in `dtype` (the hidden states'), one per rotary table
-    of step_ropes that a layer's norm_qkv reads, instead of each of its programs computing them: where the launches
-    swap (from ROW_TILE + 1 rows), whose programs hold 64-128 rows each, so that their precise sin and cos cost
-    microseconds per launch (kernels/norm_qkv.py rope_table); {} below that, or where the ops have no table (the
-    torch twins). Below 17 rows the table's launch cost more than it saved: Llama-1B shape, H200, one process, the
-    1-row step 0.895 / 0.959 / 0.932 ms with it against 0.879 / 0.916 / 0.918 without
-    (results/h200/llama-1b-dense-rows/rope-table-rows)."""
+    of step_ropes that a layer's norm_qkv reads, instead of each of its programs computing them: from ROW_TILE + 1
+    rows (swap_ab.use_swap's), where norm_qkv runs the dense form (kernels/dense.py, its epilogue over 16-row
+    tiles) or, asked, swapped tiles; {} below that, or where the ops have no table (the torch twins). The table was
+    made for the swapped programs, which hold 64-128 rows each, so that their precise sin and cos cost microseconds
+    per launch (kernels/norm_qkv.py rope_table); with the dense form (from 48 rows when measured) it still saved
+    time at 48 rows and did not show at 128 (docs/KERNELS.md). Below 17 rows the table's launch cost more than it
+    saved: Llama-1B shape, H200, one process, the 1-row step 0.895 / 0.959 / 0.932 ms with it against 0.879 / 0.916
+    / 0.918 without (results/h200/llama-1b-dense-rows/rope-table-rows)."""
     if ops.rope_table is None or not use_swap(pos.shape[0]):
         return {}
     kinds = {layer.rope for layer in W.layers if not whole_qk_norms(W, layer)}

@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .swap_ab import ROW_TILE
+from .swap_ab import ROW_TILE, sm_count
 
 DENSE_ROWS = 17  # from this many rows the QKV and linear_residual launches run dense (use_dense)
 PIECE_COLUMNS = 32  # weight rows per SM below which K is cut in two (pieces_for)
@@ -71,22 +71,25 @@ def pieces_for(n_out: int, K: int, sms: int) -> int:
     return 2 if n_out <= PIECE_COLUMNS * sms and K % 2 == 0 and K // 2 >= MIN_PIECE else 1
 
 
-def dense_product(x: torch.Tensor, w: torch.Tensor, pieces: int = 1) -> torch.Tensor:
-    """x (B, K) @ w.T for w (N, K), as float32 contiguous: (B, N), or with `pieces` > 1 (K divisible by it) the
-    partial products over its K pieces, (pieces, B, N), which product_tile adds. On CUDA one cuBLAS call that
-    accumulates 16-bit operands in float32 and writes float32 (`out_dtype`), elsewhere in float32 (CPU's mm has no
+def dense_product(x: torch.Tensor, w: torch.Tensor, pieces: int | None = None) -> tuple[torch.Tensor, int]:
+    """x (B, K) @ w.T for w (N, K), as float32 contiguous, and the pieces of K it is in: `pieces` if given, else
+    pieces_for's on x's device. With one piece the product (B, N), with more (K divisible by them) the partial
+    products over its K pieces, (pieces, B, N), which product_tile adds. On CUDA one cuBLAS call that accumulates
+    16-bit operands in float32 and writes float32 (`out_dtype`), elsewhere in float32 (CPU's mm has no
     out_dtype)."""
+    (B, K), N = x.shape, w.shape[0]
+    if pieces is None:
+        pieces = pieces_for(N, K, sm_count(x.device))
     if not x.is_cuda or x.dtype == torch.float32:
         x, w, kw = x.float(), w.float(), {}
     else:
         kw = dict(out_dtype=torch.float32)
     if pieces == 1:
-        return torch.mm(x, w.t(), **kw)
-    (B, K), N = x.shape, w.shape[0]
+        return torch.mm(x, w.t(), **kw), 1
     if K % pieces:
         raise ValueError(f"pieces ({pieces}) must divide K ({K})")
     k = K // pieces
-    return torch.bmm(x.view(B, pieces, k).permute(1, 0, 2), w.view(N, pieces, k).permute(1, 2, 0), **kw)
+    return torch.bmm(x.view(B, pieces, k).permute(1, 0, 2), w.view(N, pieces, k).permute(1, 2, 0), **kw), pieces
 
 
 @triton.jit

@@ -239,8 +239,8 @@ def linear_residual(
 ):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N) or None (the
     branch alone, which records no norm sums); `res_scale`: as there, a constexpr of the launch.
-    `swap`: the swapped tile (swap_ab.py; default from 17 rows on); the tile keywords left None are the row-block
-    kernel's defaults (32 x 128, 4 warps, 3 stages) or, swapped, swap_ab.swap_tiles's.
+    `swap`: the swapped tile (swap_ab.py; default from 17 rows on where not dense); the tile keywords left None are
+    the row-block kernel's defaults (32 x 128, 4 warps, 3 stages) or, swapped, swap_ab.swap_tiles's.
     `programs`: the grid size split-K aims at (default 2 x the SMs, or swapped swap_tiles's: one per SM); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
     dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
@@ -294,8 +294,8 @@ def linear_residual(
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     row_blocks = triton.cdiv(B, block_m)
     if product:
-        pieces = dense_gemm.pieces_for(N, K, sm_count(x.device))
-        part, counters = dense_gemm.dense_product(x, w, pieces), residual
+        part, pieces = dense_gemm.dense_product(x, w)
+        counters = residual
     elif split > 1:
         part = torch.empty((split, B, N), dtype=torch.float32, device=x.device)
         counters = take_tickets(tickets, n_blocks * row_blocks, x.device)

@@ -542,8 +542,8 @@ def norm_qkv(
     first-half dimensions and their partners (default: up to 32, one head's at most; swapped, swap_ab.swap_tiles's);
     with fewer tiles than `programs` (default: 1, no split; swapped, swap_tiles's one per SM), K is split as in
     linear_residual (`tickets`: the counters, as there).
-    `swap`: the swapped tile (swap_ab.py; default from 17 rows on); the tile keywords left None are the row-block
-    kernel's (K tiles of 256, 4 warps, 3 stages) or swap_ab.swap_tiles's. `norm_sums`: where x's RMSNorm sums of
+    `swap`: the swapped tile (swap_ab.py; default from 17 rows on where not dense); the tile keywords left None are
+    the row-block kernel's (K tiles of 256, 4 warps, 3 stages) or swap_ab.swap_tiles's. `norm_sums`: where x's RMSNorm sums of
     squares may have been recorded by its writer (NormSums). `norm_w` None (no norm), `q_norm`, `k_norm`,
     `norm_style` and a partial rotary inv_freq: as in norm_qkv_ref; with `q_norm` a program owns one whole head
     (`half` at least D/2). `prenorm`: whether a swapped launch multiplies rows normalised beforehand (None:
@@ -635,8 +635,8 @@ def norm_qkv(
     dummy = w
     row_blocks = triton.cdiv(B, block_m)
     if product:
-        pieces = dense_gemm.pieces_for(w.shape[0], K, sm_count(x.device))
-        part, counters = dense_gemm.dense_product(x, w, pieces), dummy
+        part, pieces = dense_gemm.dense_product(x, w)
+        counters = dummy
     elif split > 1:
         part = torch.empty((split, B, w.shape[0]), dtype=torch.float32, device=x.device)
         counters = take_tickets(tickets, tiles * row_blocks, x.device)

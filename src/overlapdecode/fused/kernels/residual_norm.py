@@ -33,8 +33,9 @@ from . import dense as dense_gemm
 from .linear_residual import linear_residual, require_32bit, residual_finish
 from .norm_linear import NormedRows, NormSums, norm_code, norm_values
 from .pdl import pdl_launch, pdl_release, pdl_start
-from .swap_ab import ROW_TILE, sm_count
+from .swap_ab import ROW_TILE
 
+ENABLED = True  # False: every dense O and down epilogue leaves the next norm to its own launch (fits)
 MAX_N = 8192  # widest row a program holds (float32 in registers, 16 warps: 16 values per thread per tensor)
 NORMS = (0, 1, 2, 4)  # norm_code's LAYER values this kernel computes (not 3: no norm)
 
@@ -92,9 +93,9 @@ def warps_for(n_pad: int) -> int:
 
 
 def fits(N: int, then_norm, residual) -> bool:
-    """Whether residual_norm's kernel serves this launch: a residual, a norm it computes, rows no wider than
-    MAX_N."""
-    if then_norm is None or residual is None or N > MAX_N:
+    """Whether residual_norm's kernel serves this launch: ENABLED, a residual, a norm it computes, rows no wider
+    than MAX_N."""
+    if not ENABLED or then_norm is None or residual is None or N > MAX_N:
         return False
     norm_w, norm_b, _, style = then_norm
     return norm_w is not None and norm_code(norm_w, norm_b, style) in NORMS
@@ -108,8 +109,7 @@ def residual_norm(x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, 
     require_32bit(x=x, w=w, b=b, residual=residual, norm_w=norm_w, norm_b=norm_b)
     B, N = residual.shape
     layer = norm_code(norm_w, norm_b, style)
-    pieces = dense_gemm.pieces_for(N, x.shape[1], sm_count(x.device))
-    part = dense_gemm.dense_product(x, w, pieces)
+    part, pieces = dense_gemm.dense_product(x, w)
     out = torch.empty_like(residual)
     xn = torch.empty_like(residual)
     sums = norm_sums.buffer(1, B, x.device, out) if norm_sums is not None and layer != 1 else None
