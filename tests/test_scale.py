@@ -215,3 +215,26 @@ def test_the_pieces_and_direct_tile_variants_replace_their_rules_while_they_run(
     )
     assert seen[:3] == [(2, (32, 2)), (1, (32, 2)), (2, None)]
     assert (dense.pieces_for, decode_attention.direct_tiles) == rules
+
+
+def test_the_option_variants_make_their_decoders_with_those_fused_options(tmp_path, monkeypatch):
+    """pdl:N and preload:ahead|late are FusedModel options, not rules: each variant's Decoder is made with them
+    (checked by name and type when it is made), the rule's with none of them."""
+    seen = []
+
+    def fake_point(decoder, model, name, rows, prompt_len, *a):
+        seen.append(decoder.fused_options)
+        return dict(strategy=name, rows=rows, prompt_len=prompt_len, ms_per_step=1.0, tok_s=1.0, kv_bytes=0, ttft_ms=1)
+
+    monkeypatch.setattr(scale, "measure_point", fake_point)
+    args = ["--out", str(tmp_path / "ab"), "--model", "tiny-llama", "--dtype", "float32", "--rows", "1"]
+    args += ["--prompts", "8", "--long-rows", "1", "--long-prompts", "8", "--strategies", "fused", "--no-kernels"]
+    assert _script().main(args + ["--variants", "rule,pdl:4,preload:ahead,preload:late"]) == 0
+    assert seen[:4] == [
+        dict(compile_prefill=False),
+        dict(compile_prefill=False, pdl=4),
+        dict(compile_prefill=False, preload=True, pdl=4),
+        dict(compile_prefill=False, preload=True, pdl=3),
+    ]
+    with pytest.raises(SystemExit):
+        _script().main(args + ["--variants", "pdl:5"])
