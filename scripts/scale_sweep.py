@@ -26,7 +26,8 @@ dense O and down epilogues leave the next norm to its own launch, residual_norm.
 (every dense product over the whole of K, dense.pieces_for), `attention-direct:off` (64 keys on 4 warps at many
 rows too, decode_attention.direct_tiles); and FusedModel options: `pdl:0` .. `pdl:4` (kernels/pdl.py's mode),
 `preload:ahead` / `preload:late` (the projections of at most 16 rows in the preload form, kernels/preload.py, under
-PDL mode 4 / 3). Each row of the table names its variant.
+PDL mode 4 / 3), `preload-budget:BYTES` (preload:ahead with preload.BUDGET bytes of weights per program). Each row of
+the table names its variant.
 """
 
 from __future__ import annotations
@@ -74,12 +75,13 @@ def _variants(text: str) -> list[str]:
             or (key == "prenorm" and value in ("never", "always"))
             or (key in ("two-per-sm", "residual-norm", "dense-pieces", "attention-direct") and value == "off")
             or v in OPTION_VARIANTS
+            or (key == "preload-budget" and value.isdigit() and int(value) >= 512)
         )
         if not ok:
             raise argparse.ArgumentTypeError(
                 f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always, "
                 "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off, pdl:0..4, "
-                "preload:ahead|late"
+                "preload:ahead|late, preload-budget:<bytes, at least 512>"
             )
     if not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")
@@ -101,7 +103,7 @@ def _dense_shapes(model, kinds) -> set:
 def _patched(variant: str | None, model):
     """The rule a variant replaces, replaced where the step reads it, for the duration (None or rule: nothing)."""
     from overlapdecode.fused import reference
-    from overlapdecode.fused.kernels import decode_attention, dense, norm_linear, residual_norm, swap_ab
+    from overlapdecode.fused.kernels import decode_attention, dense, norm_linear, preload, residual_norm, swap_ab
 
     key, _, value = (variant or "rule").partition(":")
     if key == "dense":
@@ -123,6 +125,8 @@ def _patched(variant: str | None, model):
         target, name, new = residual_norm, "ENABLED", False
     elif key == "dense-pieces":
         target, name, new = dense, "pieces_for", lambda n_out, K, sms: 1
+    elif key == "preload-budget":
+        target, name, new = preload, "BUDGET", int(value)
     elif key == "attention-direct":
         target, name, new = decode_attention, "direct_tiles", lambda *shape: None
     else:
@@ -187,7 +191,8 @@ def main(argv=None) -> int:
     # the fused prefill runs eagerly: compiled it would compile once per batch and prompt bucket (tens of seconds
     # each on a 1B model), which the decode figures do not need; TTFT is then the eager prefill's
     def new_decoder(variant=None):
-        return od.Decoder(model, fused_options=dict(compile_prefill=False, **OPTION_VARIANTS.get(variant, {})))
+        key = "preload:ahead" if (variant or "").startswith("preload-budget:") else variant
+        return od.Decoder(model, fused_options=dict(compile_prefill=False, **OPTION_VARIANTS.get(key, {})))
 
     variants = args.variants or [None]
     decoders = {}

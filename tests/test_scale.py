@@ -229,12 +229,22 @@ def test_the_option_variants_make_their_decoders_with_those_fused_options(tmp_pa
     monkeypatch.setattr(scale, "measure_point", fake_point)
     args = ["--out", str(tmp_path / "ab"), "--model", "tiny-llama", "--dtype", "float32", "--rows", "1"]
     args += ["--prompts", "8", "--long-rows", "1", "--long-prompts", "8", "--strategies", "fused", "--no-kernels"]
-    assert _script().main(args + ["--variants", "rule,pdl:4,preload:ahead,preload:late"]) == 0
-    assert seen[:4] == [
+    assert _script().main(args + ["--variants", "rule,pdl:4,preload:ahead,preload:late,preload-budget:8192"]) == 0
+    assert seen[:5] == [
         dict(compile_prefill=False),
         dict(compile_prefill=False, pdl=4),
         dict(compile_prefill=False, preload=True, pdl=4),
         dict(compile_prefill=False, preload=True, pdl=3),
+        dict(compile_prefill=False, preload=True, pdl=4),
     ]
-    with pytest.raises(SystemExit):
-        _script().main(args + ["--variants", "pdl:5"])
+    for bad in ("pdl:5", "preload-budget:100", "preload-budget:lots"):
+        with pytest.raises(SystemExit):
+            _script().main(args + ["--variants", bad])
+
+
+def test_the_preload_budget_variant_sets_the_budget_while_it_runs(tmp_path, monkeypatch):
+    from overlapdecode.fused.kernels import preload
+
+    budget = preload.BUDGET
+    seen = _probes_per_variant(tmp_path, monkeypatch, "rule,preload-budget:8192", lambda: preload.BUDGET)
+    assert seen == [budget, 8192, budget, 8192] and preload.BUDGET == budget
