@@ -19,6 +19,7 @@ def test_a_programs_k_range_fits_the_budget_and_the_split_covers_k(w_rows, K, el
     assert w_rows * bk * elt <= max(preload.BUDGET, w_rows * 16 * elt)  # the budget, or one 16-wide K tile
     assert (split - 1) * bk < K <= split * bk  # every K range holds some of K, together all of it
     assert bk < 2 * K  # never wider than K rounded up to a power of two
+    assert plan["num_warps"] == (4 if w_rows * bk * elt <= 4 * preload.WARP_BYTES else 8)
     if w_rows * 16 * elt <= preload.BUDGET and split > 1:  # a range as long as the budget allows
         assert 2 * w_rows * bk * elt > preload.BUDGET
 

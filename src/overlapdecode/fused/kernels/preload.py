@@ -28,6 +28,10 @@ import triton
 BUDGET = 16 * 1024  # weight bytes per program: 32 registers per thread of 4 warps
 MAX_BYTES = 128 * 2**20  # weights above this keep the K loop
 COLS = 16  # output columns (or rotary pairs) per program
+# weight bytes per warp (128 per thread) up to which a tile stays on 4 warps, else 8. For sm_90 (ptxas), 16 KB tiles
+# on 4 warps spill nothing (tests/test_kernel_compile.py); 32 KB tiles (BUDGET 32768) of QKV, gate/up and GPT-2's fc
+# spilled 228-252 bytes on 4 warps and QKV and gate/up still 152 on 8 (x's 16-row tile is in registers too)
+WARP_BYTES = 4096
 
 
 def preload_tiles(w_rows: int, total_rows: int, K: int, elt_bytes: int) -> dict | None:
@@ -39,4 +43,5 @@ def preload_tiles(w_rows: int, total_rows: int, K: int, elt_bytes: int) -> dict 
         return None
     most = max(16, BUDGET // (w_rows * elt_bytes))
     block_k = max(16, min(1 << (most.bit_length() - 1), triton.next_power_of_2(K)))
-    return dict(block_k=block_k, split=triton.cdiv(K, block_k), num_warps=4, num_stages=1)
+    warps = 4 if w_rows * block_k * elt_bytes <= WARP_BYTES * 4 else 8  # at most WARP_BYTES of the tile per warp
+    return dict(block_k=block_k, split=triton.cdiv(K, block_k), num_warps=warps, num_stages=1)
