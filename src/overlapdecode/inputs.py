@@ -144,6 +144,17 @@ def default_eos(model) -> tuple[int, ...]:
     return () if eos is None else _id_list("eos_token_id", eos)
 
 
+def default_pad(model) -> int | None:
+    """The model's pad id, from its generation_config as Hugging Face generate() reads it (not from config:
+    generate() does not look there), or None when it sets none."""
+    gen = getattr(model, "generation_config", None)
+    pad = getattr(gen, "pad_token_id", None) if gen is not None else None
+    if pad is None:
+        return None
+    ids = _id_list("pad_token_id", pad)
+    return ids[0] if ids else None
+
+
 def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id) -> Request:
     """Validate the model, prompt, mask, length and special ids of a call; return them normalised."""
     check_model(model)
@@ -188,7 +199,10 @@ def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id
 
     eos = default_eos(model) if eos_token_id is None else _id_list("eos_token_id", eos_token_id)
     if pad_token_id is None:
-        pad = eos[0] if eos else 0  # Hugging Face: pad defaults to the first EOS id
+        # Hugging Face: the generation config's pad id, else the first EOS id
+        pad = default_pad(model)
+        if pad is None:
+            pad = eos[0] if eos else 0
     else:
         if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
             raise TypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__}")
