@@ -53,21 +53,32 @@ def _add_generate(sub):
         "--eos", default=None, help="EOS ids, comma-separated, or 'none' to never stop early (default: the model's)"
     )
     p.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
     p.add_argument(
-        "--top-k", type=int, default=None, help="sample among the k most likely tokens (default, or 0: all tokens)"
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature (> 0; default: the model's generation config's, else 1)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="sample among the k most likely tokens (0: all tokens; default: the model's generation config's, "
+        "else 50, as Hugging Face does)",
     )
     p.add_argument(
         "--top-p",
         type=float,
         default=None,
-        help="sample among the most likely tokens of total probability p (default: 1, all)",
+        help="sample among the most likely tokens of total probability p (default: the model's generation "
+        "config's, else 1, all)",
     )
     p.add_argument(
         "--min-p",
         type=float,
         default=None,
-        help="sample among the tokens at least p times as likely as the most likely one (default: all)",
+        help="sample among the tokens at least p times as likely as the most likely one (default: the model's "
+        "generation config's, else all)",
     )
     p.add_argument(
         "--repetition-penalty",
