@@ -161,6 +161,7 @@ def cmd_generate(args) -> int:
     import torch  # imported here: fast --help
 
     from .decode import generate
+    from .inputs import model_limits
     from .tokenizer import readable
 
     if args.max_new_tokens < 1:
@@ -186,6 +187,12 @@ def cmd_generate(args) -> int:
             raise CliError(f"--prompt needs a tokenizer and {args.model} has none; use --prompt-ids")
         ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     else:
+        vocab, _ = model_limits(model)
+        if not all(0 <= i < vocab for i in prompt_ids):  # also those no int64 holds, which torch.tensor refuses
+            raise CliError(
+                f"--prompt-ids: input_ids holds ids in [{min(prompt_ids)}, {max(prompt_ids)}], outside the "
+                f"vocabulary [0, {vocab})"
+            )
         ids = torch.tensor([prompt_ids], dtype=torch.long)
 
     # Nothing is printed before the call is known to start: generate checks every argument first, and a
