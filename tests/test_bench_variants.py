@@ -21,7 +21,9 @@ def test_split_variant():
     )
     assert split_variant("kv+repetition_penalty=1.2") == ("kv", dict(repetition_penalty=1.2))
     assert split_variant("interleaved:2+sample") == ("interleaved:2", dict(do_sample=True))
-    assert generate_kwargs("kv+top_k=5", 3) == dict(do_sample=True, top_k=5, seed=3)
+    neutral = dict(temperature=1.0, top_p=1.0, min_p=0.0)  # the warpers a variant does not name: none applied
+    assert generate_kwargs("kv+top_k=5", 3) == dict(neutral, do_sample=True, top_k=5, seed=3)
+    assert generate_kwargs("kv+sample", 3) == dict(neutral, do_sample=True, top_k=0, seed=3)
     assert generate_kwargs("kv+repetition_penalty=1.2", 3) == dict(repetition_penalty=1.2)
     with pytest.raises(ValueError, match="top_q"):
         split_variant("kv+top_q=0.9")
@@ -50,6 +52,7 @@ def test_a_variant_runs_od_generate_with_its_sampling(tiny_llama):
         do_sample=True,
         top_p=0.8,
         temperature=0.7,
+        top_k=0,  # the variant names no top-k: Hugging Face's default of 50 is not applied
         seed=11,
     )
     greedy = od.generate(tiny_llama, ids, max_new_tokens=6, strategy="kv", eos_token_id=[], pad_token_id=0)

@@ -256,6 +256,10 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the answer of a 
             "--prompt-ids: input_ids holds ids in [1, 5000], outside the vocabulary [0, 1000)",
         ),
         (
+            ["generate", "--prompt-ids", "1,99999999999999999999", "--model", "tiny-gpt2"],
+            "--prompt-ids: input_ids holds ids in [1, 99999999999999999999], outside the vocabulary [0, 1000)",
+        ),
+        (
             ["generate", "--prompt", "hi", "--model", "tiny-gpt2", "--max-new-tokens", "255"],
             "--prompt and --max-new-tokens: prompt length 2 + max_new_tokens 255 = 257 exceeds the model's 256",
         ),

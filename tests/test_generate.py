@@ -64,6 +64,40 @@ def test_default_eos_comes_from_the_model(tiny_gpt2):
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("preset", ["kv", "static", "fused"])
+def test_default_pad_is_the_generation_configs_pad_id(preset):
+    """Without pad_token_id, rows past their EOS hold the generation config's pad id (not the first EOS id), as in
+    Hugging Face generate(); a model of its own, as its generation config is changed."""
+    model = od.load_model("tiny-llama", device="cpu")
+    ids, mask = make_batch(4, seed=1)
+    eos = eos_hit_midway(model, ids, mask, N, [0, 2])
+    assert eos is not None
+    model.generation_config.pad_token_id = 5
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=N, do_sample=False, eos_token_id=eos)
+    assert (ref[[0, 2], -1] == 5).all()
+    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=eos)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("preset", ["kv", "static", "fused"])
+def test_a_missing_mask_is_inferred_from_the_pad_id(tiny_llama, preset):
+    """Without attention_mask, a prompt holding a pad id that is no EOS id is masked where it holds it, as Hugging
+    Face generate() infers the mask."""
+    ids, mask = make_batch(4, seed=6)
+    ids = ids.masked_fill(mask == 0, 7)  # left padding with the pad id, as a tokenizer pads
+    ref = tiny_llama.generate(ids, max_new_tokens=N, do_sample=False, eos_token_id=2, pad_token_id=7)
+    assert torch.equal(ref, hf_generate(tiny_llama, ids, mask, N, 2, 7))
+    out = od.generate(tiny_llama, ids, max_new_tokens=N, strategy=preset, eos_token_id=2, pad_token_id=7)
+    assert torch.equal(out, ref)
+
+
+def test_a_pad_id_inside_a_prompt_without_a_mask_is_refused(tiny_llama):
+    ids, _ = make_batch(2, seed=6)
+    ids[1, 3] = 7
+    with pytest.raises(ValueError, match="pad id 7 other than as left padding.*attention_mask"):
+        od.generate(tiny_llama, ids, max_new_tokens=4, strategy="kv", eos_token_id=2, pad_token_id=7)
+
+
 def test_mask_none_means_all_ones(tiny_gpt2):
     ids, _ = make_batch(2, seed=11)
     a = od.generate(tiny_gpt2, ids, max_new_tokens=8, strategy="static", eos_token_id=[])

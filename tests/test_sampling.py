@@ -69,6 +69,43 @@ def test_global_seed_governs_seed_none(tiny_gpt2):
     assert torch.equal(od.generate(tiny_gpt2, ids, **kw), a)
 
 
+@pytest.mark.parametrize("preset", ["kv", "fused"])
+def test_sampling_without_a_top_k_keeps_hugging_faces_default_of_50(preset):
+    """do_sample=True without top_k samples among the 50 most likely tokens, as Hugging Face generate() does where
+    the generation config sets no top-k: near-uniform logits over 1000 tokens put most draws outside them
+    otherwise; top_k=0 keeps every token."""
+    model = od.load_model("tiny-llama", device="cpu")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.01)
+    ids, mask = make_batch(8, seed=34)
+    with torch.no_grad():
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+    top50 = logits.topk(50).indices
+    kw = dict(attention_mask=mask, max_new_tokens=1, strategy=preset, do_sample=True, eos_token_id=[])
+    for seed in range(3):
+        first = od.generate(model, ids, seed=seed, **kw)[:, -1]
+        assert (top50 == first[:, None]).any(dim=1).all()
+    everywhere = torch.cat([od.generate(model, ids, seed=s, top_k=0, **kw)[:, -1] for s in range(3)])
+    assert not (top50.repeat(3, 1) == everywhere[:, None]).any(dim=1).all()
+
+
+@pytest.mark.parametrize("preset", ["kv", "fused"])
+def test_sampling_reads_the_generation_configs_warpers(preset):
+    """The temperature, top_k, top_p and min_p a call does not give come from the model's generation config, as in
+    Hugging Face generate(): a top-k of 1 there samples the greedy tokens; the call's own value wins."""
+    model = od.load_model("tiny-llama", device="cpu")
+    model.generation_config.top_k = 1
+    model.generation_config.temperature = 0.5
+    ids, mask = make_batch(4, seed=35)
+    kw = dict(attention_mask=mask, max_new_tokens=8, strategy=preset, eos_token_id=[])
+    greedy = od.generate(model, ids, **kw)
+    assert torch.equal(od.generate(model, ids, do_sample=True, seed=3, **kw), greedy)
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=True, eos_token_id=None)
+    assert torch.equal(ref, greedy)
+    assert not torch.equal(od.generate(model, ids, do_sample=True, seed=3, top_k=0, temperature=1.0, **kw), greedy)
+
+
 def test_top_k_and_top_p_restrict_the_support():
     torch.manual_seed(0)
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]]).repeat(2000, 1)

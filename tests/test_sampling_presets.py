@@ -109,6 +109,7 @@ def test_the_kept_set_check_fails_a_sampler_without_top_p(tiny_llama):
         do_sample=True,
         seed=1,
         temperature=1.5,
+        top_k=0,  # every token kept
     )
     with pytest.raises(AssertionError):
         assert_inside_hf_kept_sets(tiny_llama, out, mask, ids.shape[1], dict(temperature=1.5, top_p=0.3))

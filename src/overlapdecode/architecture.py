@@ -95,6 +95,9 @@ GREEDY_PROCESSORS = (
 # generation_config values that od.generate applies as Hugging Face does, where its own argument is not given:
 # (attribute, value that changes nothing)
 APPLIED_DEFAULTS = (("repetition_penalty", 1.0),)
+# the sampling warpers Hugging Face generate() reads from generation_config where a call gives none, and its own
+# defaults where the generation config sets none either (GenerationConfig._get_default_generation_params)
+SAMPLING_DEFAULTS = (("temperature", 1.0), ("top_k", 50), ("top_p", 1.0), ("min_p", None))
 
 
 @dataclass(frozen=True)
@@ -444,6 +447,17 @@ def generation_defaults(model) -> dict:
     """generation_config values that od.generate applies where the call does not give its own argument, as
     Hugging Face generate() does (a call's argument wins)."""
     return _set_values(model, APPLIED_DEFAULTS)
+
+
+def sampling_defaults(model) -> dict:
+    """The temperature, top_k, top_p and min_p that Hugging Face generate(do_sample=True) applies where the call
+    does not give its own: the model's generation_config's, else Hugging Face's defaults (top-k 50)."""
+    gen = getattr(model, "generation_config", None)
+    out = {}
+    for attr, default in SAMPLING_DEFAULTS:
+        value = getattr(gen, attr, None) if gen is not None else None
+        out[attr] = default if value is None else value
+    return out
 
 
 def _layers(indices) -> str:

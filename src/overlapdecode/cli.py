@@ -53,21 +53,32 @@ def _add_generate(sub):
         "--eos", default=None, help="EOS ids, comma-separated, or 'none' to never stop early (default: the model's)"
     )
     p.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
     p.add_argument(
-        "--top-k", type=int, default=None, help="sample among the k most likely tokens (default, or 0: all tokens)"
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature (> 0; default: the model's generation config's, else 1)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="sample among the k most likely tokens (0: all tokens; default: the model's generation config's, "
+        "else 50, as Hugging Face does)",
     )
     p.add_argument(
         "--top-p",
         type=float,
         default=None,
-        help="sample among the most likely tokens of total probability p (default: 1, all)",
+        help="sample among the most likely tokens of total probability p (default: the model's generation "
+        "config's, else 1, all)",
     )
     p.add_argument(
         "--min-p",
         type=float,
         default=None,
-        help="sample among the tokens at least p times as likely as the most likely one (default: all)",
+        help="sample among the tokens at least p times as likely as the most likely one (default: the model's "
+        "generation config's, else all)",
     )
     p.add_argument(
         "--repetition-penalty",
@@ -150,6 +161,7 @@ def cmd_generate(args) -> int:
     import torch  # imported here: fast --help
 
     from .decode import generate
+    from .inputs import model_limits
     from .tokenizer import readable
 
     if args.max_new_tokens < 1:
@@ -175,6 +187,12 @@ def cmd_generate(args) -> int:
             raise CliError(f"--prompt needs a tokenizer and {args.model} has none; use --prompt-ids")
         ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     else:
+        vocab, _ = model_limits(model)
+        if not all(0 <= i < vocab for i in prompt_ids):  # also those no int64 holds, which torch.tensor refuses
+            raise CliError(
+                f"--prompt-ids: input_ids holds ids in [{min(prompt_ids)}, {max(prompt_ids)}], outside the "
+                f"vocabulary [0, {vocab})"
+            )
         ids = torch.tensor([prompt_ids], dtype=torch.long)
 
     # Nothing is printed before the call is known to start: generate checks every argument first, and a

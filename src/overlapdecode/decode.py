@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from . import markers
-from .architecture import check_strategy, generation_defaults
+from .architecture import check_strategy, generation_defaults, sampling_defaults
 from .caches import StaticCaches
 from .fused_path import FusedPath
 from .graph_experts import graph_safe_experts
@@ -105,7 +105,7 @@ class Decoder:
         eos_token_id=None,
         pad_token_id=None,
         do_sample: bool = False,
-        temperature: float = 1.0,
+        temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
         min_p: float | None = None,
@@ -123,6 +123,12 @@ class Decoder:
         req = check_request(self.model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
         if repetition_penalty is None:  # the model's generation_config's, as Hugging Face generate() reads it
             repetition_penalty = generation_defaults(self.model).get("repetition_penalty")
+        if do_sample is True:  # a warper not given: the generation config's, else Hugging Face's default
+            defaults = sampling_defaults(self.model)
+            temperature = defaults["temperature"] if temperature is None else temperature
+            top_k = defaults["top_k"] if top_k is None else top_k
+            top_p = defaults["top_p"] if top_p is None else top_p
+            min_p = defaults["min_p"] if min_p is None else min_p
         params = check_sampling(do_sample, temperature, top_k, top_p, seed, min_p, repetition_penalty)
         check_strategy(self.model, strat, strategy, req)  # what the model's layers need of the strategy
         if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:

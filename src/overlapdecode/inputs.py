@@ -144,6 +144,17 @@ def default_eos(model) -> tuple[int, ...]:
     return () if eos is None else _id_list("eos_token_id", eos)
 
 
+def default_pad(model) -> int | None:
+    """The model's pad id, from its generation_config as Hugging Face generate() reads it (not from config:
+    generate() does not look there), or None when it sets none."""
+    gen = getattr(model, "generation_config", None)
+    pad = getattr(gen, "pad_token_id", None) if gen is not None else None
+    if pad is None:
+        return None
+    ids = _id_list("pad_token_id", pad)
+    return ids[0] if ids else None
+
+
 def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id) -> Request:
     """Validate the model, prompt, mask, length and special ids of a call; return them normalised."""
     check_model(model)
@@ -187,34 +198,50 @@ def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id
         mask = attention_mask
 
     eos = default_eos(model) if eos_token_id is None else _id_list("eos_token_id", eos_token_id)
-    if pad_token_id is None:
-        pad = eos[0] if eos else 0  # Hugging Face: pad defaults to the first EOS id
-    else:
-        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
-            raise TypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__}")
-        pad = pad_token_id
+    if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)):
+        raise TypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__}")
+    pad = pad_token_id if pad_token_id is not None else default_pad(model)
+    # Hugging Face infers a missing mask from a pad id it was given (by the call or the generation config) that is
+    # no EOS id: 0 where the prompt holds the pad id, if it holds it anywhere (_prepare_attention_mask_for_generation;
+    # only for int32/int64 ids)
+    infer = attention_mask is None and pad is not None and pad not in eos
+    infer = infer and input_ids.dtype in (torch.int32, torch.int64)
+    if pad is None:
+        pad = eos[0] if eos else 0  # Hugging Face: the first EOS id
     for name, ids in (("eos_token_id", eos), ("pad_token_id", (pad,))):
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
             raise ValueError(f"{name} {bad} outside the vocabulary [0, {vocab})")
 
-    # One host read of the prompt and mask: host sync, once per call, before the loop. Without a mask only the
-    # ids' range is read (two launches instead of a dozen: the time to the first token is mostly host time).
+    # One host read of the prompt and mask: host sync, once per call, before the loop. Without a mask (and no
+    # pad id to infer one from) only the ids' range is read (two launches instead of a dozen: the time to the
+    # first token is mostly host time).
     lo_hi = torch.aminmax(input_ids)
-    if attention_mask is None:
+    inferred = False
+    if attention_mask is None and not infer:
         lo, hi = torch.stack(lo_hi).tolist()
         bad_mask = bad_pad = False
     else:
-        not_binary = ((mask != 0) & (mask != 1)).any()
-        right_pad = (mask[:, -1] == 0).any() | (mask.long().diff(dim=1) < 0).any()
-        lo, hi, bad_mask, bad_pad = torch.stack(
-            [lo_hi.min.long(), lo_hi.max.long(), not_binary.long(), right_pad.long()]
+        checked = (input_ids != pad).long() if infer else mask
+        not_binary = ((checked != 0) & (checked != 1)).any()
+        right_pad = (checked[:, -1] == 0).any() | (checked.long().diff(dim=1) < 0).any()
+        any_pad = (checked == 0).any()
+        lo, hi, bad_mask, bad_pad, any_pad = torch.stack(
+            [lo_hi.min.long(), lo_hi.max.long(), not_binary.long(), right_pad.long(), any_pad.long()]
         ).tolist()
+        if infer:
+            inferred = bool(any_pad)
+            mask = checked if inferred else mask
     if lo < 0 or hi >= vocab:
         raise ValueError(f"input_ids holds ids in [{lo}, {hi}], outside the vocabulary [0, {vocab})")
     if bad_mask:
         raise ValueError("attention_mask must hold only 0 and 1")
-    if bad_pad:
+    if bad_pad and inferred:
+        raise ValueError(
+            f"input_ids holds the pad id {pad} other than as left padding, and without an attention_mask the mask "
+            f"is inferred from the pad id (0 where it is), as Hugging Face generate() does; pass attention_mask"
+        )
+    if bad_pad and attention_mask is not None:
         raise ValueError(
             "attention_mask has right padding (a 0 after a 1, or a row ending in 0); decoder-only "
             "generation needs left padding (tokenizer.padding_side = 'left')"

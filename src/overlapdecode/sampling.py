@@ -83,8 +83,7 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None, repet
     greedy decoding as well; 1.0 (no penalty) is the same as None."""
     if not isinstance(do_sample, bool):
         raise TypeError(f"do_sample must be a bool, got {type(do_sample).__name__}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
+    _number("temperature", temperature)
     _number("top_k", top_k, (int,), "an int")
     _number("top_p", top_p)
     _number("min_p", min_p)
@@ -98,7 +97,7 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None, repet
         ignored = [
             name
             for name, value, unset in (
-                ("temperature", temperature, (0, 1)),
+                ("temperature", temperature, (None, 0, 1)),
                 ("top_k", top_k, (None,)),
                 ("top_p", top_p, (None,)),
                 ("min_p", min_p, (None,)),
@@ -112,6 +111,8 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None, repet
                 stacklevel=3,
             )
         return SamplingParams(False, repetition_penalty=repetition_penalty)
+    if temperature is None:
+        temperature = 1.0
     if not temperature > 0:  # also rejects NaN
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if temperature < MIN_TEMPERATURE:
@@ -132,7 +133,7 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None, repet
         float(temperature),
         top_k=top_k or None,  # 0 is Hugging Face's "no top-k"
         top_p=None if top_p is None or top_p == 1 else float(top_p),  # 1 keeps every token: no warper
-        min_p=None if min_p is None else float(min_p),
+        min_p=None if min_p is None or min_p == 0 else float(min_p),  # 0 keeps every token: no warper
         repetition_penalty=repetition_penalty,
     )
 

@@ -36,9 +36,12 @@ def profile_strategies(
     dev = next(model.parameters()).device
     vocab = model.config.get_text_config().vocab_size
     ids = prompt(batch, prompt_len, vocab, dev)
+    mask = ids.new_ones(ids.shape)  # unpadded rows, said so: a mask is never inferred from the pad id in random ids
     summaries = {}
     for name in strategies:
-        run = lambda: od.generate(model, ids, max_new_tokens=new_tokens, strategy=name, eos_token_id=[])  # noqa: E731
+        run = lambda: od.generate(  # noqa: E731
+            model, ids, attention_mask=mask, max_new_tokens=new_tokens, strategy=name, eos_token_id=[]
+        )
         for _ in range(warmup):
             run()
         trace = f"trace-{name.replace(':', '-lag')}.json.gz"  # interleaved:2 -> trace-interleaved-lag2.json.gz

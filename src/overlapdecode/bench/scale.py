@@ -134,8 +134,10 @@ def measure_point(
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = prompt(rows, prompt_len, vocab, device)
 
+    mask = torch.ones_like(ids)  # unpadded rows, said so: a mask is never inferred from the pad id in random ids
+
     def call(n):
-        return lambda: decoder.generate(ids, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+        return lambda: decoder.generate(ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[])
 
     call(new_tokens)()  # warm-up: compiles and captures this shape
     call(1)()

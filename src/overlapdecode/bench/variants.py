@@ -2,7 +2,9 @@
 
 `fused+top_p=0.9` is the `fused` preset sampling with top-p 0.9 (seeded by the run's seed), `fused+sample`
 plain sampling, `kv+repetition_penalty=1.2` greedy decoding with a penalty. The keys are od.generate's:
-temperature, top_k, top_p, min_p, repetition_penalty; any key but the penalty turns sampling on.
+temperature, top_k, top_p, min_p, repetition_penalty; any key but the penalty turns sampling on. A sampled
+variant applies the warpers it names and no other: the others are passed their neutral values, not left to the
+model's generation config or Hugging Face's default top-k of 50.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ def split_variant(name: str) -> tuple[str, dict]:
     return base, kwargs
 
 
+# the warpers' values that change nothing, given where a sampled variant does not name the warper
+NEUTRAL = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+
 def generate_kwargs(name: str, seed: int) -> dict:
-    """The sampling keywords of od.generate for the variant `name` (a seed when it samples)."""
+    """The sampling keywords of od.generate for the variant `name` (a seed, and the neutral value of each warper
+    it does not name, when it samples)."""
     _, kwargs = split_variant(name)
-    return dict(kwargs, seed=seed) if kwargs.get("do_sample") else kwargs
+    return dict(NEUTRAL, **kwargs, seed=seed) if kwargs.get("do_sample") else kwargs

@@ -150,8 +150,16 @@ def _runner(name, model, ids, max_new, eos, pad, seed: int = 0):
         return lambda n=max_new: run_peer(name, model, ids, torch.ones_like(ids), n, eos, pad)
     base, _ = split_variant(name)  # a sampled variant: NAME+key=value (variants.py)
     sampling = generate_kwargs(name, seed)
+    mask = torch.ones_like(ids)  # unpadded rows, said so: a mask is never inferred from the pad id in random ids
     return lambda n=max_new: od.generate(
-        model, ids, max_new_tokens=n, strategy=base, eos_token_id=eos, pad_token_id=pad, **sampling
+        model,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=n,
+        strategy=base,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        **sampling,
     )
 
 
