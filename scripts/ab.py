@@ -88,7 +88,15 @@ def timed_call(model, ids, n: int, strategy, **generate_kwargs) -> float:
 
     torch.cuda.synchronize()  # host sync: timing boundary
     t = time.perf_counter()
-    od.generate(model, ids, max_new_tokens=n, strategy=strategy, eos_token_id=[], **generate_kwargs)
+    od.generate(
+        model,
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        strategy=strategy,
+        eos_token_id=[],
+        **generate_kwargs,
+    )
     torch.cuda.synchronize()  # host sync: the call's end, as the bench times it
     return time.perf_counter() - t
 
@@ -495,7 +503,14 @@ def step_gap(args) -> None:
             with torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
             ) as prof:
-                od.generate(model, ids, max_new_tokens=32, strategy="fused", eos_token_id=[])
+                od.generate(
+                    model,
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=32,
+                    strategy="fused",
+                    eos_token_id=[],
+                )
                 torch.cuda.synchronize()  # host sync: end of the profiled call
             prof.export_chrome_trace(os.path.join(args.out, "fused-generate-trace.json"))
             with open(os.path.join(args.out, "fused-generate-kernels.txt"), "w") as f:

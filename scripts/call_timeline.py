@@ -126,7 +126,9 @@ def measure(
     os.makedirs(out_dir, exist_ok=True)
     model = od.load_model(name, dtype=dtype, device="cuda")
     ids = torch.randint(0, 1000, (batch, 32), device="cuda")
-    sampling = dict(do_sample=True, top_p=top_p, seed=0) if top_p is not None else {}
+    mask = torch.ones_like(ids)  # unpadded: never a mask inferred from a pad id among random ids
+    # top-p alone: top_k=0, not the generation config's or Hugging Face's default of 50
+    sampling = dict(do_sample=True, top_p=top_p, top_k=0, seed=0) if top_p is not None else {}
     for n in LENGTHS:
         timed(model, ids, n, sampling)  # compiles, captures
     times = {n: [] for n in LENGTHS}
@@ -156,7 +158,9 @@ def measure(
         activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     ) as prof:
         with torch.profiler.record_function("od_call"):
-            od.generate(model, ids, max_new_tokens=200, strategy="fused", eos_token_id=[], **sampling)
+            od.generate(
+                model, ids, attention_mask=mask, max_new_tokens=200, strategy="fused", eos_token_id=[], **sampling
+            )
             torch.cuda.synchronize()  # host sync: the call's end, inside the annotated range
     path = os.path.join(out_dir, "trace.json")
     prof.export_chrome_trace(path)

@@ -264,7 +264,9 @@ def per_token_ms(model, ids, strategy) -> float:
     for n in (16, 144, 16, 144, 16, 144):
         torch.cuda.synchronize()  # host sync: timing boundary
         t = time.perf_counter()
-        od.generate(model, ids, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+        od.generate(
+            model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, strategy=strategy, eos_token_id=[]
+        )
         torch.cuda.synchronize()  # host sync: timing boundary
         times.setdefault(n, []).append(time.perf_counter() - t)
     return round((min(times[144][1:]) - min(times[16][1:])) / 128 * 1e3, 4)
@@ -279,7 +281,9 @@ def generate_profile(B: int, out_dir: str) -> dict:
     ids = torch.randint(0, 1000, (B, 32), device=DEV)
     res = {f"{strategy} ms/token": per_token_ms(model, ids, strategy) for strategy in ("fused", "interleaved")}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        od.generate(model, ids, max_new_tokens=16, strategy="fused", eos_token_id=[])
+        od.generate(
+            model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, strategy="fused", eos_token_id=[]
+        )
         torch.cuda.synchronize()
     open(os.path.join(out_dir, f"generate-profile-b{B}.txt"), "w").write(
         prof.key_averages().table(sort_by="cuda_time_total", row_limit=60)

@@ -214,7 +214,8 @@ class Probe:
             dec.fused_options["symmetric_all_reduce"] = True
         if self.args.replicated_head and is_sharded(model):
             dec.fused_options["vocab_parallel"] = False
-        return dec.generate(ids, max_new_tokens=n, strategy=strategy, eos_token_id=[], **kw)
+        mask = torch.ones_like(ids)  # unpadded: never a mask inferred from a pad id among random ids
+        return dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[], **kw)
 
     def timed(self, fn):
         self.sync()

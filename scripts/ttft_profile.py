@@ -45,10 +45,11 @@ def main(argv=None) -> None:
     for name in ("gpt2-random", "llama-1b-random"):
         model = od.load_model(name, dtype="bfloat16", device="cuda")
         ids = torch.randint(0, 1000, (1, 32), device="cuda")
+        mask = torch.ones_like(ids)  # unpadded: never a mask inferred from a pad id among random ids
         decs = {s: od.Decoder(model, fused_options=opts) for s, opts in SETTINGS.items()}
 
         def call(setting, n=1, decs=decs):
-            decs[setting].generate(ids, max_new_tokens=n, strategy="fused", eos_token_id=[])
+            decs[setting].generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[])
 
         for setting in SETTINGS:
             for _ in range(5):  # compiles, captures, warms up
