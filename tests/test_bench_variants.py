@@ -24,7 +24,9 @@ def test_split_variant():
     neutral = dict(temperature=1.0, top_p=1.0, min_p=0.0)  # the warpers a variant does not name: none applied
     assert generate_kwargs("kv+top_k=5", 3) == dict(neutral, do_sample=True, top_k=5, seed=3)
     assert generate_kwargs("kv+sample", 3) == dict(neutral, do_sample=True, top_k=0, seed=3)
-    assert generate_kwargs("kv+repetition_penalty=1.2", 3) == dict(repetition_penalty=1.2)
+    # greedy, whatever the model's generation config says
+    assert generate_kwargs("kv+repetition_penalty=1.2", 3) == dict(repetition_penalty=1.2, do_sample=False)
+    assert generate_kwargs("fused", 3) == dict(do_sample=False)
     with pytest.raises(ValueError, match="top_q"):
         split_variant("kv+top_q=0.9")
     with pytest.raises(ValueError, match="top_k takes a number"):

@@ -462,6 +462,33 @@ def test_no_library_module_imports_the_command_line():
     assert found == [], found
 
 
+def test_generate_samples_where_the_models_generation_config_says_so_unless_greedy(tmp_path, capsys):
+    """Without --do-sample or --greedy the model's generation config decides, as Hugging Face generate() does;
+    --greedy overrides it; the two flags together are one line naming them."""
+    import overlapdecode as od
+
+    model = od.load_model("tiny-gpt2", device="cpu")
+    model.generation_config.do_sample = True
+    model.generation_config.temperature = 2.0
+    model.save_pretrained(tmp_path / "m")
+    args = ["generate", "--model", str(tmp_path / "m"), "--prompt-ids", "5,6,7", "--max-new-tokens", "6"]
+    args += ["--strategy", "kv", "--eos", "none", "--seed", "4"]
+    ids = torch.tensor([[5, 6, 7]])
+    kw = dict(max_new_tokens=6, strategy="kv", eos_token_id=[], seed=4)
+    printed = {}
+    for flag in ([], ["--greedy"]):
+        assert main(args + flag) == 0
+        printed[bool(flag)] = capsys.readouterr().out.split("ids:")[1].split("\n")[0].split()
+    sampled = od.generate(model, ids, do_sample=True, **kw)[0, 3:].tolist()
+    greedy = od.generate(model, ids, do_sample=False, **kw)[0, 3:].tolist()
+    assert sampled != greedy
+    assert [int(t) for t in printed[False]] == sampled and [int(t) for t in printed[True]] == greedy
+    with pytest.raises(SystemExit) as stop:  # argparse's own check: its error line, exit status 2
+        main(args + ["--do-sample", "--greedy"])
+    assert stop.value.code == 2
+    _one_line(capsys, "--greedy: not allowed with argument --do-sample")
+
+
 def test_generate_samples_with_every_sampling_flag(capsys):
     """The sampling flags reach od.generate: the printed ids are those of the same call in Python."""
     import overlapdecode as od

@@ -106,6 +106,22 @@ def test_sampling_reads_the_generation_configs_warpers(preset):
     assert not torch.equal(od.generate(model, ids, do_sample=True, seed=3, top_k=0, temperature=1.0, **kw), greedy)
 
 
+@pytest.mark.parametrize("preset", ["kv", "fused"])
+def test_whether_to_sample_follows_the_generation_config_where_the_call_does_not_say(preset):
+    """do_sample=None (the default): the model's generation_config.do_sample, as Hugging Face generate() reads it
+    (instruction-tuned models often set it, with their own temperature and top-p); the call's True or False wins."""
+    model = od.load_model("tiny-llama", device="cpu")
+    ids, mask = make_batch(4, seed=36)
+    kw = dict(attention_mask=mask, max_new_tokens=8, strategy=preset, eos_token_id=[], seed=5)
+    greedy = od.generate(model, ids, **kw)
+    model.generation_config.do_sample = True
+    model.generation_config.temperature = 2.0
+    sampled = od.generate(model, ids, **kw)
+    assert torch.equal(sampled, od.generate(model, ids, do_sample=True, **kw))
+    assert not torch.equal(sampled, greedy)
+    assert torch.equal(od.generate(model, ids, do_sample=False, **kw), greedy)
+
+
 def test_top_k_and_top_p_restrict_the_support():
     torch.manual_seed(0)
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]]).repeat(2000, 1)

@@ -451,9 +451,10 @@ def generation_defaults(model) -> dict:
 
 def sampling_defaults(model) -> dict:
     """The temperature, top_k, top_p and min_p that Hugging Face generate(do_sample=True) applies where the call
-    does not give its own: the model's generation_config's, else Hugging Face's defaults (top-k 50)."""
+    does not give its own: the model's generation_config's, else Hugging Face's defaults (top-k 50); and whether it
+    samples at all where the call does not say (`do_sample`: the generation config's, else False)."""
     gen = getattr(model, "generation_config", None)
-    out = {}
+    out = {"do_sample": bool(getattr(gen, "do_sample", False)) if gen is not None else False}
     for attr, default in SAMPLING_DEFAULTS:
         value = getattr(gen, attr, None) if gen is not None else None
         out[attr] = default if value is None else value

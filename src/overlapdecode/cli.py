@@ -52,7 +52,16 @@ def _add_generate(sub):
     p.add_argument(
         "--eos", default=None, help="EOS ids, comma-separated, or 'none' to never stop early (default: the model's)"
     )
-    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
+    choice = p.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--do-sample",
+        action="store_true",
+        default=None,
+        help="sample instead of greedy (default: as the model's generation config says, else greedy)",
+    )
+    choice.add_argument(
+        "--greedy", dest="do_sample", action="store_false", help="greedy, whatever the model's generation config says"
+    )
     p.add_argument(
         "--temperature",
         type=float,
@@ -104,7 +113,13 @@ def _check_before_loading(args) -> None:
         with warnings.catch_warnings():  # greedy's "ignored" warning: generate() itself gives it, once
             warnings.simplefilter("ignore", UserWarning)
             check_sampling(
-                args.do_sample, args.temperature, args.top_k, args.top_p, args.seed, args.min_p, args.repetition_penalty
+                bool(args.do_sample),  # unset: checked as greedy here; generate() checks what the model's config says
+                args.temperature,
+                args.top_k,
+                args.top_p,
+                args.seed,
+                args.min_p,
+                args.repetition_penalty,
             )
     except (ValueError, TypeError) as err:  # each message starts with the argument's name, e.g. "top_k must..."
         raise CliError(f"--{str(err).split()[0].replace('_', '-')}: {err}") from None
@@ -128,6 +143,8 @@ def _as_flag_error(err: Exception, args) -> CliError:
         ("temperature", "--temperature"),
         ("top_k", "--top-k"),
         ("top_p", "--top-p"),
+        ("min_p", "--min-p"),
+        ("repetition_penalty", "--repetition-penalty"),
         ("seed", "--seed"),
     )
     for name, flag in flags:

@@ -104,7 +104,7 @@ class Decoder:
         strategy="interleaved",
         eos_token_id=None,
         pad_token_id=None,
-        do_sample: bool = False,
+        do_sample: bool | None = None,
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -123,6 +123,8 @@ class Decoder:
         req = check_request(self.model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
         if repetition_penalty is None:  # the model's generation_config's, as Hugging Face generate() reads it
             repetition_penalty = generation_defaults(self.model).get("repetition_penalty")
+        if do_sample is None:  # the model's generation_config's, as Hugging Face generate() reads it (default False)
+            do_sample = sampling_defaults(self.model)["do_sample"]
         if do_sample is True:  # a warper not given: the generation config's, else Hugging Face's default
             defaults = sampling_defaults(self.model)
             temperature = defaults["temperature"] if temperature is None else temperature

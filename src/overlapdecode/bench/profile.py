@@ -40,7 +40,7 @@ def profile_strategies(
     summaries = {}
     for name in strategies:
         run = lambda: od.generate(  # noqa: E731
-            model, ids, attention_mask=mask, max_new_tokens=new_tokens, strategy=name, eos_token_id=[]
+            model, ids, attention_mask=mask, max_new_tokens=new_tokens, strategy=name, eos_token_id=[], do_sample=False
         )
         for _ in range(warmup):
             run()

@@ -137,7 +137,9 @@ def measure_point(
     mask = torch.ones_like(ids)  # unpadded rows, said so: a mask is never inferred from the pad id in random ids
 
     def call(n):
-        return lambda: decoder.generate(ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+        return lambda: decoder.generate(
+            ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[], do_sample=False
+        )
 
     call(new_tokens)()  # warm-up: compiles and captures this shape
     call(1)()

@@ -42,6 +42,6 @@ NEUTRAL = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
 def generate_kwargs(name: str, seed: int) -> dict:
     """The sampling keywords of od.generate for the variant `name` (a seed, and the neutral value of each warper
-    it does not name, when it samples)."""
+    it does not name, when it samples; do_sample=False otherwise, whatever the model's generation config says)."""
     _, kwargs = split_variant(name)
-    return dict(NEUTRAL, **kwargs, seed=seed) if kwargs.get("do_sample") else kwargs
+    return dict(NEUTRAL, **kwargs, seed=seed) if kwargs.get("do_sample") else dict(kwargs, do_sample=False)
