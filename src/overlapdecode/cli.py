@@ -60,7 +60,10 @@ def _add_generate(sub):
         help="sample instead of greedy (default: as the model's generation config says, else greedy)",
     )
     choice.add_argument(
-        "--greedy", dest="do_sample", action="store_false", help="greedy, whatever the model's generation config says"
+        "--greedy",
+        dest="do_sample",
+        action="store_false",
+        help="greedy, whatever the model's generation config says (default: off, the config decides)",
     )
     p.add_argument(
         "--temperature",
