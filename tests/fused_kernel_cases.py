@@ -900,13 +900,19 @@ def test_norm_qkv_dense_runs_the_same_epilogue_on_the_product(variant, B, pieces
     of the families' QKV (bias, LayerNorm, per-head Q/K norms of the (1 + w) style, partial rotary, no norm, the
     step's rotary table), at odd shapes."""
     monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: pieces)
+    _assert_qkv_equals_its_reference(variant, B, dense=True)
+
+
+def _assert_qkv_equals_its_reference(variant: str, B: int, **launch) -> None:
+    """norm_qkv with `launch`'s keywords at QKV_CASE, the flags `variant` names ("rope table": the step's rotary
+    table read), against norm_qkv_ref: q and both caches, K and V written."""
     torch.manual_seed(B + len(variant))
     H, Hq, Hkv, D, S = QKV_CASE
     x, nw, nb, w, b, inv, kw, pos, slot, caches = _qkv_inputs(variant, B)
     q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D, **kw)
     if variant == "rope table":
         kw["rope_table"] = rope_table(inv, 0.9, pos, x.dtype)
-    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, dense=True, **kw)
+    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, **launch, **kw)
     torch.testing.assert_close(q, q_ref, **TOL)
     torch.testing.assert_close(caches[2], caches[0], **TOL)
     torch.testing.assert_close(caches[3], caches[1], **TOL)
@@ -920,18 +926,32 @@ def test_linear_residual_dense_runs_the_same_epilogue_on_the_product(B, K, N, pi
     kernel's epilogue (bias, Granite's residual scale, the branch alone, the rows' norm sums per column block as the
     next RMSNorm reads them) equals the reference."""
     monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: pieces)
+    x, w, b, residual, kw, sums = _linear_residual_case(B, K, N, variant)
+    got = linear_residual(x, w, b, residual, dense=True, norm_sums=sums, **kw)
+    torch.testing.assert_close(got, linear_residual_ref(x, w, b, residual, **kw), **TOL)
+    _assert_block_sums(sums, got, 64)  # per 64-column block of the epilogue's tiles
+
+
+def _linear_residual_case(B: int, K: int, N: int, variant: str):
+    """linear_residual's inputs for a variant naming its epilogue flag ("bias", "residual scale", "branch alone",
+    "norm sums"): x, w, b, the residual (None: the branch alone), the keywords, a NormSums or None."""
     torch.manual_seed(B + K + N + len(variant))
     x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
     b = rnd(N, scale=0.1) if "bias" in variant else None
     kw = dict(res_scale=0.3) if variant == "residual scale" else {}
     residual = None if variant == "branch alone" else res
     sums = NormSums(min_rows=1) if variant == "norm sums" else None
-    got = linear_residual(x, w, b, residual, dense=True, norm_sums=sums, **kw)
-    torch.testing.assert_close(got, linear_residual_ref(x, w, b, residual, **kw), **TOL)
-    if sums is not None:  # per 64-column block of the epilogue's tiles
-        nb = -(-N // 64)
-        hb = torch.nn.functional.pad(got, (0, nb * 64 - N)).view(B, nb, 64)
-        torch.testing.assert_close(sums.of(got), (hb * hb).sum(-1).T, **TOL)
+    return x, w, b, residual, kw, sums
+
+
+def _assert_block_sums(sums, got, width: int) -> None:
+    """The rows' sums of squares of `got` per `width`-column block, as recorded in `sums` (None: nothing to check)."""
+    if sums is None:
+        return
+    B, N = got.shape
+    nb = -(-N // width)
+    hb = torch.nn.functional.pad(got, (0, nb * width - N)).view(B, nb, width)
+    torch.testing.assert_close(sums.of(got), (hb * hb).sum(-1).T, **TOL)
 
 
 @pytest.mark.parametrize("B,K,N,pieces", [(17, 100, 24, 1), (19, 72, 130, 2)])
@@ -1385,20 +1405,12 @@ def test_linear_residual_preload_form(B, K, N, variant, preload_plans):
     """preload=True: each program's K range is one tile loaded before its wait, K split by the shape's rule and
     finished by the tickets; the result equals the reference with every epilogue flag (bias, Granite's residual
     scale, the branch alone, the norm sums per 16-column block)."""
-    torch.manual_seed(B + K + N + len(variant))
-    x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
-    b = rnd(N, scale=0.1) if "bias" in variant else None
-    kw = dict(res_scale=0.3) if variant == "residual scale" else {}
-    residual = None if variant == "branch alone" else res
-    sums = NormSums(min_rows=1) if variant == "norm sums" else None
+    x, w, b, residual, kw, sums = _linear_residual_case(B, K, N, variant)
     got = linear_residual(x, w, b, residual, preload=True, norm_sums=sums, tickets=Tickets(DEV), **kw)
     torch.testing.assert_close(got, linear_residual_ref(x, w, b, residual, **kw), **TOL)
     (plan,) = preload_plans
     assert plan["split"] > 1 and plan["split"] * plan["block_k"] >= K > (plan["split"] - 1) * plan["block_k"]
-    if sums is not None:
-        nb = -(-N // 16)
-        hb = torch.nn.functional.pad(got, (0, nb * 16 - N)).view(B, nb, 16)
-        torch.testing.assert_close(sums.of(got), (hb * hb).sum(-1).T, **TOL)
+    _assert_block_sums(sums, got, 16)
 
 
 @pytest.mark.parametrize("B,K,N", [(1, 40, 24), (3, 72, 50), (16, 33, 16)])
@@ -1428,18 +1440,7 @@ def test_norm_qkv_preload_form(variant, B, preload_plans):
     """preload=True in norm_qkv: 16 rotary pairs a program (spanning heads of 24 dims), or one whole head with the
     per-head Q/K norms, both rows of each pair preloaded, K split; q and the cache writes equal the reference with
     the families' flags."""
-    torch.manual_seed(B + len(variant))
-    H, Hq, Hkv, D, S = QKV_CASE
-    x, nw, nb, w, b, inv, kw, pos, slot, caches = _qkv_inputs(variant, B)
-    q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D, **kw)
-    if variant == "rope table":
-        kw["rope_table"] = rope_table(inv, 0.9, pos, x.dtype)
-    args = (x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D)
-    q = norm_qkv(*args, preload=True, tickets=Tickets(DEV), **kw)
-    torch.testing.assert_close(q, q_ref, **TOL)
-    torch.testing.assert_close(caches[2], caches[0], **TOL)
-    torch.testing.assert_close(caches[3], caches[1], **TOL)
-    assert caches[0].abs().sum() > 0 and caches[1].abs().sum() > 0
+    _assert_qkv_equals_its_reference(variant, B, preload=True, tickets=Tickets(DEV))
     (plan,) = preload_plans
     assert plan["split"] > 1
 

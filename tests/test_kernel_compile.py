@@ -281,7 +281,7 @@ def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, pdl):
     assert bool(launches) == (pdl >= 2)
     if waits:  # pdl.py: nothing is read before the kernel ahead has finished
         assert not [line for line in lines[: waits[0]] if "ld.global" in line]
-    if pdl == 4:  # AHEAD: the next kernel may be scheduled before this one's wait
+    if pdl == 4:  # ahead: the next kernel may be scheduled before this one's wait
         assert launches[0] < waits[0]
     elif pdl >= 2:  # EARLY: right after the wait, before any load; LATE (3): after the main loop's loads
         loads_between = [line for line in lines[waits[0] : launches[0]] if "ld.global" in line]

@@ -204,8 +204,14 @@ def test_moe_float32_tokens_equal_hf_for_200_steps_at_batch_8(name):
     close(kernels, fused_logits(FusedModel(model, kernels="torch", compile_prefill=False), ids, mask, chosen))
 
 
+@pytest.mark.parametrize(
+    "options",
+    [pytest.param({}, id="default"), pytest.param(dict(preload=True, pdl=4), id="preload", marks=needs_pdl)],
+)
 @torch.no_grad()
-def test_bfloat16_logit_error_within_hf_bfloat16s_own():
+def test_bfloat16_logit_error_within_hf_bfloat16s_own(options):
+    """FusedModel(**options): the step as it runs by default, and with the projections in the preload form under
+    PDL mode 4 (kernels/preload.py)."""
     model32 = od.load_model("llama-1b-random", dtype="float32", device=DEV)
     model16 = copy.deepcopy(model32).to(torch.bfloat16)
     ids, mask = prompts(model32, 4, seed=5)
@@ -220,10 +226,10 @@ def test_bfloat16_logit_error_within_hf_bfloat16s_own():
 
     ref = hf_logits(model32)
     hf16 = hf_logits(model16)
-    fused16 = fused_logits(FusedModel(model16), ids, mask, seq[:, P:])
+    fused16 = fused_logits(FusedModel(model16, **options), ids, mask, seq[:, P:])
     err_hf = (hf16 - ref).pow(2).mean().sqrt().item()
     err_fused = (fused16 - ref).pow(2).mean().sqrt().item()
-    print(f"bf16 logit RMS error vs float32 HF: fused {err_fused:.4g}, HF bf16 {err_hf:.4g}")
+    print(f"bf16 logit RMS error vs float32 HF {options}: fused {err_fused:.4g}, HF bf16 {err_hf:.4g}")
     assert err_fused <= 1.25 * err_hf
 
 
@@ -344,30 +350,6 @@ def test_float32_tokens_equal_hf_in_the_preload_form(name, B):
         return dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[])
 
     assert_hf_greedy_tokens(model, ids, mask, run, f"{name} B={B} preload")
-
-
-@needs_pdl
-@torch.no_grad()
-def test_bfloat16_logit_error_in_the_preload_form_within_hf_bfloat16s_own():
-    """The bfloat16 logit bound above, with the projections in the preload form under PDL mode 4."""
-    model32 = od.load_model("llama-1b-random", dtype="float32", device=DEV)
-    model16 = copy.deepcopy(model32).to(torch.bfloat16)
-    ids, mask = prompts(model32, 4, seed=5)
-    n = 32
-    seq = model32.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=[], pad_token_id=0)
-    P = ids.shape[1]
-    full_mask = torch.cat([mask, torch.ones_like(seq[:, P:])], 1)
-    pos = position_ids_for_prompt(full_mask)
-
-    def hf_logits(m):
-        return m(input_ids=seq, attention_mask=full_mask, position_ids=pos).logits[:, P - 1 : P + n - 1].float()
-
-    ref = hf_logits(model32)
-    err_hf = (hf_logits(model16) - ref).pow(2).mean().sqrt().item()
-    fused16 = fused_logits(FusedModel(model16, preload=True, pdl=4), ids, mask, seq[:, P:])
-    err_fused = (fused16 - ref).pow(2).mean().sqrt().item()
-    print(f"bf16 logit RMS error vs float32 HF, preload form: fused {err_fused:.4g}, HF bf16 {err_hf:.4g}")
-    assert err_fused <= 1.25 * err_hf
 
 
 @torch.no_grad()

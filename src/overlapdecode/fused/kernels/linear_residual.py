@@ -286,11 +286,12 @@ def linear_residual(
         out = torch.empty_like(residual)
     elif out.shape != residual.shape or out.dtype != residual.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {residual.dtype} tensor of shape {tuple(residual.shape)}")
-    split = 1 if product else split_k(n_blocks, K, block_k, programs)
-    if swapped:
-        split = min(split, split_limit(B, K, w.element_size()))
-    if ahead is not None:
+    if ahead is not None:  # the preload form's own split (preload.py)
         split = ahead["split"]
+    else:
+        split = 1 if product else split_k(n_blocks, K, block_k, programs)
+        if swapped:
+            split = min(split, split_limit(B, K, w.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     row_blocks = triton.cdiv(B, block_m)
     if product:

@@ -626,11 +626,12 @@ def norm_qkv(
     q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
     if programs is None:  # row-block: no split; swapped: swap_tiles's target
         programs = plan["programs"] if swapped and x.is_cuda else 1
-    split = 1 if product else split_k(tiles, K, block_k, programs)
-    if swapped:
-        split = min(split, split_limit(B, K, w.element_size()))
-    if ahead is not None:
+    if ahead is not None:  # the preload form's own split (preload.py)
         split = ahead["split"]
+    else:
+        split = 1 if product else split_k(tiles, K, block_k, programs)
+        if swapped:
+            split = min(split, split_limit(B, K, w.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     dummy = w
     row_blocks = triton.cdiv(B, block_m)

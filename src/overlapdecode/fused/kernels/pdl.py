@@ -29,8 +29,6 @@ When the next kernel may start is the `PDL` mode:
 import triton
 import triton.language as tl
 
-AHEAD = 4  # the mode above that schedules the next kernel before this one's wait
-
 
 @triton.jit
 def pdl_ahead(PDL: tl.constexpr):

@@ -1,5 +1,5 @@
 """The preload form of the row-block GEMVs (at most 16 rows): each program's whole share of the weights is one
-tile, loaded into registers BEFORE the program's `gdc_wait`, so that under PDL mode 4 (pdl.py `AHEAD`: the next
+tile, loaded into registers BEFORE the program's `gdc_wait`, so that under PDL mode 4 (pdl.py, "ahead": the next
 kernel is scheduled as soon as every program of this one has started) the weights of the next projection stream
 in while the kernel ahead (attention, an epilogue, the split-K finish, the projection before) still runs.
 
