@@ -1,0 +1,2 @@
+"""Where models come from: `load_model` and `load_tokenizer` (loading.py), the embedded random-weight shapes,
+their weights drawn on the device (random_init.py), and the byte-level tokenizer (tokenizer.py)."""
