@@ -129,11 +129,12 @@ def greedy_choice(args) -> None:
     import torch
 
     import overlapdecode as od
-    from overlapdecode import fused_path, steps
+    from overlapdecode.fused import path as fused_path
     from overlapdecode.fused.cache import decode_kwargs
     from overlapdecode.fused.model import FusedModel
+    from overlapdecode.loop import steps
+    from overlapdecode.loop.step_graph import StepGraph
     from overlapdecode.sampling import SamplingParams
-    from overlapdecode.step_graph import StepGraph
 
     def _choose_after_head(fm, kwargs, pad_id, choose, state, eos_ids, noise, done, log=None):
         """The greedy step with the choice made by torch ops (compiled `choose_next`) after the head."""

@@ -169,7 +169,7 @@ def diff(a, b) -> dict:
 def exactness(W, layer, plan, pl, step_ops, h, kv, pos, slot, start, length) -> dict:
     """Layer 0 from one input (each on copies of its cache): persistent vs the plan's five kernels, vs the step's
     five kernels, vs the torch references; the step's five kernels vs the torch references."""
-    from overlapdecode.fused import reference
+    from overlapdecode.fused import forward
     from overlapdecode.fused.kernels.norm_linear import NormSums
     from overlapdecode.fused.kernels.persistent_layer import matching_ops
     from overlapdecode.fused.model import REFERENCE_OPS
@@ -183,9 +183,9 @@ def exactness(W, layer, plan, pl, step_ops, h, kv, pos, slot, start, length) -> 
     per, kp = run(lambda k, v: pl(W, layer, h, k, v, pos, slot, start, length))
     pl.check()  # host sync: no wait gave up
     plan_ops = matching_ops(plan, norm_sums=NormSums(min_rows=1) if pl.norm_sums else None)  # sums as pl hands them
-    plan_k, kk = run(lambda k, v: reference.decode_layer(W, layer, h, k, v, pos, slot, start, length, plan_ops))
-    step, _ = run(lambda k, v: reference.decode_layer(W, layer, h, k, v, pos, slot, start, length, step_ops))
-    ref, _ = run(lambda k, v: reference.decode_layer(W, layer, h, k, v, pos, slot, start, length, REFERENCE_OPS))
+    plan_k, kk = run(lambda k, v: forward.decode_layer(W, layer, h, k, v, pos, slot, start, length, plan_ops))
+    step, _ = run(lambda k, v: forward.decode_layer(W, layer, h, k, v, pos, slot, start, length, step_ops))
+    ref, _ = run(lambda k, v: forward.decode_layer(W, layer, h, k, v, pos, slot, start, length, REFERENCE_OPS))
     return {
         "persistent_vs_plan_kernels": diff(per, plan_k),
         "cache_vs_plan_kernels": diff(kp, kk),
@@ -257,7 +257,7 @@ class Run:
 def run_shape(run: Run, shape: str, variants: list[str]) -> None:
     """The five kernels and each variant of the persistent layer at every batch, timed; exactness with the
     first variant of the run."""
-    from overlapdecode.fused import reference
+    from overlapdecode.fused import forward
     from overlapdecode.fused.kernels.persistent_layer import PersistentLayer
     from overlapdecode.fused.kernels.persistent_schedule import make_plan
 
@@ -276,7 +276,7 @@ def run_shape(run: Run, shape: str, variants: list[str]) -> None:
         def five(h):
             outs = []
             for layer, (kc, vc) in zip(W.layers[:L], caches):
-                h = reference.decode_layer(W, layer, h, kc, vc, pos, slot, start, length, fm.ops)
+                h = forward.decode_layer(W, layer, h, kc, vc, pos, slot, start, length, fm.ops)
                 outs.append(h)
             return outs
 

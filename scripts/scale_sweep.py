@@ -15,7 +15,7 @@ point (traces/). A point that runs out of memory is recorded as such. On CPU it 
 MBU or toll; no kernel counts): `--model tiny-llama --dtype float32`. `--prenorm never` / `always`: the swapped launches
 normalise their rows in registers / by one launch beforehand at every row count (swap_ab.use_prenorm's rule
 replaced), to measure that rule; `--rope-table never`: every QKV launch computes RoPE's sin and cos itself
-(reference.step_rope_tables replaced by no tables), to measure the step's rotary table.
+(forward.step_rope_tables replaced by no tables), to measure the step's rotary table.
 
 `--variants`: an A/B in one process: at each point `fused` runs once per variant (each with its own Decoder, so
 its own CUDA graphs), the variants in the order given, `--rounds` times over. A variant is `rule` (the code as it
@@ -102,7 +102,7 @@ def _dense_shapes(model, kinds) -> set:
 @contextlib.contextmanager
 def _patched(variant: str | None, model):
     """The rule a variant replaces, replaced where the step reads it, for the duration (None or rule: nothing)."""
-    from overlapdecode.fused import reference
+    from overlapdecode.fused import forward
     from overlapdecode.fused.kernels import decode_attention, dense, norm_linear, preload, residual_norm, swap_ab
 
     key, _, value = (variant or "rule").partition(":")
@@ -116,7 +116,7 @@ def _patched(variant: str | None, model):
 
         target, name, new = dense, "use_dense", rule
     elif key == "rope-table":
-        target, name, new = reference, "step_rope_tables", lambda *a, **k: {}
+        target, name, new = forward, "step_rope_tables", lambda *a, **k: {}
     elif key == "prenorm":
         target, name, new = norm_linear, "use_prenorm", lambda rows: value == "always"
     elif key == "two-per-sm":
@@ -173,10 +173,10 @@ def main(argv=None) -> int:
         from overlapdecode.fused.kernels import norm_linear
 
         norm_linear.use_prenorm = lambda rows: args.prenorm == "always"
-    if args.rope_table == "never":  # the one place that decides it (reference.decode_step) reads this name
-        from overlapdecode.fused import reference
+    if args.rope_table == "never":  # the one place that decides it (forward.decode_step) reads this name
+        from overlapdecode.fused import forward
 
-        reference.step_rope_tables = lambda *a, **k: {}
+        forward.step_rope_tables = lambda *a, **k: {}
     os.makedirs(args.out, exist_ok=True)
     traces = None if args.no_kernels else os.path.join(args.out, "traces")
     if traces:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from fused_families import FAMILIES, family_model
 
-from overlapdecode.fused import reference
+from overlapdecode.fused import forward
 from overlapdecode.fused.kernels import dense as dense_gemm
 from overlapdecode.fused.kernels import norm_linear as norm_linear_module
 from overlapdecode.fused.kernels.embed import embed, embed_ref
@@ -27,7 +27,7 @@ from overlapdecode.fused.kernels.norm_linear import (
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref, rope_cos_sin, rope_table, rope_table_ref
 from overlapdecode.fused.kernels.swap_ab import use_prenorm
 from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
-from overlapdecode.step_graph import StepLog
+from overlapdecode.loop.step_graph import StepLog
 from triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture: the attention's loops)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -585,7 +585,7 @@ def test_whole_step_kernels_vs_reference(name, B, monkeypatch):
         for t in cache.k + cache.v:
             t.copy_(torch.randn_like(t))
         cache.pad.copy_(torch.tensor([1, 4] * (B // 2), device=DEV))
-        logits = reference.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
+        logits = forward.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
         results.append((logits, [t.clone() for t in cache.k + cache.v]))
     for logits, caches in results[1:]:
         torch.testing.assert_close(logits, results[0][0], **TOL)
@@ -1062,7 +1062,7 @@ def test_embed_scale():
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_attention_softcap_and_window_start(splits):
-    """Gemma 2's soft-capped scores, and a sliding window as a later first slot (reference.window_start): the
+    """Gemma 2's soft-capped scores, and a sliding window as a later first slot (forward.window_start): the
     kernel against the reference, one piece and three."""
     from overlapdecode.fused.kernels.decode_attention import decode_attention, decode_attention_ref
 
@@ -1071,14 +1071,12 @@ def test_attention_softcap_and_window_start(splits):
     q, k, v = rnd(B, Hq, D) * 2, rnd(B, Hkv, S, D) * 2, rnd(B, Hkv, S, D)
     pad = torch.tensor([0, 3, 1], device=DEV)
     length = torch.tensor([30, 40, 9], device=DEV)
-    start = reference.window_start(pad, length, 6)
+    start = forward.window_start(pad, length, 6)
     assert start.tolist() == [24, 34, 3]
     for cap in (None, 0.8):
         got = decode_attention(q, k, v, start, length, 0.3, num_splits=splits, softcap=cap)
         torch.testing.assert_close(got, decode_attention_ref(q, k, v, start, length, 0.3, softcap=cap), **TOL)
-        torch.testing.assert_close(
-            got, reference.decode_attention_torch(q, k, v, start, length, 0.3, softcap=cap), **TOL
-        )
+        torch.testing.assert_close(got, forward.decode_attention_torch(q, k, v, start, length, 0.3, softcap=cap), **TOL)
     capped = decode_attention_ref(q, k, v, start, length, 0.3, softcap=0.8)
     assert (capped - decode_attention_ref(q, k, v, start, length, 0.3)).abs().max() > 1e-2
 
@@ -1096,11 +1094,11 @@ def test_attention_sinks(splits):
     sinks = torch.tensor([4.0, -3.0, 0.5, 9.0, -30.0, 1.5], device=DEV)
     pad = torch.tensor([0, 3, 1], device=DEV)
     length = torch.tensor([30, 37, 9], device=DEV)
-    for start in (pad, reference.window_start(pad, length, 6)):
+    for start in (pad, forward.window_start(pad, length, 6)):
         got = decode_attention(q, k, v, start, length, 0.3, num_splits=splits, block_n=16, sinks=sinks)
         ref = decode_attention_ref(q, k, v, start, length, 0.3, sinks=sinks)
         torch.testing.assert_close(got, ref, **TOL)
-        torch.testing.assert_close(got, reference.decode_attention_torch(q, k, v, start, length, 0.3, sinks=sinks))
+        torch.testing.assert_close(got, forward.decode_attention_torch(q, k, v, start, length, 0.3, sinks=sinks))
         assert (ref - decode_attention_ref(q, k, v, start, length, 0.3)).abs().max() > 1e-2
     with pytest.raises(ValueError, match="sinks"):
         decode_attention(q, k, v, pad, length, 0.3, sinks=sinks[:4])
@@ -1193,14 +1191,14 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
         for t in cache.k + cache.v:
             t.copy_(torch.randn_like(t))
         cache.pad.copy_(torch.tensor([1, 4] * (B // 2), device=DEV))
-        logits = reference.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
+        logits = forward.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
         results.append((logits, [t.clone() for t in cache.k + cache.v]))
     for result in results[1:]:
         torch.testing.assert_close(result[0], results[0][0], **TOL)
         for a, b in zip(result[1], results[0][1]):
             torch.testing.assert_close(a, b, **TOL)
     # from 17 rows the QKV launches read the step's rotary tables: one per table a layer's norm_qkv rotates with
-    read = {L.rope for L in W.layers if L.rope is not None and not reference.whole_qk_norms(W, L)}
+    read = {L.rope for L in W.layers if L.rope is not None and not forward.whole_qk_norms(W, L)}
     assert len(tables) == (len(read) * (2 if dense else 1) if B > 16 else 0), (name, B, len(tables), read)
     # dense: every layer's QKV and its linear_residual launches (O, down where not routed experts) took the product
     plain = sum(1 for L in W.layers if L.router is None)
@@ -1223,7 +1221,7 @@ def test_norm_qkv_reads_the_rope_table_bit_for_bit_in_16_bit(dtype, swap):
     GPU torch's (norm_qkv_ref) but for roundings in at most 5% of the elements (on an H200: none in bfloat16, 33 of
     1824 Q elements in float16 with row-block tiles, whose norm is summed in the kernel). There the epilogue's own
     cos and sin gave other roundings than torch's in 289 of the 1824 bfloat16 Q elements: a fact of the launches up
-    to 16 rows, which compute them (reference.step_rope_tables)."""
+    to 16 rows, which compute them (forward.step_rope_tables)."""
     torch.manual_seed(3)
     B, H, Hq, Hkv, D, R, S = 19, 40, 4, 2, 24, 16, 9
     x = rnd(B, H).to(dtype)
@@ -1463,7 +1461,7 @@ def test_whole_step_of_each_family_in_the_preload_form(name, preload_plans):
         for t in cache.k + cache.v:
             t.copy_(torch.randn_like(t))
         cache.pad.copy_(torch.tensor([1, 4, 0], device=DEV))
-        logits = reference.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
+        logits = forward.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
         results.append((logits, [t.clone() for t in cache.k + cache.v]))
     torch.testing.assert_close(results[1][0], results[0][0], **TOL)
     for a, b in zip(results[1][1], results[0][1]):

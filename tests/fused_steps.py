@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from overlapdecode.caches import position_ids_for_prompt, static_cache_len
+from overlapdecode.hf.caches import position_ids_for_prompt, static_cache_len
 
 
 def fused_logits(fm, ids, mask, tokens):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from overlapdecode.fused import reference
+from overlapdecode.fused import forward
 from overlapdecode.fused.kernels.norm_linear import NormSums
 from overlapdecode.fused.kernels.persistent_layer import PersistentLayer, matching_ops
 from overlapdecode.fused.kernels.persistent_schedule import final_counters, make_plan
@@ -103,7 +103,7 @@ def _layer(fn, W, h, kc, vc, pos, slot, start, length):
 
 
 def _five(ops):
-    return lambda W, layer, *a: reference.decode_layer(W, layer, *a, ops)
+    return lambda W, layer, *a: forward.decode_layer(W, layer, *a, ops)
 
 
 def _plan_ops(plan, sums: bool):
@@ -184,7 +184,7 @@ def test_layers_in_a_row_reuse_the_counters_and_hand_on_the_sums():
     caches = [(kc.clone(), vc.clone()) for _ in range(4)]
     x5, x = h, h
     for i, L in enumerate(W.layers):
-        x5 = reference.decode_layer(W, L, x5, *caches[i], pos, slot, start, length, ops)
+        x5 = forward.decode_layer(W, L, x5, *caches[i], pos, slot, start, length, ops)
         x = layer(W, L, x, *caches[2 + i], pos, slot, start, length)
         assert torch.equal(x, x5) and torch.equal(caches[2 + i][0], caches[i][0]), i
         assert not layer.counters.any()

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from overlapdecode.fused.kernels.sample import sample_choice, sample_finish_ref
+from overlapdecode.loop.step_graph import StepLog
 from overlapdecode.sampling import check_sampling, seen_tokens
-from overlapdecode.step_graph import StepLog
 from triton_interpreter import interpreter_patches  # noqa: F401 (a fixture)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

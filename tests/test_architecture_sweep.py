@@ -26,7 +26,7 @@ import transformers
 
 import overlapdecode as od
 from helpers import make_batch, naive_generate
-from overlapdecode.architecture import GREEDY_PROCESSORS, describe, greedy_processors, refusal
+from overlapdecode.hf.architecture import GREEDY_PROCESSORS, describe, greedy_processors, refusal
 from overlapdecode.inputs import NotCausalLM, check_causal_config
 from overlapdecode.strategy import PRESETS
 from tiny_archs import VOCAB, causal_lm_types, tiny_model

@@ -21,7 +21,7 @@ from transformers import (
 
 import overlapdecode as od
 from helpers import hf_generate, make_batch
-from overlapdecode.architecture import describe
+from overlapdecode.hf.architecture import describe
 
 SMALL = dict(
     vocab_size=1000,

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from overlapdecode.bench.figures import fit_exponent, row_decode_ms
+from overlapdecode.bench.report.figures import fit_exponent, row_decode_ms
 from overlapdecode.cli import main
 
 STRATEGIES = ["baseline", "kv", "static", "interleaved", "nocheck"]
@@ -250,7 +250,7 @@ def _claim_rows(**kw):
 
 def test_claims_are_stated_where_the_figures_carry_them():
     """GPU rows, 3 calls each, 1% spread: exponents, ratios and fragmentation are stated."""
-    from overlapdecode.bench.claims import claims
+    from overlapdecode.bench.report.claims import claims
 
     rows = _claim_rows()
     rows += [_claim_row("kv", 400, 4.0, "default", 800, 600), _claim_row("kv", 400, 4.0, "expandable", 640, 600)]
@@ -263,7 +263,7 @@ def test_claims_are_stated_where_the_figures_carry_them():
 
 
 def test_claims_are_not_stated_from_noise_few_calls_or_a_cpu():
-    from overlapdecode.bench.claims import claims
+    from overlapdecode.bench.report.claims import claims
 
     noisy = "\n".join(claims({"rows": _claim_rows(spread=0.9)}))  # calls 90% apart: 1.40x may be noise
     assert "vs compiled: not stated: the difference (+40.0%) is within the spread of the timed calls (90%)" in noisy
@@ -285,7 +285,7 @@ def test_plots_tick_at_the_lengths_and_show_the_spread(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from overlapdecode.bench.plots import _err, _log_ticks_at, plots
+    from overlapdecode.bench.report.plots import _err, _log_ticks_at, plots
 
     fig, ax = plt.subplots()
     ax.set_xscale("log")
@@ -346,7 +346,7 @@ def test_latest_rows_measured_beats_not_run():
 
 
 def test_mbu_is_weight_bytes_over_bandwidth_over_time():
-    from overlapdecode.bench.figures import mbu
+    from overlapdecode.bench.report.figures import mbu
 
     row = dict(weight_bytes=2.0e9, bandwidth_gbs=4000.0, ms_per_token=1.0)  # 2 GB at 4 TB/s = 0.5 ms floor
     assert mbu(row) == pytest.approx(0.5)
@@ -433,7 +433,7 @@ def test_a_hub_name_that_cannot_be_looked_up_is_one_line_at_once(tmp_path, capsy
 
 
 def test_an_unreachable_hub_is_named_without_waiting_for_retries(monkeypatch):
-    import overlapdecode.models as models
+    import overlapdecode.models.loading as models
 
     asked = []
     monkeypatch.setattr(models, "_hub_unreachable", lambda: "huggingface.co: Name or service not known")

@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from overlapdecode.bench import figures, scale
+from overlapdecode.bench import scale
+from overlapdecode.bench.report import figures
 from overlapdecode.bench.results import finalize, with_kernel_counts
 
 
@@ -146,7 +147,7 @@ def _table_cells(text: str, column: str, strategy: str) -> dict:
 
 
 def test_the_report_shows_the_toll_and_kernels_and_a_dash_for_older_rows(tmp_path):
-    from overlapdecode.bench.report import build
+    from overlapdecode.bench.report.report import build
 
     new = _row(weight_bytes=1e9, bandwidth_gbs=2000.0)
     new.update(figures.step_toll(new, 2))
@@ -192,7 +193,7 @@ def test_a_toll_that_is_not_a_number_is_refused(tmp_path):
 
 
 def test_old_rows_without_the_fields_still_render(tmp_path):
-    from overlapdecode.bench import results_table as rt
+    from overlapdecode.bench.report import results_table as rt
 
     folder = tmp_path / "h"
     os.makedirs(folder)

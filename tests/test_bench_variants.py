@@ -10,7 +10,7 @@ from helpers import make_batch
 from overlapdecode.bench.cli import check_strategies
 from overlapdecode.bench.variants import generate_kwargs, split_variant
 from overlapdecode.bench.worker import _runner
-from overlapdecode.cliargs import CliError
+from overlapdecode.cli.args import CliError
 
 
 def test_split_variant():

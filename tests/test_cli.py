@@ -101,7 +101,7 @@ def test_generate_text_with_an_embedded_model(capsys):
 def test_generate_shows_every_id_as_text_or_as_its_number(hugging_face, tmp_path, capsys):
     """tiny-gpt2's byte tokenizer knows ids 3..258 of its 1000, the saved BPE tokenizer fewer than 300: the
     other ids a random model emits printed nothing (gpt2-random's `--prompt Hello` printed no text at all)."""
-    from overlapdecode.tokenizer import OFFSET, readable
+    from overlapdecode.models.tokenizer import OFFSET, readable
 
     name = "tiny-gpt2"
     if hugging_face:
@@ -318,7 +318,7 @@ def test_a_file_as_model(tmp_path, capsys):
 
 def test_an_unknown_hub_name_is_one_line(monkeypatch, capsys):
     """Offline, from_pretrained raises its own error (here an OSError as from the hub client); it is reworded."""
-    import overlapdecode.models
+    import overlapdecode.models.loading
 
     def offline(*a, **k):
         raise OSError(
@@ -326,7 +326,9 @@ def test_an_unknown_hub_name_is_one_line(monkeypatch, capsys):
             "in the cached files."
         )
 
-    monkeypatch.setattr(overlapdecode.models, "_hub_unreachable", lambda: None)  # as on a machine with a network
+    monkeypatch.setattr(
+        overlapdecode.models.loading, "_hub_unreachable", lambda: None
+    )  # as on a machine with a network
     monkeypatch.setattr(overlapdecode.models.AutoConfig, "from_pretrained", offline)  # the config is read first
     monkeypatch.setattr(overlapdecode.models.AutoModelForCausalLM, "from_pretrained", offline)
     assert main(["generate", "--prompt-ids", "1,2", "--model", "nobody/no-such-model"]) == 2
@@ -383,12 +385,12 @@ def test_python_dash_m_runs_the_command():
 def test_generate_flags_are_checked_before_the_model_is_loaded(flags, words, monkeypatch, capsys):
     """These were checked by generate() only, after load_model: llama-1b-random took 50-58 s and 5 GB of host
     memory on CPU to say that the strategy was misspelt."""
-    import overlapdecode.models
+    import overlapdecode.models.loading
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the flags were checked")
 
-    monkeypatch.setattr(overlapdecode.models, "load_model", no_load)
+    monkeypatch.setattr(overlapdecode.models.loading, "load_model", no_load)
     assert main(["generate", "--model", "llama-1b-random", "--prompt-ids", "1,2"] + flags) == 2
     _one_line(capsys, words)
 
@@ -442,7 +444,7 @@ def test_no_library_module_imports_the_command_line():
     import pkgutil
 
     pkg_dir = os.path.dirname(od.__file__)
-    command_line = ("overlapdecode.cli", "overlapdecode.cliargs", "overlapdecode.__main__", "overlapdecode.bench")
+    command_line = ("overlapdecode.cli", "overlapdecode.__main__", "overlapdecode.bench")
     found = []
     for info in pkgutil.walk_packages([pkg_dir], "overlapdecode."):
         if info.name.startswith(command_line):
@@ -550,7 +552,7 @@ def test_generate_samples_with_every_sampling_flag(capsys):
 def test_ctrl_c_in_generate_is_one_line(when, monkeypatch, capsys):
     """Ctrl-C printed the traceback of wherever it landed (16-20 frames inside torch or transformers)."""
     import overlapdecode.decode
-    import overlapdecode.models
+    import overlapdecode.models.loading
 
     real = overlapdecode.decode.generate
 
@@ -565,7 +567,7 @@ def test_ctrl_c_in_generate_is_one_line(when, monkeypatch, capsys):
         return real(*a, streamer=first_step_then_ctrl_c, **k)
 
     if when == "while loading":
-        monkeypatch.setattr(overlapdecode.models, "load_model", interrupted_load)
+        monkeypatch.setattr(overlapdecode.models.loading, "load_model", interrupted_load)
     else:
         monkeypatch.setattr(overlapdecode.decode, "generate", interrupted_after_a_step)
     try:

@@ -8,7 +8,7 @@ import torch
 
 import overlapdecode as od
 from helpers import hf_generate, make_batch
-from overlapdecode.compiling import RECOMPILE_LIMITS, recompile_limits
+from overlapdecode.loop.compiling import RECOMPILE_LIMITS, recompile_limits
 
 N = 3
 

@@ -372,9 +372,9 @@ def test_moe_with_a_sliding_window_shorter_than_the_call(name, config):
 def test_the_bench_mixture_of_experts_shape_is_fused():
     """qwen3-moe-random (models.py, the bench's Qwen3-30B-A3B layer): every layer routed, 8 of 32, renormalised; built
     on the meta device."""
-    config = od.models.embedded_config("qwen3-moe-random")
+    config = od.models.loading.embedded_config("qwen3-moe-random")
     with torch.device("meta"):
-        model = od.models._CAUSAL_LM[config.model_type](config)
+        model = od.models.loading._CAUSAL_LM[config.model_type](config)
     W = fuse_weights(model)
     assert [(layer.router.shape, layer.top_k, layer.renorm) for layer in W.layers] == [((32, 2048), 8, True)] * 12
     assert W.layers[0].w_up.shape == (32, 1536, 2048) and W.layers[0].q_norm.shape == (128,)

@@ -1,4 +1,4 @@
-"""The fused prefill's rows rolled left by their padding (reference.prefill): the same float32 logits and the
+"""The fused prefill's rows rolled left by their padding (forward.prefill): the same float32 logits and the
 same K/V in every slot a step reads ([pad[b], T)) as the prefill that masked the padded layout, and Hugging
 Face's own forward logits, for rows of different left padding (none, and all but one token) in a prompt shorter
 than its bucket; plain layers attend with SDPA's is_causal and no mask, windowed ones with a mask."""
@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from fused_families import family_model
 from test_fused import _tiny
 
-from overlapdecode.caches import position_ids_for_prompt
-from overlapdecode.fused import reference
+from overlapdecode.fused import forward
 from overlapdecode.fused.kernels.embed import embed_rows
 from overlapdecode.fused.kernels.norm_linear import norm_linear_ref
 from overlapdecode.fused.model import PREFILL_BUCKET, FusedModel
+from overlapdecode.hf.caches import position_ids_for_prompt
 
 P = 13  # not a multiple of the bucket: the prefill runs T = 64 tokens, 51 of them the bucket's right padding
 PADS = [0, 5, P - 1, 3]  # row 2: one real token
@@ -24,7 +24,7 @@ PADS = [0, 5, P - 1, 3]  # row 2: one real token
 def _masked_prefill(W, k_caches, v_caches, pad, ids, pos, last):
     """The prefill in the padded layout throughout, with a (B, 1, T, T) mask (causal, row b's keys from slot pad[b],
     a padding query seeing itself) and K/V written as computed: the oracle of the rolled layout. The projections
-    and the rest of each layer are reference.prefill's own pieces; only the layout and the attention differ."""
+    and the rest of each layer are forward.prefill's own pieces; only the layout and the attention differ."""
     B, T = ids.shape
     h = embed_rows(W.embed, W.pos_embed, ids, pos, W.embed_scale)
     i = torch.arange(T, device=ids.device)
@@ -33,21 +33,21 @@ def _masked_prefill(W, k_caches, v_caches, pad, ids, pos, last):
     masks = {None: allowed[:, None]}
     for window in {layer.window for layer in W.layers} - {None}:
         masks[window] = (allowed & (i[None, None, :] > i[None, :, None] - window))[:, None]
-    tables = reference.prefill_rope_tables(W, pos, h.dtype)
+    tables = forward.prefill_rope_tables(W, pos, h.dtype)
     for layer, kc, vc in zip(W.layers, k_caches, v_caches):
-        q, k, v = reference.prefill_qkv(W, layer, h, tables[layer.rope])
+        q, k, v = forward.prefill_qkv(W, layer, h, tables[layer.rope])
         kc[:, :, :T] = k
         vc[:, :, :T] = v
         mask = masks[layer.window]
         if layer.sinks is not None:
-            a = reference._sink_attention(q, k, v, mask, layer.scale, layer.sinks)
+            a = forward._sink_attention(q, k, v, mask, layer.scale, layer.sinks)
         elif W.attn_softcap is None:
             a = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=layer.scale, enable_gqa=W.n_heads != W.n_kv_heads
             )
         else:
-            a = reference._softcap_attention(q, k, v, mask, layer.scale, W.attn_softcap)
-        h = reference.prefill_after_attention(W, layer, h, a)
+            a = forward._softcap_attention(q, k, v, mask, layer.scale, W.attn_softcap)
+        h = forward.prefill_after_attention(W, layer, h, a)
     x = h.index_select(1, last)[:, 0]
     return norm_linear_ref(x, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, **W.head_options())
 
@@ -94,7 +94,7 @@ def test_rolled_prefill_equals_the_masked_one_and_hugging_face(name):
     model = _model(name)
     fm = FusedModel(model, compile_prefill=False)
     ids, mask = _prompt()
-    got, cache = _prefill(fm, reference.prefill, ids, mask)
+    got, cache = _prefill(fm, forward.prefill, ids, mask)
     want, old = _prefill(fm, _masked_prefill, ids, mask)
     assert got.dtype == torch.float32 and got.shape == (len(PADS), model.config.vocab_size)
     assert (got - want).abs().max().item() <= 1e-5
@@ -144,7 +144,7 @@ def test_a_full_bucket_and_a_row_of_padding_only(name):
     fm = FusedModel(model, compile_prefill=False)
     pads = [0, 7, PREFILL_BUCKET, PREFILL_BUCKET - 1]
     ids, mask = _prompt(pads, PREFILL_BUCKET, seed=3)
-    got, cache = _prefill(fm, reference.prefill, ids, mask)
+    got, cache = _prefill(fm, forward.prefill, ids, mask)
     want, old = _prefill(fm, _masked_prefill, ids, mask)
     assert torch.isfinite(got).all()
     real = [row for row, pad in enumerate(pads) if pad < PREFILL_BUCKET]

@@ -9,7 +9,7 @@ import io
 import os
 import re
 
-from overlapdecode.bench import results_table
+from overlapdecode.bench.report import results_table
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 README = os.path.join(ROOT, "README.md")
@@ -41,7 +41,7 @@ def test_the_readme_results_table_is_the_one_results_table_makes():
     expected = results_table.render(os.path.join(ROOT, "results", "h200"), relative_to=ROOT)
     assert region == "\n" + expected, (
         "the README's table differs from results/h200: run python3 -m "
-        "overlapdecode.bench.results_table results/h200 --readme README.md"
+        "overlapdecode.bench.report.results_table results/h200 --readme README.md"
     )
 
 

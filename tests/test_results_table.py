@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from overlapdecode.bench import results_table as rt
+from overlapdecode.bench.report import results_table as rt
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "results", "test-gpu")
 

@@ -244,7 +244,7 @@ def test_families_bench_sh_takes_out_and_refuses_an_earlier_run(tmp_path):
     done = subprocess.run(["bash", script, "--out", str(out)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = calls.read_text().splitlines()
-    from overlapdecode.models import EMBEDDED
+    from overlapdecode.models.loading import EMBEDDED
 
     models = [line.split("--model ")[1].split()[0] for line in lines]
     assert all(m in EMBEDDED for m in models) and len(models) == 10

@@ -12,9 +12,9 @@ from transformers.cache_utils import StaticLayer
 
 import overlapdecode as od
 from helpers import eos_hit_midway, hf_generate, make_batch
-from overlapdecode.architecture import describe
-from overlapdecode.caches import static_cache_len
-from overlapdecode.sliding_cache import RingCache, RingLayer, static_cache_for_compile
+from overlapdecode.hf.architecture import describe
+from overlapdecode.hf.caches import static_cache_len
+from overlapdecode.hf.sliding_cache import RingCache, RingLayer, static_cache_for_compile
 from tiny_archs import VOCAB, WINDOW, tiny_model
 
 P = 10  # prompt 10 + 20 tokens, windows of 6: the prefill wraps the ring, the steps go round it four more times

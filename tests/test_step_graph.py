@@ -8,8 +8,8 @@ import torch
 
 import overlapdecode as od
 from helpers import hf_generate, make_batch
+from overlapdecode.loop.step_graph import StepGraph
 from overlapdecode.sampling import SamplingParams
-from overlapdecode.step_graph import StepGraph
 
 
 def test_run_advances_the_owned_buffers_in_place_and_draws_the_noise_from_the_calls_sequence():

@@ -14,7 +14,7 @@ import torch
 
 import overlapdecode as od
 from helpers import hf_generate, make_batch, naive_generate
-from overlapdecode.stopping import Slots, make_check, mark_finished, steps_until_all_finished
+from overlapdecode.loop.stopping import Slots, make_check, mark_finished, steps_until_all_finished
 
 N = 12
 LATE = [

@@ -79,40 +79,55 @@ def test_every_module_imports_and_there_is_no_import_cycle():
     for mod in _modules():
         importlib.import_module(mod)
     graph = import_graph()
-    assert "overlapdecode.bench.results" in graph["overlapdecode.bench.report"]  # the walk sees relative imports
+    assert "overlapdecode.bench.results" in graph["overlapdecode.bench.report.report"]  # the walk sees relative imports
     assert find_cycle(graph) is None, find_cycle(graph)
 
 
 def test_no_cycle_even_through_function_local_imports():
     graph = import_graph(local=True)
-    assert "overlapdecode.fused.model" in graph["overlapdecode.fused_path"]  # the walk sees imports in functions
+    assert "overlapdecode.fused.model" in graph["overlapdecode.fused.path"]  # the walk sees imports in functions
     assert find_cycle(graph) is None, find_cycle(graph)
 
 
 # the command line's modules: argparse, one-line errors, exit codes
-CLI_MODULES = {"overlapdecode.__main__", "overlapdecode.cli", "overlapdecode.cliargs", "overlapdecode.bench.cli"}
+CLI_MODULES = {
+    "overlapdecode.__main__",
+    "overlapdecode.cli",
+    "overlapdecode.cli.commands",
+    "overlapdecode.cli.args",
+    "overlapdecode.bench.cli",
+}
 # library modules that take a torch-free parsing helper from cliargs: models (looks_like_path) and bench.config
 # (split_pair); no other library module may import a command-line module
-CLIARGS_HELPERS_USED_BY = {"overlapdecode.models", "overlapdecode.bench.config"}
+CLIARGS_HELPERS_USED_BY = {"overlapdecode.models.loading", "overlapdecode.bench.config"}
 
 
 def test_no_library_module_imports_the_command_line():
     graph = import_graph(local=True)
-    assert "overlapdecode.cliargs" in graph["overlapdecode.cli"]  # the walk sees them
+    assert "overlapdecode.cli.args" in graph["overlapdecode.cli.commands"]  # the walk sees them
     for mod, edges in sorted(graph.items()):
         if mod in CLI_MODULES:
             continue
-        allowed = {"overlapdecode.cliargs"} if mod in CLIARGS_HELPERS_USED_BY else set()
+        allowed = {"overlapdecode.cli.args"} if mod in CLIARGS_HELPERS_USED_BY else set()
         assert not (edges & CLI_MODULES) - allowed, (mod, sorted(edges & CLI_MODULES))
 
 
 def test_the_decoder_imports_no_fused_module():
-    """The decode loop sees the fused path through its step objects only (fused_path.py imports fused/ when
-    first used): nothing of fused/ (Triton) is imported by decode.py or steps.py, not even inside a function."""
+    """The decode loop sees the fused path through its step objects only: decode.py and loop/ import nothing of
+    fused/ but fused/path.py, which imports the rest of fused/ (Triton) when a fused call first runs."""
     graph = import_graph(local=True)
-    for mod in ("overlapdecode.decode", "overlapdecode.steps"):
-        assert not {e for e in graph[mod] if e.split(".")[:2] == ["overlapdecode", "fused"]}, (mod, graph[mod])
-    assert "overlapdecode.fused_path" in graph["overlapdecode.decode"]
+    loop = [m for m in graph if m.startswith("overlapdecode.loop")]
+    for mod in ["overlapdecode.decode", *loop]:
+        fused = {e for e in graph[mod] if e.split(".")[:2] == ["overlapdecode", "fused"]}
+        assert fused <= {"overlapdecode.fused", "overlapdecode.fused.path"}, (mod, fused)
+    assert "overlapdecode.fused.path" in graph["overlapdecode.decode"]
+    top = import_graph()
+    assert {e for e in top["overlapdecode.fused.path"] if e.startswith("overlapdecode.fused.")} == set()
+    done = _run(
+        "import sys, overlapdecode.decode; print(sorted(m for m in sys.modules if m.startswith('overlapdecode.fused.')))"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['overlapdecode.fused.path']"
 
 
 def test_the_cycle_finder_finds_one():
@@ -138,8 +153,8 @@ def test_cli_names_equal_the_librarys():
     from overlapdecode.bench.peers import PEERS
     from overlapdecode.bench.runner import ALLOCATORS
     from overlapdecode.bench.workloads import WORKLOADS
-    from overlapdecode.cliargs import DTYPE_NAMES, LAGGED, PRESET_NAMES, VARIANT_NAMES
-    from overlapdecode.models import parse_dtype
+    from overlapdecode.cli.args import DTYPE_NAMES, LAGGED, PRESET_NAMES, VARIANT_NAMES
+    from overlapdecode.models.loading import parse_dtype
 
     assert PRESET_NAMES == tuple(PRESETS) and VARIANT_NAMES == tuple(VARIANTS)
     assert set(LAGGED) == {n for n, s in {**PRESETS, **VARIANTS}.items() if s.stop_check in ("pingpong", "deferred")}

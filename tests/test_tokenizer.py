@@ -7,7 +7,7 @@ import torch
 from transformers import TextIteratorStreamer, TextStreamer
 
 import overlapdecode as od
-from overlapdecode.tokenizer import OFFSET, ByteTokenizer
+from overlapdecode.models.tokenizer import OFFSET, ByteTokenizer
 from test_models import save_tiny_with_bpe_tokenizer
 
 
@@ -15,7 +15,7 @@ from test_models import save_tiny_with_bpe_tokenizer
 def test_embedded_names_get_a_byte_tokenizer_whose_ids_miss_the_special_ones(name):
     tok = od.load_tokenizer(name)
     assert isinstance(tok, ByteTokenizer)
-    cfg = od.models.embedded_config(name)
+    cfg = od.models.loading.embedded_config(name)
     byte_ids = set(range(OFFSET, OFFSET + 256))
     assert max(byte_ids) < cfg.vocab_size
     assert cfg.eos_token_id not in byte_ids and cfg.bos_token_id not in byte_ids
@@ -117,7 +117,7 @@ def test_the_readme_example_with_a_hugging_face_tokenizer(tmp_path):
 
 def test_readable_shows_every_id_a_tokenizer_cannot_decode(tmp_path):
     """Hugging Face's decode drops an id beyond its vocabulary without a word; readable shows it as <id>."""
-    from overlapdecode.tokenizer import readable
+    from overlapdecode.models.tokenizer import readable
 
     save_tiny_with_bpe_tokenizer(tmp_path)
     tok = od.load_tokenizer(str(tmp_path))

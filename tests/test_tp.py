@@ -20,8 +20,9 @@ from transformers import GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, Qwen2Conf
 
 import overlapdecode as od
 from helpers import eos_hit_midway, make_batch, naive_generate
-from overlapdecode import models, random_init
 from overlapdecode import tp as tensor_parallel
+from overlapdecode.models import loading as models
+from overlapdecode.models import random_init
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 SRC = Path(od.__file__).resolve().parents[1]

@@ -16,28 +16,28 @@ from typing import TYPE_CHECKING
 
 # exported name -> the module that defines it
 _EXPORTS = {
-    "EMBEDDED": "models",
+    "EMBEDDED": "models.loading",
     "Decoder": "decode",
     "PRESETS": "strategy",
     "VARIANTS": "strategy",
-    "ByteTokenizer": "tokenizer",
+    "ByteTokenizer": "models.tokenizer",
     "Strategy": "strategy",
-    "compile_count": "compiling",
+    "compile_count": "loop.compiling",
     "decoder_for": "decode",
     "generate": "decode",
-    "load_model": "models",
-    "load_tokenizer": "models",
+    "load_model": "models.loading",
+    "load_tokenizer": "models.loading",
     "resolve_strategy": "strategy",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .compiling import compile_count
     from .decode import Decoder, decoder_for, generate
-    from .models import EMBEDDED, load_model, load_tokenizer
+    from .loop.compiling import compile_count
+    from .models.loading import EMBEDDED, load_model, load_tokenizer
+    from .models.tokenizer import ByteTokenizer
     from .strategy import PRESETS, VARIANTS, Strategy, resolve_strategy
-    from .tokenizer import ByteTokenizer
 
 
 def __getattr__(name: str):

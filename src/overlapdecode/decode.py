@@ -22,15 +22,15 @@ import weakref
 
 import torch
 
-from . import markers
-from .architecture import check_strategy, generation_defaults, sampling_defaults
-from .caches import StaticCaches
-from .fused_path import FusedPath
-from .graph_experts import graph_safe_experts
+from .fused.path import FusedPath
+from .hf.architecture import check_strategy, generation_defaults, sampling_defaults
+from .hf.caches import StaticCaches
+from .hf.graph_experts import graph_safe_experts
 from .inputs import Request, check_model, check_request, model_device
+from .loop import markers
+from .loop.steps import StepInputs, hf_steps
+from .loop.stopping import Slots, make_check
 from .sampling import SamplingParams, check_sampling, make_generator, seen_tokens
-from .steps import StepInputs, hf_steps
-from .stopping import Slots, make_check
 from .strategy import LATE_CHECKS, Strategy, resolve_strategy
 from .tp.shard import is_sharded
 

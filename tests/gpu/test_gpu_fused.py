@@ -14,11 +14,11 @@ from fused_families import FAMILIES, real_model
 import overlapdecode as od
 from fused_steps import fused_logits, hf_greedy
 from helpers import make_batch
-from overlapdecode.caches import position_ids_for_prompt
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import TILES, FusedModel, pdl_supported
+from overlapdecode.hf.caches import position_ids_for_prompt
 
 DEV = "cuda"
 PDL = torch.cuda.is_available() and pdl_supported(torch.device(DEV))

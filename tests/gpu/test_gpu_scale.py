@@ -17,7 +17,7 @@ from helpers import make_batch
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
-from overlapdecode.models import embedded_config
+from overlapdecode.models.loading import embedded_config
 
 DEV = "cuda"
 TIE = 1e-4

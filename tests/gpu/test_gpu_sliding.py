@@ -11,9 +11,9 @@ from test_sliding_compile import assert_compiled_once
 
 import overlapdecode as od
 from helpers import hf_generate, make_batch
-from overlapdecode.architecture import describe
-from overlapdecode.caches import static_cache_len
-from overlapdecode.sliding_cache import RingCache, RingLayer
+from overlapdecode.hf.architecture import describe
+from overlapdecode.hf.caches import static_cache_len
+from overlapdecode.hf.sliding_cache import RingCache, RingLayer
 from tiny_archs import VOCAB, WINDOW, tiny_model
 
 DEV = "cuda"

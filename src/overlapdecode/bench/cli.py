@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from ..cliargs import (
+from ..cli.args import (
     DTYPE_NAMES,
     STRATEGY_HELP,
     CliError,
@@ -165,7 +165,7 @@ def add_commands(sub) -> None:
 
 def check_device(text: str | None, flag: str = "--device"):
     """The torch device a --device flag names, or a CliError naming the flag."""
-    from ..models import check_device as library_check  # torch: imported when a command runs, not for --help
+    from ..models.loading import check_device as library_check  # torch: imported when a command runs, not for --help
 
     try:
         return library_check(text)
@@ -221,7 +221,7 @@ def check_strategies(text: str, flag: str, max_new_tokens: int) -> tuple[str, ..
 
 
 def _check_dtype(d: str, flag: str) -> str:
-    from ..models import parse_dtype  # torch: imported when a command runs, not for --help
+    from ..models.loading import parse_dtype  # torch: imported when a command runs, not for --help
 
     try:
         parse_dtype(d)
@@ -322,7 +322,7 @@ def _fused_applies(model: str, config) -> bool:
     models)."""
     from types import SimpleNamespace
 
-    from ..models import embedded_config  # torch: imported when a command runs, not for --help
+    from ..models.loading import embedded_config  # torch: imported when a command runs, not for --help
 
     try:
         from ..fused.layout import LLAMA_FAMILY, model_family  # Triton: imported only where fused may be measured
@@ -366,7 +366,7 @@ def _check_tp(args) -> None:
 def _check_tp_model(model: str, tp: int, config) -> None:
     """--tp against the model's heads and sharding plan, before any worker starts: a worker would fail on every
     rank with a traceback and leave its rows file in --out. `config`: the model's, None for an embedded one."""
-    from ..models import embedded_config  # torch: imported when a command runs, not for --help
+    from ..models.loading import embedded_config  # torch: imported when a command runs, not for --help
     from ..tp import check_config
 
     if config is None:
@@ -378,7 +378,7 @@ def _check_tp_model(model: str, tp: int, config) -> None:
 
 
 def _default_device():
-    from ..models import check_device as library_check  # torch: imported when a command runs, not for --help
+    from ..models.loading import check_device as library_check  # torch: imported when a command runs, not for --help
 
     return library_check(None)
 
@@ -419,7 +419,7 @@ def _check_gpus(text: str, device) -> tuple[int, ...]:
 
 
 def _check_positions(model: str, prompt_len: int, longest: int) -> None:
-    from ..models import EMBEDDED, embedded_config  # torch: imported when a command runs, not for --help
+    from ..models.loading import EMBEDDED, embedded_config  # torch: imported when a command runs, not for --help
 
     if model in EMBEDDED:
         cfg = embedded_config(model)
@@ -446,10 +446,10 @@ def summary_tables(rows, model: str) -> list:
     such a difference: on a busy host a figure such as "36x" can rest on calls far apart."""
     from rich.table import Table  # imported when the command runs, not for --help
 
-    from .figures import mbu, row_decode_ms
-    from .markdown import fmt
     from .peers import label
-    from .report import _order, series
+    from .report.figures import mbu, row_decode_ms
+    from .report.markdown import fmt
+    from .report.report import _order, series
 
     out = []
     for (alloc, dtype, batch), per in sorted(series(rows).items()):
@@ -559,7 +559,7 @@ def cmd_profile(args) -> int:
 def cmd_report(args) -> int:
     # imported when the command runs, not for --help
     from .profile import rebuild
-    from .report import build, gather, tp_probe_summary
+    from .report.report import build, gather, tp_probe_summary
     from .results import finalize, rows_files
 
     if args.markdown:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from ..cliargs import split_pair
+from ..cli.args import split_pair
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from transformers import GenerationConfig
 
-from ..compiling import recompile_limits
+from ..loop.compiling import recompile_limits
 
 PEERS = {
     "hf-dynamic": dict(cache_implementation="dynamic", disable_compile=True),

@@ -29,8 +29,8 @@ from dataclasses import replace
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import report
 from .config import BenchConfig, config_json, plan
+from .report import report
 from .results import RESULTS, ResultsError, finalize, load, rows_files
 
 ALLOCATORS = {"default": None, "expandable": "expandable_segments:True"}

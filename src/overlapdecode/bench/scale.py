@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .figures import decode_ms_per_step, read_ms, toll_us_per_layer
+from .report.figures import decode_ms_per_step, read_ms, toll_us_per_layer
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,11 @@ import transformers
 
 import overlapdecode as od
 
-from ..architecture import describe
+from ..hf.architecture import describe
 from . import memory, timeline
 from .config import BenchConfig, config_from_json, plan
-from .figures import step_toll
 from .peers import PEERS, peer_compiles, run_peer
+from .report.figures import step_toll
 from .results import environment
 from .variants import generate_kwargs, split_variant
 from .workloads import ForcedEOS, eos_steps, prompt

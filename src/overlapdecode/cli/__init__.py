@@ -1,2 +1,6 @@
-"""The `overlapdecode` command: main.py builds the parser and runs `generate`; args.py holds the flag helpers
-shared with `overlapdecode bench` (no torch: `--help` stays fast)."""
+"""The `overlapdecode` command: commands.py builds the parser and runs `generate` (the bench's commands come
+from bench/cli.py); args.py holds the flag helpers they share. Neither imports torch: `--help` stays fast."""
+
+from .commands import build_parser, main
+
+__all__ = ["build_parser", "main"]

@@ -16,11 +16,11 @@ from typing import NamedTuple
 
 import torch
 
-from ..compiling import recompile_limits
 from ..inputs import model_limits
+from ..loop.compiling import recompile_limits
 from ..tp.collectives import SymmetricAllReduce
 from ..tp.shard import is_sharded
-from . import reference
+from . import forward
 from .cache import FusedCache
 from .kernels.embed import embed_ref
 from .kernels.greedy import GreedyFinish, greedy_finish_ref
@@ -82,7 +82,7 @@ class StepOps(NamedTuple):
 
 REFERENCE_OPS = StepOps(
     norm_qkv_ref,
-    reference.decode_attention_torch,
+    forward.decode_attention_torch,
     linear_residual_ref,
     norm_linear_ref,
     embed_ref,
@@ -365,9 +365,7 @@ class FusedModel:
         # (Captured by hand instead, as the decode step is, it crashed on the H200 with an illegal memory access
         # and gained GPT-2 0.4 ms of TTFT where it ran: removed; CHANGELOG.md, "Tried and dropped".)
         mode = "reduce-overhead" if self.device.type == "cuda" else None
-        self._prefill = (
-            torch.compile(reference.prefill, dynamic=False, mode=mode) if compile_prefill else reference.prefill
-        )
+        self._prefill = torch.compile(forward.prefill, dynamic=False, mode=mode) if compile_prefill else forward.prefill
         self._compiled_prefill = compile_prefill
         for t in self.weights.tensors():
             torch._dynamo.mark_static_address(t)  # a CUDA graph reads the weights in place
@@ -402,7 +400,7 @@ class FusedModel:
         cache = past_key_values
         if attention_mask is not None:
             return FusedOutput(self.prefill(cache, input_ids, attention_mask, position_ids)[:, None])
-        logits = reference.decode_step(
+        logits = forward.decode_step(
             self.weights, cache.k, cache.v, cache.pad, input_ids[:, 0], position_ids[:, 0], self.ops
         )
         return FusedOutput(logits[:, None])
@@ -421,7 +419,7 @@ class FusedModel:
             )
         if not isinstance(cache, FusedCache):
             raise TypeError("cache must be a FusedCache of this FusedModel (from cache_for)")
-        reference.decode_step(
+        forward.decode_step(
             self.weights,
             cache.k,
             cache.v,

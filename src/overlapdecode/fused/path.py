@@ -12,12 +12,12 @@ import functools
 
 import torch
 
-from . import caches
-from .inputs import Request
-from .sampling import SamplingParams, mark_seen
-from .step_graph import StepGraph
-from .steps import CapturedGreedySteps, CapturedSteps, EagerSteps, StepInputs, Steps, choose_next, new_output
-from .strategy import Strategy
+from ..hf import caches
+from ..inputs import Request
+from ..loop.step_graph import StepGraph
+from ..loop.steps import CapturedGreedySteps, CapturedSteps, EagerSteps, StepInputs, Steps, choose_next, new_output
+from ..sampling import SamplingParams, mark_seen
+from ..strategy import Strategy
 
 # Captured fused steps kept per fused cache (one per count of EOS ids, pad id and sampling setting).
 KEEP_GRAPHS = 4
@@ -34,7 +34,7 @@ class FusedPath:
         self.options = dict(options or {})
         if self.options:
             try:
-                from .fused.model import check_option_values  # Triton: a heavy import, only where options are
+                from .model import check_option_values  # Triton: a heavy import, only where options are
             except ImportError:
                 pass  # no Triton: the first fused call says so (model_for)
             else:
@@ -50,7 +50,7 @@ class FusedPath:
         if self.fused is None or self.fused.weights.embed.data_ptr() != embed.data_ptr():
             # first use, or the model was moved or cast since (`.to` breaks the views): fuse again
             try:
-                from .fused.model import FusedModel  # imported on first use: Triton is a heavy import
+                from .model import FusedModel  # imported on first use: Triton is a heavy import
             except ImportError as err:
                 raise ValueError(
                     f"strategy: 'fused' needs Triton ({err}); it comes with CUDA builds of torch, and on CPU "
@@ -70,7 +70,7 @@ class FusedPath:
     def steps(self, req: Request, strat: Strategy, inputs: StepInputs) -> Steps:
         """The step objects of one fused call (after `model_for`): the cache for this call's shape, and with
         `strat.compile` the captured step kept with it."""
-        from .fused.cache import FusedKV  # imported on first use: Triton is a heavy import
+        from .cache import FusedKV  # imported on first use: Triton is a heavy import
 
         fused = self.fused
         B, P = req.input_ids.shape
@@ -109,7 +109,7 @@ class FusedPath:
         key = (len(inputs.eos_ids), pad_id, params)
         graph = fused_cache.graphs.pop(key, None)
         if graph is None:
-            from .fused.cache import decode_kwargs  # the fused package is imported on first fused use (Triton)
+            from .cache import decode_kwargs  # the fused package is imported on first fused use (Triton)
 
             plain_greedy = not (params.do_sample or params.uses_seen)
             if plain_greedy:  # one kernel chooses the token and updates state and flag (fused/kernels/greedy.py)
@@ -161,7 +161,7 @@ def _sampled_choice(
 ):
     """fused/kernels/sample.py's sampled choice on (B, V) logits: its kernels on CUDA (launched with the fused
     step's PDL mode, `pdl`), its torch twin elsewhere; advances state, done, `seen` and the step log in place."""
-    from .fused.kernels.sample import sample_choice, sample_finish_ref  # Triton: imported with the fused path
+    from .kernels.sample import sample_choice, sample_finish_ref  # Triton: imported with the fused path
 
     if logits.is_cuda:
         sample_choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log, pdl=pdl)

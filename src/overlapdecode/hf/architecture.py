@@ -582,7 +582,7 @@ def check_strategy(model, strategy, given=None, request=None) -> None:
         why = crossing = _longrope_crossing(model, arch, request)
     if why is None:
         return
-    from .strategy import PRESETS  # light: strategy.py imports nothing heavy
+    from ..strategy import PRESETS  # light: strategy.py imports nothing heavy
 
     label = given if isinstance(given, str) else next((n for n, s in PRESETS.items() if s == strategy), None)
     label = f"strategy {label!r}" if label else f"strategy {strategy}"

@@ -25,10 +25,10 @@ from collections import OrderedDict
 import torch
 from transformers import DynamicCache, StaticCache
 
+from ..strategy import CACHE_KINDS
 from . import rope
 from .architecture import describe
 from .sliding_cache import static_cache_for_compile
-from .strategy import CACHE_KINDS
 
 # Round the static cache length up, so that nearby prompt lengths share one compiled graph.
 STATIC_ROUND = 64

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from .sampling import draw_noise
+from ..sampling import draw_noise
 
 
 class StepLog(NamedTuple):

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import caches
+from ..hf import caches
+from ..hf.sliding_cache import decode_masks
+from ..inputs import Request
+from ..sampling import SamplingParams, draw_noise, mark_seen, pick_next
+from ..strategy import Strategy
 from .compiling import recompile_limits
-from .inputs import Request
-from .sampling import SamplingParams, draw_noise, mark_seen, pick_next
-from .sliding_cache import decode_masks
 from .stopping import mark_finished
-from .strategy import Strategy
 
 
 def decode_step(

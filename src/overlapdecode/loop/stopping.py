@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from .strategy import STOP_CHECKS
+from ..strategy import STOP_CHECKS
 
 
 def mark_finished(tokens: torch.Tensor, finished: torch.Tensor, eos_ids: torch.Tensor, pad_id: int):

@@ -67,10 +67,10 @@ from transformers import (
     SmolLM3ForCausalLM,
 )
 
+from .. import tp as tensor_parallel
+from ..inputs import check_causal_config
+from ..sampling import check_seed
 from . import random_init
-from . import tp as tensor_parallel
-from .inputs import check_causal_config
-from .sampling import check_seed
 from .tokenizer import ByteTokenizer
 
 EMBEDDED = (

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from . import tp as tensor_parallel
+from .. import tp as tensor_parallel
 
 TILE = 256  # rows (or columns) per generator: few generators for a 70B shape, small float32 temporaries
 

@@ -19,10 +19,10 @@ import argparse
 import os
 import sys
 
-from ..strategy import PRESETS
+from ...strategy import PRESETS
+from ..results import RESULTS, ResultsError, load
 from .figures import row_decode_ms
 from .markdown import fmt
-from .results import RESULTS, ResultsError, load
 
 BEGIN = "<!-- results table: made by python -m overlapdecode.bench.results_table; edit results/, not this table -->"
 END = "<!-- end of results table -->"

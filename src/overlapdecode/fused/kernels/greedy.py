@@ -36,9 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ...loop.step_graph import StepLog
+from ...loop.stopping import mark_finished
 from ...sampling import argmax_rows
-from ...step_graph import StepLog
-from ...stopping import mark_finished
 from .linear_residual import Tickets, last_of_split, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
 

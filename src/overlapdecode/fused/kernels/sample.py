@@ -40,9 +40,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ...loop.step_graph import StepLog
+from ...loop.stopping import mark_finished
 from ...sampling import SamplingParams, mark_seen, penalize, pick_next
-from ...step_graph import StepLog
-from ...stopping import mark_finished
 from .greedy import BIG_INDEX, REDUCE_BLOCKS, GreedyFinish, advance_rows, check_finish, greedy_finish_ref_log
 from .pdl import pdl_launch, pdl_release, pdl_start
 

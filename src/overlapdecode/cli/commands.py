@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 import warnings
 
-from .bench import cli as bench_cli
-from .cliargs import (
+from ..bench import cli as bench_cli
+from .args import (
     DTYPE_NAMES,
     STRATEGY_HELP,
     CliError,
@@ -105,8 +105,8 @@ def _add_generate(sub):
 def _check_before_loading(args) -> None:
     """The strategy and sampling flags, named by flag, before the model is loaded: a real-size model takes a
     minute and gigabytes to build, which a misspelt strategy or a zero temperature must not cost."""
-    from .sampling import check_sampling
-    from .strategy import resolve_strategy
+    from ..sampling import check_sampling
+    from ..strategy import resolve_strategy
 
     try:
         resolve_strategy(args.strategy)
@@ -158,7 +158,7 @@ def _as_flag_error(err: Exception, args) -> CliError:
 
 def _load(args):
     """The model and its tokenizer (None if it has none), every failure named by its flag."""
-    from .models import check_device, load_model, load_tokenizer, parse_dtype  # imported here: fast --help
+    from ..models.loading import check_device, load_model, load_tokenizer, parse_dtype  # imported here: fast --help
 
     check_model_flag(args.model)
     for flag, check, value in (("--dtype", parse_dtype, args.dtype), ("--device", check_device, args.device)):
@@ -180,9 +180,9 @@ def _load(args):
 def cmd_generate(args) -> int:
     import torch  # imported here: fast --help
 
-    from .decode import generate
-    from .inputs import model_limits
-    from .tokenizer import readable
+    from ..decode import generate
+    from ..inputs import model_limits
+    from ..models.tokenizer import readable
 
     if args.max_new_tokens < 1:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -280,7 +280,7 @@ def cmd_generate(args) -> int:
 
 
 def _embedded_names() -> tuple[str, ...]:
-    from .models import EMBEDDED  # imported here: fast --help
+    from ..models.loading import EMBEDDED  # imported here: fast --help
 
     return EMBEDDED
 
