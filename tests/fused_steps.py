@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from overlapdecode.hf.caches import position_ids_for_prompt, static_cache_len
+from overlapdecode.inputs import position_ids_for_prompt
+from overlapdecode.plan import static_cache_len
 
 
 def fused_logits(fm, ids, mask, tokens):

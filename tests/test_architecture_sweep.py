@@ -1,5 +1,5 @@
 """Every causal LM that transformers maps (tests/tiny_archs.py builds each one tiny) x every preset that runs on
-CPU: Hugging Face generate()'s tokens, or one ValueError from architecture.py (`strategy '<name>': ...`) before
+CPU: Hugging Face generate()'s tokens, or one ValueError from plan.py (`strategy '<name>': ...`) before
 any device work (or, for a model whose config is no decoder-only causal LM, inputs.check_causal_config's one
 ValueError, whatever the preset); never a crash, never other tokens. Four left-padded prompts, greedy, without
 and with an EOS that some rows emit mid-way.
@@ -26,8 +26,10 @@ import transformers
 
 import overlapdecode as od
 from helpers import make_batch, naive_generate
-from overlapdecode.hf.architecture import GREEDY_PROCESSORS, describe, greedy_processors, refusal
+from overlapdecode.hf.architecture import describe
+from overlapdecode.hf.refusals import refusal
 from overlapdecode.inputs import NotCausalLM, check_causal_config
+from overlapdecode.plan import GREEDY_PROCESSORS, greedy_processors
 from overlapdecode.strategy import PRESETS
 from tiny_archs import VOCAB, causal_lm_types, tiny_model
 
@@ -114,7 +116,7 @@ class Case:
 
     def check(self, strategy: str) -> str:
         """Run `strategy` without and with EOS: 'ok', 'ok-uncached' (baseline held to the uncached oracle),
-        'refused' (architecture.py's refusal of the strategy) or 'not-causal-lm' (its config is no decoder-only
+        'refused' (hf/refusals.py's refusal of the strategy) or 'not-causal-lm' (its config is no decoder-only
         causal LM: inputs.check_causal_config, whatever the strategy). Fails the test on other tokens, on a crash,
         and on a refusal that is not the up-front one."""
         for eos, ref in (([], self.free), (self.eos, self.stopped)):
@@ -141,7 +143,7 @@ class Case:
                 # (fused/cache.py)
                 fused_family = strategy == "fused" and str(err).startswith(("model: ", "max_new_tokens: "))
                 assert up_front or fused_family, f"{self.model_type} {strategy}: refused late or unclearly: {err}"
-                assert up_front == (refusal(self.model, PRESETS[strategy]) is not None)
+                assert up_front == (refusal(self.model, PRESETS[strategy].cache, PRESETS[strategy].compile) is not None)
                 return "refused"
             if strategy == "baseline" and not torch.equal(out, ref):
                 # held to the model's own uncached forward, where Hugging Face's cached generate() differs from it
@@ -173,8 +175,8 @@ def test_eager_presets_give_hf_tokens_or_are_refused(model_type):
         assert set(outcomes.values()) == {"not-causal-lm"}, outcomes
         return
     for strategy in COMPILED:  # the decision only (compiling is the representatives' test)
-        why = refusal(c.model, PRESETS[strategy])
-        assert why == refusal(c.model, PRESETS["compiled"])  # the stop check changes nothing the model needs
+        why = refusal(c.model, PRESETS[strategy].cache, PRESETS[strategy].compile)
+        assert why == refusal(c.model, "static", compiled=True)  # the stop check changes nothing the model needs
         if outcomes["static"] == "refused":
             assert why is not None, f"{model_type}: static refused but {strategy} accepted"
 
@@ -191,7 +193,7 @@ def _accepted_by_feature_set() -> dict[tuple, list[str]]:
     groups: dict[tuple, list[str]] = {}
     for model_type in TYPES:
         c = case(model_type)
-        if c.model is not None and _causal_lm(c.model) and refusal(c.model, PRESETS["compiled"]) is None:
+        if c.model is not None and _causal_lm(c.model) and refusal(c.model, "static", compiled=True) is None:
             groups.setdefault(describe(c.model).features(), []).append(model_type)
     return groups
 

@@ -329,8 +329,8 @@ def test_an_unknown_hub_name_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(
         overlapdecode.models.loading, "_hub_unreachable", lambda: None
     )  # as on a machine with a network
-    monkeypatch.setattr(overlapdecode.models.AutoConfig, "from_pretrained", offline)  # the config is read first
-    monkeypatch.setattr(overlapdecode.models.AutoModelForCausalLM, "from_pretrained", offline)
+    monkeypatch.setattr(overlapdecode.models.loading.AutoConfig, "from_pretrained", offline)  # the config is read first
+    monkeypatch.setattr(overlapdecode.models.loading.AutoModelForCausalLM, "from_pretrained", offline)
     assert main(["generate", "--prompt-ids", "1,2", "--model", "nobody/no-such-model"]) == 2
     _one_line(capsys, "--model nobody/no-such-model: cannot load this hub name (OSError: We couldn't connect")
 

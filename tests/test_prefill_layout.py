@@ -15,7 +15,7 @@ from overlapdecode.fused import forward
 from overlapdecode.fused.kernels.embed import embed_rows
 from overlapdecode.fused.kernels.norm_linear import norm_linear_ref
 from overlapdecode.fused.model import PREFILL_BUCKET, FusedModel
-from overlapdecode.hf.caches import position_ids_for_prompt
+from overlapdecode.inputs import position_ids_for_prompt
 
 P = 13  # not a multiple of the bucket: the prefill runs T = 64 tokens, 51 of them the bucket's right padding
 PADS = [0, 5, P - 1, 3]  # row 2: one real token

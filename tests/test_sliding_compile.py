@@ -13,8 +13,8 @@ from transformers.cache_utils import StaticLayer
 import overlapdecode as od
 from helpers import eos_hit_midway, hf_generate, make_batch
 from overlapdecode.hf.architecture import describe
-from overlapdecode.hf.caches import static_cache_len
 from overlapdecode.hf.sliding_cache import RingCache, RingLayer, static_cache_for_compile
+from overlapdecode.plan import static_cache_len
 from tiny_archs import VOCAB, WINDOW, tiny_model
 
 P = 10  # prompt 10 + 20 tokens, windows of 6: the prefill wraps the ring, the steps go round it four more times

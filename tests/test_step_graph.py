@@ -1,5 +1,5 @@
-"""StepGraph (the fused step's own CUDA graph) on CPU: the buffers it owns are advanced in place, the fused
-preset keeps one per cache and setting and reuses it call after call, and its tokens stay Hugging Face's.
+"""StepGraph (the fused step's own CUDA graph) on CPU: the buffers it owns keep their addresses, the fused
+preset keeps one step per cache and setting and reuses it call after call, and its tokens stay Hugging Face's.
 The capture itself runs on the GPU (tests/gpu/test_gpu_fused.py)."""
 
 from __future__ import annotations
@@ -12,55 +12,51 @@ from overlapdecode.loop.step_graph import StepGraph
 from overlapdecode.sampling import SamplingParams
 
 
-def test_run_advances_the_owned_buffers_in_place_and_draws_the_noise_from_the_calls_sequence():
-    seen, noises = [], []
+def test_a_cpu_graph_captures_nothing_and_its_buffers_keep_their_addresses():
+    g = StepGraph(batch=2, eos_count=1, noise_shape=(2, 3), device=torch.device("cpu"), seen_vocab=4)
+    assert not g.capturable and not g.replay() and g.graph is None  # nothing captured: the owner runs eagerly
+    assert g.state.shape == (2, 3) and g.eos.shape == (1,) and g.done.shape == () and g.seen.shape == (2, 4)
+    assert g.log is None  # made without a step log
+    addresses = (g.state.data_ptr(), g.noise.data_ptr(), g.done.data_ptr())
+    for _ in range(3):
+        g.draw_noise()
+        g.state[:, 0] += 1
+    assert addresses == (g.state.data_ptr(), g.noise.data_ptr(), g.done.data_ptr())  # in place: fixed addresses
+    assert StepGraph(batch=1, eos_count=0, noise_shape=None, device=torch.device("cpu")).noise is None
 
-    def step(state, eos, noise, done, log):
-        assert log is None  # made without a step log
-        seen.append((state.data_ptr(), eos.data_ptr(), noise.data_ptr(), done.data_ptr()))
-        noises.append(noise.clone())
-        state[:, 0] += 2
-        state[:, 1] += 1
-        done.copy_((state[:, 0] >= eos[0]).all())
 
-    g = StepGraph(step, batch=2, eos_count=1, noise_shape=(2, 3), device=torch.device("cpu"))
-    g.eos.fill_(5)
+def test_the_noise_continues_the_calls_sequence():
+    g = StepGraph(batch=2, eos_count=1, noise_shape=(2, 3), device=torch.device("cpu"))
     call = torch.Generator().manual_seed(7)
     torch.empty(4).exponential_(generator=call)  # the call has drawn before (its prefill)
     g.seed_from(call)
-    addresses = (g.state.data_ptr(), g.done.data_ptr())
+    noises = []
     for _ in range(3):
-        g.run()
-    assert g.state.tolist() == [[6, 3, 0], [6, 3, 0]] and bool(g.done)
-    assert (g.state.data_ptr(), g.done.data_ptr()) == addresses  # in place: a graph reads fixed addresses
-    assert len(set(seen)) == 1  # every step read the same buffers
-    assert g.graph is None and g.eager_runs == 3  # no capture on CPU
-    # each run drew its step's noise first, continuing the call's sequence, as sampling.draw_noise would
+        g.draw_noise()
+        noises.append(g.noise.clone())
+    # each draw is the step's noise, continuing the call's sequence, as sampling.draw_noise would
     ref = torch.Generator().manual_seed(7)
     torch.empty(4).exponential_(generator=ref)
     for noise in noises:
         assert torch.equal(noise, torch.empty(2, 3).exponential_(generator=ref))
 
 
-def test_a_step_log_is_owned_by_the_graph_and_passed_to_its_step():
-    logs = []
-
-    def step(state, eos, noise, done, log):
-        logs.append(log)
-        state[:, 0] += 1
-        done.fill_(True)
-        log.tokens.index_copy_(1, log.count.long(), state[:, :1])
-        log.flags.index_copy_(0, log.count.long(), done.view(1))
-        log.count.add_(1)
-
-    g = StepGraph(step, batch=2, eos_count=0, noise_shape=None, device=torch.device("cpu"), log_length=5)
-    g.log.count.fill_(2)
-    g.run()
-    g.run()
-    assert all(log is g.log for log in logs)
-    assert g.log.flags.tolist() == [False, False, True, True, False] and g.log.count.tolist() == [4]
-    assert g.log.tokens.tolist() == [[0, 0, 1, 2, 0]] * 2
-    assert g.log.count.dtype == torch.int32 and g.log.flags.dtype == torch.bool and g.log.tokens.dtype == torch.long
+def test_a_kept_step_runs_eagerly_over_its_graphs_buffers_on_cpu():
+    """The fused GraphStep runs its step over its StepGraph's buffers, eagerly on CPU (no capture), writing its
+    step log where the loop reads it."""
+    model = od.load_model("tiny-llama", device="cpu")
+    dec = od.Decoder(model)
+    ids, mask = make_batch(2, seed=3)
+    dec.generate(ids, attention_mask=mask, max_new_tokens=4, strategy="fused", eos_token_id=[], pad_token_id=0)
+    (cache,) = dec.fused_model()._caches.values()
+    (kept,) = cache.graphs.values()
+    g = kept.graph
+    assert g.graph is None and g.eager_runs == 3 and g.log is not None
+    addresses = (g.state.data_ptr(), g.done.data_ptr(), g.log.tokens.data_ptr())
+    count = int(g.log.count)
+    kept.run()
+    assert int(g.log.count) == count + 1 and g.eager_runs == 4
+    assert addresses == (g.state.data_ptr(), g.done.data_ptr(), g.log.tokens.data_ptr())
 
 
 def test_the_fused_greedy_output_and_stop_are_read_from_the_steps_own_log():
@@ -77,7 +73,7 @@ def test_the_fused_greedy_output_and_stop_are_read_from_the_steps_own_log():
     out = dec.generate(ids, attention_mask=mask, max_new_tokens=12, strategy="fused", eos_token_id=eos, pad_token_id=0)
     assert torch.equal(out, ref) and out.shape[1] < P + 12
     (cache,) = dec.fused_model()._caches.values()
-    graph = cache.graphs[(2, 0, SamplingParams())]
+    graph = cache.graphs[(2, 0, SamplingParams())].graph
     n = out.shape[1] - P
     # steps 1 .. n (the last one run late by the ping-pong's lag of 1) wrote columns P + 1 .. P + n
     assert graph.log.count.tolist() == [P + n + 1]
@@ -120,14 +116,14 @@ def test_fused_keeps_one_graph_per_setting_and_matches_hf():
         assert torch.equal(out, ref)
     (cache,) = dec.fused_model()._caches.values()
     assert list(cache.graphs) == [(0, 0, SamplingParams())]
-    graph = next(iter(cache.graphs.values()))
+    graph = next(iter(cache.graphs.values())).graph
     assert graph.eager_runs == 2 * (n - 1)  # CPU: every decode step eager, over the same buffers
     dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[1, 2], pad_token_id=0)
     assert len(cache.graphs) == 2  # another EOS count: another step
 
 
 def test_clearing_caches_frees_them_without_the_cycle_collector():
-    """A StepGraph's step refers back to its cache: clear_caches (and Decoder.clear) must drop the graphs
+    """A kept step refers back to its cache: clear_caches (and Decoder.clear) must drop the graphs
     first, or the cache's memory would wait for Python's cycle collector."""
     import gc
     import weakref

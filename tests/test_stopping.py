@@ -14,7 +14,8 @@ import torch
 
 import overlapdecode as od
 from helpers import hf_generate, make_batch, naive_generate
-from overlapdecode.loop.stopping import Slots, make_check, mark_finished, steps_until_all_finished
+from overlapdecode.loop.stopping import Slots, make_check, steps_until_all_finished
+from overlapdecode.sampling import mark_finished
 
 N = 12
 LATE = [

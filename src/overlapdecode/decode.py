@@ -2,13 +2,13 @@
 
 One loop serves every strategy: step 0 is the (eager) prefill, step j >= 1 feeds token j-1 through one
 model forward, picks token j, replaces it by pad on finished rows and updates the finished mask, all on the
-device. A strategy (strategy.py) chooses the cache (caches.py), whether the one-token step is compiled, and
-the stop check (stopping.py); the step objects (steps.py, fused_path.py for the fused cache) run the steps,
-the same way for every strategy as seen from the loop. The tokens do not depend on the strategy: the tests
-compare every preset with Hugging Face `generate()` and with the no-cache loop.
+device. A call is first resolved into a plan (plan.py: its cache, how its step runs, its stop check); the step
+objects (loop/steps.py with hf/caches.py, or fused/path.py) run the steps and the stop check
+(loop/stopping.py) reads their flags, the same way for every plan as seen from the loop. The tokens do not
+depend on the strategy: the tests compare every preset with Hugging Face `generate()` and with the no-cache loop.
 
 A `Decoder` owns what outlives one call: the kept static caches, the fused model and its captured steps
-(fused_path.py), the two side streams, the pinned stop-flag slots, and the event that marks the end of its
+(fused/path.py), the two side streams, the pinned stop-flag slots, and the event that marks the end of its
 last call. It runs one call at a time.
 """
 
@@ -23,16 +23,14 @@ import weakref
 import torch
 
 from .fused.path import FusedPath
-from .hf.architecture import check_strategy, generation_defaults, sampling_defaults
 from .hf.caches import StaticCaches
 from .hf.graph_experts import graph_safe_experts
-from .inputs import Request, check_model, check_request, model_device
+from .inputs import check_model, model_device
 from .loop import markers
 from .loop.steps import StepInputs, hf_steps
 from .loop.stopping import Slots, make_check
-from .sampling import SamplingParams, check_sampling, make_generator, seen_tokens
-from .strategy import LATE_CHECKS, Strategy, resolve_strategy
-from .tp.shard import is_sharded
+from .plan import Plan, make_plan
+from .sampling import make_generator, seen_tokens
 
 
 class Decoder:
@@ -119,37 +117,27 @@ class Decoder:
         Returns (B, P + n) ids: the prompt, then the generated tokens (pad after a row's EOS); n is the
         number of steps until every row emitted EOS, or max_new_tokens.
         """
-        strat = resolve_strategy(strategy)
-        req = check_request(self.model, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id)
-        if repetition_penalty is None:  # the model's generation_config's, as Hugging Face generate() reads it
-            repetition_penalty = generation_defaults(self.model).get("repetition_penalty")
-        if do_sample is None:  # the model's generation_config's, as Hugging Face generate() reads it (default False)
-            do_sample = sampling_defaults(self.model)["do_sample"]
-        if do_sample is True:  # a warper not given: the generation config's, else Hugging Face's default
-            defaults = sampling_defaults(self.model)
-            temperature = defaults["temperature"] if temperature is None else temperature
-            top_k = defaults["top_k"] if top_k is None else top_k
-            top_p = defaults["top_p"] if top_p is None else top_p
-            min_p = defaults["min_p"] if min_p is None else min_p
-        params = check_sampling(do_sample, temperature, top_k, top_p, seed, min_p, repetition_penalty)
-        check_strategy(self.model, strat, strategy, req)  # what the model's layers need of the strategy
-        if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:
-            raise ValueError(
-                f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
-                f"{req.max_new_tokens}; use a lag <= max_new_tokens"
-            )
-        if params.do_sample and seed is None and is_sharded(self.model):
-            raise ValueError(
-                "seed: sampling under tensor parallelism needs an explicit seed, so that every rank draws the "
-                "same noise and picks the same token (each rank's global generator may differ)"
-            )
-        sink = _token_sink(streamer)
-        # a compiled call's captured step cannot run experts that copy to the host: graph_experts.py
-        experts = graph_safe_experts(
-            self.model, strat.compile and strat.cache != "fused", model_device(self.model).type
+        plan = make_plan(
+            self.model,
+            input_ids,
+            attention_mask,
+            max_new_tokens,
+            strategy,
+            eos_token_id,
+            pad_token_id,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
         )
+        sink = _token_sink(streamer)
+        # a compiled call's captured step cannot run experts that copy to the host: hf/graph_experts.py
+        experts = graph_safe_experts(self.model, plan.step == "compiled", model_device(self.model).type)
         with self._guard(), torch.no_grad(), experts:
-            return self._decode(req, strat, params, seed, sink)
+            return self._decode(plan, sink)
 
     def _wait_last_call(self) -> None:
         """Host sync on the last call's last step, before freeing what its late steps may still use."""
@@ -182,16 +170,16 @@ class Decoder:
             self._slots[key] = Slots(n, batch, device)
         return self._slots[key]
 
-    def _steps_maker(self, strat: Strategy):
-        """What makes the step objects (steps.py) of a call of `strat`: the fused path's (its fused model made
-        now, or refused) or the Hugging Face model's."""
-        if strat.cache == "fused":
+    def _steps_maker(self, plan: Plan):
+        """What makes the step objects of a call: the fused path's (its fused model made now, or refused) or the
+        Hugging Face model's (loop/steps.py)."""
+        if plan.fused:
             self.fused_model()
             return self._fused.steps
         return functools.partial(hf_steps, self.model, store=self.static_caches)
 
-    def _decode(self, req: Request, strat: Strategy, params: SamplingParams, seed, sink) -> torch.Tensor:
-        model = self.model
+    def _decode(self, plan: Plan, sink) -> torch.Tensor:
+        model, req, params = self.model, plan.request, plan.sampling
         device = model_device(model)
         cuda = device.type == "cuda"
         main = torch.cuda.current_stream(device) if cuda else None
@@ -206,24 +194,24 @@ class Decoder:
             # stream hand-off: the last call's late steps are done before this call resets what they used
             main.wait_event(self._end_event)
 
-        make_steps = self._steps_maker(strat)  # an unsupported family is refused here, before any device buffer
+        make_steps = self._steps_maker(plan)  # an unsupported family is refused here, before any device buffer
 
         # 1) buffers made once on the caller's stream, before the loop
         eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
-        generator = make_generator(params, seed, device)
+        generator = make_generator(params, plan.seed, device)
         vocab_out = model.get_output_embeddings().weight.shape[0]
         # the repetition penalty's (B, V) mask of the tokens each row has seen: the prompt's, then each step's
         seen = seen_tokens(req.input_ids, vocab_out) if params.uses_seen else None
         inputs = StepInputs(P, eos_ids, req.pad_id, params, generator, (B, vocab_out), device, seen)
-        steps = make_steps(req, strat, inputs)  # this call's cache, output buffer (B, P + N) and state (B, 3)
+        steps = make_steps(plan, inputs)  # this call's cache, output buffer (B, P + N) and state (B, 3)
         out = steps.out
-        side = self._streams_for(device) if cuda and strat.stop_check == "pingpong" else None
-        slots = self._slots_for(strat.lag + 1, B, device) if strat.stop_check in LATE_CHECKS else None
+        side = self._streams_for(device) if cuda and plan.side_streams else None
+        slots = self._slots_for(plan.slots, B, device) if plan.slots else None
         if sink is not None:
             sink.start(req.input_ids)
         check = make_check(
-            strat.stop_check,
-            strat.lag,
+            plan.stop_check,
+            plan.lag,
             N,
             main,
             side,

@@ -119,6 +119,12 @@ def model_limits(model) -> tuple[int, int | None]:
     return vocab, max_pos if isinstance(max_pos, int) and max_pos > 0 else None  # XLNet says -1: no table
 
 
+def position_ids_for_prompt(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, P) positions as Hugging Face generate makes them: count of real tokens - 1, 0 on left padding."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 0)
+
+
 def model_device(model) -> torch.device:
     return next(model.parameters()).device
 

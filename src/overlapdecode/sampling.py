@@ -1,4 +1,5 @@
-"""Choosing the next token without a host sync: greedy argmax, or sampling with Hugging Face's processors.
+"""Choosing the next token without a host sync: greedy argmax, or sampling with Hugging Face's processors, then
+the stop bookkeeping of the finished rows (`choose_next`, the decode loop's choice and the fused kernels' reference).
 
 The processors and their order are Hugging Face `generate()`'s: the repetition penalty on the raw logits (also
 when greedy), then temperature, top-k, top-p and min-p. The sampler sorts nothing and its shapes never depend
@@ -108,7 +109,7 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None, repet
             warnings.warn(
                 f"do_sample=False: {', '.join(ignored)} ignored, the decoding is greedy; pass do_sample=True to sample",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,  # check_sampling <- make_plan <- Decoder.generate <- its caller
             )
         return SamplingParams(False, repetition_penalty=repetition_penalty)
     if temperature is None:
@@ -256,3 +257,19 @@ def pick_next(
     scores, kept = kept_tokens(logits, params, seen)
     race = torch.where(kept, scores.exp() / noise, -1.0)  # a kept token always beats a dropped one
     return argmax_rows(race)
+
+
+def mark_finished(tokens: torch.Tensor, finished: torch.Tensor, eos_ids: torch.Tensor, pad_id: int):
+    """(B,) tokens, (B,) finished -> tokens with pad on finished rows, updated finished, 0-d "all done"."""
+    tokens = torch.where(finished, pad_id, tokens)
+    finished = finished | torch.isin(tokens, eos_ids)
+    return tokens, finished, finished.all()
+
+
+def choose_next(logits, position, state, eos_ids, pad_id: int, noise, params: SamplingParams, seen=None):
+    """(B, V) logits of the tokens at `position` (B,) -> the new state (B, 3) long (token, its position + 1,
+    finished: the decode loop's state) and the all-finished flag (0-d bool). `state` (B, 3): the rows' state before
+    this step (its column 2, the finished flags, is read)."""
+    tokens = pick_next(logits, noise, params, seen)
+    tokens, finished, done = mark_finished(tokens, state[:, 2].bool(), eos_ids, pad_id)
+    return torch.stack([tokens, position + 1, finished.long()], dim=1), done

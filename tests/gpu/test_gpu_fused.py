@@ -18,7 +18,7 @@ from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import TILES, FusedModel, pdl_supported
-from overlapdecode.hf.caches import position_ids_for_prompt
+from overlapdecode.inputs import position_ids_for_prompt
 
 DEV = "cuda"
 PDL = torch.cuda.is_available() and pdl_supported(torch.device(DEV))
@@ -256,7 +256,7 @@ def test_fused_step_is_captured_once_and_replays_the_eager_tokens(sampling):
     kw = dict(attention_mask=mask, max_new_tokens=40, eos_token_id=[], **sampling)
     eager = dec.generate(ids, strategy=od.Strategy(cache="fused", stop_check="pingpong"), **kw)
     outs = [dec.generate(ids, strategy="fused", **kw) for _ in range(2)]
-    graphs = [g for c in dec.fused_model()._caches.values() for g in c.graphs.values()]
+    graphs = [k.graph for c in dec.fused_model()._caches.values() for k in c.graphs.values()]
     assert len(graphs) == 1 and graphs[0].graph is not None and graphs[0].eager_runs == 1
     assert dec.fused_model().pdl
     for out in outs:

@@ -12,8 +12,8 @@ from test_sliding_compile import assert_compiled_once
 import overlapdecode as od
 from helpers import hf_generate, make_batch
 from overlapdecode.hf.architecture import describe
-from overlapdecode.hf.caches import static_cache_len
 from overlapdecode.hf.sliding_cache import RingCache, RingLayer
+from overlapdecode.plan import static_cache_len
 from tiny_archs import VOCAB, WINDOW, tiny_model
 
 DEV = "cuda"

@@ -17,8 +17,8 @@ import torch
 @dataclass
 class FusedCache:
     """The cache of one (batch, length, dtype): kept by the FusedModel and reused call after call, with the
-    captured decode steps that read it (`graphs`: the Decoder's StepGraphs, one per stop/sampling setting;
-    they go when the cache goes) and the prompt lengths its prefill has met (`prefilled`: a compiled prefill
+    captured decode steps that read it (`graphs`: steps.GraphStep, one per stop/sampling setting; they go when
+    the cache goes) and the prompt lengths its prefill has met (`prefilled`: a compiled prefill
     compiles for a new one)."""
 
     k: list[torch.Tensor]  # per layer (B, Hkv, S, D)

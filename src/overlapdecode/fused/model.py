@@ -385,8 +385,8 @@ class FusedModel:
         return cache
 
     def clear_caches(self) -> None:
-        """Free the kept caches (their CUDA graphs are recorded again for new ones). A cache's StepGraphs
-        refer back to it (and to this model) through their step: dropping them first breaks that cycle, so
+        """Free the kept caches (their CUDA graphs are recorded again for new ones). A cache's captured steps
+        (steps.GraphStep) refer back to it and to this model: dropping them first breaks that cycle, so
         the cache's memory and the graphs' pools are freed now, not at Python's next cycle collection."""
         for cache in self._caches.values():
             cache.graphs.clear()
@@ -409,9 +409,9 @@ class FusedModel:
         self, cache: FusedCache, state: torch.Tensor, eos_ids: torch.Tensor, pad_id: int, done: torch.Tensor, log=None
     ) -> None:
         """One greedy decode step over the loop's state: the token state[:, 0] at position state[:, 1] of each
-        row through the model, then the greedy choice and stop bookkeeping of `steps.choose_next`, written into
+        row through the model, then the greedy choice and stop bookkeeping of `sampling.choose_next`, written into
         `state` (B, 3) long and `done` (0-d bool) in place, by one kernel after the LM head with the Triton kernels
-        (kernels/greedy.py). `log` (step_graph.StepLog): also write the tokens and done into its next column (see
+        (kernels/greedy.py). `log` (kernels/greedy.StepLog): also write the tokens and done into its next column (see
         `writes_step_log`)."""
         if log is not None and not self.writes_step_log:
             raise ValueError(
@@ -441,7 +441,7 @@ class FusedModel:
         pad_id: int,
         done: torch.Tensor,
     ) -> None:
-        """Step 0 of a greedy call: the prefill, then the greedy choice of `steps.choose_next` on its logits by
+        """Step 0 of a greedy call: the prefill, then the greedy choice of `sampling.choose_next` on its logits by
         the step's own choice operation (kernels/greedy.py), written into `state` (B, 3) long, which must hold no
         finished row, and `done` in place. Why: the time to the first token is mostly host time, and this is
         two launches where the eager choice was a dozen."""

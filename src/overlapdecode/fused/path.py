@@ -1,23 +1,18 @@
-"""The `fused` cache kind as the decode loop sees it: the FusedModel a decoder keeps, and the step objects
-(steps.py) of a fused call, with the captured steps kept per fused cache.
+"""The fused path as a decoder sees it: the FusedModel it keeps (made on the first fused call, again when the
+model was moved or cast), and the steps of one fused call (steps.py), with the captured step kept per fused cache.
 
-The fused package (fused/) imports Triton, an optional and heavy dependency, so it is imported here on first
-use only: a decoder that never runs the fused path never imports it.
+The fused package imports Triton, an optional and heavy dependency, so this module imports the rest of it on
+first use only: a decoder that never runs the fused path never imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
-from ..hf import caches
-from ..inputs import Request
-from ..loop.step_graph import StepGraph
-from ..loop.steps import CapturedGreedySteps, CapturedSteps, EagerSteps, StepInputs, Steps, choose_next, new_output
-from ..sampling import SamplingParams, mark_seen
-from ..strategy import Strategy
+from ..inputs import position_ids_for_prompt
+from ..loop.steps import EagerSteps, StepInputs, Steps, new_output
 
 # Captured fused steps kept per fused cache (one per count of EOS ids, pad id and sampling setting).
 KEEP_GRAPHS = 4
@@ -67,28 +62,30 @@ class FusedPath:
         if self.fused is not None:
             self.fused.clear_caches()
 
-    def steps(self, req: Request, strat: Strategy, inputs: StepInputs) -> Steps:
-        """The step objects of one fused call (after `model_for`): the cache for this call's shape, and with
-        `strat.compile` the captured step kept with it."""
+    def steps(self, plan, inputs: StepInputs) -> Steps:
+        """The step objects of one fused call (plan.Plan; after `model_for`): the cache for this call's shape, and
+        with a captured step the GraphStep kept with it."""
         from .cache import FusedKV  # imported on first use: Triton is a heavy import
+        from .steps import CapturedGreedySteps, CapturedSampledSteps, CapturedSteps
 
-        fused = self.fused
+        fused, req = self.fused, plan.request
         B, P = req.input_ids.shape
         N = req.max_new_tokens
         cache = FusedKV(
             fused,
             req.input_ids,
             req.attention_mask,
-            caches.static_cache_len(P, N),
-            caches.position_ids_for_prompt(req.attention_mask),
+            plan.cache_len,
+            position_ids_for_prompt(req.attention_mask),
             max_new_tokens=N,
         )
-        if not strat.compile:
+        if plan.step == "eager":
             out = new_output(B, P + N, req.input_ids, inputs.device)
             state = torch.zeros((B, 3), dtype=torch.long, device=inputs.device)
             return EagerSteps(fused, cache, out, state, inputs)  # the fused step replaces the Hugging Face forward
-        # the fused step is captured by StepGraph (step_graph.py), not by torch.compile's CUDA graphs
-        graph = self._step_graph(cache.cache, B, inputs)
+        # the fused step is captured by StepGraph (loop/step_graph.py), not by torch.compile's CUDA graphs
+        kept = self._kept_step(cache.cache, inputs)
+        graph = kept.graph
         graph.eos.copy_(inputs.eos_ids)
         if inputs.seen is not None:  # the graph's step reads and updates its own seen mask
             inputs = dataclasses.replace(inputs, seen=graph.seen.copy_(inputs.seen))
@@ -100,97 +97,18 @@ class FusedPath:
             cls = CapturedSampledSteps
         else:
             cls = CapturedSteps if params.uses_seen else CapturedGreedySteps
-        return cls(fused, cache, out, graph, inputs)
+        return cls(fused, cache, out, kept, inputs)
 
-    def _step_graph(self, fused_cache, batch: int, inputs: StepInputs) -> StepGraph:
-        """The captured fused step of this cache for these stop and sampling settings, kept with the cache
-        (a few per cache) so that later calls replay it."""
-        params, pad_id = inputs.params, inputs.pad_id
-        key = (len(inputs.eos_ids), pad_id, params)
-        graph = fused_cache.graphs.pop(key, None)
-        if graph is None:
-            from .cache import decode_kwargs  # the fused package is imported on first fused use (Triton)
+    def _kept_step(self, fused_cache, inputs: StepInputs):
+        """The captured fused step of this cache for these stop and sampling settings (steps.GraphStep), kept with
+        the cache (a few per cache) so that later calls replay it."""
+        from .steps import GraphStep
 
-            plain_greedy = not (params.do_sample or params.uses_seen)
-            if plain_greedy:  # one kernel chooses the token and updates state and flag (fused/kernels/greedy.py)
-                step = functools.partial(_fused_greedy_step, self.fused, fused_cache, pad_id)
-            else:  # the sampled choice (fused/kernels/sample.py), or greedy after the repetition penalty
-                step = functools.partial(_fused_step, self.fused, decode_kwargs(fused_cache), pad_id, params)
-            noise = inputs.noise_shape if params.do_sample else None
-            # greedy and sampled steps write each step's tokens and flag where the loop reads them (StepLog): one
-            # column per position of a call, as many as the cache has slots; greedy with a penalty does not
-            writes = (plain_greedy or params.do_sample) and self.fused.writes_step_log
-            log = fused_cache.length if writes else 0
-            graph = StepGraph(
-                step,
-                batch,
-                len(inputs.eos_ids),
-                noise,
-                inputs.device,
-                log_length=log,
-                seen_vocab=inputs.noise_shape[1] if params.uses_seen else 0,
-            )
-        fused_cache.graphs[key] = graph
+        key = (len(inputs.eos_ids), inputs.pad_id, inputs.params)
+        kept = fused_cache.graphs.pop(key, None)
+        if kept is None:
+            kept = GraphStep.make(self.fused, fused_cache, inputs)
+        fused_cache.graphs[key] = kept
         while len(fused_cache.graphs) > KEEP_GRAPHS:
             fused_cache.graphs.popitem(last=False)
-        return graph
-
-
-class CapturedSampledSteps(CapturedSteps):
-    """Fused and compiled, sampling: step 0 (the prefill) chooses its token with the same sampled choice as the
-    captured steps (fused/kernels/sample.py: five launches, where the decode loop's `choose_next` is a few
-    hundred eager kernels at a 128K vocabulary), then every later step a run of the graph."""
-
-    def prefill(self) -> torch.Tensor:
-        i, graph = self.inputs, self.graph
-        kwargs = self.cache.model_kwargs(0)
-        self._noise(graph.noise)
-        logits = self.model(**kwargs).logits[:, -1, :]  # (B, V)
-        # the choice advances the state from the position of each row's last prompt token (the state was zeroed
-        # when these steps were made: no row is finished)
-        self.state[:, 1] = kwargs["position_ids"][:, -1]
-        _sampled_choice(
-            logits, graph.noise, i.params, i.seen, self.state, i.eos_ids, i.pad_id, graph.done, pdl=self.model.pdl
-        )
-        self._emit(0)
-        return graph.done
-
-
-def _sampled_choice(
-    logits, noise, params: SamplingParams, seen, state, eos_ids, pad_id: int, done, log=None, pdl: int = 0
-):
-    """fused/kernels/sample.py's sampled choice on (B, V) logits: its kernels on CUDA (launched with the fused
-    step's PDL mode, `pdl`), its torch twin elsewhere; advances state, done, `seen` and the step log in place."""
-    from .kernels.sample import sample_choice, sample_finish_ref  # Triton: imported with the fused path
-
-    if logits.is_cuda:
-        sample_choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log, pdl=pdl)
-    else:
-        sample_finish_ref(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log)
-
-
-def _fused_step(
-    fused, kwargs: dict, pad_id: int, params: SamplingParams, state, eos_ids, noise, done, log=None, seen=None
-):
-    """The sampling (or penalised greedy) fused decode step StepGraph captures: the FusedModel's kernels (`kwargs`:
-    its cache), then the token choice, which advances state, done, `seen` and the step log in place. A sampled
-    choice is fused/kernels/sample.py's: its kernels on CUDA, its torch twin elsewhere; greedy decoding with a
-    repetition penalty is the decode loop's own choice (no step log)."""
-    kwargs = dict(kwargs, input_ids=state[:, 0:1], position_ids=state[:, 1:2])  # (B, 1) each
-    logits = fused(**kwargs).logits[:, -1, :]  # (B, V)
-    if params.do_sample:
-        _sampled_choice(logits, noise, params, seen, state, eos_ids, pad_id, done, log, pdl=fused.pdl)
-        return
-    if log is not None:
-        raise ValueError("log: the penalised greedy step does not write a step log; make its StepGraph without one")
-    new_state, all_done = choose_next(logits, state[:, 1], state, eos_ids, pad_id, noise, params, seen)
-    state.copy_(new_state)
-    done.copy_(all_done)
-    if seen is not None:
-        mark_seen(seen, state[:, 0])
-
-
-def _fused_greedy_step(fused, cache, pad_id: int, state, eos_ids, noise, done, log=None):
-    """The greedy fused decode step StepGraph captures: FusedModel.greedy_step, which advances state, done and
-    the step log in place (one kernel after the head chooses: no inductor choice kernels, no copies)."""
-    fused.greedy_step(cache, state, eos_ids, pad_id, done, log)
+        return kept

@@ -1,8 +1,10 @@
-"""What a model's layers and config ask of each decode strategy, read from its modules and config.
+"""What a model's layers and config are, as the decode strategies need to know: `describe(model)`, read from its
+modules and config once and kept with the model.
 
 A preset either gives Hugging Face generate()'s tokens or is refused before any device work, with one
-ValueError naming what the model has or lacks. What this module looks for, from the modules first (they are
-what runs) and the config second (what Hugging Face's caches are built from), never from a list of names:
+ValueError naming what the model has or lacks (refusals.py reads what is found here). What this module looks
+for, from the modules first (they are what runs) and the config second (what Hugging Face's caches are built
+from), never from a list of names:
 
 - local layers (a sliding window, local attention, attention chunks): an attention module's `sliding_window` /
   `is_sliding` / `attention_type` / `layer_type`, or the config's `layer_types`-like lists and window fields.
@@ -21,11 +23,9 @@ what runs) and the config second (what Hugging Face's caches are built from), ne
   or no attention at all (a recurrence); a model with none of these, or one that sets bidirectional attention,
   is refused whatever the strategy (its prompt would see later tokens);
 - rotary embeddings whose tables change with the length (dynamic NTK, LongRoPE): under compile they run on
-  rope.py's in-graph choice of table, where it gives Hugging Face's (refused where it cannot);
-- generation_config settings that change greedy tokens (forced ids, suppressed tokens...), which Hugging Face
-  applies and overlapdecode does not: not a refusal (a checkpoint's generation_config often has one), a
-  UserWarning naming them, so that other tokens than generate()'s are never silent. Its repetition_penalty is
-  applied, as generate()'s own argument is (generation_defaults).
+  rope.py's in-graph choice of table, where it gives Hugging Face's (refused where it cannot).
+
+(The generation_config settings that change greedy tokens are plan.py's: a UserWarning, not a refusal.)
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from __future__ import annotations
 import inspect
 import re
 import sys
-import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -77,27 +76,6 @@ KIND_LISTS = ("layer_types", "layers_block_type", "attention_layers", "block_typ
 WINDOW_FIELDS = ("sliding_window", "window_size", "attention_chunk_size", "sliding_window_size", "local_window_size")
 # rotary types whose tables Hugging Face recomputes from the positions of each forward
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
-# generation_config values that Hugging Face's greedy search applies and overlapdecode does not:
-# (attribute, value that changes nothing)
-GREEDY_PROCESSORS = (
-    ("forced_bos_token_id", None),
-    ("forced_eos_token_id", None),
-    ("no_repeat_ngram_size", 0),
-    ("encoder_no_repeat_ngram_size", 0),
-    ("bad_words_ids", None),
-    ("suppress_tokens", None),
-    ("begin_suppress_tokens", None),
-    ("sequence_bias", None),
-    ("min_length", 0),
-    ("min_new_tokens", None),
-    ("exponential_decay_length_penalty", None),
-)
-# generation_config values that od.generate applies as Hugging Face does, where its own argument is not given:
-# (attribute, value that changes nothing)
-APPLIED_DEFAULTS = (("repetition_penalty", 1.0),)
-# the sampling warpers Hugging Face generate() reads from generation_config where a call gives none, and its own
-# defaults where the generation config sets none either (GenerationConfig._get_default_generation_params)
-SAMPLING_DEFAULTS = (("temperature", 1.0), ("top_k", 50), ("top_p", 1.0), ("min_p", None))
 
 
 @dataclass(frozen=True)
@@ -169,7 +147,8 @@ def describe(model) -> Architecture:
     return arch
 
 
-def _text_config(model):
+def text_config(model):
+    """The decoder's config (a multimodal model's text config)."""
     config = model.config
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
@@ -288,7 +267,7 @@ def _model_modules(model) -> list:
 
 
 def _describe(model) -> Architecture:
-    config = _text_config(model)
+    config = text_config(model)
     name = type(model).__name__
     n = getattr(config, "num_hidden_layers", None)
     layers = _decoder_layers(model, n if isinstance(n, int) else None)
@@ -423,171 +402,3 @@ def _rope_kind(module) -> str:
     kind = vars(module).get("rope_type")
     kinds = kind.values() if isinstance(kind, dict) else [kind]
     return next(r for k in kinds if isinstance(k, str) for r in LENGTH_DEPENDENT_ROPE if r in k)
-
-
-def _set_values(model, table) -> dict:
-    gen = getattr(model, "generation_config", None)
-    if gen is None:
-        return {}
-    out = {}
-    for attr, neutral in table:
-        value = getattr(gen, attr, neutral)
-        if value is not None and value != neutral and value != [] and value != {}:
-            out[attr] = value
-    return out
-
-
-def greedy_processors(model) -> dict:
-    """generation_config values with which Hugging Face's greedy search changes the argmax token, and which
-    overlapdecode does not apply (a UserWarning names them: check_strategy)."""
-    return _set_values(model, GREEDY_PROCESSORS)
-
-
-def generation_defaults(model) -> dict:
-    """generation_config values that od.generate applies where the call does not give its own argument, as
-    Hugging Face generate() does (a call's argument wins)."""
-    return _set_values(model, APPLIED_DEFAULTS)
-
-
-def sampling_defaults(model) -> dict:
-    """The temperature, top_k, top_p and min_p that Hugging Face generate(do_sample=True) applies where the call
-    does not give its own: the model's generation_config's, else Hugging Face's defaults (top-k 50); and whether it
-    samples at all where the call does not say (`do_sample`: the generation config's, else False)."""
-    gen = getattr(model, "generation_config", None)
-    out = {"do_sample": bool(getattr(gen, "do_sample", False)) if gen is not None else False}
-    for attr, default in SAMPLING_DEFAULTS:
-        value = getattr(gen, attr, None) if gen is not None else None
-        out[attr] = default if value is None else value
-    return out
-
-
-def _layers(indices) -> str:
-    indices = list(indices)
-    return (
-        "layer " + str(indices[0])
-        if len(indices) == 1
-        else "layers " + ", ".join(map(str, indices[:6])) + (", ..." if len(indices) > 6 else "")
-    )
-
-
-def refusal(model, strategy) -> str | None:
-    """Why `strategy` (a Strategy) cannot give `model` Hugging Face's tokens, or None when it can."""
-    arch = describe(model)
-    if not arch.causal:
-        return f"{arch.name} does not attend causally ({arch.causal_why}); generate needs a causal decoder"
-    if strategy.cache in ("none", "fused"):
-        return None  # no cache to hand over; the fused path checks its families itself (fused/layout.py: SUPPORTED,
-        # and what each family's modules and config ask of its step)
-    if arch.cache_keyword != "past_key_values":
-        took = f"takes its cache as `{arch.cache_keyword}`" if arch.cache_keyword else "takes no cache"
-        return f"{arch.name}'s forward {took}, not `past_key_values`, so a cache of ours would never be read"
-    if arch.own_cache:
-        return f"{arch.name} keeps its state in a cache class of its own ({arch.own_cache}) and refuses others"
-    if arch.state_unknown_to_cache:
-        return (
-            f"{arch.name}'s {_layers(arch.state_unknown_to_cache)} hold a recurrent state ({arch.recurrent_from}) that "
-            f"config.layer_types does not give a state-holding kind, so Hugging Face's caches have no place for it"
-        )
-    if strategy.cache == "dynamic":
-        return None
-    if strategy.cache == "static":
-        if arch.static_unknown_kinds:
-            return (
-                f"{arch.name} has layer kinds Hugging Face's static cache has no layer for: "
-                f"{', '.join(arch.static_unknown_kinds)}"
-            )
-        if not arch.mask_utils:
-            return (
-                f"{arch.name} builds its attention mask with its own code, which does not size it to a static "
-                f"cache (models built on transformers' masking utilities do)"
-            )
-        if arch.local_unknown_to_cache:
-            return (
-                f"{arch.name}'s local attention {_layers(arch.local_unknown_to_cache)} ({arch.local_from}) need a "
-                f"sliding-window cache, and Hugging Face's static cache keeps them as global layers "
-                f"(config.layer_types does not mark them)"
-            )
-        if not arch.static_compiles:
-            return (
-                f"Hugging Face does not declare {arch.name} usable with its static cache "
-                f"(_can_compile_fullgraph is False)"
-            )
-        if strategy.compile and arch.rope:
-            return _rope_refusal(model, arch)
-    return None
-
-
-def _rope_refusal(model, arch: Architecture) -> str | None:
-    """Why the length-dependent rotary modules cannot run in a compiled step (rope.py), or None."""
-    from . import rope
-
-    for mname, module in arch.rope_modules:
-        why = rope.compiles(module)
-        if why is not None:
-            return f"{arch.name}'s {'/'.join(arch.rope)} RoPE ({mname}: {why}) recomputes its tables in Python"
-        limit = rope.dynamic_limit(module)
-        positions = getattr(_text_config(model), "max_position_embeddings", None)
-        if limit is not None and (not isinstance(positions, int) or positions > limit):
-            return (
-                f"{arch.name}'s dynamic RoPE rescales its table past {limit} positions, which a call may reach "
-                f"(max_position_embeddings={positions}); a compiled step keeps the original table"
-            )
-    return None
-
-
-def _longrope_crossing(model, arch: Architecture, request) -> str | None:
-    """Why a cache cannot serve this call: its LongRoPE table switches from the short factors to the long ones
-    during the call (the keys already cached were rotated with the short ones). Hugging Face's answer is to
-    recompute the whole cache at the switch (Phi-3's prepare_inputs_for_generation; in transformers 5.17 it then
-    feeds the last token alone, without any cache); the no-cache loop recomputes every step, which is what the
-    model means, so `baseline` serves such a call."""
-    from . import rope
-
-    for _, module in arch.rope_modules:
-        threshold = rope.longrope_threshold(module)
-        if threshold is None:
-            continue
-        P = request.input_ids.shape[1]
-        longest = int(request.attention_mask.sum(1).max())  # host sync (once per call, LongRoPE models only)
-        last = P + request.max_new_tokens - 1  # the sequence length the last step sees (left padding included)
-        if longest <= threshold < last:
-            return (
-                f"{arch.name}'s LongRoPE switches from its short to its long factors past {threshold} positions, "
-                f"and this call crosses it (a prompt of {longest} + {request.max_new_tokens} new tokens): the "
-                f"keys already cached keep the short factors' rotation, where the model means every position "
-                f"rotated with the long ones (Hugging Face recomputes its cache there)"
-            )
-    return None
-
-
-def check_strategy(model, strategy, given=None, request=None) -> None:
-    """ValueError, naming the strategy and what the model has or lacks, if `strategy` cannot give `model` Hugging
-    Face's tokens; the presets that can are suggested. `given`: the strategy as the caller named it; `request`:
-    the call (inputs.Request), for what depends on its length. A UserWarning for generation_config settings
-    Hugging Face would apply and overlapdecode does not."""
-    procs = greedy_processors(model)
-    if procs:
-        listed = ", ".join(f"{k}={v!r}" for k, v in procs.items())
-        warnings.warn(
-            f"{type(model).__name__}'s generation_config asks Hugging Face generate() for {listed}, which "
-            f"overlapdecode does not apply: these are greedy search's tokens without them (set them to None "
-            f"in model.generation_config to silence this)",
-            UserWarning,
-            stacklevel=3,
-        )
-    why = refusal(model, strategy)
-    arch = describe(model)
-    crossing = None
-    if why is None and request is not None and strategy.cache not in ("none", "fused") and "longrope" in arch.rope:
-        why = crossing = _longrope_crossing(model, arch, request)
-    if why is None:
-        return
-    from ..strategy import PRESETS  # light: strategy.py imports nothing heavy
-
-    label = given if isinstance(given, str) else next((n for n, s in PRESETS.items() if s == strategy), None)
-    label = f"strategy {label!r}" if label else f"strategy {strategy}"
-    ok = [n for n, s in PRESETS.items() if s.cache != "fused" and refusal(model, s) is None][::-1][:2]
-    if crossing:
-        ok = ["baseline"]
-    hint = f"; use strategy={' or '.join(repr(n) for n in ok)}" if ok else ""
-    raise ValueError(f"{label}: {why}{hint}")

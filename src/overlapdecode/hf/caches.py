@@ -25,25 +25,10 @@ from collections import OrderedDict
 import torch
 from transformers import DynamicCache, StaticCache
 
-from ..strategy import CACHE_KINDS
+from ..inputs import position_ids_for_prompt
 from . import rope
 from .architecture import describe
 from .sliding_cache import static_cache_for_compile
-
-# Round the static cache length up, so that nearby prompt lengths share one compiled graph.
-STATIC_ROUND = 64
-
-
-def static_cache_len(prompt_len: int, max_new_tokens: int) -> int:
-    """Cache slots for a call: every position that any step (also a late-stop extra step) writes."""
-    need = prompt_len + max_new_tokens
-    return -(-need // STATIC_ROUND) * STATIC_ROUND
-
-
-def position_ids_for_prompt(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, P) positions as Hugging Face generate makes them: count of real tokens - 1, 0 on left padding."""
-    pos = attention_mask.long().cumsum(-1) - 1
-    return pos.masked_fill(attention_mask == 0, 0)
 
 
 def positions_for(model, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -158,10 +143,9 @@ class StaticKV(_WithCache):
     """`static`: Hugging Face `StaticCache` pre-allocated for prompt + max_new_tokens; one fixed-shape mask."""
 
     def __init__(
-        self, model, input_ids, attention_mask, max_new_tokens: int, store: StaticCaches, compiled: bool = False
+        self, model, input_ids, attention_mask, max_cache_len: int, store: StaticCaches, compiled: bool = False
     ):
         B, P = input_ids.shape
-        max_cache_len = static_cache_len(P, max_new_tokens)
         cache, full = store.get(model, B, max_cache_len, compiled)
         full.fill_(1)
         full[:, :P] = attention_mask
@@ -225,14 +209,12 @@ class StaticCaches:
         return len(self._entries)
 
 
-def make_cache(
-    kind: str, model, input_ids, attention_mask, out, max_new_tokens: int, store: StaticCaches, compiled: bool = False
-):
-    """The cache object for one call of `generate`; static caches come from the decoder's `store`."""
-    if kind == "none":
-        return NoCache(model, out, attention_mask, input_ids.shape[1])
-    if kind == "dynamic":
-        return DynamicKV(model, input_ids, attention_mask, max_new_tokens)
-    if kind == "static":
-        return StaticKV(model, input_ids, attention_mask, max_new_tokens, store, compiled)
-    raise ValueError(f"cache must be one of {CACHE_KINDS}, got {kind!r}")
+def make_cache(model, plan, out: torch.Tensor, store: StaticCaches):
+    """The cache object of one call (plan.Plan) on the Hugging Face model; static caches come from the decoder's
+    `store`. The no-cache kind reads the call's output buffer `out` (B, P + N)."""
+    req = plan.request
+    if plan.cache == "none":
+        return NoCache(model, out, req.attention_mask, req.input_ids.shape[1])
+    if plan.cache == "dynamic":
+        return DynamicKV(model, req.input_ids, req.attention_mask, req.max_new_tokens)
+    return StaticKV(model, req.input_ids, req.attention_mask, plan.cache_len, store, plan.step == "compiled")

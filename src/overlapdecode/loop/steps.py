@@ -1,24 +1,24 @@
 """The decode steps one call of the loop runs: one object per way of running them, behind one interface.
 
 The loop (decode.py) calls `prefill()` for step 0 and `step(j)` for every later step, then hands the step's
-flag to the stop check. What a step is depends on the strategy, and only this module and fused_path.py know:
+flag to the stop check. What a step is, is the plan's `step` (plan.py), and only the step objects know it:
 
 - `EagerSteps`: every step an eager forward (the Hugging Face model with any cache, or the fused model
   uncompiled), then `choose_next`;
 - `CompiledSteps`: static cache + compile: the prefill eager, every later step `decode_step` compiled
   (CUDA graphs on CUDA);
-- `CapturedSteps`, `CapturedGreedySteps`: fused + compile: every later step replayed from the StepGraph that
-  fused_path.py keeps with the fused cache (step_graph.py).
+- the fused path's captured steps (fused/path.py) subclass `Steps`: every later step replayed from the
+  StepGraph kept with the fused cache (step_graph.py).
 
-Every step object chooses its tokens through `choose_next` (compiled or not), except the greedy captured steps,
-whose kernel does the same choice and bookkeeping on the device (fused/kernels/greedy.py). Nothing here reads
-a device value on the host.
+`hf_steps` makes a call's steps on the Hugging Face model, with its cache (hf/caches.py). Every step object
+chooses its tokens through sampling.choose_next (compiled or not), except the fused greedy captured steps, whose
+kernel does the same choice and bookkeeping on the device (fused/kernels/greedy.py). Nothing here reads a
+device value on the host.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -26,11 +26,8 @@ import torch
 
 from ..hf import caches
 from ..hf.sliding_cache import decode_masks
-from ..inputs import Request
-from ..sampling import SamplingParams, draw_noise, mark_seen, pick_next
-from ..strategy import Strategy
+from ..sampling import SamplingParams, choose_next, draw_noise, mark_seen
 from .compiling import recompile_limits
-from .stopping import mark_finished
 
 
 def decode_step(
@@ -50,13 +47,6 @@ def decode_step(
     logits = model(**model_kwargs).logits[:, -1, :]  # (B, V)
     position = model_kwargs["position_ids"][:, -1]  # (B,)
     return (choose or choose_next)(logits, position, state, eos_ids, pad_id, noise, params, seen)
-
-
-def choose_next(logits, position, state, eos_ids, pad_id: int, noise, params: SamplingParams, seen=None):
-    """(B, V) logits of the tokens at `position` (B,) -> the new state (B, 3) and the all-finished flag."""
-    tokens = pick_next(logits, noise, params, seen)
-    tokens, finished, done = mark_finished(tokens, state[:, 2].bool(), eos_ids, pad_id)
-    return torch.stack([tokens, position + 1, finished.long()], dim=1), done
 
 
 @functools.cache
@@ -174,59 +164,6 @@ class CompiledSteps(EagerSteps):
         return done
 
 
-class CapturedSteps(Steps):
-    """Fused and compiled, sampling (or greedy with a repetition penalty): the prefill eager on the fused model,
-    every later step a run of `graph` (step_graph.StepGraph, kept by fused_path.py with the fused cache), which
-    reads its noise from its own buffer and advances the graph's state (ours), flag, seen mask and step log
-    in place (fused/kernels/sample.py)."""
-
-    def __init__(self, model, cache, out, graph, inputs: StepInputs):
-        if inputs.generator is not None:  # every draw of the call, the prefill's too, from the graph's generator
-            graph.seed_from(inputs.generator)
-            inputs = dataclasses.replace(inputs, generator=graph.generator)
-        super().__init__(model, cache, out, graph.state, inputs)
-        self.graph = graph
-        self.out_is_kept = graph.log is not None  # then `out` is the log's: the next call writes it again
-        self.state.zero_()  # the graph reads and advances it in place
-
-    def prefill(self) -> torch.Tensor:
-        return self._eager(0, noise_out=self.graph.noise)
-
-    def step(self, j: int) -> torch.Tensor:
-        # a graph's first run is eager (and may compile what its step compiles)
-        with recompile_limits() if self.graph.eager_runs == 0 else contextlib.nullcontext():
-            self.graph.run()  # advances state and graph.done in place
-        if self.graph.log is None:
-            self._emit(j)
-        return self.graph.done
-
-    def host_flag(self, j: int) -> torch.Tensor | None:
-        log = self.graph.log
-        return None if log is None or j == 0 else log.flags[self.inputs.prompt_len + j]
-
-
-class CapturedGreedySteps(CapturedSteps):
-    """Fused and compiled, greedy: the prefill then the step's own choice kernel (FusedModel.greedy_prefill);
-    every later step a run of the graph, whose kernel chooses the token and, with a step log, writes the tokens
-    into `out` (the log's) and its flag into pinned host memory itself."""
-
-    def prefill(self) -> torch.Tensor:
-        kwargs = self.cache.model_kwargs(0)
-        i = self.inputs
-        self.model.greedy_prefill(
-            self.cache.cache,
-            kwargs["input_ids"],
-            kwargs["attention_mask"],
-            kwargs["position_ids"],
-            self.state,
-            i.eos_ids,
-            i.pad_id,
-            self.graph.done,
-        )
-        self._emit(0)
-        return self.graph.done
-
-
 def new_output(batch: int, length: int, input_ids, device, log=None) -> torch.Tensor:
     """A call's (B, P + N) output buffer, the prompt in its first columns: the first P + N columns of a StepGraph's
     `log` (whose steps write their tokens there; its count set to the first graph step's column), or a new one."""
@@ -242,16 +179,14 @@ def new_output(batch: int, length: int, input_ids, device, log=None) -> torch.Te
     return out
 
 
-def hf_steps(model, req: Request, strat: Strategy, inputs: StepInputs, store: caches.StaticCaches) -> Steps:
-    """The step objects of one call on the Hugging Face model: its cache (static ones from the decoder's
-    `store`), compiled or not."""
+def hf_steps(model, plan, inputs: StepInputs, store: caches.StaticCaches) -> Steps:
+    """The step objects of one call (plan.Plan) on the Hugging Face model: its cache (static ones from the
+    decoder's `store`), compiled or not."""
+    req = plan.request
     B, P = req.input_ids.shape
-    N = req.max_new_tokens
-    out = new_output(B, P + N, req.input_ids, inputs.device)
-    cache = caches.make_cache(
-        strat.cache, model, req.input_ids, req.attention_mask, out, N, store, strat.compile
-    )  # the no-cache step reads `out`
+    out = new_output(B, P + req.max_new_tokens, req.input_ids, inputs.device)
+    cache = caches.make_cache(model, plan, out, store)  # the no-cache step reads `out`
     # (B, 3): last token, its position, finished. Our own copy of each step's result: a CUDA graph's outputs are
     # overwritten by its next replay, so they are copied here before the next step runs.
     state = torch.zeros((B, 3), dtype=torch.long, device=inputs.device)
-    return (CompiledSteps if strat.compile else EagerSteps)(model, cache, out, state, inputs)
+    return (CompiledSteps if plan.step == "compiled" else EagerSteps)(model, cache, out, state, inputs)

@@ -32,13 +32,6 @@ import torch
 from ..strategy import STOP_CHECKS
 
 
-def mark_finished(tokens: torch.Tensor, finished: torch.Tensor, eos_ids: torch.Tensor, pad_id: int):
-    """(B,) tokens, (B,) finished -> tokens with pad on finished rows, updated finished, 0-d "all done"."""
-    tokens = torch.where(finished, pad_id, tokens)
-    finished = finished | torch.isin(tokens, eos_ids)
-    return tokens, finished, finished.all()
-
-
 def steps_until_all_finished(generated: torch.Tensor, eos_ids: torch.Tensor) -> int:
     """(B, N) generated tokens -> the number of steps the sync loop would have run. One host sync."""
     N = generated.shape[1]

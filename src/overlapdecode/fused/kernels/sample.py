@@ -1,7 +1,7 @@
 """The sampled token choice of a decode step in five launches after the LM head, with its stop bookkeeping.
 
 What it computes, per row b (the contract of `sample_finish_ref`, which is the decode loop's own `choose_next`
-for sampling: sampling.pick_next, then stopping.mark_finished):
+for sampling: sampling.choose_next, which is sampling.pick_next then mark_finished):
 
     token = the kept token with the largest exp(score) / noise     the exponential race over Hugging Face's
                                                                    kept set (sampling.py: penalty, temperature,
@@ -27,7 +27,7 @@ the same way. Each check is one masked sum. The four launches, each over a (BLOC
 
 Each kernel reduces the partials of the ones before when it starts (NBLK per row, from L2): no tickets, no
 cross-program waits. Without top-p only launches 1, 2 and 5 run. The top-k threshold comes from `torch.topk`
-(one launch more, only with top-k). With a step log (step_graph.StepLog) the finish writes the tokens and
+(one launch more, only with top-k). With a step log (greedy.StepLog) the finish writes the tokens and
 the flag where the decode loop reads them, as the greedy choice does.
 
 Ties: the race takes the first index of the largest exp(score) / noise, as `argmax` does; blocks are reduced in
@@ -40,10 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...loop.step_graph import StepLog
-from ...loop.stopping import mark_finished
-from ...sampling import SamplingParams, mark_seen, penalize, pick_next
-from .greedy import BIG_INDEX, REDUCE_BLOCKS, GreedyFinish, advance_rows, check_finish, greedy_finish_ref_log
+from ...sampling import SamplingParams, choose_next, mark_seen, penalize
+from .greedy import BIG_INDEX, REDUCE_BLOCKS, GreedyFinish, StepLog, advance_rows, check_finish, greedy_finish_ref_log
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 
@@ -52,13 +50,13 @@ def sample_finish_ref(
 ) -> None:
     """The decode loop's sampled choice on (B, V) logits, written into state (B, 3), done (0-d) and seen (and
     the step log, on CPU, as kernels/greedy.py's twin writes it)."""
-    tokens, finished, all_done = mark_finished(pick_next(logits, noise, params, seen), state[:, 2].bool(), eos, pad_id)
-    state.copy_(torch.stack([tokens, state[:, 1] + 1, finished.long()], dim=1))
+    new_state, all_done = choose_next(logits, state[:, 1], state, eos, pad_id, noise, params, seen)
+    state.copy_(new_state)
     done.copy_(all_done)
     if seen is not None:
-        mark_seen(seen, tokens)
+        mark_seen(seen, state[:, 0])
     if log is not None:
-        greedy_finish_ref_log(log, tokens, all_done)
+        greedy_finish_ref_log(log, state[:, 0], all_done)
 
 
 @triton.jit
@@ -508,7 +506,7 @@ def sample_choice(
 ) -> None:
     """The Triton kernels of `sample_finish_ref`: logits (B, V) float32 with contiguous rows, noise (B, V)
     float32, seen (B, V) bool when params.uses_seen (else None), state (B, 3) long, eos (E,) long, done 0-d
-    bool, log a step_graph.StepLog or None; writes state, done, seen and the log in place; `pdl`: pdl.py's mode
+    bool, log a greedy.StepLog or None; writes state, done, seen and the log in place; `pdl`: pdl.py's mode
     of the five launches (each waits for the one ahead before its first load). No host sync: every value stays
     on the device."""
     if not params.do_sample:
