@@ -42,7 +42,8 @@ import torch
 
 import overlapdecode as od
 from overlapdecode.bench import scale
-from overlapdecode.bench.worker import device_bandwidth_gbs, step_weight_bytes, weight_bytes
+from overlapdecode.bench.worker import device_bandwidth_gbs
+from overlapdecode.facts import step_weight_bytes, weight_bytes
 
 
 def _ints(text: str) -> list[int]:

@@ -47,7 +47,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import overlapdecode as od  # noqa: E402
-from overlapdecode.bench.worker import device_bandwidth_gbs, weight_bytes  # noqa: E402
+from overlapdecode.bench.worker import device_bandwidth_gbs  # noqa: E402
+from overlapdecode.facts import weight_bytes  # noqa: E402
 from overlapdecode.tp import VocabShard, is_sharded  # noqa: E402
 
 PROMPT_LEN = 16

@@ -12,7 +12,9 @@ import torch
 
 import overlapdecode as od
 from helpers import hf_generate, make_batch
-from overlapdecode.fused.layout import DECODERS, fuse_weights
+from overlapdecode.fused.families import DECODERS
+from overlapdecode.fused.layout import fuse_weights
+from overlapdecode.models import loading, shapes
 
 # name -> (config class, fields as the published config.json gives them, its rope_parameters' keys)
 CONFIGS = {
@@ -196,12 +198,12 @@ NAMES = list(CONFIGS)
 
 def _meta_model(config):
     with torch.device("meta"):
-        return od.models.loading._CAUSAL_LM[config.model_type](config)
+        return loading._CAUSAL_LM[config.model_type](config)
 
 
 def _at_depth(name: str, layers: int):
     """The shape's config at `layers` layers, its layer-type pattern repeated to them."""
-    cls, kwargs = od.models.loading._FAMILY_SHAPES[name]
+    cls, kwargs = shapes.FAMILY_SHAPES[name]
     kwargs = dict(kwargs, num_hidden_layers=layers)
     for key in ("layer_types", "no_rope_layers"):
         if key in kwargs:
@@ -216,17 +218,17 @@ def test_the_new_shapes_are_embedded_names():
 @pytest.mark.parametrize("name", NAMES)
 def test_config_fields_are_the_published_ones(name):
     cls, fields, rope = CONFIGS[name]
-    cfg = od.models.loading.embedded_config(name)
+    cfg = loading.embedded_config(name)
     assert type(cfg).__name__ == cls
     assert {key: getattr(cfg, key) for key in fields} == fields
     assert {key: cfg.rope_parameters.get(key) for key in rope} == rope
-    assert od.models.loading.embedded_config(name) is not cfg  # each caller its own
+    assert loading.embedded_config(name) is not cfg  # each caller its own
 
 
 def test_phi3_longrope_has_a_factor_per_rotary_pair():
     """Phi-3.5-mini's LongRoPE: short and long factors, one per pair of the 96-wide heads, as transformers validates
     them; the long ones past 4096 positions stretch the slow frequencies up to 64 times."""
-    cfg = od.models.loading.embedded_config("phi3-mini-random")
+    cfg = loading.embedded_config("phi3-mini-random")
     params = cfg.rope_parameters
     assert len(params["short_factor"]) == len(params["long_factor"]) == 48 == cfg.hidden_size // 32 // 2
     assert params["short_factor"][0] == 1.0 and params["long_factor"][-1] == 64.84
@@ -236,11 +238,11 @@ def test_phi3_longrope_has_a_factor_per_rotary_pair():
 
 
 def test_layer_patterns_are_the_shipped_ones():
-    smol = od.models.loading.embedded_config("smollm3-3b-random")
+    smol = loading.embedded_config("smollm3-3b-random")
     assert [i for i, rotates in enumerate(smol.no_rope_layers) if not rotates] == list(range(3, 36, 4))
-    gemma2 = od.models.loading.embedded_config("gemma2-2b-random")
+    gemma2 = loading.embedded_config("gemma2-2b-random")
     assert gemma2.layer_types == ["sliding_attention", "full_attention"] * 13
-    oss = od.models.loading.embedded_config("gpt-oss-random")
+    oss = loading.embedded_config("gpt-oss-random")
     assert oss.layer_types == ["sliding_attention", "full_attention"] * 6
 
 
@@ -254,7 +256,7 @@ def test_configs_build_and_validate_without_warnings(name):
     logger = logging.getLogger("transformers")  # transformers' loggers do not propagate to the root
     logger.addHandler(handler)
     try:
-        od.models.loading.embedded_config(name).validate_rope()
+        loading.embedded_config(name).validate_rope()
     finally:
         logger.removeHandler(handler)
     assert [r.getMessage() for r in records] == []
@@ -265,7 +267,7 @@ def test_parameter_counts_are_the_published_models(name):
     """Built on the meta device (no memory): the shape's exact count and head size, and at the published model's
     depth within 1% of its published count (the cards round to three figures)."""
     model_name, published, depth, count, head_dim = PUBLISHED[name]
-    model = _meta_model(od.models.loading.embedded_config(name))
+    model = _meta_model(loading.embedded_config(name))
     assert sum(p.numel() for p in model.parameters()) == count, model_name
     assert model.model.layers[0].self_attn.head_dim == head_dim
     full = _meta_model(_at_depth(name, depth))
@@ -296,11 +298,11 @@ EXTRAS = {
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_fused_path_takes_each_shape(name):
-    """A decoder of layout.DECODERS, fused at real size on the meta device with the attention load_model builds it
+    """A decoder of families.DECODERS, fused at real size on the meta device with the attention load_model builds it
     with (fuse_weights refuses what the step does not run), with its family's changes."""
-    config = od.models.loading.embedded_config(name)
-    cls = od.models.loading._CAUSAL_LM[config.model_type]
-    config._attn_implementation = od.models.loading._embedded_attention(cls, config, "sdpa")
+    config = loading.embedded_config(name)
+    cls = loading._CAUSAL_LM[config.model_type]
+    config._attn_implementation = loading._embedded_attention(cls, config, "sdpa")
     assert config.model_type in DECODERS
     W = fuse_weights(_meta_model(config))
     assert set(W.extras()) == EXTRAS[name]
@@ -309,9 +311,9 @@ def test_the_fused_path_takes_each_shape(name):
 
 def test_the_fused_weights_of_each_family_are_its_own():
     def fused(name):
-        config = od.models.loading.embedded_config(name)
-        cls = od.models.loading._CAUSAL_LM[config.model_type]
-        config._attn_implementation = od.models.loading._embedded_attention(cls, config, "sdpa")
+        config = loading.embedded_config(name)
+        cls = loading._CAUSAL_LM[config.model_type]
+        config._attn_implementation = loading._embedded_attention(cls, config, "sdpa")
         return fuse_weights(_meta_model(config))
 
     W = fused("phi3-mini-random")  # as shipped: one QKV and one gate/up matrix a layer
@@ -341,11 +343,11 @@ def test_load_model_builds_gpt_oss_and_gemma2_with_eager_attention():
     """gpt-oss has no SDPA attention (transformers refuses to build it so); Gemma 2's SDPA attention skips the
     attention soft-cap. The others keep what was asked."""
     for name in NAMES:
-        config = od.models.loading.embedded_config(name)
-        cls = od.models.loading._CAUSAL_LM[config.model_type]
+        config = loading.embedded_config(name)
+        cls = loading._CAUSAL_LM[config.model_type]
         want = "eager" if name in ("gpt-oss-random", "gemma2-2b-random") else "sdpa"
-        assert od.models.loading._embedded_attention(cls, config, "sdpa") == want, name
-        assert od.models.loading._embedded_attention(cls, config, "eager") == "eager"
+        assert loading._embedded_attention(cls, config, "sdpa") == want, name
+        assert loading._embedded_attention(cls, config, "eager") == "eager"
 
 
 # A tiny size of each shape, its family's structure kept (LongRoPE switching inside the prompt, the NoPE layer, the
@@ -396,9 +398,9 @@ _TINY_OVERRIDES = {
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_family_loads_and_generates_its_hf_tokens_at_a_tiny_size(name, monkeypatch):
-    cls, kwargs = od.models.loading._FAMILY_SHAPES[name]
+    cls, kwargs = shapes.FAMILY_SHAPES[name]
     kwargs = {**kwargs, **_TINY, **_TINY_OVERRIDES[name], "eos_token_id": 998}
-    monkeypatch.setattr(od.models, "embedded_config", lambda n: cls(**kwargs) if n == name else None)
+    monkeypatch.setattr(loading, "embedded_config", lambda n: cls(**kwargs) if n == name else None)
     model = od.load_model(name, device="cpu")
     assert type(model).__name__ == PUBLISHED_CLASS[name] and not model.training
     assert model.generation_config.eos_token_id == 998 and model.generation_config.bos_token_id == 999

@@ -1,4 +1,4 @@
-"""The `fused` preset on the decoder families beyond the Llama family and GPT-2 (layout.DECODERS), CPU, float32,
+"""The `fused` preset on the decoder families beyond the Llama family and GPT-2 (families.DECODERS), CPU, float32,
 the torch twins of the kernels: Hugging Face generate()'s greedy tokens (two left-padded prompts, EOS mid-way and
 off), per-step logits within 1e-4 of Hugging Face's, seeded sampling equal to the `kv` preset's, the Hugging Face
 model unharmed by the re-layout, and what the step does not implement refused with one ValueError naming it.
@@ -16,6 +16,7 @@ from fused_steps import fused_logits, hf_greedy
 from helpers import eos_hit_midway, hf_generate, make_batch
 from overlapdecode.fused.layout import fuse_weights
 from overlapdecode.fused.model import FusedModel
+from overlapdecode.models import loading
 
 N = 20
 
@@ -372,9 +373,9 @@ def test_moe_with_a_sliding_window_shorter_than_the_call(name, config):
 def test_the_bench_mixture_of_experts_shape_is_fused():
     """qwen3-moe-random (models.py, the bench's Qwen3-30B-A3B layer): every layer routed, 8 of 32, renormalised; built
     on the meta device."""
-    config = od.models.loading.embedded_config("qwen3-moe-random")
+    config = loading.embedded_config("qwen3-moe-random")
     with torch.device("meta"):
-        model = od.models.loading._CAUSAL_LM[config.model_type](config)
+        model = loading._CAUSAL_LM[config.model_type](config)
     W = fuse_weights(model)
     assert [(layer.router.shape, layer.top_k, layer.renorm) for layer in W.layers] == [((32, 2048), 8, True)] * 12
     assert W.layers[0].w_up.shape == (32, 1536, 2048) and W.layers[0].q_norm.shape == (128,)

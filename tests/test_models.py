@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerFast
 import overlapdecode as od
 from helpers import hf_generate, make_batch
 from overlapdecode import tp as tensor_parallel
-from overlapdecode.models import random_init
+from overlapdecode.models import loading, random_init, shapes
 
 
 def save_tiny_with_tokenizer(path):
@@ -55,7 +55,7 @@ SHAPES = {
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_embedded_configs(name):
     vocab, hidden, layers, positions, eos, bos = SHAPES[name]
-    cfg = od.models.loading.embedded_config(name)
+    cfg = loading.embedded_config(name)
     got = (
         cfg.vocab_size,
         cfg.hidden_size,
@@ -208,11 +208,11 @@ SMALL_SHAPES = {
 
 
 def _meta_model(name: str, **overrides):
-    config = od.models.loading.embedded_config(name)
+    config = loading.embedded_config(name)
     for key, value in overrides.items():
         setattr(config, key, value)
     with torch.device("meta"):
-        return od.models.loading._CAUSAL_LM[config.model_type](config)
+        return loading._CAUSAL_LM[config.model_type](config)
 
 
 @pytest.mark.parametrize("name", list(SMALL_SHAPES))
@@ -242,11 +242,11 @@ def test_small_llama_family_shapes_are_the_published_ones(name):
 def test_small_shapes_run_fused_at_one_layer(name):
     """Each shape's layer (full width, one layer, a small vocabulary) drawn by random_init as load_model draws it,
     then `fused` (the torch twins of the kernels, float32) against Hugging Face's greedy tokens."""
-    config = od.models.loading.embedded_config(name)
+    config = loading.embedded_config(name)
     config.num_hidden_layers, config.vocab_size = 1, 1000
     config.bos_token_id = config.eos_token_id = 999
     model = random_init.random_model(
-        od.models.loading._CAUSAL_LM[config.model_type],
+        loading._CAUSAL_LM[config.model_type],
         config,
         tensor_parallel.Placement(0, 1, torch.device("cpu")),
         torch.float32,
@@ -305,11 +305,11 @@ def test_other_family_shapes_are_the_published_ones(name):
     assert attn.q_norm.weight.shape == (head_dim,)  # both families normalise each head's queries and keys
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     assert (cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id) == (vocab, eos, bos)
-    assert od.models.loading.embedded_config(name) is not od.models.loading.embedded_config(name)  # each caller its own
+    assert loading.embedded_config(name) is not loading.embedded_config(name)  # each caller its own
 
 
 def test_gemma3_shape_has_the_sliding_window_pattern_and_a_rope_base_per_layer_kind():
-    cfg = od.models.loading.embedded_config("gemma3-1b-random")
+    cfg = loading.embedded_config("gemma3-1b-random")
     full = [i for i, kind in enumerate(cfg.layer_types) if kind == "full_attention"]
     assert full == [5, 11, 17, 23] and cfg.layer_types.count("sliding_attention") == 22
     assert cfg.sliding_window == 512 and cfg.query_pre_attn_scalar == 256
@@ -350,11 +350,11 @@ _TINY_OVERRIDES = {
 
 @pytest.mark.parametrize("name", list(_TINY_OVERRIDES))
 def test_other_families_load_and_generate_their_hf_tokens_at_a_tiny_size(name, monkeypatch):
-    cls, kwargs = od.models.loading._FAMILY_SHAPES[name]
+    cls, kwargs = shapes.FAMILY_SHAPES[name]
     kwargs = dict(kwargs, **_TINY, **_TINY_OVERRIDES[name], eos_token_id=998)
     if "layer_types" in kwargs:
         kwargs["layer_types"] = kwargs["layer_types"][: kwargs["num_hidden_layers"]]
-    monkeypatch.setattr(od.models, "embedded_config", lambda n: cls(**kwargs) if n == name else None)
+    monkeypatch.setattr(loading, "embedded_config", lambda n: cls(**kwargs) if n == name else None)
     model = od.load_model(name, device="cpu")
     assert type(model).__name__ == FAMILY_SHAPES[name][0] and not model.training
     assert model.generation_config.eos_token_id == 998 and model.generation_config.bos_token_id == 999

@@ -1,4 +1,4 @@
-"""bench/worker.py step_weight_bytes: the weight bytes a decode step of B rows reads, the floor of MBU and the toll.
+"""facts.py step_weight_bytes: the weight bytes a decode step of B rows reads, the floor of MBU and the toll.
 
 A mixture of experts' step reads at most min(E, B x k) of a layer's E experts; everything else is read whole. The
 expected figures are computed here from each config's sizes (the bytes of one expert times the experts a step
@@ -30,7 +30,7 @@ from transformers import (
 )
 
 import overlapdecode as od
-from overlapdecode.bench.worker import step_weight_bytes, weight_bytes
+from overlapdecode.facts import step_weight_bytes, weight_bytes
 
 E, K = 8, 2  # experts per MoE layer, experts per token
 H, HEADS, KV_HEADS, HEAD_DIM, VOCAB, LAYERS = 32, 4, 2, 8, 128, 3
@@ -226,9 +226,9 @@ def test_a_bench_row_records_the_bytes_of_a_step_at_its_batch(tmp_path, monkeypa
 
 
 def test_a_scale_sweep_point_records_the_bytes_of_a_step_at_its_rows(tmp_path, monkeypatch):
-    from overlapdecode.bench import worker
+    from overlapdecode import facts
 
-    monkeypatch.setattr(worker, "step_weight_bytes", lambda model, rows: 1000 * rows)
+    monkeypatch.setattr(facts, "step_weight_bytes", lambda model, rows: 1000 * rows)
     path = Path(__file__).parent.parent / "scripts" / "scale_sweep.py"
     spec = importlib.util.spec_from_file_location("scale_sweep", path)
     script = importlib.util.module_from_spec(spec)

@@ -7,6 +7,7 @@ import torch
 from transformers import TextIteratorStreamer, TextStreamer
 
 import overlapdecode as od
+from overlapdecode.models import loading
 from overlapdecode.models.tokenizer import OFFSET, ByteTokenizer
 from test_models import save_tiny_with_bpe_tokenizer
 
@@ -15,7 +16,7 @@ from test_models import save_tiny_with_bpe_tokenizer
 def test_embedded_names_get_a_byte_tokenizer_whose_ids_miss_the_special_ones(name):
     tok = od.load_tokenizer(name)
     assert isinstance(tok, ByteTokenizer)
-    cfg = od.models.loading.embedded_config(name)
+    cfg = loading.embedded_config(name)
     byte_ids = set(range(OFFSET, OFFSET + 256))
     assert max(byte_ids) < cfg.vocab_size
     assert cfg.eos_token_id not in byte_ids and cfg.bos_token_id not in byte_ids

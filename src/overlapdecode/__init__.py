@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 # exported name -> the module that defines it
 _EXPORTS = {
     "EMBEDDED": "models.loading",
+    "ModelFacts": "facts",
     "Decoder": "decode",
     "PRESETS": "strategy",
     "VARIANTS": "strategy",
@@ -27,6 +28,7 @@ _EXPORTS = {
     "generate": "decode",
     "load_model": "models.loading",
     "load_tokenizer": "models.loading",
+    "model_facts": "facts",
     "resolve_strategy": "strategy",
 }
 __all__ = sorted(_EXPORTS)
@@ -34,6 +36,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .decode import Decoder, decoder_for, generate
+    from .facts import ModelFacts, model_facts
     from .loop.compiling import compile_count
     from .models.loading import EMBEDDED, load_model, load_tokenizer
     from .models.tokenizer import ByteTokenizer

@@ -317,25 +317,10 @@ def default_strategies(model: str, config, cuda: bool) -> tuple[str, ...]:
 
 
 def _fused_applies(model: str, config) -> bool:
-    """Whether the fused path takes this model: its family (fused/layout.py SUPPORTED) and, for the Llama family,
-    no sliding-window layers, read from the config alone (the other checks need the weights; they refuse very few
-    models)."""
-    from types import SimpleNamespace
+    """Whether the fused path takes this model, read from its config alone (facts.ModelFacts.fused)."""
+    from ..facts import model_facts  # torch: imported when a command runs, not for --help
 
-    from ..models.loading import embedded_config  # torch: imported when a command runs, not for --help
-
-    try:
-        from ..fused.layout import LLAMA_FAMILY, model_family  # Triton: imported only where fused may be measured
-    except ImportError:
-        return False
-    config = embedded_config(model) if config is None else config
-    try:
-        model_family(SimpleNamespace(config=config))
-    except ValueError:
-        return False
-    if getattr(config, "model_type", None) not in LLAMA_FAMILY:
-        return True  # the other families' sliding layers are the step's own (layout.LayerWeights.window)
-    return "sliding_attention" not in (getattr(config, "layer_types", None) or [])
+    return model_facts(model if config is None else config).fused
 
 
 def _check_tp(args) -> None:
@@ -419,12 +404,12 @@ def _check_gpus(text: str, device) -> tuple[int, ...]:
 
 
 def _check_positions(model: str, prompt_len: int, longest: int) -> None:
-    from ..models.loading import EMBEDDED, embedded_config  # torch: imported when a command runs, not for --help
+    from .. import EMBEDDED  # torch: imported when a command runs, not for --help
+    from ..facts import model_facts
 
     if model in EMBEDDED:
-        cfg = embedded_config(model)
-        limit = getattr(cfg, "n_positions", None) or cfg.max_position_embeddings
-        if prompt_len + longest > limit:
+        limit = model_facts(model).positions
+        if limit is not None and prompt_len + longest > limit:
             raise CliError(f"--prompt-len {prompt_len} + longest length {longest} exceeds {model}'s {limit} positions")
 
 

@@ -31,7 +31,7 @@ import transformers
 
 import overlapdecode as od
 
-from ..hf.architecture import describe
+from ..facts import model_facts, step_weight_bytes
 from . import memory, timeline
 from .config import BenchConfig, config_from_json, plan
 from .peers import PEERS, peer_compiles, run_peer
@@ -74,75 +74,6 @@ def device_bandwidth_gbs(device, nbytes: int = 1 << 31, repeats: int = 10) -> fl
     del src, dst
     torch.cuda.empty_cache()
     return 2 * nbytes / statistics.median(times) / 1e9
-
-
-def weight_bytes(model) -> int:
-    """Bytes of the model's parameters, each storage counted once (tied embeddings are one tensor): what a
-    decode step reads at least once."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        key = (p.untyped_storage().data_ptr(), p.device)
-        if key not in seen:
-            seen.add(key)
-            total += p.untyped_storage().nbytes()
-    return total
-
-
-# where a config names its routed experts and the experts each token is routed to (Qwen3-MoE, Mixtral, gpt-oss,
-# OLMoE, DeepSeek-V3 and the like; attribute maps make several names answer for one field)
-EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
-EXPERTS_PER_TOKEN_FIELDS = ("num_experts_per_tok", "top_k_experts", "moe_topk")
-
-
-def _config_count(cfg, fields) -> int | None:
-    for field in fields:
-        value = getattr(cfg, field, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-def stacked_experts(model, num_experts: int) -> list:
-    """The routed experts' stacked tensors: the parameters of two or more dimensions, the first `num_experts`, of
-    each module named like `experts` (`mlp.experts`: transformers 5.x's (E, 2I, H) gate_up_proj, (E, H, I)
-    down_proj, gpt-oss's (E, 2I) biases), except shared experts (dense: every token runs them) and a router or gate
-    inside such a module (JetMoE's: its (E, H) weight is read whole, as is its bias of H = E values). Each tensor
-    once."""
-    found, seen = [], set()
-    for name, module in model.named_modules():
-        last = name.rsplit(".", 1)[-1].lower()
-        if not last.endswith("experts") or last.startswith("shared"):
-            continue
-        for pname, p in module.named_parameters():
-            path = [part.lower() for part in pname.split(".")[:-1]]
-            if any("router" in part or part.endswith("gate") for part in path):
-                continue
-            key = (p.untyped_storage().data_ptr(), p.device, p.storage_offset(), tuple(p.shape), p.stride())
-            if p.dim() >= 2 and p.shape[0] == num_experts and key not in seen:
-                seen.add(key)
-                found.append(p)
-    return found
-
-
-def step_weight_bytes(model, rows: int) -> int:
-    """The weight bytes one decode step of `rows` rows reads at least: `weight_bytes`, less the experts it cannot
-    reach. Why: MBU and the toll measure a step against its floor, the bytes it must read at the copy bandwidth; a
-    mixture of experts' step reads only the experts its rows were routed to, at most min(E, rows x k) of a layer's
-    E (k experts per token), so each stacked expert tensor (`stacked_experts`) counts min(E, rows x k) / E of its
-    bytes. Counting every expert would overstate the floor (Qwen3-30B-A3B at batch 1: 8 of 128 experts read).
-    Routers, shared experts and everything else count whole; a dense model's figure is `weight_bytes`'."""
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}")
-    total = weight_bytes(model)
-    cfg = model.config.get_text_config(decoder=True)
-    num_experts = _config_count(cfg, EXPERT_COUNT_FIELDS)
-    per_token = _config_count(cfg, EXPERTS_PER_TOKEN_FIELDS)
-    if num_experts is None or per_token is None:
-        return total
-    unread = num_experts - min(num_experts, rows * per_token)
-    for p in stacked_experts(model, num_experts):
-        total -= p.numel() * p.element_size() * unread // num_experts
-    return total
 
 
 def _runner(name, model, ids, max_new, eos, pad, seed: int = 0):
@@ -283,7 +214,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device))
                 row["weight_bytes"] = step_weight_bytes(model, batch)  # the experts this batch can reach
                 if "seq_s" in row:  # a timed row: its decode ms/step and per-layer toll beside MBU
-                    row.update(step_toll(row, describe(model).num_layers or None))
+                    row.update(step_toll(row, model_facts(model).layers or None))
             except torch.cuda.OutOfMemoryError as err:  # a figure we could not get is recorded as such
                 if cfg.tp > 1:
                     # one rank's out-of-memory: its peers may be inside this row's collectives, and a rank that went

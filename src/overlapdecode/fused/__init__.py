@@ -1,5 +1,5 @@
 """The `fused` decode path: the project's own one-token step (Triton kernels on CUDA, their torch twins
-elsewhere) on weights re-laid out once, for the Llama family, GPT-2 and the decoders of layout.DECODERS. See
+elsewhere) on weights re-laid out once, for the Llama family, GPT-2 and the decoders of families.DECODERS. See
 docs/KERNELS.md.
 
 Its names are resolved on first use (PEP 562): the decoder imports path.py on every call, and Triton (which
@@ -11,12 +11,12 @@ import importlib
 
 # exported name -> the module of this package that defines it
 _EXPORTS = {
-    "SUPPORTED": "layout",
+    "SUPPORTED": "families",
     "FusedCache": "cache",
     "FusedKV": "cache",
     "FusedModel": "model",
     "fuse_weights": "layout",
-    "model_family": "layout",
+    "model_family": "families",
 }
 __all__ = sorted(_EXPORTS)
 

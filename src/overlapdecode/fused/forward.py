@@ -20,7 +20,7 @@ from .kernels.norm_linear import norm_linear_ref, norm_ref
 from .kernels.norm_qkv import apply_rope, qk_norm_ref, rope_cos_sin
 from .kernels.norm_residual import norm_residual_ref
 from .kernels.swap_ab import use_swap
-from .layout import FusedWeights
+from .weights import FusedWeights
 
 
 def decode_attention_torch(q, k_cache, v_cache, start, length, scale: float, softcap: float | None = None, sinks=None):

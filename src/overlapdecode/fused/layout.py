@@ -1,182 +1,22 @@
-"""Which Hugging Face models the fused path supports, and their weights re-laid out for it, once per model.
+"""A supported model's weights re-laid out for the fused path, once per model (`fuse_weights`): the Llama family,
+GPT-2, and the decoders of the Llama family's shape with their own changes (families.DECODERS), each read from
+its modules and config; anything the step does not implement is a ValueError naming it.
 
-The decode kernels want one weight matrix per fused projection (Q, K and V rows together; gate then up
-rows), row-major (out, in). Copying the weights would double the memory, so the fused tensors are made once
-and the Hugging Face parameters are re-bound as VIEWS of them: the Hugging Face model keeps working, reads
-the same bytes, and a second `fuse_weights` of the same model finds the views and copies nothing.
+The layout itself, and why the Hugging Face parameters become views of it, is weights.py's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.distributed as dist
-from torch import nn
 
-from ..tp import RowReduce, VocabShard, row_reduce_of
+from ..tp import row_reduce_of
 from ..tp.shard import is_sharded
+from .families import LLAMA_FAMILY, MOE, model_family
+from .weights import FusedWeights, LayerWeights, bias_of, conv1d_out_in, fuse_rows
 
-LLAMA_FAMILY = ("llama", "qwen2", "mistral")
-# The mixtures of experts among the decoders below: softmax over the router logits, top-k, the top-k weights
-# renormalised (Mixtral always, Qwen3-MoE where config.norm_topk_prob), each expert a SiLU-gated MLP; gpt-oss: a
-# router with a bias, the top k of its logits then their softmax, experts with biases, gate/up rows interleaved, a
-# clamped SwiGLU.
-MOE = ("qwen3_moe", "mixtral", "gpt_oss")
-# Decoders of the Llama family's shape that change some part of its layer (fused by _fuse_decoder): per-head Q/K
-# norms (Qwen3, Gemma 3), fused QKV and gate/up as shipped with partial rotary and LongRoPE (Phi-3), multipliers
-# (Granite), layers without RoPE (SmolLM3), post-norms and whole-projection Q/K norms (OLMo2), Gemma's norms,
-# GeGLU, scaled embeddings, soft-capping and sliding-window layers (Gemma 1/2/3), routed experts in place of the MLP
-# (Qwen3-MoE, Mixtral: kernels/moe.py), and gpt-oss's attention sinks, biases and clamped experts.
-DECODERS = ("qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma", "gemma2", "gemma3_text") + MOE
-SUPPORTED = LLAMA_FAMILY + ("gpt2",) + DECODERS
 # Rotary variants whose frequencies do not depend on the sequence length (HF precomputes `inv_freq`).
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_new")
-
-
-@dataclass
-class LayerWeights:
-    """One decoder layer. Matrices are (out, in) row-major; a `*_b` is None where the model has no bias; a norm
-    weight None where the layer has no such norm."""
-
-    norm1_w: torch.Tensor | None  # None: no norm before attention (OLMo2)
-    norm1_b: torch.Tensor | None
-    w_qkv: torch.Tensor  # (Hq*D + 2*Hkv*D, H): Q rows, then K rows, then V rows
-    b_qkv: torch.Tensor | None
-    w_o: torch.Tensor  # (H, Hq*D)
-    b_o: torch.Tensor | None
-    norm2_w: torch.Tensor | None  # None: no norm before the MLP (OLMo2)
-    norm2_b: torch.Tensor | None
-    w_up: torch.Tensor  # Llama family: (2I, H), gate rows then up rows; GPT-2: (4H, H); experts: (E, 2I, H)
-    b_up: torch.Tensor | None
-    w_down: torch.Tensor  # (H, I); experts: (E, H, I)
-    b_down: torch.Tensor | None
-    scale: float  # attention score scale
-    q_norm: torch.Tensor | None = None  # RMSNorm of Q before RoPE: (D,) per head (Qwen3, Gemma 3), (Hq*D,) OLMo2's
-    k_norm: torch.Tensor | None = None  # of K: (D,) or (Hkv*D,)
-    post_attn_w: torch.Tensor | None = None  # RMSNorm of the attention branch before its add (OLMo2, Gemma 2/3)
-    post_ffn_w: torch.Tensor | None = None  # of the MLP branch
-    rope: str | None = "global"  # the rotary table: "global" (FusedWeights.inv_freq), "local", None (no RoPE)
-    window: int | None = None  # sliding window: keys at slots > the query's slot - window
-    router: torch.Tensor | None = None  # (E, H): a layer of routed experts (w_up, w_down per expert); None: an MLP
-    top_k: int = 0  # experts per token
-    renorm: bool = False  # the top-k routing weights divided by their sum
-    # gpt-oss: the router's bias (E,) (the experts' are b_up (E, 2I) and b_down (E, H))
-    router_b: torch.Tensor | None = None
-    topk_first: bool = False  # the top k of the router logits, then their softmax (gpt-oss)
-    interleaved: bool = False  # the experts' gate and up rows alternate (gpt-oss)
-    swiglu: tuple[float, float] | None = None  # (alpha, limit) of gpt-oss's clamped activation; None: SiLU(gate) * up
-    sinks: torch.Tensor | None = None  # (Hq,) attention sink logits (gpt-oss)
-
-    def moe_options(self) -> dict:
-        """kernels/moe.py's keywords beyond Qwen3-MoE's and Mixtral's for this layer (none for those)."""
-        out = dict(b_up=self.b_up, b_down=self.b_down, topk_first=self.topk_first, interleaved=self.interleaved)
-        return {k: v for k, v in dict(out, swiglu=self.swiglu).items() if v is not None and v is not False}
-
-
-@dataclass
-class FusedWeights:
-    family: str  # "llama" (Llama, Qwen2, Mistral and the DECODERS) or "gpt2"
-    layers: list[LayerWeights]
-    embed: torch.Tensor  # (V, H)
-    pos_embed: torch.Tensor | None  # (max positions, H), GPT-2's learned positions
-    norm_w: torch.Tensor
-    norm_b: torch.Tensor | None
-    lm_head: torch.Tensor  # (V, H); the embedding itself where tied; this rank's rows of it under tp (vocab)
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    eps: float
-    norm: str  # "rms", "layer", "rms_offset" (Gemma: (1 + w)) or "rms_f32" (OLMo2: w times the float32 x)
-    act: str  # "silu_mul" (gate/up), "gelu_tanh" or "gelu_tanh_mul" (Gemma's GeGLU)
-    inv_freq: torch.Tensor | None  # (R/2,) float32 (R: the rotary dims, D or fewer), None without RoPE
-    rope_scale: float  # HF's attention_scaling, multiplies cos and sin
-    sliding_window: int | None  # Mistral's model-wide window (FusedKV refuses a call longer than it)
-    tp: RowReduce | None = None  # a tensor-parallel shard (tp.py): w_o and w_down are row-parallel
-    vocab: VocabShard | None = None  # under tp: lm_head holds this rank's rows; the step gathers the logits
-    model_type: str = ""
-    local_inv_freq: torch.Tensor | None = None  # Gemma 3's local layers' table (their own base frequency)
-    local_rope_scale: float = 1.0
-    long_inv_freq: torch.Tensor | None = None  # LongRoPE's long table, used where a forward passes rope_switch
-    rope_switch: int | None = None  # LongRoPE: original_max_position_embeddings
-    embed_scale: float | None = None  # Granite's embedding_multiplier; Gemma's sqrt(hidden) in the model dtype
-    residual_scale: float | None = None  # Granite's residual_multiplier, on each branch before its add
-    logit_div: float | None = None  # Granite's logits_scaling, dividing the logits
-    logit_softcap: float | None = None  # Gemma 2's final_logit_softcapping
-    attn_softcap: float | None = None  # Gemma 2's attn_logit_softcapping
-
-    @property
-    def hidden(self) -> int:
-        return self.embed.shape[1]
-
-    def tensors(self) -> list[torch.Tensor]:
-        """Every tensor the fused step reads (for static-address marking and memory accounting)."""
-        out = [self.embed, self.pos_embed, self.norm_w, self.norm_b, self.lm_head, self.inv_freq]
-        out += [self.local_inv_freq, self.long_inv_freq]
-        for layer in self.layers:
-            out += [v for v in vars(layer).values() if isinstance(v, torch.Tensor)]
-        return [t for t in out if t is not None]
-
-    def extras(self) -> list[str]:
-        """What this model asks of the step beyond the Llama family's and GPT-2's layer (empty for those)."""
-        found = [
-            name
-            for name in ("local_inv_freq", "long_inv_freq", "embed_scale", "residual_scale", "logit_div")
-            + ("logit_softcap", "attn_softcap")
-            if getattr(self, name) is not None
-        ]
-        if self.norm not in ("rms", "layer"):
-            found.append(f"norm={self.norm}")
-        if self.act not in ("silu_mul", "gelu_tanh"):
-            found.append(f"act={self.act}")
-        if self.inv_freq is not None and 2 * self.inv_freq.numel() != self.head_dim:
-            found.append("partial rotary")
-        per_layer = {
-            "q/k norm": lambda layer: layer.q_norm is not None,
-            "post-norms": lambda layer: layer.post_attn_w is not None,
-            "no pre-norm": lambda layer: layer.norm1_w is None,
-            "sliding-window layers": lambda layer: layer.window is not None,
-            "per-layer RoPE": lambda layer: layer.rope != "global",
-            "mixture of experts": lambda layer: layer.router is not None,
-            "attention sinks": lambda layer: layer.sinks is not None,
-        }
-        found += [name for name, has in per_layer.items() if any(has(layer) for layer in self.layers)]
-        return found
-
-    def qkv_options(self, layer: LayerWeights) -> dict:
-        """norm_qkv's keywords beyond the Llama family's for `layer` (none for those)."""
-        out = dict(self.norm_options())
-        if layer.q_norm is not None and layer.q_norm.numel() == self.head_dim:  # per head, in the kernel
-            out.update(q_norm=layer.q_norm, k_norm=layer.k_norm)
-        return out
-
-    def norm_options(self) -> dict:
-        """The norm kernels' keywords beyond the Llama family's: Gemma's and OLMo2's RMSNorm roundings."""
-        return dict(norm_style=self.norm) if self.norm in ("rms_offset", "rms_f32") else {}
-
-    def head_options(self) -> dict:
-        """The LM head's keywords beyond the Llama family's: its norm, Granite's division, Gemma 2's soft-cap."""
-        out = dict(self.norm_options())
-        if self.logit_div is not None:
-            out["logit_div"] = self.logit_div
-        if self.logit_softcap is not None:
-            out["softcap"] = self.logit_softcap
-        return out
-
-
-def model_family(model) -> str:
-    """ "llama" or "gpt2", or a ValueError naming the supported families."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type in LLAMA_FAMILY or model_type in DECODERS:
-        return "llama"
-    if model_type == "gpt2":
-        return "gpt2"
-    raise ValueError(
-        f"model: the fused path supports the Llama family (Llama, Qwen2, Mistral), GPT-2, Qwen3, Phi-3, Granite, "
-        f"SmolLM3, OLMo2, Gemma 1/2/3 (text), Qwen3-MoE, Mixtral and gpt-oss, got model_type {model_type!r} "
-        f"({type(model).__name__}); use another strategy for it"
-    )
 
 
 def fuse_weights(model) -> FusedWeights:
@@ -189,71 +29,6 @@ def fuse_weights(model) -> FusedWeights:
         if model.config.model_type in LLAMA_FAMILY:
             return _fuse_llama(model)
         return _fuse_decoder(model)
-
-
-def shard_vocab(W: FusedWeights) -> None:
-    """Under tp, make W's LM head this rank's rows of it (a view; the Hugging Face model keeps the whole) and
-    W.vocab the shard that gathers the logits; nothing where unsharded or where a rank would hold no rows (a toy
-    vocabulary). The tensor-parallel group is the whole world (tp.prepare checks tp == the world size)."""
-    if W.tp is None or W.vocab is not None:
-        return
-    shard = VocabShard(W.tp.group, W.tp.rank, dist.get_world_size(), W.lm_head.shape[0])
-    if shard.chunk * (shard.tp - 1) < shard.vocab:
-        lo, hi = shard.rows
-        W.vocab, W.lm_head = shard, W.lm_head[lo:hi]
-
-
-# --- fusing rows into one tensor, parameters re-bound as views -------------------------------------------
-
-
-def _is_fused_run(parts: list[torch.Tensor]) -> bool:
-    """True when `parts` are contiguous, back to back, in one storage: already views of one fused tensor."""
-    storage = parts[0].untyped_storage().data_ptr()
-    offset = parts[0].storage_offset()
-    for p in parts:
-        if not p.is_contiguous() or p.untyped_storage().data_ptr() != storage or p.storage_offset() != offset:
-            return False
-        offset += p.numel()
-    return True
-
-
-def _span(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The tensor spanning `parts` (known to be back to back): rows concatenated, no copy."""
-    rows = sum(p.shape[0] for p in parts)
-    whole = torch.empty(0, dtype=parts[0].dtype, device=parts[0].device)
-    return whole.set_(parts[0].untyped_storage(), parts[0].storage_offset(), (rows, *parts[0].shape[1:]))
-
-
-def _fuse_rows(owners: list[tuple[nn.Module, str]]) -> torch.Tensor | None:
-    """Concatenate the row blocks `getattr(module, name)` into one tensor and re-bind each as a view of it."""
-    params = [getattr(m, n) for m, n in owners]
-    if any(p is None for p in params):
-        if not all(p is None for p in params):
-            raise ValueError("model: some of the projections fused together have a bias and others not")
-        return None
-    if _is_fused_run(params):
-        return _span(params)
-    fused = torch.cat([p.detach() for p in params], dim=0)
-    start = 0
-    for (module, name), p in zip(owners, params):
-        setattr(module, name, nn.Parameter(fused[start : start + p.shape[0]], requires_grad=p.requires_grad))
-        start += p.shape[0]
-    return fused
-
-
-def _conv1d_out_in(module: nn.Module) -> torch.Tensor:
-    """GPT-2's Conv1D keeps its weight (in, out); re-bind it as the transposed view of an (out, in) tensor."""
-    w = module.weight
-    if w.t().is_contiguous():
-        return w.detach().t()
-    out_in = w.detach().t().contiguous()
-    module.weight = nn.Parameter(out_in.t(), requires_grad=w.requires_grad)
-    return out_in
-
-
-def _bias(module: nn.Module) -> torch.Tensor | None:
-    b = getattr(module, "bias", None)
-    return None if b is None else b.detach()
 
 
 # --- the two families -------------------------------------------------------------------------------------
@@ -279,16 +54,16 @@ def _fuse_llama(model) -> FusedWeights:
             LayerWeights(
                 norm1_w=block.input_layernorm.weight.detach(),
                 norm1_b=None,
-                w_qkv=_fuse_rows([(p, "weight") for p in projs]),
-                b_qkv=_fuse_rows([(p, "bias") for p in projs]),
+                w_qkv=fuse_rows([(p, "weight") for p in projs]),
+                b_qkv=fuse_rows([(p, "bias") for p in projs]),
                 w_o=attn.o_proj.weight.detach(),
-                b_o=_bias(attn.o_proj),
+                b_o=bias_of(attn.o_proj),
                 norm2_w=block.post_attention_layernorm.weight.detach(),
                 norm2_b=None,
-                w_up=_fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")]),
-                b_up=_fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")]),
+                w_up=fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")]),
+                b_up=fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")]),
                 w_down=mlp.down_proj.weight.detach(),
-                b_down=_bias(mlp.down_proj),
+                b_down=bias_of(mlp.down_proj),
                 scale=float(attn.scaling),
             )
         )
@@ -330,16 +105,16 @@ def _fuse_gpt2(model) -> FusedWeights:
             LayerWeights(
                 norm1_w=block.ln_1.weight.detach(),
                 norm1_b=block.ln_1.bias.detach(),
-                w_qkv=_conv1d_out_in(attn.c_attn),
-                b_qkv=_bias(attn.c_attn),
-                w_o=_conv1d_out_in(attn.c_proj),
-                b_o=_bias(attn.c_proj),
+                w_qkv=conv1d_out_in(attn.c_attn),
+                b_qkv=bias_of(attn.c_attn),
+                w_o=conv1d_out_in(attn.c_proj),
+                b_o=bias_of(attn.c_proj),
                 norm2_w=block.ln_2.weight.detach(),
                 norm2_b=block.ln_2.bias.detach(),
-                w_up=_conv1d_out_in(mlp.c_fc),
-                b_up=_bias(mlp.c_fc),
-                w_down=_conv1d_out_in(mlp.c_proj),
-                b_down=_bias(mlp.c_proj),
+                w_up=conv1d_out_in(mlp.c_fc),
+                b_up=bias_of(mlp.c_fc),
+                w_down=conv1d_out_in(mlp.c_proj),
+                b_down=bias_of(mlp.c_proj),
                 scale=float(attn.scaling),
             )
         )
@@ -478,20 +253,20 @@ def _fuse_decoder(model) -> FusedWeights:
     for i, block in enumerate(inner.layers):
         attn, mlp = block.self_attn, block.mlp
         if hasattr(attn, "qkv_proj"):  # Phi-3: fused as shipped (a view, no copy)
-            w_qkv, b_qkv = attn.qkv_proj.weight.detach(), _bias(attn.qkv_proj)
+            w_qkv, b_qkv = attn.qkv_proj.weight.detach(), bias_of(attn.qkv_proj)
         else:
             projs = [attn.q_proj, attn.k_proj, attn.v_proj]
-            w_qkv = _fuse_rows([(p, "weight") for p in projs])
-            b_qkv = _fuse_rows([(p, "bias") for p in projs])
+            w_qkv = fuse_rows([(p, "weight") for p in projs])
+            b_qkv = fuse_rows([(p, "bias") for p in projs])
         moe = {}
         if hasattr(mlp, "experts"):  # Qwen3-MoE, Mixtral: the experts' (E, 2I, H) and (E, H, I) tensors as shipped
             moe = _experts(mlp, cfg)
             w_up, b_up, w_down = moe.pop("w_up"), moe.pop("b_up", None), moe.pop("w_down")
         elif hasattr(mlp, "gate_up_proj"):  # Phi-3: gate rows then up rows, as shipped
-            w_up, b_up = mlp.gate_up_proj.weight.detach(), _bias(mlp.gate_up_proj)
+            w_up, b_up = mlp.gate_up_proj.weight.detach(), bias_of(mlp.gate_up_proj)
         else:
-            w_up = _fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")])
-            b_up = _fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")])
+            w_up = fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")])
+            b_up = fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")])
         if gemma and hasattr(block, "pre_feedforward_layernorm"):  # Gemma 2/3: four norms a layer
             norm1, norm2 = block.input_layernorm, block.pre_feedforward_layernorm
             post_attn, post_ffn = block.post_attention_layernorm, block.post_feedforward_layernorm
@@ -536,13 +311,13 @@ def _fuse_decoder(model) -> FusedWeights:
                 w_qkv=w_qkv,
                 b_qkv=b_qkv,
                 w_o=attn.o_proj.weight.detach(),
-                b_o=_bias(attn.o_proj),
+                b_o=bias_of(attn.o_proj),
                 norm2_w=None if norm2 is None else norm2.weight.detach(),
                 norm2_b=None,
                 w_up=w_up,
                 b_up=b_up,
                 w_down=w_down if moe else mlp.down_proj.weight.detach(),
-                b_down=moe.pop("b_down", None) if moe else _bias(mlp.down_proj),
+                b_down=moe.pop("b_down", None) if moe else bias_of(mlp.down_proj),
                 scale=float(attn.scaling),
                 q_norm=None if q_norm is None else q_norm.weight.detach(),
                 k_norm=None if q_norm is None else attn.k_norm.weight.detach(),

@@ -30,7 +30,8 @@ from .kernels.norm_linear import norm_linear_ref
 from .kernels.norm_qkv import norm_qkv_ref, qk_norm_rope_ref
 from .kernels.norm_residual import norm_residual_ref
 from .kernels.swap_ab import ROW_TILE
-from .layout import fuse_weights, shard_vocab
+from .layout import fuse_weights
+from .weights import shard_vocab
 
 # Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
 KEEP_CACHES = 4
@@ -296,7 +297,7 @@ def check_options(model, **options) -> FusedOptions:
 
 
 class FusedModel:
-    """The fused decode of `model` (a family of layout.SUPPORTED; anything else is a ValueError).
+    """The fused decode of `model` (a family of families.SUPPORTED; anything else is a ValueError).
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton

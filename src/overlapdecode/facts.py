@@ -1,0 +1,122 @@
+"""What the benchmark must know of a model beyond generating with it, through one small interface:
+`model_facts(model)` (its family, its decoder layers, its positions, whether `fused` serves it, its weight bytes)
+and `step_weight_bytes(model, rows)` (the bytes one decode step reads at least: the floor of MBU and the toll).
+
+The bench measures through the public API and asks here for the rest, so that it reaches into no adapter or
+layout module: a model's facts are answered from the model (hf/architecture.py), from its config before it is
+loaded (fused/families.py), or from its name (models/).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+
+from .fused.families import serves
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """`model_type`: its decoder config's; `layers`: its decoder layers; `positions`: the positions it has (None:
+    no table); `fused`: whether strategy="fused" serves it, as far as its config tells (families.serves) and
+    Triton is installed; `weight_bytes`: its parameters' bytes, each storage once (None from a config alone)."""
+
+    model_type: str | None
+    layers: int | None
+    positions: int | None
+    fused: bool
+    weight_bytes: int | None = None
+
+
+def model_facts(model) -> ModelFacts:
+    """The facts of `model`: a loaded causal LM, its config, or a model name (an embedded one, a directory or a hub
+    name: only its config is read)."""
+    weights, layers = None, None
+    if isinstance(model, str):
+        from .models.loading import EMBEDDED, embedded_config, pretrained_config
+
+        config = embedded_config(model) if model in EMBEDDED else pretrained_config(model)
+    elif isinstance(model, torch.nn.Module):
+        from .hf.architecture import describe
+
+        config, weights, layers = model.config, weight_bytes(model), describe(model).num_layers
+    else:
+        config = model
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if layers is None:
+        layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
+    positions = getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings", None)
+    positions = positions if isinstance(positions, int) and positions > 0 else None  # XLNet says -1: no table
+    fused = serves(config) and importlib.util.find_spec("triton") is not None
+    return ModelFacts(getattr(text, "model_type", None), layers, positions, fused, weights)
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the model's parameters, each storage counted once (tied embeddings are one tensor): what a
+    decode step reads at least once."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        key = (p.untyped_storage().data_ptr(), p.device)
+        if key not in seen:
+            seen.add(key)
+            total += p.untyped_storage().nbytes()
+    return total
+
+
+# where a config names its routed experts and the experts each token is routed to (Qwen3-MoE, Mixtral, gpt-oss,
+# OLMoE, DeepSeek-V3 and the like; attribute maps make several names answer for one field)
+EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERTS_PER_TOKEN_FIELDS = ("num_experts_per_tok", "top_k_experts", "moe_topk")
+
+
+def _config_count(cfg, fields) -> int | None:
+    for field in fields:
+        value = getattr(cfg, field, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def stacked_experts(model, num_experts: int) -> list:
+    """The routed experts' stacked tensors: the parameters of two or more dimensions, the first `num_experts`, of
+    each module named like `experts` (`mlp.experts`: transformers 5.x's (E, 2I, H) gate_up_proj, (E, H, I)
+    down_proj, gpt-oss's (E, 2I) biases), except shared experts (dense: every token runs them) and a router or gate
+    inside such a module (JetMoE's: its (E, H) weight is read whole, as is its bias of H = E values). Each tensor
+    once."""
+    found, seen = [], set()
+    for name, module in model.named_modules():
+        last = name.rsplit(".", 1)[-1].lower()
+        if not last.endswith("experts") or last.startswith("shared"):
+            continue
+        for pname, p in module.named_parameters():
+            path = [part.lower() for part in pname.split(".")[:-1]]
+            if any("router" in part or part.endswith("gate") for part in path):
+                continue
+            key = (p.untyped_storage().data_ptr(), p.device, p.storage_offset(), tuple(p.shape), p.stride())
+            if p.dim() >= 2 and p.shape[0] == num_experts and key not in seen:
+                seen.add(key)
+                found.append(p)
+    return found
+
+
+def step_weight_bytes(model, rows: int) -> int:
+    """The weight bytes one decode step of `rows` rows reads at least: `weight_bytes`, less the experts it cannot
+    reach. Why: MBU and the toll measure a step against its floor, the bytes it must read at the copy bandwidth; a
+    mixture of experts' step reads only the experts its rows were routed to, at most min(E, rows x k) of a layer's
+    E (k experts per token), so each stacked expert tensor (`stacked_experts`) counts min(E, rows x k) / E of its
+    bytes. Counting every expert would overstate the floor (Qwen3-30B-A3B at batch 1: 8 of 128 experts read).
+    Routers, shared experts and everything else count whole; a dense model's figure is `weight_bytes`'."""
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    total = weight_bytes(model)
+    cfg = model.config.get_text_config(decoder=True)
+    num_experts = _config_count(cfg, EXPERT_COUNT_FIELDS)
+    per_token = _config_count(cfg, EXPERTS_PER_TOKEN_FIELDS)
+    if num_experts is None or per_token is None:
+        return total
+    unread = num_experts - min(num_experts, rows * per_token)
+    for p in stacked_experts(model, num_experts):
+        total -= p.numel() * p.element_size() * unread // num_experts
+    return total
