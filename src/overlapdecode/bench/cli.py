@@ -431,9 +431,8 @@ def summary_tables(rows, model: str) -> list:
     such a difference: on a busy host a figure such as "36x" can rest on calls far apart."""
     from rich.table import Table  # imported when the command runs, not for --help
 
-    from .peers import label
     from .report.figures import mbu, row_decode_ms
-    from .report.markdown import fmt
+    from .report.markdown import fmt, label
     from .report.report import _order, series
 
     out = []

@@ -3,7 +3,7 @@
 Greedy, the same prompt, EOS and pad as our strategies. `hf-compiled` is Hugging Face's own auto-compile of
 the decode forward with a static cache (torch.compile, mode reduce-overhead); Hugging Face only does it on
 accelerators, so on CPU it runs like `hf-static`: the JSON says so in `compiled`, and the tables show it as
-`hf-compiled (eager on CPU)` (`label`).
+`hf-compiled (eager on CPU)` (report/markdown.py `label`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,6 @@ PEERS = {
 
 def peer_compiles(name: str, device) -> bool:
     return name == "hf-compiled" and device.type == "cuda"
-
-
-def label(row: dict) -> str:
-    """A row's strategy as a table shows it: an `hf-compiled` row that did not compile says it ran eager."""
-    name = row["strategy"]
-    return f"{name} (eager on CPU)" if name == "hf-compiled" and row.get("compiled") is False else name
 
 
 def run_peer(name: str, model, input_ids, attention_mask, max_new_tokens: int, eos_ids: list[int], pad_id: int):

@@ -1,4 +1,4 @@
-"""Markdown pieces the reports share: a number or "-", and a table."""
+"""Markdown pieces the reports share: a number or "-", a row's strategy as the tables name it, and a table."""
 
 from __future__ import annotations
 
@@ -12,3 +12,9 @@ def table(header, rows) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def label(row: dict) -> str:
+    """A row's strategy as a table shows it: an `hf-compiled` row that did not compile says it ran eager."""
+    name = row["strategy"]
+    return f"{name} (eager on CPU)" if name == "hf-compiled" and row.get("compiled") is False else name

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 
-from ..peers import label
 from ..results import load
 from .claims import MIN_REPEATS, claims
 from .figures import at, exponents, first_call_overheads, mbu, order, row_decode_ms, series, spread, timed
 from .figures import order as _order  # noqa: F401  (bench/cli.py's name for it)
 from .gather import gather  # noqa: F401  (`overlapdecode report --markdown`, bench/cli.py)
-from .markdown import fmt, table
+from .markdown import fmt, label, table
 from .plots import plots
 from .tp_summary import tp_probe_summary  # noqa: F401  (bench/cli.py)
 
