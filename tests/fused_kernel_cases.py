@@ -703,7 +703,7 @@ def test_16bit_roundings_follow_the_references():
     assert (logits != ref).float().mean() < 0.05
 
 
-# --- the decoder families' flags (families.DECODERS) -----------------------------------------------------------
+# --- the decoder families' flags (layout.DECODERS) -----------------------------------------------------------
 
 
 QKV_CASE = (40, 4, 2, 24, 9)  # H, Hq, Hkv, D (24: 12 of a tile's 16 lanes live), cache slots

@@ -565,7 +565,7 @@ def test_the_terminal_table_shows_the_spread_and_warns_where_it_hides_the_effect
     Now each row has its spread, and a speed-up inside the spread (the row's or the baseline's) is flagged."""
     from rich.console import Console
 
-    from overlapdecode.bench.cli import summary_tables
+    from overlapdecode.cli.bench import summary_tables
 
     rows = [
         _claim_row("baseline", 400, 1.0, spread=0.1),
@@ -598,7 +598,7 @@ def test_hf_compiled_on_cpu_is_labelled_eager(bench_dir):
     report's rows said `hf-compiled` all the same."""
     from rich.console import Console
 
-    from overlapdecode.bench.cli import summary_tables
+    from overlapdecode.cli.bench import summary_tables
 
     res = json.load(open(os.path.join(bench_dir, "results.json")))
     assert {r["compiled"] for r in res["rows"] if r["strategy"] == "hf-compiled"} == {False}
@@ -615,7 +615,7 @@ def test_hf_compiled_on_cpu_is_labelled_eager(bench_dir):
 def _config_of(argv, tmp_path, monkeypatch=None, cuda=False):
     import torch
 
-    import overlapdecode.bench.cli as bench_cli
+    import overlapdecode.cli.bench as bench_cli
     from overlapdecode.cli import build_parser
 
     if cuda:  # the choice a CUDA machine makes; nothing runs

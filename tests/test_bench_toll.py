@@ -165,7 +165,7 @@ def test_the_report_shows_the_toll_and_kernels_and_a_dash_for_older_rows(tmp_pat
 def test_the_terminal_table_shows_mbu_the_toll_and_kernels(tmp_path):
     from rich.console import Console
 
-    from overlapdecode.bench.cli import summary_tables
+    from overlapdecode.cli.bench import summary_tables
 
     new = _row(weight_bytes=1e9, bandwidth_gbs=2000.0, kernels_per_step=80.0)
     new.update(figures.step_toll(new, 2))

@@ -12,8 +12,7 @@ import torch
 
 import overlapdecode as od
 from helpers import hf_generate, make_batch
-from overlapdecode.fused.families import DECODERS
-from overlapdecode.fused.layout import fuse_weights
+from overlapdecode.fused.layout import DECODERS, fuse_weights
 from overlapdecode.models import loading, shapes
 
 # name -> (config class, fields as the published config.json gives them, its rope_parameters' keys)
@@ -298,7 +297,7 @@ EXTRAS = {
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_fused_path_takes_each_shape(name):
-    """A decoder of families.DECODERS, fused at real size on the meta device with the attention load_model builds it
+    """A decoder of layout.DECODERS, fused at real size on the meta device with the attention load_model builds it
     with (fuse_weights refuses what the step does not run), with its family's changes."""
     config = loading.embedded_config(name)
     cls = loading._CAUSAL_LM[config.model_type]

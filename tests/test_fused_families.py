@@ -1,4 +1,4 @@
-"""The `fused` preset on the decoder families beyond the Llama family and GPT-2 (families.DECODERS), CPU, float32,
+"""The `fused` preset on the decoder families beyond the Llama family and GPT-2 (layout.DECODERS), CPU, float32,
 the torch twins of the kernels: Hugging Face generate()'s greedy tokens (two left-padded prompts, EOS mid-way and
 off), per-step logits within 1e-4 of Hugging Face's, seeded sampling equal to the `kv` preset's, the Hugging Face
 model unharmed by the re-layout, and what the step does not implement refused with one ValueError naming it.

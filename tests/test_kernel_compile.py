@@ -385,7 +385,7 @@ def test_swapped_qkv_tiles_take_8_warps_from_64_rows():
     }
 
 
-# the decoder families' flags (families.DECODERS), each on the Llama-1B case of its kernel: Qwen3's per-head Q/K
+# the decoder families' flags (layout.DECODERS), each on the Llama-1B case of its kernel: Qwen3's per-head Q/K
 # norms, Gemma 3's with (1 + w) norms, Phi-4-mini's partial rotary (96 of 128 dims), OLMo2's missing prologue norm,
 # Gemma's GeGLU, Granite's logit division and residual multiplier, Gemma 2's soft-caps, the branch without its
 # residual, the scaled embedding

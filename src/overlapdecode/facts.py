@@ -4,7 +4,7 @@ and `step_weight_bytes(model, rows)` (the bytes one decode step reads at least: 
 
 The bench measures through the public API and asks here for the rest, so that it reaches into no adapter or
 layout module: a model's facts are answered from the model (hf/architecture.py), from its config before it is
-loaded (fused/families.py), or from its name (models/).
+loaded (fused/layout.py), or from its name (models/).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .fused.families import serves
+from .fused.layout import serves
 
 
 @dataclass(frozen=True)
 class ModelFacts:
     """`model_type`: its decoder config's; `layers`: its decoder layers; `positions`: the positions it has (None:
-    no table); `fused`: whether strategy="fused" serves it, as far as its config tells (families.serves) and
+    no table); `fused`: whether strategy="fused" serves it, as far as its config tells (layout.serves) and
     Triton is installed; `weight_bytes`: its parameters' bytes, each storage once (None from a config alone)."""
 
     model_type: str | None

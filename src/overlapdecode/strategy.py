@@ -19,7 +19,7 @@ LATE_CHECKS = ("pingpong", "deferred")  # the checks whose lag the user chooses 
 @dataclass(frozen=True)
 class Strategy:
     """How to decode. `cache`: none | dynamic | static | fused (the project's own cache layout and decode
-    step, fused/: the families of fused/families.py SUPPORTED); `compile`: torch.compile the one-token step
+    step, fused/: the families of fused/layout.py SUPPORTED); `compile`: torch.compile the one-token step
     (mode="reduce-overhead": CUDA graphs on CUDA), static or fused cache only (fused: its step is captured
     into a CUDA graph by the decoder itself, step_graph.py, with only the token choice compiled); `stop_check`: sync | pingpong |
     deferred | end; `lag`: for pingpong and deferred, how many steps after enqueuing step j the host reads

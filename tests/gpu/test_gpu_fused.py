@@ -150,7 +150,7 @@ def assert_hf_greedy_tokens(model, ids, mask, run, label: str, n: int = 200):
 @pytest.mark.parametrize("name", FAMILIES)
 @torch.no_grad()
 def test_each_decoder_family_float32_tokens_equal_hf_for_200_steps(name):
-    """Each family of families.DECODERS at its real widths (fused_families.REAL_SIZES, two layers, random, float32),
+    """Each family of layout.DECODERS at its real widths (fused_families.REAL_SIZES, two layers, random, float32),
     the Triton kernels with its flags: Hugging Face's greedy tokens for 200 steps at batch 2 (row 1 left-padded),
     a divergence accepted only after a near tie, as above; and the per-step logits of the first 32 steps within
     1e-4 (relative to their scale) of Hugging Face's."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from ..cli.args import split_pair
-
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -68,3 +66,12 @@ def plan(cfg: BenchConfig) -> tuple[list[tuple[str, int]], list[tuple]]:
         for name in list(cfg.strategies) + list(cfg.peers)
     ]
     return pairs, rows
+
+
+def split_pair(pair: str) -> tuple[str, int]:
+    """'bfloat16:8' -> ('bfloat16', 8): the one parser of a dtype:batch pair (the command line and the worker's
+    plan); a ValueError naming --dtype-batch otherwise."""
+    dtype, _, batch = pair.partition(":")
+    if not dtype or not batch.isdigit() or int(batch) < 1:
+        raise ValueError(f"--dtype-batch takes dtype:batch pairs such as bfloat16:8, got {pair!r}")
+    return dtype, int(batch)

@@ -1,5 +1,5 @@
-"""The `overlapdecode` command: commands.py builds the parser and runs `generate` (the bench's commands come
-from bench/cli.py); args.py holds the flag helpers they share. Neither imports torch: `--help` stays fast."""
+"""The `overlapdecode` command: commands.py builds the parser and runs `generate`, bench.py the `bench`, `profile`
+and `report` commands; args.py holds the flag helpers they share. None imports torch: `--help` stays fast."""
 
 from .commands import build_parser, main
 

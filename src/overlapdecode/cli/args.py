@@ -1,4 +1,4 @@
-"""Command-line helpers shared by `overlapdecode generate` (cli.py) and the bench commands (bench/cli.py).
+"""Command-line helpers shared by `overlapdecode generate` (commands.py) and the bench commands (bench.py).
 
 A leaf module that imports neither torch nor transformers, so that building the parser (and `--help`)
 stays fast: the strategy names come from strategy.py (which imports nothing heavy), the dtype names are
@@ -76,14 +76,6 @@ def ints(text: str, flag: str) -> list[int]:
 def names(text: str) -> list[str]:
     """'a, b,,c' -> ['a', 'b', 'c']."""
     return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def split_pair(pair: str) -> tuple[str, int]:
-    """'bfloat16:8' -> ('bfloat16', 8): the one parser of a dtype:batch pair (the CLI and the worker's plan)."""
-    dtype, _, batch = pair.partition(":")
-    if not dtype or not batch.isdigit() or int(batch) < 1:
-        raise CliError(f"--dtype-batch takes dtype:batch pairs such as bfloat16:8, got {pair!r}")
-    return dtype, int(batch)
 
 
 def lag_of(strategy: str) -> int:

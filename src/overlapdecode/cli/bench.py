@@ -1,6 +1,7 @@
-"""The `bench`, `profile` and `report` subcommands: flags -> BenchConfig fields, checked before any work.
+"""The `bench`, `profile` and `report` subcommands: flags -> BenchConfig fields (bench/config.py), checked before
+any work.
 
-Only cliargs (no torch) is imported at the top: `overlapdecode bench --help` must not pay for torch and
+Only args.py and bench/config.py (no torch) is imported at the top: `overlapdecode bench --help` must not pay for torch and
 transformers. Each command imports what it runs inside its function, for that reason alone.
 """
 
@@ -9,7 +10,8 @@ from __future__ import annotations
 import os
 import shlex
 
-from ..cli.args import (
+from ..bench.config import BenchConfig, split_pair
+from .args import (
     DTYPE_NAMES,
     STRATEGY_HELP,
     CliError,
@@ -18,11 +20,9 @@ from ..cli.args import (
     ints,
     lag_of,
     names,
-    split_pair,
     writable_dir,
     writable_file,
 )
-from .config import BenchConfig
 
 ALLOCATOR_NAMES = ("default", "expandable")  # bench.runner.ALLOCATORS (a test keeps them equal)
 BASE_STRATEGIES = ("baseline", "kv", "static", "compiled", "interleaved")  # + fused on CUDA where it applies
@@ -192,9 +192,9 @@ def _check_names(values, known, flag):
 def check_strategies(text: str, flag: str, max_new_tokens: int) -> tuple[str, ...]:
     """Preset or variant names, `NAME:K` for a lag of K (interleaved:2); a lag beyond the shortest run is
     refused here, before a worker starts (it would only allocate K + 1 pinned slots for nothing)."""
+    from ..bench.variants import split_variant
     from ..sampling import check_sampling
     from ..strategy import resolve_strategy
-    from .variants import split_variant
 
     found = names(text)
     for n in found:
@@ -257,7 +257,10 @@ def bench_config(args):
         pairs = tuple(names(args.dtype_batch))
         if not pairs:
             raise CliError(f"--dtype-batch names no pair ({args.dtype_batch!r}): nothing to measure")
-        parsed = [split_pair(p) for p in pairs]
+        try:
+            parsed = [split_pair(p) for p in pairs]
+        except ValueError as err:
+            raise CliError(str(err)) from None
         for d, _ in parsed:
             _check_dtype(d, "--dtype-batch")
         dtypes = tuple(dict.fromkeys(d for d, _ in parsed))
@@ -431,9 +434,9 @@ def summary_tables(rows, model: str) -> list:
     such a difference: on a busy host a figure such as "36x" can rest on calls far apart."""
     from rich.table import Table  # imported when the command runs, not for --help
 
-    from .report.figures import mbu, row_decode_ms
-    from .report.markdown import fmt, label
-    from .report.report import _order, series
+    from ..bench.report.figures import mbu, row_decode_ms
+    from ..bench.report.markdown import fmt, label
+    from ..bench.report.report import _order, series
 
     out = []
     for (alloc, dtype, batch), per in sorted(series(rows).items()):
@@ -479,7 +482,7 @@ def cmd_bench(args) -> int:
     # imported when the command runs, not for --help
     from rich.console import Console
 
-    from .runner import BenchError, BenchInterrupted, run_bench
+    from ..bench.runner import BenchError, BenchInterrupted, run_bench
 
     cfg = bench_config(args)
     try:
@@ -500,7 +503,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from .profile import profile_strategies  # imported when the command runs, not for --help
+    from ..bench.profile import profile_strategies  # imported when the command runs, not for --help
 
     if args.batch < 1 or args.new_tokens < 1 or args.prompt_len < 1:
         raise CliError("--batch, --new-tokens and --prompt-len must be >= 1")
@@ -542,9 +545,9 @@ def cmd_profile(args) -> int:
 
 def cmd_report(args) -> int:
     # imported when the command runs, not for --help
-    from .profile import rebuild
-    from .report.report import build, gather, tp_probe_summary
-    from .results import finalize, rows_files
+    from ..bench.profile import rebuild
+    from ..bench.report.report import build, gather, tp_probe_summary
+    from ..bench.results import finalize, rows_files
 
     if args.markdown:
         writable_file(args.markdown, "--markdown")

@@ -1,7 +1,7 @@
 """Command line: `overlapdecode bench | profile | generate | report`.
 
 Flags map by keyword onto the library's arguments; a bad flag or value ends in one line on stderr and
-exit status 2, never a traceback. Building the parser imports no torch (cliargs.py and bench/cli.py import
+exit status 2, never a traceback. Building the parser imports no torch (args.py and bench.py import
 it inside the command functions), so `overlapdecode --help` answers at once.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from ..bench import cli as bench_cli
+from . import bench as bench_cli
 from .args import (
     DTYPE_NAMES,
     STRATEGY_HELP,

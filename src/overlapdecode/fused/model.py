@@ -297,7 +297,7 @@ def check_options(model, **options) -> FusedOptions:
 
 
 class FusedModel:
-    """The fused decode of `model` (a family of families.SUPPORTED; anything else is a ValueError).
+    """The fused decode of `model` (a family of layout.SUPPORTED; anything else is a ValueError).
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton

@@ -28,7 +28,7 @@ def refusal(model, cache: str, compiled: bool = False) -> str | None:
     if not arch.causal:
         return f"{arch.name} does not attend causally ({arch.causal_why}); generate needs a causal decoder"
     if cache in ("none", "fused"):
-        return None  # no cache to hand over; the fused path checks its families itself (fused/families.py: SUPPORTED,
+        return None  # no cache to hand over; the fused path checks its families itself (fused/layout.py: SUPPORTED,
         # and what each family's modules and config ask of its step)
     if arch.cache_keyword != "past_key_values":
         took = f"takes its cache as `{arch.cache_keyword}`" if arch.cache_keyword else "takes no cache"
