@@ -45,6 +45,9 @@ def import_graph(local: bool = False) -> dict[str, set[str]]:
                     edges.add(sub if sub in mods else target)
             elif isinstance(node, ast.Import):
                 edges |= {a.name for a in node.names}
+        # importing a.b.c from outside the package a.b runs a.b's __init__ first: an edge to it too
+        parents = {".".join(e.split(".")[:i]) for e in edges for i in range(2, e.count(".") + 1)}
+        edges |= {p for p in parents if not mod.startswith(p + ".")}
         graph[mod] = {e for e in edges if e in mods and e != mod}
     return graph
 

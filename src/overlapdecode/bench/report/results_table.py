@@ -1,6 +1,6 @@
 """The README's "which preset to use" table, made from measured results alone: results/<gpu>/*/results.json.
 
-    python -m overlapdecode.bench.results_table results/h200 [--readme README.md] [--new-tokens 200]
+    python -m overlapdecode.bench.report.results_table results/h200 [--readme README.md] [--new-tokens 200]
 
 One line per (GPU, model, dtype, batch, prompt length) measured at --new-tokens with EOS off and the default
 allocator: the fastest preset measured there (variants such as `nocheck` are not presets: they are not offered as
@@ -24,7 +24,9 @@ from ..results import RESULTS, ResultsError, load
 from .figures import row_decode_ms
 from .markdown import fmt
 
-BEGIN = "<!-- results table: made by python -m overlapdecode.bench.results_table; edit results/, not this table -->"
+BEGIN = (
+    "<!-- results table: made by python -m overlapdecode.bench.report.results_table; edit results/, not this table -->"
+)
 END = "<!-- end of results table -->"
 HEADER = (
     "model",
@@ -174,7 +176,7 @@ def replace_region(text: str, table: str, path: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m overlapdecode.bench.results_table", description=__doc__.split("\n\n")[0]
+        prog="python -m overlapdecode.bench.report.results_table", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("results_dir", help="a folder of results folders, e.g. results/h200")
     ap.add_argument("--readme", help="rewrite the table between the markers of this markdown file (default: print it)")
