@@ -419,7 +419,8 @@ def _check_gpus(text: str, device) -> tuple[int, ...]:
 
 
 def _check_positions(model: str, prompt_len: int, longest: int) -> None:
-    from ..models import EMBEDDED, embedded_config  # torch: imported when a command runs, not for --help
+    from ..embedded import EMBEDDED
+    from ..models import embedded_config  # torch: imported when a command runs, not for --help
 
     if model in EMBEDDED:
         cfg = embedded_config(model)
