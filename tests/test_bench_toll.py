@@ -161,7 +161,9 @@ def test_the_report_shows_the_toll_and_kernels_and_a_dash_for_older_rows(tmp_pat
     assert "(the median call - the median one-token call, TTFT) / (new tokens - 1)" in text
 
 
-def test_the_terminal_table_shows_mbu_the_toll_and_kernels(tmp_path):
+def test_the_terminal_table_shows_mbu_and_leaves_the_toll_and_kernels_to_the_report(tmp_path):
+    """The terminal table keeps to the figures that decide, whole at 80 columns: MBU among them; ms/step, the toll
+    and the kernels per step are in report.md (above) and results.json."""
     from rich.console import Console
 
     from overlapdecode.bench.cli import summary_tables
@@ -178,9 +180,8 @@ def test_the_terminal_table_shows_mbu_the_toll_and_kernels(tmp_path):
         if line.count("│") > 3
     }
     header = lines["strategy"]
-    cols = [header.index(c) for c in ("MBU", "ms/step", "toll us/layer", "kernels/step")]
-    assert [lines["fused"][i] for i in cols] == ["50%", "0.995", "247.5", "80"]
-    assert [lines["interleaved"][i] for i in cols] == ["-", "0.995", "-", "-"]
+    assert not {"ms/step", "toll us/layer", "kernels/step"} & set(header)
+    assert lines["fused"][header.index("MBU")] == "50%" and lines["interleaved"][header.index("MBU")] == "-"
 
 
 def test_a_toll_that_is_not_a_number_is_refused(tmp_path):

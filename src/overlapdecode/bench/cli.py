@@ -439,15 +439,21 @@ def spread(row) -> float:
     return (max(times) - min(times)) / row["seq_s"]
 
 
+# the terminal table's columns: the figures that decide, each cell whole at 80 columns; the rest (TTFT, ms/step,
+# the toll, memory, kernels per step) is in results.json and report.md
+SUMMARY_COLUMNS = ("strategy", "ms/token", "vs baseline", "spread", "MBU")
+
+
 def summary_tables(rows, model: str) -> list:
     """The terminal's summary: per (allocator, dtype, batch), a rich Table of each strategy at the longest
-    length, with the spread of its timed calls, MBU, the decode ms/step, the per-layer toll and the kernels per
-    step (`-` where not measured), and the warnings for rows whose speed-up over the baseline
-    is inside that spread (that of the row or of the baseline, the larger), as the report refuses to state
-    such a difference: on a busy host a figure such as "36x" can rest on calls far apart."""
+    length: ms/token, its speed-up over the baseline, the spread of its timed calls and MBU; a column that is
+    `-` in every row (MBU on CPU, the speed-up without a baseline) is left out. A `!` marks a speed-up that
+    the spread of the timed calls does not resolve, and its warning line quotes the spread of the row it names:
+    the row's own, or, where only the baseline's is wide enough to hide it, the baseline's on a line of its own.
+    On a busy host a figure such as "36x" can rest on calls far apart."""
     from rich.table import Table  # imported when the command runs, not for --help
 
-    from .figures import mbu, row_decode_ms
+    from .figures import mbu
     from .markdown import fmt
     from .peers import label
     from .report import _order, series
@@ -456,47 +462,68 @@ def summary_tables(rows, model: str) -> list:
     for (alloc, dtype, batch), per in sorted(series(rows).items()):
         n = max(m for pts in per.values() for m, _ in pts)
         base = dict(per.get("baseline", [])).get(n)
-        table = Table(title=f"{model}, {dtype}, batch {batch}, allocator {alloc}, {n} new tokens")
-        cols = ("strategy", "ms/token", "tok/s", "TTFT ms", "vs baseline", "spread", "peak reserved MB", "MBU")
-        for col in cols + ("ms/step", "toll us/layer", "kernels/step"):
-            table.add_column(col, justify="right")
-        warnings = []
+        body, warnings, hidden = [], [], []
         for s in _order(per):
             r = dict(per[s]).get(n)
             if r is None:
                 continue
             vs = "-"
             if base:
-                ratio, noise = base["seq_s"] / r["seq_s"], max(spread(r), spread(base))
+                ratio = base["seq_s"] / r["seq_s"]
                 vs = f"{ratio:.2f}x"
-                if r is not base and abs(ratio - 1) <= noise:
+                if r is not base and abs(ratio - 1) <= spread(r):
                     vs += " !"
                     warnings.append(
-                        f"! {label(r)}: {ratio:.2f}x the baseline is within the spread of the timed calls "
-                        f"({noise * 100:.0f}%): not resolved on this run"
+                        f"! {label(r)}: {ratio:.2f}x the baseline is within the spread of its own timed calls "
+                        f"({spread(r) * 100:.0f}%): not resolved on this run"
                     )
-            table.add_row(
-                label(r),
-                f"{r['ms_per_token']:.3f}",
-                f"{r['tokens_per_s']:.0f}",
-                f"{r['ttft_ms']:.2f}",
-                vs,
-                f"{spread(r) * 100:.0f}%" if len(r.get("seq_s_all") or ()) > 1 else "-",
-                "-" if r.get("peak_reserved_mb") is None else f"{r['peak_reserved_mb']:.0f}",
-                fmt(mbu(r), "{:.0%}"),
-                fmt(row_decode_ms(r), "{:.3f}"),
-                fmt(r.get("toll_us_per_layer"), "{:.1f}"),
-                fmt(r.get("kernels_per_step"), "{:.0f}"),
+                elif r is not base and abs(ratio - 1) <= spread(base):
+                    vs += " !"
+                    hidden.append(f"{label(r)} {ratio:.2f}x")
+            body.append(
+                (
+                    label(r),
+                    f"{r['ms_per_token']:.3f}",
+                    vs,
+                    f"{spread(r) * 100:.0f}%" if len(r.get("seq_s_all") or ()) > 1 else "-",
+                    fmt(mbu(r), "{:.0%}"),
+                )
             )
+        if hidden:
+            warnings.append(
+                f"! baseline: its own timed calls spread {spread(base) * 100:.0f}%, which hides the speed-up "
+                f"over it of {', '.join(hidden)}: not resolved on this run"
+            )
+        shown = [i for i in range(len(SUMMARY_COLUMNS)) if i == 0 or any(cells[i] != "-" for cells in body)]
+        where = f", allocator {alloc}" if alloc != "default" else ""
+        table = Table(title=f"{model}, {dtype}, batch {batch}{where}, {n} new tokens")
+        for i in shown:
+            table.add_column(SUMMARY_COLUMNS[i], justify="left" if i == 0 else "right", no_wrap=True)
+        for cells in body:
+            table.add_row(*(cells[i] for i in shown))
         out.append((table, warnings))
     return out
 
 
-def cmd_bench(args) -> int:
-    # imported when the command runs, not for --help
-    from rich.console import Console
+def print_summary(results: dict, out_dir: str, file=None) -> None:
+    """The tables, their warnings, on CPU the line that says what the run is worth, and where the report is;
+    `file`: where to print (default stdout, at its width: 80 columns when piped unless COLUMNS says)."""
+    from rich.console import Console  # imported when the command runs, not for --help
 
-    from .runner import BenchError, BenchInterrupted, run_bench
+    from .report import CPU_TAKEAWAY, on_cpu
+
+    console = Console(file=file)
+    for table, warnings in summary_tables(results["rows"], results["config"]["model"]):
+        console.print(table)
+        for line in warnings:
+            console.print(line, markup=False, highlight=False)
+    if on_cpu(results["rows"]):
+        console.print(CPU_TAKEAWAY, markup=False, highlight=False)
+    console.print(f"report: {out_dir}/report.md (results: {out_dir}/results.json)", markup=False, highlight=False)
+
+
+def cmd_bench(args) -> int:
+    from .runner import BenchError, BenchInterrupted, run_bench  # imported when the command runs, not for --help
 
     cfg = bench_config(args)
     try:
@@ -507,12 +534,7 @@ def cmd_bench(args) -> int:
         raise CliError(str(err)) from None
     if results is None:  # a tensor-parallel rank other than 0: it measured in step with rank 0, which reports
         return 0
-    console = Console()
-    for table, warnings in summary_tables(results["rows"], cfg.model):
-        console.print(table)
-        for line in warnings:
-            console.print(line, markup=False)
-    console.print(f"report: {args.out}/report.md (results: {args.out}/results.json)")
+    print_summary(results, args.out)
     return 0
 
 
