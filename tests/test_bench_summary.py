@@ -131,6 +131,20 @@ def test_each_warning_quotes_the_spread_of_the_row_it_names(monkeypatch):
     assert all(" ".join(w.split()) in " ".join(text.split()) for w in warnings)  # printed, wrapped or not
 
 
+def test_the_report_marks_the_same_speed_ups(tmp_path):
+    rows = [
+        _row("baseline", 48, 1.0, times=[0.5, 1.0, 26.27], device="cpu"),
+        _row("kv", 48, 0.95, times=[0.9, 0.95, 1.0], device="cpu"),
+        _row("compiled", 48, 0.01, times=[0.0099, 0.01, 0.0101], device="cpu"),
+    ]
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps(_results(rows, "tiny-gpt2")))
+    text = open(build(str(out))).read()
+    at = text.split("At N=48", 1)[1]
+    assert "| kv | 0.950 |" in at and "| 1.05x ! |" in at and "| 100.00x |" in at and "| 1.00x |" in at
+
+
 def test_on_cpu_one_line_says_what_to_take_from_the_run(monkeypatch, tmp_path):
     rows = [_row(s, 48, 0.1, device="cpu") for s in ("baseline", "kv", "interleaved")]
     text = _printed(_results(rows, "tiny-gpt2"), monkeypatch)

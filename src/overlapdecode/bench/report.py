@@ -168,7 +168,7 @@ def _configurations(rows) -> list[str]:
         ]
         n = lengths[-1]
         base = at(per.get("baseline", []), n)
-        md += ["", f"At N={n}:", ""]
+        md += ["", f"At N={n} (`!`: a speed-up within the spread of the row's or the baseline's timed calls):", ""]
         body = []
         for s in order(per):
             r = at(per[s], n)
@@ -183,7 +183,7 @@ def _configurations(rows) -> list[str]:
                     fmt(r["tokens_per_s"], "{:.0f}"),
                     f"{spread(r) * 100:.0f}%",
                     fmt(r["ttft_ms"], "{:.2f}"),
-                    fmt(base["seq_s"] / r["seq_s"], "{:.2f}x") if base else "-",
+                    _speed_up(r, base),
                     fmt(r.get("peak_allocated_mb"), "{:.0f}"),
                     fmt(r.get("peak_reserved_mb"), "{:.0f}"),
                     fmt(frag and frag * 100, "{:.1f}%"),
@@ -236,6 +236,16 @@ def _configurations(rows) -> list[str]:
         md.append(table(["strategy"] + [f"N={m}" for m in lengths] + ["largest (compile)"], body))
 
     return md
+
+
+def _speed_up(r: dict, base: dict | None) -> str:
+    """The baseline's time / the row's, with a `!` where the spread of the row's or the baseline's timed calls
+    covers the difference (as the terminal table marks it)."""
+    if not base:
+        return "-"
+    ratio = base["seq_s"] / r["seq_s"]
+    unresolved = r is not base and abs(ratio - 1) <= max(spread(r), spread(base))
+    return f"{ratio:.2f}x" + (" !" if unresolved else "")
 
 
 def _eos(rows) -> list[str]:
