@@ -40,6 +40,8 @@ def _row(strategy, n, seq_s, times=None, device="cuda:0", first_call_s=None, **k
         ttft_ms=12.345,
         first_call_s=seq_s + 20.0 if first_call_s is None else first_call_s,
         peak_reserved_mb=None if device == "cpu" else 1606.0,
+        peak_allocated_mb=None if device == "cpu" else 1266.0,
+        fragmentation=None if device == "cpu" else 0.212,
         weight_bytes=None if device == "cpu" else 497.8e6,
         bandwidth_gbs=None if device == "cpu" else 4236.0,
     )
@@ -197,3 +199,19 @@ def test_an_exponent_that_the_calls_resolve_is_still_a_figure(strategy, tmp_path
 
     points = [(48, _row(strategy, 48, 0.34)), (192, _row(strategy, 192, 0.34 * 4**1.4))]
     assert exponent(points) == pytest.approx(1.4) and exponent(points) != WITHIN_NOISE
+
+
+def test_the_main_jobs_bfloat16_table_reads_without_a_baseline(monkeypatch, tmp_path):
+    """The main job's bfloat16 rows measure `interleaved` and `fused` alone: no speed-up over a baseline to show."""
+    rows = [_row(s, 192, GPU[s]) for s in ALL]
+    rows += [_row(s, 192, t, dtype="bfloat16", batch=1) for s, t in (("interleaved", 0.183), ("fused", 0.057))]
+    text = _printed(_results(rows), monkeypatch)
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    assert text.index("bfloat16, batch 1") < text.index("float32, batch 16")  # the first table a user reads
+    cells = _cells(text.split("float32, batch 16", 1)[0])
+    assert cells["strategy"] == ["ms/token", "spread", "MBU"]
+    assert cells["fused"][0] == "0.297" and cells["interleaved"][0] == "0.953"
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps(_results(rows)))
+    assert "## ms per token, fixed length (EOS disabled): bfloat16, batch 1" in open(build(str(out))).read()

@@ -32,11 +32,15 @@ BASE_STRATEGIES = ("baseline", "kv", "static", "compiled", "interleaved")  # + f
 # an eager step (about 6 ms on an H200) within the first tens of tokens, so its O(N^2) growth shows between
 # 48 and 192 new tokens (on an H200: 7.3 -> 12.8 ms/token, kv 8.3 -> 9.9), and batch 16 is one row tile of the
 # fused kernels. On an H200 its timed rows ended within 185 s of the start; the busy-fraction profile of even
-# two strategies did not fit beside them, so the main job leaves it to `overlapdecode profile`. On CPU the quick sweep
-# of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline at batch 16 would take
-# many minutes.
+# two strategies did not fit beside them, so the main job leaves it to `overlapdecode profile`. Beside it, the
+# bfloat16 configuration `fused` is built for: gpt2-random in bfloat16 at batch 1, `fused` and `interleaved`
+# alone at the longest length (on an H200, results/h200/gpt2-fused-b1: 0.296 against 0.951 ms/token), each
+# compiling anew for bfloat16 (about 20 and 15 s there), so that the whole run stays within about 4 minutes.
+# On CPU the quick sweep of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline
+# at batch 16 would take many minutes.
 MAIN_MODEL_CUDA = "gpt2-random"
 MAIN_LENGTHS_CUDA, MAIN_BATCH_CUDA = (48, 192), 16
+MAIN_BF16_PAIR, MAIN_BF16_STRATEGIES = "bfloat16:1", ("interleaved", "fused")
 OTHER_LENGTHS_CUDA, LENGTHS_CPU = (64, 96), (16, 48)
 PEER_NAMES = ("hf-dynamic", "hf-static", "hf-compiled")  # bench.peers.PEERS (likewise)
 WORKLOAD_NAMES = ("fixed", "eos")  # bench.workloads.WORKLOADS (likewise)
@@ -77,7 +81,9 @@ def add_commands(sub) -> None:
     b.add_argument(
         "--batch",
         default=None,
-        help=f"batch sizes, comma-separated (default: {MAIN_BATCH_CUDA} for {MAIN_MODEL_CUDA} on CUDA, else 1)",
+        help=f"batch sizes, comma-separated (default: {MAIN_BATCH_CUDA} for {MAIN_MODEL_CUDA} on CUDA, and "
+        f"{MAIN_BF16_PAIR.replace(':', ' at batch ')} with {' and '.join(MAIN_BF16_STRATEGIES)} alone where "
+        f"--dtype, --dtype-batch and --strategies are left out; else 1)",
     )
     b.add_argument(
         "--dtype-batch",
@@ -85,7 +91,9 @@ def add_commands(sub) -> None:
         help="dtype:batch pairs measured instead of every --dtype x --batch, e.g. float32:1,bfloat16:8 "
         "(default: every --dtype x --batch)",
     )
-    b.add_argument("--dtype", default="float32", help=f"comma-separated: {', '.join(DTYPE_NAMES)}")
+    b.add_argument(
+        "--dtype", default=None, help=f"comma-separated: {', '.join(DTYPE_NAMES)} (default: float32; see --batch)"
+    )
     b.add_argument(
         "--allocator",
         default="default",
@@ -247,12 +255,12 @@ def bench_config(args):
     batches = _positive(
         ints(args.batch, "--batch") if args.batch is not None else [MAIN_BATCH_CUDA if main_job else 1], "--batch"
     )
-    dtypes = tuple(_check_dtype(d, "--dtype") for d in names(args.dtype))
+    dtypes = tuple(_check_dtype(d, "--dtype") for d in names("float32" if args.dtype is None else args.dtype))
     if not dtypes and not args.dtype_batch:
         raise CliError(
             f"--dtype names no dtype ({args.dtype!r}): nothing to measure; choose from {', '.join(DTYPE_NAMES)}"
         )
-    pairs = ()
+    pairs, narrowed = (), ()
     if args.dtype_batch is not None:
         pairs = tuple(names(args.dtype_batch))
         if not pairs:
@@ -280,6 +288,11 @@ def bench_config(args):
     config = _check_model_name(model)
     if strategies is None:
         strategies = default_strategies(model, config, cuda)
+        if main_job and args.batch is None and args.dtype is None and args.dtype_batch is None:
+            pairs = (f"float32:{MAIN_BATCH_CUDA}", MAIN_BF16_PAIR)
+            dtypes, batches = tuple(split_pair(p)[0] for p in pairs), tuple(split_pair(p)[1] for p in pairs)
+            own = tuple(s for s in MAIN_BF16_STRATEGIES if s in strategies)
+            narrowed = ((MAIN_BF16_PAIR, own, (max(lengths),)),)
     _check_positions(model, prompt_len, max(lengths + eos_lengths))
     gpus = _check_gpus(args.gpus, args.device) if args.gpus else ()
     _check_tp(args)
@@ -296,6 +309,7 @@ def bench_config(args):
         batches=batches,
         dtypes=dtypes,
         pairs=pairs,
+        narrowed=narrowed,
         time_budget_s=args.time_budget,
         allocators=allocators,
         workloads=workloads,
