@@ -8,6 +8,8 @@ import contextlib
 import io
 import os
 import re
+import shlex
+import subprocess
 
 from overlapdecode.bench import results_table
 
@@ -80,3 +82,36 @@ def test_every_relative_link_of_the_markdown_files_exists():
             if not os.path.exists(os.path.join(os.path.dirname(path), target.split("#")[0])):
                 broken.append(f"{os.path.relpath(path, ROOT)}: {target}")
     assert broken == []
+
+
+def _resolver(tmp_path, pip_says: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """.ci/run's newest-transformers lines, run alone with a stand-in `python3` whose `pip index` prints
+    `pip_says` and whose `pip download` fails (no network in a test)."""
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci = f.read()
+    start = ci.index("newest_transformers() {")
+    end = ci.index('echo "== the newest transformers 5.x: $NEWEST_TRANSFORMERS"')
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(f'#!/bin/sh\n[ "$3" = index ] && printf "%s\\n" {shlex.quote(pip_says)} && exit 0\nexit 1\n')
+    fake.chmod(0o755)
+    script = "set -euo pipefail\n" + ci[start:end] + 'echo "$NEWEST_TRANSFORMERS"\n'
+    path = f"{fake.parent}{os.pathsep}{os.environ['PATH']}"
+    return subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env=dict(env or {}, PATH=path), timeout=60
+    )
+
+
+def test_ci_reads_the_newest_transformers_5_when_it_runs(tmp_path):
+    """.ci/run called a fixed 5.24.0 "the newest" while 5.25.0 was out; now it reads PyPI's list when it runs."""
+    listed = "transformers (6.0.0)\nAvailable versions: 6.0.0, 5.30.1, 5.30.0, 5.29.0, 5.17.0"
+    done = _resolver(tmp_path, listed)
+    assert done.returncode == 0 and done.stdout.strip() == "5.30.1", done
+    named = _resolver(tmp_path, listed, {"NEWEST_TRANSFORMERS": "5.20.0"})  # named instead of read
+    assert named.returncode == 0 and named.stdout.strip() == "5.20.0", named
+    unread = _resolver(tmp_path, "ERROR: no network")
+    assert unread.returncode == 1 and "set NEWEST_TRANSFORMERS=X.Y.Z" in unread.stderr, unread
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci = f.read()
+    assert re.search(r'for version in .*5\.17\.0 "\$NEWEST_TRANSFORMERS"', ci)  # both are tested
+    assert not re.search(r"NEWEST_TRANSFORMERS:-5\.", ci)  # no fixed "newest" version
