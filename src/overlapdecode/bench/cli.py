@@ -81,9 +81,10 @@ def add_commands(sub) -> None:
     b.add_argument(
         "--batch",
         default=None,
-        help=f"batch sizes, comma-separated (default: {MAIN_BATCH_CUDA} for {MAIN_MODEL_CUDA} on CUDA, and "
-        f"{MAIN_BF16_PAIR.replace(':', ' at batch ')} with {' and '.join(MAIN_BF16_STRATEGIES)} alone where "
-        f"--dtype, --dtype-batch and --strategies are left out; else 1)",
+        help=f"batch sizes, comma-separated (default: 1; {MAIN_BATCH_CUDA} for {MAIN_MODEL_CUDA} on CUDA, and "
+        f"beside it, where --batch, --dtype, --dtype-batch and --strategies are all left out, "
+        f"{MAIN_BF16_PAIR.replace(':', ' at batch ')} with {' and '.join(MAIN_BF16_STRATEGIES)} alone at the "
+        f"longest length)",
     )
     b.add_argument(
         "--dtype-batch",
