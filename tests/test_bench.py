@@ -583,13 +583,13 @@ def test_the_terminal_table_shows_the_spread_and_warns_where_it_hides_the_effect
         for line in console.export_text().replace("┃", "│").splitlines()
         if line.count("│") > 3
     }
-    assert lines["strategy"][4] == "spread"
-    assert lines["baseline"][3:5] == ["1.00x", "10%"]
-    assert lines["compiled"][3:5] == ["1.25x !", "50%"]  # 25% faster, calls 50% apart: not resolved
-    assert lines["interleaved"][3:5] == ["10.00x", "5%"]
-    assert lines["kv"][4] == "-"  # one timed call: no spread to show
+    assert lines["strategy"][1:3] == ["vs baseline", "spread"]
+    assert lines["baseline"][1:3] == ["1.00x", "10%"]
+    assert lines["compiled"][1:3] == ["1.25x !", "50%"]  # 25% faster, calls 50% apart: not resolved
+    assert lines["interleaved"][1:3] == ["10.00x", "5%"]
+    assert lines["kv"][2] == "-"  # one timed call: no spread to show
     assert warnings == [
-        "! compiled: 1.25x the baseline is within the spread of the timed calls (50%): not resolved on this run"
+        "! compiled: 1.25x the baseline is within the spread of its own timed calls (50%): not resolved on this run"
     ]
 
 
@@ -630,14 +630,18 @@ def test_the_main_job_on_cuda_shows_fused_and_the_baselines_growth(tmp_path, mon
     assert (cpu.model, cpu.lengths, cpu.batches, cpu.dtypes) == ("tiny-gpt2", (16, 48), (1,), ("float32",))
     assert cpu.strategies == ("baseline", "kv", "static", "compiled", "interleaved")
     main_job = _config_of([], tmp_path, monkeypatch, cuda=True)
-    assert (main_job.model, main_job.lengths, main_job.batches) == ("gpt2-random", (48, 192), (16,))
+    assert (main_job.model, main_job.lengths, main_job.pairs) == (
+        "gpt2-random",
+        (48, 192),
+        ("float32:16", "bfloat16:1"),
+    )
     assert main_job.strategies == ("baseline", "kv", "static", "compiled", "interleaved", "fused")
     assert main_job.peers == ("hf-dynamic", "hf-static", "hf-compiled") and main_job.prompt_len == 32
-    # within about 3 minutes on an H200: no profile workload (`overlapdecode profile` makes it)
+    # within about 4 minutes on an H200: no profile workload (`overlapdecode profile` makes it)
     from overlapdecode.bench.config import plan
 
     assert not main_job.profile and {row[2] for row in plan(main_job)[1]} == {"fixed"}
-    assert len(plan(main_job)[1]) == 2 * 9
+    assert len(plan(main_job)[1]) == 2 * 9 + 2
     other = _config_of(["--model", "tiny-llama"], tmp_path, monkeypatch, cuda=True)  # a Llama: fused applies
     assert (other.lengths, other.batches, other.strategies[-1]) == ((64, 96), (1,), "fused")
     assert other.profile  # any other run profiles what it measures
@@ -649,6 +653,33 @@ def test_the_main_job_on_cuda_shows_fused_and_the_baselines_growth(tmp_path, mon
         "hf-static",
         "hf-compiled",
     ]
+
+
+def test_the_main_job_on_cuda_adds_the_bfloat16_rows_fused_is_built_for(tmp_path, monkeypatch):
+    """On an H200 the main job's one configuration (float32, batch 16) showed `fused` behind `interleaved`: a
+    newcomer's first table said the best path is no faster. Beside it now, bfloat16 at batch 1, `fused` and
+    `interleaved` alone at the longest length: 2 rows, each a compile of its own, within the run's 4 minutes."""
+    from overlapdecode.bench.config import config_from_json, config_json, plan
+
+    assert not _config_of([], tmp_path).narrowed  # CPU: as it was
+    main_job = _config_of([], tmp_path, monkeypatch, cuda=True)
+    assert main_job.narrowed == (("bfloat16:1", ("interleaved", "fused"), (192,)),)
+    rows = plan(main_job)[1]
+    assert [r for r in rows if r[0] == "bfloat16"] == [
+        ("bfloat16", 1, "fixed", 192, "interleaved"),
+        ("bfloat16", 1, "fixed", 192, "fused"),
+    ]
+    assert rows[-2:] == [r for r in rows if r[0] == "bfloat16"]  # after every float32 row: one model load each
+    assert {(r[1], r[3], r[4]) for r in rows if r[0] == "float32"} == {
+        (16, n, s) for n in (48, 192) for s in main_job.strategies + main_job.peers
+    }
+    assert config_from_json(config_json(main_job)) == main_job  # as the worker reads it back
+    for argv in (["--batch", "8"], ["--dtype", "float32"], ["--dtype-batch", "float32:16"], ["--strategies", "kv"]):
+        asked = _config_of(argv, tmp_path, monkeypatch, cuda=True)  # a run that names its configuration
+        assert not asked.narrowed and not [r for r in plan(asked)[1] if r[0] == "bfloat16"], argv
+    longer = _config_of(["--lengths", "64,256"], tmp_path, monkeypatch, cuda=True)
+    assert longer.narrowed == (("bfloat16:1", ("interleaved", "fused"), (256,)),)
+    assert not _config_of(["--model", "tiny-llama"], tmp_path, monkeypatch, cuda=True).narrowed
 
 
 def test_the_cuda_default_leaves_fused_out_where_the_family_has_none(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The README's results table tool (bench/results_table.py), on a small fixture: tests/data/results/test-gpu holds two
+"""The README's results table tool (bench/report/results_table.py), on a small fixture: tests/data/results/test-gpu holds two
 bench folders (run-a: presets, a variant, other lengths, workloads and allocators, an error row; run-b: Hugging Face
 peers and a slower preset row) and a tensor-parallel probe's folder that is not a bench run."""
 
@@ -14,38 +14,57 @@ from overlapdecode.bench.report import results_table as rt
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "results", "test-gpu")
 
-# the fused row's toll: (0.995 ms/step - 1 GB / 2000 GB/s) / 2 layers = 247.5 us; its kernels per step are those
-# of the profile row of its own length (25; the 100-token profile row counted 30); the kv row is an older row
-# without a toll or a profile: "-"
+# the fused row: 1 GB of weights at 2000 GB/s = 0.5 ms against 1.000 ms/token, MBU 50%; hf-compiled (3.000
+# ms/token, in run-b) is the faster peer; the kv row is an older row without the figures MBU needs: "-"
 EXPECTED_ROWS = [
-    "| `tiny-llama` | bfloat16 | 1 | **`fused`** | 1.000 | 0.995 | 2.0 | 50% | 247.5 | 25 | `hf-compiled` 3.000 "
-    "(3.00x) | interleaved, fused | [run-a](run-a/report.md), [run-b](run-b/report.md) |",
-    "| `tiny-llama` | bfloat16 | 4 | **`kv`** | 5.000 | 5.015 | 2.0 | - | - | - | not measured | kv | "
-    "[run-a](run-a/report.md) |",
+    "| `tiny-llama` | bfloat16 | 1 | `fused` | 1.000 | 50% | 3.00x `hf-compiled` | interleaved, fused | [1], [2] |",
+    "| `tiny-llama` | bfloat16 | 4 | `kv` | 5.000 | - | not measured | kv | [1] |",
 ]
+
+
+def _table(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("| ")]
 
 
 def test_the_table_takes_the_fastest_preset_and_peer_of_each_configuration():
     text = rt.render(FIXTURE, relative_to=FIXTURE)
-    lines = text.splitlines()
-    assert lines[0] == (
-        "Measured by `overlapdecode bench` on Test GPU: prompt 32 tokens, 200 new tokens, EOS off, "
-        "medians of the timed calls. ms/step = (the call - TTFT) / (new tokens - 1); toll = (ms/step - weight "
-        "bytes / the measured copy bandwidth) / layers; kernels/step counted by the profiler over one call of the "
-        "same configuration (`-`: not measured)."
+    intro = " ".join(text.split("\n\n", 1)[0].split())
+    assert intro.startswith(
+        "Measured by `overlapdecode bench` on Test GPU: prompt 32 tokens, 200 new tokens, EOS off, medians of the "
+        "timed calls. ms/token = the whole call / new tokens; MBU = weight bytes / the measured copy bandwidth / ms "
+        "per token;"
     )
-    assert lines[2] == "| " + " | ".join(rt.HEADER) + " |"
+    table = _table(text)
+    assert table[0] == "| " + " | ".join(rt.HEADER) + " |"
     # nocheck (0.5) and interleaved:2 (0.6) are faster but not presets; the 100-token, EOS-forced and expandable
     # rows are other configurations; the error row and the peer-only batch 2 make no line
-    assert lines[4:] == EXPECTED_ROWS
+    assert table[1:] == EXPECTED_ROWS
+    assert text.endswith("\n\n[1]: run-a/report.md\n[2]: run-b/report.md\n")  # the numbered links, defined
+
+
+def test_every_line_of_the_table_and_its_text_is_within_120_characters():
+    """The table had 13 columns, lines of up to 377 characters with two links inline."""
+    for new_tokens in (200, 100):
+        text = rt.render(FIXTURE, new_tokens=new_tokens, relative_to=FIXTURE)
+        assert max(len(line) for line in text.splitlines()) <= rt.WIDTH
+
+
+@pytest.mark.parametrize(
+    "presets, shown",
+    [
+        ({"baseline", "kv", "static", "compiled", "interleaved", "fused"}, "all"),
+        ({"baseline", "kv", "static", "compiled", "interleaved"}, "all but fused"),
+        ({"kv", "interleaved", "fused"}, "kv, interleaved, fused"),
+        ({"fused"}, "fused"),
+    ],
+)
+def test_the_presets_measured_are_said_short(presets, shown):
+    assert rt.measured(presets) == shown
 
 
 def test_another_length_is_another_table():
     text = rt.render(FIXTURE, new_tokens=100, relative_to=FIXTURE)
-    assert text.splitlines()[4:] == [
-        "| `tiny-llama` | bfloat16 | 1 | **`fused`** | 0.100 | 0.081 | 2.0 | - | - | 30 | not measured | fused | "
-        "[run-a](run-a/report.md) |"
-    ]
+    assert _table(text)[1:] == ["| `tiny-llama` | bfloat16 | 1 | `fused` | 0.100 | - | not measured | fused | [1] |"]
     with pytest.raises(rt.ResultsError, match="no folder measured a preset at 50 new tokens"):
         rt.render(FIXTURE, new_tokens=50)
 
@@ -66,7 +85,7 @@ def test_main_rewrites_only_the_marked_region_of_a_readme(tmp_path, capsys):
     assert text.startswith(before + rt.BEGIN + "\n") and text.endswith(rt.END + after)
     region = text[len(before + rt.BEGIN + "\n") : -len(rt.END + after)]
     assert region == rt.render(str(results), relative_to=str(tmp_path))
-    assert "[run-a](results/test-gpu/run-a/report.md)" in region  # links relative to the README
+    assert "[1]: results/test-gpu/run-a/report.md" in region  # links relative to the README
     assert "rewritten" in capsys.readouterr().out
     assert rt.main([str(results), "--readme", path]) == 0 and open(path).read() == text
     assert "already up to date" in capsys.readouterr().out

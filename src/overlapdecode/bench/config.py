@@ -22,6 +22,9 @@ class BenchConfig:
     workloads: tuple[str, ...] = ("fixed",)
     eos_lengths: tuple[int, ...] = ()  # lengths of the eos workload; empty = the longest length
     pairs: tuple[str, ...] = ()  # "dtype:batch" pairs measured instead of dtypes x batches, e.g. bfloat16:8
+    # (pair, names, lengths): a pair of `pairs` measured with these strategies and peers at these lengths instead
+    # of the run's, e.g. ("bfloat16:1", ("interleaved", "fused"), (192,)): the main job's bfloat16 rows
+    narrowed: tuple[tuple[str, tuple[str, ...], tuple[int, ...]], ...] = ()
     time_budget_s: float | None = None  # stop starting new configurations after this long (rest: "not run")
     gpus: tuple[int, ...] = ()  # CUDA devices to spread the units over (runner.work_units); empty: one device
     tp: int = 1  # tensor-parallel processes (under torchrun); every row carries it
@@ -39,6 +42,7 @@ def config_json(cfg: BenchConfig) -> str:
 
 def config_from_json(text: str) -> BenchConfig:
     raw = json.loads(text)
+    raw["narrowed"] = [(pair, tuple(names), tuple(lengths)) for pair, names, lengths in raw.get("narrowed", [])]
     return BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
 
 
@@ -47,23 +51,28 @@ def combos(cfg: BenchConfig) -> list[tuple[str, int]]:
     return [split_pair(p) for p in cfg.pairs] or [(d, b) for d in cfg.dtypes for b in cfg.batches]
 
 
+def _lengths(lengths, eos_lengths) -> dict:
+    return {"fixed": list(lengths), "profile": [min(lengths)], "eos": list(eos_lengths) or [max(lengths)]}
+
+
 def plan(cfg: BenchConfig) -> tuple[list[tuple[str, int]], list[tuple]]:
     """(dtype, batch) pairs, and the (dtype, batch, workload, length, strategy) rows to measure, in order.
 
     Per dtype (one model load): the fixed workload, then the profiles, then the eos rows last, since the
-    forced-EOS hook stays registered until that dtype's model is dropped.
+    forced-EOS hook stays registered until that dtype's model is dropped. A pair of `narrowed` is measured
+    with its own names and lengths.
     """
     pairs = combos(cfg)
-    eos_lengths = list(cfg.eos_lengths) or [max(cfg.lengths)]
-    lengths = {"fixed": list(cfg.lengths), "profile": [min(cfg.lengths)], "eos": eos_lengths}
+    whole = (list(cfg.strategies) + list(cfg.peers), _lengths(cfg.lengths, cfg.eos_lengths))
+    own = {split_pair(p): (list(names), _lengths(ns, cfg.eos_lengths)) for p, names, ns in cfg.narrowed}
     workloads = [w for w in ("fixed", "profile", "eos") if w in cfg.workloads or (w == "profile" and cfg.profile)]
     rows = [
         (dtype, batch, workload, n, name)
         for dtype in dict.fromkeys(d for d, _ in pairs)
         for workload in workloads
         for batch in [b for d, b in pairs if d == dtype]
-        for n in lengths[workload]
-        for name in list(cfg.strategies) + list(cfg.peers)
+        for n in own.get((dtype, batch), whole)[1][workload]
+        for name in own.get((dtype, batch), whole)[0]
     ]
     return pairs, rows
 

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 import tempfile
+import textwrap
 
 from ..strategy import LATE_CHECKS, PRESETS, VARIANTS
 
@@ -35,7 +36,8 @@ class Interrupted(CliError):
 
 class _DefaultsFormatter(argparse.HelpFormatter):
     """Appends "(default: X)" to a flag's help, unless the help already says its default (a None default
-    means "chosen at run time", which the help text explains) or the flag is a switch."""
+    means "chosen at run time", which the help text explains) or the flag is a switch; wraps lines between
+    words, never inside a hyphenated name."""
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -50,6 +52,10 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         ):
             return text
         return f"{text} (default: %(default)s)"
+
+    def _split_lines(self, text, width):
+        # whole names only: a model or preset name such as gemma3-1b-random is never cut at its hyphens
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -87,7 +93,8 @@ def lag_of(strategy: str) -> int:
 def cannot_load(model: str, err: Exception) -> str:
     """The one line for a --model that from_pretrained could not load (no such hub name, offline, not a model
     directory...): its kind, and the first line of the error."""
-    from ..models.loading import EMBEDDED, looks_like_path  # torch: imported when a command runs, not for --help
+    from ...embedded import EMBEDDED
+    from ..models.loading import looks_like_path  # torch: imported when a command runs, not for --help
 
     what = (
         "directory"
@@ -102,8 +109,9 @@ def check_model_flag(model: str):
     """--model before any work: an embedded name (None), or a directory or hub name whose config loads and is
     a decoder-only causal LM (the config); anything else is a CliError naming --model. A hub name that is not
     cached while the hub cannot be reached fails at once (models.pretrained_config)."""
+    from ...embedded import EMBEDDED
     from ..inputs import NotCausalLM  # torch: imported when a command runs, not for --help
-    from ..models.loading import EMBEDDED, check_model_path, pretrained_config
+    from ..models.loading import check_model_path, pretrained_config
 
     try:
         check_model_path(model)

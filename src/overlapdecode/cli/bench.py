@@ -32,11 +32,15 @@ BASE_STRATEGIES = ("baseline", "kv", "static", "compiled", "interleaved")  # + f
 # an eager step (about 6 ms on an H200) within the first tens of tokens, so its O(N^2) growth shows between
 # 48 and 192 new tokens (on an H200: 7.3 -> 12.8 ms/token, kv 8.3 -> 9.9), and batch 16 is one row tile of the
 # fused kernels. On an H200 its timed rows ended within 185 s of the start; the busy-fraction profile of even
-# two strategies did not fit beside them, so the main job leaves it to `overlapdecode profile`. On CPU the quick sweep
-# of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline at batch 16 would take
-# many minutes.
+# two strategies did not fit beside them, so the main job leaves it to `overlapdecode profile`. Beside it, the
+# bfloat16 configuration `fused` is built for: gpt2-random in bfloat16 at batch 1, `fused` and `interleaved`
+# alone at the longest length (on an H200, results/h200/gpt2-fused-b1: 0.296 against 0.951 ms/token), each
+# compiling anew for bfloat16 (about 20 and 15 s there), so that the whole run stays within about 4 minutes.
+# On CPU the quick sweep of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline
+# at batch 16 would take many minutes.
 MAIN_MODEL_CUDA = "gpt2-random"
 MAIN_LENGTHS_CUDA, MAIN_BATCH_CUDA = (48, 192), 16
+MAIN_BF16_PAIR, MAIN_BF16_STRATEGIES = "bfloat16:1", ("interleaved", "fused")
 OTHER_LENGTHS_CUDA, LENGTHS_CPU = (64, 96), (16, 48)
 PEER_NAMES = ("hf-dynamic", "hf-static", "hf-compiled")  # bench.peers.PEERS (likewise)
 WORKLOAD_NAMES = ("fixed", "eos")  # bench.workloads.WORKLOADS (likewise)
@@ -77,7 +81,10 @@ def add_commands(sub) -> None:
     b.add_argument(
         "--batch",
         default=None,
-        help=f"batch sizes, comma-separated (default: {MAIN_BATCH_CUDA} for {MAIN_MODEL_CUDA} on CUDA, else 1)",
+        help=f"batch sizes, comma-separated (default: 1; {MAIN_BATCH_CUDA} for {MAIN_MODEL_CUDA} on CUDA, and "
+        f"beside it, where --batch, --dtype, --dtype-batch and --strategies are all left out, "
+        f"{MAIN_BF16_PAIR.replace(':', ' at batch ')} with {' and '.join(MAIN_BF16_STRATEGIES)} alone at the "
+        f"longest length)",
     )
     b.add_argument(
         "--dtype-batch",
@@ -85,7 +92,9 @@ def add_commands(sub) -> None:
         help="dtype:batch pairs measured instead of every --dtype x --batch, e.g. float32:1,bfloat16:8 "
         "(default: every --dtype x --batch)",
     )
-    b.add_argument("--dtype", default="float32", help=f"comma-separated: {', '.join(DTYPE_NAMES)}")
+    b.add_argument(
+        "--dtype", default=None, help=f"comma-separated: {', '.join(DTYPE_NAMES)} (default: float32; see --batch)"
+    )
     b.add_argument(
         "--allocator",
         default="default",
@@ -247,12 +256,12 @@ def bench_config(args):
     batches = _positive(
         ints(args.batch, "--batch") if args.batch is not None else [MAIN_BATCH_CUDA if main_job else 1], "--batch"
     )
-    dtypes = tuple(_check_dtype(d, "--dtype") for d in names(args.dtype))
+    dtypes = tuple(_check_dtype(d, "--dtype") for d in names("float32" if args.dtype is None else args.dtype))
     if not dtypes and not args.dtype_batch:
         raise CliError(
             f"--dtype names no dtype ({args.dtype!r}): nothing to measure; choose from {', '.join(DTYPE_NAMES)}"
         )
-    pairs = ()
+    pairs, narrowed = (), ()
     if args.dtype_batch is not None:
         pairs = tuple(names(args.dtype_batch))
         if not pairs:
@@ -283,6 +292,11 @@ def bench_config(args):
     config = _check_model_name(model)
     if strategies is None:
         strategies = default_strategies(model, config, cuda)
+        if main_job and args.batch is None and args.dtype is None and args.dtype_batch is None:
+            pairs = (f"float32:{MAIN_BATCH_CUDA}", MAIN_BF16_PAIR)
+            dtypes, batches = tuple(split_pair(p)[0] for p in pairs), tuple(split_pair(p)[1] for p in pairs)
+            own = tuple(s for s in MAIN_BF16_STRATEGIES if s in strategies)
+            narrowed = ((MAIN_BF16_PAIR, own, (max(lengths),)),)
     _check_positions(model, prompt_len, max(lengths + eos_lengths))
     gpus = _check_gpus(args.gpus, args.device) if args.gpus else ()
     _check_tp(args)
@@ -299,6 +313,7 @@ def bench_config(args):
         batches=batches,
         dtypes=dtypes,
         pairs=pairs,
+        narrowed=narrowed,
         time_budget_s=args.time_budget,
         allocators=allocators,
         workloads=workloads,
@@ -407,7 +422,7 @@ def _check_gpus(text: str, device) -> tuple[int, ...]:
 
 
 def _check_positions(model: str, prompt_len: int, longest: int) -> None:
-    from .. import EMBEDDED  # torch: imported when a command runs, not for --help
+    from ..embedded import EMBEDDED  # torch: imported when a command runs, not for --help
     from ..facts import model_facts
 
     if model in EMBEDDED:
@@ -426,15 +441,21 @@ def spread(row) -> float:
     return (max(times) - min(times)) / row["seq_s"]
 
 
+# the terminal table's columns: the figures that decide, each cell whole at 80 columns; the rest (TTFT, ms/step,
+# the toll, memory, kernels per step) is in results.json and report.md
+SUMMARY_COLUMNS = ("strategy", "ms/token", "vs baseline", "spread", "MBU")
+
+
 def summary_tables(rows, model: str) -> list:
     """The terminal's summary: per (allocator, dtype, batch), a rich Table of each strategy at the longest
-    length, with the spread of its timed calls, MBU, the decode ms/step, the per-layer toll and the kernels per
-    step (`-` where not measured), and the warnings for rows whose speed-up over the baseline
-    is inside that spread (that of the row or of the baseline, the larger), as the report refuses to state
-    such a difference: on a busy host a figure such as "36x" can rest on calls far apart."""
+    length: ms/token, its speed-up over the baseline, the spread of its timed calls and MBU; a column that is
+    `-` in every row (MBU on CPU, the speed-up without a baseline) is left out. A `!` marks a speed-up that
+    the spread of the timed calls does not resolve, and its warning line quotes the spread of the row it names:
+    the row's own, or, where only the baseline's is wide enough to hide it, the baseline's on a line of its own.
+    On a busy host a figure such as "36x" can rest on calls far apart."""
     from rich.table import Table  # imported when the command runs, not for --help
 
-    from ..bench.report.figures import mbu, row_decode_ms
+    from ..bench.report.figures import mbu
     from ..bench.report.markdown import fmt, label
     from ..bench.report.report import _order, series
 
@@ -442,47 +463,68 @@ def summary_tables(rows, model: str) -> list:
     for (alloc, dtype, batch), per in sorted(series(rows).items()):
         n = max(m for pts in per.values() for m, _ in pts)
         base = dict(per.get("baseline", [])).get(n)
-        table = Table(title=f"{model}, {dtype}, batch {batch}, allocator {alloc}, {n} new tokens")
-        cols = ("strategy", "ms/token", "tok/s", "TTFT ms", "vs baseline", "spread", "peak reserved MB", "MBU")
-        for col in cols + ("ms/step", "toll us/layer", "kernels/step"):
-            table.add_column(col, justify="right")
-        warnings = []
+        body, warnings, hidden = [], [], []
         for s in _order(per):
             r = dict(per[s]).get(n)
             if r is None:
                 continue
             vs = "-"
             if base:
-                ratio, noise = base["seq_s"] / r["seq_s"], max(spread(r), spread(base))
+                ratio = base["seq_s"] / r["seq_s"]
                 vs = f"{ratio:.2f}x"
-                if r is not base and abs(ratio - 1) <= noise:
+                if r is not base and abs(ratio - 1) <= spread(r):
                     vs += " !"
                     warnings.append(
-                        f"! {label(r)}: {ratio:.2f}x the baseline is within the spread of the timed calls "
-                        f"({noise * 100:.0f}%): not resolved on this run"
+                        f"! {label(r)}: {ratio:.2f}x the baseline is within the spread of its own timed calls "
+                        f"({spread(r) * 100:.0f}%): not resolved on this run"
                     )
-            table.add_row(
-                label(r),
-                f"{r['ms_per_token']:.3f}",
-                f"{r['tokens_per_s']:.0f}",
-                f"{r['ttft_ms']:.2f}",
-                vs,
-                f"{spread(r) * 100:.0f}%" if len(r.get("seq_s_all") or ()) > 1 else "-",
-                "-" if r.get("peak_reserved_mb") is None else f"{r['peak_reserved_mb']:.0f}",
-                fmt(mbu(r), "{:.0%}"),
-                fmt(row_decode_ms(r), "{:.3f}"),
-                fmt(r.get("toll_us_per_layer"), "{:.1f}"),
-                fmt(r.get("kernels_per_step"), "{:.0f}"),
+                elif r is not base and abs(ratio - 1) <= spread(base):
+                    vs += " !"
+                    hidden.append(f"{label(r)} {ratio:.2f}x")
+            body.append(
+                (
+                    label(r),
+                    f"{r['ms_per_token']:.3f}",
+                    vs,
+                    f"{spread(r) * 100:.0f}%" if len(r.get("seq_s_all") or ()) > 1 else "-",
+                    fmt(mbu(r), "{:.0%}"),
+                )
             )
+        if hidden:
+            warnings.append(
+                f"! baseline: its own timed calls spread {spread(base) * 100:.0f}%, which hides the speed-up "
+                f"over it of {', '.join(hidden)}: not resolved on this run"
+            )
+        shown = [i for i in range(len(SUMMARY_COLUMNS)) if i == 0 or any(cells[i] != "-" for cells in body)]
+        where = f", allocator {alloc}" if alloc != "default" else ""
+        table = Table(title=f"{model}, {dtype}, batch {batch}{where}, {n} new tokens")
+        for i in shown:
+            table.add_column(SUMMARY_COLUMNS[i], justify="left" if i == 0 else "right", no_wrap=True)
+        for cells in body:
+            table.add_row(*(cells[i] for i in shown))
         out.append((table, warnings))
     return out
 
 
-def cmd_bench(args) -> int:
-    # imported when the command runs, not for --help
-    from rich.console import Console
+def print_summary(results: dict, out_dir: str, file=None) -> None:
+    """The tables, their warnings, on CPU the line that says what the run is worth, and where the report is;
+    `file`: where to print (default stdout, at its width: 80 columns when piped unless COLUMNS says)."""
+    from rich.console import Console  # imported when the command runs, not for --help
 
-    from ..bench.runner import BenchError, BenchInterrupted, run_bench
+    from ..bench.report.report import CPU_TAKEAWAY, on_cpu
+
+    console = Console(file=file)
+    for table, warnings in summary_tables(results["rows"], results["config"]["model"]):
+        console.print(table)
+        for line in warnings:
+            console.print(line, markup=False, highlight=False)
+    if on_cpu(results["rows"]):
+        console.print(CPU_TAKEAWAY, markup=False, highlight=False)
+    console.print(f"report: {out_dir}/report.md (results: {out_dir}/results.json)", markup=False, highlight=False)
+
+
+def cmd_bench(args) -> int:
+    from ..bench.runner import BenchError, BenchInterrupted, run_bench  # imported when the command runs, not for --help
 
     cfg = bench_config(args)
     try:
@@ -493,12 +535,7 @@ def cmd_bench(args) -> int:
         raise CliError(str(err)) from None
     if results is None:  # a tensor-parallel rank other than 0: it measured in step with rank 0, which reports
         return 0
-    console = Console()
-    for table, warnings in summary_tables(results["rows"], cfg.model):
-        console.print(table)
-        for line in warnings:
-            console.print(line, markup=False)
-    console.print(f"report: {args.out}/report.md (results: {args.out}/results.json)")
+    print_summary(results, args.out)
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import warnings
 
+from ..embedded import EMBEDDED, embedded_list
 from . import bench as bench_cli
 from .args import (
     DTYPE_NAMES,
@@ -31,9 +32,7 @@ def _add_generate(sub):
     p.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help="hub name, local directory, or an embedded random model: gpt2-random, tiny-gpt2, tiny-llama, "
-        "llama-1b-random, llama-8b-random, llama-70b-random, smollm2-360m-random, qwen2.5-0.5b-random, "
-        "qwen2.5-1.5b-random, smollm2-1.7b-random",
+        help=f"hub name, local directory, or an embedded random-weight model: {embedded_list()}",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
@@ -221,11 +220,11 @@ def cmd_generate(args) -> int:
     started = [False]
     if args.prompt is None:
         header = "ids:"
-        if args.model in _embedded_names():
+        if args.model in EMBEDDED:
             header = f"note: {args.model} has random weights: the ids below are meaningless\n" + header
     else:
         header = args.prompt
-        if args.model in _embedded_names():
+        if args.model in EMBEDDED:
             header = (
                 f"note: {args.model} has random weights: the text below is random bytes, <id> for an id that "
                 f"is no byte\n" + header
@@ -277,12 +276,6 @@ def cmd_generate(args) -> int:
         raise _as_flag_error(err, args) from None
     print(f"\n[{result.shape[1] - ids.shape[1]} new tokens, strategy {args.strategy}]")
     return 0
-
-
-def _embedded_names() -> tuple[str, ...]:
-    from ..models.loading import EMBEDDED  # imported here: fast --help
-
-    return EMBEDDED
 
 
 def build_parser() -> OneLineParser:

@@ -57,34 +57,12 @@ from transformers import (
 )
 
 from .. import tp as tensor_parallel
+from ..embedded import EMBEDDED, embedded_list
 from ..inputs import check_causal_config
 from ..sampling import check_seed
 from . import random_init
 from .shapes import FAMILY_SHAPES, LLAMA_SHAPES, SMALL_SHAPES
 from .tokenizer import ByteTokenizer
-
-EMBEDDED = (
-    "gpt2-random",
-    "llama-1b-random",
-    "llama-8b-random",
-    "llama-70b-random",
-    "smollm2-360m-random",
-    "qwen2.5-0.5b-random",
-    "qwen2.5-1.5b-random",
-    "smollm2-1.7b-random",
-    "qwen3-0.6b-random",
-    "gemma3-1b-random",
-    "qwen3-moe-random",
-    "phi3-mini-random",
-    "olmo2-1b-random",
-    "smollm3-3b-random",
-    "granite-2b-random",
-    "gemma2-2b-random",
-    "mixtral-random",
-    "gpt-oss-random",
-    "tiny-gpt2",
-    "tiny-llama",
-)
 
 _CAUSAL_LM = {
     "gpt2": GPT2LMHeadModel,
@@ -186,7 +164,7 @@ def embedded_config(name: str):
             bos_token_id=1,
             eos_token_id=2,
         )
-    raise ValueError(f"unknown embedded model {name!r}; embedded models are {', '.join(EMBEDDED)}")
+    raise ValueError(f"unknown embedded model {name!r}; embedded models are {embedded_list()}")
 
 
 @contextlib.contextmanager
@@ -248,7 +226,7 @@ def check_model_path(name_or_path) -> None:
         raise ValueError(f"path {name_or_path} is a file, not a model directory (saved with save_pretrained)")
     if looks_like_path(name_or_path):
         raise ValueError(
-            f"path {name_or_path} does not exist (give a model directory, a hub name or one of {', '.join(EMBEDDED)})"
+            f"path {name_or_path} does not exist (give a model directory, a hub name or one of {embedded_list()})"
         )
 
 

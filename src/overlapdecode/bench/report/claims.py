@@ -9,7 +9,7 @@ and a GPU for the claims about a GPU; otherwise the line says why not, with the 
 
 from __future__ import annotations
 
-from .figures import at, exponent_range, exponents, nearest, repeats, series, spread, timed
+from .figures import WITHIN_NOISE, at, exponent_range, exponents, nearest, repeats, series, spread, timed
 from .markdown import fmt
 
 # A claim rests on at least this many timed calls per figure: with fewer, the spread says nothing.
@@ -69,6 +69,8 @@ def claims(results: dict) -> list[str]:
             why = None
             if n < MIN_REPEATS:
                 why = f"{n} timed call(s) per figure, fewer than the {MIN_REPEATS} needed to know the spread"
+            elif WITHIN_NOISE in (b_all, k_all):
+                why = "the timed calls do not resolve how time grows with length"
             elif b_rng[0] <= k_rng[1]:
                 why = "the exponents' ranges overlap: the baseline is not shown to grow faster than kv"
             out.append(_ratio_claim(f"O(N^2) vs O(N) ({tag})", text, why))

@@ -1,6 +1,7 @@
 """The figures the report reads from results.json's rows: the timed rows by configuration and strategy, the
 time-vs-length exponents, the spread of a row's timed calls, MBU, the decode time per step and the per-layer toll
-(bench/scale.py's sweep uses the same toll), and the first-call overheads.
+(bench/scale.py's sweep uses the same toll), and the first-call overheads. An exponent or overhead that the timed
+calls do not resolve is WITHIN_NOISE, never a number that reads as a finding.
 
 Nothing here measures or formats: claims.py, report.py and plots.py turn these into text and figures.
 """
@@ -9,6 +10,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+
+# a figure the timed calls do not resolve (a negative exponent or first-call overhead among them): printed so
+WITHIN_NOISE = "within noise"
 
 # the progression's order (presets, then the named variants, then the Hugging Face peers): tables and plots
 ORDER = [
@@ -56,10 +60,20 @@ def series(rows) -> dict:
     return out
 
 
-def exponents(points) -> tuple[float | None, float | None]:
-    """(over all lengths, over the two longest lengths)."""
-    xy = [(n, r["seq_s"]) for n, r in points]
-    return fit_exponent(xy), fit_exponent(xy[-2:])
+def exponents(points) -> tuple[float | str | None, float | str | None]:
+    """(over all lengths, over the two longest lengths), each as `exponent` gives it."""
+    return exponent(points), exponent(points[-2:])
+
+
+def exponent(points) -> float | str | None:
+    """The time-vs-length exponent fitted to `points` [(length, row)]; WITHIN_NOISE where the timed calls do not
+    resolve it: a negative fit (a call cannot take less time for more tokens: the machine's noise made it) or
+    timed calls that allow an exponent of 0 or below (no growth with length at all); None below two lengths."""
+    e = fit_exponent([(n, r["seq_s"]) for n, r in points])
+    if e is None:
+        return None
+    allowed = exponent_range(points)
+    return WITHIN_NOISE if e < 0 or (allowed is not None and allowed[0] <= 0) else e
 
 
 def at(points, n):
@@ -145,9 +159,24 @@ def exponent_range(points) -> tuple[float, float] | None:
     return math.log(min(t1) / max(t0)) / span, math.log(max(t1) / min(t0)) / span
 
 
+def first_call_overhead(row) -> float | str:
+    """first call - median timed call, in seconds; WITHIN_NOISE where that is no more than the spread of the
+    timed calls (max - min), negative figures among them: the first call cost nothing that the timed calls'
+    own differences do not."""
+    over = row["first_call_s"] - row["seq_s"]
+    times = row.get("seq_s_all") or [row["seq_s"]]
+    return over if over > max(times) - min(times) else WITHIN_NOISE
+
+
 def first_call_overheads(per: dict) -> dict:
     """strategy -> [(length, first call - median timed call)]: compile, CUDA-graph recording and warm-up.
 
     A process compiles a shape once, at the first configuration that meets it, so the overhead shows at one
     length and not at the others; the largest of them is the strategy's compile time in this run."""
-    return {s: [(n, r["first_call_s"] - r["seq_s"]) for n, r in pts] for s, pts in per.items()}
+    return {s: [(n, first_call_overhead(r)) for n, r in pts] for s, pts in per.items()}
+
+
+def largest_overhead(overheads: list) -> float | str:
+    """The largest resolved figure of a strategy's [(length, first_call_overhead)], else WITHIN_NOISE."""
+    resolved = [v for _, v in overheads if v != WITHIN_NOISE]
+    return max(resolved) if resolved else WITHIN_NOISE

@@ -1,11 +1,12 @@
-"""Markdown pieces the reports share: a number or "-", a row's strategy as the tables name it, and a table."""
+"""Markdown pieces the reports share: a number, "-" or words such as "within noise", a row's strategy as the
+tables name it, and a table."""
 
 from __future__ import annotations
 
 
 def fmt(v, form="{:.2f}", none="-") -> str:
-    """`v` formatted, or `none` for a missing figure."""
-    return none if v is None else form.format(v)
+    """`v` formatted, `none` for a missing figure, or `v` itself where it is words (figures.WITHIN_NOISE)."""
+    return none if v is None else v if isinstance(v, str) else form.format(v)
 
 
 def table(header, rows) -> str:

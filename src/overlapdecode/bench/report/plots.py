@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .figures import at, first_call_overheads, order, series, timed
+from .figures import WITHIN_NOISE, at, first_call_overheads, largest_overhead, order, series, timed
 
 
 def _save(fig, axes, out_dir: str, name: str) -> None:
@@ -119,7 +119,8 @@ def _speedup(ax, key, per: dict) -> None:
 def _compile(ax, key, per: dict, colour: dict) -> None:
     over = first_call_overheads(per)
     names = order(over)
-    ax.bar(range(len(names)), [max(0.0, max(v for _, v in over[s])) for s in names], color=[colour[s] for s in names])
+    tall = [largest_overhead(over[s]) for s in names]  # within the timed calls' noise: no bar
+    ax.bar(range(len(names)), [0.0 if v == WITHIN_NOISE else v for v in tall], color=[colour[s] for s in names])
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("compile time: largest first-call overhead (s)")
     ax.set_title(f"{key[1]}, batch {key[2]}, allocator {key[0]}")

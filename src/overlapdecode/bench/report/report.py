@@ -12,12 +12,35 @@ import os
 
 from ..results import load
 from .claims import MIN_REPEATS, claims
-from .figures import at, exponents, first_call_overheads, mbu, order, row_decode_ms, series, spread, timed
-from .figures import order as _order  # noqa: F401  (bench/cli.py's name for it)
-from .gather import gather  # noqa: F401  (`overlapdecode report --markdown`, bench/cli.py)
+from .figures import (
+    at,
+    exponents,
+    first_call_overheads,
+    largest_overhead,
+    mbu,
+    order,
+    row_decode_ms,
+    series,
+    spread,
+    timed,
+)
+from .figures import order as _order  # noqa: F401  (cli/bench.py's name for it)
+from .gather import gather  # noqa: F401  (`overlapdecode report --markdown`, cli/bench.py)
 from .markdown import fmt, label, table
 from .plots import plots
-from .tp_summary import tp_probe_summary  # noqa: F401  (bench/cli.py)
+from .tp_summary import tp_probe_summary  # noqa: F401  (cli/bench.py)
+
+# what a run on CPU is worth, in one line: the terminal prints it under the tables, report.md under the claims
+CPU_TAKEAWAY = (
+    "On CPU: use `kv` (it starts at once; `compiled` and `interleaved` compile for tens of seconds per new shape "
+    "first). These are CPU times, which move with the host's load; overlapdecode's speed claims are made on a "
+    "CUDA GPU (the README's table)."
+)
+
+
+def on_cpu(rows) -> bool:
+    """Whether a run measured nothing on a CUDA device."""
+    return not any(str(r.get("device", "")).startswith("cuda") for r in rows)
 
 
 def build(out_dir: str) -> str:
@@ -113,6 +136,8 @@ def _claims(results: dict, gpu_rows: list) -> list[str]:
             "streams, the caching allocator), so they are not stated from it; each such line says so, with the "
             "figure it would rest on.",
             "",
+            CPU_TAKEAWAY,
+            "",
         ]
     md += [
         f"A claim is stated only where its figures carry it: at least {MIN_REPEATS} timed calls each, and a "
@@ -135,9 +160,14 @@ def _configurations(rows) -> list[str]:
             cells = [fmt(at(per[s], n)["ms_per_token"], "{:.3f}") if at(per[s], n) else "-" for n in lengths]
             body.append([label(per[s][0][1])] + cells + [fmt(e_all), fmt(e_long)])
         md.append(table(["strategy"] + [f"N={n}" for n in lengths] + ["exponent", "exponent (last two)"], body))
+        md += [
+            "",
+            "exponent: of time against new tokens, 1 for O(N), 2 for O(N^2); `within noise` where the timed calls "
+            "allow 0 or below (no growth at all) or the fit is negative.",
+        ]
         n = lengths[-1]
         base = at(per.get("baseline", []), n)
-        md += ["", f"At N={n}:", ""]
+        md += ["", f"At N={n} (`!`: a speed-up within the spread of the row's or the baseline's timed calls):", ""]
         body = []
         for s in order(per):
             r = at(per[s], n)
@@ -152,7 +182,7 @@ def _configurations(rows) -> list[str]:
                     fmt(r["tokens_per_s"], "{:.0f}"),
                     f"{spread(r) * 100:.0f}%",
                     fmt(r["ttft_ms"], "{:.2f}"),
-                    fmt(base["seq_s"] / r["seq_s"], "{:.2f}x") if base else "-",
+                    _speed_up(r, base),
                     fmt(r.get("peak_allocated_mb"), "{:.0f}"),
                     fmt(r.get("peak_reserved_mb"), "{:.0f}"),
                     fmt(frag and frag * 100, "{:.1f}%"),
@@ -192,19 +222,29 @@ def _configurations(rows) -> list[str]:
             "",
             f"First-call overhead (compile, CUDA-graph recording, warm-up) = first call - median timed call, "
             f"in seconds, per length: a process compiles a shape once, at the first configuration that meets "
-            f"it, so the largest figure of a strategy is its compile time here ({dtype}, batch {batch}, "
-            f"allocator {alloc}):",
+            f"it, so the largest figure of a strategy is its compile time here; `within noise` where it is no "
+            f"more than the timed calls' own range, slowest - fastest ({dtype}, batch {batch}, allocator {alloc}):",
             "",
         ]
         body = [
             [label(per[s][0][1])]
             + [fmt(dict(over[s]).get(m), "{:.2f}") for m in lengths]
-            + [fmt(max(v for _, v in over[s]), "{:.2f}")]
+            + [fmt(largest_overhead(over[s]), "{:.2f}")]
             for s in order(per)
         ]
         md.append(table(["strategy"] + [f"N={m}" for m in lengths] + ["largest (compile)"], body))
 
     return md
+
+
+def _speed_up(r: dict, base: dict | None) -> str:
+    """The baseline's time / the row's, with a `!` where the spread of the row's or the baseline's timed calls
+    covers the difference (as the terminal table marks it)."""
+    if not base:
+        return "-"
+    ratio = base["seq_s"] / r["seq_s"]
+    unresolved = r is not base and abs(ratio - 1) <= max(spread(r), spread(base))
+    return f"{ratio:.2f}x" + (" !" if unresolved else "")
 
 
 def _eos(rows) -> list[str]:

@@ -4,10 +4,11 @@
 
 One line per (GPU, model, dtype, batch, prompt length) measured at --new-tokens with EOS off and the default
 allocator: the fastest preset measured there (variants such as `nocheck` are not presets: they are not offered as
-an answer), its figures (the per-layer toll and the kernels per step among them, `-` in rows measured before
-the bench recorded them), the fastest Hugging Face peer measured at the same configuration, the presets that were
-measured at all (a preset missing from that list was not measured, not beaten), and the folders the figures come
-from. Figures of one line may come from different folders (a peer measured in another run); the line names each.
+an answer), its ms/token and MBU, its speed-up over the fastest Hugging Face peer measured at the same
+configuration, the presets that were measured at all (a preset missing from that list was not measured, not
+beaten), and the folders the figures come from, as numbered links defined under the table (every line within 120
+characters). Figures of one line may come from different folders (a peer measured in another run); the line names
+each. The other figures (TTFT, ms/step, the per-layer toll, kernels per step) are in each folder's report.md.
 
 With --readme the table replaces the lines between BEGIN and END in that file (the markers stay); without it the
 table is printed. A results file the report cannot read is refused with one line naming it.
@@ -18,11 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 
 from ...strategy import PRESETS
 from ..results import RESULTS, ResultsError, load
-from .figures import row_decode_ms
-from .markdown import fmt
 
 BEGIN = (
     "<!-- results table: made by python -m overlapdecode.bench.report.results_table; edit results/, not this table -->"
@@ -32,17 +32,14 @@ HEADER = (
     "model",
     "dtype",
     "batch",
-    "preset",
+    "fastest preset",
     "ms/token",
-    "ms/step",
-    "TTFT ms",
     "MBU",
-    "toll us/layer",
-    "kernels/step",
-    "Hugging Face peer: ms/token (speed-up)",
+    "vs Hugging Face",
     "presets measured",
     "results",
 )
+WIDTH = 120  # the longest line the table and its text may have
 
 
 def runs(results_dir: str) -> list[tuple[str, dict]]:
@@ -107,28 +104,42 @@ def lines(found: list[tuple[str, dict]], new_tokens: int) -> list[dict]:
     return [groups[k] for k in sorted(groups) if groups[k]["preset"] is not None]
 
 
+def measured(presets: set) -> str:
+    """The presets measured at a configuration, short: `all`, `all but fused`, or the list."""
+    order = list(PRESETS)
+    missing = [p for p in order if p not in presets]
+    if not missing:
+        return "all"
+    if len(missing) < len(presets):
+        return "all but " + ", ".join(missing)
+    return ", ".join(sorted(presets, key=order.index))
+
+
 def render(results_dir: str, new_tokens: int = 200, relative_to: str = ".") -> str:
-    """The table (markdown, with a line saying what it shows) of the folders under `results_dir`; links are
-    relative to the directory `relative_to` (the README's)."""
+    """The table (markdown, with lines saying what it shows, and the numbered links to the folders its figures
+    come from) of the folders under `results_dir`; links are relative to the directory `relative_to` (the
+    README's)."""
     found = runs(results_dir)
     table = lines(found, new_tokens)
     if not table:
         raise ResultsError(
             f"{results_dir}: no folder measured a preset at {new_tokens} new tokens (EOS off, default allocator)"
         )
+    numbers: dict[str, int] = {}  # folder -> its link's number, in the order of first use
 
     def link(folder: str) -> str:
-        target = os.path.relpath(os.path.join(folder, "report.md"), relative_to)
-        return f"[{os.path.basename(folder)}]({target})"
+        numbers.setdefault(folder, len(numbers) + 1)
+        return f"[{numbers[folder]}]"
 
-    order = list(PRESETS)
     prompts = sorted({g["key"][4] for g in table})
-    out = [
+    intro = (
         f"Measured by `overlapdecode bench` on {', '.join(sorted({g['key'][0] for g in table}))}: prompt "
         f"{'/'.join(map(str, prompts))} tokens, {new_tokens} new tokens, EOS off, medians of the timed calls. "
-        "ms/step = (the call - TTFT) / (new tokens - 1); toll = (ms/step - weight bytes / the measured copy "
-        "bandwidth) / layers; kernels/step counted by the profiler over one call of the same configuration "
-        "(`-`: not measured).",
+        "ms/token = the whole call / new tokens; MBU = weight bytes / the measured copy bandwidth / ms per token; "
+        "vs Hugging Face: the fastest Hugging Face generate() peer's ms/token over the preset's; a preset missing "
+        'from "presets measured" was not measured there, not beaten; results: the runs the figures come from.'
+    )
+    out = textwrap.wrap(intro, WIDTH, break_on_hyphens=False) + [
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),
@@ -141,27 +152,23 @@ def render(results_dir: str, new_tokens: int = 200, relative_to: str = ".") -> s
             peer, folders = "not measured", [folder]
         else:
             peer_folder, peer_row = g["peer"]
-            peer = (
-                f"`{peer_row['strategy']}` {peer_row['ms_per_token']:.3f} "
-                f"({peer_row['ms_per_token'] / row['ms_per_token']:.2f}x)"
-            )
+            peer = f"{peer_row['ms_per_token'] / row['ms_per_token']:.2f}x `{peer_row['strategy']}`"
             folders = [folder] + ([peer_folder] if peer_folder != folder else [])
         cells = [
             f"`{model}`",
             dtype,
             str(batch),
-            f"**`{row['strategy']}`**",
+            f"`{row['strategy']}`",
             f"{row['ms_per_token']:.3f}",
-            fmt(row_decode_ms(row), "{:.3f}"),
-            f"{row['ttft_ms']:.1f}",
             "-" if m is None else f"{m * 100:.0f}%",
-            fmt(row.get("toll_us_per_layer"), "{:.1f}"),
-            fmt(row.get("kernels_per_step"), "{:.0f}"),
             peer,
-            ", ".join(sorted(g["presets"], key=order.index)),
+            measured(g["presets"]),
             ", ".join(link(f) for f in folders),
         ]
         out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    for folder, number in numbers.items():
+        out.append(f"[{number}]: {os.path.relpath(os.path.join(folder, 'report.md'), relative_to)}")
     return "\n".join(out) + "\n"
 
 
