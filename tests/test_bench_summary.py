@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from overlapdecode.cli.bench import print_summary, summary_tables
 from overlapdecode.bench.report.report import CPU_TAKEAWAY, build
+from overlapdecode.cli.bench import print_summary, summary_tables
 
 ALL = ["baseline", "kv", "static", "compiled", "interleaved", "fused", "hf-dynamic", "hf-static", "hf-compiled"]
 
