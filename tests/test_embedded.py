@@ -8,7 +8,7 @@ import re
 import pytest
 
 import overlapdecode as od
-from overlapdecode.embedded import EMBEDDED, EMBEDDED_MODELS
+from overlapdecode.models.embedded import EMBEDDED, EMBEDDED_MODELS
 
 NAME = re.compile(r"\b(?:[a-z0-9.]+-)+random\b|\btiny-[a-z0-9]+\b")
 

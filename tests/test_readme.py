@@ -142,7 +142,7 @@ EMBEDDED_NAME = re.compile(r"`((?:[a-z0-9.]+-)+random|tiny-[a-z0-9]+)`")
 
 def test_the_readme_lists_the_embedded_models_of_the_code():
     """The README named 16 embedded models, `generate --help` 10 and od.EMBEDDED 20."""
-    from overlapdecode.embedded import EMBEDDED, EMBEDDED_MODELS
+    from overlapdecode.models.embedded import EMBEDDED, EMBEDDED_MODELS
 
     text = _readme()
     paragraph = " ".join(text.split("Embedded models (", 1)[1].split("\n\n", 1)[0].split())

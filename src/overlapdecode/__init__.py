@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 # exported name -> the module that defines it
 _EXPORTS = {
-    "EMBEDDED": "models.loading",
+    "EMBEDDED": "models.embedded",
     "ModelFacts": "facts",
     "Decoder": "decode",
     "PRESETS": "strategy",
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from .decode import Decoder, decoder_for, generate
     from .facts import ModelFacts, model_facts
     from .loop.compiling import compile_count
-    from .models.loading import EMBEDDED, load_model, load_tokenizer
+    from .models.embedded import EMBEDDED
+    from .models.loading import load_model, load_tokenizer
     from .models.tokenizer import ByteTokenizer
     from .strategy import PRESETS, VARIANTS, Strategy, resolve_strategy
 

@@ -35,7 +35,8 @@ def model_facts(model) -> ModelFacts:
     name: only its config is read)."""
     weights, layers = None, None
     if isinstance(model, str):
-        from .models.loading import EMBEDDED, embedded_config, pretrained_config
+        from .models.embedded import EMBEDDED
+        from .models.loading import embedded_config, pretrained_config
 
         config = embedded_config(model) if model in EMBEDDED else pretrained_config(model)
     elif isinstance(model, torch.nn.Module):

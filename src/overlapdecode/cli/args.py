@@ -93,7 +93,7 @@ def lag_of(strategy: str) -> int:
 def cannot_load(model: str, err: Exception) -> str:
     """The one line for a --model that from_pretrained could not load (no such hub name, offline, not a model
     directory...): its kind, and the first line of the error."""
-    from ...embedded import EMBEDDED
+    from ..models.embedded import EMBEDDED
     from ..models.loading import looks_like_path  # torch: imported when a command runs, not for --help
 
     what = (
@@ -109,8 +109,8 @@ def check_model_flag(model: str):
     """--model before any work: an embedded name (None), or a directory or hub name whose config loads and is
     a decoder-only causal LM (the config); anything else is a CliError naming --model. A hub name that is not
     cached while the hub cannot be reached fails at once (models.pretrained_config)."""
-    from ...embedded import EMBEDDED
     from ..inputs import NotCausalLM  # torch: imported when a command runs, not for --help
+    from ..models.embedded import EMBEDDED
     from ..models.loading import check_model_path, pretrained_config
 
     try:

@@ -422,8 +422,8 @@ def _check_gpus(text: str, device) -> tuple[int, ...]:
 
 
 def _check_positions(model: str, prompt_len: int, longest: int) -> None:
-    from ..embedded import EMBEDDED  # torch: imported when a command runs, not for --help
-    from ..facts import model_facts
+    from ..facts import model_facts  # torch: imported when a command runs, not for --help
+    from ..models.embedded import EMBEDDED
 
     if model in EMBEDDED:
         limit = model_facts(model).positions

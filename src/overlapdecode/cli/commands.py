@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from ..embedded import EMBEDDED, embedded_list
+from ..models.embedded import EMBEDDED, embedded_list
 from . import bench as bench_cli
 from .args import (
     DTYPE_NAMES,

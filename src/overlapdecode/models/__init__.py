@@ -1,2 +1,3 @@
-"""Where models come from: `load_model` and `load_tokenizer` (loading.py), the embedded random-weight shapes,
-their weights drawn on the device (random_init.py), and the byte-level tokenizer (tokenizer.py)."""
+"""Where models come from: `load_model` and `load_tokenizer` (loading.py), the embedded random-weight models (their
+names, torch-free: embedded.py; their shapes as data: shapes.py; their weights drawn on the device:
+random_init.py), and the byte-level tokenizer (tokenizer.py)."""

@@ -1,6 +1,6 @@
 """The embedded random-weight models: one list of their names, each with the published model whose shape it has.
 
-models.py builds them; `generate --help`, the errors that list them and the README's list (checked by
+loading.py builds them (their shapes: shapes.py); `generate --help`, the errors that list them and the README's list (checked by
 tests/test_readme.py) are made from this one list. No torch here, so that `overlapdecode --help` stays fast.
 """
 

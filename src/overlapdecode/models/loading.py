@@ -57,10 +57,10 @@ from transformers import (
 )
 
 from .. import tp as tensor_parallel
-from ..embedded import EMBEDDED, embedded_list
 from ..inputs import check_causal_config
 from ..sampling import check_seed
 from . import random_init
+from .embedded import EMBEDDED, embedded_list
 from .shapes import FAMILY_SHAPES, LLAMA_SHAPES, SMALL_SHAPES
 from .tokenizer import ByteTokenizer
 
