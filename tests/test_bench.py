@@ -615,12 +615,12 @@ def test_hf_compiled_on_cpu_is_labelled_eager(bench_dir):
 def _config_of(argv, tmp_path, monkeypatch=None, cuda=False):
     import torch
 
-    import overlapdecode.cli.bench as bench_cli
+    import overlapdecode.cli.bench_flags as bench_flags
     from overlapdecode.cli import build_parser
 
     if cuda:  # the choice a CUDA machine makes; nothing runs
-        monkeypatch.setattr(bench_cli, "_default_device", lambda: torch.device("cuda"))
-    return bench_cli.bench_config(build_parser().parse_args(["bench"] + argv + ["--out", str(tmp_path / "o")]))
+        monkeypatch.setattr(bench_flags, "_default_device", lambda: torch.device("cuda"))
+    return bench_flags.bench_config(build_parser().parse_args(["bench"] + argv + ["--out", str(tmp_path / "o")]))
 
 
 def test_the_main_job_on_cuda_shows_fused_and_the_baselines_growth(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from helpers import make_batch
 from overlapdecode.bench.variants import generate_kwargs, split_variant
 from overlapdecode.bench.worker import _runner
 from overlapdecode.cli.args import CliError
-from overlapdecode.cli.bench import check_strategies
+from overlapdecode.cli.bench_flags import check_strategies
 
 
 def test_split_variant():

@@ -144,15 +144,15 @@ def test_cli_names_equal_the_librarys():
     from overlapdecode.bench.peers import PEERS
     from overlapdecode.bench.runner import ALLOCATORS
     from overlapdecode.bench.workloads import WORKLOADS
-    from overlapdecode.cli import bench as bench_cli
+    from overlapdecode.cli import bench_flags
     from overlapdecode.cli.args import DTYPE_NAMES, LAGGED, PRESET_NAMES, VARIANT_NAMES
     from overlapdecode.models.loading import parse_dtype
 
     assert PRESET_NAMES == tuple(PRESETS) and VARIANT_NAMES == tuple(VARIANTS)
     assert set(LAGGED) == {n for n, s in {**PRESETS, **VARIANTS}.items() if s.stop_check in ("pingpong", "deferred")}
     assert all(parse_dtype(d) for d in DTYPE_NAMES)
-    assert bench_cli.PEER_NAMES == tuple(PEERS) and bench_cli.ALLOCATOR_NAMES == tuple(ALLOCATORS)
-    assert bench_cli.WORKLOAD_NAMES == tuple(WORKLOADS)
+    assert bench_flags.PEER_NAMES == tuple(PEERS) and bench_flags.ALLOCATOR_NAMES == tuple(ALLOCATORS)
+    assert bench_flags.WORKLOAD_NAMES == tuple(WORKLOADS)
 
 
 def _run(code: str) -> subprocess.CompletedProcess:

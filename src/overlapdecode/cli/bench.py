@@ -1,8 +1,8 @@
-"""The `bench`, `profile` and `report` subcommands: flags -> BenchConfig fields (bench/config.py), checked before
-any work.
+"""The `bench`, `profile` and `report` subcommands: their flags (checked by bench_flags.py) and what each runs.
 
-Only args.py and bench/config.py (no torch) is imported at the top: `overlapdecode bench --help` must not pay for torch and
-transformers. Each command imports what it runs inside its function, for that reason alone.
+Only args.py, bench_flags.py and bench/config.py (no torch) are imported at the top: `overlapdecode bench --help`
+must not pay for torch and transformers. Each command imports what it runs inside its function, for that reason
+alone.
 """
 
 from __future__ import annotations
@@ -10,40 +10,24 @@ from __future__ import annotations
 import os
 import shlex
 
-from ..bench.config import BenchConfig, split_pair
-from .args import (
-    DTYPE_NAMES,
-    STRATEGY_HELP,
-    CliError,
-    Interrupted,
-    check_model_flag,
-    ints,
-    lag_of,
-    names,
-    writable_dir,
-    writable_file,
+from .args import DTYPE_NAMES, STRATEGY_HELP, CliError, Interrupted, writable_dir, writable_file
+from .bench_flags import (
+    BASE_STRATEGIES,
+    LENGTHS_CPU,
+    MAIN_BATCH_CUDA,
+    MAIN_BF16_PAIR,
+    MAIN_BF16_STRATEGIES,
+    MAIN_LENGTHS_CUDA,
+    MAIN_MODEL_CUDA,
+    OTHER_LENGTHS_CUDA,
+    PEER_NAMES,
+    bench_config,
+    check_device,
+    check_dtype,
+    check_model_name,
+    check_positions,
+    check_strategies,
 )
-
-ALLOCATOR_NAMES = ("default", "expandable")  # bench.runner.ALLOCATORS (a test keeps them equal)
-BASE_STRATEGIES = ("baseline", "kv", "static", "compiled", "interleaved")  # + fused on CUDA where it applies
-
-# `overlapdecode bench` with no arguments (the main job). On CUDA: gpt2-random in float32 at batch 16, where
-# the baseline's per-step work (the whole sequence, batch x length tokens) outgrows the launch-bound floor of
-# an eager step (about 6 ms on an H200) within the first tens of tokens, so its O(N^2) growth shows between
-# 48 and 192 new tokens (on an H200: 7.3 -> 12.8 ms/token, kv 8.3 -> 9.9), and batch 16 is one row tile of the
-# fused kernels. On an H200 its timed rows ended within 185 s of the start; the busy-fraction profile of even
-# two strategies did not fit beside them, so the main job leaves it to `overlapdecode profile`. Beside it, the
-# bfloat16 configuration `fused` is built for: gpt2-random in bfloat16 at batch 1, `fused` and `interleaved`
-# alone at the longest length (on an H200, results/h200/gpt2-fused-b1: 0.296 against 0.951 ms/token), each
-# compiling anew for bfloat16 (about 20 and 15 s there), so that the whole run stays within about 4 minutes.
-# On CPU the quick sweep of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline
-# at batch 16 would take many minutes.
-MAIN_MODEL_CUDA = "gpt2-random"
-MAIN_LENGTHS_CUDA, MAIN_BATCH_CUDA = (48, 192), 16
-MAIN_BF16_PAIR, MAIN_BF16_STRATEGIES = "bfloat16:1", ("interleaved", "fused")
-OTHER_LENGTHS_CUDA, LENGTHS_CPU = (64, 96), (16, 48)
-PEER_NAMES = ("hf-dynamic", "hf-static", "hf-compiled")  # bench.peers.PEERS (likewise)
-WORKLOAD_NAMES = ("fixed", "eos")  # bench.workloads.WORKLOADS (likewise)
 
 
 def add_commands(sub) -> None:
@@ -172,265 +156,6 @@ def add_commands(sub) -> None:
     )
 
 
-def check_device(text: str | None, flag: str = "--device"):
-    """The torch device a --device flag names, or a CliError naming the flag."""
-    from ..models.loading import check_device as library_check  # torch: imported when a command runs, not for --help
-
-    try:
-        return library_check(text)
-    except (ValueError, TypeError) as err:
-        raise CliError(f"{flag}: {err}") from None
-
-
-def _positive(values, flag):
-    if not values:
-        raise CliError(f"{flag} needs at least one value")
-    bad = [v for v in values if v < 1]
-    if bad:
-        raise CliError(f"{flag} values must be >= 1, got {bad}")
-    return tuple(values)
-
-
-def _check_names(values, known, flag):
-    bad = [n for n in values if n not in known]
-    if bad:
-        raise CliError(f"{flag}: unknown {', '.join(bad)}; choose from {', '.join(known)}")
-    return tuple(values)
-
-
-def check_strategies(text: str, flag: str, max_new_tokens: int) -> tuple[str, ...]:
-    """Preset or variant names, `NAME:K` for a lag of K (interleaved:2); a lag beyond the shortest run is
-    refused here, before a worker starts (it would only allocate K + 1 pinned slots for nothing)."""
-    from ..bench.variants import split_variant
-    from ..sampling import check_sampling
-    from ..strategy import resolve_strategy
-
-    found = names(text)
-    for n in found:
-        try:
-            base, sampling = split_variant(n)
-            resolve_strategy(base)
-            check_sampling(
-                sampling.get("do_sample", False),
-                sampling.get("temperature", 1.0),
-                sampling.get("top_k"),
-                sampling.get("top_p"),
-                0,
-                sampling.get("min_p"),
-                sampling.get("repetition_penalty"),
-            )
-        except (ValueError, TypeError) as err:
-            raise CliError(f"{flag}: {err}") from None
-        if lag_of(base) > max_new_tokens:
-            raise CliError(
-                f"{flag} {n}: a lag of {lag_of(base)} is beyond the {max_new_tokens} new tokens of the "
-                f"shortest run (the flag of the last step is read after the loop anyway)"
-            )
-    return tuple(found)
-
-
-def _check_dtype(d: str, flag: str) -> str:
-    from ..models.loading import parse_dtype  # torch: imported when a command runs, not for --help
-
-    try:
-        parse_dtype(d)
-    except ValueError as err:
-        raise CliError(f"{flag}: {err}") from None
-    return d
-
-
-def bench_config(args):
-    device = check_device(args.device) if args.device is not None else None
-    cuda = (device.type if device is not None else _default_device().type) == "cuda"
-    model = args.model or (MAIN_MODEL_CUDA if cuda else "tiny-gpt2")
-    main_job = cuda and model == MAIN_MODEL_CUDA
-    default_lengths = MAIN_LENGTHS_CUDA if main_job else OTHER_LENGTHS_CUDA if cuda else LENGTHS_CPU
-    lengths = _positive(ints(args.lengths, "--lengths") if args.lengths else list(default_lengths), "--lengths")
-    eos_lengths = _positive(ints(args.eos_lengths, "--eos-lengths"), "--eos-lengths") if args.eos_lengths else ()
-    strategies = None  # by default, chosen once the model's config is known (fused where its family has it)
-    if args.strategies is not None:
-        strategies = check_strategies(args.strategies, "--strategies", min(lengths + eos_lengths))
-    peers = () if args.peers.strip() == "none" else _check_names(names(args.peers), PEER_NAMES, "--peers")
-    if strategies == () and not peers:
-        raise CliError("--strategies and --peers are both empty: nothing to measure")
-    batches = _positive(
-        ints(args.batch, "--batch") if args.batch is not None else [MAIN_BATCH_CUDA if main_job else 1], "--batch"
-    )
-    dtypes = tuple(_check_dtype(d, "--dtype") for d in names("float32" if args.dtype is None else args.dtype))
-    if not dtypes and not args.dtype_batch:
-        raise CliError(
-            f"--dtype names no dtype ({args.dtype!r}): nothing to measure; choose from {', '.join(DTYPE_NAMES)}"
-        )
-    pairs, narrowed = (), ()
-    if args.dtype_batch is not None:
-        pairs = tuple(names(args.dtype_batch))
-        if not pairs:
-            raise CliError(f"--dtype-batch names no pair ({args.dtype_batch!r}): nothing to measure")
-        try:
-            parsed = [split_pair(p) for p in pairs]
-        except ValueError as err:
-            raise CliError(str(err)) from None
-        for d, _ in parsed:
-            _check_dtype(d, "--dtype-batch")
-        dtypes = tuple(dict.fromkeys(d for d, _ in parsed))
-        batches = tuple(dict.fromkeys(b for _, b in parsed))
-    if args.time_budget is not None and not args.time_budget > 0:
-        raise CliError("--time-budget must be > 0 seconds")
-    allocators = _check_names(names(args.allocator), ALLOCATOR_NAMES, "--allocator")
-    if not allocators:
-        raise CliError("--allocator names no allocator: nothing to measure")
-    if "expandable" in allocators and not cuda:
-        raise CliError("--allocator expandable needs CUDA (it configures the CUDA caching allocator)")
-    workloads = _check_names(names(args.workloads), WORKLOAD_NAMES, "--workloads")
-    if not workloads:
-        raise CliError("--workloads names no workload: nothing to measure")
-    prompt_len = args.prompt_len if args.prompt_len is not None else (32 if cuda else 16)
-    if prompt_len < 1:
-        raise CliError(f"--prompt-len must be >= 1, got {prompt_len}")
-    if args.warmup < 0 or args.repeats < 1:
-        raise CliError("--warmup must be >= 0 and --repeats >= 1")
-    config = _check_model_name(model)
-    if strategies is None:
-        strategies = default_strategies(model, config, cuda)
-        if main_job and args.batch is None and args.dtype is None and args.dtype_batch is None:
-            pairs = (f"float32:{MAIN_BATCH_CUDA}", MAIN_BF16_PAIR)
-            dtypes, batches = tuple(split_pair(p)[0] for p in pairs), tuple(split_pair(p)[1] for p in pairs)
-            own = tuple(s for s in MAIN_BF16_STRATEGIES if s in strategies)
-            narrowed = ((MAIN_BF16_PAIR, own, (max(lengths),)),)
-    _check_positions(model, prompt_len, max(lengths + eos_lengths))
-    gpus = _check_gpus(args.gpus, args.device) if args.gpus else ()
-    _check_tp(args)
-    if args.tp > 1:
-        _check_tp_model(model, args.tp, config)
-    _check_out(args.out, args.append)
-    return BenchConfig(
-        tp=args.tp,
-        gpus=gpus,
-        model=model,
-        strategies=strategies,
-        peers=peers,
-        lengths=lengths,
-        batches=batches,
-        dtypes=dtypes,
-        pairs=pairs,
-        narrowed=narrowed,
-        time_budget_s=args.time_budget,
-        allocators=allocators,
-        workloads=workloads,
-        eos_lengths=eos_lengths,
-        prompt_len=prompt_len,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        # the main job without --strategies skips the busy-fraction profile (`overlapdecode profile` makes it)
-        profile=not args.no_profile and not (main_job and args.strategies is None),
-        device=args.device,
-    )
-
-
-def default_strategies(model: str, config, cuda: bool) -> tuple[str, ...]:
-    """The strategies of a run without --strategies: the presets, with `fused` on CUDA where the model's
-    family has it (`config`: the model's, None for an embedded one). On CPU `fused` runs its kernels' torch
-    twins, compiled: a slow start for no figure of its own, so the CPU default leaves it out."""
-    return BASE_STRATEGIES + ("fused",) if cuda and _fused_applies(model, config) else BASE_STRATEGIES
-
-
-def _fused_applies(model: str, config) -> bool:
-    """Whether the fused path takes this model, read from its config alone (facts.ModelFacts.fused)."""
-    from ..facts import model_facts  # torch: imported when a command runs, not for --help
-
-    return model_facts(model if config is None else config).fused
-
-
-def _check_tp(args) -> None:
-    """--tp N: N processes of torchrun, each measuring its shard in step with the others. Whatever could make
-    the ranks decide differently (a time budget read on each host clock, units spread over GPUs) is refused."""
-    if args.tp < 1:
-        raise CliError(f"--tp must be >= 1, got {args.tp}")
-    world = os.environ.get("WORLD_SIZE")
-    if args.tp == 1:
-        if world not in (None, "1"):
-            raise CliError(
-                f"WORLD_SIZE={world} (torchrun) without --tp: every process would write --out; run "
-                f"torchrun --nproc-per-node {world} -m overlapdecode bench --tp {world} ..., or bench "
-                f"without torchrun"
-            )
-        return
-    if world != str(args.tp):
-        raise CliError(
-            f"--tp {args.tp} runs under torchrun: torchrun --nproc-per-node {args.tp} -m overlapdecode "
-            f"bench --tp {args.tp} ... (this process has WORLD_SIZE={world})"
-        )
-    if args.gpus:
-        raise CliError("--tp and --gpus exclude each other: with --tp every rank uses its own GPU (cuda:LOCAL_RANK)")
-    if args.time_budget is not None:
-        raise CliError("--tp and --time-budget exclude each other: the ranks must run the same configurations")
-
-
-def _check_tp_model(model: str, tp: int, config) -> None:
-    """--tp against the model's heads and sharding plan, before any worker starts: a worker would fail on every
-    rank with a traceback and leave its rows file in --out. `config`: the model's, None for an embedded one."""
-    from ..models.loading import embedded_config  # torch: imported when a command runs, not for --help
-    from ..tp import check_config
-
-    if config is None:
-        config = embedded_config(model)
-    try:
-        check_config(config, tp)
-    except ValueError as err:
-        raise CliError(f"--tp: {err}") from None
-
-
-def _default_device():
-    from ..models.loading import check_device as library_check  # torch: imported when a command runs, not for --help
-
-    return library_check(None)
-
-
-def _check_model_name(model: str):
-    """An embedded name (None), or a directory or hub name whose config loads and is a causal LM (its config),
-    checked here: a worker would only fail later, after starting, with its log's traceback."""
-    return check_model_flag(model)
-
-
-def _check_out(out: str, append: bool) -> None:
-    """--out before any work: a directory we can write, holding no results.json unless --append."""
-    results = os.path.join(out, "results.json")
-    if append and not os.path.exists(results):
-        raise CliError(f"--append: {results} not found (nothing to add to)")
-    if not append and os.path.exists(results):
-        raise CliError(
-            f"--out {out} already holds results.json: add to it with --append, or choose another --out "
-            f"(an earlier run's results are never overwritten)"
-        )
-    writable_dir(out, "--out")  # last: it makes the directory
-
-
-def _check_gpus(text: str, device) -> tuple[int, ...]:
-    import torch  # imported when the command runs, not for --help
-
-    if device is not None:
-        raise CliError("--gpus and --device exclude each other: --gpus pins each worker to one GPU itself")
-    gpus = ints(text, "--gpus")
-    if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
-        raise CliError(f"--gpus takes distinct CUDA device indices such as 0,1,2,3, got {text!r}")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        raise CliError("--gpus needs CUDA devices; this machine has none")
-    if max(gpus) >= count:
-        raise CliError(f"--gpus {text}: this machine has {count} CUDA device(s), indices 0-{count - 1}")
-    return tuple(gpus)
-
-
-def _check_positions(model: str, prompt_len: int, longest: int) -> None:
-    from ..facts import model_facts  # torch: imported when a command runs, not for --help
-    from ..models.embedded import EMBEDDED
-
-    if model in EMBEDDED:
-        limit = model_facts(model).positions
-        if limit is not None and prompt_len + longest > limit:
-            raise CliError(f"--prompt-len {prompt_len} + longest length {longest} exceeds {model}'s {limit} positions")
-
-
 def _command(args) -> str:
     return "overlapdecode " + " ".join(shlex.quote(a) for a in args.argv)
 
@@ -546,10 +271,10 @@ def cmd_profile(args) -> int:
         raise CliError("--batch, --new-tokens and --prompt-len must be >= 1")
     strategies = check_strategies(args.strategies, "--strategies", args.new_tokens)
     device = check_device(args.device)
-    _check_dtype(args.dtype, "--dtype")
+    check_dtype(args.dtype, "--dtype")
     model = args.model or ("gpt2-random" if device.type == "cuda" else "tiny-gpt2")
-    _check_model_name(model)
-    _check_positions(model, args.prompt_len, args.new_tokens)
+    check_model_name(model)
+    check_positions(model, args.prompt_len, args.new_tokens)
     if os.path.exists(os.path.join(args.out, "summary.json")):  # as bench: an earlier measurement is never replaced
         raise CliError(
             f"--out {args.out} already holds a profile (summary.json): choose another --out (an earlier "
