@@ -74,7 +74,7 @@ def write(path: str, res: dict) -> None:
 def meta(**extra) -> dict:
     import torch
 
-    from overlapdecode.bench.results import git_commit
+    from overlapdecode.bench.report.results import git_commit
 
     return {"device": torch.cuda.get_device_name(), "commit": git_commit(), **extra}
 

@@ -314,7 +314,7 @@ def test_plots_tick_at_the_lengths_and_show_the_spread(tmp_path):
 
 def test_latest_rows_measured_beats_not_run():
     """An --append run's measured row replaces the earlier "not run" one; a "not run" never hides a figure."""
-    from overlapdecode.bench.results import latest_rows
+    from overlapdecode.bench.report.results import latest_rows
 
     def row(strategy, n, **kw):
         return dict(

@@ -1,4 +1,4 @@
-"""The bench's per-layer toll and kernels per step (bench/report/figures.py, bench/results.py): the arithmetic against
+"""The bench's per-layer toll and kernels per step (bench/report/figures.py, bench/report/results.py): the arithmetic against
 numbers worked by hand, the kernel count of a profile row given to the fixed row of its own configuration only,
 and both figures in results.json and report.md, with `-` for rows recorded without them."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from overlapdecode.bench import scale
 from overlapdecode.bench.report import figures
-from overlapdecode.bench.results import finalize, with_kernel_counts
+from overlapdecode.bench.report.results import finalize, with_kernel_counts
 
 
 def test_decode_ms_per_step_leaves_the_one_token_call_out():
@@ -186,7 +186,7 @@ def test_the_terminal_table_shows_mbu_and_leaves_the_toll_and_kernels_to_the_rep
 
 
 def test_a_toll_that_is_not_a_number_is_refused(tmp_path):
-    from overlapdecode.bench.results import ResultsError, load
+    from overlapdecode.bench.report.results import ResultsError, load
 
     out = _results_dir(tmp_path, [_row(toll_us_per_layer="fast")])
     with pytest.raises(ResultsError, match="toll_us_per_layer of the wrong kind"):

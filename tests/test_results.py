@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from overlapdecode.bench.results import ResultsError, finalize, load
+from overlapdecode.bench.report.results import ResultsError, finalize, load
 from overlapdecode.cli import main
 
 CONFIG = dict(model="tiny-gpt2", prompt_len=8, repeats=2, warmup=0)

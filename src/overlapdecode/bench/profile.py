@@ -15,7 +15,7 @@ import os
 import overlapdecode as od
 
 from . import timeline
-from .results import environment
+from .report.results import environment
 from .workloads import prompt
 
 

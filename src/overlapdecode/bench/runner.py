@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .config import BenchConfig, config_json, plan
 from .report import report
-from .results import RESULTS, ResultsError, finalize, load, rows_files
+from .report.results import RESULTS, ResultsError, finalize, load, rows_files
 
 ALLOCATORS = {"default": None, "expandable": "expandable_segments:True"}
 

@@ -36,7 +36,7 @@ from . import memory, timeline
 from .config import BenchConfig, config_from_json, plan
 from .peers import PEERS, peer_compiles, run_peer
 from .report.figures import step_toll
-from .results import environment
+from .report.results import environment
 from .variants import generate_kwargs, split_variant
 from .workloads import ForcedEOS, eos_steps, prompt
 

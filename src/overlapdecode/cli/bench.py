@@ -309,7 +309,7 @@ def cmd_report(args) -> int:
     # imported when the command runs, not for --help
     from ..bench.profile import rebuild
     from ..bench.report.report import build, gather, tp_probe_summary
-    from ..bench.results import finalize, rows_files
+    from ..bench.report.results import finalize, rows_files
 
     if args.markdown:
         writable_file(args.markdown, "--markdown")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 
-from ..results import load
 from .claims import MIN_REPEATS, claims
 from .figures import (
     at,
@@ -28,6 +27,7 @@ from .figures import order as _order  # noqa: F401  (cli/bench.py's name for it)
 from .gather import gather  # noqa: F401  (`overlapdecode report --markdown`, cli/bench.py)
 from .markdown import fmt, label, table
 from .plots import plots
+from .results import load
 from .tp_summary import tp_probe_summary  # noqa: F401  (cli/bench.py)
 
 # what a run on CPU is worth, in one line: the terminal prints it under the tables, report.md under the claims

@@ -22,7 +22,7 @@ import sys
 import textwrap
 
 from ...strategy import PRESETS
-from ..results import RESULTS, ResultsError, load
+from .results import RESULTS, ResultsError, load
 
 BEGIN = (
     "<!-- results table: made by python -m overlapdecode.bench.report.results_table; edit results/, not this table -->"
