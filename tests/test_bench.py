@@ -357,7 +357,7 @@ def test_weight_bytes_counts_each_storage_once():
     """After the fused re-layout q/k/v (and gate/up) are views of one tensor each: the bytes a step reads
     must still be counted once, not once per view."""
     import overlapdecode as od
-    from overlapdecode.bench.worker import weight_bytes
+    from overlapdecode.facts import weight_bytes
 
     model = od.load_model("tiny-llama", device="cpu")
     before = sum(p.numel() * p.element_size() for p in model.parameters())
