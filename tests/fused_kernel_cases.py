@@ -14,7 +14,7 @@ from overlapdecode.fused import forward
 from overlapdecode.fused.kernels import dense as dense_gemm
 from overlapdecode.fused.kernels import norm_linear as norm_linear_module
 from overlapdecode.fused.kernels.embed import embed, embed_ref
-from overlapdecode.fused.kernels.greedy import GreedyFinish, greedy_choice, greedy_finish_ref
+from overlapdecode.fused.kernels.greedy import GreedyFinish, StepLog, greedy_choice, greedy_finish_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref, split_k
 from overlapdecode.fused.kernels.norm_linear import (
     NormSums,
@@ -27,7 +27,6 @@ from overlapdecode.fused.kernels.norm_linear import (
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref, rope_cos_sin, rope_table, rope_table_ref
 from overlapdecode.fused.kernels.swap_ab import use_prenorm
 from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
-from overlapdecode.loop.step_graph import StepLog
 from triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture: the attention's loops)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from overlapdecode.fused.kernels.greedy import StepLog
 from overlapdecode.fused.kernels.sample import sample_choice, sample_finish_ref
-from overlapdecode.loop.step_graph import StepLog
 from overlapdecode.sampling import check_sampling, seen_tokens
 from triton_interpreter import interpreter_patches  # noqa: F401 (a fixture)
 

@@ -82,7 +82,9 @@ def test_every_module_imports_and_there_is_no_import_cycle():
     for mod in _modules():
         importlib.import_module(mod)
     graph = import_graph()
-    assert "overlapdecode.bench.report.results" in graph["overlapdecode.bench.report.report"]  # the walk sees relative imports
+    assert (
+        "overlapdecode.bench.report.results" in graph["overlapdecode.bench.report.report"]
+    )  # the walk sees relative imports
     assert find_cycle(graph) is None, find_cycle(graph)
 
 
