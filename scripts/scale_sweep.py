@@ -24,10 +24,8 @@ from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:ne
 `two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows), `residual-norm:off` (the
 dense O and down epilogues leave the next norm to its own launch, residual_norm.ENABLED), `dense-pieces:off`
 (every dense product over the whole of K, dense.pieces_for), `attention-direct:off` (64 keys on 4 warps at many
-rows too, decode_attention.direct_tiles); and FusedModel options: `pdl:0` .. `pdl:4` (kernels/pdl.py's mode),
-`preload:ahead` / `preload:late` (the projections of at most 16 rows in the preload form, kernels/preload.py, under
-PDL mode 4 / 3), `preload-budget:BYTES` (preload:ahead with preload.BUDGET bytes of weights per program). Each row of
-the table names its variant.
+rows too, decode_attention.direct_tiles); and FusedModel options: `pdl:0` .. `pdl:3` (kernels/pdl.py's mode).
+Each row of the table names its variant.
 """
 
 from __future__ import annotations
@@ -58,9 +56,7 @@ def _ints(text: str) -> list[int]:
 DENSE_KINDS = ("qkv", "o", "down")
 # variants that are FusedModel options rather than a rule replaced
 OPTION_VARIANTS = {
-    **{f"pdl:{m}": dict(pdl=m) for m in range(5)},
-    "preload:ahead": dict(preload=True, pdl=4),
-    "preload:late": dict(preload=True, pdl=3),
+    **{f"pdl:{m}": dict(pdl=m) for m in range(4)},
 }
 
 
@@ -75,13 +71,11 @@ def _variants(text: str) -> list[str]:
             or (key == "prenorm" and value in ("never", "always"))
             or (key in ("two-per-sm", "residual-norm", "dense-pieces", "attention-direct") and value == "off")
             or v in OPTION_VARIANTS
-            or (key == "preload-budget" and value.isdigit() and int(value) >= 512)
         )
         if not ok:
             raise argparse.ArgumentTypeError(
                 f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always, "
-                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off, pdl:0..4, "
-                "preload:ahead|late, preload-budget:<bytes, at least 512>"
+                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off, pdl:0..3"
             )
     if not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")
@@ -103,7 +97,7 @@ def _dense_shapes(model, kinds) -> set:
 def _patched(variant: str | None, model):
     """The rule a variant replaces, replaced where the step reads it, for the duration (None or rule: nothing)."""
     from overlapdecode.fused import reference
-    from overlapdecode.fused.kernels import decode_attention, dense, norm_linear, preload, residual_norm, swap_ab
+    from overlapdecode.fused.kernels import decode_attention, dense, norm_linear, residual_norm, swap_ab
 
     key, _, value = (variant or "rule").partition(":")
     if key == "dense":
@@ -125,8 +119,6 @@ def _patched(variant: str | None, model):
         target, name, new = residual_norm, "ENABLED", False
     elif key == "dense-pieces":
         target, name, new = dense, "pieces_for", lambda n_out, K, sms: 1
-    elif key == "preload-budget":
-        target, name, new = preload, "BUDGET", int(value)
     elif key == "attention-direct":
         target, name, new = decode_attention, "direct_tiles", lambda *shape: None
     else:
@@ -191,8 +183,7 @@ def main(argv=None) -> int:
     # the fused prefill runs eagerly: compiled it would compile once per batch and prompt bucket (tens of seconds
     # each on a 1B model), which the decode figures do not need; TTFT is then the eager prefill's
     def new_decoder(variant=None):
-        key = "preload:ahead" if (variant or "").startswith("preload-budget:") else variant
-        return od.Decoder(model, fused_options=dict(compile_prefill=False, **OPTION_VARIANTS.get(key, {})))
+        return od.Decoder(model, fused_options=dict(compile_prefill=False, **OPTION_VARIANTS.get(variant, {})))
 
     variants = args.variants or [None]
     decoders = {}

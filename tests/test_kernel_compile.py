@@ -2,8 +2,8 @@
 own compiler and the ptxas its wheel ships, in each PDL mode: so a kernel that only the interpreter has run
 (CI has no GPU) cannot reach a GPU with an error that only the GPU compiler finds (an unsupported op, a type
 that does not lower). The programmatic-dependent-launch instructions are where pdl.py says: `gdc_wait`
-(griddepcontrol.wait) in modes 1-4 and nowhere in mode 0, `gdc_launch_dependents` in modes 2 (before any
-load), 3 (after the main loop's loads) and 4 (before the wait)."""
+(griddepcontrol.wait) in modes 1-3 and nowhere in mode 0, `gdc_launch_dependents` in modes 2 (before any
+load) and 3 (after the main loop's loads)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # 
 from overlapdecode.fused.kernels.moe import _down_kernel, _gate_up_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import NORM_NONE, _norm_linear_kernel, _norm_rows_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel, _rope_table_kernel, swapped_qkv_tiles  # noqa: E402
-from overlapdecode.fused.kernels.preload import COLS, preload_tiles  # noqa: E402
 from overlapdecode.fused.kernels.residual_norm import _residual_norm_kernel  # noqa: E402
 from overlapdecode.fused.kernels.swap_ab import swap_tiles, use_prenorm  # noqa: E402
 from overlapdecode.fused.model import TILES  # noqa: E402
@@ -30,16 +29,12 @@ from overlapdecode.fused.model import TILES  # noqa: E402
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def ptx(kernel, types: dict, constants: dict, aligned: bool = False, **options) -> str:
-    """PTX for sm_90; `options`: num_warps, num_stages. `aligned`: every pointer 16-byte aligned, as a launch
-    specialises tensors that are (the loads may then be vectors)."""
+def ptx(kernel, types: dict, constants: dict, **options) -> str:
+    """PTX for sm_90; `options`: num_warps, num_stages."""
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     missing = [n for n, t in signature.items() if t == "constexpr" and n not in constants]
     assert not missing, missing
-    attrs = None
-    if aligned:
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names) if signature[n][0] == "*"}
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     return triton.compile(src, target=SM90, options=options).asm["ptx"]
 
 
@@ -95,7 +90,6 @@ CASES = {
             rt_ptr=None,
             TABLE=False,
             PRODUCT=0,
-            PRELOAD=0,
         ),
     ),
     "rope_table": (
@@ -162,7 +156,6 @@ CASES = {
             HAS_RES=True,
             RES_SCALE=None,
             PRODUCT=0,
-            PRELOAD=0,
         ),
     ),
     "residual_norm": (
@@ -204,7 +197,6 @@ CASES = {
             SWAP=False,
             LOGIT_DIV=None,
             SOFTCAP=None,
-            PRELOAD=0,
         ),
     ),
     "norm_rows": (
@@ -268,7 +260,7 @@ GPT2 = {
 }
 
 
-@pytest.mark.parametrize("pdl", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("pdl", [0, 1, 2, 3])
 @pytest.mark.parametrize("name,shape", [(n, "llama") for n in CASES] + [(n, "gpt2") for n in GPT2])
 def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, pdl):
     kernel, types, constants = CASES[name]
@@ -281,9 +273,7 @@ def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, pdl):
     assert bool(launches) == (pdl >= 2)
     if waits:  # pdl.py: nothing is read before the kernel ahead has finished
         assert not [line for line in lines[: waits[0]] if "ld.global" in line]
-    if pdl == 4:  # ahead: the next kernel may be scheduled before this one's wait
-        assert launches[0] < waits[0]
-    elif pdl >= 2:  # EARLY: right after the wait, before any load; LATE (3): after the main loop's loads
+    if pdl >= 2:  # EARLY: right after the wait, before any load; LATE (3): after the main loop's loads
         loads_between = [line for line in lines[waits[0] : launches[0]] if "ld.global" in line]
         assert bool(loads_between) == (pdl == 3)
 
@@ -631,53 +621,4 @@ def test_the_direct_attention_tiles_compile_without_spills():
     constants = dict(constants, BLOCK_N=block_n, NUM_SPLITS=1, SPLIT_PAD=1, DIRECT=True, PDL=3)
     text = ptx(kernel, types, constants, num_warps=warps, num_stages=3)
     assert "griddepcontrol.wait" in text
-    assert spill_bytes(text) == 0
-
-
-# (kernel, weight rows one program holds, all the weight's rows, K, constexprs) of the preload form at the Llama-1B
-# shape: QKV's rotary pairs (with and without Qwen3's per-head norms: a whole 128-dim head per program), O, down,
-# gate/up; and GPT-2's fc (LayerNorm, biases, GELU)
-PRELOADED = {
-    "qkv": ("norm_qkv", 2 * COLS, 3072, 2048, dict(HALF=COLS)),
-    "qkv q/k norm": ("norm_qkv", 128, 6144, 2048, dict(HALF=64, D=128, ROT=128, QK_NORM=True, qn_ptr="*bf16")),
-    "o": ("linear_residual", COLS, 2048, 2048, dict(BLOCK_N=COLS)),
-    "down": ("linear_residual", COLS, 2048, 8192, dict(BLOCK_N=COLS)),
-    "gate/up": ("norm_linear", 2 * COLS, 16384, 2048, dict(BLOCK_N=COLS)),
-    "gpt2 fc": ("norm_linear", COLS, 3072, 768, dict(BLOCK_N=COLS, **GPT2["norm_linear"])),
-}
-
-
-@pytest.mark.parametrize("name", sorted(PRELOADED))
-@pytest.mark.parametrize("pdl", [3, 4])
-def test_the_preload_form_loads_its_weights_before_the_wait(name, pdl):
-    """kernels/preload.py: with PRELOAD each program's whole weight tile (one K tile of the shape's rule) is loaded
-    before `griddepcontrol.wait`, in 16-byte vectors (and, in mode 4, after `griddepcontrol.launch_dependents`),
-    and nothing else is, for sm_90, without spills; the same kernel without PRELOAD loads nothing before the wait
-    (test above)."""
-    fn, w_rows, total, K, extra = PRELOADED[name]
-    kernel, types, constants = CASES[fn]
-    plan = preload_tiles(w_rows, total, K, 2)
-    assert plan is not None and plan["split"] * plan["block_k"] >= K
-    types = dict(types)
-    if "qn_ptr" in extra:  # the per-head norms' weights: run-time pointers, not the constexpr None
-        types.update(qn_ptr="*bf16", kn_ptr="*bf16")
-        extra = {k: v for k, v in extra.items() if k != "qn_ptr"}
-        constants = {k: v for k, v in constants.items() if k not in ("qn_ptr", "kn_ptr")}
-    constants = dict(constants, **dict(extra, K=K, PDL=pdl, PRELOAD=1, BLOCK_K=plan["block_k"]))
-    if "K_CHUNK" in constants:
-        constants.update(K_CHUNK=plan["block_k"], SPLIT=plan["split"])
-    text = ptx(kernel, types, constants, aligned=True, num_warps=plan["num_warps"], num_stages=plan["num_stages"])
-    lines = text.splitlines()
-    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
-    launches = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
-    loads = [i for i, line in enumerate(lines) if "ld.global" in line]
-    assert len(waits) == 1 and loads[0] < waits[0]
-    # the whole weight tile before the wait, in 16-byte vectors: w_rows x block_k elements over 128 threads
-    early = [lines[i] for i in loads if i < waits[0]]
-    assert all("ld.global.v4.b32" in line for line in early)
-    assert len(early) * 16 * 32 * plan["num_warps"] == w_rows * plan["block_k"] * 2
-    if pdl == 4:
-        assert launches[0] < loads[0]
-    else:  # LATE: after the product
-        assert launches[0] > waits[0]
     assert spill_bytes(text) == 0

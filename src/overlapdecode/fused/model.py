@@ -134,15 +134,12 @@ class Tiled:
         return self.fn(*args, **kwargs, **self.keywords(tuple(args[self.w_arg].shape), args[0].shape[0]))
 
 
-def triton_ops(
-    device: torch.device, pdl: int = 0, tiles: dict | None = None, norm_sums: bool = False, preload: bool = False
-) -> StepOps:
+def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, norm_sums: bool = False) -> StepOps:
     """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
     Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off), with the
     tiles of `tiles` (FusedModel's; None: the kernels' defaults everywhere); `norm_sums`: the hidden states'
     writers hand their RMSNorm sums of squares to their readers (kernels/norm_linear.py NormSums; for an
-    unsharded RMSNorm model); `preload`: the projections of at most 16 rows in the preload form (kernels/preload.py).
-    Imported here because Triton is an optional, heavy dependency of the CUDA path."""
+    unsharded RMSNorm model). Imported here because Triton is an optional, heavy dependency of the CUDA path."""
     from .kernels.decode_attention import decode_attention
     from .kernels.embed import embed
     from .kernels.greedy import greedy_choice
@@ -161,20 +158,19 @@ def triton_ops(
     sums = dict(norm_sums=NormSums()) if norm_sums else {}  # one, shared by the writers and readers of h
     # normalised rows handed from the dense O and down epilogues to the next projection (kernels/residual_norm.py)
     hand = dict(sums, normed_rows=NormedRows())
-    gemv = dict(hand, preload=True) if preload else hand  # the projections' keywords
     return StepOps(
         Tiled(
-            functools.partial(norm_qkv, tickets=tickets, pdl=pdl, **gemv), "norm_qkv", 4, tiles, dict(programs=4 * sms)
+            functools.partial(norm_qkv, tickets=tickets, pdl=pdl, **hand), "norm_qkv", 4, tiles, dict(programs=4 * sms)
         ),
         functools.partial(decode_attention, pdl=pdl, tickets=tickets),
         Tiled(
-            functools.partial(linear_residual_norm, tickets=tickets, pdl=pdl, **gemv),
+            functools.partial(linear_residual_norm, tickets=tickets, pdl=pdl, **hand),
             "linear_residual",
             1,
             tiles,
             dict(programs=2 * sms),
         ),
-        Tiled(functools.partial(norm_linear, tickets=tickets, pdl=pdl, **gemv), "norm_linear", 4, tiles),
+        Tiled(functools.partial(norm_linear, tickets=tickets, pdl=pdl, **hand), "norm_linear", 4, tiles),
         # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
         # 1: GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
         functools.partial(embed, pdl=pdl, **sums),
@@ -194,7 +190,6 @@ class FusedOptions(NamedTuple):
     symmetric_all_reduce: bool
     tiles: dict | None  # None: TILES for 16-bit weights, none for float32
     vocab_parallel: bool  # under tp: each rank reads its rows of the LM head and the logits are gathered
-    preload: bool  # the row-block GEMVs load their weights before their wait (kernels/preload.py)
 
 
 OPTION_NAMES = FusedOptions._fields
@@ -223,9 +218,9 @@ def check_option_values(**options) -> None:
     if options.get("kernels") not in (None, "triton", "torch"):
         raise ValueError(f"kernels must be 'triton' or 'torch', got {options['kernels']!r}")
     pdl = options.get("pdl")
-    if not (pdl is None or isinstance(pdl, bool) or (_int(pdl) and 0 <= pdl <= 4)):
-        raise ValueError(f"pdl must be 0, 1, 2, 3, 4 or a bool (kernels/pdl.py), got {pdl!r}")
-    for name in ("compile_prefill", "symmetric_all_reduce", "vocab_parallel", "preload"):
+    if not (pdl is None or isinstance(pdl, bool) or (_int(pdl) and 0 <= pdl <= 3)):
+        raise ValueError(f"pdl must be 0, 1, 2, 3 or a bool (kernels/pdl.py), got {pdl!r}")
+    for name in ("compile_prefill", "symmetric_all_reduce", "vocab_parallel"):
         if options.get(name) is not None and not isinstance(options[name], bool):
             raise ValueError(f"{name} must be a bool or None, got {options[name]!r}")
     tiles = options.get("tiles")
@@ -281,9 +276,6 @@ def check_options(model, **options) -> FusedOptions:
     if symmetric and (kernels != "triton" or not is_sharded(model)):
         raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
     vocab_parallel = options.get("vocab_parallel")
-    preload = bool(options.get("preload"))
-    if preload and kernels != "triton":
-        raise ValueError("preload is a form of the Triton kernels (kernels/preload.py): it needs kernels='triton'")
     return FusedOptions(
         kernels,
         compile_prefill,
@@ -291,7 +283,6 @@ def check_options(model, **options) -> FusedOptions:
         symmetric,
         options.get("tiles"),
         True if vocab_parallel is None else vocab_parallel,
-        preload,
     )
 
 
@@ -300,7 +291,7 @@ class FusedModel:
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
     prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
-    kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late, 4 ahead; True means PDL_DEFAULT; default: PDL_DEFAULT
+    kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT
     where the GPU has PDL, sm_90+, else 0). `tiles`: {(kernel name, N, K[, min_batch]): tile keywords} for the
     Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a
     tensor-parallel shard's decode step sums its partial products by a one-shot all-reduce over symmetric memory
@@ -308,8 +299,6 @@ class FusedModel:
     tp=1 against 0.84x with NCCL, docs/TENSOR_PARALLEL.md).
     `vocab_parallel`: under tensor parallelism each rank reads only its rows of the LM head and the step gathers
     the logits (tp.VocabShard; default on; False keeps the head replicated, as the Hugging Face model has it).
-    `preload`: the projections of launches of at most 16 rows in the preload form (kernels/preload.py: each
-    program's weights loaded before its `gdc_wait`, meant for pdl=4; default off: not measured yet).
     Every option is checked (check_options) before the weights are touched.
     """
 
@@ -322,7 +311,6 @@ class FusedModel:
         symmetric_all_reduce: bool | None = False,
         tiles: dict | None = None,
         vocab_parallel: bool | None = None,
-        preload: bool | None = None,
     ):
         opts = check_options(
             model,
@@ -332,7 +320,6 @@ class FusedModel:
             symmetric_all_reduce=symmetric_all_reduce,
             tiles=tiles,
             vocab_parallel=vocab_parallel,
-            preload=preload,
         )  # before any GPU work
         self.weights = fuse_weights(model)
         self.max_positions = model_limits(model)[1]  # the cache never holds more slots (None: no limit known)
@@ -348,9 +335,7 @@ class FusedModel:
         # comes between a writer and its reader (unsharded)
         sums = self.weights.norm != "layer" and self.weights.tp is None
         self.ops = (
-            triton_ops(self.device, self.pdl, tiles, norm_sums=sums, preload=opts.preload)
-            if self.kernels == "triton"
-            else REFERENCE_OPS
+            triton_ops(self.device, self.pdl, tiles, norm_sums=sums) if self.kernels == "triton" else REFERENCE_OPS
         )
         # whether greedy_step can write each step's tokens and flag into a StepLog (its flags in pinned host
         # memory): the Triton kernel can on any device; the torch twin only where host and device memory are one (CPU)

@@ -22,8 +22,7 @@ import triton
 import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
-from .pdl import pdl_ahead, pdl_launch, pdl_release, pdl_start
-from .preload import COLS, preload_tiles
+from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
     acc_dot,
@@ -436,8 +435,8 @@ def _norm_linear_kernel(
     SWAP: tl.constexpr,
     LOGIT_DIV: tl.constexpr,
     SOFTCAP: tl.constexpr,
-    PRELOAD: tl.constexpr = 0,
 ):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(2)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # batch rows
@@ -446,14 +445,6 @@ def _norm_linear_kernel(
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
-    if PRELOAD:  # preload.py: the program's whole K range (K_CHUNK == BLOCK_K) of weights, before the wait
-        pdl_ahead(PDL)
-        kp = pid_k * K_CHUNK + ks
-        wm = col_ok[:, None] & (kp < K)[None, :]
-        wt = tl.load(w_ptr + cols[:, None] * K + kp[None, :], mask=wm, other=0.0)
-        if ACT >= 2:  # gate/up: the up rows too
-            wu = tl.load(w_ptr + (cols + N)[:, None] * K + kp[None, :], mask=wm, other=0.0)
-    pdl_start(PDL)
 
     # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
     mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
@@ -468,16 +459,7 @@ def _norm_linear_kernel(
     else:
         acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
         acc2 = acc_zeros(BLOCK_M, BLOCK_N, SWAP)  # the up rows of gate/up
-    if PRELOAD:  # one K tile, from the preloaded weights (row-block tiles only: the wrapper never swaps them)
-        tl.static_assert(not SWAP)
-        k_ok = kp < K
-        xn = norm_tile(
-            x_ptr, nw_ptr, nb_ptr, rows, kp, k_ok, row_ok[:, None] & k_ok[None, :], mean, rstd, K, LAYER, dtype
-        )
-        acc = acc_dot(acc, xn, wt, SWAP)
-        if ACT >= 2:
-            acc2 = acc_dot(acc2, xn, wu, SWAP)
-    for k0 in range(0, K_CHUNK * (1 - PRELOAD), BLOCK_K):
+    for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
@@ -628,7 +610,6 @@ def norm_linear(
     softcap: float | None = None,
     prenorm: bool | None = None,
     normed_rows: NormedRows | None = None,
-    preload: bool = False,
 ):
     """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
     there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
@@ -639,9 +620,7 @@ def norm_linear(
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums). `prenorm`: whether
     a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm); `normed_rows`: where its
-    writer may have recorded them (NormedRows). `preload`: at most 16 rows, the preload form (preload.py: each
-    program's weights loaded before its wait, K split by the shape's rule, the tile keywords ignored) where the
-    weight is small enough for it."""
+    writer may have recorded them (NormedRows)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     B, K = x.shape
@@ -653,11 +632,7 @@ def norm_linear(
         x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm, normed_rows
     )
     accs = 2 if gated else 1
-    ahead = None if swapped or not preload else preload_tiles(accs * COLS, accs * n_out, K, w.element_size())
-    if ahead is not None:  # one K tile per program, its own split
-        tiles = dict(block_m=ROW_TILE, block_n=COLS, **ahead)
-        block_n = block_k = num_warps = num_stages = None
-    elif swapped:
+    if swapped:
         tiles = swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device))
     else:
         tiles = dict(block_m=ROW_TILE, block_n=32, block_k=256, num_warps=4, num_stages=3)
@@ -666,9 +641,7 @@ def norm_linear(
     block_k = block_k or tiles["block_k"]
     n_blocks, row_blocks = triton.cdiv(n_out, block_n), triton.cdiv(B, block_m)
     split = 1
-    if ahead is not None:
-        split = ahead["split"]
-    elif swapped:
+    if swapped:
         if programs is None:
             programs = tiles["programs"] if x.is_cuda else 1
         split = min(split_k(n_blocks, K, block_k, programs), split_limit(B, K, w.element_size()))
@@ -708,7 +681,6 @@ def norm_linear(
         SWAP=swapped,
         LOGIT_DIV=None if logit_div is None else float(logit_div),
         SOFTCAP=None if softcap is None else float(softcap),
-        PRELOAD=int(ahead is not None),
         num_warps=num_warps or tiles["num_warps"],
         num_stages=num_stages or tiles["num_stages"],
         **pdl_launch(pdl),

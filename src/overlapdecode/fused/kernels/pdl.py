@@ -17,13 +17,6 @@ When the next kernel may start is the `PDL` mode:
 - 3 (late): `gdc_launch_dependents` once a program has finished its main loop (`pdl_release`), so the next
   kernel is scheduled during this one's epilogues (the split-K finish, RoPE, the stores), when every SM is
   about to free up. The default on sm_90+: the fastest at every measured shape (docs/KERNELS.md).
-- 4 (ahead): `gdc_launch_dependents` first, before the wait, so the next kernel is scheduled as soon as every
-  program of this one has started, even while they still wait for the kernel ahead. Meant for the preload form
-  of the GEMVs (preload.py): a program of the next GEMV loads its whole share of the weights into registers
-  before its own `gdc_wait`, so the weights of the next kernel stream in while this one runs. The one exception
-  to "nothing is read before the wait": weights, which no kernel of the step writes. It cannot deadlock: a kernel
-  is scheduled only once every program of the kernel ahead has started, so the oldest unfinished kernel always
-  has all its programs on the GPU and waits on nothing unfinished. Not measured yet; not a default.
 """
 
 import triton
@@ -31,17 +24,7 @@ import triton.language as tl
 
 
 @triton.jit
-def pdl_ahead(PDL: tl.constexpr):
-    """Mode 4's trigger, for a kernel that loads its weights before `pdl_start`; `pdl_start` issues it again, which
-    changes nothing (a program's first `griddepcontrol.launch_dependents` is the one that counts)."""
-    if PDL == 4:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
 def pdl_start(PDL: tl.constexpr):
-    if PDL == 4:
-        tl.extra.cuda.gdc_launch_dependents()
     if PDL >= 1:
         tl.extra.cuda.gdc_wait()
     if PDL == 2:
