@@ -15,9 +15,9 @@ already there; run `python3 scripts/ab.py SUBCOMMAND --help` for its options.
   tile-confirm       one TILES entry against the one it replaced (CONFIRM_KEY), at batch 2 (where it does not
                      apply: the noise), 4, 8 and 16
   attention-pieces   the decode attention's pieces (cache slots per program, number of pieces) in the step
-  step-gap           the step alone in one graph per programmatic-dependent-launch mode and with the embedding by
-                     torch ops, against `generate`'s decode steps (fused, fused without stop check, interleaved);
-                     a trace and kernel table of one 32-token fused call
+  step-gap           the step alone in one graph with and without programmatic dependent launch, and with the
+                     embedding by torch ops, against `generate`'s decode steps (fused, fused without stop check,
+                     interleaved); a trace and kernel table of one 32-token fused call
   loop               the decode loop around the step graph (ping-pong, deferred, no per-step check): decode ms per
                      token, the 200-token call and TTFT, for the source tree on PYTHONPATH (--label names it)
   preset             a preset's whole calls for the source tree on PYTHONPATH, with the garbage collector's pauses
@@ -481,7 +481,7 @@ def step_gap(args) -> None:
 
     import overlapdecode as od
 
-    def graph_step_ms(model, B: int, pdl: int | None = None, embed_torch: bool = False) -> float:
+    def graph_step_ms(model, B: int, pdl: bool | None = None, embed_torch: bool = False) -> float:
         g, _keep = captured_step(model, B, pdl=pdl, embed_torch=embed_torch)
         return round(triton.testing.do_bench(g.replay, rep=200, return_mode="median"), 4)
 
@@ -491,8 +491,8 @@ def step_gap(args) -> None:
         model = od.load_model(name, dtype="bfloat16", device="cuda")
         ids = torch.randint(0, 1000, (B, 32), device="cuda")
         r = res[f"{name} b{B}"] = {}
-        for pdl in (0, 1, 2, 3):  # kernels/pdl.py: off, WAIT, EARLY, LATE
-            r[f"graph step ms, pdl {pdl}"] = graph_step_ms(model, B, pdl)
+        for pdl in (False, True):  # kernels/pdl.py
+            r[f"graph step ms, pdl {'on' if pdl else 'off'}"] = graph_step_ms(model, B, pdl)
         r["graph step ms, embedding by torch ops"] = graph_step_ms(model, B, embed_torch=True)
         r["fused ms/token"] = per_token_ms(model, ids, "fused")
         r["fused, no stop check, ms/token"] = per_token_ms(
@@ -724,7 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="only check every candidate table (no GPU needed)")
     add("tile-confirm", tile_confirm, "one TILES entry against the entry it replaced, at batch 2, 4, 8, 16")
     add("attention-pieces", attention_pieces, "the decode attention's pieces in the step")
-    add("step-gap", step_gap, "the step alone per PDL mode against generate's decode steps")
+    add("step-gap", step_gap, "the step alone with and without PDL against generate's decode steps")
     p = add("loop", loop, "the decode loop around the step graph, for the tree on PYTHONPATH")
     p.add_argument("--label", required=True, help="names the tree measured (the file is loop-LABEL.json)")
     p.add_argument("--ttft", action="store_true", help="only the time to first token of fused")

@@ -192,7 +192,7 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
 
 
 def captured_step(
-    model, B: int, pdl: int | None = None, tiles: dict | None = None, embed_torch: bool = False, edit_ops=None
+    model, B: int, pdl: bool | None = None, tiles: dict | None = None, embed_torch: bool = False, edit_ops=None
 ):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
     `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own); `embed_torch`: the

@@ -87,7 +87,7 @@ def buffers(B: int, V: int):
     return logits, state, eos, done
 
 
-def sweep(B: int, V: int, pdl: int) -> list[dict]:
+def sweep(B: int, V: int, pdl: bool) -> list[dict]:
     rows = []
     logits, state, eos, done = buffers(B, V)
     finish = GreedyFinish(state, eos, 0, done)
@@ -164,7 +164,7 @@ def main(argv=None) -> None:
     path = os.path.join(a.out, "sample-sweep.json")
     if os.path.exists(path):
         p.error(f"{path} exists: choose a new --out")
-    pdl = 3 if pdl_supported(torch.device(DEV)) else 0
+    pdl = pdl_supported(torch.device(DEV))
     rows = []
     for B in batches:
         rows += sweep(B, a.vocab, pdl)

@@ -24,8 +24,8 @@ from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:ne
 `two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows), `residual-norm:off` (the
 dense O and down epilogues leave the next norm to its own launch, residual_norm.ENABLED), `dense-pieces:off`
 (every dense product over the whole of K, dense.pieces_for), `attention-direct:off` (64 keys on 4 warps at many
-rows too, decode_attention.direct_tiles); and FusedModel options: `pdl:0` .. `pdl:3` (kernels/pdl.py's mode).
-Each row of the table names its variant.
+rows too, decode_attention.direct_tiles); and a FusedModel option: `pdl:off` (no programmatic dependent launch,
+kernels/pdl.py). Each row of the table names its variant.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _ints(text: str) -> list[int]:
 DENSE_KINDS = ("qkv", "o", "down")
 # variants that are FusedModel options rather than a rule replaced
 OPTION_VARIANTS = {
-    **{f"pdl:{m}": dict(pdl=m) for m in range(4)},
+    "pdl:off": dict(pdl=False),
 }
 
 
@@ -75,7 +75,7 @@ def _variants(text: str) -> list[str]:
         if not ok:
             raise argparse.ArgumentTypeError(
                 f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always, "
-                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off, pdl:0..3"
+                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off, pdl:off"
             )
     if not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")

@@ -1,9 +1,9 @@
 """Every Triton kernel of the fused step compiles for an H100/H200 (sm_90) on this CPU machine, by Triton's
-own compiler and the ptxas its wheel ships, in each PDL mode: so a kernel that only the interpreter has run
+own compiler and the ptxas its wheel ships, with PDL on and off: so a kernel that only the interpreter has run
 (CI has no GPU) cannot reach a GPU with an error that only the GPU compiler finds (an unsupported op, a type
-that does not lower). The programmatic-dependent-launch instructions are where pdl.py says: `gdc_wait`
-(griddepcontrol.wait) in modes 1-3 and nowhere in mode 0, `gdc_launch_dependents` in modes 2 (before any
-load) and 3 (after the main loop's loads)."""
+that does not lower). The programmatic-dependent-launch instructions are where pdl.py says: with PDL on,
+`gdc_wait` (griddepcontrol.wait) before any load and `gdc_launch_dependents` after the main loop's loads; with it
+off, neither."""
 
 from __future__ import annotations
 
@@ -260,7 +260,7 @@ GPT2 = {
 }
 
 
-@pytest.mark.parametrize("pdl", [0, 1, 2, 3])
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("name,shape", [(n, "llama") for n in CASES] + [(n, "gpt2") for n in GPT2])
 def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, pdl):
     kernel, types, constants = CASES[name]
@@ -269,23 +269,20 @@ def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, pdl):
     lines = ptx(kernel, types, dict(constants, PDL=pdl)).splitlines()
     waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
     launches = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
-    assert len(waits) == (pdl >= 1)
-    assert bool(launches) == (pdl >= 2)
-    if waits:  # pdl.py: nothing is read before the kernel ahead has finished
+    assert len(waits) == pdl and bool(launches) == pdl
+    if pdl:  # pdl.py: nothing is read before the kernel ahead has finished; the next one released after the loads
         assert not [line for line in lines[: waits[0]] if "ld.global" in line]
-    if pdl >= 2:  # EARLY: right after the wait, before any load; LATE (3): after the main loop's loads
-        loads_between = [line for line in lines[waits[0] : launches[0]] if "ld.global" in line]
-        assert bool(loads_between) == (pdl == 3)
+        assert [line for line in lines[waits[0] : launches[0]] if "ld.global" in line]
 
 
 @pytest.mark.parametrize("key", sorted(TILES))
 def test_the_tiles_of_the_table_compile_for_sm90(key):
-    """Each configuration of fused/model.py's TILES (bfloat16, PDL LATE, as the step runs it) compiles."""
+    """Each configuration of fused/model.py's TILES (bfloat16, PDL on, as the step runs it) compiles."""
     fn, N, K = key[:3]
     cfg = TILES[key]
     kernel, types, constants = CASES[fn]
     tile = {"block_n": "BLOCK_N", "half": "HALF", "block_k": "BLOCK_K"}
-    constants = dict(constants, PDL=3, K=K, **{tile[k]: v for k, v in cfg.items() if k in tile})
+    constants = dict(constants, PDL=True, K=K, **{tile[k]: v for k, v in cfg.items() if k in tile})
     if "K_CHUNK" in constants:
         constants["K_CHUNK"] = K
         constants["SPLIT"] = 1
@@ -331,7 +328,7 @@ def spill_bytes(text: str) -> int:
     + [(n, r, True) for n in sorted(SWAPPED) if SWAPPED[n][0] == "norm_qkv" for r in (32, 64, 128)],
 )
 def test_swapped_tiles_compile_to_tensor_core_mmas_without_spills(name, rows, table):
-    """The swapped tiles swap_ab.swap_tiles picks (bfloat16, 132 SMs, split, PDL LATE) compile for sm_90 to
+    """The swapped tiles swap_ab.swap_tiles picks (bfloat16, 132 SMs, split, PDL on) compile for sm_90 to
     tensor-core MMAs with the weight rows as M (warpgroup MMAs, wgmma, from 64 weight rows per program; mma.sync
     below), one MMA chain per K tile where a program pairs two accumulators' rows (swap_ab.pair_rows: a single
     `wgmma.wait_group` in the loop, not one wait for all groups after each), and spill at most a few dozen
@@ -345,7 +342,7 @@ def test_swapped_tiles_compile_to_tensor_core_mmas_without_spills(name, rows, ta
     constants = dict(
         constants,
         **extra,
-        PDL=3,
+        PDL=True,
         SWAP=True,
         BLOCK_M=tiles["block_m"],
         BLOCK_K=tiles["block_k"],
@@ -402,10 +399,10 @@ FAMILY_FLAGS = {
 
 @pytest.mark.parametrize("name", sorted(FAMILY_FLAGS))
 def test_the_families_flags_compile_for_sm90(name):
-    """Each family flag compiles for sm_90 (bfloat16, PDL LATE); the per-head Q/K norm with its head-sized tile."""
+    """Each family flag compiles for sm_90 (bfloat16, PDL on); the per-head Q/K norm with its head-sized tile."""
     fn, flags, types = FAMILY_FLAGS[name]
     kernel, base_types, constants = CASES[fn]
-    constants = dict(constants, PDL=3, **flags)
+    constants = dict(constants, PDL=True, **flags)
     if flags.get("QK_NORM"):
         constants.pop("qn_ptr", None), constants.pop("kn_ptr", None)
     if flags.get("TABLE"):
@@ -419,7 +416,7 @@ def test_the_post_norm_kernel_compiles_for_sm90():
 
     types = {**bf16("x_ptr", "w_ptr", "res_ptr", "out_ptr"), "H": "i32", "eps": "fp32"}
     for style in (0, 1, 2):
-        assert "griddepcontrol.wait" in ptx(_norm_residual_kernel, types, dict(STYLE=style, BLOCK=1024, PDL=3))
+        assert "griddepcontrol.wait" in ptx(_norm_residual_kernel, types, dict(STYLE=style, BLOCK=1024, PDL=True))
 
 
 @pytest.mark.parametrize("D", [128, 256])
@@ -474,7 +471,9 @@ def test_per_head_qk_norm_tiles_fit_in_shared_memory(D, dtype):
     types = {k: (dtype if v == "*bf16" else v) for k, v in types.items()}
     types.update(qn_ptr=dtype, kn_ptr=dtype)
     constants = {k: v for k, v in constants.items() if k not in ("qn_ptr", "kn_ptr")}
-    constants.update(PDL=3, QK_NORM=True, D=D, ROT=D, HALF=seen["HALF"], BLOCK_K=seen["BLOCK_K"], SPLIT=1, K_CHUNK=2048)
+    constants.update(
+        PDL=True, QK_NORM=True, D=D, ROT=D, HALF=seen["HALF"], BLOCK_K=seen["BLOCK_K"], SPLIT=1, K_CHUNK=2048
+    )
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     compiled = triton.compile(
         ASTSource(fn=kernel, signature=signature, constexprs=constants),
@@ -491,10 +490,10 @@ def test_the_routed_experts_variants_compile_for_sm90(dtype):
     for name, flags in (("moe_gate_up", dict(TOPK=2, STYLE=1, BLOCK_E=8)), ("moe_down", dict(TOPK=2, RENORM=False))):
         kernel, types, constants = CASES[name]
         types = {k: dtype if v == "*bf16" else v for k, v in types.items()}
-        assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=3, **flags))
+        assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=True, **flags))
     kernel, types, constants = CASES["moe_gate_up"]
     types = {k: dtype if v == "*bf16" else v for k, v in types.items()}
-    assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=1, STYLE=2))
+    assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=True, STYLE=2))
 
 
 @pytest.mark.parametrize("dtype", ["*fp32", "*bf16"])
@@ -505,17 +504,17 @@ def test_the_gpt_oss_variants_compile_for_sm90(dtype):
     kernel, types, constants = CASES["attention"]
     types = {k: to.get(v, v) for k, v in types.items()}
     for direct in (False, True):
-        flags = dict(HQ=64, HKV=8, G=8, PDL=3, DIRECT=direct, IEEE=dtype == "*fp32")
+        flags = dict(HQ=64, HKV=8, G=8, PDL=True, DIRECT=direct, IEEE=dtype == "*fp32")
         assert "griddepcontrol.wait" in ptx(
             kernel, dict(types, sinks_ptr=dtype), _without(constants, "sinks_ptr", flags)
         )
     kernel, types, constants = CASES["moe_gate_up"]
     types = {k: to.get(v, v) for k, v in types.items()}
-    flags = dict(TOPK=4, BLOCK_E=32, PDL=1, TOPK_FIRST=True, INTERLEAVED=True, ALPHA=1.702, LIMIT=7.0)
+    flags = dict(TOPK=4, BLOCK_E=32, PDL=True, TOPK_FIRST=True, INTERLEAVED=True, ALPHA=1.702, LIMIT=7.0)
     assert "griddepcontrol.wait" in ptx(kernel, dict(types, bu_ptr=dtype), _without(constants, "bu_ptr", flags))
     kernel, types, constants = CASES["moe_down"]
     types = {k: to.get(v, v) for k, v in types.items()}
-    flags = dict(TOPK=4, BLOCK_E=32, RENORM=False, PDL=3, TOPK_FIRST=True)
+    flags = dict(TOPK=4, BLOCK_E=32, RENORM=False, PDL=True, TOPK_FIRST=True)
     assert "griddepcontrol.wait" in ptx(kernel, dict(types, bd_ptr=dtype), _without(constants, "bd_ptr", flags))
 
 
@@ -538,7 +537,7 @@ def test_the_sampled_finish_compiles_for_sm90(top_k, top_p):
     types.update({n: "*i64" for n in ("state_ptr", "eos_ptr", "tokens_ptr")})
     types.update({n: "i32" for n in ("NBLK", "B", "V", "row_stride", "E", "pad_id", "L", "limit")})
     types.update({n: "fp32" for n in ("rep", "temperature", "min_p")})
-    constants = dict(BLOCK_M=16, CHAIN_V=64, PENALTY=True, TOP_K=top_k, TOP_P=top_p, LOG=True, PDL=3)
+    constants = dict(BLOCK_M=16, CHAIN_V=64, PENALTY=True, TOP_K=top_k, TOP_P=top_p, LOG=True, PDL=True)
     assert "griddepcontrol.wait" in ptx(_finish_kernel, types, constants, num_warps=8)
 
 
@@ -553,7 +552,9 @@ def test_the_dense_epilogues_compile_without_a_k_loop_or_spills(name):
         types, extra = dict(types, rt_ptr="*fp32"), dict(extra, TABLE=True, HALF=32, LAYER=NORM_NONE, NB_PAD=0)
     else:
         extra = dict(extra, BLOCK_N=64)
-    constants = dict(constants, **extra, PDL=3, SWAP=False, BLOCK_M=16, BLOCK_K=16, K=K, K_CHUNK=K, SPLIT=1, PRODUCT=2)
+    constants = dict(
+        constants, **extra, PDL=True, SWAP=False, BLOCK_M=16, BLOCK_K=16, K=K, K_CHUNK=K, SPLIT=1, PRODUCT=2
+    )
     text = ptx(kernel, types, constants, num_warps=4, num_stages=1)
     assert "mma" not in text
     assert spill_bytes(text) == 0
@@ -567,7 +568,7 @@ def test_the_residual_norm_epilogue_holds_whole_rows_without_spills(n_pad, layer
 
     assert n_pad <= MAX_N
     kernel, types, constants = CASES["residual_norm"]
-    constants = dict(constants, N_PAD=n_pad, LAYER=layer, HAS_BIAS=True, PDL=3)
+    constants = dict(constants, N_PAD=n_pad, LAYER=layer, HAS_BIAS=True, PDL=True)
     text = ptx(kernel, types, constants, num_warps=warps_for(n_pad), num_stages=1)
     assert "mma" not in text
     assert spill_bytes(text) == 0
@@ -618,7 +619,7 @@ def test_the_direct_attention_tiles_compile_without_spills():
 
     block_n, warps = direct_tiles(64, 1, 512, 264)
     kernel, types, constants = CASES["attention"]
-    constants = dict(constants, BLOCK_N=block_n, NUM_SPLITS=1, SPLIT_PAD=1, DIRECT=True, PDL=3)
+    constants = dict(constants, BLOCK_N=block_n, NUM_SPLITS=1, SPLIT_PAD=1, DIRECT=True, PDL=True)
     text = ptx(kernel, types, constants, num_warps=warps, num_stages=3)
     assert "griddepcontrol.wait" in text
     assert spill_bytes(text) == 0

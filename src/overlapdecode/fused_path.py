@@ -157,7 +157,7 @@ class CapturedSampledSteps(CapturedSteps):
 
 
 def _sampled_choice(
-    logits, noise, params: SamplingParams, seen, state, eos_ids, pad_id: int, done, log=None, pdl: int = 0
+    logits, noise, params: SamplingParams, seen, state, eos_ids, pad_id: int, done, log=None, pdl: bool = False
 ):
     """fused/kernels/sample.py's sampled choice on (B, V) logits: its kernels on CUDA (launched with the fused
     step's PDL mode, `pdl`), its torch twin elsewhere; advances state, done, `seen` and the step log in place."""

@@ -34,10 +34,6 @@ from .layout import fuse_weights, shard_vocab
 
 # Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
 KEEP_CACHES = 4
-# The programmatic dependent launch mode of the step's kernels where the GPU has it (kernels/pdl.py): LATE,
-# the fastest step in one graph at both measured shapes (H200: Llama-1B 0.916 ms against WAIT's 0.949 and no
-# PDL's 0.962; GPT-2 0.334 against 0.362 and 0.373; results/h200/pdl-modes, docs/KERNELS.md).
-PDL_DEFAULT = 3
 # Tile keywords per (kernel, N, K) of the weight where a shape's measured best differs from the kernels'
 # defaults, for 16-bit weights (float32 keeps the defaults: twice the shared memory per stage). Each entry was
 # timed in the whole step in one CUDA graph on an H200 (docs/KERNELS.md, "Tiles"). GPT-2's output and down
@@ -134,9 +130,9 @@ class Tiled:
         return self.fn(*args, **kwargs, **self.keywords(tuple(args[self.w_arg].shape), args[0].shape[0]))
 
 
-def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, norm_sums: bool = False) -> StepOps:
+def triton_ops(device: torch.device, pdl: bool = False, tiles: dict | None = None, norm_sums: bool = False) -> StepOps:
     """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
-    Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off), with the
+    Decoder's lock), launched with programmatic dependent launch where `pdl` (kernels/pdl.py), with the
     tiles of `tiles` (FusedModel's; None: the kernels' defaults everywhere); `norm_sums`: the hidden states'
     writers hand their RMSNorm sums of squares to their readers (kernels/norm_linear.py NormSums; for an
     unsharded RMSNorm model). Imported here because Triton is an optional, heavy dependency of the CUDA path."""
@@ -186,7 +182,7 @@ def triton_ops(device: torch.device, pdl: int = 0, tiles: dict | None = None, no
 class FusedOptions(NamedTuple):
     kernels: str  # "triton" or "torch"
     compile_prefill: bool
-    pdl: int  # kernels/pdl.py mode
+    pdl: bool  # programmatic dependent launch (kernels/pdl.py)
     symmetric_all_reduce: bool
     tiles: dict | None  # None: TILES for 16-bit weights, none for float32
     vocab_parallel: bool  # under tp: each rank reads its rows of the LM head and the logits are gathered
@@ -217,10 +213,7 @@ def check_option_values(**options) -> None:
         )
     if options.get("kernels") not in (None, "triton", "torch"):
         raise ValueError(f"kernels must be 'triton' or 'torch', got {options['kernels']!r}")
-    pdl = options.get("pdl")
-    if not (pdl is None or isinstance(pdl, bool) or (_int(pdl) and 0 <= pdl <= 3)):
-        raise ValueError(f"pdl must be 0, 1, 2, 3 or a bool (kernels/pdl.py), got {pdl!r}")
-    for name in ("compile_prefill", "symmetric_all_reduce", "vocab_parallel"):
+    for name in ("pdl", "compile_prefill", "symmetric_all_reduce", "vocab_parallel"):
         if options.get(name) is not None and not isinstance(options[name], bool):
             raise ValueError(f"{name} must be a bool or None, got {options[name]!r}")
     tiles = options.get("tiles")
@@ -264,9 +257,7 @@ def check_options(model, **options) -> FusedOptions:
     fast = kernels == "triton" and pdl_supported(device)
     pdl = options.get("pdl")
     if pdl is None:
-        pdl = PDL_DEFAULT if fast else 0
-    elif pdl is True:
-        pdl = PDL_DEFAULT
+        pdl = fast
     if pdl and not fast:
         raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
     compile_prefill = options.get("compile_prefill")
@@ -279,7 +270,7 @@ def check_options(model, **options) -> FusedOptions:
     return FusedOptions(
         kernels,
         compile_prefill,
-        int(pdl),
+        pdl,
         symmetric,
         options.get("tiles"),
         True if vocab_parallel is None else vocab_parallel,
@@ -290,9 +281,8 @@ class FusedModel:
     """The fused decode of `model` (a family of layout.SUPPORTED; anything else is a ValueError).
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
-    prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
-    kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late; True means PDL_DEFAULT; default: PDL_DEFAULT
-    where the GPU has PDL, sm_90+, else 0). `tiles`: {(kernel name, N, K[, min_batch]): tile keywords} for the
+    prefill per prompt bucket (default on CUDA). `pdl`: launch the Triton kernels with programmatic
+    dependent launch (kernels/pdl.py; default: where the GPU has it, sm_90+). `tiles`: {(kernel name, N, K[, min_batch]): tile keywords} for the
     Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a
     tensor-parallel shard's decode step sums its partial products by a one-shot all-reduce over symmetric memory
     (tp.SymmetricAllReduce) instead of NCCL (default off; on two H200s: tp=1's float32 tokens, 8B tp=2 0.74x of
@@ -307,7 +297,7 @@ class FusedModel:
         model,
         kernels: str | None = None,
         compile_prefill: bool | None = None,
-        pdl: int | bool | None = None,
+        pdl: bool | None = None,
         symmetric_all_reduce: bool | None = False,
         tiles: dict | None = None,
         vocab_parallel: bool | None = None,

@@ -380,7 +380,7 @@ def decode_attention(
     block_n=None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
     tickets: Tickets | None = None,
     softcap: float | None = None,
     sinks=None,
@@ -398,7 +398,7 @@ def decode_attention(
     num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values);
       num_warps, num_stages: the launch's (None: 4 warps, or direct_tiles's where block_n is not given;
       num_stages pipeline_stages of block_sizes's keys; scripts/attention_sweep.py times them).
-    pdl: the programmatic dependent launch mode of the kernel (pdl.py; 0: off; sm_90+).
+    pdl: launch with programmatic dependent launch (pdl.py; sm_90+).
     tickets: the ticket counters of the split (linear_residual.Tickets; default: fresh zeros, a fill per call).
     """
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
@@ -492,7 +492,7 @@ def decode_attention(
         SPLIT_PAD=triton.next_power_of_2(num_splits),
         DIRECT=direct,
         IEEE=q.dtype == torch.float32,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         SOFTCAP=None if softcap is None else float(softcap),
         num_warps=num_warps,
         num_stages=num_stages,

@@ -299,12 +299,17 @@ def check_finish(finish: GreedyFinish, batch: int, device) -> None:
 
 
 def greedy_choice(
-    logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets | None = None, pdl: int = 0, block_v: int | None = None
+    logits: torch.Tensor,
+    finish: GreedyFinish,
+    tickets: Tickets | None = None,
+    pdl: bool = False,
+    block_v: int | None = None,
 ) -> None:
     """The Triton kernel of `greedy_finish_ref`: logits (B, V) float32 with contiguous rows (a column slice,
     such as the vocabulary-parallel head's gathered logits, is read in place); writes finish.state and
     finish.done (and finish.log) in place. `tickets`: the launch's counters, one per row block and two more
-    (linear_residual.Tickets; default fresh zeros); `pdl`: pdl.py's mode; `block_v`: logits per row per program (a power of two; default block_v_for(B))."""
+    (linear_residual.Tickets; default fresh zeros); `pdl`: programmatic dependent launch (pdl.py); `block_v`: logits
+    per row per program (a power of two; default block_v_for(B))."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(
             f"logits must be a (B, V) float32 tensor, got {getattr(logits, 'shape', logits)!r} "
@@ -354,7 +359,7 @@ def greedy_choice(
         BLOCK_M=block_m,
         BLOCK_V=block_v,
         LOG=log is not None,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4,
         **pdl_launch(pdl),
     )

@@ -217,7 +217,7 @@ def linear_residual(
     num_warps: int | None = None,
     num_stages: int | None = None,
     tickets: Tickets | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
     out: torch.Tensor | None = None,
     norm_sums=None,
     swap: bool | None = None,
@@ -230,8 +230,8 @@ def linear_residual(
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on where not dense); the tile keywords left None are
     the row-block kernel's defaults (32 x 128, 4 warps, 3 stages) or, swapped, swap_ab.swap_tiles's.
     `programs`: the grid size split-K aims at (default 2 x the SMs, or swapped swap_tiles's: one per SM); `tickets`: the counters of the split
-    (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
-    dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
+    (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: programmatic
+    dependent launch (pdl.py; sm_90+); `out`: a contiguous tensor like `residual` to write the
     result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_linear.NormSums): record the
     output rows' sums of squares per column block there, for the RMSNorm that reads the output next. `dense`: the
     product by cuBLAS and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `then_norm`: the norm
@@ -300,7 +300,7 @@ def linear_residual(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         SWAP=swapped,
         HAS_RES=has_res,
         RES_SCALE=None if res_scale is None else float(res_scale),

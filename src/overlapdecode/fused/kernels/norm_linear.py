@@ -329,7 +329,7 @@ def _norm_rows_kernel(
     pdl_release(PDL)
 
 
-def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tuple, pdl: int = 0) -> torch.Tensor:
+def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tuple, pdl: bool = False) -> torch.Tensor:
     """x (B, K) normalised as the kernels' prologue normalises it (norm_stats, then norm_tile: the same code; the
     same bits where the statistics come from recorded sums, while from x its K tiles of up to 1024 group the sum
     of squares otherwise than a kernel's K tiles, a float32 ulp apart), in x's dtype: what a swapped launch multiplies. Why: inside a swapped program the
@@ -358,7 +358,7 @@ def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tu
         BLOCK_M=block_m,
         BLOCK_K=min(1024, triton.next_power_of_2(K)),
         NB_PAD=nb_pad,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4,
         **pdl_launch(pdl),
     )
@@ -372,7 +372,7 @@ def swapped_operand(
     eps: float,
     norm_style: str,
     sums_arg: tuple,
-    pdl: int,
+    pdl: bool,
     swapped: bool,
     prenorm: bool | None,
     normed_rows: NormedRows | None = None,
@@ -600,7 +600,7 @@ def norm_linear(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
     norm_sums: NormSums | None = None,
     swap: bool | None = None,
     programs: int | None = None,
@@ -677,7 +677,7 @@ def norm_linear(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         NB_PAD=nb_pad,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         SWAP=swapped,
         LOGIT_DIV=None if logit_div is None else float(logit_div),
         SOFTCAP=None if softcap is None else float(softcap),

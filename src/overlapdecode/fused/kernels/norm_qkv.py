@@ -159,7 +159,7 @@ def rope_table_ref(inv_freq, rope_scale: float, pos, dtype) -> torch.Tensor:
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def rope_table(inv_freq, rope_scale: float, pos, dtype, pdl: int = 0) -> torch.Tensor:
+def rope_table(inv_freq, rope_scale: float, pos, dtype, pdl: bool = False) -> torch.Tensor:
     """The Triton kernel of `rope_table_ref`, one launch per step and rotary table: computed once, read by every
     layer's norm_qkv (`rope_table=`) instead of each program evaluating sin and cos for its tile. Why: at 128 rows a
     swapped QKV program holds 128 rows x 32 pairs, and with the precise sin and cos of each (libdevice, as torch's)
@@ -186,7 +186,7 @@ def rope_table(inv_freq, rope_scale: float, pos, dtype, pdl: int = 0) -> torch.T
         BLOCK_B=block_b,
         BLOCK_R=triton.next_power_of_2(R2),
         DT=_TL_DTYPES[dtype],
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4,
         **pdl_launch(pdl),
     )
@@ -510,7 +510,7 @@ def norm_qkv(
     num_warps: int | None = None,
     num_stages: int | None = None,
     tickets: Tickets | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
     norm_sums: NormSums | None = None,
     swap: bool | None = None,
     q_norm=None,
@@ -652,7 +652,7 @@ def norm_qkv(
         BLOCK_M=block_m,
         BLOCK_K=block_k,
         NB_PAD=nb_pad,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         SWAP=swapped,
         qn_ptr=q_norm,  # None without (a constexpr None: no parameter)
         kn_ptr=k_norm,
@@ -786,7 +786,7 @@ def qk_norm_rope(
     pos,
     style: str = "rms_f32",
     block: int = 1024,
-    pdl: int = 0,
+    pdl: bool = False,
 ):
     """The Triton kernel of `qk_norm_rope_ref` (OLMo2's "rms_f32" style only, whole-head rotary): grid (B, 2), one
     program per row for its Q heads and one for its K at the slot, each reading its heads twice (the sum of
@@ -818,7 +818,7 @@ def qk_norm_rope(
         D=D,
         BLOCK=min(block, triton.next_power_of_2(Hq * D // 2)),
         ROPE=inv_freq is not None,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4,
         **pdl_launch(pdl),
     )

@@ -101,7 +101,9 @@ def fits(N: int, then_norm, residual) -> bool:
     return norm_w is not None and norm_code(norm_w, norm_b, style) in NORMS
 
 
-def residual_norm(x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, res_scale=None, norm_sums=None, pdl=0):
+def residual_norm(
+    x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, res_scale=None, norm_sums=None, pdl=False
+):
     """linear_residual's dense form, h = residual + x @ w.T (+ bias, Granite's scale), with h normalised by
     `then_norm` = (norm_w, norm_b, eps, norm_style) in the same launch and recorded in `normed_rows` (see the
     module docstring); `norm_sums` (RMSNorm): h's sum of squares recorded there as one block. Returns h."""
@@ -132,7 +134,7 @@ def residual_norm(x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, 
         RES_SCALE=None if res_scale is None else float(res_scale),
         LAYER=layer,
         SUMS=sums is not None,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=warps_for(n_pad),
         **pdl_launch(pdl),
     )
@@ -153,7 +155,7 @@ def linear_residual_norm(
     dense: bool | None = None,
     res_scale: float | None = None,
     norm_sums: NormSums | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
     **kwargs,
 ):
     """The step's linear_residual: residual_norm where the launch is dense (dense.use_dense), `then_norm` names

@@ -504,13 +504,13 @@ def sample_choice(
     done: torch.Tensor,
     log: StepLog | None = None,
     block_v: int | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
 ) -> None:
     """The Triton kernels of `sample_finish_ref`: logits (B, V) float32 with contiguous rows, noise (B, V)
     float32, seen (B, V) bool when params.uses_seen (else None), state (B, 3) long, eos (E,) long, done 0-d
-    bool, log a step_graph.StepLog or None; writes state, done, seen and the log in place; `pdl`: pdl.py's mode
-    of the five launches (each waits for the one ahead before its first load). No host sync: every value stays
-    on the device."""
+    bool, log a step_graph.StepLog or None; writes state, done, seen and the log in place; `pdl`: the five
+    launches with programmatic dependent launch (pdl.py: each waits for the one ahead before its first load). No
+    host sync: every value stays on the device."""
     if not params.do_sample:
         raise ValueError("params: sample_choice samples; the greedy choice is kernels/greedy.py's")
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
@@ -550,7 +550,7 @@ def sample_choice(
         BLOCK_M=block_m,
         PENALTY=seen is not None,
         TOP_K=top_k,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4 if block_m * block_v <= 4096 else 8,
         **pdl_launch(pdl),
     )
@@ -565,7 +565,7 @@ def sample_choice(
         BLOCK_V=block_v,
         BLOCK_M=block_m,
         PENALTY=seen is not None,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=common["num_warps"],
         **pdl_launch(pdl),
     )
@@ -643,7 +643,7 @@ def sample_choice(
         TOP_K=top_k,
         TOP_P=top_p,
         LOG=log is not None,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=8,
         **pdl_launch(pdl),
     )
