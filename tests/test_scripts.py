@@ -29,14 +29,11 @@ def _script(name: str):
 
 # subcommand -> the file it writes under --out (and its extra required arguments)
 AB_OUTPUTS = {
-    "greedy-choice": ("greedy-choice.json", []),
     "lm-head": ("lm-head-b1.json", []),
     "step-tiles": ("step-tiles-b1.json", []),
     "tile-confirm": ("tile-confirm.json", []),
     "attention-pieces": ("attention-pieces.json", []),
     "step-gap": ("step-gap.json", []),
-    "loop": ("loop-old.json", ["--label", "old"]),
-    "preset": ("preset-old.json", ["--label", "old"]),
     "stop-check-pairs": ("stop-check-pairs.json", []),
 }
 
@@ -147,9 +144,9 @@ def test_the_python_scripts_take_out():
     code = (
         "import sys, contextlib, io\n"
         f"sys.path.insert(0, {SCRIPTS!r})\n"
-        "import kernel_sweep, ttft_profile, call_timeline, tp_probe, swap_sweep, attention_sweep\n"
-        "for main in (kernel_sweep.parse_args, ttft_profile.main, call_timeline.main, tp_probe.parse_args,\n"
-        "             swap_sweep.main, attention_sweep.main):\n"
+        "import kernel_sweep, call_timeline, tp_probe, swap_sweep, attention_sweep\n"
+        "for main in (kernel_sweep.parse_args, call_timeline.main, tp_probe.parse_args, swap_sweep.main,\n"
+        "             attention_sweep.main):\n"
         "    buf = io.StringIO()\n"
         "    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):\n"
         "        main(['--help'])\n"
