@@ -1,4 +1,4 @@
-"""A/B measurements of the decode path on a GPU: two or more variants timed in alternation in one process, so that a
+"""A/B measurements of the fused step on a GPU: two or more variants timed in alternation in one process, so that a
 difference is not the machine drifting.
 
 Every subcommand writes one JSON file (with the device and the commit) under --out DIR and refuses a file that is
@@ -17,6 +17,15 @@ already there; run `python3 scripts/ab.py SUBCOMMAND --help` for its options.
                      interleaved); a trace and kernel table of one 32-token fused call
   stop-check-pairs   interleaved against nocheck in pairs alternating which runs first, alone and with processes
                      spinning on the host's cores (the ping-pong's host work must stay ahead of the GPU)
+
+The figures docs/ cite, by the commands that made them (each results folder's report names its commit):
+
+  python3 scripts/ab.py lm-head --out results/h200/gpt2-lm-head-tiles --batch B          (B = 1, 8)
+  python3 scripts/ab.py step-tiles --out results/h200/llama-1b-step-tiles --batch B      (B = 1, 8)
+  python3 scripts/ab.py tile-confirm --out results/h200/llama-1b-step-tiles
+  python3 scripts/ab.py attention-pieces --out results/h200/llama-1b-step-tiles
+  python3 scripts/ab.py step-gap --out DIR                      (results/h200/pdl-modes: its off and LATE columns)
+  python3 scripts/ab.py stop-check-pairs --out results/h200/gpt2-stop-check-contended-host --burn 14
 
 Figures are medians over alternating passes ("rounds" in the JSON); "fastest" is the best pass. Tables of tile
 keywords use FusedModel's `tiles` format ((kernel, N, K) or (kernel, N, K, min_batch) -> keywords).

@@ -11,7 +11,11 @@
                                     [--no-steps]
 
 Writes DIR/kernel-sweep.json (after each part, so a run cut short keeps what it measured) and the step profiles'
-kernel tables. Also the home of the timing functions scripts/ab.py uses (captured_step, rotated, time_rotated,
+kernel tables. The figures of docs/KERNELS.md, "Tiles: how they were chosen":
+
+    python3 scripts/kernel_sweep.py --out results/h200/llama-kernel-sweep --shapes llama-1b,llama-8b --no-steps
+    python3 scripts/kernel_sweep.py --out results/h200/gpt2-kernel-sweep --shapes gpt2 --budget 40 --no-steps
+ Also the home of the timing functions scripts/ab.py uses (captured_step, rotated, time_rotated,
 per_token_ms).
 """
 

@@ -9,6 +9,9 @@ graph takes the same branches; the rows with the noise drawn in the graph before
 does) take the rare ones (a second check, the finish's chain) as often as a real step, and are the ones to read.
 
     python3 scripts/sample_sweep.py --out DIR [--batch 1,8] [--vocab 128256]      -> DIR/sample-sweep.json
+
+`python3 scripts/sample_sweep.py --out DIR` made the figures of docs/KERNELS.md, "The sampled choice"
+(results/h200/llama-1b-sample-sweep).
 """
 
 from __future__ import annotations

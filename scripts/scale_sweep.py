@@ -7,6 +7,13 @@ the figures): ms/step, tok/s, MBU and the per-layer toll with the KV bytes each 
         [--time-budget 120] [--no-kernels] [--prenorm rule|never|always] [--rope-table rule|never]
         [--variants rule,dense:qkv+o,...] [--rounds 1]
 
+It made the step figures of docs/KERNELS.md over rows and prompt lengths; each results/h200 folder's README gives
+its exact command, e.g. (results/h200/llama-1b-scale-paired, "Swapped tiles from 17 rows on"):
+
+    python3 scripts/scale_sweep.py --out results/h200/llama-1b-scale-paired --model llama-1b-random \
+        --dtype bfloat16 --rows 1,16,32,64,128 --prompts 32 --long-rows 1,8 --long-prompts 4096,16384 \
+        --strategies fused --new-tokens 32 --long-new-tokens 16 --repeats 3 --time-budget 100
+
 Points run short prompts first, every strategy at a point before the next; past --time-budget seconds (from the
 start, the model's load included) no new point starts and the rest are listed as not run. The fused prefill runs
 eagerly (compiled, it would compile per batch and prompt bucket; the decode figures do not need it): its TTFT is

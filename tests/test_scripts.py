@@ -161,6 +161,19 @@ def test_the_python_scripts_take_out():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
+def test_every_script_gives_its_command_at_its_top_and_is_named_in_docs():
+    """scripts/ holds what reproduces a figure the docs cite: each script's opening docstring or comment gives the
+    command that runs it, and docs/ names it."""
+    docs = "".join(open(os.path.join(ROOT, "docs", n)).read() for n in os.listdir(os.path.join(ROOT, "docs")))
+    names = sorted(n for n in os.listdir(SCRIPTS) if n.endswith((".py", ".sh")))
+    assert names
+    for name in names:
+        with open(os.path.join(SCRIPTS, name)) as f:
+            top = f.read(4000)
+        assert f"scripts/{name} " in top, name
+        assert name in docs, name
+
+
 def test_gpu_tests_sh_needs_out_and_writes_its_logs_there(tmp_path):
     script = os.path.join(SCRIPTS, "gpu_tests.sh")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
