@@ -186,8 +186,8 @@ ARGMAX_CHUNK = 1024
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """(B, V) -> (B,): `x.argmax(-1)` (the first index of the row maximum, NaN counting as the maximum), in
     two stages over chunks of ARGMAX_CHUNK: the maximum of each chunk, then the first chunk holding the row's.
-    Why: compiled, a one-stage argmax over a 128K vocabulary at batch 1 is one program per row, 32 us on the
-    H200 (profile of the fused step), more than a layer; the chunked form spreads it over the GPU."""
+    Why: compiled, a one-stage argmax over a 128K vocabulary at batch 1 is one program per row, longer than a
+    layer of the fused step (docs/DESIGN.md, the sampler); the chunked form spreads it over the GPU."""
     B, V = x.shape
     if V <= 4 * ARGMAX_CHUNK:
         return x.argmax(dim=-1)

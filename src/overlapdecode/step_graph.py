@@ -1,9 +1,8 @@
 """StepGraph: one decode step of a fixed shape, captured by hand into a CUDA graph and replayed per step.
 
 Why: torch.compile's CUDA graphs (mode="reduce-overhead") check guards and the addresses of every input on
-each replay. For the fused step that host work took longer than the step's kernels (H200, commit 78bb448:
-Llama-1B 1.20 ms per token against 0.97 ms for the same kernels replayed from one graph; GPT-2 with the GPU
-busy 66% of the time). A graph captured here replays with one `cudaGraphLaunch`: the step reads and writes
+each replay. For the fused step that host work took longer than the step's kernels (docs/KERNELS.md, "Graphs and
+launches"). A graph captured here replays with one `cudaGraphLaunch`: the step reads and writes
 only the buffers this object owns (`state`, `eos`, `noise`, `done`, `log`) and tensors of fixed address (the
 fused weights and cache), so nothing is copied in or checked per step. Its Triton kernels are launched eagerly
 during the capture, with the launch options dynamo's tracing cannot pass (programmatic dependent launch).
@@ -34,7 +33,7 @@ class StepLog(NamedTuple):
     into the device's address space); the host reads a step's slot once the event recorded after that step
     has completed (stopping.StopCheck). `count` (1,) int32 on the device. Why: the copy of the token into the
     output and of the flag to pinned memory after each replay were two more operations on the GPU's queue per
-    token (H200, GPT-2: 0.305 ms/token with them, 0.297 without the flag's)."""
+    token (docs/KERNELS.md, "Graphs and launches")."""
 
     tokens: torch.Tensor
     flags: torch.Tensor

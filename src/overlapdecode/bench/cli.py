@@ -28,16 +28,13 @@ ALLOCATOR_NAMES = ("default", "expandable")  # bench.runner.ALLOCATORS (a test k
 BASE_STRATEGIES = ("baseline", "kv", "static", "compiled", "interleaved")  # + fused on CUDA where it applies
 
 # `overlapdecode bench` with no arguments (the main job). On CUDA: gpt2-random in float32 at batch 16, where
-# the baseline's per-step work (the whole sequence, batch x length tokens) outgrows the launch-bound floor of
-# an eager step (about 6 ms on an H200) within the first tens of tokens, so its O(N^2) growth shows between
-# 48 and 192 new tokens (on an H200: 7.3 -> 12.8 ms/token, kv 8.3 -> 9.9), and batch 16 is one row tile of the
-# fused kernels. On an H200 its timed rows ended within 185 s of the start; the busy-fraction profile of even
-# two strategies did not fit beside them, so the main job leaves it to `overlapdecode profile`. Beside it, the
-# bfloat16 configuration `fused` is built for: gpt2-random in bfloat16 at batch 1, `fused` and `interleaved`
-# alone at the longest length (on an H200, results/h200/gpt2-fused-b1: 0.296 against 0.951 ms/token), each
-# compiling anew for bfloat16 (about 20 and 15 s there), so that the whole run stays within about 4 minutes.
-# On CPU the quick sweep of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline
-# at batch 16 would take many minutes.
+# the baseline's per-step work (the whole sequence) outgrows the launch-bound floor of an eager step within the
+# first tens of tokens, so its O(N^2) growth shows between 48 and 192 new tokens; batch 16 is one row tile of the
+# fused kernels; the busy-fraction profile is left to `overlapdecode profile`. Beside it, the bfloat16
+# configuration `fused` is built for: gpt2-random in bfloat16 at batch 1, `fused` and `interleaved` alone at the
+# longest length, so that the whole run stays within a few minutes (docs/BENCHMARKING.md). On CPU the quick sweep
+# of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline at batch 16 would take
+# many minutes.
 MAIN_MODEL_CUDA = "gpt2-random"
 MAIN_LENGTHS_CUDA, MAIN_BATCH_CUDA = (48, 192), 16
 MAIN_BF16_PAIR, MAIN_BF16_STRATEGIES = "bfloat16:1", ("interleaved", "fused")

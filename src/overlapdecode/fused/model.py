@@ -34,18 +34,10 @@ from .layout import fuse_weights, shard_vocab
 
 # Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
 KEEP_CACHES = 4
-# Tile keywords per (kernel, N, K) of the weight where a shape's measured best differs from the kernels'
-# defaults, for 16-bit weights (float32 keeps the defaults: twice the shared memory per stage). Each entry was
-# timed in the whole step in one CUDA graph on an H200 (docs/KERNELS.md, "Tiles"). GPT-2's output and down
-# projections: 16 columns per program, twice the programs of the default 32 (step 0.332 -> 0.309 ms with the
-# sweep's bests, 0.311 with these two alone; results/h200/gpt2-kernel-sweep). (The sweep's split-K targets, 4 and
-# 2 x the H200's SMs, are left to the default, 2 x the SMs of the GPU at hand: on the H200 the same splits, as
-# 768 x 768 is not split at either.) Llama-3's LM head at the 1B shape from 4 rows on: 128 x 128, 8 warps, 3
-# stages, the one winner of 24 tiles tried in the step at batch 8, then against the entry it replaced (64 x 128,
-# 4 warps): batch 4 0.9418 -> 0.9403 ms, 8 0.9637 -> 0.9595, 16 1.0143 -> 0.9985 (results/h200/llama-1b-step-tiles).
-# GPT-2's LM head (50257 x 768): 128 columns per program, K tiles of 64, 4 stages: 393 programs where the default
-# has 1571 (batch 1 0.3056 -> 0.3002 ms, batch 8 0.3911 -> 0.3777; the kernel alone 28.0 -> 22.7 us, 2.76 -> 3.40
-# TB/s; results/h200/gpt2-lm-head-tiles). Measured at batch 1 and 8; applied at every batch.
+# Tile keywords per (kernel, N, K) of the weight where a shape's best, timed in the whole step in one CUDA graph,
+# differs from the kernels' defaults, for 16-bit weights (float32 keeps the defaults: twice the shared memory per
+# stage): GPT-2's output and down projections (16 columns per program: more, shorter programs), GPT-2's LM head and
+# Llama-3's LM head at the 1B shape from 4 rows on (docs/KERNELS.md, "Tiles: how they were chosen").
 TILES: dict = {
     ("linear_residual", 768, 768): dict(block_n=16, block_k=256, num_warps=4, num_stages=4),
     ("linear_residual", 768, 3072): dict(block_n=16, block_k=64, num_warps=2, num_stages=4),
@@ -167,8 +159,7 @@ def triton_ops(device: torch.device, pdl: bool = False, tiles: dict | None = Non
             dict(programs=2 * sms),
         ),
         Tiled(functools.partial(norm_linear, tickets=tickets, pdl=pdl, **hand), "norm_linear", 4, tiles),
-        # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
-        # 1: GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
+        # one launch in the PDL chain instead of 3-5 torch ops (docs/KERNELS.md, "embed")
         functools.partial(embed, pdl=pdl, **sums),
         # one PDL launch instead of inductor's choice kernels and two copies (kernels/greedy.py)
         functools.partial(greedy_choice, tickets=tickets, pdl=pdl),
@@ -281,12 +272,12 @@ class FusedModel:
     """The fused decode of `model` (a family of layout.SUPPORTED; anything else is a ValueError).
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
-    prefill per prompt bucket (default on CUDA). `pdl`: launch the Triton kernels with programmatic
-    dependent launch (kernels/pdl.py; default: where the GPU has it, sm_90+). `tiles`: {(kernel name, N, K[, min_batch]): tile keywords} for the
-    Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a
-    tensor-parallel shard's decode step sums its partial products by a one-shot all-reduce over symmetric memory
-    (tp.SymmetricAllReduce) instead of NCCL (default off; on two H200s: tp=1's float32 tokens, 8B tp=2 0.74x of
-    tp=1 against 0.84x with NCCL, docs/TENSOR_PARALLEL.md).
+    prefill per prompt bucket (default on CUDA). `pdl`: launch the Triton kernels with programmatic dependent
+    launch (kernels/pdl.py; default: where the GPU has it, sm_90+). `tiles`: {(kernel name, N, K[, min_batch]):
+    tile keywords} for the Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32).
+    `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its partial products by a one-shot
+    all-reduce over symmetric memory (tp.SymmetricAllReduce) instead of NCCL (default off; docs/TENSOR_PARALLEL.md
+    has its speed).
     `vocab_parallel`: under tensor parallelism each rank reads only its rows of the LM head and the step gathers
     the logits (tp.VocabShard; default on; False keeps the head replicated, as the Hugging Face model has it).
     Every option is checked (check_options) before the weights are touched.
@@ -334,11 +325,9 @@ class FusedModel:
             self.ops = self.ops._replace(symmetric=SymmetricAllReduce(self.weights.tp.group, self.device))
         compile_prefill = opts.compile_prefill
         # on CUDA the compiled prefill of each bucket is also one CUDA graph (torch.compile's, reduce-overhead): its
-        # few hundred launches otherwise cost milliseconds of host time before the first token (H200: TTFT 5.1
-        # ms at Llama-1B, 5.9 ms at GPT-2, against decode steps of 0.95 and 0.36 ms). Its guards and
-        # input checks run once per call, not per token; its logits are consumed before the next call replays it.
-        # (Captured by hand instead, as the decode step is, it crashed on the H200 with an illegal memory access
-        # and gained GPT-2 0.4 ms of TTFT where it ran: removed; CHANGELOG.md, "Tried and dropped".)
+        # few hundred launches otherwise cost milliseconds of host time before the first token (docs/KERNELS.md,
+        # "Prefill"). Its guards and input checks run once per call, not per token; its logits are consumed before
+        # the next call replays it. (Captured by hand instead, as the decode step is, it crashed: CHANGELOG.md.)
         mode = "reduce-overhead" if self.device.type == "cuda" else None
         self._prefill = (
             torch.compile(reference.prefill, dynamic=False, mode=mode) if compile_prefill else reference.prefill

@@ -17,9 +17,9 @@ cdiv(B, BLOCK_M)): each program loads its (BLOCK_M, BLOCK_V) tile of float32 log
 maximum and first column holding it (NaN first), (NBLK, B) partials; in each row block the program that takes the
 block's last ticket reduces its rows' partials in column-block order (the first block holding a row's maximum
 wins: the first index, whichever program came last) and writes their state; of those, the last (a second ticket)
-writes the flag. Why per row block: with one program reducing every row block in turn the kernel took 59.3 us in
-the 128-row step (results/h200/llama-1b-timeline-128-rows), 39.5 per row block; the flag needs only a count of the
-rows still running, added by each block's reduction before its second ticket.
+writes the flag. Why per row block: one program reducing every row block in turn was slower at many rows
+(docs/KERNELS.md, "greedy_choice"); the flag needs only a count of the rows still running, added by each block's
+reduction before its second ticket.
 
 Folding the same partials and reduction into the LM head's own programs saves the launch but makes the step
 slower: the head, the one kernel at full bandwidth, loses more than the launch saves (CHANGELOG.md, "tried and
@@ -46,9 +46,8 @@ BIG_INDEX = tl.constexpr(2**31 - 1)  # above any column: "no candidate"
 REDUCE_BLOCKS = tl.constexpr(256)  # column blocks the last program reduces per iteration
 
 
-# Logits per row per program: 2048 at one row (8 KB per program: 25 programs at GPT-2's vocabulary, 63 at
-# Llama-3's), fewer as rows are added, down to 512 (at batch 8 and 2048 per row, 63 programs of 64 KB made the
-# step graph 0.950 -> 0.959 ms at Llama-1B, bf094fd; batch 1 0.906 -> 0.901, GPT-2 0.299 -> 0.296).
+# Logits per row per program: 2048 at one row, fewer as rows are added (a program's tile stays small), down to 512
+# (docs/KERNELS.md, "greedy_choice").
 def block_v_for(rows: int) -> int:
     return max(512, 2048 // min(16, triton.next_power_of_2(rows)))
 

@@ -122,8 +122,7 @@ class NormSums:
 
     Why: a norm prologue computes each row's 1/rms before its tiles can be normalised, and every program of a
     norm kernel did it again over all of x (B, K): at batch 8 and Llama-1B, 32 KB per program, 528 programs of
-    norm_qkv and 512 of the gate/up projection per layer (scripts/kernel_sweep.py on an H200, each kernel alone:
-    QKV 8.6 us at batch 1, 11.2 at batch 8; gate/up 19.3 and 22.8; CHANGELOG.md has the runs). The writers
+    norm_qkv and 512 of the gate/up projection per layer (docs/KERNELS.md, "RMSNorm sums"). The writers
     (`embed`, `linear_residual`) already hold their output tile in registers: each stores the sum of squares of its tile's rows (of the values as stored, in
     the model dtype), (NB, B) float32, NB = its column blocks; the reader sums those NB in a fixed order.
 
@@ -133,8 +132,7 @@ class NormSums:
     kernels; host-side bookkeeping only, at launch (or capture) time, nothing per replay.
 
     Writers record sums from `min_rows` rows on. At one row the pass over x is 4 KB per program and the sums
-    cost more than they save (H200, Llama-1B bfloat16 step in one graph: batch 1 0.915-0.920 ms without,
-    0.921-0.930 with; batch 8 1.069 -> 0.968; CHANGELOG.md)."""
+    cost more than they save."""
 
     def __init__(self, min_rows: int = 2):
         self.min_rows = min_rows
@@ -335,10 +333,8 @@ def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tu
     of squares otherwise than a kernel's K tiles, a float32 ulp apart), in x's dtype: what a swapped launch multiplies. Why: inside a swapped program the
     normalised tile is computed in registers, so it reaches the MMA through a register-to-shared store in every
     K step instead of an asynchronous copy, and each program repeats the row statistics over all of K for up to
-    128 rows; scripts/swap_sweep.py on an H200 measured the swapped gate/up at 128 rows 5x slower than the same
-    GEMM with plain loads (124.9 against 23.5 us; cuBLAS 21.9). One launch of (B / 4) programs reads and writes the
-    (B, K) rows once instead: the same swapped gate/up then took 61.2 us, the LM head 463 -> 295 (cuBLAS 146).
-    Used where swap_ab.use_prenorm says. `sums_arg`: sums_args's (sums, NB, NB_PAD) for x."""
+    128 rows. One launch of (B / 4) programs reads and writes the (B, K) rows once instead (docs/KERNELS.md, "Rows
+    normalised beforehand"). Used where swap_ab.use_prenorm says. `sums_arg`: sums_args's (sums, NB, NB_PAD) for x."""
     B, K = x.shape
     sums, nb, nb_pad = sums_arg
     out = torch.empty_like(x)
@@ -613,8 +609,8 @@ def norm_linear(
 ):
     """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
     there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
-    tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
-    Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128).
+    tile (32 x 256, 4 warps, 3 stages) is the one near the best at both Llama shapes of scripts/kernel_sweep.py
+    (docs/KERNELS.md, "Tiles").
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on), whose tile keywords left None are
     swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default swap_tiles's, one program
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).

@@ -162,8 +162,8 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.floa
 def rope_table(inv_freq, rope_scale: float, pos, dtype, pdl: bool = False) -> torch.Tensor:
     """The Triton kernel of `rope_table_ref`, one launch per step and rotary table: computed once, read by every
     layer's norm_qkv (`rope_table=`) instead of each program evaluating sin and cos for its tile. Why: at 128 rows a
-    swapped QKV program holds 128 rows x 32 pairs, and with the precise sin and cos of each (libdevice, as torch's)
-    the launch took 22.6 us against 16.3 without RoPE (H200, Llama-1B shape, scripts/swap_sweep.py `ours-norope`)."""
+    swapped QKV program holds 128 rows x 32 pairs, and the precise sin and cos of each (libdevice, as torch's) were a
+    large share of the launch's time (docs/KERNELS.md, "norm_qkv")."""
     if dtype not in _TL_DTYPES:
         raise ValueError(f"dtype must be one of {tuple(_TL_DTYPES)}, got {dtype}")
     if inv_freq.dim() != 1 or not inv_freq.is_floating_point() or not inv_freq.is_contiguous():
@@ -480,8 +480,8 @@ def _norm_qkv_kernel(
 
 def swapped_qkv_tiles(rows: int, halves: int, K: int, elt_bytes: int, sms: int) -> dict:
     """swap_ab.swap_tiles's tiles for QKV's `halves` rotary pairs (two weight rows each), with 8 warps from 64 batch
-    rows: the RoPE epilogue holds both halves of the tile and their cos and sin at once (64 rows, Llama-1B shape,
-    H200: 14.6 us against 16.9 on 4 warps, scripts/swap_sweep.py)."""
+    rows: the RoPE epilogue holds both halves of the tile and their cos and sin at once (docs/KERNELS.md, "Where
+    the time goes")."""
     plan = swap_tiles(rows, halves, K, elt_bytes, 2, sms)
     if rows >= 64:  # measured at 64 and 128 rows; 33-63 rows keep swap_tiles's 4 (not timed)
         plan["num_warps"] = 8

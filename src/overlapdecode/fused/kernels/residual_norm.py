@@ -9,9 +9,8 @@ reads the output next (the MLP's norm after the O projection, the next layer's o
 and writes both; `xn` is recorded in a NormedRows for the launch that multiplies it (norm_linear.swapped_operand),
 which then skips its own `normalized_rows` launch.
 
-Why: from DENSE_ROWS rows a layer ran eleven launches, five of them a few microseconds of row-wise work each
-(H200, Llama-1B shape, 64 rows, scripts/call_timeline.py: the two normalising launches 2.6 us each, the three
-epilogues 2.1-2.7). A program of this kernel holds whole rows (N up to MAX_N in registers), so the residual add
+Why: from DENSE_ROWS rows a layer ran eleven launches, five of them a few microseconds of row-wise work each (two
+normalising launches, three epilogues; docs/KERNELS.md, "Where the time goes"). A program of this kernel holds whole rows (N up to MAX_N in registers), so the residual add
 and the norm of the same rows are one launch: two launches fewer per layer.
 
 Grid: one program per row (B programs, num_warps from N). The row's statistics come from the values as stored

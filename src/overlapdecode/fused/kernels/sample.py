@@ -488,8 +488,7 @@ def _finish_kernel(
 
 def default_block_v(rows: int) -> int:
     """Logits per row per program: 1024 up to 8 rows, 512 from 16 (tiles of at most 8K logits): about one program
-    per SM of an H200 at a 128K vocabulary. Measured by scripts/sample_sweep.py (H200, top_p 0.9, V = 128256): at
-    one row 12.9 us per choice at 1024 against 17.9 at 4096; at 8 rows 27.6 at 1024, 28.0 at 512, 39.9 at 2048."""
+    per SM of an H200 at a 128K vocabulary (scripts/sample_sweep.py; docs/KERNELS.md, "The sampled choice")."""
     return max(512, min(1024, 8192 // min(16, triton.next_power_of_2(rows))))
 
 

@@ -23,11 +23,11 @@ The rule (`use_swap`, `swap_tiles`), from the row count and the weight's shape:
 - K tiles of 64, 4 stages, K tiles halved while a pipeline stage (at 128 weight rows) exceeds the shared-memory
   budget; where the weight has more tiles than the GPU has SMs (the LM head), the deepest pipeline at which two
   programs share an SM's shared memory (`two_per_sm`: at 128 rows the LM head's 4 stages of 32 KB left one
-  program per SM; on 3 it took 184.7 us against 197.2, H200, Llama-1B shape, scripts/swap_sweep.py);
+  program per SM);
 - split-K (`split_k`, as the row-block kernels) until the grid reaches one program per SM, but never so far
   that the float32 partial sums (SPLIT x B x N) outweigh the weight bytes they serve.
-Measured on an H200 at the Llama-1B shape, each projection alone at 64 and 128 rows against cuBLAS and a plain
-Triton GEMM of the same orientation: scripts/swap_sweep.py, docs/KERNELS.md.
+Each projection alone at 64 and 128 rows against cuBLAS and a plain Triton GEMM of the same orientation:
+scripts/swap_sweep.py; the figures are in docs/KERNELS.md, "Swapped tiles from 17 rows on".
 """
 
 from __future__ import annotations
@@ -55,11 +55,8 @@ def use_prenorm(rows: int) -> bool:
     """Whether a swapped launch over `rows` rows multiplies rows normalised beforehand (norm_linear.normalized_rows,
     one launch more) instead of normalising each K tile in registers: wherever the launch would swap by default
     (from ROW_TILE + 1 rows), since then x reaches shared memory by asynchronous copies like the weights, where the
-    register-normalised tile is stored there by the program in every K step. Measured on an H200 at the Llama-1B
-    shape (bfloat16, the fused step, scripts/scale_sweep.py; results/h200/llama-1b-prenorm-rows): 64 rows 1.311 ms
-    per step pre-normalised (c95e6ac `--prenorm always`, and fc6b970) against 1.490-1.580 in registers (three runs
-    at 03e1384 and c95e6ac); 128 rows 1.817 against 2.617 (03e1384, `--prenorm never`); at 32 rows the runs
-    overlap (1.089 and 1.112 against 1.061 and 1.214)."""
+    register-normalised tile is stored there by the program in every K step (results/h200/llama-1b-prenorm-rows;
+    docs/KERNELS.md, "Rows normalised beforehand")."""
     return rows > ROW_TILE
 
 
