@@ -159,8 +159,9 @@ class CapturedSampledSteps(CapturedSteps):
 def _sampled_choice(
     logits, noise, params: SamplingParams, seen, state, eos_ids, pad_id: int, done, log=None, pdl: bool = False
 ):
-    """fused/kernels/sample.py's sampled choice on (B, V) logits: its kernels on CUDA (launched with the fused
-    step's PDL mode, `pdl`), its torch twin elsewhere; advances state, done, `seen` and the step log in place."""
+    """fused/kernels/sample.py's sampled choice on (B, V) logits: its kernels on CUDA (with the fused step's
+    programmatic dependent launch where `pdl`), its torch twin elsewhere; advances state, done, `seen` and the step
+    log in place."""
     from .fused.kernels.sample import sample_choice, sample_finish_ref  # Triton: imported with the fused path
 
     if logits.is_cuda:
