@@ -156,7 +156,8 @@ def _as_flag_error(err: Exception, args) -> CliError:
 
 
 def _load(args):
-    """The model and its tokenizer (None if it has none), every failure named by its flag."""
+    """The model and its tokenizer (None if it has none or it does not load: args.no_tokenizer says why), every
+    failure named by its flag."""
     from .models import check_device, load_model, load_tokenizer, parse_dtype  # imported here: fast --help
 
     check_model_flag(args.model)
@@ -171,8 +172,9 @@ def _load(args):
         raise CliError(cannot_load(args.model, err)) from None
     try:
         tokenizer = load_tokenizer(args.model)
-    except Exception:  # a model loaded but its tokenizer did not: ids still work
+    except Exception as err:  # a model loaded but its tokenizer did not: ids still work, --prompt says why not
         tokenizer = None
+        args.no_tokenizer = " ".join(str(err).split("\n", 1)[0].split())
     return model, tokenizer
 
 
@@ -203,7 +205,8 @@ def cmd_generate(args) -> int:
     device = next(model.parameters()).device
     if args.prompt is not None:
         if tokenizer is None:
-            raise CliError(f"--prompt needs a tokenizer and {args.model} has none; use --prompt-ids")
+            why = getattr(args, "no_tokenizer", f"{args.model} has none")
+            raise CliError(f"--prompt needs a tokenizer: {why}; use --prompt-ids")
         ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     else:
         vocab, _ = model_limits(model)
