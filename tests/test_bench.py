@@ -116,7 +116,10 @@ def test_fit_exponent():
         (["bench", "--lengths", "10,x"], "--lengths takes comma-separated integers"),
         (["bench", "--lengths", "0"], "--lengths values must be >= 1"),
         (["bench", "--strategies", "fast"], "--strategies: unknown strategy 'fast'"),
-        (["bench", "--strategies", "kv:2"], "applies to interleaved and deferred only"),
+        (
+            ["bench", "--strategies", "kv:2"],
+            "takes K >= 1, and only for the strategies that read the stop flag late: interleaved, fused and deferred",
+        ),
         (["bench", "--peers", "vllm"], "--peers: unknown vllm"),
         (["bench", "--dtype", "float8"], "--dtype: dtype must be one of"),
         (["bench", "--allocator", "expandable", "--device", "cpu"], "--allocator expandable needs CUDA"),

@@ -16,6 +16,7 @@ from ..cliargs import (
     Interrupted,
     check_model_flag,
     ints,
+    lag_beyond,
     lag_of,
     names,
     split_pair,
@@ -226,10 +227,7 @@ def check_strategies(text: str, flag: str, max_new_tokens: int) -> tuple[str, ..
         except (ValueError, TypeError) as err:
             raise CliError(f"{flag}: {err}") from None
         if lag_of(base) > max_new_tokens:
-            raise CliError(
-                f"{flag} {n}: a lag of {lag_of(base)} is beyond the {max_new_tokens} new tokens of the "
-                f"shortest run (the flag of the last step is read after the loop anyway)"
-            )
+            raise lag_beyond(flag, n, f"the {max_new_tokens} new tokens of the shortest run")
     return tuple(found)
 
 
