@@ -13,11 +13,10 @@ import sys
 import tempfile
 import textwrap
 
-from .strategy import LATE_CHECKS, PRESETS, VARIANTS
+from .strategy import LAGGED, LAGGED_TEXT, PRESETS, VARIANTS
 
 PRESET_NAMES = tuple(PRESETS)
 VARIANT_NAMES = tuple(VARIANTS)
-LAGGED = tuple(n for n, s in {**PRESETS, **VARIANTS}.items() if s.stop_check in LATE_CHECKS)  # take `NAME:K`
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 STRATEGY_HELP = (
@@ -90,6 +89,14 @@ def split_pair(pair: str) -> tuple[str, int]:
     if not dtype or not batch.isdigit() or int(batch) < 1:
         raise CliError(f"--dtype-batch takes dtype:batch pairs such as bfloat16:8, got {pair!r}")
     return dtype, int(batch)
+
+
+def lag_beyond(flag: str, strategy: str, limit: str) -> CliError:
+    """The one line for a `NAME:K` whose lag K is beyond the new tokens (`limit` says which, as a phrase)."""
+    return CliError(
+        f"{flag} {strategy}: a lag of {lag_of(strategy)} is beyond {limit} (NAME:K, for {LAGGED_TEXT}, takes K "
+        f"from 1 to the number of new tokens)"
+    )
 
 
 def lag_of(strategy: str) -> int:

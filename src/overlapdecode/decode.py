@@ -31,7 +31,7 @@ from .inputs import Request, check_model, check_request, model_device
 from .sampling import SamplingParams, check_sampling, make_generator, seen_tokens
 from .steps import StepInputs, hf_steps
 from .stopping import Slots, make_check
-from .strategy import LATE_CHECKS, Strategy, resolve_strategy
+from .strategy import LAGGED_TEXT, LATE_CHECKS, Strategy, resolve_strategy
 from .tp.shard import is_sharded
 
 
@@ -136,7 +136,7 @@ class Decoder:
         if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:
             raise ValueError(
                 f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
-                f"{req.max_new_tokens}; use a lag <= max_new_tokens"
+                f"{req.max_new_tokens}; use a lag <= max_new_tokens (the lag of {LAGGED_TEXT})"
             )
         if params.do_sample and seed is None and is_sharded(self.model):
             raise ValueError(

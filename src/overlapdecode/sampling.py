@@ -34,6 +34,18 @@ from dataclasses import dataclass
 
 import torch
 
+
+class IgnoredSamplingWarning(UserWarning):
+    """Greedy decoding given sampling values, which it ignores (as Hugging Face warns); `ignored` holds their
+    argument names, so that the command line can name its own flags."""
+
+    def __init__(self, ignored):
+        self.ignored = tuple(ignored)
+        super().__init__(
+            f"do_sample=False: {', '.join(self.ignored)} ignored, the decoding is greedy; pass do_sample=True to sample"
+        )
+
+
 # torch.Generator.manual_seed takes a 64-bit unsigned seed.
 SEED_LIMIT = 2**64
 # The smallest normal float32: below it a temperature is a subnormal or rounds to 0 on the device.
@@ -105,11 +117,7 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None, repet
             if value not in unset
         ]
         if ignored:  # Hugging Face generate() says so too: a sampling value with greedy is usually a mistake
-            warnings.warn(
-                f"do_sample=False: {', '.join(ignored)} ignored, the decoding is greedy; pass do_sample=True to sample",
-                UserWarning,
-                stacklevel=3,
-            )
+            warnings.warn(IgnoredSamplingWarning(ignored), stacklevel=3)
         return SamplingParams(False, repetition_penalty=repetition_penalty)
     if temperature is None:
         temperature = 1.0

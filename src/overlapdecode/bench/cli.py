@@ -16,6 +16,7 @@ from ..cliargs import (
     Interrupted,
     check_model_flag,
     ints,
+    lag_beyond,
     lag_of,
     names,
     split_pair,
@@ -23,6 +24,7 @@ from ..cliargs import (
     writable_file,
 )
 from .config import BenchConfig
+from .outdir import MANIFEST
 
 ALLOCATOR_NAMES = ("default", "expandable")  # bench.runner.ALLOCATORS (a test keeps them equal)
 BASE_STRATEGIES = ("baseline", "kv", "static", "compiled", "interleaved")  # + fused on CUDA where it applies
@@ -135,8 +137,9 @@ def add_commands(sub) -> None:
     b.add_argument(
         "--out",
         default="bench-out",
-        help="output directory (results.json, report.md, plots, worker logs); must not hold a "
-        "results.json unless --append",
+        help="output directory (results.json, report.md, plots, worker logs): new, empty, or one an earlier "
+        f"bench wrote, which lists every file it made in {MANIFEST} and is only written again with --append "
+        "(then only the files it lists are replaced); anything else is refused before any work",
     )
 
     p = sub.add_parser("profile", help="profiler trace, timeline and GPU-idle summary per strategy")
@@ -150,7 +153,9 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--out",
         default="profile-out",
-        help="output directory (traces, timelines, summary); must not hold an earlier profile's summary.json",
+        help="output directory (traces, timelines, summary): new, empty, or one an earlier profile left "
+        f"without a summary.json (it lists every file it made in {MANIFEST}); anything else is refused "
+        "before any work",
     )
 
     r = sub.add_parser("report", help="rebuild report.md and the plots of a bench directory from its JSON")
@@ -219,10 +224,7 @@ def check_strategies(text: str, flag: str, max_new_tokens: int) -> tuple[str, ..
         except (ValueError, TypeError) as err:
             raise CliError(f"{flag}: {err}") from None
         if lag_of(base) > max_new_tokens:
-            raise CliError(
-                f"{flag} {n}: a lag of {lag_of(base)} is beyond the {max_new_tokens} new tokens of the "
-                f"shortest run (the flag of the last step is read after the loop anyway)"
-            )
+            raise lag_beyond(flag, n, f"the {max_new_tokens} new tokens of the shortest run")
     return tuple(found)
 
 
@@ -296,7 +298,7 @@ def bench_config(args):
     _check_tp(args)
     if args.tp > 1:
         _check_tp_model(model, args.tp, config)
-    _check_out(args.out, args.append)
+    _check_out(args.out, "bench", args.append)
     return BenchConfig(
         tp=args.tp,
         gpus=gpus,
@@ -401,16 +403,15 @@ def _check_model_name(model: str):
     return check_model_flag(model)
 
 
-def _check_out(out: str, append: bool) -> None:
-    """--out before any work: a directory we can write, holding no results.json unless --append."""
-    results = os.path.join(out, "results.json")
-    if append and not os.path.exists(results):
-        raise CliError(f"--append: {results} not found (nothing to add to)")
-    if not append and os.path.exists(results):
-        raise CliError(
-            f"--out {out} already holds results.json: add to it with --append, or choose another --out "
-            f"(an earlier run's results are never overwritten)"
-        )
+def _check_out(out: str, command: str, append: bool = False) -> None:
+    """--out before any work (bench.outdir.check): a new or empty directory, or one an earlier run of the same
+    command wrote (its manifest lists every file in it); made now, and probed with a file."""
+    from .outdir import OutDirError, check  # light (no torch), but only the commands need it
+
+    try:
+        check(out, command, append)
+    except OutDirError as err:
+        raise CliError(str(err)) from None
     writable_dir(out, "--out")  # last: it makes the directory
 
 
@@ -561,12 +562,7 @@ def cmd_profile(args) -> int:
     model = args.model or ("gpt2-random" if device.type == "cuda" else "tiny-gpt2")
     _check_model_name(model)
     _check_positions(model, args.prompt_len, args.new_tokens)
-    if os.path.exists(os.path.join(args.out, "summary.json")):  # as bench: an earlier measurement is never replaced
-        raise CliError(
-            f"--out {args.out} already holds a profile (summary.json): choose another --out (an earlier "
-            f"profile's traces and summary are never overwritten)"
-        )
-    writable_dir(args.out, "--out")
+    _check_out(args.out, "profile")  # as bench: an earlier measurement, or a file of the user's, is never replaced
     result = profile_strategies(
         model,
         strategies,
