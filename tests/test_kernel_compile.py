@@ -623,3 +623,36 @@ def test_the_direct_attention_tiles_compile_without_spills():
     text = ptx(kernel, types, constants, num_warps=warps, num_stages=3)
     assert "griddepcontrol.wait" in text
     assert spill_bytes(text) == 0
+
+
+@pytest.mark.parametrize("name", ["norm_qkv", "linear_residual", "norm_linear"])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_float32_row_blocks_under_16_rows_multiply_without_mmas_or_spills(name, rows):
+    """float32 weights under 16 rows: the rows' own power-of-two tile (swap_ab.row_tile) and the broadcast product
+    summed over K (acc_dot), at the K tile fit_k gives it, compile for sm_90 at GPT-2's shapes with no MMA (a
+    float32 MMA would multiply 16 padded rows on the CUDA cores) and no spill."""
+    from overlapdecode.fused.kernels.swap_ab import fit_k, row_tile
+
+    kernel, types, constants = CASES[name]
+    types = {k: ("*fp32" if v == "*bf16" else v) for k, v in types.items()}
+    block_m = row_tile(rows, 4)
+    block_n = constants.get("HALF", constants.get("BLOCK_N"))
+    block_k = fit_k(block_m, block_n, constants["BLOCK_K"])
+    constants = dict(constants, **GPT2[name], BLOCK_M=block_m, BLOCK_K=block_k, PDL=True)
+    if name == "linear_residual":
+        constants.update(K_CHUNK=3072, SPLIT=1)
+    text = ptx(kernel, types, constants, num_warps=4, num_stages=3)
+    assert "mma" not in text
+    assert spill_bytes(text) == 0
+
+
+def test_the_row_tile_follows_the_weights_bytes():
+    """16-bit weights keep 16 rows a program (tensor cores: padding is free); 4-byte weights take the rows rounded
+    up to a power of two under 16, with K tiles that keep a broadcast product within PRODUCT_ELEMENTS."""
+    from overlapdecode.fused.kernels.swap_ab import PRODUCT_ELEMENTS, ROW_TILE, fit_k, row_tile
+
+    assert [row_tile(r, 2) for r in (1, 3, 16)] == [ROW_TILE] * 3
+    assert [row_tile(r, 4) for r in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
+    assert fit_k(1, 32, 256) == 256 and fit_k(8, 32, 256) == PRODUCT_ELEMENTS // (8 * 32)
+    assert fit_k(ROW_TILE, 32, 256) == 256  # tl.dot's tiles are not a broadcast product's
+    assert fit_k(8, 128, 64) == 16  # never under 16

@@ -25,6 +25,8 @@ from .swap_ab import (
     acc_dot,
     acc_rows,
     acc_zeros,
+    fit_k,
+    row_tile,
     sm_count,
     split_k,
     split_limit,
@@ -252,8 +254,14 @@ def linear_residual(
     elif swapped:
         tiles = swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device))
     else:
+        block_m = row_tile(B, w.element_size())
         tiles = dict(
-            block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3, programs=2 * sm_count(x.device)
+            block_m=block_m,
+            block_n=32,
+            block_k=fit_k(block_m, 32, 128),
+            num_warps=4,
+            num_stages=3,
+            programs=2 * sm_count(x.device),
         )
     if programs is None:
         programs = tiles["programs"] if x.is_cuda else 1

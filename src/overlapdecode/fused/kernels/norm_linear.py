@@ -24,11 +24,12 @@ import triton.language as tl
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
-    ROW_TILE,
     acc_dot,
     acc_rows,
     acc_zeros,
+    fit_k,
     pair_rows,
+    row_tile,
     sm_count,
     split_limit,
     swap_tiles,
@@ -631,7 +632,8 @@ def norm_linear(
     if swapped:
         tiles = swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device))
     else:
-        tiles = dict(block_m=ROW_TILE, block_n=32, block_k=256, num_warps=4, num_stages=3)
+        block_m = row_tile(B, w.element_size())
+        tiles = dict(block_m=block_m, block_n=32, block_k=fit_k(block_m, 32, 256), num_warps=4, num_stages=3)
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]

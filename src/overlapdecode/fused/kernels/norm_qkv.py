@@ -23,11 +23,12 @@ from .linear_residual import Tickets, last_of_split, require_32bit, require_cont
 from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
-    ROW_TILE,
     acc_dot,
     acc_rows,
     acc_zeros,
+    fit_k,
     pair_rows,
+    row_tile,
     sm_count,
     split_limit,
     swap_tiles,
@@ -576,10 +577,11 @@ def norm_qkv(
     if swapped:
         plan = swapped_qkv_tiles(B, halves, K, w.element_size(), sm_count(x.device))
     else:
+        block_m, block_n = row_tile(B, w.element_size()), min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
         plan = dict(
-            block_m=ROW_TILE,
-            block_n=min(32, triton.next_power_of_2(max(head_dim // 2, 1))),
-            block_k=256,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=fit_k(block_m, block_n, 256),
             num_warps=4,
             num_stages=3,
         )
