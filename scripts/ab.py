@@ -1,12 +1,9 @@
-"""A/B measurements of the decode path on a GPU: two or more variants timed in alternation in one process (or one
-process per source tree, alternated by the caller), so that a difference is not the machine drifting.
+"""A/B measurements of the fused step on a GPU: two or more variants timed in alternation in one process, so that a
+difference is not the machine drifting.
 
 Every subcommand writes one JSON file (with the device and the commit) under --out DIR and refuses a file that is
 already there; run `python3 scripts/ab.py SUBCOMMAND --help` for its options.
 
-  greedy-choice      the greedy token choice by one kernel after the LM head (fused/kernels/greedy.py) against
-                     choose_next by torch ops plus two copies, in the whole step graph (StepGraph), bfloat16:
-                     gpt2-random batch 1, llama-1b-random batch 1 and 8; ms per replay and kernels per replay
   lm-head            GPT-2's LM head (norm_linear at (50257, 768)): tiles in the step in one CUDA graph, the greedy
                      choice's logits per program, and each tile alone over weight copies that do not fit the L2
   step-tiles         Llama-1B's five GEMVs: candidate tiles put into the whole step one (kernel, N, K) at a time
@@ -15,14 +12,20 @@ already there; run `python3 scripts/ab.py SUBCOMMAND --help` for its options.
   tile-confirm       one TILES entry against the one it replaced (CONFIRM_KEY), at batch 2 (where it does not
                      apply: the noise), 4, 8 and 16
   attention-pieces   the decode attention's pieces (cache slots per program, number of pieces) in the step
-  step-gap           the step alone in one graph per programmatic-dependent-launch mode and with the embedding by
-                     torch ops, against `generate`'s decode steps (fused, fused without stop check, interleaved);
-                     a trace and kernel table of one 32-token fused call
-  loop               the decode loop around the step graph (ping-pong, deferred, no per-step check): decode ms per
-                     token, the 200-token call and TTFT, for the source tree on PYTHONPATH (--label names it)
-  preset             a preset's whole calls for the source tree on PYTHONPATH, with the garbage collector's pauses
+  step-gap           the step alone in one graph with and without programmatic dependent launch, and with the
+                     embedding by torch ops, against `generate`'s decode steps (fused, fused without stop check,
+                     interleaved); a trace and kernel table of one 32-token fused call
   stop-check-pairs   interleaved against nocheck in pairs alternating which runs first, alone and with processes
                      spinning on the host's cores (the ping-pong's host work must stay ahead of the GPU)
+
+The figures docs/ cite, by the commands that made them (each results folder's report names its commit):
+
+  python3 scripts/ab.py lm-head --out results/h200/gpt2-lm-head-tiles --batch B          (B = 1, 8)
+  python3 scripts/ab.py step-tiles --out results/h200/llama-1b-step-tiles --batch B      (B = 1, 8)
+  python3 scripts/ab.py tile-confirm --out results/h200/llama-1b-step-tiles
+  python3 scripts/ab.py attention-pieces --out results/h200/llama-1b-step-tiles
+  python3 scripts/ab.py step-gap --out DIR                      (results/h200/pdl-modes: its off and LATE columns)
+  python3 scripts/ab.py stop-check-pairs --out results/h200/gpt2-stop-check-contended-host --burn 14
 
 Figures are medians over alternating passes ("rounds" in the JSON); "fastest" is the best pass. Tables of tile
 keywords use FusedModel's `tiles` format ((kernel, N, K) or (kernel, N, K, min_batch) -> keywords).
@@ -118,106 +121,6 @@ def medians(times: dict) -> dict:
 
 def every_round(times: dict) -> dict:
     return {k: [round(x, 4) for x in v] for k, v in times.items()}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# greedy-choice
-
-
-def greedy_choice(args) -> None:
-    path = out_path(args.out, "greedy-choice.json")
-    import torch
-
-    import overlapdecode as od
-    from overlapdecode.fused import path as fused_path
-    from overlapdecode.fused.cache import decode_kwargs
-    from overlapdecode.fused.model import FusedModel
-    from overlapdecode.loop import steps
-    from overlapdecode.loop.step_graph import StepGraph
-    from overlapdecode.sampling import SamplingParams
-
-    def _choose_after_head(fm, kwargs, pad_id, choose, state, eos_ids, noise, done, log=None):
-        """The greedy step with the choice made by torch ops (compiled `choose_next`) after the head."""
-        new_state, all_done = steps.decode_step(fm, kwargs, state, eos_ids, pad_id, noise, SamplingParams(), choose)
-        state.copy_(new_state)
-        done.copy_(all_done)
-
-    dev = torch.device("cuda")
-    replays, rounds, start = 64, 15, 100
-
-    def reset(g, init):
-        g.state.copy_(init)
-        g.eos.fill_(-1)  # never met: every replay runs the whole step
-
-    def timed_round(g, init) -> float:
-        reset(g, init)
-        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0.record()
-        for _ in range(replays):
-            g.run()
-        t1.record()
-        t1.synchronize()  # host sync: timing boundary
-        return t0.elapsed_time(t1) / replays
-
-    def kernels_per_replay(g, init) -> float:
-        reset(g, init)
-        torch.cuda.synchronize()  # host sync: profile boundary
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(8):
-                g.run()
-            torch.cuda.synchronize()  # host sync: profile boundary
-        n = sum(
-            1
-            for e in prof.events()
-            if e.device_type == torch.autograd.DeviceType.CUDA
-            and not e.name.startswith(("Memcpy", "Memset"))
-            and getattr(e, "kind", "kernel") in ("kernel", "gpu_op")
-        )
-        return n / 8
-
-    res = meta(replays=replays, rounds=rounds)
-    for name, B in (("gpt2-random", 1), ("llama-1b-random", 1), ("llama-1b-random", 8)):
-        model = od.load_model(name, dtype="bfloat16", device=dev)
-        fm = FusedModel(model)
-        cache = fm.cache_for(B, 300)
-        init = torch.stack(
-            [torch.randint(0, 1000, (B,)), torch.full((B,), start), torch.zeros(B, dtype=torch.long)], 1
-        ).to(dev)
-        by_ops = functools.partial(
-            _choose_after_head,
-            fm,
-            decode_kwargs(cache),
-            0,
-            torch.compile(steps.choose_next, fullgraph=True, dynamic=False),
-        )
-        by_kernel = functools.partial(fused_path._fused_greedy_step, fm, cache, 0)
-        gs = {
-            "choose after the head": StepGraph(by_ops, B, 1, None, dev),
-            "greedy kernel": StepGraph(by_kernel, B, 1, None, dev),
-        }
-        tokens = {}
-        for label, g in gs.items():  # eager step, capture, and a check that both choose the same tokens
-            reset(g, init)
-            for _ in range(4):
-                g.run()
-            tokens[label] = g.state.clone()
-        times = {label: [] for label in gs}
-        for _ in range(rounds):
-            for label, g in gs.items():
-                times[label].append(timed_round(g, init))
-        key = f"{name} b{B}"
-        res[key] = {
-            label: dict(
-                ms_per_replay=round(statistics.median(t), 4),
-                fastest=round(min(t), 4),
-                kernels=kernels_per_replay(gs[label], init),
-            )
-            for label, t in times.items()
-        }
-        res[key]["same tokens after 4 steps"] = torch.equal(*tokens.values())
-        del gs, cache, fm, model
-        torch.cuda.empty_cache()
-    write(path, res)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -482,7 +385,7 @@ def step_gap(args) -> None:
 
     import overlapdecode as od
 
-    def graph_step_ms(model, B: int, pdl: int | None = None, embed_torch: bool = False) -> float:
+    def graph_step_ms(model, B: int, pdl: bool | None = None, embed_torch: bool = False) -> float:
         g, _keep = captured_step(model, B, pdl=pdl, embed_torch=embed_torch)
         return round(triton.testing.do_bench(g.replay, rep=200, return_mode="median"), 4)
 
@@ -492,8 +395,8 @@ def step_gap(args) -> None:
         model = od.load_model(name, dtype="bfloat16", device="cuda")
         ids = torch.randint(0, 1000, (B, 32), device="cuda")
         r = res[f"{name} b{B}"] = {}
-        for pdl in (0, 1, 2, 3):  # kernels/pdl.py: off, WAIT, EARLY, LATE
-            r[f"graph step ms, pdl {pdl}"] = graph_step_ms(model, B, pdl)
+        for pdl in (False, True):  # kernels/pdl.py
+            r[f"graph step ms, pdl {'on' if pdl else 'off'}"] = graph_step_ms(model, B, pdl)
         r["graph step ms, embedding by torch ops"] = graph_step_ms(model, B, embed_torch=True)
         r["fused ms/token"] = per_token_ms(model, ids, "fused")
         r["fused, no stop check, ms/token"] = per_token_ms(
@@ -518,99 +421,6 @@ def step_gap(args) -> None:
                 f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=60))
         del model
         torch.cuda.empty_cache()
-    write(path, res)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# loop, preset
-
-
-def loop(args) -> None:
-    path = out_path(args.out, f"loop-{args.label}.json")
-    import torch
-
-    import overlapdecode as od
-
-    strategies = {
-        "fused": "fused",
-        "fused, deferred check": od.Strategy(cache="fused", compile=True, stop_check="deferred", lag=1),
-        "fused, no per-step check": od.Strategy(cache="fused", compile=True, stop_check="end"),
-    }
-    rounds, ttft_calls = 7, 40
-    res = meta(label=args.label, source=od.__file__)
-    for name in args.models.split(","):
-        model = od.load_model(name, dtype="bfloat16", device="cuda")
-        ids = torch.randint(0, 1000, (1, 32), device="cuda")
-        if args.ttft:
-            for _ in range(3):
-                timed_call(model, ids, 1, "fused")  # compiles, captures
-            first = [timed_call(model, ids, 1, "fused") for _ in range(ttft_calls)]
-            res[f"{name} b1, fused TTFT ms"] = {
-                "median": round(statistics.median(first) * 1e3, 3),
-                "fastest": round(min(first) * 1e3, 3),
-            }
-        else:
-            for sname, strategy in strategies.items():
-                for n in (16, 208, 200):
-                    timed_call(model, ids, n, strategy)  # compiles, captures
-                short, long, whole, first = [], [], [], []
-                for _ in range(rounds):
-                    first.append(timed_call(model, ids, 1, strategy))
-                    short.append(timed_call(model, ids, 16, strategy))
-                    long.append(timed_call(model, ids, 208, strategy))
-                    whole.append(timed_call(model, ids, 200, strategy))
-                res[f"{name} b1, {sname}"] = {
-                    "decode ms/token": round((statistics.median(long) - statistics.median(short)) / 192 * 1e3, 4),
-                    "200-token call ms/token": round(statistics.median(whole) / 200 * 1e3, 4),
-                    "fastest 200-token call ms/token": round(min(whole) / 200 * 1e3, 4),
-                    "TTFT ms (a 1-token call)": round(statistics.median(first) * 1e3, 3),
-                }
-        del model
-        torch.cuda.empty_cache()
-    write(path, res)
-
-
-def preset(args) -> None:
-    path = out_path(args.out, f"preset-{args.label}.json")
-    import gc
-
-    import torch
-
-    import overlapdecode as od
-
-    warmup, calls = 3, 9
-    model = od.load_model(args.model, dtype="bfloat16", device="cuda")
-    ids = torch.randint(0, 1000, (1, 32), device="cuda")
-    pauses: list = []  # (generation, seconds) of the collections during the current call
-    started: dict = {}
-
-    def on_gc(phase, info):
-        if phase == "start":
-            started["t"] = time.perf_counter()
-        elif "t" in started:
-            pauses.append((info["generation"], time.perf_counter() - started.pop("t")))
-
-    gc.callbacks.append(on_gc)
-    times, gc_ms, gc_counts = [], [], []
-    try:
-        for i in range(warmup + calls):
-            pauses.clear()
-            seconds = timed_call(model, ids, args.tokens, args.strategy)
-            if i >= warmup:
-                times.append(seconds * 1e3 / args.tokens)
-                gc_ms.append(round(sum(p for _, p in pauses) * 1e3, 3))
-                gc_counts.append([sum(1 for g, _ in pauses if g == gen) for gen in range(3)])
-    finally:
-        gc.callbacks.remove(on_gc)
-    res = meta(label=args.label, model=args.model, strategy=args.strategy, tokens=args.tokens, source=od.__file__)
-    res.update(
-        {
-            "ms/token median": round(statistics.median(times), 4),
-            "ms/token calls": [round(x, 4) for x in times],
-            "gc pause ms per call": gc_ms,
-            "gc collections per call (gen 0, 1, 2)": gc_counts,
-        }
-    )
     write(path, res)
 
 
@@ -717,7 +527,6 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=fn)
         return p
 
-    add("greedy-choice", greedy_choice, "the greedy choice kernel against choose_next by torch ops, in the step graph")
     p = add("lm-head", lm_head, "GPT-2's LM head tiles and the greedy choice's block, in the step and alone")
     p.add_argument("--batch", type=_positive, default=1, help="rows (default: 1)")
     p = add("step-tiles", step_tiles, "Llama-1B's GEMV tiles in the whole step", out_required=False)
@@ -725,16 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="only check every candidate table (no GPU needed)")
     add("tile-confirm", tile_confirm, "one TILES entry against the entry it replaced, at batch 2, 4, 8, 16")
     add("attention-pieces", attention_pieces, "the decode attention's pieces in the step")
-    add("step-gap", step_gap, "the step alone per PDL mode against generate's decode steps")
-    p = add("loop", loop, "the decode loop around the step graph, for the tree on PYTHONPATH")
-    p.add_argument("--label", required=True, help="names the tree measured (the file is loop-LABEL.json)")
-    p.add_argument("--ttft", action="store_true", help="only the time to first token of fused")
-    p.add_argument("--models", default="gpt2-random,llama-1b-random", help="comma-separated (default: %(default)s)")
-    p = add("preset", preset, "a preset's whole calls with the collector's pauses, for the tree on PYTHONPATH")
-    p.add_argument("--label", required=True, help="names the tree measured (the file is preset-LABEL.json)")
-    p.add_argument("--model", default="gpt2-random", help="default: %(default)s")
-    p.add_argument("--strategy", default="interleaved", help="default: %(default)s")
-    p.add_argument("--tokens", type=_positive, default=200, help="new tokens per call (default: %(default)s)")
+    add("step-gap", step_gap, "the step alone with and without PDL against generate's decode steps")
     p = add("stop-check-pairs", stop_check_pairs, "interleaved against nocheck in pairs, alone and on a busy host")
     p.add_argument("--model", default="gpt2-random", help="default: %(default)s")
     p.add_argument("--dtype-batch", default="bfloat16:1,bfloat16:8", help="default: %(default)s")

@@ -4,6 +4,13 @@ stages and warps. Timed as CUDA-graph replays over cache copies 4x the L2 (kerne
 GB/s of the live K and V bytes each call reads; DIR/attention-sweep.json after every point.
 
     python3 scripts/attention_sweep.py --out DIR [--points 1x4096,8x8192,...] [--budget S]
+
+The figures of docs/KERNELS.md, "Decode attention at long contexts" (results/h200/llama-attention-sweep and its
+many-rows/):
+
+    python3 scripts/attention_sweep.py --out DIR --shapes llama-1b --budget 9
+    python3 scripts/attention_sweep.py --out DIR --shapes llama-8b --points 1x4096,1x16384,8x8192 --budget 8
+    python3 scripts/attention_sweep.py --out DIR --shapes llama-1b --points 64x96,128x96,64x160,128x160 --budget 20
 """
 
 from __future__ import annotations

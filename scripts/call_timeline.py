@@ -18,6 +18,13 @@
     python3 scripts/call_timeline.py --out DIR [--model MODEL] [--batch B] [--top-p P] [--dtype D]   (on a GPU: timeline.json, step-kernels.json,
                                                                      trace.json.gz)
     python3 scripts/call_timeline.py --analyse TRACE.json.gz --out DIR   (anywhere: DIR/step-kernels.json)
+
+The figures of docs/KERNELS.md, "Where the time goes" (results/h200/<the --out folder>):
+
+    python3 scripts/call_timeline.py --out results/h200/llama-1b-call-timeline --model llama-1b-random
+    python3 scripts/call_timeline.py --out results/h200/gpt2-call-timeline --model gpt2-random
+    python3 scripts/call_timeline.py --out results/h200/llama-1b-timeline-64-rows --model llama-1b-random --batch 64
+    python3 scripts/call_timeline.py --out results/h200/llama-1b-timeline-128-rows --model llama-1b-random --batch 128
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ the QKV, O and down weights of the Llama-1B and Llama-3-8B shapes, over the whol
 over weight copies 4x the L2 (kernel_sweep.rotated); TB/s of the weight bytes.
 
     python3 scripts/dense_pieces_sweep.py OUT.json
+
+made the figures of docs/KERNELS.md, "Dense form", for the products alone (results/h200/llama-dense-pieces).
 """
 
 import json

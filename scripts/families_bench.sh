@@ -4,8 +4,8 @@
 # (mixtral-random: DIR/mixtral-fused-b1, DIR/mixtral.log), each run cut at SECONDS (default 150: a real-size shape's
 # first call compiles the prefill and the kernels).
 #     bash scripts/families_bench.sh --out DIR [--seconds S] [NAME ...]   (default: every family shape below)
-# The results folders go under results/<gpu>/ as they are; the README table: python3 -m
-# overlapdecode.bench.report.results_table results/h200 --readme README.md
+# The results folders go under results/<gpu>/ as they are (results/h200/*-fused-b1, rows of the README's table); the
+# README table: python3 -m overlapdecode.bench.report.results_table results/h200 --readme README.md
 set -uo pipefail
 FAMILIES=(qwen3-0.6b-random gemma3-1b-random qwen3-moe-random phi3-mini-random olmo2-1b-random smollm3-3b-random
   granite-2b-random gemma2-2b-random mixtral-random gpt-oss-random)

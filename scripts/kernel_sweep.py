@@ -11,7 +11,11 @@
                                     [--no-steps]
 
 Writes DIR/kernel-sweep.json (after each part, so a run cut short keeps what it measured) and the step profiles'
-kernel tables. Also the home of the timing functions scripts/ab.py uses (captured_step, rotated, time_rotated,
+kernel tables. The figures of docs/KERNELS.md, "Tiles: how they were chosen":
+
+    python3 scripts/kernel_sweep.py --out results/h200/llama-kernel-sweep --shapes llama-1b,llama-8b --no-steps
+    python3 scripts/kernel_sweep.py --out results/h200/gpt2-kernel-sweep --shapes gpt2 --budget 40 --no-steps
+ Also the home of the timing functions scripts/ab.py uses (captured_step, rotated, time_rotated,
 per_token_ms).
 """
 
@@ -192,7 +196,7 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
 
 
 def captured_step(
-    model, B: int, pdl: int | None = None, tiles: dict | None = None, embed_torch: bool = False, edit_ops=None
+    model, B: int, pdl: bool | None = None, tiles: dict | None = None, embed_torch: bool = False, edit_ops=None
 ):
     """The fused model step (one token per row, 200 positions in) captured in one CUDA graph: (graph, keep),
     `keep` holding what the graph reads. `pdl`, `tiles`: FusedModel's (default: its own); `embed_torch`: the

@@ -9,6 +9,9 @@ graph takes the same branches; the rows with the noise drawn in the graph before
 does) take the rare ones (a second check, the finish's chain) as often as a real step, and are the ones to read.
 
     python3 scripts/sample_sweep.py --out DIR [--batch 1,8] [--vocab 128256]      -> DIR/sample-sweep.json
+
+`python3 scripts/sample_sweep.py --out DIR` made the figures of docs/KERNELS.md, "The sampled choice"
+(results/h200/llama-1b-sample-sweep).
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ def buffers(B: int, V: int):
     return logits, state, eos, done
 
 
-def sweep(B: int, V: int, pdl: int) -> list[dict]:
+def sweep(B: int, V: int, pdl: bool) -> list[dict]:
     rows = []
     logits, state, eos, done = buffers(B, V)
     finish = GreedyFinish(state, eos, 0, done)
@@ -164,7 +167,7 @@ def main(argv=None) -> None:
     path = os.path.join(a.out, "sample-sweep.json")
     if os.path.exists(path):
         p.error(f"{path} exists: choose a new --out")
-    pdl = 3 if pdl_supported(torch.device(DEV)) else 0
+    pdl = pdl_supported(torch.device(DEV))
     rows = []
     for B in batches:
         rows += sweep(B, a.vocab, pdl)

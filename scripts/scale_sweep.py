@@ -7,6 +7,13 @@ the figures): ms/step, tok/s, MBU and the per-layer toll with the KV bytes each 
         [--time-budget 120] [--no-kernels] [--prenorm rule|never|always] [--rope-table rule|never]
         [--variants rule,dense:qkv+o,...] [--rounds 1]
 
+It made the step figures of docs/KERNELS.md over rows and prompt lengths; each results/h200 folder's README gives
+its exact command, e.g. (results/h200/llama-1b-scale-paired, "Swapped tiles from 17 rows on"):
+
+    python3 scripts/scale_sweep.py --out results/h200/llama-1b-scale-paired --model llama-1b-random \
+        --dtype bfloat16 --rows 1,16,32,64,128 --prompts 32 --long-rows 1,8 --long-prompts 4096,16384 \
+        --strategies fused --new-tokens 32 --long-new-tokens 16 --repeats 3 --time-budget 100
+
 Points run short prompts first, every strategy at a point before the next; past --time-budget seconds (from the
 start, the model's load included) no new point starts and the rest are listed as not run. The fused prefill runs
 eagerly (compiled, it would compile per batch and prompt bucket; the decode figures do not need it): its TTFT is
@@ -24,10 +31,8 @@ from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:ne
 `two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows), `residual-norm:off` (the
 dense O and down epilogues leave the next norm to its own launch, residual_norm.ENABLED), `dense-pieces:off`
 (every dense product over the whole of K, dense.pieces_for), `attention-direct:off` (64 keys on 4 warps at many
-rows too, decode_attention.direct_tiles); and FusedModel options: `pdl:0` .. `pdl:4` (kernels/pdl.py's mode),
-`preload:ahead` / `preload:late` (the projections of at most 16 rows in the preload form, kernels/preload.py, under
-PDL mode 4 / 3), `preload-budget:BYTES` (preload:ahead with preload.BUDGET bytes of weights per program). Each row of
-the table names its variant.
+rows too, decode_attention.direct_tiles); and a FusedModel option: `pdl:off` (no programmatic dependent launch,
+kernels/pdl.py). Each row of the table names its variant.
 """
 
 from __future__ import annotations
@@ -59,9 +64,7 @@ def _ints(text: str) -> list[int]:
 DENSE_KINDS = ("qkv", "o", "down")
 # variants that are FusedModel options rather than a rule replaced
 OPTION_VARIANTS = {
-    **{f"pdl:{m}": dict(pdl=m) for m in range(5)},
-    "preload:ahead": dict(preload=True, pdl=4),
-    "preload:late": dict(preload=True, pdl=3),
+    "pdl:off": dict(pdl=False),
 }
 
 
@@ -76,13 +79,11 @@ def _variants(text: str) -> list[str]:
             or (key == "prenorm" and value in ("never", "always"))
             or (key in ("two-per-sm", "residual-norm", "dense-pieces", "attention-direct") and value == "off")
             or v in OPTION_VARIANTS
-            or (key == "preload-budget" and value.isdigit() and int(value) >= 512)
         )
         if not ok:
             raise argparse.ArgumentTypeError(
                 f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always, "
-                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off, pdl:0..4, "
-                "preload:ahead|late, preload-budget:<bytes, at least 512>"
+                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off, pdl:off"
             )
     if not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")
@@ -104,7 +105,7 @@ def _dense_shapes(model, kinds) -> set:
 def _patched(variant: str | None, model):
     """The rule a variant replaces, replaced where the step reads it, for the duration (None or rule: nothing)."""
     from overlapdecode.fused import forward
-    from overlapdecode.fused.kernels import decode_attention, dense, norm_linear, preload, residual_norm, swap_ab
+    from overlapdecode.fused.kernels import decode_attention, dense, norm_linear, residual_norm, swap_ab
 
     key, _, value = (variant or "rule").partition(":")
     if key == "dense":
@@ -126,8 +127,6 @@ def _patched(variant: str | None, model):
         target, name, new = residual_norm, "ENABLED", False
     elif key == "dense-pieces":
         target, name, new = dense, "pieces_for", lambda n_out, K, sms: 1
-    elif key == "preload-budget":
-        target, name, new = preload, "BUDGET", int(value)
     elif key == "attention-direct":
         target, name, new = decode_attention, "direct_tiles", lambda *shape: None
     else:
@@ -192,8 +191,7 @@ def main(argv=None) -> int:
     # the fused prefill runs eagerly: compiled it would compile once per batch and prompt bucket (tens of seconds
     # each on a 1B model), which the decode figures do not need; TTFT is then the eager prefill's
     def new_decoder(variant=None):
-        key = "preload:ahead" if (variant or "").startswith("preload-budget:") else variant
-        return od.Decoder(model, fused_options=dict(compile_prefill=False, **OPTION_VARIANTS.get(key, {})))
+        return od.Decoder(model, fused_options=dict(compile_prefill=False, **OPTION_VARIANTS.get(variant, {})))
 
     variants = args.variants or [None]
     decoders = {}

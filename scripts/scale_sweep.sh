@@ -4,6 +4,7 @@
 # 4K, 8K and 16K-token prompts (32 new tokens). Then the GPU test of the fused tokens at 64 and 128 rows and at a 4K
 # prompt (float32, against Hugging Face). Writes DIR/scale.{json,md}, traces/, sweep.log and gpu-test.log.
 #     bash scripts/scale_sweep.sh --out DIR
+# made results/h200/llama-1b-scale-rows (docs/KERNELS.md, "Swapped tiles from 17 rows on": the step before them).
 set -uo pipefail
 out=""
 usage="usage: bash scripts/scale_sweep.sh --out DIR"

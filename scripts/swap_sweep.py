@@ -12,6 +12,9 @@ Timed as CUDA-graph replays over weight copies 4x the L2 (kernel_sweep.rotated),
 DIR/swap-sweep.json after every kernel.
 
     python3 scripts/swap_sweep.py --out DIR [--rows 64,128] [--kernels qkv,gate_up,...] [--budget S]
+
+`python3 scripts/swap_sweep.py --out DIR` made the figures of docs/KERNELS.md, "Swapped tiles from 17 rows on" and
+"Where the time goes" (results/h200/llama-1b-swap-tiles; its README names each file's commit and kernels).
 """
 
 from __future__ import annotations

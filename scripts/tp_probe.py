@@ -2,6 +2,11 @@
 
     torchrun --nproc-per-node 2 scripts/tp_probe.py --out DIR [--parts equal,speed,big]
 
+The figures of docs/TENSOR_PARALLEL.md (results/h200/tp2-*; each report.md gives its exact command), e.g.:
+
+    torchrun --nproc-per-node 2 scripts/tp_probe.py --out results/h200/tp2-llama-8b-fused --parts speed \
+        --strategy fused --part-timeout 170
+
 Parts (every rank runs every part; a tp=1 run happens on rank 0 alone while rank 1 waits at a CPU barrier):
 - equal: llama-1b-random, float32, batch 1, 200 new tokens: the tokens of tp=2 (eager `static`, compiled
   `interleaved`; --equal-strategies adds `fused`) against tp=1 `static` on rank 0, the same random weights

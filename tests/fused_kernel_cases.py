@@ -524,7 +524,7 @@ def test_greedy_choice_refuses_a_bad_step_log():
     logits = rnd(2, 20)
     ok = _finish(torch.zeros((2, 3), dtype=torch.long, device=DEV), [1])
     log = StepLog.empty(2, 4, torch.device(DEV))
-    with pytest.raises(TypeError, match="finish.log must be a step_graph.StepLog"):
+    with pytest.raises(TypeError, match="finish.log must be a StepLog"):
         greedy_choice(logits, ok._replace(log=tuple(log)))
     with pytest.raises(ValueError, match="finish.log.flags must be a contiguous non-empty 1-d bool"):
         greedy_choice(logits, ok._replace(log=log._replace(flags=log.flags.long())))
@@ -899,19 +899,13 @@ def test_norm_qkv_dense_runs_the_same_epilogue_on_the_product(variant, B, pieces
     of the families' QKV (bias, LayerNorm, per-head Q/K norms of the (1 + w) style, partial rotary, no norm, the
     step's rotary table), at odd shapes."""
     monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: pieces)
-    _assert_qkv_equals_its_reference(variant, B, dense=True)
-
-
-def _assert_qkv_equals_its_reference(variant: str, B: int, **launch) -> None:
-    """norm_qkv with `launch`'s keywords at QKV_CASE, the flags `variant` names ("rope table": the step's rotary
-    table read), against norm_qkv_ref: q and both caches, K and V written."""
     torch.manual_seed(B + len(variant))
     H, Hq, Hkv, D, S = QKV_CASE
     x, nw, nb, w, b, inv, kw, pos, slot, caches = _qkv_inputs(variant, B)
     q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[0], caches[1], Hq, Hkv, D, **kw)
     if variant == "rope table":
         kw["rope_table"] = rope_table(inv, 0.9, pos, x.dtype)
-    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, **launch, **kw)
+    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv, 0.9, pos, slot, caches[2], caches[3], Hq, Hkv, D, dense=True, **kw)
     torch.testing.assert_close(q, q_ref, **TOL)
     torch.testing.assert_close(caches[2], caches[0], **TOL)
     torch.testing.assert_close(caches[3], caches[1], **TOL)
@@ -925,32 +919,18 @@ def test_linear_residual_dense_runs_the_same_epilogue_on_the_product(B, K, N, pi
     kernel's epilogue (bias, Granite's residual scale, the branch alone, the rows' norm sums per column block as the
     next RMSNorm reads them) equals the reference."""
     monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: pieces)
-    x, w, b, residual, kw, sums = _linear_residual_case(B, K, N, variant)
-    got = linear_residual(x, w, b, residual, dense=True, norm_sums=sums, **kw)
-    torch.testing.assert_close(got, linear_residual_ref(x, w, b, residual, **kw), **TOL)
-    _assert_block_sums(sums, got, 64)  # per 64-column block of the epilogue's tiles
-
-
-def _linear_residual_case(B: int, K: int, N: int, variant: str):
-    """linear_residual's inputs for a variant naming its epilogue flag ("bias", "residual scale", "branch alone",
-    "norm sums"): x, w, b, the residual (None: the branch alone), the keywords, a NormSums or None."""
     torch.manual_seed(B + K + N + len(variant))
     x, w, res = rnd(B, K), rnd(N, K, scale=K**-0.5), rnd(B, N)
     b = rnd(N, scale=0.1) if "bias" in variant else None
     kw = dict(res_scale=0.3) if variant == "residual scale" else {}
     residual = None if variant == "branch alone" else res
     sums = NormSums(min_rows=1) if variant == "norm sums" else None
-    return x, w, b, residual, kw, sums
-
-
-def _assert_block_sums(sums, got, width: int) -> None:
-    """The rows' sums of squares of `got` per `width`-column block, as recorded in `sums` (None: nothing to check)."""
-    if sums is None:
-        return
-    B, N = got.shape
-    nb = -(-N // width)
-    hb = torch.nn.functional.pad(got, (0, nb * width - N)).view(B, nb, width)
-    torch.testing.assert_close(sums.of(got), (hb * hb).sum(-1).T, **TOL)
+    got = linear_residual(x, w, b, residual, dense=True, norm_sums=sums, **kw)
+    torch.testing.assert_close(got, linear_residual_ref(x, w, b, residual, **kw), **TOL)
+    if sums is not None:  # per 64-column block of the epilogue's tiles
+        nb = -(-N // 64)
+        hb = torch.nn.functional.pad(got, (0, nb * 64 - N)).view(B, nb, 64)
+        torch.testing.assert_close(sums.of(got), (hb * hb).sum(-1).T, **TOL)
 
 
 @pytest.mark.parametrize("B,K,N,pieces", [(17, 100, 24, 1), (19, 72, 130, 2)])
@@ -1376,93 +1356,3 @@ def test_moe_experts_read_only_the_chosen_experts(style):
     got = moe_experts(h, nw, 1e-6, logits, w_up, w_down, top_k, True, style, block_n=16, block_k=16)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, ref, **TOL)
-
-
-# --- the preload form (kernels/preload.py) --------------------------------------------------------------------
-
-
-@pytest.fixture
-def preload_plans(monkeypatch):
-    """A weight budget of 1 KB per program (so that these small shapes split K into several ranges, the last one
-    partial), and the plans the kernels' wrappers chose, recorded."""
-    from overlapdecode.fused.kernels import linear_residual as lr_module
-    from overlapdecode.fused.kernels import norm_qkv as qkv_module
-    from overlapdecode.fused.kernels import preload
-
-    monkeypatch.setattr(preload, "BUDGET", 1024)
-    plans = []
-    for module in (lr_module, norm_linear_module, qkv_module):
-        monkeypatch.setattr(module, "preload_tiles", lambda *a: plans.append(preload.preload_tiles(*a)) or plans[-1])
-    return plans
-
-
-@pytest.mark.parametrize("B,K,N", [(1, 100, 24), (3, 72, 40), (16, 130, 17)])
-@pytest.mark.parametrize("variant", ["residual, bias", "residual scale", "branch alone", "norm sums"])
-def test_linear_residual_preload_form(B, K, N, variant, preload_plans):
-    """preload=True: each program's K range is one tile loaded before its wait, K split by the shape's rule and
-    finished by the tickets; the result equals the reference with every epilogue flag (bias, Granite's residual
-    scale, the branch alone, the norm sums per 16-column block)."""
-    x, w, b, residual, kw, sums = _linear_residual_case(B, K, N, variant)
-    got = linear_residual(x, w, b, residual, preload=True, norm_sums=sums, tickets=Tickets(DEV), **kw)
-    torch.testing.assert_close(got, linear_residual_ref(x, w, b, residual, **kw), **TOL)
-    (plan,) = preload_plans
-    assert plan["split"] > 1 and plan["split"] * plan["block_k"] >= K > (plan["split"] - 1) * plan["block_k"]
-    _assert_block_sums(sums, got, 16)
-
-
-@pytest.mark.parametrize("B,K,N", [(1, 40, 24), (3, 72, 50), (16, 33, 16)])
-@pytest.mark.parametrize("act", ["none", "gelu_tanh", "silu_mul", "gelu_tanh_mul"])
-@pytest.mark.parametrize("layer", [False, True])
-def test_norm_linear_preload_form(B, K, N, act, layer, preload_plans):
-    """preload=True in norm_linear: RMSNorm or LayerNorm, gate/up's two weights preloaded together, GELU, float32
-    logits; K split and the split finished by the tickets."""
-    torch.manual_seed(B * K + N + len(act))
-    x = rnd(B, K) + 0.5
-    nw, nb = rnd(K, scale=0.3) + 1, (rnd(K, scale=0.1) if layer else None)
-    rows = 2 * N if act.endswith("_mul") else N
-    w, b = rnd(rows, K, scale=K**-0.5), (rnd(rows, scale=0.1) if act != "none" else None)
-    out_dtype = torch.float32 if act == "none" else None
-    ref = norm_linear_ref(x, nw, nb, 1e-5, w, b, act, out_dtype)
-    got = norm_linear(x, nw, nb, 1e-5, w, b, act, out_dtype, preload=True, tickets=Tickets(DEV))
-    torch.testing.assert_close(got, ref, **TOL)
-    (plan,) = preload_plans
-    assert plan["split"] > 1
-
-
-@pytest.mark.parametrize("B", [1, 3, 16])
-@pytest.mark.parametrize(
-    "variant", ["rope, bias", "layer norm, no rope", "q/k norm (1 + w), partial rotary", "no norm", "rope table"]
-)
-def test_norm_qkv_preload_form(variant, B, preload_plans):
-    """preload=True in norm_qkv: 16 rotary pairs a program (spanning heads of 24 dims), or one whole head with the
-    per-head Q/K norms, both rows of each pair preloaded, K split; q and the cache writes equal the reference with
-    the families' flags."""
-    _assert_qkv_equals_its_reference(variant, B, preload=True, tickets=Tickets(DEV))
-    (plan,) = preload_plans
-    assert plan["split"] > 1
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-@torch.no_grad()
-def test_whole_step_of_each_family_in_the_preload_form(name, preload_plans):
-    """FusedModel(preload=True): each family's decode step at 3 rows, every projection but the LM head in the
-    preload form where the rule applies (K split by the 1 KB budget here), equals the step of the references, cache
-    writes included, with left padding."""
-    model = family_model(name, device=DEV)
-    fm = FusedModel(model, kernels="triton", compile_prefill=False, preload=True)
-    B, S = 3, 16
-    ids = column(torch.tensor([5, 17, 9], device=DEV), at=0)
-    pos = column(torch.tensor([11, 8, 12], device=DEV))
-    results = []
-    for ops in (REFERENCE_OPS, fm.ops):
-        cache = fm.cache_for(B, S)
-        torch.manual_seed(0)
-        for t in cache.k + cache.v:
-            t.copy_(torch.randn_like(t))
-        cache.pad.copy_(torch.tensor([1, 4, 0], device=DEV))
-        logits = forward.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
-        results.append((logits, [t.clone() for t in cache.k + cache.v]))
-    torch.testing.assert_close(results[1][0], results[0][0], **TOL)
-    for a, b in zip(results[1][1], results[0][1]):
-        torch.testing.assert_close(a, b, **TOL)
-    assert len(preload_plans) >= 2 * len(fm.weights.layers) and any(p["split"] > 1 for p in preload_plans if p)

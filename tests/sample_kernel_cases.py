@@ -36,7 +36,7 @@ def params_of(s):
     )
 
 
-def run_both(B, V, setting, seed, block_v=None, eos=(), finished=(), log_length=0, pdl=0):
+def run_both(B, V, setting, seed, block_v=None, eos=(), finished=(), log_length=0, pdl=False):
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(B, V, generator=g) * 3).to(DEVICE)
     logits[0, 5:9] = logits[0].max()  # ties at the top of row 0
@@ -78,13 +78,12 @@ PDL_ON_GPU = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
 
 if PDL_ON_GPU:  # programmatic dependent launch needs an sm_90+ GPU (the interpreter has no launch to overlap)
 
-    @pytest.mark.parametrize("pdl", [1, 2, 3])
-    def test_sample_choice_with_pdl_equals_the_loops_choice(pdl):
+    def test_sample_choice_with_pdl_equals_the_loops_choice():
         """The five launches with programmatic dependent launch (each waits for the one ahead before its first
         load), as the fused step launches them."""
         for setting in (dict(top_p=0.9), SETTINGS[-1]):
             for seed in range(3):
-                got = run_both(8, 128256, setting, seed, pdl=pdl)
+                got = run_both(8, 128256, setting, seed, pdl=True)
                 assert torch.equal(got["kernel"][0], got["ref"][0]) and torch.equal(got["kernel"][1], got["ref"][1])
 
 

@@ -138,10 +138,12 @@ class Case:
                 assert str(err).startswith(f"model {type(self.model).__name__} "), f"{self.model_type}: {err}"
                 return "not-causal-lm"
             except ValueError as err:
-                up_front = str(err).startswith(f"strategy {strategy!r}: ")
-                # the fused path's own checks: its families (fused/layout.py), a window shorter than the call
-                # (fused/cache.py)
-                fused_family = strategy == "fused" and str(err).startswith(("model: ", "max_new_tokens: "))
+                # the fused path's own checks: its families (fused/layout.py, naming the strategy), a window
+                # shorter than the call (fused/cache.py)
+                fused_family = strategy == "fused" and str(err).startswith(
+                    ("strategy 'fused': the fused path", "strategy 'fused': some of", "max_new_tokens: ")
+                )
+                up_front = str(err).startswith(f"strategy {strategy!r}: ") and not fused_family
                 assert up_front or fused_family, f"{self.model_type} {strategy}: refused late or unclearly: {err}"
                 assert up_front == (refusal(self.model, PRESETS[strategy].cache, PRESETS[strategy].compile) is not None)
                 return "refused"

@@ -116,7 +116,10 @@ def test_fit_exponent():
         (["bench", "--lengths", "10,x"], "--lengths takes comma-separated integers"),
         (["bench", "--lengths", "0"], "--lengths values must be >= 1"),
         (["bench", "--strategies", "fast"], "--strategies: unknown strategy 'fast'"),
-        (["bench", "--strategies", "kv:2"], "applies to interleaved and deferred only"),
+        (
+            ["bench", "--strategies", "kv:2"],
+            "takes K >= 1, and only for the strategies that read the stop flag late: interleaved, fused and deferred",
+        ),
         (["bench", "--peers", "vllm"], "--peers: unknown vllm"),
         (["bench", "--dtype", "float8"], "--dtype: dtype must be one of"),
         (["bench", "--allocator", "expandable", "--device", "cpu"], "--allocator expandable needs CUDA"),
@@ -484,7 +487,7 @@ def test_a_failed_worker_is_one_line_and_leaves_the_directory_reusable(tmp_path,
     assert len(err.splitlines()) == 1 and "Traceback" not in err and 'File "' not in err, err
     assert "the default worker failed (exit 1): " in err and f"(its log: {out / 'worker-default.log'})" in err
     assert err.endswith(f"nothing was measured; {out} can take a new run")
-    assert sorted(os.listdir(out)) == ["worker-default.log"]
+    assert sorted(os.listdir(out)) == ["overlapdecode-files.json", "worker-default.log"]
     assert main(["bench", "--model", "tiny-gpt2"] + flags) == 0  # the same --out takes the next run
     assert os.path.exists(out / "results.json")
 
@@ -720,3 +723,197 @@ def test_a_run_that_stops_after_measuring_keeps_its_rows_with_the_reason(bench_d
     assert kept["interrupted"] and kept["interrupted_reason"] == "a worker failed: RuntimeError: boom"
     assert "stopped before the end (a worker failed: RuntimeError: boom)" in (d / "report.md").read_text()
     assert not [f for f in os.listdir(d) if f.startswith("rows") or f.startswith("config-")]
+
+
+# --out: nothing a user owns is lost (bench/report/outdir.py)
+
+QUICK = ["--strategies", "kv", "--peers", "none", "--lengths", "4", "--prompt-len", "4", "--repeats", "1"]
+QUICK += ["--warmup", "0", "--no-profile", "--device", "cpu"]
+QUICK_PROFILE = ["--strategies", "kv", "--new-tokens", "3", "--prompt-len", "4", "--device", "cpu"]
+
+
+def _files(d) -> dict:
+    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+
+
+def _refused(capsys, *words) -> str:
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and all(w in err for w in words), err
+    return err
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Any measurement or model load fails the test: a refused --out is refused before any work."""
+    import overlapdecode as od
+    import overlapdecode.bench.profile as profile
+    import overlapdecode.bench.runner as runner
+
+    def work(*a, **k):
+        raise AssertionError("work started")
+
+    monkeypatch.setattr(runner, "_run_units", work)
+    monkeypatch.setattr(od, "load_model", work)
+    monkeypatch.setattr(profile.od, "load_model", work)
+
+
+@pytest.mark.parametrize("command", ["bench", "profile"])
+def test_a_saved_model_directory_as_out_is_refused_and_still_loads(command, tmp_path, capsys, no_work):
+    """`bench --model m2 --out m2` failed and left m2 without its config.json: the model no longer loaded."""
+    import torch
+
+    import overlapdecode as od
+    from overlapdecode.models.loading import load_model
+
+    m2 = tmp_path / "m2"
+    load_model("tiny-gpt2", device="cpu").save_pretrained(m2)
+    before = _files(m2)
+    capsys.readouterr()  # save_pretrained's progress bar
+    flags = QUICK if command == "bench" else QUICK_PROFILE
+    assert main([command, "--model", str(m2), "--out", str(m2)] + flags) == 2
+    _refused(capsys, f"--out {m2}: holds files overlapdecode {command} did not write (config.json")
+    assert _files(m2) == before
+    assert isinstance(load_model(str(m2), device="cpu"), torch.nn.Module) and od  # loads as it did
+
+
+def test_the_library_functions_refuse_a_foreign_directory_before_loading(tmp_path, no_work):
+    from overlapdecode.bench.config import BenchConfig
+    from overlapdecode.bench.profile import profile_strategies
+    from overlapdecode.bench.report.outdir import OutDirError
+    from overlapdecode.bench.runner import BenchError, run_bench
+
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    with pytest.raises(BenchError, match=f"--out {d}: holds files overlapdecode bench did not write"):
+        run_bench(BenchConfig(model="tiny-gpt2", device="cpu"), str(d), "x", progress=False)
+    with pytest.raises(OutDirError, match=f"--out {d}: holds files overlapdecode profile did not write"):
+        profile_strategies("tiny-gpt2", ["kv"], 1, 3, str(d), device="cpu")
+    assert _files(d) == {"config.json": b"{}"}
+
+
+@pytest.mark.parametrize("command", ["bench", "profile"])
+def test_a_users_report_md_is_left_alone(command, tmp_path, capsys, no_work):
+    d = tmp_path / "notes"
+    d.mkdir()
+    (d / "report.md").write_text("my own notes\n")
+    flags = QUICK if command == "bench" else QUICK_PROFILE
+    assert main([command, "--model", "tiny-gpt2", "--out", str(d)] + flags) == 2
+    _refused(capsys, f"--out {d}: holds files overlapdecode {command} did not write (report.md)")
+    assert _files(d) == {"report.md": b"my own notes\n"}
+
+
+def test_report_replaces_no_markdown_it_did_not_write(tmp_path):
+    """A results.json beside a report.md of the user's (no manifest): `report` refuses to write over it,
+    and writes no plot either; its own report (its title on the first line) is rebuilt as before."""
+    from test_results import CONFIG, _row, _write
+
+    from overlapdecode.bench.report.outdir import OutDirError
+    from overlapdecode.bench.report.report import build
+
+    d = str(tmp_path / "d")
+    _write(d, dict(commands=["x"], config=CONFIG, rows=[_row(), _row("static")]))
+    with open(os.path.join(d, "report.md"), "w") as f:
+        f.write("my own notes\n")
+    before = _files(d)
+    with pytest.raises(OutDirError, match="report.md: not written by overlapdecode bench"):
+        build(d)
+    assert _files(d) == before
+    os.remove(os.path.join(d, "report.md"))
+    build(d)
+    assert open(os.path.join(d, "report.md")).readline().startswith("# overlapdecode benchmark report")
+    os.remove(os.path.join(d, "speedup.png"))
+    build(d)  # its own report: rebuilt
+    assert os.path.exists(os.path.join(d, "speedup.png"))
+
+
+@pytest.mark.parametrize("command", ["bench", "profile"])
+def test_a_read_only_out_is_one_line(command, tmp_path, capsys, no_work):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    try:
+        if os.access(d, os.W_OK):
+            pytest.skip("this user writes into a read-only directory all the same (root)")
+        flags = QUICK if command == "bench" else QUICK_PROFILE
+        assert main([command, "--model", "tiny-gpt2", "--out", str(d)] + flags) == 2
+        _refused(capsys, f"--out {d}: not a writable directory")
+        assert os.listdir(d) == []
+    finally:
+        d.chmod(0o755)
+
+
+@pytest.mark.parametrize("command", ["bench", "profile"])
+def test_an_out_the_probe_cannot_write_is_one_line(command, tmp_path, capsys, no_work, monkeypatch):
+    """As the read-only directory, where the user (root) would write into it all the same: the probe file's
+    refusal is what decides, not the permission bits."""
+    import errno
+    import tempfile
+
+    def refused(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    flags = QUICK if command == "bench" else QUICK_PROFILE
+    assert main([command, "--model", "tiny-gpt2", "--out", str(tmp_path)] + flags) == 2
+    _refused(capsys, f"--out {tmp_path}: not a writable directory (Permission denied)")
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_empty_out_takes_a_run_and_append_adds_to_it(tmp_path, capsys):
+    """An empty directory takes a run, whose manifest lists every file it wrote; --append adds to its own
+    earlier run; a file of the user's put there afterwards makes it refused, and the file stays as it was."""
+    from overlapdecode.bench.report.outdir import MANIFEST
+
+    d = tmp_path / "empty"
+    d.mkdir()
+    assert main(["bench", "--model", "tiny-gpt2", "--out", str(d)] + QUICK) == 0
+    listed = json.load(open(d / MANIFEST))
+    assert listed["written_by"] == "overlapdecode bench"
+    assert set(os.listdir(d)) - {MANIFEST} <= set(listed["files"]) and "results.json" in listed["files"]
+    appended = [f if f != "kv" else "static" for f in QUICK]
+    assert main(["bench", "--model", "tiny-gpt2", "--out", str(d), "--append"] + appended) == 0
+    res = json.load(open(d / "results.json"))
+    assert [r["strategy"] for r in res["rows"]] == ["kv", "static"] and len(res["commands"]) == 2
+    assert not [n for n in os.listdir(d) if n.startswith(".")]  # no temporary file left
+    (d / "notes.txt").write_text("mine")
+    before = _files(d)
+    capsys.readouterr()
+    assert main(["bench", "--model", "tiny-gpt2", "--out", str(d), "--append"] + appended) == 2
+    _refused(capsys, f"--out {d}: holds files overlapdecode bench did not write (notes.txt)")
+    assert _files(d) == before
+
+
+def test_a_results_json_alone_takes_an_append(tmp_path, capsys):
+    """A results.json copied into a new directory (no manifest) is the one file an --append run may read."""
+    import shutil
+
+    d = tmp_path / "copied"
+    d.mkdir()
+    src = tmp_path / "first"
+    assert main(["bench", "--model", "tiny-gpt2", "--out", str(src)] + QUICK) == 0
+    shutil.copy(src / "results.json", d / "results.json")
+    appended = [f if f != "kv" else "static" for f in QUICK]
+    assert main(["bench", "--model", "tiny-gpt2", "--out", str(d), "--append"] + appended) == 0
+    assert [r["strategy"] for r in json.load(open(d / "results.json"))["rows"]] == ["kv", "static"]
+
+
+def test_a_file_is_written_whole_or_not_at_all(tmp_path):
+    """Every file goes to a temporary name beside it, then is renamed: a writer that fails half-way leaves the
+    earlier file as it was and no temporary file."""
+    from overlapdecode.bench.report import outdir
+
+    d = str(tmp_path)
+    outdir.prepare(d, "bench")
+    outdir.write_text(d, "report.md", "# overlapdecode benchmark report\nfirst\n", "bench")
+
+    def half(path):
+        with open(path, "w") as f:
+            f.write("# overlapdecode benchmark report\ncut sh")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        outdir.write_file(d, "report.md", half, "bench")
+    assert open(os.path.join(d, "report.md")).read() == "# overlapdecode benchmark report\nfirst\n"
+    assert sorted(os.listdir(d)) == [outdir.MANIFEST, "report.md"]

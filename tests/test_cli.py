@@ -203,6 +203,22 @@ def test_profile_writes_trace_and_summary_without_faking_gpu_figures(tmp_path, c
     assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == before
 
 
+def test_profile_prints_no_lines_of_the_tracing_library(tmp_path, capfd):
+    """The profiler's tracing library (kineto) wrote `USDT:... profiler_start` and `profiler_stop` to file
+    descriptor 2 around every trace; the rest of stderr still comes through."""
+    argv = ["profile", "--model", "tiny-gpt2", "--strategies", "kv,static", "--new-tokens", "3", "--prompt-len", "4"]
+    assert main(argv + ["--device", "cpu", "--out", str(tmp_path / "p")]) == 0
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "profiler_st" not in err, err
+    from overlapdecode.bench.timeline import trace_call
+
+    def speaks():
+        os.write(2, b"a line of the traced call\n")
+
+    trace_call(speaks, "cpu", str(tmp_path / "t.json"))
+    assert capfd.readouterr().err == "a line of the traced call\n"
+
+
 def _one_line(capsys, words):
     captured = capsys.readouterr()
     err = captured.err.strip()
@@ -402,32 +418,20 @@ def test_a_directory_that_is_not_a_model_is_named_as_model(tmp_path, capsys):
 
 
 def test_generate_warns_once_of_an_ignored_sampling_value(capsys):
-    """--temperature 0.7 without --do-sample: greedy, with the library's warning once (the flags' check before
-    loading gave it a second time)."""
+    """--temperature 0.7 without --do-sample: greedy, with one clean line naming the flags (it was a Python
+    UserWarning with its file and source line, saying "pass do_sample=True"; the flags' check before loading
+    gave it a second time)."""
     import warnings
 
-    with warnings.catch_warnings(record=True) as seen:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
-        assert (
-            main(
-                [
-                    "generate",
-                    "--model",
-                    "tiny-gpt2",
-                    "--prompt-ids",
-                    "1,2",
-                    "--max-new-tokens",
-                    "2",
-                    "--strategy",
-                    "kv",
-                    "--temperature",
-                    "0.7",
-                ]
-            )
-            == 0
-        )
-    ignored = [w for w in seen if "temperature ignored, the decoding is greedy" in str(w.message)]
-    assert len(ignored) == 1, [str(w.message) for w in seen]
+        argv = ["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--strategy", "kv"]
+        assert main(argv + ["--temperature", "0.7", "--top-p", "0.5"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "overlapdecode generate: warning: --temperature, --top-p ignored: the decoding is greedy; pass --do-sample "
+        "to sample"
+    ], err
 
 
 @pytest.mark.parametrize("eos", ["", " , "])
@@ -588,3 +592,75 @@ def test_an_out_holding_an_interrupted_runs_rows_is_named_as_out(tmp_path, capsy
     (tmp_path / "rows-default.jsonl").write_text('{"meta": {}}\n')  # a run killed outright (kill -9)
     assert main(["bench", "--device", "cpu", "--out", str(tmp_path)]) == 2
     _one_line(capsys, f"--out {tmp_path} holds the rows of an interrupted run: keep them with")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--strategy", "interleaved:0"],
+        ["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--strategy", "kv:2"],
+        ["generate", "--prompt-ids", "1,2", "--model", "tiny-gpt2", "--strategy", "fused:9", "--max-new-tokens", "4"],
+        ["bench", "--strategies", "interleaved:x", "--device", "cpu"],
+        ["profile", "--strategies", "deferred:99", "--new-tokens", "8", "--device", "cpu"],
+    ],
+)
+def test_a_lag_error_names_every_strategy_that_takes_a_lag(argv, capsys, tmp_path):
+    """`interleaved:0` answered "applies to interleaved and deferred only", leaving out fused."""
+    assert main(argv + (["--out", str(tmp_path / "o")] if argv[0] != "generate" else [])) == 2
+    err = _one_line(capsys, "interleaved, fused and deferred")
+    assert "--strateg" in err
+
+
+@pytest.mark.parametrize(
+    "argv, near",
+    [
+        (["generate", "--prompt-ids", "1,2", "--max_new_tokens", "5"], "--max-new-tokens"),
+        (["bench", "--lenghts", "8"], "--lengths"),
+        (["profile", "--new_tokens", "8"], "--new-tokens"),
+        (["report", "some-dir", "--markdwn", "B.md"], "--markdown"),
+    ],
+)
+def test_an_unknown_flag_points_at_its_subcommands_help(argv, near, capsys):
+    """A `--max_new_tokens` typo in generate pointed at `overlapdecode --help`, which does not list the flag."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"overlapdecode {argv[0]}: error: unrecognized arguments")
+    assert err.endswith(f"did you mean {near}? (see overlapdecode {argv[0]} --help)"), err
+
+
+def test_fused_for_a_family_it_lacks_names_the_strategy(tmp_path, capsys):
+    """Refusing `fused` for GPT-NeoX named --model, as if the model were wrong rather than the strategy."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    small = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    model = GPTNeoXForCausalLM(GPTNeoXConfig(**small)).eval()
+    model.save_pretrained(tmp_path / "neox")
+    with pytest.raises(ValueError, match=r"^strategy 'fused': the fused path supports the Llama family"):
+        od.generate(model, torch.tensor([[1, 2]]), max_new_tokens=2, strategy="fused")
+    capsys.readouterr()  # save_pretrained's progress bar
+    argv = ["generate", "--model", str(tmp_path / "neox"), "--prompt-ids", "1,2", "--strategy", "fused"]
+    assert main(argv + ["--device", "cpu"]) == 2
+    err = _one_line(capsys, "got model_type 'gpt_neox'")
+    assert err.startswith("overlapdecode generate: error: --strategy: strategy 'fused': the fused path"), err
+
+
+def test_the_default_strategy_follows_the_device(capsys, monkeypatch):
+    """The CLI's default `interleaved` compiled the step on CPU, where kv is the one to use; the library's
+    default stays interleaved (a contract)."""
+    import inspect
+
+    import overlapdecode.cli.commands as cli
+    import overlapdecode.models.loading as models
+
+    argv = ["generate", "--model", "tiny-gpt2", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--device", "cpu"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.endswith("[2 new tokens, strategy kv]\n")
+    monkeypatch.setattr(models, "check_device", lambda device: torch.device("cuda"))  # as a CUDA machine answers
+    assert cli.default_strategy(None) == "interleaved"
+    monkeypatch.undo()
+    assert cli.default_strategy("cpu") == "kv"
+    helped = " ".join(cli.build_parser().commands["generate"].format_help().split())
+    assert "(default: interleaved on CUDA, kv on CPU," in helped
+    assert inspect.signature(od.generate).parameters["strategy"].default == "interleaved"

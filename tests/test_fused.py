@@ -211,26 +211,9 @@ def test_pdl_is_refused_where_the_kernels_cannot_use_it():
     model = od.load_model("tiny-gpt2", device="cpu")
     with pytest.raises(ValueError, match="pdl needs the Triton kernels on a CUDA GPU"):
         FusedModel(model, pdl=True)
-    with pytest.raises(ValueError, match="pdl must be 0, 1, 2, 3, 4 or a bool"):
-        FusedModel(model, pdl=5)
-    with pytest.raises(ValueError, match="pdl needs the Triton kernels on a CUDA GPU"):
-        FusedModel(model, pdl=4)
-    assert FusedModel(model).pdl == 0  # CPU: no PDL by default
-
-
-def test_the_preload_option_is_checked_before_any_work():
-    """FusedModel(preload=...): a bool, and only for the Triton kernels (kernels/preload.py); off by default."""
-    model = od.load_model("tiny-gpt2", device="cpu")
-    with pytest.raises(ValueError, match="preload must be a bool"):
-        FusedModel(model, preload="yes")
-    with pytest.raises(ValueError, match="preload is a form of the Triton kernels"):
-        FusedModel(model, preload=True)
-    with pytest.raises(ValueError, match="preload is a form of the Triton kernels"):
-        od.Decoder(model, fused_options=dict(preload=True)).generate(
-            torch.tensor([[1, 2]]), max_new_tokens=2, strategy="fused"
-        )
-    assert FusedModel(model, kernels="triton", preload=True).ops.linear_residual.fn.keywords["preload"] is True
-    assert "preload" not in FusedModel(model, kernels="triton").ops.linear_residual.fn.keywords
+    with pytest.raises(ValueError, match="pdl must be a bool or None"):
+        FusedModel(model, pdl=3)
+    assert FusedModel(model).pdl is False  # CPU: no PDL by default
 
 
 def test_tiles_choose_keywords_by_the_weights_shape():

@@ -256,17 +256,6 @@ def test_what_the_step_does_not_implement_is_refused(cls, config, kw, match):
         od.generate(model, ids, max_new_tokens=4, strategy="fused")
 
 
-def test_the_persistent_layer_refuses_what_it_does_not_run():
-    from overlapdecode.fused.kernels.persistent_layer import PersistentLayer
-
-    W = fuse_weights(family_model("qwen3"))
-    assert W.extras() == ["q/k norm"]
-    assert fuse_weights(od.load_model("tiny-llama", device="cpu")).extras() == []
-    layer = PersistentLayer.__new__(PersistentLayer)
-    with pytest.raises(ValueError, match="persistent layer runs the Llama family's.*q/k norm"):
-        PersistentLayer.__call__(layer, W, W.layers[0], None, None, None, None, None, None, None)
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 def test_the_gpu_tests_real_sizes_are_accepted(name):
     """The real-size configs of tests/gpu/test_gpu_fused.py build and fuse (on the meta device: no memory), with

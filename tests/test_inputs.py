@@ -187,3 +187,34 @@ def test_the_shared_batch_builder_pads_odd_rows_on_the_left():
     assert mask.tolist() == [[1] * 5, [0, 0, 1, 1, 1], [1] * 5, [0, 0, 0, 0, 1]]
     again, _ = make_batch(4, seed=1, prompt_len=5, low=0, high=7)
     assert torch.equal(ids, again)
+
+
+def test_a_padded_batch_without_a_mask_where_pad_is_eos_warns_and_keeps_hugging_faces_tokens(tiny_gpt2):
+    """load_tokenizer's pad id is the EOS id where the tokenizer has no pad token; a padded batch passed without
+    its attention_mask is then attended whole, padding included, by Hugging Face generate() too, which warns.
+    The tokens were Hugging Face's, but differed from the masked call's without a word."""
+    import warnings
+
+    import transformers
+
+    tok = od.load_tokenizer("tiny-gpt2")
+    batch = tok(["hello there", "hi"], return_tensors="pt")
+    assert tok.pad_token_id == tiny_gpt2.generation_config.eos_token_id and batch.attention_mask[1, 0] == 0
+    kw = dict(max_new_tokens=6, strategy="kv", do_sample=False)
+    with pytest.warns(UserWarning, match=r"attention_mask is not set and input_ids holds the pad id 999") as seen:
+        got = od.generate(tiny_gpt2, batch.input_ids, **kw)
+    assert len([w for w in seen if "attention_mask" in str(w.message)]) == 1
+    transformers.logging.set_verbosity_error()  # its own warning, on its logger
+    try:
+        want = tiny_gpt2.generate(batch.input_ids, max_new_tokens=6, do_sample=False)
+    finally:
+        transformers.logging.set_verbosity_warning()
+    assert torch.equal(got, want)  # Hugging Face's tokens: no mask inferred
+    masked = od.generate(tiny_gpt2, batch.input_ids, attention_mask=batch.attention_mask, **kw)
+    assert not torch.equal(masked, got)  # what the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning where nothing is ambiguous:
+        od.generate(tiny_gpt2, batch.input_ids, attention_mask=batch.attention_mask, **kw)  # the mask given
+        od.generate(tiny_gpt2, batch.input_ids[:1], **kw)  # one row: no padding
+        od.generate(tiny_gpt2, torch.tensor([[5, 6], [7, 8]]), **kw)  # a batch without the pad id
+        od.generate(tiny_gpt2, batch.input_ids, pad_token_id=0, **kw)  # a pad id no EOS id: a mask from it

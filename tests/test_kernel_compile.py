@@ -1,9 +1,9 @@
 """Every Triton kernel of the fused step compiles for an H100/H200 (sm_90) on this CPU machine, by Triton's
-own compiler and the ptxas its wheel ships, in each PDL mode: so a kernel that only the interpreter has run
+own compiler and the ptxas its wheel ships, with PDL on and off: so a kernel that only the interpreter has run
 (CI has no GPU) cannot reach a GPU with an error that only the GPU compiler finds (an unsupported op, a type
-that does not lower). The programmatic-dependent-launch instructions are where pdl.py says: `gdc_wait`
-(griddepcontrol.wait) in modes 1-4 and nowhere in mode 0, `gdc_launch_dependents` in modes 2 (before any
-load), 3 (after the main loop's loads) and 4 (before the wait)."""
+that does not lower). The programmatic-dependent-launch instructions are where pdl.py says: with PDL on,
+`gdc_wait` (griddepcontrol.wait) before any load and `gdc_launch_dependents` after the main loop's loads; with it
+off, neither."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # 
 from overlapdecode.fused.kernels.moe import _down_kernel, _gate_up_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import NORM_NONE, _norm_linear_kernel, _norm_rows_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel, _rope_table_kernel, swapped_qkv_tiles  # noqa: E402
-from overlapdecode.fused.kernels.preload import COLS, preload_tiles  # noqa: E402
 from overlapdecode.fused.kernels.residual_norm import _residual_norm_kernel  # noqa: E402
 from overlapdecode.fused.kernels.swap_ab import swap_tiles, use_prenorm  # noqa: E402
 from overlapdecode.fused.model import TILES  # noqa: E402
@@ -30,16 +29,12 @@ from overlapdecode.fused.model import TILES  # noqa: E402
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def ptx(kernel, types: dict, constants: dict, aligned: bool = False, **options) -> str:
-    """PTX for sm_90; `options`: num_warps, num_stages. `aligned`: every pointer 16-byte aligned, as a launch
-    specialises tensors that are (the loads may then be vectors)."""
+def ptx(kernel, types: dict, constants: dict, **options) -> str:
+    """PTX for sm_90; `options`: num_warps, num_stages."""
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     missing = [n for n, t in signature.items() if t == "constexpr" and n not in constants]
     assert not missing, missing
-    attrs = None
-    if aligned:
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names) if signature[n][0] == "*"}
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     return triton.compile(src, target=SM90, options=options).asm["ptx"]
 
 
@@ -95,7 +90,6 @@ CASES = {
             rt_ptr=None,
             TABLE=False,
             PRODUCT=0,
-            PRELOAD=0,
         ),
     ),
     "rope_table": (
@@ -162,7 +156,6 @@ CASES = {
             HAS_RES=True,
             RES_SCALE=None,
             PRODUCT=0,
-            PRELOAD=0,
         ),
     ),
     "residual_norm": (
@@ -204,7 +197,6 @@ CASES = {
             SWAP=False,
             LOGIT_DIV=None,
             SOFTCAP=None,
-            PRELOAD=0,
         ),
     ),
     "norm_rows": (
@@ -268,7 +260,7 @@ GPT2 = {
 }
 
 
-@pytest.mark.parametrize("pdl", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("name,shape", [(n, "llama") for n in CASES] + [(n, "gpt2") for n in GPT2])
 def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, pdl):
     kernel, types, constants = CASES[name]
@@ -277,25 +269,20 @@ def test_kernel_compiles_for_sm90_with_its_pdl_instructions(name, shape, pdl):
     lines = ptx(kernel, types, dict(constants, PDL=pdl)).splitlines()
     waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
     launches = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
-    assert len(waits) == (pdl >= 1)
-    assert bool(launches) == (pdl >= 2)
-    if waits:  # pdl.py: nothing is read before the kernel ahead has finished
+    assert len(waits) == pdl and bool(launches) == pdl
+    if pdl:  # pdl.py: nothing is read before the kernel ahead has finished; the next one released after the loads
         assert not [line for line in lines[: waits[0]] if "ld.global" in line]
-    if pdl == 4:  # ahead: the next kernel may be scheduled before this one's wait
-        assert launches[0] < waits[0]
-    elif pdl >= 2:  # EARLY: right after the wait, before any load; LATE (3): after the main loop's loads
-        loads_between = [line for line in lines[waits[0] : launches[0]] if "ld.global" in line]
-        assert bool(loads_between) == (pdl == 3)
+        assert [line for line in lines[waits[0] : launches[0]] if "ld.global" in line]
 
 
 @pytest.mark.parametrize("key", sorted(TILES))
 def test_the_tiles_of_the_table_compile_for_sm90(key):
-    """Each configuration of fused/model.py's TILES (bfloat16, PDL LATE, as the step runs it) compiles."""
+    """Each configuration of fused/model.py's TILES (bfloat16, PDL on, as the step runs it) compiles."""
     fn, N, K = key[:3]
     cfg = TILES[key]
     kernel, types, constants = CASES[fn]
     tile = {"block_n": "BLOCK_N", "half": "HALF", "block_k": "BLOCK_K"}
-    constants = dict(constants, PDL=3, K=K, **{tile[k]: v for k, v in cfg.items() if k in tile})
+    constants = dict(constants, PDL=True, K=K, **{tile[k]: v for k, v in cfg.items() if k in tile})
     if "K_CHUNK" in constants:
         constants["K_CHUNK"] = K
         constants["SPLIT"] = 1
@@ -341,7 +328,7 @@ def spill_bytes(text: str) -> int:
     + [(n, r, True) for n in sorted(SWAPPED) if SWAPPED[n][0] == "norm_qkv" for r in (32, 64, 128)],
 )
 def test_swapped_tiles_compile_to_tensor_core_mmas_without_spills(name, rows, table):
-    """The swapped tiles swap_ab.swap_tiles picks (bfloat16, 132 SMs, split, PDL LATE) compile for sm_90 to
+    """The swapped tiles swap_ab.swap_tiles picks (bfloat16, 132 SMs, split, PDL on) compile for sm_90 to
     tensor-core MMAs with the weight rows as M (warpgroup MMAs, wgmma, from 64 weight rows per program; mma.sync
     below), one MMA chain per K tile where a program pairs two accumulators' rows (swap_ab.pair_rows: a single
     `wgmma.wait_group` in the loop, not one wait for all groups after each), and spill at most a few dozen
@@ -355,7 +342,7 @@ def test_swapped_tiles_compile_to_tensor_core_mmas_without_spills(name, rows, ta
     constants = dict(
         constants,
         **extra,
-        PDL=3,
+        PDL=True,
         SWAP=True,
         BLOCK_M=tiles["block_m"],
         BLOCK_K=tiles["block_k"],
@@ -412,10 +399,10 @@ FAMILY_FLAGS = {
 
 @pytest.mark.parametrize("name", sorted(FAMILY_FLAGS))
 def test_the_families_flags_compile_for_sm90(name):
-    """Each family flag compiles for sm_90 (bfloat16, PDL LATE); the per-head Q/K norm with its head-sized tile."""
+    """Each family flag compiles for sm_90 (bfloat16, PDL on); the per-head Q/K norm with its head-sized tile."""
     fn, flags, types = FAMILY_FLAGS[name]
     kernel, base_types, constants = CASES[fn]
-    constants = dict(constants, PDL=3, **flags)
+    constants = dict(constants, PDL=True, **flags)
     if flags.get("QK_NORM"):
         constants.pop("qn_ptr", None), constants.pop("kn_ptr", None)
     if flags.get("TABLE"):
@@ -429,7 +416,7 @@ def test_the_post_norm_kernel_compiles_for_sm90():
 
     types = {**bf16("x_ptr", "w_ptr", "res_ptr", "out_ptr"), "H": "i32", "eps": "fp32"}
     for style in (0, 1, 2):
-        assert "griddepcontrol.wait" in ptx(_norm_residual_kernel, types, dict(STYLE=style, BLOCK=1024, PDL=3))
+        assert "griddepcontrol.wait" in ptx(_norm_residual_kernel, types, dict(STYLE=style, BLOCK=1024, PDL=True))
 
 
 @pytest.mark.parametrize("D", [128, 256])
@@ -484,7 +471,9 @@ def test_per_head_qk_norm_tiles_fit_in_shared_memory(D, dtype):
     types = {k: (dtype if v == "*bf16" else v) for k, v in types.items()}
     types.update(qn_ptr=dtype, kn_ptr=dtype)
     constants = {k: v for k, v in constants.items() if k not in ("qn_ptr", "kn_ptr")}
-    constants.update(PDL=3, QK_NORM=True, D=D, ROT=D, HALF=seen["HALF"], BLOCK_K=seen["BLOCK_K"], SPLIT=1, K_CHUNK=2048)
+    constants.update(
+        PDL=True, QK_NORM=True, D=D, ROT=D, HALF=seen["HALF"], BLOCK_K=seen["BLOCK_K"], SPLIT=1, K_CHUNK=2048
+    )
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     compiled = triton.compile(
         ASTSource(fn=kernel, signature=signature, constexprs=constants),
@@ -501,10 +490,10 @@ def test_the_routed_experts_variants_compile_for_sm90(dtype):
     for name, flags in (("moe_gate_up", dict(TOPK=2, STYLE=1, BLOCK_E=8)), ("moe_down", dict(TOPK=2, RENORM=False))):
         kernel, types, constants = CASES[name]
         types = {k: dtype if v == "*bf16" else v for k, v in types.items()}
-        assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=3, **flags))
+        assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=True, **flags))
     kernel, types, constants = CASES["moe_gate_up"]
     types = {k: dtype if v == "*bf16" else v for k, v in types.items()}
-    assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=1, STYLE=2))
+    assert "griddepcontrol.wait" in ptx(kernel, types, dict(constants, PDL=True, STYLE=2))
 
 
 @pytest.mark.parametrize("dtype", ["*fp32", "*bf16"])
@@ -515,17 +504,17 @@ def test_the_gpt_oss_variants_compile_for_sm90(dtype):
     kernel, types, constants = CASES["attention"]
     types = {k: to.get(v, v) for k, v in types.items()}
     for direct in (False, True):
-        flags = dict(HQ=64, HKV=8, G=8, PDL=3, DIRECT=direct, IEEE=dtype == "*fp32")
+        flags = dict(HQ=64, HKV=8, G=8, PDL=True, DIRECT=direct, IEEE=dtype == "*fp32")
         assert "griddepcontrol.wait" in ptx(
             kernel, dict(types, sinks_ptr=dtype), _without(constants, "sinks_ptr", flags)
         )
     kernel, types, constants = CASES["moe_gate_up"]
     types = {k: to.get(v, v) for k, v in types.items()}
-    flags = dict(TOPK=4, BLOCK_E=32, PDL=1, TOPK_FIRST=True, INTERLEAVED=True, ALPHA=1.702, LIMIT=7.0)
+    flags = dict(TOPK=4, BLOCK_E=32, PDL=True, TOPK_FIRST=True, INTERLEAVED=True, ALPHA=1.702, LIMIT=7.0)
     assert "griddepcontrol.wait" in ptx(kernel, dict(types, bu_ptr=dtype), _without(constants, "bu_ptr", flags))
     kernel, types, constants = CASES["moe_down"]
     types = {k: to.get(v, v) for k, v in types.items()}
-    flags = dict(TOPK=4, BLOCK_E=32, RENORM=False, PDL=3, TOPK_FIRST=True)
+    flags = dict(TOPK=4, BLOCK_E=32, RENORM=False, PDL=True, TOPK_FIRST=True)
     assert "griddepcontrol.wait" in ptx(kernel, dict(types, bd_ptr=dtype), _without(constants, "bd_ptr", flags))
 
 
@@ -548,7 +537,7 @@ def test_the_sampled_finish_compiles_for_sm90(top_k, top_p):
     types.update({n: "*i64" for n in ("state_ptr", "eos_ptr", "tokens_ptr")})
     types.update({n: "i32" for n in ("NBLK", "B", "V", "row_stride", "E", "pad_id", "L", "limit")})
     types.update({n: "fp32" for n in ("rep", "temperature", "min_p")})
-    constants = dict(BLOCK_M=16, CHAIN_V=64, PENALTY=True, TOP_K=top_k, TOP_P=top_p, LOG=True, PDL=3)
+    constants = dict(BLOCK_M=16, CHAIN_V=64, PENALTY=True, TOP_K=top_k, TOP_P=top_p, LOG=True, PDL=True)
     assert "griddepcontrol.wait" in ptx(_finish_kernel, types, constants, num_warps=8)
 
 
@@ -563,7 +552,9 @@ def test_the_dense_epilogues_compile_without_a_k_loop_or_spills(name):
         types, extra = dict(types, rt_ptr="*fp32"), dict(extra, TABLE=True, HALF=32, LAYER=NORM_NONE, NB_PAD=0)
     else:
         extra = dict(extra, BLOCK_N=64)
-    constants = dict(constants, **extra, PDL=3, SWAP=False, BLOCK_M=16, BLOCK_K=16, K=K, K_CHUNK=K, SPLIT=1, PRODUCT=2)
+    constants = dict(
+        constants, **extra, PDL=True, SWAP=False, BLOCK_M=16, BLOCK_K=16, K=K, K_CHUNK=K, SPLIT=1, PRODUCT=2
+    )
     text = ptx(kernel, types, constants, num_warps=4, num_stages=1)
     assert "mma" not in text
     assert spill_bytes(text) == 0
@@ -577,7 +568,7 @@ def test_the_residual_norm_epilogue_holds_whole_rows_without_spills(n_pad, layer
 
     assert n_pad <= MAX_N
     kernel, types, constants = CASES["residual_norm"]
-    constants = dict(constants, N_PAD=n_pad, LAYER=layer, HAS_BIAS=True, PDL=3)
+    constants = dict(constants, N_PAD=n_pad, LAYER=layer, HAS_BIAS=True, PDL=True)
     text = ptx(kernel, types, constants, num_warps=warps_for(n_pad), num_stages=1)
     assert "mma" not in text
     assert spill_bytes(text) == 0
@@ -628,56 +619,40 @@ def test_the_direct_attention_tiles_compile_without_spills():
 
     block_n, warps = direct_tiles(64, 1, 512, 264)
     kernel, types, constants = CASES["attention"]
-    constants = dict(constants, BLOCK_N=block_n, NUM_SPLITS=1, SPLIT_PAD=1, DIRECT=True, PDL=3)
+    constants = dict(constants, BLOCK_N=block_n, NUM_SPLITS=1, SPLIT_PAD=1, DIRECT=True, PDL=True)
     text = ptx(kernel, types, constants, num_warps=warps, num_stages=3)
     assert "griddepcontrol.wait" in text
     assert spill_bytes(text) == 0
 
 
-# (kernel, weight rows one program holds, all the weight's rows, K, constexprs) of the preload form at the Llama-1B
-# shape: QKV's rotary pairs (with and without Qwen3's per-head norms: a whole 128-dim head per program), O, down,
-# gate/up; and GPT-2's fc (LayerNorm, biases, GELU)
-PRELOADED = {
-    "qkv": ("norm_qkv", 2 * COLS, 3072, 2048, dict(HALF=COLS)),
-    "qkv q/k norm": ("norm_qkv", 128, 6144, 2048, dict(HALF=64, D=128, ROT=128, QK_NORM=True, qn_ptr="*bf16")),
-    "o": ("linear_residual", COLS, 2048, 2048, dict(BLOCK_N=COLS)),
-    "down": ("linear_residual", COLS, 2048, 8192, dict(BLOCK_N=COLS)),
-    "gate/up": ("norm_linear", 2 * COLS, 16384, 2048, dict(BLOCK_N=COLS)),
-    "gpt2 fc": ("norm_linear", COLS, 3072, 768, dict(BLOCK_N=COLS, **GPT2["norm_linear"])),
-}
+@pytest.mark.parametrize("name", ["norm_qkv", "linear_residual", "norm_linear"])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_float32_row_blocks_under_16_rows_multiply_without_mmas_or_spills(name, rows):
+    """float32 weights under 16 rows: the rows' own power-of-two tile (swap_ab.row_tile) and the broadcast product
+    summed over K (acc_dot), at the K tile fit_k gives it, compile for sm_90 at GPT-2's shapes with no MMA (a
+    float32 MMA would multiply 16 padded rows on the CUDA cores) and no spill."""
+    from overlapdecode.fused.kernels.swap_ab import fit_k, row_tile
 
-
-@pytest.mark.parametrize("name", sorted(PRELOADED))
-@pytest.mark.parametrize("pdl", [3, 4])
-def test_the_preload_form_loads_its_weights_before_the_wait(name, pdl):
-    """kernels/preload.py: with PRELOAD each program's whole weight tile (one K tile of the shape's rule) is loaded
-    before `griddepcontrol.wait`, in 16-byte vectors (and, in mode 4, after `griddepcontrol.launch_dependents`),
-    and nothing else is, for sm_90, without spills; the same kernel without PRELOAD loads nothing before the wait
-    (test above)."""
-    fn, w_rows, total, K, extra = PRELOADED[name]
-    kernel, types, constants = CASES[fn]
-    plan = preload_tiles(w_rows, total, K, 2)
-    assert plan is not None and plan["split"] * plan["block_k"] >= K
-    types = dict(types)
-    if "qn_ptr" in extra:  # the per-head norms' weights: run-time pointers, not the constexpr None
-        types.update(qn_ptr="*bf16", kn_ptr="*bf16")
-        extra = {k: v for k, v in extra.items() if k != "qn_ptr"}
-        constants = {k: v for k, v in constants.items() if k not in ("qn_ptr", "kn_ptr")}
-    constants = dict(constants, **dict(extra, K=K, PDL=pdl, PRELOAD=1, BLOCK_K=plan["block_k"]))
-    if "K_CHUNK" in constants:
-        constants.update(K_CHUNK=plan["block_k"], SPLIT=plan["split"])
-    text = ptx(kernel, types, constants, aligned=True, num_warps=plan["num_warps"], num_stages=plan["num_stages"])
-    lines = text.splitlines()
-    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
-    launches = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
-    loads = [i for i, line in enumerate(lines) if "ld.global" in line]
-    assert len(waits) == 1 and loads[0] < waits[0]
-    # the whole weight tile before the wait, in 16-byte vectors: w_rows x block_k elements over 128 threads
-    early = [lines[i] for i in loads if i < waits[0]]
-    assert all("ld.global.v4.b32" in line for line in early)
-    assert len(early) * 16 * 32 * plan["num_warps"] == w_rows * plan["block_k"] * 2
-    if pdl == 4:
-        assert launches[0] < loads[0]
-    else:  # LATE: after the product
-        assert launches[0] > waits[0]
+    kernel, types, constants = CASES[name]
+    types = {k: ("*fp32" if v == "*bf16" else v) for k, v in types.items()}
+    block_m = row_tile(rows, 4)
+    block_n = constants.get("HALF", constants.get("BLOCK_N"))
+    block_k = fit_k(block_m, block_n, constants["BLOCK_K"])
+    constants = dict(constants, **GPT2[name], BLOCK_M=block_m, BLOCK_K=block_k, PDL=True)
+    if name == "linear_residual":
+        constants.update(K_CHUNK=3072, SPLIT=1)
+    text = ptx(kernel, types, constants, num_warps=4, num_stages=3)
+    assert "mma" not in text
     assert spill_bytes(text) == 0
+
+
+def test_the_row_tile_follows_the_weights_bytes():
+    """16-bit weights keep 16 rows a program (tensor cores: padding is free); 4-byte weights take the rows rounded
+    up to a power of two under 16, with K tiles that keep a broadcast product within PRODUCT_ELEMENTS."""
+    from overlapdecode.fused.kernels.swap_ab import PRODUCT_ELEMENTS, ROW_TILE, fit_k, row_tile
+
+    assert [row_tile(r, 2) for r in (1, 3, 16)] == [ROW_TILE] * 3
+    assert [row_tile(r, 4) for r in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
+    assert fit_k(1, 32, 256) == 256 and fit_k(8, 32, 256) == PRODUCT_ELEMENTS // (8 * 32)
+    assert fit_k(ROW_TILE, 32, 256) == 256  # tl.dot's tiles are not a broadcast product's
+    assert fit_k(8, 128, 64) == 16  # never under 16

@@ -218,8 +218,8 @@ def test_the_pieces_and_direct_tile_variants_replace_their_rules_while_they_run(
 
 
 def test_the_option_variants_make_their_decoders_with_those_fused_options(tmp_path, monkeypatch):
-    """pdl:N and preload:ahead|late are FusedModel options, not rules: each variant's Decoder is made with them
-    (checked by name and type when it is made), the rule's with none of them."""
+    """pdl:off is a FusedModel option, not a rule: its variant's Decoder is made with it (checked by name and
+    type when it is made), the rule's with none."""
     seen = []
 
     def fake_point(decoder, model, name, rows, prompt_len, *a):
@@ -229,22 +229,8 @@ def test_the_option_variants_make_their_decoders_with_those_fused_options(tmp_pa
     monkeypatch.setattr(scale, "measure_point", fake_point)
     args = ["--out", str(tmp_path / "ab"), "--model", "tiny-llama", "--dtype", "float32", "--rows", "1"]
     args += ["--prompts", "8", "--long-rows", "1", "--long-prompts", "8", "--strategies", "fused", "--no-kernels"]
-    assert _script().main(args + ["--variants", "rule,pdl:4,preload:ahead,preload:late,preload-budget:8192"]) == 0
-    assert seen[:5] == [
-        dict(compile_prefill=False),
-        dict(compile_prefill=False, pdl=4),
-        dict(compile_prefill=False, preload=True, pdl=4),
-        dict(compile_prefill=False, preload=True, pdl=3),
-        dict(compile_prefill=False, preload=True, pdl=4),
-    ]
-    for bad in ("pdl:5", "preload-budget:100", "preload-budget:lots"):
+    assert _script().main(args + ["--variants", "rule,pdl:off"]) == 0
+    assert seen[:2] == [dict(compile_prefill=False), dict(compile_prefill=False, pdl=False)]
+    for bad in ("pdl:3", "pdl:on"):
         with pytest.raises(SystemExit):
             _script().main(args + ["--variants", bad])
-
-
-def test_the_preload_budget_variant_sets_the_budget_while_it_runs(tmp_path, monkeypatch):
-    from overlapdecode.fused.kernels import preload
-
-    budget = preload.BUDGET
-    seen = _probes_per_variant(tmp_path, monkeypatch, "rule,preload-budget:8192", lambda: preload.BUDGET)
-    assert seen == [budget, 8192, budget, 8192] and preload.BUDGET == budget

@@ -29,14 +29,11 @@ def _script(name: str):
 
 # subcommand -> the file it writes under --out (and its extra required arguments)
 AB_OUTPUTS = {
-    "greedy-choice": ("greedy-choice.json", []),
     "lm-head": ("lm-head-b1.json", []),
     "step-tiles": ("step-tiles-b1.json", []),
     "tile-confirm": ("tile-confirm.json", []),
     "attention-pieces": ("attention-pieces.json", []),
     "step-gap": ("step-gap.json", []),
-    "loop": ("loop-old.json", ["--label", "old"]),
-    "preset": ("preset-old.json", ["--label", "old"]),
     "stop-check-pairs": ("stop-check-pairs.json", []),
 }
 
@@ -147,9 +144,9 @@ def test_the_python_scripts_take_out():
     code = (
         "import sys, contextlib, io\n"
         f"sys.path.insert(0, {SCRIPTS!r})\n"
-        "import kernel_sweep, ttft_profile, call_timeline, tp_probe, swap_sweep, attention_sweep\n"
-        "for main in (kernel_sweep.parse_args, ttft_profile.main, call_timeline.main, tp_probe.parse_args,\n"
-        "             swap_sweep.main, attention_sweep.main):\n"
+        "import kernel_sweep, call_timeline, tp_probe, swap_sweep, attention_sweep\n"
+        "for main in (kernel_sweep.parse_args, call_timeline.main, tp_probe.parse_args, swap_sweep.main,\n"
+        "             attention_sweep.main):\n"
         "    buf = io.StringIO()\n"
         "    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):\n"
         "        main(['--help'])\n"
@@ -162,6 +159,19 @@ def test_the_python_scripts_take_out():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_every_script_gives_its_command_at_its_top_and_is_named_in_docs():
+    """scripts/ holds what reproduces a figure the docs cite: each script's opening docstring or comment gives the
+    command that runs it, and docs/ names it."""
+    docs = "".join(open(os.path.join(ROOT, "docs", n)).read() for n in os.listdir(os.path.join(ROOT, "docs")))
+    names = sorted(n for n in os.listdir(SCRIPTS) if n.endswith((".py", ".sh")))
+    assert names
+    for name in names:
+        with open(os.path.join(SCRIPTS, name)) as f:
+            top = f.read(4000)
+        assert f"scripts/{name} " in top, name
+        assert name in docs, name
 
 
 def test_gpu_tests_sh_needs_out_and_writes_its_logs_there(tmp_path):

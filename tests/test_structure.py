@@ -232,3 +232,14 @@ def test_generate_has_one_signature_the_decoders():
         assert "'input_ids'" in str(err), err
     else:
         raise AssertionError("a call without input_ids was accepted")
+
+
+def test_dir_of_the_package_lists_its_exports_not_its_helpers():
+    """dir(overlapdecode) showed TYPE_CHECKING, annotations and importlib: the names its __init__ used."""
+    names = dir(overlapdecode)
+    public = [n for n in names if not n.startswith("_")]
+    assert public == sorted(overlapdecode.__all__) and "__version__" in names, public
+    assert not {"TYPE_CHECKING", "annotations", "importlib"} & set(names)
+    for name in overlapdecode.__all__:  # every export still resolves on first use
+        assert getattr(overlapdecode, name) is not None, name
+    assert overlapdecode.models.loading.load_model is overlapdecode.load_model  # and a submodule by its name

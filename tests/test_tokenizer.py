@@ -129,3 +129,16 @@ def test_readable_shows_every_id_a_tokenizer_cannot_decode(tmp_path):
     assert readable(tok, hello + [tok.eos_token_id]) == "Hello"  # special tokens skipped, as before
     byte_tok = od.load_tokenizer("gpt2-random")
     assert readable(byte_tok, byte_tok.encode("Hi") + [1234, 50256]) == "Hi<1234>"  # EOS is special
+
+
+def test_a_directory_without_a_tokenizer_is_one_error_naming_it(tmp_path):
+    """load_tokenizer returned None there, and the README example's next line failed with "'NoneType' object is
+    not callable"; a tokenizer that is there but does not load is named as such."""
+    d = tmp_path / "model"
+    od.load_model("tiny-gpt2", device="cpu").save_pretrained(d)  # no tokenizer saved
+    with pytest.raises(ValueError, match=f"^{d}: no tokenizer in this directory") as err:
+        od.load_tokenizer(str(d))
+    assert len(str(err.value).splitlines()) == 1
+    (d / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match=f"^{d}: its tokenizer does not load"):
+        od.load_tokenizer(str(d))

@@ -4,15 +4,13 @@
     model = od.load_model("tiny-gpt2")
     out = od.generate(model, input_ids, max_new_tokens=32, strategy="interleaved")
 
-The exports are resolved on first use (PEP 562), so that `overlapdecode --help` (cli.py, a submodule of
-this package) does not import torch and transformers: only what a command runs imports them.
+The exports are resolved on first use (PEP 562), so that `overlapdecode --help` (the command line, a part of
+this package, cli/) does not import torch and transformers: only what a command runs imports them.
 """
 
-from __future__ import annotations
-
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING
+import importlib as _importlib
+import importlib.util as _importlib_util
+import typing as _typing
 
 # exported name -> the module that defines it
 _EXPORTS = {
@@ -34,7 +32,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from .decode import Decoder, decoder_for, generate
     from .facts import ModelFacts, model_facts
     from .loop.compiling import compile_count
@@ -46,13 +44,15 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        value = getattr(_importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
         globals()[name] = value  # resolved once
         return value
-    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # od.models, od.bench ...
-        return importlib.import_module(f".{name}", __name__)
+    if _importlib_util.find_spec(f"{__name__}.{name}") is not None:  # od.models, od.bench ...
+        return _importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+    """The exports and `__version__` (with the module's own dunders), not the helpers this file imports, nor
+    the submodules (reached as `od.models`, `od.bench`...)."""
+    return sorted(set(__all__) | {"__version__"} | {n for n in globals() if n.startswith("__") and n.endswith("__")})

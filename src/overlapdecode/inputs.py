@@ -17,6 +17,7 @@ for `model.eval()`.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -214,6 +215,10 @@ def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id
     infer = infer and input_ids.dtype in (torch.int32, torch.int64)
     if pad is None:
         pad = eos[0] if eos else 0  # Hugging Face: the first EOS id
+    # Nor can it where the pad id is an EOS id (load_tokenizer sets that up for a tokenizer without a pad token):
+    # a batch without a mask is then attended whole, padding included, and Hugging Face warns of it
+    # (_prepare_special_tokens); so does this call, where the prompt holds that id (read below)
+    unmaskable = attention_mask is None and B > 1 and pad in eos
     for name, ids in (("eos_token_id", eos), ("pad_token_id", (pad,))):
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
@@ -225,7 +230,9 @@ def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id
     lo_hi = torch.aminmax(input_ids)
     inferred = False
     if attention_mask is None and not infer:
-        lo, hi = torch.stack(lo_hi).tolist()
+        reads = [lo_hi.min.long(), lo_hi.max.long()] + ([(input_ids == pad).any().long()] if unmaskable else [])
+        lo, hi, *holds_pad = torch.stack(reads).tolist()
+        unmaskable = bool(holds_pad and holds_pad[0])
         bad_mask = bad_pad = False
     else:
         checked = (input_ids != pad).long() if infer else mask
@@ -251,5 +258,13 @@ def check_request(model, input_ids, attention_mask, max_new_tokens, eos_token_id
         raise ValueError(
             "attention_mask has right padding (a 0 after a 1, or a row ending in 0); decoder-only "
             "generation needs left padding (tokenizer.padding_side = 'left')"
+        )
+    if unmaskable:
+        warnings.warn(
+            f"attention_mask is not set and input_ids holds the pad id {pad}, which is also an EOS id, so no mask "
+            f"can be inferred from it: every position is attended, padding included, as Hugging Face generate() "
+            f"does (it warns of this too); pass the tokenizer's attention_mask to leave the padding out",
+            UserWarning,
+            stacklevel=4,  # check_request <- make_plan <- Decoder.generate <- its caller
         )
     return Request(input_ids.long(), mask.long(), max_new_tokens, eos, pad)

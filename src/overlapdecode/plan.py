@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .hf.refusals import longrope_crossing, refusal
 from .inputs import Request, check_request
 from .sampling import SamplingParams, check_sampling
-from .strategy import LATE_CHECKS, PRESETS, Strategy, resolve_strategy
+from .strategy import LAGGED_TEXT, LATE_CHECKS, PRESETS, Strategy, resolve_strategy
 from .tp.shard import is_sharded
 
 # Round the static cache length up, so that nearby prompt lengths share one compiled graph.
@@ -117,7 +117,7 @@ def make_plan(
     if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:
         raise ValueError(
             f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
-            f"{req.max_new_tokens}; use a lag <= max_new_tokens"
+            f"{req.max_new_tokens}; use a lag <= max_new_tokens (the lag of {LAGGED_TEXT})"
         )
     if params.do_sample and seed is None and is_sharded(model):
         raise ValueError(

@@ -35,6 +35,18 @@ from dataclasses import dataclass
 
 import torch
 
+
+class IgnoredSamplingWarning(UserWarning):
+    """Greedy decoding given sampling values, which it ignores (as Hugging Face warns); `ignored` holds their
+    argument names, so that the command line can name its own flags."""
+
+    def __init__(self, ignored):
+        self.ignored = tuple(ignored)
+        super().__init__(
+            f"do_sample=False: {', '.join(self.ignored)} ignored, the decoding is greedy; pass do_sample=True to sample"
+        )
+
+
 # torch.Generator.manual_seed takes a 64-bit unsigned seed.
 SEED_LIMIT = 2**64
 # The smallest normal float32: below it a temperature is a subnormal or rounds to 0 on the device.
@@ -107,10 +119,8 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None, repet
         ]
         if ignored:  # Hugging Face generate() says so too: a sampling value with greedy is usually a mistake
             warnings.warn(
-                f"do_sample=False: {', '.join(ignored)} ignored, the decoding is greedy; pass do_sample=True to sample",
-                UserWarning,
-                stacklevel=4,  # check_sampling <- make_plan <- Decoder.generate <- its caller
-            )
+                IgnoredSamplingWarning(ignored), stacklevel=4
+            )  # <- make_plan <- Decoder.generate <- its caller
         return SamplingParams(False, repetition_penalty=repetition_penalty)
     if temperature is None:
         temperature = 1.0
@@ -187,8 +197,8 @@ ARGMAX_CHUNK = 1024
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """(B, V) -> (B,): `x.argmax(-1)` (the first index of the row maximum, NaN counting as the maximum), in
     two stages over chunks of ARGMAX_CHUNK: the maximum of each chunk, then the first chunk holding the row's.
-    Why: compiled, a one-stage argmax over a 128K vocabulary at batch 1 is one program per row, 32 us on the
-    H200 (profile of the fused step), more than a layer; the chunked form spreads it over the GPU."""
+    Why: compiled, a one-stage argmax over a 128K vocabulary at batch 1 is one program per row, longer than a
+    layer of the fused step (docs/DESIGN.md, the sampler); the chunked form spreads it over the GPU."""
     B, V = x.shape
     if V <= 4 * ARGMAX_CHUNK:
         return x.argmax(dim=-1)

@@ -61,6 +61,11 @@ VARIANTS: dict[str, Strategy] = {
 }
 
 
+# the presets and variants whose stop check reads the flag late, so that `NAME:K` chooses its lag
+LAGGED = tuple(n for n, s in {**PRESETS, **VARIANTS}.items() if s.stop_check in LATE_CHECKS)
+LAGGED_TEXT = ", ".join(LAGGED[:-1]) + f" and {LAGGED[-1]}"  # "interleaved, fused and deferred"
+
+
 def resolve_strategy(strategy) -> Strategy:
     """A Strategy, a preset or variant name, or `NAME:K` for a late-check one read K steps late
     (`interleaved:2`, `deferred:3`), so that the command line can ask for any lag."""
@@ -76,6 +81,9 @@ def resolve_strategy(strategy) -> Strategy:
         if not lag:
             return known
         if known.stop_check not in LATE_CHECKS or not lag.isdigit() or int(lag) < 1:
-            raise ValueError(f"strategy {strategy!r}: ':K' (K >= 1) applies to interleaved and deferred only")
+            raise ValueError(
+                f"strategy {strategy!r}: ':K' takes K >= 1, and only for the strategies that read the stop flag "
+                f"late: {LAGGED_TEXT}"
+            )
         return dataclasses.replace(known, lag=int(lag))
     raise TypeError(f"strategy must be a preset name or an overlapdecode.Strategy, got {type(strategy).__name__}")

@@ -21,7 +21,6 @@ from overlapdecode.fused.model import TILES, FusedModel, pdl_supported
 from overlapdecode.inputs import position_ids_for_prompt
 
 DEV = "cuda"
-PDL = torch.cuda.is_available() and pdl_supported(torch.device(DEV))
 needs_pdl = pytest.mark.skipif(
     not torch.cuda.is_available() or not pdl_supported(torch.device(DEV)),
     reason="programmatic dependent launch needs sm_90 or later",
@@ -62,27 +61,21 @@ def test_kernels_match_references_at_real_shapes(shape, B):
     slot = torch.randint(0, 300, (B,), device=DEV)
     c = [torch.zeros(B, Hkv, 300, D, device=DEV) for _ in range(4)]
     q_ref = norm_qkv_ref(x, nw, nb, 1e-5, w, b, inv, 1.0, pos, slot, c[0], c[1], Hq, Hkv, D)
-    for kw in (dict(programs=528), dict(preload=True, pdl=4 if PDL else 0)):  # split-K at 1B/8B; the preload form
-        for t in c[2:]:
-            t.zero_()
-        q = norm_qkv(x, nw, nb, 1e-5, w, b, inv, 1.0, pos, slot, c[2], c[3], Hq, Hkv, D, **kw)
-        close(q, q_ref)
-        close(c[2], c[0])  # K and V written at the slot, nothing else touched
-        close(c[3], c[1])
+    q = norm_qkv(x, nw, nb, 1e-5, w, b, inv, 1.0, pos, slot, c[2], c[3], Hq, Hkv, D, programs=528)  # split-K at 1B/8B
+    close(q, q_ref)
+    close(c[2], c[0])  # K and V written at the slot, nothing else touched
+    close(c[3], c[1])
     # output projection + residual (split-K), and the MLP down-projection
     for K in (Hq * D, I):
         xk, wk, res = r(B, K), r(H, K, sc=K**-0.5), r(B, H)
         ref = linear_residual_ref(xk, wk, None, res)
         close(linear_residual(xk, wk, None, res, programs=528), ref)
-        close(linear_residual(xk, wk, None, res, preload=True, pdl=4 if PDL else 0), ref)
         for cfg in tiles_of("linear_residual", H, K, B):  # the shape's measured tiles
             close(linear_residual(xk, wk, None, res, **cfg), ref)
     # norm + gate/up (SiLU) or fc (GELU), and final norm + LM head
     act = "gelu_tanh" if layer else "silu_mul"
     wu = r(I if layer else 2 * I, H, sc=H**-0.5)
-    up_ref = norm_linear_ref(x, nw, nb, 1e-5, wu, None, act)
-    close(norm_linear(x, nw, nb, 1e-5, wu, None, act), up_ref)
-    close(norm_linear(x, nw, nb, 1e-5, wu, None, act, preload=True, pdl=4 if PDL else 0), up_ref)
+    close(norm_linear(x, nw, nb, 1e-5, wu, None, act), norm_linear_ref(x, nw, nb, 1e-5, wu, None, act))
     wv = r(V, H, sc=H**-0.5)
     got = norm_linear(x, nw, nb, 1e-5, wv, None, "none", torch.float32)
     head_ref = norm_linear_ref(x, nw, nb, 1e-5, wv, None, "none", torch.float32)
@@ -204,14 +197,8 @@ def test_moe_float32_tokens_equal_hf_for_200_steps_at_batch_8(name):
     close(kernels, fused_logits(FusedModel(model, kernels="torch", compile_prefill=False), ids, mask, chosen))
 
 
-@pytest.mark.parametrize(
-    "options",
-    [pytest.param({}, id="default"), pytest.param(dict(preload=True, pdl=4), id="preload", marks=needs_pdl)],
-)
 @torch.no_grad()
-def test_bfloat16_logit_error_within_hf_bfloat16s_own(options):
-    """FusedModel(**options): the step as it runs by default, and with the projections in the preload form under
-    PDL mode 4 (kernels/preload.py)."""
+def test_bfloat16_logit_error_within_hf_bfloat16s_own():
     model32 = od.load_model("llama-1b-random", dtype="float32", device=DEV)
     model16 = copy.deepcopy(model32).to(torch.bfloat16)
     ids, mask = prompts(model32, 4, seed=5)
@@ -226,10 +213,10 @@ def test_bfloat16_logit_error_within_hf_bfloat16s_own(options):
 
     ref = hf_logits(model32)
     hf16 = hf_logits(model16)
-    fused16 = fused_logits(FusedModel(model16, **options), ids, mask, seq[:, P:])
+    fused16 = fused_logits(FusedModel(model16), ids, mask, seq[:, P:])
     err_hf = (hf16 - ref).pow(2).mean().sqrt().item()
     err_fused = (fused16 - ref).pow(2).mean().sqrt().item()
-    print(f"bf16 logit RMS error vs float32 HF {options}: fused {err_fused:.4g}, HF bf16 {err_hf:.4g}")
+    print(f"bf16 logit RMS error vs float32 HF: fused {err_fused:.4g}, HF bf16 {err_hf:.4g}")
     assert err_fused <= 1.25 * err_hf
 
 
@@ -267,7 +254,7 @@ def test_fused_step_is_captured_once_and_replays_the_eager_tokens(sampling):
 @pytest.mark.parametrize("B,V", [(1, 50257), (3, 4805), (8, 128256), (17, 128256)])
 @torch.no_grad()
 def test_greedy_choice_in_a_captured_graph_equals_the_loops_choice(B, V):
-    """greedy_choice (kernels/greedy.py) captured in one CUDA graph with PDL (LATE) behind a kernel that writes
+    """greedy_choice (kernels/greedy.py) captured in one CUDA graph with PDL behind a kernel that writes
     its logits, replayed over logits with ties, NaN and infinities placed anew before each replay: the state and
     flag of the decode loop's own choice (greedy_finish_ref: argmax_rows and mark_finished) every time, and the
     ticket back at 0."""
@@ -284,7 +271,7 @@ def test_greedy_choice_in_a_captured_graph_equals_the_loops_choice(B, V):
 
     def step():
         logits.copy_(src)  # a kernel ahead of the PDL launch, as the LM head is in the step
-        greedy_choice(logits, GreedyFinish(state, eos, 3, done), tickets=tickets, pdl=3)
+        greedy_choice(logits, GreedyFinish(state, eos, 3, done), tickets=tickets, pdl=True)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -317,39 +304,14 @@ def test_greedy_choice_in_a_captured_graph_equals_the_loops_choice(B, V):
 @pytest.mark.parametrize("name", ["gpt2-random", "llama-1b-random"])
 @torch.no_grad()
 def test_pdl_changes_no_logit(name):
-    """Programmatic dependent launch (any mode) only moves launches earlier: the logits are bit for bit those
+    """Programmatic dependent launch only moves launches earlier: the logits are bit for bit those
     without it (the prefill is not compiled here: it is not what differs, and four compiled prefills of the 1B
     shape outlasted a GPU call's test budget)."""
     model = od.load_model(name, dtype="bfloat16", device=DEV)
     ids, mask = prompts(model, 2, seed=12)
     tokens = torch.randint(0, 1000, (2, 12), device=DEV)
-    off = fused_logits(FusedModel(model, pdl=0, compile_prefill=False), ids, mask, tokens)
-    for mode in (1, 2, 3, 4):
-        assert torch.equal(fused_logits(FusedModel(model, pdl=mode, compile_prefill=False), ids, mask, tokens), off)
-    # the preload form (kernels/preload.py): other tiles, so other sums; in every PDL mode the same bits as without
-    preloaded = fused_logits(FusedModel(model, pdl=0, compile_prefill=False, preload=True), ids, mask, tokens)
-    for mode in (3, 4):
-        fm = FusedModel(model, pdl=mode, compile_prefill=False, preload=True)
-        assert torch.equal(fused_logits(fm, ids, mask, tokens), preloaded)
-
-
-@needs_pdl
-@pytest.mark.parametrize(
-    "name,B", [("gpt2-random", 1), ("llama-1b-random", 1), ("llama-1b-random", 8), ("smollm2-360m-random", 3)]
-)
-@torch.no_grad()
-def test_float32_tokens_equal_hf_in_the_preload_form(name, B):
-    """FusedModel(preload=True, pdl=4): the projections' weights loaded before each program's wait, the next
-    kernel scheduled before this one's wait; Hugging Face's greedy tokens for 200 steps (float32), a divergence
-    accepted only after a near tie."""
-    model = od.load_model(name, dtype="float32", device=DEV)
-    dec = od.Decoder(model, fused_options=dict(preload=True, pdl=4))
-    ids, mask = prompts(model, B, seed=B)
-
-    def run(n):
-        return dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[])
-
-    assert_hf_greedy_tokens(model, ids, mask, run, f"{name} B={B} preload")
+    off = fused_logits(FusedModel(model, pdl=False, compile_prefill=False), ids, mask, tokens)
+    assert torch.equal(fused_logits(FusedModel(model, pdl=True, compile_prefill=False), ids, mask, tokens), off)
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ import os
 import overlapdecode as od
 
 from . import timeline
+from .report import outdir
 from .report.results import environment
 from .workloads import prompt
 
@@ -31,7 +32,9 @@ def profile_strategies(
     device=None,
     command: str | None = None,
 ) -> dict:
-    os.makedirs(out_dir, exist_ok=True)
+    """Profile each of `strategies` into `out_dir`: a new or empty directory, or one an earlier profile left
+    without a summary (outdir.check; an OutDirError before the model is loaded otherwise)."""
+    outdir.prepare(out_dir, "profile")
     model = od.load_model(model_name, dtype=dtype, device=device)
     dev = next(model.parameters()).device
     vocab = model.config.get_text_config().vocab_size
@@ -45,7 +48,7 @@ def profile_strategies(
         for _ in range(warmup):
             run()
         trace = f"trace-{name.replace(':', '-lag')}.json.gz"  # interleaved:2 -> trace-interleaved-lag2.json.gz
-        timeline.trace_call(run, dev, os.path.join(out_dir, trace))
+        outdir.write_file(out_dir, trace, lambda tmp: timeline.trace_call(run, dev, tmp), "profile")
         summaries[name] = dict(trace=trace)
     result = dict(
         model=model_name,
@@ -63,6 +66,8 @@ def profile_strategies(
 def write_summary(out_dir: str, result: dict) -> dict:
     """Analyse each strategy's trace, draw its timeline, write summary.json and summary.md. The bench
     directory's `overlapdecode report` calls it again on the saved traces (a new analysis, same data)."""
+    for name in ("summary.json", "summary.md"):  # before the timelines: a refused summary writes nothing
+        outdir.may_write(out_dir, name, "profile")
     for name, entry in result["strategies"].items():
         with gzip.open(os.path.join(out_dir, entry["trace"]), "rt") as f:
             trace = json.load(f)
@@ -73,17 +78,12 @@ def write_summary(out_dir: str, result: dict) -> dict:
             if summary.get("available")
             else "no GPU trace"
         )
-        timeline.plot_timeline(
-            trace,
-            os.path.join(out_dir, png),
-            f"{name}: {result['model']}, {result['dtype']}, batch {result['batch']} ({busy})",
-        )
+        title = f"{name}: {result['model']}, {result['dtype']}, batch {result['batch']} ({busy})"
+        outdir.write_file(out_dir, png, lambda tmp: timeline.plot_timeline(trace, tmp, title), "profile")
         summary.update(trace=entry["trace"], timeline=png)
         result["strategies"][name] = summary
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    with open(os.path.join(out_dir, "summary.md"), "w") as f:
-        f.write(summary_markdown(result))
+    outdir.write_json(out_dir, "summary.json", result, "profile")
+    outdir.write_text(out_dir, "summary.md", summary_markdown(result), "profile")
     return result
 
 

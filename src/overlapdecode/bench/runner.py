@@ -15,7 +15,6 @@ alone (report.py), so `overlapdecode report DIR` rebuilds them anywhere.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import queue
 import shutil
@@ -30,7 +29,7 @@ from dataclasses import replace
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .config import BenchConfig, config_json, plan
-from .report import report
+from .report import outdir, report
 from .report.results import RESULTS, ResultsError, finalize, load, rows_files
 
 ALLOCATORS = {"default": None, "expandable": "expandable_segments:True"}
@@ -176,9 +175,11 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        f.write(config_json(cfg))
+    try:  # the manifest lists every file of the run before any is written
+        outdir.prepare(out_dir, "bench", append, files=["config.json"] + _unit_files(cfg))
+    except outdir.OutDirError as err:
+        raise BenchError(str(err)) from None
+    outdir.write_text(out_dir, "config.json", config_json(cfg), "bench")
     try:
         _run_units(cfg, out_dir, progress)
     except KeyboardInterrupt:
@@ -191,20 +192,27 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
     return results
 
 
+def _unit_files(cfg: BenchConfig) -> list[str]:
+    """The files each work unit writes into the output directory: its config, its rows and its worker's log."""
+    return [f"{kind}-{label}.{ext}" for label, _ in work_units(cfg) for kind, ext in _UNIT_FILES]
+
+
+_UNIT_FILES = (("config", "json"), ("rows", "jsonl"), ("worker", "log"))
+
+
 def _keep_or_clear(out_dir: str, command: str, earlier: dict | None, reason: str) -> str:
     """After a run that did not finish: its measured rows go into results.json and the report, marked
     interrupted with `reason`; without any, the run's rows and config files are removed (its worker logs
     stay), so that out_dir takes a new run as it is. Returns what became of them, as a sentence."""
     for path in glob.glob(os.path.join(out_dir, "config-*.json")):  # the units' own, left by a failed worker
-        os.remove(path)
+        outdir.remove(out_dir, os.path.basename(path))
     try:
         results = finalize(out_dir, command, earlier, interrupted=True, reason=reason)
     except ResultsError:  # nothing measured: an earlier results.json, if any, is left as it was
         for path in rows_files(out_dir) + [os.path.join(out_dir, "config.json")]:
-            os.remove(path)
-        if earlier is not None:
-            with open(os.path.join(out_dir, "config.json"), "w") as f:  # the earlier run's, as --append found it
-                json.dump(earlier["config"], f)
+            outdir.remove(out_dir, os.path.basename(path))
+        if earlier is not None:  # the earlier run's config, as --append found it
+            outdir.write_json(out_dir, "config.json", earlier["config"], "bench")
             return f"nothing was measured; {out_dir} holds the earlier results as they were"
         return f"nothing was measured; {out_dir} can take a new run"
     report.build(out_dir)
@@ -216,12 +224,12 @@ def _keep_or_clear(out_dir: str, command: str, earlier: dict | None, reason: str
 
 
 def _check_out_dir(cfg: BenchConfig, out_dir: str, append: bool) -> dict | None:
-    """The results of an earlier run to append to (or None); a BenchError if out_dir cannot take this run."""
-    if rows_files(out_dir):  # an interrupted run's measurements: never deleted by a new run
-        raise BenchError(
-            f"--out {out_dir} holds the rows of an interrupted run: keep them with `overlapdecode "
-            f"report {out_dir} --interrupted 'THE BENCH COMMAND'`, or choose another --out"
-        )
+    """The results of an earlier run to append to (or None); a BenchError if out_dir cannot take this run
+    (outdir.check: a new or empty directory, or one of an earlier bench run's)."""
+    try:
+        outdir.check(out_dir, "bench", append)
+    except outdir.OutDirError as err:
+        raise BenchError(str(err)) from None
     earlier = None
     if append:
         earlier = load(out_dir)
@@ -231,11 +239,6 @@ def _check_out_dir(cfg: BenchConfig, out_dir: str, append: bool) -> dict | None:
                 f"--append: {out_dir} holds {was[0]} with prompt {was[1]} at tp={was[2]}, not "
                 f"{cfg.model} with prompt {cfg.prompt_len} at tp={cfg.tp}"
             )
-    elif os.path.exists(os.path.join(out_dir, RESULTS)):
-        raise BenchError(
-            f"--out {out_dir} already holds {RESULTS}: add to it with --append, or choose another "
-            f"--out (an earlier run's results are never overwritten)"
-        )
     if not plan(cfg)[1]:
         raise BenchError("nothing to measure: the configuration has no strategy, peer, dtype, batch or length")
     return earlier
@@ -279,9 +282,7 @@ def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
                     unit_cfg = replace(
                         unit_cfg, time_budget_s=max(0.0, unit_cfg.time_budget_s - (time.perf_counter() - started))
                     )
-                cfg_path = os.path.join(out_dir, f"config-{label}.json")
-                with open(cfg_path, "w") as f:
-                    f.write(config_json(unit_cfg))
+                cfg_path = outdir.write_text(out_dir, f"config-{label}.json", config_json(unit_cfg), "bench")
 
                 def on_line(line):
                     if line.startswith("PLAN "):
@@ -304,7 +305,7 @@ def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
                     *slot,
                     tp_port=tp_port,
                 )
-                os.remove(cfg_path)
+                outdir.remove(out_dir, os.path.basename(cfg_path))
             finally:
                 free.put(slot)
 

@@ -18,9 +18,13 @@ The bench and the profile command both use `analyze`; neither fakes a figure wit
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import os
 import statistics
+import sys
+import tempfile
 
 import torch
 
@@ -63,6 +67,28 @@ def _ranges(events, name):
     )
 
 
+@contextlib.contextmanager
+def _kineto_lines_dropped():
+    """The profiler's tracing library (kineto) writes `USDT:... profiler_start` / `profiler_stop` lines of its
+    own to the process's stderr (file descriptor 2, below Python) as each trace starts and stops. Its log level
+    (KINETO_LOG_LEVEL) cannot drop them without dropping its errors too, so stderr is held in a file while a
+    trace starts and stops, and every other line is written back after it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held:
+                if not line.startswith(b"USDT:"):
+                    os.write(2, line)
+
+
 def trace_call(fn, device, path: str) -> dict:
     """Run `fn()` once under the PyTorch profiler (CPU, and CUDA when there), write its Chrome trace to `path`
     (gzipped if it ends in .gz: Perfetto reads that) and return the trace. Used by the bench and by profile."""
@@ -70,7 +96,7 @@ def trace_call(fn, device, path: str) -> dict:
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize()  # host sync: earlier work stays out of the trace
-    with torch.profiler.profile(activities=activities) as prof:
+    with _kineto_lines_dropped(), torch.profiler.profile(activities=activities) as prof:
         fn()
         if cuda:
             torch.cuda.synchronize()  # host sync: the traced call's GPU work ends inside the trace

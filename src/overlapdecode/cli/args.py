@@ -13,11 +13,10 @@ import sys
 import tempfile
 import textwrap
 
-from ..strategy import LATE_CHECKS, PRESETS, VARIANTS
+from ..strategy import LAGGED, LAGGED_TEXT, PRESETS, VARIANTS
 
 PRESET_NAMES = tuple(PRESETS)
 VARIANT_NAMES = tuple(VARIANTS)
-LAGGED = tuple(n for n, s in {**PRESETS, **VARIANTS}.items() if s.stop_check in LATE_CHECKS)  # take `NAME:K`
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 STRATEGY_HELP = (
@@ -82,6 +81,14 @@ def ints(text: str, flag: str) -> list[int]:
 def names(text: str) -> list[str]:
     """'a, b,,c' -> ['a', 'b', 'c']."""
     return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def lag_beyond(flag: str, strategy: str, limit: str) -> CliError:
+    """The one line for a `NAME:K` whose lag K is beyond the new tokens (`limit` says which, as a phrase)."""
+    return CliError(
+        f"{flag} {strategy}: a lag of {lag_of(strategy)} is beyond {limit} (NAME:K, for {LAGGED_TEXT}, takes K "
+        f"from 1 to the number of new tokens)"
+    )
 
 
 def lag_of(strategy: str) -> int:

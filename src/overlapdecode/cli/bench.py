@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import shlex
 
-from .args import DTYPE_NAMES, STRATEGY_HELP, CliError, Interrupted, writable_dir, writable_file
+from ..bench.report.outdir import MANIFEST
+from .args import DTYPE_NAMES, STRATEGY_HELP, CliError, Interrupted, writable_file
 from .bench_flags import (
     BASE_STRATEGIES,
     LENGTHS_CPU,
@@ -25,6 +26,7 @@ from .bench_flags import (
     check_device,
     check_dtype,
     check_model_name,
+    check_out,
     check_positions,
     check_strategies,
 )
@@ -122,8 +124,9 @@ def add_commands(sub) -> None:
     b.add_argument(
         "--out",
         default="bench-out",
-        help="output directory (results.json, report.md, plots, worker logs); must not hold a "
-        "results.json unless --append",
+        help="output directory (results.json, report.md, plots, worker logs): new, empty, or one an earlier "
+        f"bench wrote, which lists every file it made in {MANIFEST} and is only written again with --append "
+        "(then only the files it lists are replaced); anything else is refused before any work",
     )
 
     p = sub.add_parser("profile", help="profiler trace, timeline and GPU-idle summary per strategy")
@@ -137,7 +140,9 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--out",
         default="profile-out",
-        help="output directory (traces, timelines, summary); must not hold an earlier profile's summary.json",
+        help="output directory (traces, timelines, summary): new, empty, or one an earlier profile left "
+        f"without a summary.json (it lists every file it made in {MANIFEST}); anything else is refused "
+        "before any work",
     )
 
     r = sub.add_parser("report", help="rebuild report.md and the plots of a bench directory from its JSON")
@@ -275,12 +280,7 @@ def cmd_profile(args) -> int:
     model = args.model or ("gpt2-random" if device.type == "cuda" else "tiny-gpt2")
     check_model_name(model)
     check_positions(model, args.prompt_len, args.new_tokens)
-    if os.path.exists(os.path.join(args.out, "summary.json")):  # as bench: an earlier measurement is never replaced
-        raise CliError(
-            f"--out {args.out} already holds a profile (summary.json): choose another --out (an earlier "
-            f"profile's traces and summary are never overwritten)"
-        )
-    writable_dir(args.out, "--out")
+    check_out(args.out, "profile")  # as bench: an earlier measurement, or a file of the user's, is never replaced
     result = profile_strategies(
         model,
         strategies,

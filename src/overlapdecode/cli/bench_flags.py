@@ -10,22 +10,19 @@ from __future__ import annotations
 import os
 
 from ..bench.config import BenchConfig, split_pair
-from .args import DTYPE_NAMES, CliError, check_model_flag, ints, lag_of, names, writable_dir
+from .args import DTYPE_NAMES, CliError, check_model_flag, ints, lag_beyond, lag_of, names, writable_dir
 
 ALLOCATOR_NAMES = ("default", "expandable")  # bench.runner.ALLOCATORS (a test keeps them equal)
 BASE_STRATEGIES = ("baseline", "kv", "static", "compiled", "interleaved")  # + fused on CUDA where it applies
 
 # `overlapdecode bench` with no arguments (the main job). On CUDA: gpt2-random in float32 at batch 16, where
-# the baseline's per-step work (the whole sequence, batch x length tokens) outgrows the launch-bound floor of
-# an eager step (about 6 ms on an H200) within the first tens of tokens, so its O(N^2) growth shows between
-# 48 and 192 new tokens (on an H200: 7.3 -> 12.8 ms/token, kv 8.3 -> 9.9), and batch 16 is one row tile of the
-# fused kernels. On an H200 its timed rows ended within 185 s of the start; the busy-fraction profile of even
-# two strategies did not fit beside them, so the main job leaves it to `overlapdecode profile`. Beside it, the
-# bfloat16 configuration `fused` is built for: gpt2-random in bfloat16 at batch 1, `fused` and `interleaved`
-# alone at the longest length (on an H200, results/h200/gpt2-fused-b1: 0.296 against 0.951 ms/token), each
-# compiling anew for bfloat16 (about 20 and 15 s there), so that the whole run stays within about 4 minutes.
-# On CPU the quick sweep of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline
-# at batch 16 would take many minutes.
+# the baseline's per-step work (the whole sequence) outgrows the launch-bound floor of an eager step within the
+# first tens of tokens, so its O(N^2) growth shows between 48 and 192 new tokens; batch 16 is one row tile of the
+# fused kernels; the busy-fraction profile is left to `overlapdecode profile`. Beside it, the bfloat16
+# configuration `fused` is built for: gpt2-random in bfloat16 at batch 1, `fused` and `interleaved` alone at the
+# longest length, so that the whole run stays within a few minutes (docs/BENCHMARKING.md). On CPU the quick sweep
+# of tiny-gpt2. Other models on CUDA keep batch 1 and 64,96 tokens: a real-size baseline at batch 16 would take
+# many minutes.
 MAIN_MODEL_CUDA = "gpt2-random"
 MAIN_LENGTHS_CUDA, MAIN_BATCH_CUDA = (48, 192), 16
 MAIN_BF16_PAIR, MAIN_BF16_STRATEGIES = "bfloat16:1", ("interleaved", "fused")
@@ -84,10 +81,7 @@ def check_strategies(text: str, flag: str, max_new_tokens: int) -> tuple[str, ..
         except (ValueError, TypeError) as err:
             raise CliError(f"{flag}: {err}") from None
         if lag_of(base) > max_new_tokens:
-            raise CliError(
-                f"{flag} {n}: a lag of {lag_of(base)} is beyond the {max_new_tokens} new tokens of the "
-                f"shortest run (the flag of the last step is read after the loop anyway)"
-            )
+            raise lag_beyond(flag, n, f"the {max_new_tokens} new tokens of the shortest run")
     return tuple(found)
 
 
@@ -164,7 +158,7 @@ def bench_config(args):
     _check_tp(args)
     if args.tp > 1:
         _check_tp_model(model, args.tp, config)
-    _check_out(args.out, args.append)
+    check_out(args.out, "bench", args.append)
     return BenchConfig(
         tp=args.tp,
         gpus=gpus,
@@ -254,16 +248,15 @@ def check_model_name(model: str):
     return check_model_flag(model)
 
 
-def _check_out(out: str, append: bool) -> None:
-    """--out before any work: a directory we can write, holding no results.json unless --append."""
-    results = os.path.join(out, "results.json")
-    if append and not os.path.exists(results):
-        raise CliError(f"--append: {results} not found (nothing to add to)")
-    if not append and os.path.exists(results):
-        raise CliError(
-            f"--out {out} already holds results.json: add to it with --append, or choose another --out "
-            f"(an earlier run's results are never overwritten)"
-        )
+def check_out(out: str, command: str, append: bool = False) -> None:
+    """--out before any work (bench/report/outdir.py check): a new or empty directory, or one an earlier run of the same
+    command wrote (its manifest lists every file in it); made now, and probed with a file."""
+    from ..bench.report.outdir import OutDirError, check  # light (no torch), but only the commands need it
+
+    try:
+        check(out, command, append)
+    except OutDirError as err:
+        raise CliError(str(err)) from None
     writable_dir(out, "--out")  # last: it makes the directory
 
 

@@ -21,10 +21,13 @@ from .args import (
     cannot_load,
     check_model_flag,
     ints,
+    lag_beyond,
     lag_of,
 )
 
 DEFAULT_MODEL = "gpt2-random"
+# generate's strategy without --strategy, by the device's type (the library's own default is interleaved)
+DEFAULT_STRATEGY = {"cuda": "interleaved", "cpu": "kv"}
 
 
 def _add_generate(sub):
@@ -44,7 +47,12 @@ def _add_generate(sub):
     src.add_argument(
         "--prompt-ids", help="prompt token ids, comma-separated, e.g. 464,2068,7586; this or --prompt is required"
     )
-    p.add_argument("--strategy", default="interleaved", help=STRATEGY_HELP)
+    p.add_argument(
+        "--strategy",
+        default=None,
+        help=f"{STRATEGY_HELP} (default: {DEFAULT_STRATEGY['cuda']} on CUDA, {DEFAULT_STRATEGY['cpu']} on CPU, "
+        f"where compiling the step, as {DEFAULT_STRATEGY['cuda']} does, costs more time than it saves)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64, help="the most tokens to generate after the prompt")
     p.add_argument("--dtype", default="float32", help=f"weights dtype: {', '.join(DTYPE_NAMES)}")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
@@ -101,6 +109,17 @@ def _add_generate(sub):
     p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 <= seed < 2**64 (default: random)")
 
 
+def default_strategy(device: str | None) -> str:
+    """The strategy of `generate` without --strategy on `device` (the --device flag; None: CUDA if available)."""
+    from ..models.loading import check_device  # torch: imported when the command runs, not for --help
+
+    try:
+        kind = check_device(device).type
+    except (ValueError, TypeError) as err:
+        raise CliError(f"--device: {err}") from None
+    return DEFAULT_STRATEGY["cuda" if kind == "cuda" else "cpu"]
+
+
 def _check_before_loading(args) -> None:
     """The strategy and sampling flags, named by flag, before the model is loaded: a real-size model takes a
     minute and gigabytes to build, which a misspelt strategy or a zero temperature must not cost."""
@@ -155,11 +174,30 @@ def _as_flag_error(err: Exception, args) -> CliError:
     return CliError(text)
 
 
+def _check_fused_family(args, config) -> None:
+    """--strategy fused for a model family the fused path lacks, from the config (`config`: None for an embedded
+    name), before the weights are loaded; its other checks need the weights, and generate makes them."""
+    from types import SimpleNamespace
+
+    from ..fused.layout import model_family  # no Triton: the family names and the re-layout only
+    from ..models.loading import embedded_config
+    from ..strategy import resolve_strategy
+
+    if resolve_strategy(args.strategy).cache != "fused":
+        return
+    config = embedded_config(args.model) if config is None else config
+    try:
+        model_family(SimpleNamespace(config=config), name=(getattr(config, "architectures", None) or ["its config"])[0])
+    except ValueError as err:
+        raise _as_flag_error(err, args) from None
+
+
 def _load(args):
-    """The model and its tokenizer (None if it has none), every failure named by its flag."""
+    """The model and its tokenizer (None if it has none or it does not load: args.no_tokenizer says why), every
+    failure named by its flag."""
     from ..models.loading import check_device, load_model, load_tokenizer, parse_dtype  # imported here: fast --help
 
-    check_model_flag(args.model)
+    _check_fused_family(args, check_model_flag(args.model))
     for flag, check, value in (("--dtype", parse_dtype, args.dtype), ("--device", check_device, args.device)):
         try:
             check(value)
@@ -171,8 +209,9 @@ def _load(args):
         raise CliError(cannot_load(args.model, err)) from None
     try:
         tokenizer = load_tokenizer(args.model)
-    except Exception:  # a model loaded but its tokenizer did not: ids still work
+    except Exception as err:  # a model loaded but its tokenizer did not: ids still work, --prompt says why not
         tokenizer = None
+        args.no_tokenizer = " ".join(str(err).split("\n", 1)[0].split())
     return model, tokenizer
 
 
@@ -185,11 +224,10 @@ def cmd_generate(args) -> int:
 
     if args.max_new_tokens < 1:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.strategy is None:
+        args.strategy = default_strategy(args.device)
     if lag_of(args.strategy) > args.max_new_tokens:
-        raise CliError(
-            f"--strategy {args.strategy}: a lag of {lag_of(args.strategy)} is beyond --max-new-tokens "
-            f"{args.max_new_tokens}"
-        )
+        raise lag_beyond("--strategy", args.strategy, f"--max-new-tokens {args.max_new_tokens}")
     prompt_ids = ints(args.prompt_ids, "--prompt-ids") if args.prompt_ids is not None else None
     if prompt_ids is not None and not prompt_ids:
         raise CliError("--prompt-ids needs at least one id")
@@ -203,7 +241,8 @@ def cmd_generate(args) -> int:
     device = next(model.parameters()).device
     if args.prompt is not None:
         if tokenizer is None:
-            raise CliError(f"--prompt needs a tokenizer and {args.model} has none; use --prompt-ids")
+            why = getattr(args, "no_tokenizer", f"{args.model} has none")
+            raise CliError(f"--prompt needs a tokenizer: {why}; use --prompt-ids")
         ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     else:
         vocab, _ = model_limits(model)
@@ -283,17 +322,52 @@ def build_parser() -> OneLineParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     _add_generate(sub)
     bench_cli.add_commands(sub)
+    parser.commands = sub.choices  # name -> its parser: a flag it does not know points at its own --help
     return parser
+
+
+def _unrecognized(extra: list[str], parser) -> str:
+    """argparse's "unrecognized arguments", with the subcommand's flag nearest to the first unknown one."""
+    import difflib
+
+    flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    text = f"unrecognized arguments: {' '.join(extra)}"
+    for e in extra:
+        if e.startswith("--"):
+            near = difflib.get_close_matches(e.split("=", 1)[0].replace("_", "-"), flags, n=1, cutoff=0.8)
+            if near:
+                return f"{text}; did you mean {near[0]}?"
+    return text
+
+
+def _one_line_warning(command: str):
+    """A `warnings.showwarning` for the command line: one line on stderr, `overlapdecode COMMAND: warning: ...`,
+    without Python's file, line number and source line; the ignored sampling values are named by their flags."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        sampling = sys.modules.get("overlapdecode.sampling")  # not imported here: a bench warning needs no torch
+        if sampling is not None and isinstance(message, sampling.IgnoredSamplingWarning):
+            flags = ", ".join("--" + name.replace("_", "-") for name in message.ignored)
+            text = f"{flags} ignored: the decoding is greedy; pass --do-sample to sample"
+        else:
+            text = " ".join(str(message).split())
+        print(f"overlapdecode {command}: warning: {text}", file=sys.stderr)
+
+    return show
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)  # a bad flag: one line on stderr, exit 2
+    args, extra = parser.parse_known_args(argv)  # a bad flag: one line on stderr, exit 2
+    if extra:  # named by the subcommand's parser, so that the line points at `overlapdecode COMMAND --help`
+        parser.commands[args.command].error(_unrecognized(extra, parser.commands[args.command]))
     args.argv = argv
     handlers = {"generate": cmd_generate, **bench_cli.HANDLERS}
     try:
-        return handlers[args.command](args)
+        with warnings.catch_warnings():  # restores the hook on the way out
+            warnings.showwarning = _one_line_warning(args.command)
+            return handlers[args.command](args)
     except Interrupted as err:
         print(f"overlapdecode {args.command}: interrupted; {err}", file=sys.stderr)
         return 130

@@ -66,10 +66,8 @@ def step_rope_tables(W: FusedWeights, ropes: dict, pos, ops, dtype) -> dict:
     rows (swap_ab.use_swap's), where norm_qkv runs the dense form (kernels/dense.py, its epilogue over 16-row
     tiles) or, asked, swapped tiles; {} below that, or where the ops have no table (the torch twins). The table was
     made for the swapped programs, which hold 64-128 rows each, so that their precise sin and cos cost microseconds
-    per launch (kernels/norm_qkv.py rope_table); with the dense form (from 48 rows when measured) it still saved
-    time at 48 rows and did not show at 128 (docs/KERNELS.md). Below 17 rows the table's launch cost more than it
-    saved: Llama-1B shape, H200, one process, the 1-row step 0.895 / 0.959 / 0.932 ms with it against 0.879 / 0.916
-    / 0.918 without (results/h200/llama-1b-dense-rows/rope-table-rows)."""
+    per launch (kernels/norm_qkv.py rope_table). Below 17 rows the table's launch costs more than it saves
+    (docs/KERNELS.md, "norm_qkv"; results/h200/llama-1b-dense-rows/rope-table-rows)."""
     if ops.rope_table is None or not use_swap(pos.shape[0]):
         return {}
     kinds = {layer.rope for layer in W.layers if not whole_qk_norms(W, layer)}
@@ -92,7 +90,7 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     (kernels/greedy.py GreedyFinish): also choose the greedy tokens and advance its state and flag in place
     (ops.greedy, after the head); ids and pos may be views of that state: they are read before it is written."""
     # slot and length int64 (the attention takes either): a `pad.to(int32)` here was recomputed by inductor
-    # before every layer's attention, 16 one-element kernels per step at Llama-1B (its output code, H200)
+    # before every layer's attention, 16 one-element kernels per step at Llama-1B (inductor's output code)
     scale = {} if W.embed_scale is None else dict(scale=W.embed_scale)
     h, slot, length = ops.embed(W.embed, W.pos_embed, ids, pos, pad, **scale)  # (B, H), (B,), (B,)
     ropes = step_ropes(W, pos)

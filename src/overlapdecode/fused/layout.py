@@ -30,17 +30,18 @@ DECODERS = ("qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma", "gemma2", "
 SUPPORTED = LLAMA_FAMILY + ("gpt2",) + DECODERS
 
 
-def model_family(model) -> str:
-    """ "llama" or "gpt2", or a ValueError naming the supported families."""
+def model_family(model, name: str | None = None) -> str:
+    """ "llama" or "gpt2", or a ValueError naming the supported families. `name`: the model's, for the error
+    (default: its class's; a caller with the config alone names its architecture)."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type in LLAMA_FAMILY or model_type in DECODERS:
         return "llama"
     if model_type == "gpt2":
         return "gpt2"
     raise ValueError(
-        f"model: the fused path supports the Llama family (Llama, Qwen2, Mistral), GPT-2, Qwen3, Phi-3, Granite, "
-        f"SmolLM3, OLMo2, Gemma 1/2/3 (text), Qwen3-MoE, Mixtral and gpt-oss, got model_type {model_type!r} "
-        f"({type(model).__name__}); use another strategy for it"
+        f"strategy 'fused': the fused path supports the Llama family (Llama, Qwen2, Mistral), GPT-2, Qwen3, Phi-3, "
+        f"Granite, SmolLM3, OLMo2, Gemma 1/2/3 (text), Qwen3-MoE, Mixtral and gpt-oss, got model_type {model_type!r} "
+        f"({name or type(model).__name__}); use another strategy for it"
     )
 
 
@@ -79,13 +80,13 @@ def fuse_weights(model) -> FusedWeights:
 def _fuse_llama(model) -> FusedWeights:
     cfg = model.config
     if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise ValueError(f"model: the fused path supports the SiLU MLP, got hidden_act={cfg.hidden_act!r}")
+        raise ValueError(f"strategy 'fused': the fused path supports the SiLU MLP, got hidden_act={cfg.hidden_act!r}")
     if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
-        raise ValueError("model: the fused path does not support sliding-window layers")
+        raise ValueError("strategy 'fused': the fused path does not support sliding-window layers")
     rotary = model.model.rotary_emb
     rope_type = getattr(rotary, "rope_type", "default")
     if rope_type not in _STATIC_ROPE:
-        raise ValueError(f"model: the fused path supports RoPE types {_STATIC_ROPE}, got {rope_type!r}")
+        raise ValueError(f"strategy 'fused': the fused path supports RoPE types {_STATIC_ROPE}, got {rope_type!r}")
     first = model.model.layers[0].self_attn
     head_dim = first.head_dim
     layers = []
@@ -135,10 +136,11 @@ def _fuse_gpt2(model) -> FusedWeights:
     cfg = model.config
     if cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ValueError(
-            f"model: the fused path supports GPT-2's tanh GELU, got activation_function={cfg.activation_function!r}"
+            f"strategy 'fused': the fused path supports GPT-2's tanh GELU, got "
+            f"activation_function={cfg.activation_function!r}"
         )
     if getattr(cfg, "reorder_and_upcast_attn", False):
-        raise ValueError("model: the fused path does not support reorder_and_upcast_attn")
+        raise ValueError("strategy 'fused': the fused path does not support reorder_and_upcast_attn")
     tr = model.transformer
     layers = []
     for block in tr.h:
@@ -185,7 +187,9 @@ def _fuse_gpt2(model) -> FusedWeights:
 
 
 def _refuse(cfg, what: str):
-    raise ValueError(f"model: the fused path does not support {cfg.model_type}'s {what}; use another strategy for it")
+    raise ValueError(
+        f"strategy 'fused': the fused path does not support {cfg.model_type}'s {what}; use another strategy for it"
+    )
 
 
 def _module_eps(norm, eps: float, cfg, name: str) -> None:

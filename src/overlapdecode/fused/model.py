@@ -35,22 +35,10 @@ from .weights import shard_vocab
 
 # Caches (and so CUDA graphs, whose inputs they are) kept per shape; a few shapes are kept.
 KEEP_CACHES = 4
-# The programmatic dependent launch mode of the step's kernels where the GPU has it (kernels/pdl.py): LATE,
-# the fastest step in one graph at both measured shapes (H200: Llama-1B 0.916 ms against WAIT's 0.949 and no
-# PDL's 0.962; GPT-2 0.334 against 0.362 and 0.373; results/h200/pdl-modes, docs/KERNELS.md).
-PDL_DEFAULT = 3
-# Tile keywords per (kernel, N, K) of the weight where a shape's measured best differs from the kernels'
-# defaults, for 16-bit weights (float32 keeps the defaults: twice the shared memory per stage). Each entry was
-# timed in the whole step in one CUDA graph on an H200 (docs/KERNELS.md, "Tiles"). GPT-2's output and down
-# projections: 16 columns per program, twice the programs of the default 32 (step 0.332 -> 0.309 ms with the
-# sweep's bests, 0.311 with these two alone; results/h200/gpt2-kernel-sweep). (The sweep's split-K targets, 4 and
-# 2 x the H200's SMs, are left to the default, 2 x the SMs of the GPU at hand: on the H200 the same splits, as
-# 768 x 768 is not split at either.) Llama-3's LM head at the 1B shape from 4 rows on: 128 x 128, 8 warps, 3
-# stages, the one winner of 24 tiles tried in the step at batch 8, then against the entry it replaced (64 x 128,
-# 4 warps): batch 4 0.9418 -> 0.9403 ms, 8 0.9637 -> 0.9595, 16 1.0143 -> 0.9985 (results/h200/llama-1b-step-tiles).
-# GPT-2's LM head (50257 x 768): 128 columns per program, K tiles of 64, 4 stages: 393 programs where the default
-# has 1571 (batch 1 0.3056 -> 0.3002 ms, batch 8 0.3911 -> 0.3777; the kernel alone 28.0 -> 22.7 us, 2.76 -> 3.40
-# TB/s; results/h200/gpt2-lm-head-tiles). Measured at batch 1 and 8; applied at every batch.
+# Tile keywords per (kernel, N, K) of the weight where a shape's best, timed in the whole step in one CUDA graph,
+# differs from the kernels' defaults, for 16-bit weights (float32 keeps the defaults: twice the shared memory per
+# stage): GPT-2's output and down projections (16 columns per program: more, shorter programs), GPT-2's LM head and
+# Llama-3's LM head at the 1B shape from 4 rows on (docs/KERNELS.md, "Tiles: how they were chosen").
 TILES: dict = {
     ("linear_residual", 768, 768): dict(block_n=16, block_k=256, num_warps=4, num_stages=4),
     ("linear_residual", 768, 3072): dict(block_n=16, block_k=64, num_warps=2, num_stages=4),
@@ -135,15 +123,12 @@ class Tiled:
         return self.fn(*args, **kwargs, **self.keywords(tuple(args[self.w_arg].shape), args[0].shape[0]))
 
 
-def triton_ops(
-    device: torch.device, pdl: int = 0, tiles: dict | None = None, norm_sums: bool = False, preload: bool = False
-) -> StepOps:
+def triton_ops(device: torch.device, pdl: bool = False, tiles: dict | None = None, norm_sums: bool = False) -> StepOps:
     """The Triton kernels, with the split-K ticket counters of this model's steps (one stream at a time: the
-    Decoder's lock), launched in programmatic dependent launch mode `pdl` (kernels/pdl.py; 0: off), with the
+    Decoder's lock), launched with programmatic dependent launch where `pdl` (kernels/pdl.py), with the
     tiles of `tiles` (FusedModel's; None: the kernels' defaults everywhere); `norm_sums`: the hidden states'
     writers hand their RMSNorm sums of squares to their readers (kernels/norm_linear.py NormSums; for an
-    unsharded RMSNorm model); `preload`: the projections of at most 16 rows in the preload form (kernels/preload.py).
-    Imported here because Triton is an optional, heavy dependency of the CUDA path."""
+    unsharded RMSNorm model). Imported here because Triton is an optional, heavy dependency of the CUDA path."""
     from .kernels.decode_attention import decode_attention
     from .kernels.embed import embed
     from .kernels.greedy import greedy_choice
@@ -162,22 +147,20 @@ def triton_ops(
     sums = dict(norm_sums=NormSums()) if norm_sums else {}  # one, shared by the writers and readers of h
     # normalised rows handed from the dense O and down epilogues to the next projection (kernels/residual_norm.py)
     hand = dict(sums, normed_rows=NormedRows())
-    gemv = dict(hand, preload=True) if preload else hand  # the projections' keywords
     return StepOps(
         Tiled(
-            functools.partial(norm_qkv, tickets=tickets, pdl=pdl, **gemv), "norm_qkv", 4, tiles, dict(programs=4 * sms)
+            functools.partial(norm_qkv, tickets=tickets, pdl=pdl, **hand), "norm_qkv", 4, tiles, dict(programs=4 * sms)
         ),
         functools.partial(decode_attention, pdl=pdl, tickets=tickets),
         Tiled(
-            functools.partial(linear_residual_norm, tickets=tickets, pdl=pdl, **gemv),
+            functools.partial(linear_residual_norm, tickets=tickets, pdl=pdl, **hand),
             "linear_residual",
             1,
             tiles,
             dict(programs=2 * sms),
         ),
-        Tiled(functools.partial(norm_linear, tickets=tickets, pdl=pdl, **gemv), "norm_linear", 4, tiles),
-        # one launch in the PDL chain instead of 3-5 torch ops: H200, step in one graph, bfloat16 batch
-        # 1: GPT-2 0.310 -> 0.303 ms, Llama-1B 0.919 -> 0.914
+        Tiled(functools.partial(norm_linear, tickets=tickets, pdl=pdl, **hand), "norm_linear", 4, tiles),
+        # one launch in the PDL chain instead of 3-5 torch ops (docs/KERNELS.md, "embed")
         functools.partial(embed, pdl=pdl, **sums),
         # one PDL launch instead of inductor's choice kernels and two copies (kernels/greedy.py)
         functools.partial(greedy_choice, tickets=tickets, pdl=pdl),
@@ -191,11 +174,10 @@ def triton_ops(
 class FusedOptions(NamedTuple):
     kernels: str  # "triton" or "torch"
     compile_prefill: bool
-    pdl: int  # kernels/pdl.py mode
+    pdl: bool  # programmatic dependent launch (kernels/pdl.py)
     symmetric_all_reduce: bool
     tiles: dict | None  # None: TILES for 16-bit weights, none for float32
     vocab_parallel: bool  # under tp: each rank reads its rows of the LM head and the logits are gathered
-    preload: bool  # the row-block GEMVs load their weights before their wait (kernels/preload.py)
 
 
 OPTION_NAMES = FusedOptions._fields
@@ -223,10 +205,7 @@ def check_option_values(**options) -> None:
         )
     if options.get("kernels") not in (None, "triton", "torch"):
         raise ValueError(f"kernels must be 'triton' or 'torch', got {options['kernels']!r}")
-    pdl = options.get("pdl")
-    if not (pdl is None or isinstance(pdl, bool) or (_int(pdl) and 0 <= pdl <= 4)):
-        raise ValueError(f"pdl must be 0, 1, 2, 3, 4 or a bool (kernels/pdl.py), got {pdl!r}")
-    for name in ("compile_prefill", "symmetric_all_reduce", "vocab_parallel", "preload"):
+    for name in ("pdl", "compile_prefill", "symmetric_all_reduce", "vocab_parallel"):
         if options.get(name) is not None and not isinstance(options[name], bool):
             raise ValueError(f"{name} must be a bool or None, got {options[name]!r}")
     tiles = options.get("tiles")
@@ -270,9 +249,7 @@ def check_options(model, **options) -> FusedOptions:
     fast = kernels == "triton" and pdl_supported(device)
     pdl = options.get("pdl")
     if pdl is None:
-        pdl = PDL_DEFAULT if fast else 0
-    elif pdl is True:
-        pdl = PDL_DEFAULT
+        pdl = fast
     if pdl and not fast:
         raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
     compile_prefill = options.get("compile_prefill")
@@ -282,17 +259,13 @@ def check_options(model, **options) -> FusedOptions:
     if symmetric and (kernels != "triton" or not is_sharded(model)):
         raise ValueError("symmetric_all_reduce needs a tensor-parallel shard run by the Triton kernels")
     vocab_parallel = options.get("vocab_parallel")
-    preload = bool(options.get("preload"))
-    if preload and kernels != "triton":
-        raise ValueError("preload is a form of the Triton kernels (kernels/preload.py): it needs kernels='triton'")
     return FusedOptions(
         kernels,
         compile_prefill,
-        int(pdl),
+        pdl,
         symmetric,
         options.get("tiles"),
         True if vocab_parallel is None else vocab_parallel,
-        preload,
     )
 
 
@@ -300,17 +273,14 @@ class FusedModel:
     """The fused decode of `model` (a family of layout.SUPPORTED; anything else is a ValueError).
 
     `kernels`: "triton" or "torch"; default Triton on CUDA, torch elsewhere. `compile_prefill`: compile the
-    prefill per prompt bucket (default on CUDA). `pdl`: the programmatic dependent launch mode of the Triton
-    kernels (kernels/pdl.py: 0 off, 1 wait, 2 early, 3 late, 4 ahead; True means PDL_DEFAULT; default: PDL_DEFAULT
-    where the GPU has PDL, sm_90+, else 0). `tiles`: {(kernel name, N, K[, min_batch]): tile keywords} for the
-    Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32). `symmetric_all_reduce`: a
-    tensor-parallel shard's decode step sums its partial products by a one-shot all-reduce over symmetric memory
-    (tp.SymmetricAllReduce) instead of NCCL (default off; on two H200s: tp=1's float32 tokens, 8B tp=2 0.74x of
-    tp=1 against 0.84x with NCCL, docs/TENSOR_PARALLEL.md).
+    prefill per prompt bucket (default on CUDA). `pdl`: launch the Triton kernels with programmatic dependent
+    launch (kernels/pdl.py; default: where the GPU has it, sm_90+). `tiles`: {(kernel name, N, K[, min_batch]):
+    tile keywords} for the Triton kernels (see Tiled; default: TILES for 16-bit weights, none for float32).
+    `symmetric_all_reduce`: a tensor-parallel shard's decode step sums its partial products by a one-shot
+    all-reduce over symmetric memory (tp.SymmetricAllReduce) instead of NCCL (default off; docs/TENSOR_PARALLEL.md
+    has its speed).
     `vocab_parallel`: under tensor parallelism each rank reads only its rows of the LM head and the step gathers
     the logits (tp.VocabShard; default on; False keeps the head replicated, as the Hugging Face model has it).
-    `preload`: the projections of launches of at most 16 rows in the preload form (kernels/preload.py: each
-    program's weights loaded before its `gdc_wait`, meant for pdl=4; default off: not measured yet).
     Every option is checked (check_options) before the weights are touched.
     """
 
@@ -319,11 +289,10 @@ class FusedModel:
         model,
         kernels: str | None = None,
         compile_prefill: bool | None = None,
-        pdl: int | bool | None = None,
+        pdl: bool | None = None,
         symmetric_all_reduce: bool | None = False,
         tiles: dict | None = None,
         vocab_parallel: bool | None = None,
-        preload: bool | None = None,
     ):
         opts = check_options(
             model,
@@ -333,7 +302,6 @@ class FusedModel:
             symmetric_all_reduce=symmetric_all_reduce,
             tiles=tiles,
             vocab_parallel=vocab_parallel,
-            preload=preload,
         )  # before any GPU work
         self.weights = fuse_weights(model)
         self.max_positions = model_limits(model)[1]  # the cache never holds more slots (None: no limit known)
@@ -349,9 +317,7 @@ class FusedModel:
         # comes between a writer and its reader (unsharded)
         sums = self.weights.norm != "layer" and self.weights.tp is None
         self.ops = (
-            triton_ops(self.device, self.pdl, tiles, norm_sums=sums, preload=opts.preload)
-            if self.kernels == "triton"
-            else REFERENCE_OPS
+            triton_ops(self.device, self.pdl, tiles, norm_sums=sums) if self.kernels == "triton" else REFERENCE_OPS
         )
         # whether greedy_step can write each step's tokens and flag into a StepLog (its flags in pinned host
         # memory): the Triton kernel can on any device; the torch twin only where host and device memory are one (CPU)
@@ -360,11 +326,9 @@ class FusedModel:
             self.ops = self.ops._replace(symmetric=SymmetricAllReduce(self.weights.tp.group, self.device))
         compile_prefill = opts.compile_prefill
         # on CUDA the compiled prefill of each bucket is also one CUDA graph (torch.compile's, reduce-overhead): its
-        # few hundred launches otherwise cost milliseconds of host time before the first token (H200: TTFT 5.1
-        # ms at Llama-1B, 5.9 ms at GPT-2, against decode steps of 0.95 and 0.36 ms). Its guards and
-        # input checks run once per call, not per token; its logits are consumed before the next call replays it.
-        # (Captured by hand instead, as the decode step is, it crashed on the H200 with an illegal memory access
-        # and gained GPT-2 0.4 ms of TTFT where it ran: removed; CHANGELOG.md, "Tried and dropped".)
+        # few hundred launches otherwise cost milliseconds of host time before the first token (docs/KERNELS.md,
+        # "Prefill"). Its guards and input checks run once per call, not per token; its logits are consumed before
+        # the next call replays it. (Captured by hand instead, as the decode step is, it crashed: CHANGELOG.md.)
         mode = "reduce-overhead" if self.device.type == "cuda" else None
         self._prefill = torch.compile(forward.prefill, dynamic=False, mode=mode) if compile_prefill else forward.prefill
         self._compiled_prefill = compile_prefill

@@ -78,9 +78,9 @@ class GraphStep:
 
 
 def choose(fused, logits, noise, params: SamplingParams, seen, state, eos_ids, pad_id: int, done, log=None) -> None:
-    """The sampled choice on (B, V) logits (kernels/sample.py's kernels on CUDA, launched with the fused step's PDL
-    mode; its torch twin elsewhere and for greedy with a repetition penalty): advances state, done, `seen` and the
-    step log in place."""
+    """The sampled choice on (B, V) logits (kernels/sample.py's kernels on CUDA, with the fused step's programmatic
+    dependent launch where `fused.pdl`; its torch twin elsewhere and for greedy with a repetition penalty): advances
+    state, done, `seen` and the step log in place."""
     if logits.is_cuda and params.do_sample:
         sample_choice(logits.float(), noise, params, seen, state, eos_ids, pad_id, done, log, pdl=fused.pdl)
     else:

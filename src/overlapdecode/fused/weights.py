@@ -185,7 +185,7 @@ def fuse_rows(owners: list[tuple[nn.Module, str]]) -> torch.Tensor | None:
     params = [getattr(m, n) for m, n in owners]
     if any(p is None for p in params):
         if not all(p is None for p in params):
-            raise ValueError("model: some of the projections fused together have a bias and others not")
+            raise ValueError("strategy 'fused': some of the projections fused together have a bias and others not")
         return None
     if _is_fused_run(params):
         return _span(params)

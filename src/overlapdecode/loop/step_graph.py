@@ -1,9 +1,8 @@
 """StepGraph: the buffers of one decode step of a fixed shape, and that step captured by hand into a CUDA graph.
 
 Why: torch.compile's CUDA graphs (mode="reduce-overhead") check guards and the addresses of every input on
-each replay. For the fused step that host work took longer than the step's kernels (H200, commit 78bb448:
-Llama-1B 1.20 ms per token against 0.97 ms for the same kernels replayed from one graph; GPT-2 with the GPU
-busy 66% of the time). A graph captured here replays with one `cudaGraphLaunch`: the step reads and writes
+each replay. For the fused step that host work took longer than the step's kernels (docs/KERNELS.md, "Graphs and
+launches"). A graph captured here replays with one `cudaGraphLaunch`: the step reads and writes
 only the buffers this object owns (`state`, `eos`, `noise`, `done`, `log`, `seen`) and tensors of fixed address
 (the fused weights and cache), so nothing is copied in or checked per step. Its Triton kernels are launched
 eagerly during the capture, with the launch options dynamo's tracing cannot pass (programmatic dependent launch).

@@ -349,9 +349,21 @@ def load_model(
     return tensor_parallel.shard_(model, place).to(place.device).eval()
 
 
+# the files a saved tokenizer is made of (one at least): without any, a directory has no tokenizer
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
 def load_tokenizer(name_or_path: str):
     """The tokenizer of a model, set for generation: the byte-level one (tokenizer.py) for an embedded name,
-    else the one saved with the model (hub name or directory), or None for a directory saved without one.
+    else the one saved with the model (hub name or directory). A directory saved without one (or with one that
+    does not load) is a ValueError naming the path.
 
     A Hugging Face tokenizer is returned with `padding_side="left"` (generate refuses right padding, which is
     what most tokenizers are saved with) and, when it has no pad token, EOS as its pad token (GPT-2's has
@@ -365,15 +377,21 @@ def load_tokenizer(name_or_path: str):
     from transformers import AutoTokenizer  # optional and slow to import: only for hub models and directories
 
     path = os.path.expanduser(name_or_path)
+    none_here = (
+        f"{name_or_path}: no tokenizer in this directory (save one beside the model with tokenizer.save_pretrained)"
+    )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):
-        if os.path.isdir(path):
-            return None
-        raise
+    except (OSError, ValueError) as err:
+        if not os.path.isdir(path):
+            raise
+        if not any(os.path.exists(os.path.join(path, n)) for n in _TOKENIZER_FILES):
+            raise ValueError(none_here) from None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{name_or_path}: its tokenizer does not load ({type(err).__name__}: {first})") from None
     # transformers 5 builds an empty tokenizer (no vocabulary) for a directory saved without one
     if getattr(tokenizer, "vocab_size", 1) == 0:
-        return None
+        raise ValueError(none_here)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token

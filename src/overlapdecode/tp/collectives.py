@@ -71,8 +71,8 @@ class SymmetricAllReduce:
     """One-shot all-reduce over symmetric memory, for the fused decode step on CUDA (its StepGraph captures it).
 
     Why: a decode step's all-reduces are tiny (B x hidden: 8 KB at Llama-3-8B, batch 1) and there are two per
-    layer; NCCL's fixed cost per call, even inside a CUDA graph, ate most of what tp=2 saves (H200, Llama-3-8B,
-    commit 5d51a65: 4.42 -> 3.71 ms/token, 0.84x). Here each rank's kernel writes its partial sum straight
+    layer; NCCL's fixed cost per call, even inside a CUDA graph, ate most of what tp=2 saves
+    (docs/TENSOR_PARALLEL.md). Here each rank's kernel writes its partial sum straight
     into its own buffer of a pair that every rank mapped at rendezvous, and one kernel
     (`torch.ops.symm_mem.one_shot_all_reduce`) waits at a barrier for the peers, reads their buffers over
     NVLink and sums: no NCCL launch, no ring. The two buffers of a shape alternate: a rank can be at most one

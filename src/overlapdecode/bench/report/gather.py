@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 
+from . import outdir
 from .tp_summary import tp_probe_summary
 
 
@@ -40,5 +41,10 @@ def gather(dirs: list[str], path: str, command: str) -> None:
         text = re.sub(r"\]\((?!https?:)([^)]+)\)", lambda m: f"]({rel}/{m.group(1)})", text)
         text = re.sub(r"\| (trace-[^ |]+) \|", lambda m: f"| [{m.group(1)}]({rel}/{m.group(1)}) |", text)
         parts += ["", f"## `{rel}`", "", text]
-    with open(path, "w") as f:
-        f.write("\n".join(parts) + "\n")
+    text = "\n".join(parts) + "\n"
+
+    def put(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+
+    outdir.replace(os.path.dirname(os.path.abspath(path)), os.path.basename(path), put)  # whole or not at all

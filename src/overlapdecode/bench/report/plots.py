@@ -6,8 +6,7 @@ matplotlib is imported only when plots are drawn: a report rebuilt from JSON nee
 
 from __future__ import annotations
 
-import os
-
+from . import outdir
 from .figures import WITHIN_NOISE, at, first_call_overheads, largest_overhead, order, series, timed
 
 
@@ -19,8 +18,10 @@ def _save(fig, axes, out_dir: str, name: str) -> None:
     if handles:
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, name), dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:  # to a temporary name, then renamed; never over a file the bench did not write
+        outdir.write_file(out_dir, name, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight"), "bench")
+    finally:
+        plt.close(fig)
 
 
 def _panels(out_dir: str, name: str, keys: list, draw, width: float = 5.5) -> None:

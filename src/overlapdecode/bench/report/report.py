@@ -8,8 +8,7 @@ measures: every figure comes from the JSON, and every claim is stated with the f
 
 from __future__ import annotations
 
-import os
-
+from . import outdir
 from .claims import MIN_REPEATS, claims
 from .figures import (
     at,
@@ -46,6 +45,7 @@ def on_cpu(rows) -> bool:
 def build(out_dir: str) -> str:
     """Write DIR/report.md and DIR/*.png from DIR/results.json; returns the report's path."""
     results = load(out_dir)
+    outdir.may_write(out_dir, "report.md", "bench")  # before the plots: a refused report writes nothing
     rows = results["rows"]
     gpu_rows = [r for r in rows if r.get("device", "").startswith("cuda")]
     md = _header(results) + _claims(results, gpu_rows) + _configurations(rows) + _eos(rows) + _busy(rows)
@@ -54,10 +54,7 @@ def build(out_dir: str) -> str:
         md.append(f"![{what}]({png})")
     if not gpu_rows:
         md += ["", "No CUDA device: memory and GPU figures are unavailable, times are CPU times."]
-    path = os.path.join(out_dir, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(md) + "\n")
-    return path
+    return outdir.write_text(out_dir, "report.md", "\n".join(md) + "\n", "bench")
 
 
 def _header(results: dict) -> list[str]:

@@ -20,6 +20,8 @@ import subprocess
 import torch
 import transformers
 
+from . import outdir
+
 RESULTS = "results.json"
 
 # Every row names its configuration; a timed row (one with `seq_s`) also carries its figures.
@@ -217,12 +219,9 @@ def load(out_dir: str) -> dict:
 
 
 def write(out_dir: str, results: dict) -> None:
-    """Replace DIR/results.json whole: written beside it, then renamed, so a crash never leaves it cut short."""
-    path = os.path.join(out_dir, RESULTS)
-    tmp = path + ".partial"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(tmp, path)
+    """Replace DIR/results.json whole: written beside it, then renamed, so a crash never leaves it cut short
+    (outdir.write_json: listed in the directory's manifest first)."""
+    outdir.write_json(out_dir, RESULTS, results, "bench")
 
 
 def finalize(
@@ -289,5 +288,5 @@ def finalize(
     with_kernel_counts(results["rows"])
     write(out_dir, results)
     for path in rows_paths:
-        os.remove(path)
+        outdir.remove(out_dir, os.path.basename(path))
     return results

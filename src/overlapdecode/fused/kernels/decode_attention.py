@@ -320,9 +320,8 @@ def block_sizes(D: int, dtype: torch.dtype) -> tuple[int, int]:
 def choose_num_splits(B: int, Hkv: int, S: int, block_n: int, programs: int = TARGET_PROGRAMS) -> int:
     """Splits per (row, kv head), from shapes alone: the largest power of two that keeps the grid within
     `programs` (the fused step: 2 x the GPU's SMs), no more splits than blocks of keys of the cache, at most
-    MAX_SPLITS. A power of two because the combine pads the pieces to one (SPLIT_PAD): at one row of 16K keys
-    (Llama-1B heads, H200) 32 splits took 20.0 us where 33 took 22.9 (scripts/attention_sweep.py,
-    results/h200/llama-attention-sweep)."""
+    MAX_SPLITS. A power of two because the combine pads the pieces to one (SPLIT_PAD; docs/KERNELS.md, "Decode attention
+    at long contexts")."""
     want = max(1, programs // (B * Hkv))
     return max(1, min(1 << (want.bit_length() - 1), triton.cdiv(S, block_n), MAX_SPLITS))
 
@@ -331,19 +330,15 @@ def direct_tiles(block_d: int, num_splits: int, pairs: int, programs: int) -> tu
     """(BLOCK_N, num_warps) where one program per (row, kv head) reads its whole live range because the `pairs` =
     B x Hkv programs alone are past half the grid target `programs` (many rows: choose_num_splits gives 1 whatever
     the cache) and the heads are at most 64 wide: blocks of 32 keys on 2 warps, so that more programs share an SM.
-    None elsewhere (a short cache at a few rows included): block_sizes's keys on 4 warps. Measured
-    alone on an H200 (Llama-1B heads, bfloat16, scripts/attention_sweep.py, us, against 64 keys on 4 warps): 64
-    rows x 96 keys 7.32 -> 6.98, 128 x 96 10.93 -> 9.36, 64 x 160 9.62 -> 8.16, 128 x 160 16.82 -> 13.63
-    (results/h200/llama-attention-sweep/many-rows); the pipeline depth stays the one the 64-key blocks give."""
+    None elsewhere (a short cache at a few rows included): block_sizes's keys on 4 warps. The pipeline depth stays
+    the one the 64-key blocks give (results/h200/llama-attention-sweep/many-rows; docs/KERNELS.md)."""
     return (32, 2) if num_splits == 1 and 2 * pairs > programs and block_d <= 64 else None
 
 
 def pipeline_stages(S: int, block_n: int, num_splits: int) -> int:
     """The launch's num_stages: 3 where a piece of a full cache spans at least 4 blocks of keys, so that the
     next blocks' loads run under this one's dots; 2 for short pieces, where a deeper pipeline only adds its
-    prologue. Measured on an H200 (scripts/attention_sweep.py, results/h200/llama-attention-sweep), us per call:
-    1 x 16K keys 22.9 -> 18.2, 8 x 8K 48.7 -> 38.9 (Llama-1B heads), 8 x 8K 95.1 -> 71.8 (Llama-8B); at 64 and
-    128 rows of 96 keys 3 stages were 4% slower."""
+    prologue (results/h200/llama-attention-sweep; docs/KERNELS.md, "Decode attention at long contexts")."""
     return 3 if triton.cdiv(triton.cdiv(S, block_n), num_splits) >= 4 else 2
 
 
@@ -380,7 +375,7 @@ def decode_attention(
     block_n=None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
     tickets: Tickets | None = None,
     softcap: float | None = None,
     sinks=None,
@@ -398,7 +393,7 @@ def decode_attention(
     num_splits, block_n: overrides of the shape-derived choices, for tuning and tests (static values);
       num_warps, num_stages: the launch's (None: 4 warps, or direct_tiles's where block_n is not given;
       num_stages pipeline_stages of block_sizes's keys; scripts/attention_sweep.py times them).
-    pdl: the programmatic dependent launch mode of the kernel (pdl.py; 0: off; sm_90+).
+    pdl: launch with programmatic dependent launch (pdl.py; sm_90+).
     tickets: the ticket counters of the split (linear_residual.Tickets; default: fresh zeros, a fill per call).
     """
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
@@ -492,7 +487,7 @@ def decode_attention(
         SPLIT_PAD=triton.next_power_of_2(num_splits),
         DIRECT=direct,
         IEEE=q.dtype == torch.float32,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         SOFTCAP=None if softcap is None else float(softcap),
         num_warps=num_warps,
         num_stages=num_stages,

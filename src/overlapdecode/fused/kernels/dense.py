@@ -2,40 +2,27 @@
 
 Why: from a few dozen rows a swapped Triton GEMV (swap_ab.py) reads its weights once, but each of its programs
 also reads every row of x for its K range, and its main loop is a plain pipelined `tl.dot`; at 64-128 rows the
-small projections (QKV, O) took 2-2.5x cuBLAS's time for the same product alone (scripts/swap_sweep.py, H200,
-Llama-1B shape: QKV at 128 rows 16.7 us against 6.8). In dense form the launch becomes two: `torch.mm` writes the
-float32 product x @ w.T (B, N) (cuBLAS, 16-bit operands accumulated in float32: the accumulator a Triton program
-holds), and the kernel of the same launch runs with PRODUCT set: it loads its tile of that product instead of
-computing it, and runs its own epilogue unchanged (bias, rounding, RoPE and the cache write, the residual add, the
-norm sums), so every family the kernel serves is served the same way.
+small projections (QKV, O) took a multiple of cuBLAS's time for the same product alone (docs/KERNELS.md, "Dense
+form"). In dense form the launch becomes two: `torch.mm` writes the float32 product x @ w.T (B, N) (cuBLAS, 16-bit
+operands accumulated in float32: the accumulator a Triton program holds), and the kernel of the same launch runs
+with PRODUCT set: it loads its tile of that product instead of computing it, and runs its own epilogue unchanged
+(bias, rounding, RoPE and the cache write, the residual add, the norm sums), so every family the kernel serves is
+served the same way.
 
 Which launches take it (`use_dense`): every QKV and every linear_residual launch (O, down) from DENSE_ROWS rows
 on; gate/up and the LM head keep their fused GEMVs (their float32 products, 2 x the intermediate size or the
-vocabulary wide, would cost more to write and read back than cuBLAS saves; not measured). Measured in one process
-(scripts/scale_sweep.py --variants, H200, bfloat16, ms/step, two rounds each; results/h200/llama-1b-dense-rows and
-llama-8b-dense-64-rows): at the Llama-1B shape, fused launches against all three dense, 32 rows 1.060 / 1.100
-against 1.155 / 1.138 (dense loses), 48 rows 1.221 / 1.211 against 1.191 / 1.186, 64 rows 1.263 / 1.265 against
-1.215 / 1.212, 96 rows 1.482 / 1.474 against 1.330 / 1.322, 128 rows 1.597 / 1.599 against 1.431 / 1.443 (QKV
-alone dense 1.531 / 1.530, QKV and O 1.458 / 1.481); at the Llama-3-8B shape, 64 rows 5.656 / 5.580 against 5.141
-/ 5.162. That was with the dense launches of the time; with the products in pieces (below), the next norm in the
-O and down epilogues (residual_norm.py) and the direct attention tiles, dense wins from 24 rows too (24 rows 1.084 /
-1.088 -> 0.892 / 1.011, 32 rows 1.120 / 1.123 -> 0.971 / 1.036, 40 rows 1.217 / 1.221 -> 1.074 / 1.075; f51e95f,
-results/h200/llama-1b-dense-rows/rule-from-17), so DENSE_ROWS is 17, wherever the launch would swap (then at 17
-rows 1.062 / 1.133 -> 1.004 / 0.998, at 20 rows 1.089 / 1.036 -> 1.033 / 1.036: rule-17-20); other shapes were
-not measured below 64 rows. A caller that names the GEMV's tile form (`swap`) gets it, not
-the dense form. The rows reach cuBLAS normalised
+vocabulary wide, would cost more to write and read back than cuBLAS saves; not measured). DENSE_ROWS is 17,
+wherever the launch would swap: in the step dense was as fast or faster from 17 rows at the Llama-1B shape, and at
+64 rows at Llama-3-8B's, the shapes measured (docs/KERNELS.md, "Dense form"; results/h200/llama-1b-dense-rows). A
+caller that names the GEMV's tile form (`swap`) gets it, not the dense form. The rows reach cuBLAS normalised
 (norm_linear.normalized_rows, one launch, as every swapped launch's rows already are, or handed over normalised by
 the O or down epilogue before it: residual_norm.py).
 
 The product in pieces of K (`pieces_for`): cuBLAS tiles a product of 64-128 rows into few output tiles where
-the weight has few rows (H200: 64 x 32 and 24 x 64 tiles at the Llama-1B shape), fewer than the SMs; with K cut
-in two, `torch.bmm` writes two float32 partial products (2, B, N) and the epilogue adds them in a fixed order
-(`product_tile`). Measured alone on an H200 (bfloat16, whole K against two pieces, us; scripts/dense_pieces_sweep.py,
-results/h200/llama-dense-pieces): Llama-1B shape at 64 rows
-QKV 6.68 -> 6.26, O 6.17 -> 5.37, down 14.33 -> 11.67 (cuBLAS's own split-K reduction launch gone); at 128 rows
-7.03 -> 6.24, 6.69 -> 5.41, 17.19 -> 14.33; Llama-3-8B shape at 64 / 128 rows O 11.68 -> 11.79 / 14.03 -> 12.37,
-down 36.64 -> 34.35 / 39.89 -> 36.61, and QKV (6144 rows) 16.46 -> 16.48 / 17.54 -> 18.17, which the rule leaves
-whole.
+the weight has few rows, fewer than the SMs; with K cut in two, `torch.bmm` writes two float32 partial products
+(2, B, N) and the epilogue adds them in a fixed order (`product_tile`). The rule comes from those products timed
+alone and in the step at the Llama-1B and Llama-3-8B shapes (docs/KERNELS.md, "Dense form";
+results/h200/llama-dense-pieces).
 
 Host syncs: none (no value-dependent Python branch); torch.mm is captured into the step's CUDA graph like the
 kernels. A kernel launched after it under PDL waits for it whole (cuBLAS kernels trigger nothing early), so the

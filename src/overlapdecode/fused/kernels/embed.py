@@ -84,11 +84,11 @@ def _embed_kernel(
         tl.store(len_ptr + b, slot + 1)
 
 
-def embed(wte, wpe, ids, pos, pad, scale: float | None = None, block: int = 1024, pdl: int = 0, norm_sums=None):
+def embed(wte, wpe, ids, pos, pad, scale: float | None = None, block: int = 1024, pdl: bool = False, norm_sums=None):
     """The Triton kernel of `embed_ref` (tables contiguous (rows, H); ids, pos, pad (B,) of any stride: the
     decode loop's tokens and positions are columns of its (B, 3) state); `scale`: as there, a constexpr of the
-    launch; `pdl`: the mode of pdl.py; `norm_sums` (norm_linear.NormSums): record h's sums of squares per block
-    there (of the scaled values), for the first RMSNorm."""
+    launch; `pdl`: programmatic dependent launch (pdl.py); `norm_sums` (norm_linear.NormSums): record h's sums of
+    squares per block there (of the scaled values), for the first RMSNorm."""
     require_contiguous(wte=wte, wpe=wpe)
     B = ids.shape[0]
     V, H = wte.shape
@@ -117,7 +117,7 @@ def embed(wte, wpe, ids, pos, pad, scale: float | None = None, block: int = 1024
         HAS_POS=wpe is not None,
         SUMS=sums is not None,
         BLOCK=block,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         SCALE=None if scale is None else float(scale),
         num_warps=4,
         **pdl_launch(pdl),

@@ -17,9 +17,9 @@ cdiv(B, BLOCK_M)): each program loads its (BLOCK_M, BLOCK_V) tile of float32 log
 maximum and first column holding it (NaN first), (NBLK, B) partials; in each row block the program that takes the
 block's last ticket reduces its rows' partials in column-block order (the first block holding a row's maximum
 wins: the first index, whichever program came last) and writes their state; of those, the last (a second ticket)
-writes the flag. Why per row block: with one program reducing every row block in turn the kernel took 59.3 us in
-the 128-row step (results/h200/llama-1b-timeline-128-rows), 39.5 per row block; the flag needs only a count of the
-rows still running, added by each block's reduction before its second ticket.
+writes the flag. Why per row block: one program reducing every row block in turn was slower at many rows
+(docs/KERNELS.md, "greedy_choice"); the flag needs only a count of the rows still running, added by each block's
+reduction before its second ticket.
 
 Folding the same partials and reduction into the LM head's own programs saves the launch but makes the step
 slower: the head, the one kernel at full bandwidth, loses more than the launch saves (CHANGELOG.md, "tried and
@@ -45,9 +45,8 @@ BIG_INDEX = tl.constexpr(2**31 - 1)  # above any column: "no candidate"
 REDUCE_BLOCKS = tl.constexpr(256)  # column blocks the last program reduces per iteration
 
 
-# Logits per row per program: 2048 at one row (8 KB per program: 25 programs at GPT-2's vocabulary, 63 at
-# Llama-3's), fewer as rows are added, down to 512 (at batch 8 and 2048 per row, 63 programs of 64 KB made the
-# step graph 0.950 -> 0.959 ms at Llama-1B, bf094fd; batch 1 0.906 -> 0.901, GPT-2 0.299 -> 0.296).
+# Logits per row per program: 2048 at one row, fewer as rows are added (a program's tile stays small), down to 512
+# (docs/KERNELS.md, "greedy_choice").
 def block_v_for(rows: int) -> int:
     return max(512, 2048 // min(16, triton.next_power_of_2(rows)))
 
@@ -63,7 +62,7 @@ class StepLog(NamedTuple):
     into the device's address space); the host reads a step's slot once the event recorded after that step
     has completed (loop/stopping.py). `count` (1,) int32 on the device. Why: the copy of the token into the
     output and of the flag to pinned memory after each replay were two more operations on the GPU's queue per
-    token (H200, GPT-2: 0.305 ms/token with them, 0.297 without the flag's)."""
+    token (docs/KERNELS.md, "Graphs and launches")."""
 
     tokens: torch.Tensor
     flags: torch.Tensor
@@ -325,12 +324,17 @@ def check_finish(finish: GreedyFinish, batch: int, device) -> None:
 
 
 def greedy_choice(
-    logits: torch.Tensor, finish: GreedyFinish, tickets: Tickets | None = None, pdl: int = 0, block_v: int | None = None
+    logits: torch.Tensor,
+    finish: GreedyFinish,
+    tickets: Tickets | None = None,
+    pdl: bool = False,
+    block_v: int | None = None,
 ) -> None:
     """The Triton kernel of `greedy_finish_ref`: logits (B, V) float32 with contiguous rows (a column slice,
     such as the vocabulary-parallel head's gathered logits, is read in place); writes finish.state and
     finish.done (and finish.log) in place. `tickets`: the launch's counters, one per row block and two more
-    (linear_residual.Tickets; default fresh zeros); `pdl`: pdl.py's mode; `block_v`: logits per row per program (a power of two; default block_v_for(B))."""
+    (linear_residual.Tickets; default fresh zeros); `pdl`: programmatic dependent launch (pdl.py); `block_v`: logits
+    per row per program (a power of two; default block_v_for(B))."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(
             f"logits must be a (B, V) float32 tensor, got {getattr(logits, 'shape', logits)!r} "
@@ -380,7 +384,7 @@ def greedy_choice(
         BLOCK_M=block_m,
         BLOCK_V=block_v,
         LOG=log is not None,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4,
         **pdl_launch(pdl),
     )

@@ -19,13 +19,14 @@ import triton
 import triton.language as tl
 
 from . import dense as dense_gemm
-from .pdl import pdl_ahead, pdl_launch, pdl_release, pdl_start
-from .preload import COLS, preload_tiles
+from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
     acc_dot,
     acc_rows,
     acc_zeros,
+    fit_k,
+    row_tile,
     sm_count,
     split_k,
     split_limit,
@@ -160,8 +161,8 @@ def _linear_split_kernel(
     HAS_RES: tl.constexpr,
     RES_SCALE: tl.constexpr,
     PRODUCT: tl.constexpr = 0,
-    PRELOAD: tl.constexpr = 0,
 ):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -169,17 +170,7 @@ def _linear_split_kernel(
     row_ok = rows < B
     col_ok = cols < N
     out_ok = row_ok[:, None] & col_ok[None, :]
-    if PRELOAD:  # preload.py: the program's whole K range (K_CHUNK == BLOCK_K) of weights, before the wait
-        pdl_ahead(PDL)
-        kp = pid_k * K_CHUNK + tl.arange(0, BLOCK_K)
-        kp_ok = kp < K
-        wp = tl.load(w_ptr + cols[:, None] * K + kp[None, :], mask=col_ok[:, None] & kp_ok[None, :], other=0.0)
-    pdl_start(PDL)
-    if PRELOAD:  # x after the wait: the kernel ahead wrote it
-        xv = tl.load(x_ptr + rows[:, None] * K + kp[None, :], mask=row_ok[:, None] & kp_ok[None, :], other=0.0)
-        acc = acc_rows(acc_dot(acc_zeros(BLOCK_M, BLOCK_N, SWAP), xv, wp, SWAP), SWAP)
-        pdl_release(PDL)
-    elif PRODUCT:  # dense.py: the float32 product (B, N), in PRODUCT pieces, is at part_ptr; only the epilogue is left
+    if PRODUCT:  # dense.py: the float32 product (B, N), in PRODUCT pieces, is at part_ptr; only the epilogue is left
         acc = dense_gemm.product_tile(part_ptr, rows[:, None] * N + cols[None, :], out_ok, B * N, PRODUCT)
         pdl_release(PDL)
     else:
@@ -228,29 +219,26 @@ def linear_residual(
     num_warps: int | None = None,
     num_stages: int | None = None,
     tickets: Tickets | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
     out: torch.Tensor | None = None,
     norm_sums=None,
     swap: bool | None = None,
     res_scale: float | None = None,
     dense: bool | None = None,
     then_norm: tuple | None = None,
-    preload: bool = False,
 ):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N) or None (the
     branch alone, which records no norm sums); `res_scale`: as there, a constexpr of the launch.
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on where not dense); the tile keywords left None are
     the row-block kernel's defaults (32 x 128, 4 warps, 3 stages) or, swapped, swap_ab.swap_tiles's.
     `programs`: the grid size split-K aims at (default 2 x the SMs, or swapped swap_tiles's: one per SM); `tickets`: the counters of the split
-    (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: the programmatic
-    dependent launch mode of pdl.py (0: off; sm_90+); `out`: a contiguous tensor like `residual` to write the
+    (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: programmatic
+    dependent launch (pdl.py; sm_90+); `out`: a contiguous tensor like `residual` to write the
     result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_linear.NormSums): record the
     output rows' sums of squares per column block there, for the RMSNorm that reads the output next. `dense`: the
     product by cuBLAS and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `then_norm`: the norm
     that reads the output next, as for linear_residual_ref: not applied here (residual_norm.linear_residual_norm, the
-    step's launch, applies it in the same launch where it can). `preload`: at most 16 rows, the preload form
-    (preload.py: each program's weights loaded before its wait, tiles from the shape, the tile keywords ignored)
-    where the weight is small enough for it."""
+    step's launch, applies it in the same launch where it can)."""
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
@@ -259,19 +247,21 @@ def linear_residual(
         residual, norm_sums = torch.empty((B, N), dtype=x.dtype, device=x.device), None  # never read
     swapped = use_swap(B, swap)
     product = dense_gemm.use_dense(B, N, K, dense, swap)
-    ahead = preload_tiles(ROW_TILE, N, K, w.element_size()) if preload and not (product or swapped) else None
-    if ahead is not None:  # one K tile per program, its own split
-        tiles = dict(block_m=ROW_TILE, block_n=COLS, programs=1, **ahead)
-        block_n = block_k = programs = num_warps = num_stages = None
-    elif product:  # the epilogue over the product's (16 x 64) tiles: no K loop, no split
+    if product:  # the epilogue over the product's (16 x 64) tiles: no K loop, no split
         tiles = dict(block_m=ROW_TILE, block_n=64, block_k=16, num_warps=4, num_stages=1, programs=1)
         swapped = False
         block_n = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
     elif swapped:
         tiles = swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device))
     else:
+        block_m = row_tile(B, w.element_size())
         tiles = dict(
-            block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3, programs=2 * sm_count(x.device)
+            block_m=block_m,
+            block_n=32,
+            block_k=fit_k(block_m, 32, 128),
+            num_warps=4,
+            num_stages=3,
+            programs=2 * sm_count(x.device),
         )
     if programs is None:
         programs = tiles["programs"] if x.is_cuda else 1
@@ -286,12 +276,9 @@ def linear_residual(
         out = torch.empty_like(residual)
     elif out.shape != residual.shape or out.dtype != residual.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {residual.dtype} tensor of shape {tuple(residual.shape)}")
-    if ahead is not None:  # the preload form's own split (preload.py)
-        split = ahead["split"]
-    else:
-        split = 1 if product else split_k(n_blocks, K, block_k, programs)
-        if swapped:
-            split = min(split, split_limit(B, K, w.element_size()))
+    split = 1 if product else split_k(n_blocks, K, block_k, programs)
+    if swapped:
+        split = min(split, split_limit(B, K, w.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     row_blocks = triton.cdiv(B, block_m)
     if product:
@@ -321,12 +308,11 @@ def linear_residual(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         SWAP=swapped,
         HAS_RES=has_res,
         RES_SCALE=None if res_scale is None else float(res_scale),
         PRODUCT=pieces if product else 0,
-        PRELOAD=int(ahead is not None),
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(pdl),

@@ -384,7 +384,7 @@ def moe_experts(
     norm_style: str = "rms",
     block_n: int = 16,
     block_k: int = 128,
-    pdl: int = 0,
+    pdl: bool = False,
     *,
     b_up=None,
     b_down=None,
@@ -404,7 +404,7 @@ def moe_experts(
     E, I = logits.shape[1], w_down.shape[2]
     act = torch.empty((B, top_k, I), dtype=h.dtype, device=h.device)
     out = torch.empty_like(h)
-    common = dict(BLOCK_E=triton.next_power_of_2(E), BLOCK_N=block_n, PDL=int(pdl), num_warps=4, **pdl_launch(pdl))
+    common = dict(BLOCK_E=triton.next_power_of_2(E), BLOCK_N=block_n, PDL=bool(pdl), num_warps=4, **pdl_launch(pdl))
     _gate_up_kernel[(B * top_k, triton.cdiv(I, block_n))](
         h,
         norm_w,

@@ -22,14 +22,14 @@ import triton
 import triton.language as tl
 
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
-from .pdl import pdl_ahead, pdl_launch, pdl_release, pdl_start
-from .preload import COLS, preload_tiles
+from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
-    ROW_TILE,
     acc_dot,
     acc_rows,
     acc_zeros,
+    fit_k,
     pair_rows,
+    row_tile,
     sm_count,
     split_limit,
     swap_tiles,
@@ -123,8 +123,7 @@ class NormSums:
 
     Why: a norm prologue computes each row's 1/rms before its tiles can be normalised, and every program of a
     norm kernel did it again over all of x (B, K): at batch 8 and Llama-1B, 32 KB per program, 528 programs of
-    norm_qkv and 512 of the gate/up projection per layer (scripts/kernel_sweep.py on an H200, each kernel alone:
-    QKV 8.6 us at batch 1, 11.2 at batch 8; gate/up 19.3 and 22.8; CHANGELOG.md has the runs). The writers
+    norm_qkv and 512 of the gate/up projection per layer (docs/KERNELS.md, "RMSNorm sums"). The writers
     (`embed`, `linear_residual`) already hold their output tile in registers: each stores the sum of squares of its tile's rows (of the values as stored, in
     the model dtype), (NB, B) float32, NB = its column blocks; the reader sums those NB in a fixed order.
 
@@ -134,8 +133,7 @@ class NormSums:
     kernels; host-side bookkeeping only, at launch (or capture) time, nothing per replay.
 
     Writers record sums from `min_rows` rows on. At one row the pass over x is 4 KB per program and the sums
-    cost more than they save (H200, Llama-1B bfloat16 step in one graph: batch 1 0.915-0.920 ms without,
-    0.921-0.930 with; batch 8 1.069 -> 0.968; CHANGELOG.md)."""
+    cost more than they save."""
 
     def __init__(self, min_rows: int = 2):
         self.min_rows = min_rows
@@ -330,16 +328,14 @@ def _norm_rows_kernel(
     pdl_release(PDL)
 
 
-def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tuple, pdl: int = 0) -> torch.Tensor:
+def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tuple, pdl: bool = False) -> torch.Tensor:
     """x (B, K) normalised as the kernels' prologue normalises it (norm_stats, then norm_tile: the same code; the
     same bits where the statistics come from recorded sums, while from x its K tiles of up to 1024 group the sum
     of squares otherwise than a kernel's K tiles, a float32 ulp apart), in x's dtype: what a swapped launch multiplies. Why: inside a swapped program the
     normalised tile is computed in registers, so it reaches the MMA through a register-to-shared store in every
     K step instead of an asynchronous copy, and each program repeats the row statistics over all of K for up to
-    128 rows; scripts/swap_sweep.py on an H200 measured the swapped gate/up at 128 rows 5x slower than the same
-    GEMM with plain loads (124.9 against 23.5 us; cuBLAS 21.9). One launch of (B / 4) programs reads and writes the
-    (B, K) rows once instead: the same swapped gate/up then took 61.2 us, the LM head 463 -> 295 (cuBLAS 146).
-    Used where swap_ab.use_prenorm says. `sums_arg`: sums_args's (sums, NB, NB_PAD) for x."""
+    128 rows. One launch of (B / 4) programs reads and writes the (B, K) rows once instead (docs/KERNELS.md, "Rows
+    normalised beforehand"). Used where swap_ab.use_prenorm says. `sums_arg`: sums_args's (sums, NB, NB_PAD) for x."""
     B, K = x.shape
     sums, nb, nb_pad = sums_arg
     out = torch.empty_like(x)
@@ -359,7 +355,7 @@ def normalized_rows(x, norm_w, norm_b, eps: float, norm_style: str, sums_arg: tu
         BLOCK_M=block_m,
         BLOCK_K=min(1024, triton.next_power_of_2(K)),
         NB_PAD=nb_pad,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4,
         **pdl_launch(pdl),
     )
@@ -373,7 +369,7 @@ def swapped_operand(
     eps: float,
     norm_style: str,
     sums_arg: tuple,
-    pdl: int,
+    pdl: bool,
     swapped: bool,
     prenorm: bool | None,
     normed_rows: NormedRows | None = None,
@@ -436,8 +432,8 @@ def _norm_linear_kernel(
     SWAP: tl.constexpr,
     LOGIT_DIV: tl.constexpr,
     SOFTCAP: tl.constexpr,
-    PRELOAD: tl.constexpr = 0,
 ):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(2)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # batch rows
@@ -446,14 +442,6 @@ def _norm_linear_kernel(
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
-    if PRELOAD:  # preload.py: the program's whole K range (K_CHUNK == BLOCK_K) of weights, before the wait
-        pdl_ahead(PDL)
-        kp = pid_k * K_CHUNK + ks
-        wm = col_ok[:, None] & (kp < K)[None, :]
-        wt = tl.load(w_ptr + cols[:, None] * K + kp[None, :], mask=wm, other=0.0)
-        if ACT >= 2:  # gate/up: the up rows too
-            wu = tl.load(w_ptr + (cols + N)[:, None] * K + kp[None, :], mask=wm, other=0.0)
-    pdl_start(PDL)
 
     # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
     mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
@@ -468,16 +456,7 @@ def _norm_linear_kernel(
     else:
         acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
         acc2 = acc_zeros(BLOCK_M, BLOCK_N, SWAP)  # the up rows of gate/up
-    if PRELOAD:  # one K tile, from the preloaded weights (row-block tiles only: the wrapper never swaps them)
-        tl.static_assert(not SWAP)
-        k_ok = kp < K
-        xn = norm_tile(
-            x_ptr, nw_ptr, nb_ptr, rows, kp, k_ok, row_ok[:, None] & k_ok[None, :], mean, rstd, K, LAYER, dtype
-        )
-        acc = acc_dot(acc, xn, wt, SWAP)
-        if ACT >= 2:
-            acc2 = acc_dot(acc2, xn, wu, SWAP)
-    for k0 in range(0, K_CHUNK * (1 - PRELOAD), BLOCK_K):
+    for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
@@ -618,7 +597,7 @@ def norm_linear(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
     norm_sums: NormSums | None = None,
     swap: bool | None = None,
     programs: int | None = None,
@@ -628,20 +607,17 @@ def norm_linear(
     softcap: float | None = None,
     prenorm: bool | None = None,
     normed_rows: NormedRows | None = None,
-    preload: bool = False,
 ):
     """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
     there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
-    tile (32 x 256, 4 warps, 3 stages) was within 4% of the best configuration at both the Llama-1B and the
-    Llama-8B shapes of scripts/kernel_sweep.py on the H200 (gate/up 26.9 -> 19.3 us at 1B against 32 x 128).
+    tile (32 x 256, 4 warps, 3 stages) is the one near the best at both Llama shapes of scripts/kernel_sweep.py
+    (docs/KERNELS.md, "Tiles").
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on), whose tile keywords left None are
     swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default swap_tiles's, one program
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums). `prenorm`: whether
     a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm); `normed_rows`: where its
-    writer may have recorded them (NormedRows). `preload`: at most 16 rows, the preload form (preload.py: each
-    program's weights loaded before its wait, K split by the shape's rule, the tile keywords ignored) where the
-    weight is small enough for it."""
+    writer may have recorded them (NormedRows)."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     B, K = x.shape
@@ -653,22 +629,17 @@ def norm_linear(
         x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm, normed_rows
     )
     accs = 2 if gated else 1
-    ahead = None if swapped or not preload else preload_tiles(accs * COLS, accs * n_out, K, w.element_size())
-    if ahead is not None:  # one K tile per program, its own split
-        tiles = dict(block_m=ROW_TILE, block_n=COLS, **ahead)
-        block_n = block_k = num_warps = num_stages = None
-    elif swapped:
+    if swapped:
         tiles = swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device))
     else:
-        tiles = dict(block_m=ROW_TILE, block_n=32, block_k=256, num_warps=4, num_stages=3)
+        block_m = row_tile(B, w.element_size())
+        tiles = dict(block_m=block_m, block_n=32, block_k=fit_k(block_m, 32, 256), num_warps=4, num_stages=3)
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]
     n_blocks, row_blocks = triton.cdiv(n_out, block_n), triton.cdiv(B, block_m)
     split = 1
-    if ahead is not None:
-        split = ahead["split"]
-    elif swapped:
+    if swapped:
         if programs is None:
             programs = tiles["programs"] if x.is_cuda else 1
         split = min(split_k(n_blocks, K, block_k, programs), split_limit(B, K, w.element_size()))
@@ -704,11 +675,10 @@ def norm_linear(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         NB_PAD=nb_pad,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         SWAP=swapped,
         LOGIT_DIV=None if logit_div is None else float(logit_div),
         SOFTCAP=None if softcap is None else float(softcap),
-        PRELOAD=int(ahead is not None),
         num_warps=num_warps or tiles["num_warps"],
         num_stages=num_stages or tiles["num_stages"],
         **pdl_launch(pdl),

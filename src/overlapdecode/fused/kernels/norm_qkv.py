@@ -21,14 +21,14 @@ import triton.language as tl
 from . import dense as dense_gemm
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
 from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
-from .pdl import pdl_ahead, pdl_launch, pdl_release, pdl_start
-from .preload import COLS, preload_tiles
+from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
-    ROW_TILE,
     acc_dot,
     acc_rows,
     acc_zeros,
+    fit_k,
     pair_rows,
+    row_tile,
     sm_count,
     split_limit,
     swap_tiles,
@@ -160,11 +160,11 @@ def rope_table_ref(inv_freq, rope_scale: float, pos, dtype) -> torch.Tensor:
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def rope_table(inv_freq, rope_scale: float, pos, dtype, pdl: int = 0) -> torch.Tensor:
+def rope_table(inv_freq, rope_scale: float, pos, dtype, pdl: bool = False) -> torch.Tensor:
     """The Triton kernel of `rope_table_ref`, one launch per step and rotary table: computed once, read by every
     layer's norm_qkv (`rope_table=`) instead of each program evaluating sin and cos for its tile. Why: at 128 rows a
-    swapped QKV program holds 128 rows x 32 pairs, and with the precise sin and cos of each (libdevice, as torch's)
-    the launch took 22.6 us against 16.3 without RoPE (H200, Llama-1B shape, scripts/swap_sweep.py `ours-norope`)."""
+    swapped QKV program holds 128 rows x 32 pairs, and the precise sin and cos of each (libdevice, as torch's) were a
+    large share of the launch's time (docs/KERNELS.md, "norm_qkv")."""
     if dtype not in _TL_DTYPES:
         raise ValueError(f"dtype must be one of {tuple(_TL_DTYPES)}, got {dtype}")
     if inv_freq.dim() != 1 or not inv_freq.is_floating_point() or not inv_freq.is_contiguous():
@@ -187,7 +187,7 @@ def rope_table(inv_freq, rope_scale: float, pos, dtype, pdl: int = 0) -> torch.T
         BLOCK_B=block_b,
         BLOCK_R=triton.next_power_of_2(R2),
         DT=_TL_DTYPES[dtype],
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4,
         **pdl_launch(pdl),
     )
@@ -358,8 +358,8 @@ def _norm_qkv_kernel(
     rt_ptr,
     TABLE: tl.constexpr,
     PRODUCT: tl.constexpr = 0,
-    PRELOAD: tl.constexpr = 0,
 ):
+    pdl_start(PDL)
     if QK_NORM:  # one head per program, its D/2 pairs in the first lanes of HALF
         pid_k = tl.program_id(1)
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -383,14 +383,6 @@ def _norm_qkv_kernel(
     else:  # partial rotary: pair p < ROT/2 is rows (p, p + ROT/2) of the head, the others pair the rows past ROT
         w1 = head * D + tl.where(dim < ROT // 2, dim, dim + ROT // 2)
         w2 = head * D + tl.where(dim < ROT // 2, dim + ROT // 2, dim + D // 2)
-    if PRELOAD:  # preload.py: the program's whole K range (K_CHUNK == BLOCK_K) of both rows, before the wait
-        tl.static_assert(not SWAP)
-        pdl_ahead(PDL)
-        kp = pid_k * K_CHUNK + tl.arange(0, BLOCK_K)
-        wm = dim_ok[:, None] & (kp < K)[None, :]
-        wa = tl.load(w_ptr + w1[:, None] * K + kp[None, :], mask=wm, other=0.0)
-        wb = tl.load(w_ptr + w2[:, None] * K + kp[None, :], mask=wm, other=0.0)
-    pdl_start(PDL)
     finish = True
     n_rows = (n_heads + 2 * n_kv) * D  # the row length of the product or of the split's partial sums
     ok = row_ok[:, None] & dim_ok[None, :]
@@ -415,13 +407,7 @@ def _norm_qkv_kernel(
         else:
             acc1 = acc_zeros(BLOCK_M, HALF, SWAP)
             acc2 = acc_zeros(BLOCK_M, HALF, SWAP)
-        if PRELOAD:  # one K tile, from the preloaded weights
-            k_ok = kp < K
-            m = row_ok[:, None] & k_ok[None, :]
-            xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kp, k_ok, m, mean, rstd, K, LAYER, dtype)
-            acc1 = acc_dot(acc1, xn, wa, SWAP)
-            acc2 = acc_dot(acc2, xn, wb, SWAP)
-        for k0 in range(0, K_CHUNK * (1 - PRELOAD), BLOCK_K):
+        for k0 in range(0, K_CHUNK, BLOCK_K):
             kk = k_lo + k0 + ks
             k_ok = kk < k_hi
             m = row_ok[:, None] & k_ok[None, :]
@@ -495,8 +481,8 @@ def _norm_qkv_kernel(
 
 def swapped_qkv_tiles(rows: int, halves: int, K: int, elt_bytes: int, sms: int) -> dict:
     """swap_ab.swap_tiles's tiles for QKV's `halves` rotary pairs (two weight rows each), with 8 warps from 64 batch
-    rows: the RoPE epilogue holds both halves of the tile and their cos and sin at once (64 rows, Llama-1B shape,
-    H200: 14.6 us against 16.9 on 4 warps, scripts/swap_sweep.py)."""
+    rows: the RoPE epilogue holds both halves of the tile and their cos and sin at once (docs/KERNELS.md, "Where
+    the time goes")."""
     plan = swap_tiles(rows, halves, K, elt_bytes, 2, sms)
     if rows >= 64:  # measured at 64 and 128 rows; 33-63 rows keep swap_tiles's 4 (not timed)
         plan["num_warps"] = 8
@@ -525,7 +511,7 @@ def norm_qkv(
     num_warps: int | None = None,
     num_stages: int | None = None,
     tickets: Tickets | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
     norm_sums: NormSums | None = None,
     swap: bool | None = None,
     q_norm=None,
@@ -535,7 +521,6 @@ def norm_qkv(
     rope_table: torch.Tensor | None = None,
     dense: bool | None = None,
     normed_rows: NormedRows | None = None,
-    preload: bool = False,
 ):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
@@ -551,9 +536,7 @@ def norm_qkv(
     instead of computed (None: computed in the epilogue from inv_freq, rope_scale and pos, which a table replaces:
     it must have been made from the same ones, in x's dtype). `dense`: the product by cuBLAS on the normalised
     rows and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `normed_rows`: where x's writer
-    may have recorded x normalised by this norm (NormedRows), taken instead of normalising it again. `preload`: at
-    most 16 rows, the preload form (preload.py: each program's weights loaded before its wait, `COLS` pairs or one
-    head per program, K split by the shape's rule, the tile keywords ignored) where the weight is small enough."""
+    may have recorded x normalised by this norm (NormedRows), taken instead of normalising it again."""
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
@@ -591,20 +574,14 @@ def norm_qkv(
     x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
         x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped or product, prenorm, normed_rows
     )
-    ahead = None
-    if preload and not (swapped or product):
-        pairs = max(16, triton.next_power_of_2(head_dim // 2)) if qk_norm else COLS  # a program's rotary pairs
-        ahead = preload_tiles(2 * pairs, w.shape[0], K, w.element_size())
-    if ahead is not None:  # one K tile per program, its own split
-        plan = dict(block_m=ROW_TILE, block_n=pairs, **ahead)
-        half = block_k = programs = num_warps = num_stages = None
-    elif swapped:
+    if swapped:
         plan = swapped_qkv_tiles(B, halves, K, w.element_size(), sm_count(x.device))
     else:
+        block_m, block_n = row_tile(B, w.element_size()), min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
         plan = dict(
-            block_m=ROW_TILE,
-            block_n=min(32, triton.next_power_of_2(max(head_dim // 2, 1))),
-            block_k=256,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=fit_k(block_m, block_n, 256),
             num_warps=4,
             num_stages=3,
         )
@@ -617,8 +594,7 @@ def norm_qkv(
         tiles = n_heads + 2 * n_kv
         # the plan's weight tile elements per K tile, not more: its shared memory (float32 at HALF 128 and K tiles
         # of 256 would need 575 KB of an H200's 227 per program; sm_90 PTX's `shared`, tests/test_kernel_compile.py)
-        if ahead is None:
-            block_k = block_k or max(16, min(plan["block_k"], plan["block_n"] * plan["block_k"] // half))
+        block_k = block_k or max(16, min(plan["block_k"], plan["block_n"] * plan["block_k"] // half))
     else:
         half = half or plan["block_n"]
         tiles = triton.cdiv(halves, half)
@@ -626,12 +602,9 @@ def norm_qkv(
     q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
     if programs is None:  # row-block: no split; swapped: swap_tiles's target
         programs = plan["programs"] if swapped and x.is_cuda else 1
-    if ahead is not None:  # the preload form's own split (preload.py)
-        split = ahead["split"]
-    else:
-        split = 1 if product else split_k(tiles, K, block_k, programs)
-        if swapped:
-            split = min(split, split_limit(B, K, w.element_size()))
+    split = 1 if product else split_k(tiles, K, block_k, programs)
+    if swapped:
+        split = min(split, split_limit(B, K, w.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     dummy = w
     row_blocks = triton.cdiv(B, block_m)
@@ -681,7 +654,7 @@ def norm_qkv(
         BLOCK_M=block_m,
         BLOCK_K=block_k,
         NB_PAD=nb_pad,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         SWAP=swapped,
         qn_ptr=q_norm,  # None without (a constexpr None: no parameter)
         kn_ptr=k_norm,
@@ -691,7 +664,6 @@ def norm_qkv(
         rt_ptr=rope_table,  # None without (a constexpr None: no parameter)
         TABLE=rope_table is not None,
         PRODUCT=pieces if product else 0,
-        PRELOAD=int(ahead is not None),
         num_warps=num_warps or plan["num_warps"],
         num_stages=num_stages or plan["num_stages"],
         **pdl_launch(pdl),
@@ -816,7 +788,7 @@ def qk_norm_rope(
     pos,
     style: str = "rms_f32",
     block: int = 1024,
-    pdl: int = 0,
+    pdl: bool = False,
 ):
     """The Triton kernel of `qk_norm_rope_ref` (OLMo2's "rms_f32" style only, whole-head rotary): grid (B, 2), one
     program per row for its Q heads and one for its K at the slot, each reading its heads twice (the sum of
@@ -848,7 +820,7 @@ def qk_norm_rope(
         D=D,
         BLOCK=min(block, triton.next_power_of_2(Hq * D // 2)),
         ROPE=inv_freq is not None,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4,
         **pdl_launch(pdl),
     )

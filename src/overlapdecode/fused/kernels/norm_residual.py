@@ -62,8 +62,9 @@ def _norm_residual_kernel(
         tl.store(out_ptr + row * H + c0 + cols, (res + n.to(tl.float32)).to(dtype), mask=ok)
 
 
-def norm_residual(x, norm_w, eps: float, residual, style: str = "rms", block: int = 1024, pdl: int = 0):
-    """The Triton kernel of `norm_residual_ref`: x, residual (B, H) contiguous, norm_w (H,); `pdl`: pdl.py's mode."""
+def norm_residual(x, norm_w, eps: float, residual, style: str = "rms", block: int = 1024, pdl: bool = False):
+    """The Triton kernel of `norm_residual_ref`: x, residual (B, H) contiguous, norm_w (H,); `pdl`: programmatic
+    dependent launch (pdl.py)."""
     require_contiguous(x=x, norm_w=norm_w, residual=residual)
     B, H = x.shape
     out = torch.empty_like(residual)
@@ -76,7 +77,7 @@ def norm_residual(x, norm_w, eps: float, residual, style: str = "rms", block: in
         eps,
         STYLE=STYLES.index(style),
         BLOCK=min(block, triton.next_power_of_2(H)),
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4,
         **pdl_launch(pdl),
     )

@@ -1,4 +1,5 @@
-"""Programmatic dependent launch (PDL, Hopper and later): the prologue every kernel of the fused step runs.
+"""Programmatic dependent launch (PDL, Hopper and later): the prologue and the release every kernel of the fused
+step runs.
 
 A kernel launched with `launch_pdl=True` may be scheduled before the kernel ahead of it on the stream has
 finished: its launch and block set-up overlap that kernel's tail instead of following it (inside a CUDA
@@ -7,23 +8,12 @@ and its writes are visible, so it comes first, before any load: a kernel reads n
 kernel of the chain waits, kernel i + 2 also sees kernel i's writes (the ticket counters and partial sums
 shared by consecutive split-K launches included).
 
-When the next kernel may start is the `PDL` mode:
-- 0: no PDL (CPU, the interpreter, GPUs before sm_90): both instructions compiled out.
-- 1 (wait): the next kernel is scheduled as this kernel's programs exit.
-- 2 (early): also `gdc_launch_dependents` at the start: the next kernel is scheduled as soon as every
-  program of this one has started; its programs then wait on the SMs that happen to be free, which can
-  leave a GEMV's programs unevenly spread (measured: Llama-1B step 0.965 -> 1.008 ms, GPT-2 0.374 ->
-  0.338 ms, H200, commit cacedb8).
-- 3 (late): `gdc_launch_dependents` once a program has finished its main loop (`pdl_release`), so the next
-  kernel is scheduled during this one's epilogues (the split-K finish, RoPE, the stores), when every SM is
-  about to free up. The default on sm_90+: the fastest at every measured shape (docs/KERNELS.md).
-- 4 (ahead): `gdc_launch_dependents` first, before the wait, so the next kernel is scheduled as soon as every
-  program of this one has started, even while they still wait for the kernel ahead. Meant for the preload form
-  of the GEMVs (preload.py): a program of the next GEMV loads its whole share of the weights into registers
-  before its own `gdc_wait`, so the weights of the next kernel stream in while this one runs. The one exception
-  to "nothing is read before the wait": weights, which no kernel of the step writes. It cannot deadlock: a kernel
-  is scheduled only once every program of the kernel ahead has started, so the oldest unfinished kernel always
-  has all its programs on the GPU and waits on nothing unfinished. Not measured yet; not a default.
+`PDL` (a constexpr) is on or off:
+- off (CPU, the interpreter, GPUs before sm_90): both instructions compiled out.
+- on: `gdc_wait` at the start (`pdl_start`), and `gdc_launch_dependents` once a program has finished its main
+  loop (`pdl_release`), so the next kernel is scheduled during this one's epilogues (the split-K finish, RoPE,
+  the stores), when every SM is about to free up. The fastest of the modes measured (docs/KERNELS.md,
+  "Programmatic dependent launch").
 """
 
 import triton
@@ -31,30 +21,18 @@ import triton.language as tl
 
 
 @triton.jit
-def pdl_ahead(PDL: tl.constexpr):
-    """Mode 4's trigger, for a kernel that loads its weights before `pdl_start`; `pdl_start` issues it again, which
-    changes nothing (a program's first `griddepcontrol.launch_dependents` is the one that counts)."""
-    if PDL == 4:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
 def pdl_start(PDL: tl.constexpr):
-    if PDL == 4:
-        tl.extra.cuda.gdc_launch_dependents()
-    if PDL >= 1:
+    if PDL:
         tl.extra.cuda.gdc_wait()
-    if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
 def pdl_release(PDL: tl.constexpr):
-    if PDL == 3:
+    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 
-def pdl_launch(pdl: int) -> dict:
+def pdl_launch(pdl: bool) -> dict:
     """The launch keyword for PDL, empty without it (so that a launch dynamo traces, which knows only
     warps/stages/ctas, never sees it)."""
     return {"launch_pdl": True} if pdl else {}

@@ -9,9 +9,8 @@ reads the output next (the MLP's norm after the O projection, the next layer's o
 and writes both; `xn` is recorded in a NormedRows for the launch that multiplies it (norm_linear.swapped_operand),
 which then skips its own `normalized_rows` launch.
 
-Why: from DENSE_ROWS rows a layer ran eleven launches, five of them a few microseconds of row-wise work each
-(H200, Llama-1B shape, 64 rows, scripts/call_timeline.py: the two normalising launches 2.6 us each, the three
-epilogues 2.1-2.7). A program of this kernel holds whole rows (N up to MAX_N in registers), so the residual add
+Why: from DENSE_ROWS rows a layer ran eleven launches, five of them a few microseconds of row-wise work each (two
+normalising launches, three epilogues; docs/KERNELS.md, "Where the time goes"). A program of this kernel holds whole rows (N up to MAX_N in registers), so the residual add
 and the norm of the same rows are one launch: two launches fewer per layer.
 
 Grid: one program per row (B programs, num_warps from N). The row's statistics come from the values as stored
@@ -101,7 +100,9 @@ def fits(N: int, then_norm, residual) -> bool:
     return norm_w is not None and norm_code(norm_w, norm_b, style) in NORMS
 
 
-def residual_norm(x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, res_scale=None, norm_sums=None, pdl=0):
+def residual_norm(
+    x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, res_scale=None, norm_sums=None, pdl=False
+):
     """linear_residual's dense form, h = residual + x @ w.T (+ bias, Granite's scale), with h normalised by
     `then_norm` = (norm_w, norm_b, eps, norm_style) in the same launch and recorded in `normed_rows` (see the
     module docstring); `norm_sums` (RMSNorm): h's sum of squares recorded there as one block. Returns h."""
@@ -132,7 +133,7 @@ def residual_norm(x, w, b, residual, then_norm: tuple, normed_rows: NormedRows, 
         RES_SCALE=None if res_scale is None else float(res_scale),
         LAYER=layer,
         SUMS=sums is not None,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=warps_for(n_pad),
         **pdl_launch(pdl),
     )
@@ -153,7 +154,7 @@ def linear_residual_norm(
     dense: bool | None = None,
     res_scale: float | None = None,
     norm_sums: NormSums | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
     **kwargs,
 ):
     """The step's linear_residual: residual_norm where the launch is dense (dense.use_dense), `then_norm` names

@@ -486,8 +486,7 @@ def _finish_kernel(
 
 def default_block_v(rows: int) -> int:
     """Logits per row per program: 1024 up to 8 rows, 512 from 16 (tiles of at most 8K logits): about one program
-    per SM of an H200 at a 128K vocabulary. Measured by scripts/sample_sweep.py (H200, top_p 0.9, V = 128256): at
-    one row 12.9 us per choice at 1024 against 17.9 at 4096; at 8 rows 27.6 at 1024, 28.0 at 512, 39.9 at 2048."""
+    per SM of an H200 at a 128K vocabulary (scripts/sample_sweep.py; docs/KERNELS.md, "The sampled choice")."""
     return max(512, min(1024, 8192 // min(16, triton.next_power_of_2(rows))))
 
 
@@ -502,13 +501,13 @@ def sample_choice(
     done: torch.Tensor,
     log: StepLog | None = None,
     block_v: int | None = None,
-    pdl: int = 0,
+    pdl: bool = False,
 ) -> None:
     """The Triton kernels of `sample_finish_ref`: logits (B, V) float32 with contiguous rows, noise (B, V)
     float32, seen (B, V) bool when params.uses_seen (else None), state (B, 3) long, eos (E,) long, done 0-d
-    bool, log a greedy.StepLog or None; writes state, done, seen and the log in place; `pdl`: pdl.py's mode
-    of the five launches (each waits for the one ahead before its first load). No host sync: every value stays
-    on the device."""
+    bool, log a greedy.StepLog or None; writes state, done, seen and the log in place; `pdl`: the five
+    launches with programmatic dependent launch (pdl.py: each waits for the one ahead before its first load). No
+    host sync: every value stays on the device."""
     if not params.do_sample:
         raise ValueError("params: sample_choice samples; the greedy choice is kernels/greedy.py's")
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
@@ -548,7 +547,7 @@ def sample_choice(
         BLOCK_M=block_m,
         PENALTY=seen is not None,
         TOP_K=top_k,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=4 if block_m * block_v <= 4096 else 8,
         **pdl_launch(pdl),
     )
@@ -563,7 +562,7 @@ def sample_choice(
         BLOCK_V=block_v,
         BLOCK_M=block_m,
         PENALTY=seen is not None,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=common["num_warps"],
         **pdl_launch(pdl),
     )
@@ -641,7 +640,7 @@ def sample_choice(
         TOP_K=top_k,
         TOP_P=top_p,
         LOG=log is not None,
-        PDL=int(pdl),
+        PDL=bool(pdl),
         num_warps=8,
         **pdl_launch(pdl),
     )

@@ -23,11 +23,11 @@ The rule (`use_swap`, `swap_tiles`), from the row count and the weight's shape:
 - K tiles of 64, 4 stages, K tiles halved while a pipeline stage (at 128 weight rows) exceeds the shared-memory
   budget; where the weight has more tiles than the GPU has SMs (the LM head), the deepest pipeline at which two
   programs share an SM's shared memory (`two_per_sm`: at 128 rows the LM head's 4 stages of 32 KB left one
-  program per SM; on 3 it took 184.7 us against 197.2, H200, Llama-1B shape, scripts/swap_sweep.py);
+  program per SM);
 - split-K (`split_k`, as the row-block kernels) until the grid reaches one program per SM, but never so far
   that the float32 partial sums (SPLIT x B x N) outweigh the weight bytes they serve.
-Measured on an H200 at the Llama-1B shape, each projection alone at 64 and 128 rows against cuBLAS and a plain
-Triton GEMM of the same orientation: scripts/swap_sweep.py, docs/KERNELS.md.
+Each projection alone at 64 and 128 rows against cuBLAS and a plain Triton GEMM of the same orientation:
+scripts/swap_sweep.py; the figures are in docs/KERNELS.md, "Swapped tiles from 17 rows on".
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ MAX_BATCH_TILE = 128  # rows per program of the swapped kernels
 SMEM_BUDGET = 160 * 1024  # bytes of shared memory a swapped kernel's pipeline may take (H100/H200: 227 KB)
 WEIGHT_TILES = (128, 64, 32)  # weight rows per swapped program, widest first (swap_tiles)
 SM_SMEM = 228 * 1024  # shared memory of one SM (H100/H200), shared by the programs resident on it
+PRODUCT_ELEMENTS = 8192  # float32 values of one broadcast product (acc_dot): 64 registers a thread at 4 warps
 TWO_PER_SM = True  # swap_tiles: with more tiles than SMs, a pipeline shallow enough for two programs per SM
 
 
@@ -55,12 +56,28 @@ def use_prenorm(rows: int) -> bool:
     """Whether a swapped launch over `rows` rows multiplies rows normalised beforehand (norm_linear.normalized_rows,
     one launch more) instead of normalising each K tile in registers: wherever the launch would swap by default
     (from ROW_TILE + 1 rows), since then x reaches shared memory by asynchronous copies like the weights, where the
-    register-normalised tile is stored there by the program in every K step. Measured on an H200 at the Llama-1B
-    shape (bfloat16, the fused step, scripts/scale_sweep.py; results/h200/llama-1b-prenorm-rows): 64 rows 1.311 ms
-    per step pre-normalised (c95e6ac `--prenorm always`, and fc6b970) against 1.490-1.580 in registers (three runs
-    at 03e1384 and c95e6ac); 128 rows 1.817 against 2.617 (03e1384, `--prenorm never`); at 32 rows the runs
-    overlap (1.089 and 1.112 against 1.061 and 1.214)."""
+    register-normalised tile is stored there by the program in every K step (results/h200/llama-1b-prenorm-rows;
+    docs/KERNELS.md, "Rows normalised beforehand")."""
     return rows > ROW_TILE
+
+
+def row_tile(rows: int, elt_bytes: int) -> int:
+    """BLOCK_M of a row-block launch over `rows` rows of weights of `elt_bytes` bytes: ROW_TILE for 16-bit
+    weights, whose tl.dot runs on tensor cores, where padding the rows to 16 costs nothing in a memory-bound step;
+    for 4-byte weights the rows rounded up to a power of two, since a float32 product runs on the CUDA cores
+    (input_precision "ieee": no tensor cores), where each padded row is a row of multiply-adds, and under 16 rows
+    the product is a broadcast multiply summed over K (acc_dot)."""
+    if elt_bytes >= 4:
+        return min(ROW_TILE, triton.next_power_of_2(max(rows, 1)))
+    return ROW_TILE
+
+
+def fit_k(block_m: int, block_n: int, block_k: int) -> int:
+    """The K tile of a row-block launch of `block_m` rows: `block_k`, halved (to 16 at least) while a broadcast
+    product (block_m < ROW_TILE, acc_dot) would hold more than PRODUCT_ELEMENTS float32 values at once."""
+    while block_m < ROW_TILE and block_k > 16 and block_m * block_n * block_k > PRODUCT_ELEMENTS:
+        block_k //= 2
+    return block_k
 
 
 def batch_tile(rows: int) -> int:
@@ -121,9 +138,12 @@ def acc_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
 @triton.jit
 def acc_dot(acc, x, w, SWAP: tl.constexpr):
     """acc + x @ w^T for x (BLOCK_M, BLOCK_K) and w (BLOCK_N, BLOCK_K), in acc's orientation: swapped, the weight
-    tile is the MMA's M and the rows its N (w @ x^T)."""
+    tile is the MMA's M and the rows its N (w @ x^T). Under 16 rows (row_tile's float32 tiles; tl.dot takes 16 at
+    least) a broadcast multiply summed over K, so that no padded row is multiplied."""
     if SWAP:
         return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+    elif x.shape[0] < 16:
+        return acc + tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
     else:
         return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
 
