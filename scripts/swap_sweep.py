@@ -7,7 +7,7 @@ transposed from memory, or read row-major and transposed in registers as the fus
 fused kernels lose to the GEMM itself, to their orientation and to their prologue and epilogue shows apart; and
 `norm_rows`, the normalising launch alone (norm_linear.normalized_rows: the part of `ours` that is not the GEMM);
 `ours-norope`, QKV without its RoPE epilogue (the part of its gap that is the rotation); `ours-table`, QKV reading
-the step's rotary table (norm_qkv.rope_table) as the step does from 17 rows, not computing sin and cos.
+the step's rotary table (kernels/rope.py rope_table) as the step does from 17 rows, not computing sin and cos.
 Timed as CUDA-graph replays over weight copies 4x the L2 (kernel_sweep.rotated), median; writes
 DIR/swap-sweep.json after every kernel.
 
@@ -121,7 +121,8 @@ def main(argv=None):
         raise SystemExit("swap_sweep.py: needs a CUDA GPU")
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
     from overlapdecode.fused.kernels.norm_linear import norm_linear, normalized_rows, sums_args
-    from overlapdecode.fused.kernels.norm_qkv import norm_qkv, rope_table
+    from overlapdecode.fused.kernels.norm_qkv import norm_qkv
+    from overlapdecode.fused.kernels.rope import rope_table
 
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "swap-sweep.json")

@@ -24,7 +24,8 @@ from overlapdecode.fused.kernels.norm_linear import (
     normalized_rows,
     sums_args,
 )
-from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref, rope_cos_sin, rope_table, rope_table_ref
+from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
+from overlapdecode.fused.kernels.rope import rope_cos_sin, rope_table, rope_table_ref
 from overlapdecode.fused.kernels.swap_ab import use_prenorm
 from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
 from triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture: the attention's loops)
@@ -1285,7 +1286,7 @@ def test_generate_of_each_family_with_the_kernels_equals_the_references(name):
 def test_qk_norm_rope(B, Hq, Hkv, D, block, rope):
     """OLMo2's Q/K RMSNorms over the whole projections, then RoPE: Q returned, each row's K rewritten at its slot
     and nothing else of the cache touched."""
-    from overlapdecode.fused.kernels.norm_qkv import qk_norm_rope, qk_norm_rope_ref
+    from overlapdecode.fused.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_ref
 
     torch.manual_seed(B + D)
     S = 7

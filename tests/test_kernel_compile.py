@@ -21,8 +21,9 @@ from overlapdecode.fused.kernels.greedy import _greedy_kernel  # noqa: E402
 from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
 from overlapdecode.fused.kernels.moe import _down_kernel, _gate_up_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_linear import NORM_NONE, _norm_linear_kernel, _norm_rows_kernel  # noqa: E402
-from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel, _rope_table_kernel, swapped_qkv_tiles  # noqa: E402
+from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel, swapped_qkv_tiles  # noqa: E402
 from overlapdecode.fused.kernels.residual_norm import _residual_norm_kernel  # noqa: E402
+from overlapdecode.fused.kernels.rope import _rope_table_kernel  # noqa: E402
 from overlapdecode.fused.kernels.swap_ab import swap_tiles, use_prenorm  # noqa: E402
 from overlapdecode.fused.model import TILES  # noqa: E402
 

@@ -124,6 +124,67 @@ def test_the_decoder_imports_no_fused_module():
     assert done.stdout.strip() == "['overlapdecode.fused.path']"
 
 
+# The floors of the package, top down: a module imports only modules of its own folder or of a lower floor.
+# __main__ > cli/ > bench/ > bench/report/ > __init__ (the public names) > decode.py and facts.py > plan.py and
+# fused/ > loop/ > hf/, models/ and fused/kernels/ > the request (inputs, sampling, strategy) and tp/.
+FLOORS = {
+    "__main__": 9,
+    "cli": 8,
+    "bench": 7,
+    "bench.report": 6,
+    "__init__": 5,
+    "decode": 4,
+    "facts": 4,
+    "plan": 3,
+    "fused": 3,
+    "loop": 2,
+    "hf": 1,
+    "models": 1,
+    "fused.kernels": 1,
+    "inputs": 0,
+    "sampling": 0,
+    "strategy": 0,
+    "tp": 0,
+}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")[1:] or ["__init__"]
+    if parts[:2] in (["fused", "kernels"], ["bench", "report"]):
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def test_every_import_goes_down_a_floor_or_stays_in_its_folder():
+    graph = import_graph(local=True)
+    assert {_room(m) for m in graph} == set(FLOORS)  # every folder and root module has its floor
+    up = [
+        (mod, e)
+        for mod, edges in graph.items()
+        for e in edges
+        if _room(e) != _room(mod) and FLOORS[_room(e)] >= FLOORS[_room(mod)]
+    ]
+    assert up == [], up
+
+
+def test_the_kernels_import_only_the_token_choice_from_above_them():
+    """fused/kernels/ imports nothing of the loop, the fused path or the adapters: only sampling.py (the torch
+    choice its greedy and sampled kernels are checked against)."""
+    graph = import_graph(local=True)
+    kernels = [m for m in graph if _room(m) == "fused.kernels"]
+    assert len(kernels) > 5
+    for mod in kernels:
+        outside = {e for e in graph[mod] if _room(e) != "fused.kernels"}
+        assert outside <= {"overlapdecode.sampling", "overlapdecode.fused"}, (mod, outside)
+
+
+def test_the_package_root_holds_at_most_eight_modules():
+    root = sorted(
+        m for m in _modules() if m.count(".") == 1 and not importlib.util.find_spec(m).submodule_search_locations
+    )
+    assert len(root) <= 8, root
+
+
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -17,8 +17,9 @@ from .kernels.embed import embed_rows
 from .kernels.linear_residual import linear_residual_ref
 from .kernels.moe import moe_dense_ref
 from .kernels.norm_linear import norm_linear_ref, norm_ref
-from .kernels.norm_qkv import apply_rope, qk_norm_ref, rope_cos_sin
+from .kernels.norm_qkv import qk_norm_ref
 from .kernels.norm_residual import norm_residual_ref
+from .kernels.rope import apply_rope, rope_cos_sin
 from .kernels.swap_ab import use_swap
 from .weights import FusedWeights
 
@@ -66,7 +67,7 @@ def step_rope_tables(W: FusedWeights, ropes: dict, pos, ops, dtype) -> dict:
     rows (swap_ab.use_swap's), where norm_qkv runs the dense form (kernels/dense.py, its epilogue over 16-row
     tiles) or, asked, swapped tiles; {} below that, or where the ops have no table (the torch twins). The table was
     made for the swapped programs, which hold 64-128 rows each, so that their precise sin and cos cost microseconds
-    per launch (kernels/norm_qkv.py rope_table). Below 17 rows the table's launch costs more than it saves
+    per launch (kernels/rope.py rope_table). Below 17 rows the table's launch costs more than it saves
     (docs/KERNELS.md, "norm_qkv"; results/h200/llama-1b-dense-rows/rope-table-rows)."""
     if ops.rope_table is None or not use_swap(pos.shape[0]):
         return {}

@@ -233,7 +233,7 @@ def _rope_tables(model, cfg) -> dict:
 def _longrope_tables(rotary, cfg) -> dict:
     """LongRoPE (Phi-3): Hugging Face uses its short table while a forward's largest position + 1 stays within
     original_max_position_embeddings and its long one past it, per forward; the step chooses the same way on the
-    device (reference.step_ropes). The short table is the one the module was made with (`original_inv_freq`: its
+    device (forward.step_ropes). The short table is the one the module was made with (`original_inv_freq`: its
     `inv_freq` buffer may hold the long one after a long forward)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

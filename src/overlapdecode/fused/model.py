@@ -27,8 +27,9 @@ from .kernels.greedy import GreedyFinish, greedy_finish_ref
 from .kernels.linear_residual import linear_residual_ref
 from .kernels.moe import moe_experts_ref
 from .kernels.norm_linear import norm_linear_ref
-from .kernels.norm_qkv import norm_qkv_ref, qk_norm_rope_ref
+from .kernels.norm_qkv import norm_qkv_ref
 from .kernels.norm_residual import norm_residual_ref
+from .kernels.qk_norm_rope import qk_norm_rope_ref
 from .kernels.swap_ab import ROW_TILE
 from .layout import fuse_weights
 from .weights import shard_vocab
@@ -64,9 +65,9 @@ class StepOps(NamedTuple):
     greedy: object  # the greedy choice and stop bookkeeping on the logits, in place (kernels/greedy.py)
     symmetric: object = None  # tp.SymmetricAllReduce for a sharded model's all-reduces, or None
     norm_residual: object = None  # residual + RMSNorm(branch), for post-norm layers (kernels/norm_residual.py)
-    qk_norm_rope: object = None  # whole-projection Q/K norms, then RoPE (kernels/norm_qkv.py), for OLMo2
+    qk_norm_rope: object = None  # whole-projection Q/K norms, then RoPE (kernels/qk_norm_rope.py), for OLMo2
     moe: object = None  # residual + the routed experts (kernels/moe.py), for Qwen3-MoE, Mixtral and gpt-oss
-    rope_table: object = None  # the step's rotary cos/sin, once per table, for the QKV launches (kernels/norm_qkv.py)
+    rope_table: object = None  # the step's rotary cos/sin, once per table, for the QKV launches (kernels/rope.py)
 
 
 REFERENCE_OPS = StepOps(
@@ -135,9 +136,11 @@ def triton_ops(device: torch.device, pdl: bool = False, tiles: dict | None = Non
     from .kernels.linear_residual import Tickets
     from .kernels.moe import moe_experts
     from .kernels.norm_linear import NormedRows, NormSums, norm_linear
-    from .kernels.norm_qkv import norm_qkv, qk_norm_rope, rope_table
+    from .kernels.norm_qkv import norm_qkv
     from .kernels.norm_residual import norm_residual
+    from .kernels.qk_norm_rope import qk_norm_rope
     from .kernels.residual_norm import linear_residual_norm
+    from .kernels.rope import rope_table
 
     # grid targets of the row-block split-K kernels (programs= below; swapped launches take swap_ab.swap_tiles's):
     # measured by scripts/kernel_sweep.py (docs/KERNELS.md)

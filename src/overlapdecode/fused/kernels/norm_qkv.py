@@ -22,6 +22,7 @@ from . import dense as dense_gemm
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
 from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
 from .pdl import pdl_launch, pdl_release, pdl_start
+from .rope import apply_rope, rope_cos_sin, rope_cos_sin_tile
 from .swap_ab import (
     acc_dot,
     acc_rows,
@@ -35,24 +36,6 @@ from .swap_ab import (
     unpair,
     use_swap,
 )
-
-
-def rope_cos_sin(inv_freq, rope_scale: float, pos, dtype):
-    """cos, sin (..., D) as Hugging Face computes them: float32 angles, scaled, rounded to `dtype`."""
-    freqs = pos.float()[..., None] * inv_freq.float()
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * rope_scale).to(dtype), (emb.sin() * rope_scale).to(dtype)
-
-
-def apply_rope(x, cos, sin):
-    """x (..., heads, D); cos/sin (..., R) broadcast over the heads: the first R dims of each head rotated (R < D:
-    partial rotary, the other dims passed through, as Hugging Face's apply_rotary_pos_emb does)."""
-    R = cos.shape[-1]
-    if R < x.shape[-1]:
-        return torch.cat((apply_rope(x[..., :R], cos, sin), x[..., R:]), dim=-1)
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.unsqueeze(-2) + rot * sin.unsqueeze(-2)
 
 
 def qk_norm_ref(q, k, q_norm, k_norm, eps: float, style: str = "rms"):
@@ -109,89 +92,6 @@ def norm_qkv_ref(
     k_cache[rows, :, slot] = k
     v_cache[rows, :, slot] = v
     return q
-
-
-@triton.jit
-def rope_cos_sin_tile(pos, inv, rope_scale, dtype: tl.constexpr):
-    """cos and sin of pos (M,) float32 x inv (R,) as Hugging Face rounds them (rope_cos_sin): (M, R) float32 each."""
-    ang = pos[:, None] * inv[None, :]
-    c = (tl.cos(ang) * rope_scale).to(dtype).to(tl.float32)
-    sn = (tl.sin(ang) * rope_scale).to(dtype).to(tl.float32)
-    return c, sn
-
-
-@triton.jit
-def _rope_table_kernel(
-    inv_ptr,
-    pos_ptr,
-    out_ptr,
-    B,
-    pos_stride,
-    rope_scale,
-    R2: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    DT: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_start(PDL)
-    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    dim = tl.arange(0, BLOCK_R)
-    row_ok = rows < B
-    dim_ok = dim < R2
-    pos = tl.load(pos_ptr + rows * pos_stride, mask=row_ok, other=0).to(tl.float32)
-    inv = tl.load(inv_ptr + dim, mask=dim_ok, other=0.0)
-    pdl_release(PDL)
-    c, sn = rope_cos_sin_tile(pos, inv, rope_scale, DT)
-    ok = row_ok[:, None] & dim_ok[None, :]
-    base = out_ptr + rows[:, None] * (2 * R2) + dim[None, :]
-    tl.store(base, c, mask=ok)
-    tl.store(base + R2, sn, mask=ok)
-
-
-def rope_table_ref(inv_freq, rope_scale: float, pos, dtype) -> torch.Tensor:
-    """The rotary cos and sin of each row's position, rounded to `dtype` as Hugging Face has them (rope_cos_sin)
-    and stored as float32: (B, R) for R/2 frequencies, cos in [:, :R/2], sin in [:, R/2:]."""
-    cos, sin = rope_cos_sin(inv_freq, rope_scale, pos, dtype)  # (B, R): each frequency twice
-    half = inv_freq.numel()
-    return torch.cat((cos[:, :half], sin[:, :half]), dim=1).float()
-
-
-_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-
-
-def rope_table(inv_freq, rope_scale: float, pos, dtype, pdl: bool = False) -> torch.Tensor:
-    """The Triton kernel of `rope_table_ref`, one launch per step and rotary table: computed once, read by every
-    layer's norm_qkv (`rope_table=`) instead of each program evaluating sin and cos for its tile. Why: at 128 rows a
-    swapped QKV program holds 128 rows x 32 pairs, and the precise sin and cos of each (libdevice, as torch's) were a
-    large share of the launch's time (docs/KERNELS.md, "norm_qkv")."""
-    if dtype not in _TL_DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(_TL_DTYPES)}, got {dtype}")
-    if inv_freq.dim() != 1 or not inv_freq.is_floating_point() or not inv_freq.is_contiguous():
-        raise ValueError(
-            f"inv_freq must be a contiguous 1-d float tensor, got {tuple(inv_freq.shape)} {inv_freq.dtype}"
-        )
-    if pos.dim() != 1:
-        raise ValueError(f"pos must be 1-d (one position per row), got shape {tuple(pos.shape)}")
-    B, R2 = pos.shape[0], inv_freq.numel()
-    out = torch.empty((B, 2 * R2), dtype=torch.float32, device=pos.device)
-    block_b = min(16, triton.next_power_of_2(B))
-    _rope_table_kernel[(triton.cdiv(B, block_b),)](
-        inv_freq,
-        pos,
-        out,
-        B,
-        pos.stride(0),
-        float(rope_scale),
-        R2=R2,
-        BLOCK_B=block_b,
-        BLOCK_R=triton.next_power_of_2(R2),
-        DT=_TL_DTYPES[dtype],
-        PDL=bool(pdl),
-        num_warps=4,
-        **pdl_launch(pdl),
-    )
-    return out
 
 
 @triton.jit
@@ -666,162 +566,6 @@ def norm_qkv(
         PRODUCT=pieces if product else 0,
         num_warps=num_warps or plan["num_warps"],
         num_stages=num_stages or plan["num_stages"],
-        **pdl_launch(pdl),
-    )
-    return q
-
-
-# --- whole-projection Q/K norms (OLMo2): a second launch after norm_qkv --------------------------------------
-
-
-def qk_norm_rope_ref(q, k_cache, slot, q_norm, k_norm, eps: float, inv_freq, rope_scale, pos, style: str = "rms"):
-    """After a norm_qkv without RoPE: q (B, Hq, D) and each row's K at `slot` of k_cache (B, Hkv, S, D) normalised
-    over the whole projection (weights (Hq * D,) and (Hkv * D,), norm_linear.norm_ref's `style`: OLMo2's
-    "rms_f32"), then rotated; q is returned, K rewritten in place."""
-    B, Hq, D = q.shape
-    rows = torch.arange(B, device=q.device)
-    k = k_cache[rows, :, slot]  # (B, Hkv, D)
-    q, k = qk_norm_ref(q, k, q_norm, k_norm, eps, style)
-    if inv_freq is not None:
-        cos, sin = rope_cos_sin(inv_freq, rope_scale, pos, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    k_cache[rows, :, slot] = k
-    return q
-
-
-@triton.jit
-def _norm_rope_heads(
-    base,
-    head_stride,
-    heads,
-    w_ptr,
-    inv_ptr,
-    p,
-    eps,
-    rope_scale,
-    D: tl.constexpr,
-    BLOCK: tl.constexpr,
-    ROPE: tl.constexpr,
-    dtype: tl.constexpr,
-):
-    """RMSNorm over `heads` heads of D values (head h at base + h * head_stride) with weights w_ptr (heads * D,),
-    OLMo2's rounding (weight times the float32 normalised x, once), then RoPE at position p, in place."""
-    n = heads * (D // 2)
-    idx = tl.arange(0, BLOCK)
-    ss = tl.zeros((BLOCK,), dtype=tl.float32)
-    for i0 in range(0, n, BLOCK):
-        i = i0 + idx
-        ok = i < n
-        off = (i // (D // 2)) * head_stride + i % (D // 2)
-        a = tl.load(base + off, mask=ok, other=0.0).to(tl.float32)
-        c = tl.load(base + off + D // 2, mask=ok, other=0.0).to(tl.float32)
-        ss += a * a + c * c
-    rstd = (1.0 / tl.sqrt(tl.sum(ss, 0) / (heads * D) + eps)).to(tl.float32)
-    for i0 in range(0, n, BLOCK):
-        i = i0 + idx
-        ok = i < n
-        h = i // (D // 2)
-        d = i % (D // 2)
-        off = h * head_stride + d
-        a = tl.load(base + off, mask=ok, other=0.0).to(tl.float32)
-        c = tl.load(base + off + D // 2, mask=ok, other=0.0).to(tl.float32)
-        wa = tl.load(w_ptr + h * D + d, mask=ok, other=0.0).to(tl.float32)
-        wc = tl.load(w_ptr + h * D + d + D // 2, mask=ok, other=0.0).to(tl.float32)
-        y1 = (a * rstd * wa).to(dtype).to(tl.float32)
-        y2 = (c * rstd * wc).to(dtype).to(tl.float32)
-        if ROPE:  # as _qkv_finish: each product in dtype, then their sum
-            ang = p * tl.load(inv_ptr + d, mask=ok, other=0.0)
-            cs = (tl.cos(ang) * rope_scale).to(dtype).to(tl.float32)
-            sn = (tl.sin(ang) * rope_scale).to(dtype).to(tl.float32)
-            r1 = (y1 * cs).to(dtype).to(tl.float32) - (y2 * sn).to(dtype).to(tl.float32)
-            r2 = (y2 * cs).to(dtype).to(tl.float32) + (y1 * sn).to(dtype).to(tl.float32)
-            y1, y2 = r1, r2
-        tl.store(base + off, y1.to(dtype), mask=ok)
-        tl.store(base + off + D // 2, y2.to(dtype), mask=ok)
-
-
-@triton.jit
-def _qk_norm_rope_kernel(
-    q_ptr,
-    k_ptr,
-    qn_ptr,
-    kn_ptr,
-    inv_freq_ptr,
-    pos_ptr,
-    slot_ptr,
-    pos_stride,
-    slot_stride,
-    S,
-    n_heads,
-    n_kv,
-    eps,
-    rope_scale,
-    D: tl.constexpr,
-    BLOCK: tl.constexpr,
-    ROPE: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_start(PDL)
-    b = tl.program_id(0).to(tl.int64)
-    dtype = q_ptr.dtype.element_ty
-    p = tl.load(pos_ptr + b * pos_stride).to(tl.float32)
-    slot = tl.load(slot_ptr + b * slot_stride).to(tl.int64)
-    pdl_release(PDL)
-    if tl.program_id(1) == 0:  # the row's Q heads, (Hq, D) back to back
-        _norm_rope_heads(
-            q_ptr + b * n_heads * D, D, n_heads, qn_ptr, inv_freq_ptr, p, eps, rope_scale, D, BLOCK, ROPE, dtype
-        )
-    else:  # its K heads at the slot: (b, h, slot) rows of the cache, S * D apart
-        base = k_ptr + (b * n_kv * S + slot) * D
-        _norm_rope_heads(base, S * D, n_kv, kn_ptr, inv_freq_ptr, p, eps, rope_scale, D, BLOCK, ROPE, dtype)
-
-
-def qk_norm_rope(
-    q,
-    k_cache,
-    slot,
-    q_norm,
-    k_norm,
-    eps: float,
-    inv_freq,
-    rope_scale,
-    pos,
-    style: str = "rms_f32",
-    block: int = 1024,
-    pdl: bool = False,
-):
-    """The Triton kernel of `qk_norm_rope_ref` (OLMo2's "rms_f32" style only, whole-head rotary): grid (B, 2), one
-    program per row for its Q heads and one for its K at the slot, each reading its heads twice (the sum of
-    squares, then the normalised and rotated values, written in place); q is returned."""
-    if style != "rms_f32":
-        raise ValueError(f"style: the whole-projection Q/K norm kernel has OLMo2's rms_f32 rounding, got {style!r}")
-    B, Hq, D = q.shape
-    Hkv, S = k_cache.shape[1], k_cache.shape[2]
-    if q_norm.numel() != Hq * D or k_norm.numel() != Hkv * D:
-        raise ValueError(f"q_norm and k_norm must be ({Hq * D},) and ({Hkv * D},) (whole projections)")
-    if inv_freq is not None and 2 * inv_freq.numel() != D:
-        raise ValueError("inv_freq: the whole-projection Q/K norm kernel rotates whole heads")
-    require_contiguous(q=q, k_cache=k_cache, q_norm=q_norm, k_norm=k_norm)
-    _qk_norm_rope_kernel[(B, 2)](
-        q,
-        k_cache,
-        q_norm,
-        k_norm,
-        inv_freq if inv_freq is not None else q_norm,
-        pos,
-        slot,
-        pos.stride(0),
-        slot.stride(0),
-        S,
-        Hq,
-        Hkv,
-        eps,
-        rope_scale,
-        D=D,
-        BLOCK=min(block, triton.next_power_of_2(Hq * D // 2)),
-        ROPE=inv_freq is not None,
-        PDL=bool(pdl),
-        num_warps=4,
         **pdl_launch(pdl),
     )
     return q
