@@ -185,6 +185,18 @@ def test_the_package_root_holds_at_most_eight_modules():
     assert len(root) <= 8, root
 
 
+def test_every_module_says_why_it_exists_and_reads_in_one_go():
+    """A docstring per module, and no file a reader cannot take in at one sitting: 500 lines at most, 700 for a
+    kernel file (a kernel, its wrapper and its torch twin)."""
+    for mod in [*_modules(), "overlapdecode"]:
+        path = importlib.util.find_spec(mod).origin
+        with open(path) as f:
+            text = f.read()
+        assert ast.get_docstring(ast.parse(text)), mod
+        limit = 700 if _room(mod) == "fused.kernels" else 500
+        assert text.count("\n") <= limit, (mod, text.count("\n"))
+
+
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
