@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random models (CPU, float32); GPU tests under tests/gpu are marked `cuda` and
-skipped without a GPU. The oracles and batch helpers live in helpers.py."""
+skipped without a GPU. The oracles, batches and shared checks live in support/ (a package: tests/ is on the
+path), which every test module imports from; no test module imports another."""
 
 from __future__ import annotations
 

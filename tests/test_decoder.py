@@ -9,7 +9,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 import overlapdecode as od
-from helpers import eos_hit_midway, make_batch, naive_generate
+from support.helpers import eos_hit_midway, make_batch, naive_generate
 
 N = 12
 
@@ -202,7 +202,7 @@ def test_keep_static_is_checked_when_the_decoder_is_made(tiny_gpt2):
 def test_sampling_without_a_seed_is_refused_only_for_a_shard(tiny_gpt2, monkeypatch):
     """Under tensor parallelism each rank would draw from its own global generator: ranks could pick different
     tokens and then wait for each other's collectives for ever. So a shard refuses seedless sampling (on two gloo
-    ranks: tests/test_tp.py); a whole model in a process of a larger world (torchrun without tp) has no
+    ranks: tests/tp/test_tp.py); a whole model in a process of a larger world (torchrun without tp) has no
     collective to wait in, and samples."""
     ids, _ = make_batch(1, seed=59)
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import overlapdecode as od
-from helpers import eos_hit_midway, hf_generate, make_batch, naive_generate
+from support.helpers import eos_hit_midway, hf_generate, make_batch, naive_generate
 
 N = 24
 PRESETS = list(od.PRESETS) + list(od.VARIANTS)

@@ -180,7 +180,7 @@ def test_the_largest_seed_a_generator_takes_is_accepted(tiny_gpt2):
 
 
 def test_the_shared_batch_builder_pads_odd_rows_on_the_left():
-    from helpers import make_batch
+    from support.helpers import make_batch
 
     ids, mask = make_batch(4, seed=1, prompt_len=5, low=0, high=7)
     assert ids.shape == (4, 5) and 0 <= int(ids.min()) and int(ids.max()) < 7

@@ -8,15 +8,11 @@ import math
 import pytest
 import torch
 from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
 )
 
 from overlapdecode.sampling import check_sampling, kept_tokens, pick_next, seen_tokens
+from support.helpers import hf_processors
 
 SETTINGS = [
     dict(temperature=0.8),
@@ -32,22 +28,6 @@ SETTINGS = [
     dict(temperature=0.7, top_k=40, top_p=0.95),
     dict(temperature=1.3, top_k=8, top_p=0.6, min_p=0.1, repetition_penalty=1.2),
 ]
-
-
-def hf_processors(setting: dict) -> LogitsProcessorList:
-    """Hugging Face generate()'s processors for `setting`, in its order (utils._get_logits_processor)."""
-    procs = LogitsProcessorList()
-    if setting.get("repetition_penalty") is not None:
-        procs.append(RepetitionPenaltyLogitsProcessor(setting["repetition_penalty"]))
-    if setting.get("temperature", 1.0) != 1.0:
-        procs.append(TemperatureLogitsWarper(setting["temperature"]))
-    if setting.get("top_k"):
-        procs.append(TopKLogitsWarper(setting["top_k"]))
-    if setting.get("top_p") is not None and setting["top_p"] < 1:
-        procs.append(TopPLogitsWarper(setting["top_p"]))
-    if setting.get("min_p") is not None:
-        procs.append(MinPLogitsWarper(setting["min_p"]))
-    return procs
 
 
 def params_of(setting: dict):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import overlapdecode as od
-from helpers import make_batch
 from overlapdecode.sampling import SamplingParams, pick_next
+from support.helpers import make_batch
 
 N = 16
 SETTINGS = [

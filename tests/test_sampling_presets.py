@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import overlapdecode as od
-from helpers import make_batch
-from test_sampler_hf import hf_processors
+from support.helpers import assert_inside_hf_kept_sets, make_batch
 
 N = 12
 EAGER = ("baseline", "kv", "static", "fused")
@@ -52,29 +51,6 @@ def test_greedy_with_repetition_penalty_is_hugging_faces(tiny_model, penalty):
         assert torch.equal(out, ref), preset
     plain = od.generate(tiny_model, ids, attention_mask=mask, max_new_tokens=N, strategy="kv", eos_token_id=[])
     assert not torch.equal(plain[:, : ref.shape[1]], ref), "the penalty should change some token"
-
-
-@torch.no_grad()
-def assert_inside_hf_kept_sets(model, out, mask, prompt_len, setting, model_device="cpu"):
-    """Teacher-forced: at each step, the token lies in the set Hugging Face's processors keep for that prefix
-    (`out`, `mask` on the CPU; the model's forward on `model_device`, the processors on the CPU)."""
-    procs = hf_processors(setting)
-    full_mask = torch.cat([mask, torch.ones(out.shape[0], out.shape[1] - prompt_len, dtype=mask.dtype)], 1)
-    for t in range(prompt_len, out.shape[1]):
-        m = full_mask[:, :t]
-        pos = (m.cumsum(-1) - 1).masked_fill(m == 0, 0)
-        logits = (
-            model(
-                input_ids=out[:, :t].to(model_device),
-                attention_mask=m.to(model_device),
-                position_ids=pos.to(model_device),
-            )
-            .logits[:, -1]
-            .float()
-            .cpu()
-        )
-        kept = procs(out[:, :t], logits) > float("-inf")
-        assert kept.gather(1, out[:, t : t + 1]).all(), (setting, t)
 
 
 @pytest.mark.parametrize(

@@ -197,6 +197,24 @@ def test_every_module_says_why_it_exists_and_reads_in_one_go():
         assert text.count("\n") <= limit, (mod, text.count("\n"))
 
 
+def test_no_test_module_imports_another():
+    """Tests share code through tests/support/ only: a test module importing another runs that module's tests'
+    imports and fixtures, and ties the two files' names together."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    names = {f[:-3] for _, _, files in os.walk(tests_dir) for f in files if f.endswith(".py")}
+    found = []
+    for folder, _, files in os.walk(tests_dir):
+        for f in files:
+            if not f.endswith(".py") or os.path.basename(folder) == "support":
+                continue
+            tree = ast.parse(open(os.path.join(folder, f)).read())
+            for node in ast.walk(tree):
+                mods = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                mods += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                found += [(f, m) for m in mods if m.split(".")[0] in names - {"support"}]
+    assert "helpers" in names and found == [], found
+
+
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

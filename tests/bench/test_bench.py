@@ -807,13 +807,12 @@ def test_a_users_report_md_is_left_alone(command, tmp_path, capsys, no_work):
 def test_report_replaces_no_markdown_it_did_not_write(tmp_path):
     """A results.json beside a report.md of the user's (no manifest): `report` refuses to write over it,
     and writes no plot either; its own report (its title on the first line) is rebuilt as before."""
-    from test_results import CONFIG, _row, _write
-
     from overlapdecode.bench.report.outdir import OutDirError
     from overlapdecode.bench.report.report import build
+    from support.results_rows import CONFIG, row, write_results
 
     d = str(tmp_path / "d")
-    _write(d, dict(commands=["x"], config=CONFIG, rows=[_row(), _row("static")]))
+    write_results(d, dict(commands=["x"], config=CONFIG, rows=[row(), row("static")]))
     with open(os.path.join(d, "report.md"), "w") as f:
         f.write("my own notes\n")
     before = _files(d)

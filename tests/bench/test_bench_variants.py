@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import overlapdecode as od
-from helpers import make_batch
 from overlapdecode.bench.variants import generate_kwargs, split_variant
 from overlapdecode.bench.worker import _runner
 from overlapdecode.cli.args import CliError
 from overlapdecode.cli.bench_flags import check_strategies
+from support.helpers import make_batch
 
 
 def test_split_variant():

@@ -10,37 +10,7 @@ import pytest
 
 from overlapdecode.bench.report.results import ResultsError, finalize, load
 from overlapdecode.cli import main
-
-CONFIG = dict(model="tiny-gpt2", prompt_len=8, repeats=2, warmup=0)
-
-
-def _row(strategy="kv", n=8, seq_s=0.1, **kw):
-    return dict(
-        model="tiny-gpt2",
-        strategy=strategy,
-        workload="fixed",
-        allocator="default",
-        dtype="float32",
-        batch=1,
-        max_new_tokens=n,
-        prompt_len=8,
-        seq_s=seq_s,
-        seq_s_all=[seq_s, seq_s * 1.1],
-        ms_per_token=seq_s * 1e3 / n,
-        tokens_per_s=n / seq_s,
-        ttft_ms=1.0,
-        first_call_s=seq_s,
-        new_tokens=n,
-        device="cpu",
-        **kw,
-    )
-
-
-def _write(d, content):
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "results.json"), "w") as f:
-        f.write(content if isinstance(content, str) else json.dumps(content))
-    return os.path.join(d, "results.json")
+from support.results_rows import CONFIG, row, write_results
 
 
 def _one_line(capsys, *words):
@@ -58,15 +28,15 @@ def _one_line(capsys, *words):
         ("", "not valid JSON"),
         (dict(commands=[], config=CONFIG, rows=[{"strategy": "kv"}]), "row 0 lacks workload"),
         (
-            dict(commands=[], config=CONFIG, rows=[dict(_row(), seq_s_all=None) | {"seq_s": 1}]),
+            dict(commands=[], config=CONFIG, rows=[dict(row(), seq_s_all=None) | {"seq_s": 1}]),
             "row 0 has seq_s_all of the wrong kind",
         ),
         (
-            dict(commands=[], config=CONFIG, rows=[dict(_row(), ttft_ms="fast", seq_s_all=[])]),
+            dict(commands=[], config=CONFIG, rows=[dict(row(), ttft_ms="fast", seq_s_all=[])]),
             "row 0 has ttft_ms, seq_s_all of the wrong kind",
         ),
         (
-            dict(commands=[], config=CONFIG, rows=[{k: v for k, v in _row().items() if k != "ttft_ms"}]),
+            dict(commands=[], config=CONFIG, rows=[{k: v for k, v in row().items() if k != "ttft_ms"}]),
             "row 0 lacks ttft_ms",
         ),
         (dict(commands=[], config={}, rows=[]), "config must be an object with model"),
@@ -75,14 +45,14 @@ def _one_line(capsys, *words):
     ],
 )
 def test_report_on_a_malformed_results_json_is_one_line_naming_the_file(tmp_path, capsys, content, words):
-    path = _write(str(tmp_path / "d"), content)
+    path = write_results(str(tmp_path / "d"), content)
     assert main(["report", str(tmp_path / "d")]) == 2
     _one_line(capsys, path, words)
 
 
 def test_rows_without_environment_still_make_a_report(tmp_path, capsys):
     d = str(tmp_path / "d")
-    _write(d, dict(commands=["overlapdecode bench"], config=CONFIG, rows=[_row("kv"), _row("static", seq_s=0.2)]))
+    write_results(d, dict(commands=["overlapdecode bench"], config=CONFIG, rows=[row("kv"), row("static", seq_s=0.2)]))
     assert main(["report", d]) == 0
     assert (
         "Machine: not recorded in the JSON (results.json has no environment record)"
@@ -92,7 +62,7 @@ def test_rows_without_environment_still_make_a_report(tmp_path, capsys):
 
 def test_report_markdown_into_a_missing_directory_is_one_line(tmp_path, capsys):
     d = str(tmp_path / "d")
-    _write(d, dict(commands=["x"], config=CONFIG, rows=[_row()]))
+    write_results(d, dict(commands=["x"], config=CONFIG, rows=[row()]))
     assert main(["report", d, "--markdown", "/nonexistent/dir/B.md"]) == 2
     _one_line(capsys, "--markdown /nonexistent/dir/B.md: directory /nonexistent/dir does not exist")
     assert main(["report", d, "--markdown", d]) == 2
@@ -101,7 +71,7 @@ def test_report_markdown_into_a_missing_directory_is_one_line(tmp_path, capsys):
 
 def test_bench_refuses_to_overwrite_an_earlier_results_json(tmp_path, capsys):
     d = str(tmp_path / "d")
-    path = _write(d, dict(commands=["earlier"], config=CONFIG, rows=[_row()]))
+    path = write_results(d, dict(commands=["earlier"], config=CONFIG, rows=[row()]))
     before = open(path).read()
     assert main(["bench", "--device", "cpu", "--out", d]) == 2
     _one_line(capsys, f"--out {d} already holds results.json: add to it with --append")
@@ -122,9 +92,9 @@ def _rows_file(d, rows):
 
 def test_a_run_that_measured_nothing_leaves_results_json_alone(tmp_path):
     d = str(tmp_path)
-    path = _write(d, dict(commands=["earlier"], config=CONFIG, rows=[_row()]))
+    path = write_results(d, dict(commands=["earlier"], config=CONFIG, rows=[row()]))
     before = open(path).read()
-    _rows_file(d, [dict(_row(), error="not run: time budget of 0 s spent")])
+    _rows_file(d, [dict(row(), error="not run: time budget of 0 s spent")])
     with pytest.raises(ResultsError, match="the run measured nothing .* results.json left as it was"):
         finalize(d, "overlapdecode bench --append", earlier=load(d))
     assert open(path).read() == before
@@ -136,8 +106,8 @@ def test_a_run_that_measured_nothing_leaves_results_json_alone(tmp_path):
 
 def test_a_run_that_measured_something_replaces_it_whole(tmp_path):
     d = str(tmp_path)
-    _write(d, dict(commands=["earlier"], config=CONFIG, rows=[_row("kv")]))
-    _rows_file(d, [_row("static")])
+    write_results(d, dict(commands=["earlier"], config=CONFIG, rows=[row("kv")]))
+    _rows_file(d, [row("static")])
     res = finalize(d, "later", earlier=load(d))
     assert [r["strategy"] for r in res["rows"]] == ["kv", "static"] and res["commands"] == ["earlier", "later"]
     assert load(d)["rows"] == res["rows"] and not os.path.exists(os.path.join(d, "results.json.partial"))
@@ -147,7 +117,7 @@ def test_the_runner_keeps_an_interrupted_runs_rows(tmp_path):
     from overlapdecode.bench.config import BenchConfig
     from overlapdecode.bench.runner import BenchError, run_bench
 
-    _rows_file(str(tmp_path), [_row()])
+    _rows_file(str(tmp_path), [row()])
     with pytest.raises(BenchError, match="holds the rows of an interrupted run"):
         run_bench(BenchConfig(device="cpu"), str(tmp_path), "x", progress=False)
     assert os.path.exists(tmp_path / "rows-default.jsonl")
@@ -165,7 +135,7 @@ def test_the_runner_refuses_an_empty_plan(tmp_path):
 def test_report_markdown_never_replaces_a_results_json(tmp_path, capsys):
     """`--markdown DIR/results.json` (a slip of the tab key) wrote the gathered markdown over the measurements."""
     d = str(tmp_path / "d")
-    path = _write(d, dict(commands=["x"], config=CONFIG, rows=[_row()]))
+    path = write_results(d, dict(commands=["x"], config=CONFIG, rows=[row()]))
     before = open(path).read()
     assert main(["report", d, "--markdown", path]) == 2
     _one_line(capsys, f"--markdown {path}: is a JSON file of measurements")
@@ -185,7 +155,7 @@ def test_report_markdown_never_replaces_a_results_json(tmp_path, capsys):
     ],
 )
 def test_rows_of_the_wrong_kind_are_one_line_naming_the_file(tmp_path, capsys, row, words):
-    path = _write(str(tmp_path / "d"), dict(commands=["x"], config=CONFIG, rows=[_row() | row, _row("static")]))
+    path = write_results(str(tmp_path / "d"), dict(commands=["x"], config=CONFIG, rows=[row() | row, row("static")]))
     assert main(["report", str(tmp_path / "d")]) == 2
     _one_line(capsys, path, words)
 
@@ -193,7 +163,7 @@ def test_rows_of_the_wrong_kind_are_one_line_naming_the_file(tmp_path, capsys, r
 def test_an_incomplete_environment_record_is_said_not_refused(tmp_path):
     """An environment without the versions the report prints was a traceback (KeyError: 'torch')."""
     d = str(tmp_path / "d")
-    _write(d, dict(commands=["x"], config=CONFIG, environment=dict(gpu=None), rows=[_row(), _row("static")]))
+    write_results(d, dict(commands=["x"], config=CONFIG, environment=dict(gpu=None), rows=[row(), row("static")]))
     assert main(["report", d]) == 0
     assert (
         "environment record lacks torch, transformers, python, git_commit" in open(os.path.join(d, "report.md")).read()

@@ -12,7 +12,7 @@ import pytest
 
 from overlapdecode.bench.report import results_table as rt
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "data", "results", "test-gpu")
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "data", "results", "test-gpu")
 
 # the fused row: 1 GB of weights at 2000 GB/s = 0.5 ms against 1.000 ms/token, MBU 50%; hf-compiled (3.000
 # ms/token, in run-b) is the faster peer; the kv row is an older row without the figures MBU needs: "-"

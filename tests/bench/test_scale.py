@@ -56,7 +56,7 @@ def test_points_run_every_strategy_at_a_point_short_prompts_first():
 
 
 def _script():
-    path = Path(__file__).parent.parent / "scripts" / "scale_sweep.py"
+    path = Path(__file__).parents[2] / "scripts" / "scale_sweep.py"
     spec = importlib.util.spec_from_file_location("scale_sweep", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -229,7 +229,7 @@ def test_a_scale_sweep_point_records_the_bytes_of_a_step_at_its_rows(tmp_path, m
     from overlapdecode import facts
 
     monkeypatch.setattr(facts, "step_weight_bytes", lambda model, rows: 1000 * rows)
-    path = Path(__file__).parent.parent / "scripts" / "scale_sweep.py"
+    path = Path(__file__).parents[2] / "scripts" / "scale_sweep.py"
     spec = importlib.util.spec_from_file_location("scale_sweep", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)  # imports the patched function

@@ -11,7 +11,7 @@ import torch
 
 import overlapdecode as od
 from overlapdecode.cli import main
-from test_models import save_tiny_with_bpe_tokenizer, save_tiny_with_tokenizer
+from support.saved_models import save_tiny_with_bpe_tokenizer, save_tiny_with_tokenizer
 
 
 def test_generate_prints_ids_with_random_weights_note(capsys):

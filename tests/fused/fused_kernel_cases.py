@@ -1,14 +1,13 @@
 """Each Triton kernel of the fused step against its torch reference, on small shapes that are not multiples
 of the block sizes. Not collected by itself: Triton's interpreter must be chosen before Triton is first
 imported, so test_fused_kernels.py runs this file in a fresh process with TRITON_INTERPRET=1 (on CPU). On
-a GPU machine it can be run directly: `pytest tests/fused_kernel_cases.py`.
+a GPU machine it can be run directly: `pytest tests/fused/fused_kernel_cases.py`.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from fused_families import FAMILIES, family_model
 
 from overlapdecode.fused import forward
 from overlapdecode.fused.kernels import dense as dense_gemm
@@ -28,7 +27,8 @@ from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.kernels.rope import rope_cos_sin, rope_table, rope_table_ref
 from overlapdecode.fused.kernels.swap_ab import use_prenorm
 from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
-from triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture: the attention's loops)
+from support.fused_families import FAMILIES, family_model
+from support.triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture: the attention's loops)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -493,7 +493,7 @@ def test_greedy_choice_refuses_bad_buffers():
 def test_greedy_choice_writes_each_steps_tokens_and_flag_into_the_step_log(B):
     """With a StepLog the kernel also writes each row's token at column `count` of the log's tokens and the
     all-finished flag at slot `count` of its flags (pinned host memory on a GPU), and advances the count; a count
-    past the log's end writes nothing. (Its torch twin writes the log on CPU only: tests/test_step_graph.py.)"""
+    past the log's end writes nothing. (Its torch twin writes the log on CPU only: tests/loop/test_step_graph.py.)"""
     torch.manual_seed(7 + B)
     V, L = 70, 5
     tickets = Tickets(DEV)

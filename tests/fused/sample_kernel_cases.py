@@ -9,7 +9,7 @@ import torch
 from overlapdecode.fused.kernels.greedy import StepLog
 from overlapdecode.fused.kernels.sample import sample_choice, sample_finish_ref
 from overlapdecode.sampling import check_sampling, seen_tokens
-from triton_interpreter import interpreter_patches  # noqa: F401 (a fixture)
+from support.triton_interpreter import interpreter_patches  # noqa: F401 (a fixture)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SETTINGS = [

@@ -12,58 +12,15 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
 )
 
 import overlapdecode as od
-from fused_steps import fused_logits, hf_greedy
-from helpers import eos_hit_midway, hf_generate, make_batch
 from overlapdecode.fused.layout import fuse_weights
 from overlapdecode.fused.model import FusedModel
+from support.fused_steps import SMALL, fused_logits, hf_greedy, tiny_fused_model
+from support.helpers import eos_hit_midway, hf_generate, make_batch
 
 N = 20
-SMALL = dict(
-    vocab_size=1000,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    eos_token_id=2,
-)
-
-
-def _tiny(name: str):
-    """A tiny model whose biases and norm weights are random too (Hugging Face initialises them to 0 and 1,
-    which would let a dropped bias or norm weight go unnoticed)."""
-    torch.manual_seed(0)
-    if name == "qwen2":  # QKV bias
-        model = Qwen2ForCausalLM(Qwen2Config(**SMALL)).eval()
-    elif name == "mistral":
-        model = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)).eval()
-    elif name == "llama3-tied":  # Llama-3 RoPE scaling and tied embeddings, one KV head
-        rope = dict(
-            rope_type="llama3",
-            factor=8.0,
-            low_freq_factor=1.0,
-            high_freq_factor=4.0,
-            original_max_position_embeddings=32,
-            rope_theta=10000.0,
-        )
-        model = LlamaForCausalLM(
-            LlamaConfig(**dict(SMALL, num_key_value_heads=1), tie_word_embeddings=True, rope_parameters=rope)
-        ).eval()
-    else:
-        model = od.load_model(name, device="cpu")
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith("bias"):
-                p.normal_(0.0, 0.1)
-            elif "norm" in pname or ".ln_" in pname:
-                p.normal_(1.0, 0.1)
-    return model
 
 
 MODELS = ["tiny-gpt2", "tiny-llama", "qwen2", "mistral", "llama3-tied"]
@@ -71,7 +28,7 @@ MODELS = ["tiny-gpt2", "tiny-llama", "qwen2", "mistral", "llama3-tied"]
 
 @pytest.fixture(scope="module", params=MODELS)
 def model(request):
-    return _tiny(request.param)
+    return tiny_fused_model(request.param)
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -153,7 +110,7 @@ def _storage_bytes(model) -> int:
 @pytest.mark.parametrize("name", ["tiny-gpt2", "qwen2"])
 @torch.no_grad()
 def test_relayout_keeps_hf_model_and_memory(name):
-    model = _tiny(name)
+    model = tiny_fused_model(name)
     ids, mask = make_batch(2, seed=5)
     before = model(input_ids=ids, attention_mask=mask).logits
     bytes_before = _storage_bytes(model)
@@ -182,7 +139,7 @@ def test_relayout_keeps_hf_model_and_memory(name):
 
 
 def test_relayout_under_inference_mode_leaves_ordinary_parameters():
-    model = _tiny("tiny-llama")
+    model = tiny_fused_model("tiny-llama")
     ids, mask = make_batch(2, seed=6)
     ref = hf_generate(model, ids, mask, 8, [], 0)
     with torch.inference_mode():

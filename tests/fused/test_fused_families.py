@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from fused_families import FAMILIES, LONGROPE_SWITCH, WINDOW, family_model
 
 import overlapdecode as od
-from fused_steps import fused_logits, hf_greedy
-from helpers import eos_hit_midway, hf_generate, make_batch
 from overlapdecode.fused.layout import fuse_weights
 from overlapdecode.fused.model import FusedModel
 from overlapdecode.models import loading
+from support.fused_families import FAMILIES, LONGROPE_SWITCH, WINDOW, family_model
+from support.fused_steps import fused_logits, hf_greedy
+from support.helpers import eos_hit_midway, hf_generate, make_batch
 
 N = 20
 
@@ -260,7 +260,7 @@ def test_what_the_step_does_not_implement_is_refused(cls, config, kw, match):
 def test_the_gpu_tests_real_sizes_are_accepted(name):
     """The real-size configs of tests/gpu/test_gpu_fused.py build and fuse (on the meta device: no memory), with
     the changes of their family, so that the GPU run cannot stop at a config."""
-    from fused_families import real_model
+    from support.fused_families import real_model
 
     W = fuse_weights(real_model(name, device="meta"))
     assert W.extras() and W.hidden == real_model(name, device="meta").config.hidden_size

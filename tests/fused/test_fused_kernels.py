@@ -17,7 +17,7 @@ import torch
 HERE = Path(__file__).parent
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU run tests/fused_kernel_cases.py directly")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU run tests/fused/fused_kernel_cases.py directly")
 def test_kernels_match_references_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     src = str(HERE.parent / "src")

@@ -31,7 +31,7 @@ from overlapdecode.fused.kernels.decode_attention import (
     workspace_numel,
 )
 from overlapdecode.fused.kernels.linear_residual import Tickets
-from triton_interpreter import INTERPRETING, interpreter_patches  # noqa: F401 (autouse fixture)
+from support.triton_interpreter import INTERPRETING, interpreter_patches  # noqa: F401 (autouse fixture)
 
 ON_CUDA = torch.cuda.is_available()
 KERNEL_DEVICE = "cuda" if ON_CUDA else "cpu"

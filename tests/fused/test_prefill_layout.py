@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from fused_families import family_model
-from test_fused import _tiny
 
 from overlapdecode.fused import forward
 from overlapdecode.fused.kernels.embed import embed_rows
 from overlapdecode.fused.kernels.norm_linear import norm_linear_ref
 from overlapdecode.fused.model import PREFILL_BUCKET, FusedModel
 from overlapdecode.inputs import position_ids_for_prompt
+from support.fused_families import family_model
+from support.fused_steps import tiny_fused_model
 
 P = 13  # not a multiple of the bucket: the prefill runs T = 64 tokens, 51 of them the bucket's right padding
 PADS = [0, 5, P - 1, 3]  # row 2: one real token
@@ -58,7 +58,9 @@ MODELS = ["qwen2", "gemma3", "qwen3-sliding", "gemma2", "gpt-oss"]
 
 
 def _model(name):
-    return _tiny("qwen2") if name == "qwen2" else family_model(name)  # Qwen2: QKV biases, random biases and norms
+    return (
+        tiny_fused_model("qwen2") if name == "qwen2" else family_model(name)
+    )  # Qwen2: QKV biases, random biases and norms
 
 
 def _prompt(pads=PADS, length=P, seed=7):

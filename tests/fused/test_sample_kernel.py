@@ -14,7 +14,7 @@ import torch
 HERE = Path(__file__).parent
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU run tests/sample_kernel_cases.py directly")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU run tests/fused/sample_kernel_cases.py directly")
 def test_sample_kernels_match_their_reference_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])

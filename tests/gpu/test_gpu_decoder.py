@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import overlapdecode as od
-from helpers import make_batch
 from overlapdecode.bench.workloads import ForcedEOS
+from support.helpers import make_batch
 
 DEV = "cuda"
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import overlapdecode as od
-from helpers import make_batch
+from support.helpers import make_batch
 
 DEV = "cuda"
 EAGER = [

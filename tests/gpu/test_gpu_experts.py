@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import overlapdecode as od
-from helpers import hf_generate, make_batch
-from tiny_archs import VOCAB, tiny_model
+from support.helpers import hf_generate, make_batch
+from support.tiny_archs import VOCAB, tiny_model
 
 DEV = "cuda"
 

@@ -9,16 +9,16 @@ import copy
 
 import pytest
 import torch
-from fused_families import FAMILIES, real_model
 
 import overlapdecode as od
-from fused_steps import fused_logits, hf_greedy
-from helpers import make_batch
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import TILES, FusedModel, pdl_supported
 from overlapdecode.inputs import position_ids_for_prompt
+from support.fused_families import FAMILIES, real_model
+from support.fused_steps import fused_logits, hf_greedy
+from support.helpers import make_batch
 
 DEV = "cuda"
 needs_pdl = pytest.mark.skipif(

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import overlapdecode as od
-from helpers import make_batch
 from overlapdecode.bench.workloads import ForcedEOS
+from support.helpers import make_batch
 
 DEV = "cuda"
 PAIRS = {  # late check -> the sync strategy running the same step

@@ -11,8 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import overlapdecode as od
-from helpers import make_batch
-from test_sampling_presets import assert_inside_hf_kept_sets
+from support.helpers import assert_inside_hf_kept_sets, make_batch
 
 DEV = "cuda"
 N = 24

@@ -12,12 +12,12 @@ import torch
 from transformers import LlamaForCausalLM
 
 import overlapdecode as od
-from fused_steps import hf_greedy
-from helpers import make_batch
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.models.loading import embedded_config
+from support.fused_steps import hf_greedy
+from support.helpers import make_batch
 
 DEV = "cuda"
 TIE = 1e-4

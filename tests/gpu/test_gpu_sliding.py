@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sliding_compile import assert_compiled_once
 
 import overlapdecode as od
-from helpers import hf_generate, make_batch
 from overlapdecode.hf.architecture import describe
 from overlapdecode.hf.sliding_cache import RingCache, RingLayer
 from overlapdecode.plan import static_cache_len
-from tiny_archs import VOCAB, WINDOW, tiny_model
+from support.helpers import assert_compiled_once, hf_generate, make_batch
+from support.tiny_archs import VOCAB, WINDOW, tiny_model
 
 DEV = "cuda"
 P, N = 10, 40  # windows of 6: the prefill wraps the ring, the steps go round it six more times

@@ -1,4 +1,4 @@
-"""Every causal LM that transformers maps (tests/tiny_archs.py builds each one tiny) x every preset that runs on
+"""Every causal LM that transformers maps (tests/support/tiny_archs.py builds each one tiny) x every preset that runs on
 CPU: Hugging Face generate()'s tokens, or one ValueError from plan.py (`strategy '<name>': ...`) before
 any device work (or, for a model whose config is no decoder-only causal LM, inputs.check_causal_config's one
 ValueError, whatever the preset); never a crash, never other tokens. Four left-padded prompts, greedy, without
@@ -25,13 +25,13 @@ import torch
 import transformers
 
 import overlapdecode as od
-from helpers import make_batch, naive_generate
 from overlapdecode.hf.architecture import describe
 from overlapdecode.hf.refusals import refusal
 from overlapdecode.inputs import NotCausalLM, check_causal_config
 from overlapdecode.plan import GREEDY_PROCESSORS, greedy_processors
 from overlapdecode.strategy import PRESETS
-from tiny_archs import VOCAB, causal_lm_types, tiny_model
+from support.helpers import make_batch, naive_generate
+from support.tiny_archs import VOCAB, causal_lm_types, tiny_model
 
 FULL = os.environ.get("OVERLAPDECODE_FULL_SWEEP") == "1"
 TYPES = causal_lm_types()

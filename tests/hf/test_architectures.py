@@ -20,8 +20,8 @@ from transformers import (
 )
 
 import overlapdecode as od
-from helpers import hf_generate, make_batch
 from overlapdecode.hf.architecture import describe
+from support.helpers import hf_generate, make_batch
 
 SMALL = dict(
     vocab_size=1000,
@@ -64,7 +64,7 @@ def test_eager_strategies_match_hf(arch_model):
 
 
 def _tiny(model_type):
-    from tiny_archs import tiny_model
+    from support.tiny_archs import tiny_model
 
     model, why = tiny_model(model_type)
     assert model is not None, why
@@ -72,7 +72,7 @@ def _tiny(model_type):
 
 
 def _run(model, strategy, n=12, eos=()):
-    from tiny_archs import VOCAB
+    from support.tiny_archs import VOCAB
 
     ids, mask = make_batch(4, seed=7, high=VOCAB)
     ref = hf_generate(model, ids, mask, n, list(eos), 0)

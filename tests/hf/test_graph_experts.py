@@ -10,9 +10,9 @@ import torch
 
 import overlapdecode as od
 import overlapdecode.decode as decode_mod
-from helpers import hf_generate, make_batch
 from overlapdecode.hf.graph_experts import GRAPH_SAFE, graph_safe_experts, needs_graph_safe
-from tiny_archs import VOCAB, tiny_model
+from support.helpers import hf_generate, make_batch
+from support.tiny_archs import VOCAB, tiny_model
 
 MOE = ["qwen3_moe", "mixtral", "gpt_oss"]
 

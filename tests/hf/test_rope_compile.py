@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM
 
 import overlapdecode as od
-from helpers import hf_generate, make_batch, naive_generate
+from support.helpers import hf_generate, make_batch, naive_generate
 
 SMALL = dict(
     vocab_size=512,

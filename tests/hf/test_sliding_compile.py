@@ -11,11 +11,11 @@ from transformers import MistralConfig, MistralForCausalLM
 from transformers.cache_utils import StaticLayer
 
 import overlapdecode as od
-from helpers import eos_hit_midway, hf_generate, make_batch
 from overlapdecode.hf.architecture import describe
 from overlapdecode.hf.sliding_cache import RingCache, RingLayer, static_cache_for_compile
 from overlapdecode.plan import static_cache_len
-from tiny_archs import VOCAB, WINDOW, tiny_model
+from support.helpers import assert_compiled_once, eos_hit_midway, hf_generate, make_batch
+from support.tiny_archs import VOCAB, WINDOW, tiny_model
 
 P = 10  # prompt 10 + 20 tokens, windows of 6: the prefill wraps the ring, the steps go round it four more times
 N = 20
@@ -76,18 +76,6 @@ def _ring_layers(dec, model) -> list:
         else:
             assert type(layer) is StaticLayer and layer.keys.shape[2] == static_cache_len(P, N), i
     return [cache.layers[i] for i in local]
-
-
-def assert_compiled_once(dec, ids, mask, n, eos_ids, ref):
-    """`compiled`, `interleaved`, then `compiled` again on one Decoder give `ref`, from one graph for the shape (a
-    count of EOS ids is another shape): none per step, none per call."""
-    before = od.compile_count()
-    for strategy in ("compiled", "interleaved", "compiled"):
-        out = dec.generate(
-            ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=eos_ids, pad_token_id=0
-        )
-        assert torch.equal(out, ref), (strategy, eos_ids)
-    assert od.compile_count() - before == 1
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 import overlapdecode as od
-from helpers import hf_generate, make_batch
 from overlapdecode.loop.compiling import RECOMPILE_LIMITS, recompile_limits
+from support.helpers import hf_generate, make_batch
 
 N = 3
 

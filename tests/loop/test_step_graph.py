@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 import overlapdecode as od
-from helpers import hf_generate, make_batch
 from overlapdecode.loop.step_graph import StepGraph
 from overlapdecode.sampling import SamplingParams
+from support.helpers import hf_generate, make_batch
 
 
 def test_a_cpu_graph_captures_nothing_and_its_buffers_keep_their_addresses():

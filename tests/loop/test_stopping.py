@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import overlapdecode as od
-from helpers import hf_generate, make_batch, naive_generate
 from overlapdecode.loop.stopping import Slots, make_check, steps_until_all_finished
 from overlapdecode.sampling import mark_finished
+from support.helpers import hf_generate, make_batch, naive_generate
 
 N = 12
 LATE = [

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import overlapdecode as od
-from helpers import hf_generate, make_batch
 from overlapdecode.fused.layout import DECODERS, fuse_weights
 from overlapdecode.models import loading, shapes
+from support.helpers import hf_generate, make_batch
 
 # name -> (config class, fields as the published config.json gives them, its rope_parameters' keys)
 CONFIGS = {

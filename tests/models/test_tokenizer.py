@@ -9,7 +9,7 @@ from transformers import TextIteratorStreamer, TextStreamer
 import overlapdecode as od
 from overlapdecode.models import loading
 from overlapdecode.models.tokenizer import OFFSET, ByteTokenizer
-from test_models import save_tiny_with_bpe_tokenizer
+from support.saved_models import save_tiny_with_bpe_tokenizer
 
 
 @pytest.mark.parametrize("name", od.EMBEDDED)
@@ -76,7 +76,7 @@ def test_too_small_a_vocabulary_is_refused():
 def test_a_hugging_face_tokenizer_comes_set_for_generation(tmp_path):
     """Prompts of different lengths through a real Hugging Face tokenizer: it pads (EOS as pad), on the left,
     and generate gives Hugging Face's tokens."""
-    from helpers import hf_generate
+    from support.helpers import hf_generate
 
     model = save_tiny_with_bpe_tokenizer(tmp_path)
     tok = od.load_tokenizer(str(tmp_path))
@@ -98,7 +98,7 @@ def test_the_readme_example_with_a_hugging_face_tokenizer(tmp_path):
     import re
 
     save_tiny_with_bpe_tokenizer(tmp_path)
-    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
         (block,) = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
     block, named = re.subn(r"^name = .*$", f"name = {str(tmp_path)!r}", block, flags=re.M)
     block, eager = re.subn(r'strategy="[a-z]+"( if cuda else "[a-z]+")?', 'strategy="kv"', block)

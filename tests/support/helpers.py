@@ -1,9 +1,20 @@
 """The two oracles (independent of the package: Hugging Face `generate()` and a naive no-cache loop written
-here from scratch) and the test batches."""
+here from scratch), Hugging Face's sampling processors as a reference, the test batches, and the checks several
+test modules share."""
 
 from __future__ import annotations
 
 import torch
+from transformers import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import overlapdecode as od
 
 P = 8  # prompt length of the shared batches; P + new tokens stays <= 64 so compiled tests share one graph
 
@@ -66,3 +77,54 @@ def eos_hit_midway(model, ids, mask, max_new_tokens, rows_that_stop):
             return None
         eos.append(cands[0])
     return eos
+
+
+def hf_processors(setting: dict) -> LogitsProcessorList:
+    """Hugging Face generate()'s processors for `setting`, in its order (utils._get_logits_processor)."""
+    procs = LogitsProcessorList()
+    if setting.get("repetition_penalty") is not None:
+        procs.append(RepetitionPenaltyLogitsProcessor(setting["repetition_penalty"]))
+    if setting.get("temperature", 1.0) != 1.0:
+        procs.append(TemperatureLogitsWarper(setting["temperature"]))
+    if setting.get("top_k"):
+        procs.append(TopKLogitsWarper(setting["top_k"]))
+    if setting.get("top_p") is not None and setting["top_p"] < 1:
+        procs.append(TopPLogitsWarper(setting["top_p"]))
+    if setting.get("min_p") is not None:
+        procs.append(MinPLogitsWarper(setting["min_p"]))
+    return procs
+
+
+@torch.no_grad()
+def assert_inside_hf_kept_sets(model, out, mask, prompt_len, setting, model_device="cpu"):
+    """Teacher-forced: at each step, the token lies in the set Hugging Face's processors keep for that prefix
+    (`out`, `mask` on the CPU; the model's forward on `model_device`, the processors on the CPU)."""
+    procs = hf_processors(setting)
+    full_mask = torch.cat([mask, torch.ones(out.shape[0], out.shape[1] - prompt_len, dtype=mask.dtype)], 1)
+    for t in range(prompt_len, out.shape[1]):
+        m = full_mask[:, :t]
+        pos = (m.cumsum(-1) - 1).masked_fill(m == 0, 0)
+        logits = (
+            model(
+                input_ids=out[:, :t].to(model_device),
+                attention_mask=m.to(model_device),
+                position_ids=pos.to(model_device),
+            )
+            .logits[:, -1]
+            .float()
+            .cpu()
+        )
+        kept = procs(out[:, :t], logits) > float("-inf")
+        assert kept.gather(1, out[:, t : t + 1]).all(), (setting, t)
+
+
+def assert_compiled_once(dec, ids, mask, n, eos_ids, ref):
+    """`compiled`, `interleaved`, then `compiled` again on one Decoder give `ref`, from one graph for the shape (a
+    count of EOS ids is another shape): none per step, none per call."""
+    before = od.compile_count()
+    for strategy in ("compiled", "interleaved", "compiled"):
+        out = dec.generate(
+            ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=eos_ids, pad_token_id=0
+        )
+        assert torch.equal(out, ref), (strategy, eos_ids)
+    assert od.compile_count() - before == 1

@@ -1,5 +1,5 @@
-"""One rank of a tensor-parallel test run, started by tests/test_tp.py under
-`python3 -m torch.distributed.run --nproc-per-node 2 tests/tp_worker.py SPEC.json OUT_DIR`.
+"""One rank of a tensor-parallel test run, started by tests/tp/test_tp.py under
+`python3 -m torch.distributed.run --nproc-per-node 2 tests/support/tp_worker.py SPEC.json OUT_DIR`.
 
 SPEC holds the loads that must fail (`errors_before`: before torch.distributed is started, so the checks
 read the environment; `errors_after`: once it is), then `jobs`: a model, a tp and generate() calls (with a job's
@@ -126,7 +126,7 @@ def main(spec_path: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") == "1":  # the Triton kernels in the interpreter, as in the kernel tests
-        from triton_interpreter import patch_interpreter  # tests/ is this script's directory
+        from support.triton_interpreter import patch_interpreter  # tests/ is on its path (test_tp.py)
 
         patch_interpreter()
     main(sys.argv[1], sys.argv[2])

@@ -1,6 +1,6 @@
 """Tensor parallelism on CPU: two gloo processes (torchrun) return exactly the single-process tokens.
 
-Each torchrun launch runs tests/tp_worker.py on both ranks with a JSON spec of calls; the expected tokens
+Each torchrun launch runs tests/support/tp_worker.py on both ranks with a JSON spec of calls; the expected tokens
 are computed here, in one process, on the same model. Every launch has a timeout, so a rank left waiting
 in a collective fails the test instead of hanging it. Compiled presets compile on CPU (tens of seconds
 per shape), so they run on one batch shape per model.
@@ -19,12 +19,12 @@ import torch
 from transformers import GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import overlapdecode as od
-from helpers import eos_hit_midway, make_batch, naive_generate
 from overlapdecode import tp as tensor_parallel
 from overlapdecode.models import loading as models
 from overlapdecode.models import random_init
+from support.helpers import eos_hit_midway, make_batch, naive_generate
 
-WORKER = Path(__file__).with_name("tp_worker.py")
+WORKER = Path(__file__).parents[1] / "support" / "tp_worker.py"  # its parents[1], tests/, on its path
 SRC = Path(od.__file__).resolve().parents[1]
 EAGER = ["baseline", "kv", "static", "fused-eager"]  # fused-eager: the fused step uncompiled (tp_worker.EXTRA)
 COMPILED = ["compiled", "interleaved", "fused"]

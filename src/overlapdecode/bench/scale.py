@@ -15,7 +15,7 @@ weights alone charges the cache's bytes to the kernels. Here, per point (rows, p
 - tok/s = rows / decode time per step; time to first token = the call of 1 token;
 - kernels per step from a profiler trace of one call (timeline.analyze), where CUDA is there.
 
-scripts/scale_sweep.py runs it; the figures' arithmetic is tested on CPU (tests/test_scale.py).
+scripts/scale_sweep.py runs it; the figures' arithmetic is tested on CPU (tests/bench/test_scale.py).
 """
 
 from __future__ import annotations

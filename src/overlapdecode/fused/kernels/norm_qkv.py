@@ -493,7 +493,7 @@ def norm_qkv(
         half = half or whole
         tiles = n_heads + 2 * n_kv
         # the plan's weight tile elements per K tile, not more: its shared memory (float32 at HALF 128 and K tiles
-        # of 256 would need 575 KB of an H200's 227 per program; sm_90 PTX's `shared`, tests/test_kernel_compile.py)
+        # of 256 would need 575 KB of an H200's 227 per program; sm_90 PTX's `shared`, tests/fused/test_kernel_compile.py)
         block_k = block_k or max(16, min(plan["block_k"], plan["block_n"] * plan["block_k"] // half))
     else:
         half = half or plan["block_n"]

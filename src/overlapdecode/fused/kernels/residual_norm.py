@@ -87,7 +87,7 @@ def _residual_norm_kernel(
 
 def warps_for(n_pad: int) -> int:
     """The launch's warps for rows of n_pad (a power of two) columns: 4 per 512 columns, 4 to 16 (16 float32
-    values per thread per whole-row tensor at 8192; no spill for sm_90, tests/test_kernel_compile.py)."""
+    values per thread per whole-row tensor at 8192; no spill for sm_90, tests/fused/test_kernel_compile.py)."""
     return max(4, min(16, n_pad // 512))
 
 

@@ -18,7 +18,7 @@ The rule (`use_swap`, `swap_tiles`), from the row count and the weight's shape:
   64 if the split that fills the SMs with 64-row tiles leaves each program at least twice the pipeline's depth of
   K tiles (Llama-1B's down projection, K 8192), else 32 (its O projection, K 2048: 64-row tiles would need K
   ranges of 4 tiles); 8 warps at 128 weight rows or 128 batch rows (4 would spill the accumulator's epilogue:
-  tests/test_kernel_compile.py), else 4. Why: each program reads every batch row of x for its K range, so the
+  tests/fused/test_kernel_compile.py), else 4. Why: each program reads every batch row of x for its K range, so the
   widest tile moves the fewest bytes, while the GPU is full and each program's loads still overlap;
 - K tiles of 64, 4 stages, K tiles halved while a pipeline stage (at 128 weight rows) exceeds the shared-memory
   budget; where the weight has more tiles than the GPU has SMs (the LM head), the deepest pipeline at which two
