@@ -809,10 +809,10 @@ def test_report_replaces_no_markdown_it_did_not_write(tmp_path):
     and writes no plot either; its own report (its title on the first line) is rebuilt as before."""
     from overlapdecode.bench.report.outdir import OutDirError
     from overlapdecode.bench.report.report import build
-    from support.results_rows import CONFIG, row, write_results
+    from support.results_rows import CONFIG, result_row, write_results
 
     d = str(tmp_path / "d")
-    write_results(d, dict(commands=["x"], config=CONFIG, rows=[row(), row("static")]))
+    write_results(d, dict(commands=["x"], config=CONFIG, rows=[result_row(), result_row("static")]))
     with open(os.path.join(d, "report.md"), "w") as f:
         f.write("my own notes\n")
     before = _files(d)

@@ -10,7 +10,7 @@ import pytest
 
 from overlapdecode.bench.report.results import ResultsError, finalize, load
 from overlapdecode.cli import main
-from support.results_rows import CONFIG, row, write_results
+from support.results_rows import CONFIG, result_row, write_results
 
 
 def _one_line(capsys, *words):
@@ -28,15 +28,15 @@ def _one_line(capsys, *words):
         ("", "not valid JSON"),
         (dict(commands=[], config=CONFIG, rows=[{"strategy": "kv"}]), "row 0 lacks workload"),
         (
-            dict(commands=[], config=CONFIG, rows=[dict(row(), seq_s_all=None) | {"seq_s": 1}]),
+            dict(commands=[], config=CONFIG, rows=[dict(result_row(), seq_s_all=None) | {"seq_s": 1}]),
             "row 0 has seq_s_all of the wrong kind",
         ),
         (
-            dict(commands=[], config=CONFIG, rows=[dict(row(), ttft_ms="fast", seq_s_all=[])]),
+            dict(commands=[], config=CONFIG, rows=[dict(result_row(), ttft_ms="fast", seq_s_all=[])]),
             "row 0 has ttft_ms, seq_s_all of the wrong kind",
         ),
         (
-            dict(commands=[], config=CONFIG, rows=[{k: v for k, v in row().items() if k != "ttft_ms"}]),
+            dict(commands=[], config=CONFIG, rows=[{k: v for k, v in result_row().items() if k != "ttft_ms"}]),
             "row 0 lacks ttft_ms",
         ),
         (dict(commands=[], config={}, rows=[]), "config must be an object with model"),
@@ -52,7 +52,7 @@ def test_report_on_a_malformed_results_json_is_one_line_naming_the_file(tmp_path
 
 def test_rows_without_environment_still_make_a_report(tmp_path, capsys):
     d = str(tmp_path / "d")
-    write_results(d, dict(commands=["overlapdecode bench"], config=CONFIG, rows=[row("kv"), row("static", seq_s=0.2)]))
+    write_results(d, dict(commands=["overlapdecode bench"], config=CONFIG, rows=[result_row("kv"), result_row("static", seq_s=0.2)]))
     assert main(["report", d]) == 0
     assert (
         "Machine: not recorded in the JSON (results.json has no environment record)"
@@ -62,7 +62,7 @@ def test_rows_without_environment_still_make_a_report(tmp_path, capsys):
 
 def test_report_markdown_into_a_missing_directory_is_one_line(tmp_path, capsys):
     d = str(tmp_path / "d")
-    write_results(d, dict(commands=["x"], config=CONFIG, rows=[row()]))
+    write_results(d, dict(commands=["x"], config=CONFIG, rows=[result_row()]))
     assert main(["report", d, "--markdown", "/nonexistent/dir/B.md"]) == 2
     _one_line(capsys, "--markdown /nonexistent/dir/B.md: directory /nonexistent/dir does not exist")
     assert main(["report", d, "--markdown", d]) == 2
@@ -71,7 +71,7 @@ def test_report_markdown_into_a_missing_directory_is_one_line(tmp_path, capsys):
 
 def test_bench_refuses_to_overwrite_an_earlier_results_json(tmp_path, capsys):
     d = str(tmp_path / "d")
-    path = write_results(d, dict(commands=["earlier"], config=CONFIG, rows=[row()]))
+    path = write_results(d, dict(commands=["earlier"], config=CONFIG, rows=[result_row()]))
     before = open(path).read()
     assert main(["bench", "--device", "cpu", "--out", d]) == 2
     _one_line(capsys, f"--out {d} already holds results.json: add to it with --append")
@@ -92,9 +92,9 @@ def _rows_file(d, rows):
 
 def test_a_run_that_measured_nothing_leaves_results_json_alone(tmp_path):
     d = str(tmp_path)
-    path = write_results(d, dict(commands=["earlier"], config=CONFIG, rows=[row()]))
+    path = write_results(d, dict(commands=["earlier"], config=CONFIG, rows=[result_row()]))
     before = open(path).read()
-    _rows_file(d, [dict(row(), error="not run: time budget of 0 s spent")])
+    _rows_file(d, [dict(result_row(), error="not run: time budget of 0 s spent")])
     with pytest.raises(ResultsError, match="the run measured nothing .* results.json left as it was"):
         finalize(d, "overlapdecode bench --append", earlier=load(d))
     assert open(path).read() == before
@@ -106,8 +106,8 @@ def test_a_run_that_measured_nothing_leaves_results_json_alone(tmp_path):
 
 def test_a_run_that_measured_something_replaces_it_whole(tmp_path):
     d = str(tmp_path)
-    write_results(d, dict(commands=["earlier"], config=CONFIG, rows=[row("kv")]))
-    _rows_file(d, [row("static")])
+    write_results(d, dict(commands=["earlier"], config=CONFIG, rows=[result_row("kv")]))
+    _rows_file(d, [result_row("static")])
     res = finalize(d, "later", earlier=load(d))
     assert [r["strategy"] for r in res["rows"]] == ["kv", "static"] and res["commands"] == ["earlier", "later"]
     assert load(d)["rows"] == res["rows"] and not os.path.exists(os.path.join(d, "results.json.partial"))
@@ -117,7 +117,7 @@ def test_the_runner_keeps_an_interrupted_runs_rows(tmp_path):
     from overlapdecode.bench.config import BenchConfig
     from overlapdecode.bench.runner import BenchError, run_bench
 
-    _rows_file(str(tmp_path), [row()])
+    _rows_file(str(tmp_path), [result_row()])
     with pytest.raises(BenchError, match="holds the rows of an interrupted run"):
         run_bench(BenchConfig(device="cpu"), str(tmp_path), "x", progress=False)
     assert os.path.exists(tmp_path / "rows-default.jsonl")
@@ -135,7 +135,7 @@ def test_the_runner_refuses_an_empty_plan(tmp_path):
 def test_report_markdown_never_replaces_a_results_json(tmp_path, capsys):
     """`--markdown DIR/results.json` (a slip of the tab key) wrote the gathered markdown over the measurements."""
     d = str(tmp_path / "d")
-    path = write_results(d, dict(commands=["x"], config=CONFIG, rows=[row()]))
+    path = write_results(d, dict(commands=["x"], config=CONFIG, rows=[result_row()]))
     before = open(path).read()
     assert main(["report", d, "--markdown", path]) == 2
     _one_line(capsys, f"--markdown {path}: is a JSON file of measurements")
@@ -155,7 +155,7 @@ def test_report_markdown_never_replaces_a_results_json(tmp_path, capsys):
     ],
 )
 def test_rows_of_the_wrong_kind_are_one_line_naming_the_file(tmp_path, capsys, row, words):
-    path = write_results(str(tmp_path / "d"), dict(commands=["x"], config=CONFIG, rows=[row() | row, row("static")]))
+    path = write_results(str(tmp_path / "d"), dict(commands=["x"], config=CONFIG, rows=[result_row() | row, result_row("static")]))
     assert main(["report", str(tmp_path / "d")]) == 2
     _one_line(capsys, path, words)
 
@@ -163,7 +163,7 @@ def test_rows_of_the_wrong_kind_are_one_line_naming_the_file(tmp_path, capsys, r
 def test_an_incomplete_environment_record_is_said_not_refused(tmp_path):
     """An environment without the versions the report prints was a traceback (KeyError: 'torch')."""
     d = str(tmp_path / "d")
-    write_results(d, dict(commands=["x"], config=CONFIG, environment=dict(gpu=None), rows=[row(), row("static")]))
+    write_results(d, dict(commands=["x"], config=CONFIG, environment=dict(gpu=None), rows=[result_row(), result_row("static")]))
     assert main(["report", d]) == 0
     assert (
         "environment record lacks torch, transformers, python, git_commit" in open(os.path.join(d, "report.md")).read()

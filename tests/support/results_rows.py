@@ -8,7 +8,7 @@ import os
 CONFIG = dict(model="tiny-gpt2", prompt_len=8, repeats=2, warmup=0)
 
 
-def row(strategy="kv", n=8, seq_s=0.1, **kw):
+def result_row(strategy="kv", n=8, seq_s=0.1, **kw):
     return dict(
         model="tiny-gpt2",
         strategy=strategy,
