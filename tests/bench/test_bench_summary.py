@@ -215,3 +215,17 @@ def test_the_main_jobs_bfloat16_table_reads_without_a_baseline(monkeypatch, tmp_
     out.mkdir()
     (out / "results.json").write_text(json.dumps(_results(rows)))
     assert "## ms per token, fixed length (EOS disabled): bfloat16, batch 1" in open(build(str(out))).read()
+
+
+def test_a_float32_table_where_fused_trails_says_why():
+    """The main job's float32 table showed `fused` behind `interleaved` with no word; bfloat16, or fused ahead,
+    takes no such line."""
+    from overlapdecode.cli.bench import FLOAT32_FUSED
+
+    def warnings(dtype, fused_s):
+        rows = [_row("interleaved", 48, 0.10, dtype=dtype), _row("fused", 48, fused_s, dtype=dtype)]
+        ((_, lines),) = summary_tables(rows, "gpt2-random")
+        return lines
+
+    assert warnings("float32", 0.15) == [FLOAT32_FUSED]
+    assert warnings("float32", 0.05) == [] and warnings("bfloat16", 0.15) == []

@@ -585,6 +585,9 @@ def test_the_dense_rule_and_the_two_programs_per_sm_pipeline():
     assert [dense.use_dense(r, 2048, 2048) for r in (1, 16, 17, 32, 47, 48, 128, 300)] == [False] * 2 + [True] * 6
     assert dense.use_dense(3, 8, 8, True) and not dense.use_dense(128, 8, 8, False)
     assert not dense.use_dense(64, 8, 8, swap=True) and dense.use_dense(64, 8, 8, True, swap=True)
+    # float32 weights: from 2 rows (the kernels' float32 product runs on CUDA cores; cuBLAS's is faster)
+    assert [dense.use_dense(r, 768, 768, elt_bytes=4) for r in (1, 2, 16, 17)] == [False, True, True, True]
+    assert not dense.use_dense(8, 768, 768, swap=False, elt_bytes=4)
     # the product in two pieces of K where the weight has at most 32 rows per SM and a piece is >= 1024 long
     pieces = {(n, k): dense.pieces_for(n, k, 132) for n, k in ((3072, 2048), (2048, 8192), (4096, 14336), (6144, 4096))}
     assert pieces == {(3072, 2048): 2, (2048, 8192): 2, (4096, 14336): 2, (6144, 4096): 1}

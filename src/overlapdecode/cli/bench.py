@@ -174,6 +174,12 @@ def spread(row) -> float:
 # the terminal table's columns: the figures that decide, each cell whole at 80 columns; the rest (TTFT, ms/step,
 # the toll, memory, kernels per step) is in results.json and report.md
 SUMMARY_COLUMNS = ("strategy", "ms/token", "vs baseline", "spread", "MBU")
+# under a float32 table where `fused` trails `interleaved`: why
+FLOAT32_FUSED = (
+    "float32: fused multiplies gate/up and the LM head on the CUDA cores (float32 precision takes no tensor "
+    "cores), where interleaved's cuBLAS GEMMs are faster from a few rows; fused leads in bfloat16 "
+    "(docs/KERNELS.md, 'Float32 weights')"
+)
 
 
 def summary_tables(rows, model: str) -> list:
@@ -220,6 +226,9 @@ def summary_tables(rows, model: str) -> list:
                     fmt(mbu(r), "{:.0%}"),
                 )
             )
+        ms = {s: dict(per[s]).get(n, {}).get("ms_per_token") for s in ("fused", "interleaved") if s in per}
+        if dtype == "float32" and len(ms) == 2 and None not in ms.values() and ms["fused"] > ms["interleaved"]:
+            warnings.append(FLOAT32_FUSED)
         if hidden:
             warnings.append(
                 f"! baseline: its own timed calls spread {spread(base) * 100:.0f}%, which hides the speed-up "

@@ -14,7 +14,10 @@ on; gate/up and the LM head keep their fused GEMVs (their float32 products, 2 x 
 vocabulary wide, would cost more to write and read back than cuBLAS saves; not measured). DENSE_ROWS is 17,
 wherever the launch would swap: in the step dense was as fast or faster from 17 rows at the Llama-1B shape, and at
 64 rows at Llama-3-8B's, the shapes measured (docs/KERNELS.md, "Dense form"; results/h200/llama-1b-dense-rows). A
-caller that names the GEMV's tile form (`swap`) gets it, not the dense form. The rows reach cuBLAS normalised
+caller that names the GEMV's tile form (`swap`) gets it, not the dense form. Float32 weights take it from 2 rows:
+the kernels multiply float32 on the CUDA cores (no tensor cores at "ieee" precision), where cuBLAS's float32 GEMM
+is faster from 2 rows on (GPT-2 shape, the step at 2, 4, 8 and 16 rows: docs/KERNELS.md, "Float32 weights"); at one
+row the kernels' broadcast product (swap_ab.row_tile) reads the weights at less cost. The rows reach cuBLAS normalised
 (norm_linear.normalized_rows, one launch, as every swapped launch's rows already are, or handed over normalised by
 the O or down epilogue before it: residual_norm.py).
 
@@ -42,13 +45,19 @@ PIECE_COLUMNS = 32  # weight rows per SM below which K is cut in two (pieces_for
 MIN_PIECE = 1024  # the shortest K piece
 
 
-def use_dense(rows: int, n_out: int, K: int, dense: bool | None = None, swap: bool | None = None) -> bool:
-    """Whether a launch over `rows` rows of a (n_out, K) weight computes its product with cuBLAS (dense_product) and
-    runs only its epilogue: `dense` if given; else not where the caller chose the GEMV's tile form (`swap` given);
-    else the rule, from DENSE_ROWS rows."""
+def use_dense(
+    rows: int, n_out: int, K: int, dense: bool | None = None, swap: bool | None = None, elt_bytes: int = 2
+) -> bool:
+    """Whether a launch over `rows` rows of a (n_out, K) weight of `elt_bytes`-byte elements computes its product
+    with cuBLAS (dense_product) and runs only its epilogue: `dense` if given; else not where the caller chose the
+    GEMV's tile form (`swap` given); else the rule: from DENSE_ROWS rows, or from 2 rows for 4-byte weights."""
     if dense is not None:
         return bool(dense)
-    return swap is None and rows > ROW_TILE and rows >= DENSE_ROWS
+    if swap is not None:
+        return False
+    if elt_bytes >= 4:
+        return rows > 1
+    return rows > ROW_TILE and rows >= DENSE_ROWS
 
 
 def pieces_for(n_out: int, K: int, sms: int) -> int:

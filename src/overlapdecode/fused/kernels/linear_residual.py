@@ -246,7 +246,7 @@ def linear_residual(
     if not has_res:
         residual, norm_sums = torch.empty((B, N), dtype=x.dtype, device=x.device), None  # never read
     swapped = use_swap(B, swap)
-    product = dense_gemm.use_dense(B, N, K, dense, swap)
+    product = dense_gemm.use_dense(B, N, K, dense, swap, w.element_size())
     if product:  # the epilogue over the product's (16 x 64) tiles: no K loop, no split
         tiles = dict(block_m=ROW_TILE, block_n=64, block_k=16, num_warps=4, num_stages=1, programs=1)
         swapped = False

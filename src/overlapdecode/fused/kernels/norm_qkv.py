@@ -467,7 +467,7 @@ def norm_qkv(
             "norms are qk_norm_rope's"
         )
     swapped = use_swap(B, swap)
-    product = dense_gemm.use_dense(B, w.shape[0], K, dense, swap)
+    product = dense_gemm.use_dense(B, w.shape[0], K, dense, swap, w.element_size())
     if product:  # cuBLAS multiplies normalised rows; the kernel runs the epilogue over (16-row) tiles of the product
         swapped, prenorm = False, True
         half = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's

@@ -164,7 +164,7 @@ def linear_residual_norm(
     if (
         normed_rows is not None
         and B > ROW_TILE
-        and dense_gemm.use_dense(B, N, K, dense, kwargs.get("swap"))
+        and dense_gemm.use_dense(B, N, K, dense, kwargs.get("swap"), w.element_size())
         and fits(N, then_norm, residual)
         and kwargs.get("out") is None
     ):
