@@ -52,7 +52,10 @@ def test_report_on_a_malformed_results_json_is_one_line_naming_the_file(tmp_path
 
 def test_rows_without_environment_still_make_a_report(tmp_path, capsys):
     d = str(tmp_path / "d")
-    write_results(d, dict(commands=["overlapdecode bench"], config=CONFIG, rows=[result_row("kv"), result_row("static", seq_s=0.2)]))
+    write_results(
+        d,
+        dict(commands=["overlapdecode bench"], config=CONFIG, rows=[result_row("kv"), result_row("static", seq_s=0.2)]),
+    )
     assert main(["report", d]) == 0
     assert (
         "Machine: not recorded in the JSON (results.json has no environment record)"
@@ -155,7 +158,9 @@ def test_report_markdown_never_replaces_a_results_json(tmp_path, capsys):
     ],
 )
 def test_rows_of_the_wrong_kind_are_one_line_naming_the_file(tmp_path, capsys, row, words):
-    path = write_results(str(tmp_path / "d"), dict(commands=["x"], config=CONFIG, rows=[result_row() | row, result_row("static")]))
+    path = write_results(
+        str(tmp_path / "d"), dict(commands=["x"], config=CONFIG, rows=[result_row() | row, result_row("static")])
+    )
     assert main(["report", str(tmp_path / "d")]) == 2
     _one_line(capsys, path, words)
 
@@ -163,7 +168,9 @@ def test_rows_of_the_wrong_kind_are_one_line_naming_the_file(tmp_path, capsys, r
 def test_an_incomplete_environment_record_is_said_not_refused(tmp_path):
     """An environment without the versions the report prints was a traceback (KeyError: 'torch')."""
     d = str(tmp_path / "d")
-    write_results(d, dict(commands=["x"], config=CONFIG, environment=dict(gpu=None), rows=[result_row(), result_row("static")]))
+    write_results(
+        d, dict(commands=["x"], config=CONFIG, environment=dict(gpu=None), rows=[result_row(), result_row("static")])
+    )
     assert main(["report", d]) == 0
     assert (
         "environment record lacks torch, transformers, python, git_commit" in open(os.path.join(d, "report.md")).read()
