@@ -13,17 +13,18 @@ from dataclasses import dataclass
 
 CACHE_KINDS = ("none", "dynamic", "static", "fused")  # fused: the project's own layout and step (fused/)
 STOP_CHECKS = ("sync", "pingpong", "deferred", "end")
-LATE_CHECKS = ("pingpong", "deferred")  # the checks whose lag the user chooses (stopping.py defines lag)
+LATE_CHECKS = ("pingpong", "deferred")  # the checks whose lag the user chooses (loop/stopping.py defines lag)
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """How to decode. `cache`: none | dynamic | static | fused (the project's own cache layout and decode
+    """How to decode. `cache`: none | dynamic | static | fused (the project's own model, cache layout and decode
     step, fused/: the families of fused/layout.py SUPPORTED); `compile`: torch.compile the one-token step
-    (mode="reduce-overhead": CUDA graphs on CUDA), static or fused cache only (fused: its step is captured
-    into a CUDA graph by the decoder itself, step_graph.py, with only the token choice compiled); `stop_check`: sync | pingpong |
-    deferred | end; `lag`: for pingpong and deferred, how many steps after enqueuing step j the host reads
-    step j's flag (sync reads at lag 0, end after the last step; see stopping.py)."""
+    (mode="reduce-overhead": CUDA graphs on CUDA), static or fused cache only (fused: its step is captured into
+    a CUDA graph by the decoder itself, loop/step_graph.py, with only the token choice compiled); `stop_check`:
+    sync | pingpong | deferred | end; `lag`: for pingpong and deferred, how many steps after enqueuing step j the
+    host reads step j's flag (sync reads at lag 0, end after the last step; see loop/stopping.py). plan.py takes
+    a strategy apart, once per call."""
 
     cache: str = "static"
     compile: bool = False

@@ -10,9 +10,9 @@ device, from the same tables, by the module's undecorated forward run on views o
 - LongRoPE: the long factors' table where the step's largest position + 1 exceeds
   `original_max_position_embeddings`, the short factors' (the original) table elsewhere, as
   `longrope_frequency_update` picks: one graph serves calls on either side (a call that crosses it is refused
-  for every cache by architecture.py: its cached keys would keep the short factors' rotation);
+  for every cache by refusals.py: its cached keys would keep the short factors' rotation);
 - dynamic NTK: the original table, which is Hugging Face's at every length up to the module's
-  `original_max_seq_len` (architecture.py refuses a compiled call that could go past it).
+  `original_max_seq_len` (refusals.py refuses a compiled call that could go past it).
 
 The wrapper keeps the module's state as Hugging Face leaves it after each eager forward; the compiled step
 reads tables and writes nothing.
