@@ -140,3 +140,229 @@ def test_quantized_layers_multiply_by_the_dequantized_weight(scheme, bias):
     nbytes = sum(p.numel() * p.element_size() for p in layer.parameters())
     numbers = 24 * 4 * 4 * 2 if scheme == "int4" else 24 * 4
     assert nbytes == (24 * 25 if scheme == "int4" else 24 * 50) + numbers + (24 * 4 if bias else 0)
+
+
+# --- od.quantize and load_model(quantize=...) -------------------------------------------------------------------
+
+
+def linear_weights(model) -> dict:
+    """name -> (out, in) weight of every nn.Linear and Conv1D (transposed) of a full-precision model."""
+    from transformers.pytorch_utils import Conv1D
+
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, Conv1D):
+            out[name] = (m.weight.detach().t().clone(), m.bias)
+        elif isinstance(m, torch.nn.Linear):
+            out[name] = (m.weight.detach().clone(), m.bias)
+    return out
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+@pytest.mark.parametrize("scheme,group_size", [("int4", 16), ("int4", 48), ("int8", 128)])
+def test_quantize_replaces_every_linear_layer_and_the_head(name, scheme, group_size):
+    import weakref
+
+    import overlapdecode as od
+
+    model = od.load_model(name, device="cpu")
+    embed = model.get_input_embeddings().weight
+    embed_before = embed.detach().clone()
+    weights = linear_weights(model)
+    assert "lm_head" in weights and len(weights) == (9 if name == "tiny-gpt2" else 15)
+    tables = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]  # tokens (GPT-2: positions)
+    gone = [weakref.ref(m.weight) for m in model.modules() if hasattr(m, "weight") and m.weight.dim() == 2]
+    assert od.quantize(model, scheme, group_size=group_size) is model
+    layers = dict(model.named_modules())
+    for layer_name, (w, b) in weights.items():
+        layer = layers[layer_name]
+        assert type(layer) is (Int4Linear if scheme == "int4" else Int8Linear), layer_name
+        ref = reference_int4(w, group_size)[3] if scheme == "int4" else reference_int8(w)[2]
+        assert torch.equal(dequantize(layer.packed()), ref), layer_name  # GPT-2's Conv1D: from its (out, in) view
+        assert (b is None and layer.bias is None) or torch.equal(layer.bias, b)
+    # the embedding keeps its full-precision table (GPT-2's head was tied to it: now untied, for good)
+    assert model.get_input_embeddings().weight is embed and torch.equal(embed, embed_before)
+    assert not model.config.tie_word_embeddings
+    model.tie_weights()
+    assert isinstance(model.lm_head, (Int4Linear, Int8Linear)) and model.get_input_embeddings().weight is embed
+    # no full-precision copy of a quantized matrix is left: each old weight is freed (the embedding's is kept)
+    import gc
+
+    gc.collect()
+    assert {id(r()) for r in gone if r() is not None} == {id(t) for t in tables}
+    numbers = (".scales", ".zeros")  # the group numbers, (N, groups)
+    floats = {
+        id(p) for n, p in model.named_parameters() if p.is_floating_point() and p.dim() == 2 and not n.endswith(numbers)
+    }
+    assert floats == {id(t) for t in tables}
+
+
+def test_quantized_model_is_smaller_by_the_packed_bytes():
+    import overlapdecode as od
+
+    def nbytes(model):
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+
+    full = od.load_model("tiny-llama", device="cpu")
+    weights = linear_weights(full)
+    codes = sum(w.numel() for w, _ in weights.values())
+    groups = sum(w.shape[0] * -(-w.shape[1] // 16) for w, _ in weights.values())
+    int4 = od.quantize(od.load_model("tiny-llama", device="cpu"), "int4", group_size=16)
+    int8 = od.quantize(od.load_model("tiny-llama", device="cpu"), "int8")
+    rows = sum(w.shape[0] for w, _ in weights.values())
+    assert nbytes(full) - nbytes(int4) == 4 * codes - codes // 2 - 2 * 4 * groups  # float32 -> codes, s and z
+    assert nbytes(full) - nbytes(int8) == 4 * codes - codes - 4 * rows
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,words",
+    [
+        (("int3",), {}, "scheme must be one of 'int4', 'int8', got 'int3'"),
+        ((None,), {}, "scheme must be one of"),
+        (("int4",), dict(group_size=0), "group_size must be a positive int"),
+        (("int4",), dict(group_size=16.0), "group_size must be a positive int"),
+        (("int4",), dict(group_size=True), "group_size must be a positive int"),
+    ],
+)
+def test_bad_scheme_or_group_size_is_a_value_error_naming_it(tiny_llama, args, kwargs, words):
+    import overlapdecode as od
+
+    with pytest.raises(ValueError, match=words):
+        od.quantize(tiny_llama, *args, **kwargs)
+    assert isinstance(tiny_llama.lm_head, torch.nn.Linear)  # refused before any layer was touched
+
+
+def test_bad_models_are_refused_naming_model():
+    import overlapdecode as od
+    from tiny_archs import tiny_model
+
+    with pytest.raises(ValueError, match="model must be a Hugging Face causal LM"):
+        od.quantize(torch.nn.Linear(4, 4), "int4")
+    with pytest.raises(ValueError, match="model must be a Hugging Face causal LM"):
+        od.quantize("tiny-llama", "int4")
+    model = od.quantize(od.load_model("tiny-llama", device="cpu"), "int8")
+    with pytest.raises(ValueError, match=r"model is already quantized \(int8\)"):
+        od.quantize(model, "int4")
+    moe, why = tiny_model("qwen3_moe")
+    assert moe is not None, why
+    with pytest.raises(ValueError, match="model: quantize does not support mixtures of experts"):
+        od.quantize(moe, "int4")
+
+
+def test_load_model_quantizes_as_quantize_does(tmp_path):
+    import overlapdecode as od
+
+    for scheme, group_size in (("int4", 16), ("int8", 128)):
+        ref = od.quantize(od.load_model("tiny-gpt2", device="cpu"), scheme, group_size=group_size)
+        got = od.load_model("tiny-gpt2", device="cpu", quantize=scheme, group_size=group_size)
+        assert_same_parameters(got, ref)
+    od.load_model("tiny-llama", device="cpu").save_pretrained(tmp_path)  # a directory: read on the host first
+    ref = od.quantize(od.load_model(str(tmp_path), device="cpu"), "int4", group_size=32)
+    got = od.load_model(str(tmp_path), device="cpu", quantize="int4", group_size=32)
+    assert_same_parameters(got, ref)
+    assert isinstance(got.model.layers[1].mlp.down_proj, Int4Linear) and not got.training
+
+
+def assert_same_parameters(a, b) -> None:
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        assert pa[name].dtype == pb[name].dtype and torch.equal(pa[name], pb[name]), name
+
+
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        (dict(quantize="int2"), "quantize must be one of 'int4', 'int8'"),
+        (dict(quantize="int4", group_size=-4), "group_size must be a positive int"),
+        (dict(quantize="int4", tp=2), "quantize: tensor-parallel shards are not quantized yet"),
+    ],
+)
+def test_load_model_refuses_bad_quantize_arguments_before_building(kwargs, words):
+    import overlapdecode as od
+
+    with pytest.raises(ValueError, match=words):
+        od.load_model("tiny-llama", device="cpu", **kwargs)
+
+
+def test_load_model_refuses_a_mixture_of_experts_from_its_config():
+    import overlapdecode as od
+
+    with pytest.raises(ValueError, match="quantize: quantize does not support mixtures of experts"):
+        od.load_model("qwen3-moe-random", device="cpu", quantize="int8")  # 2.7B parameters: refused before any
+
+
+def test_cli_names_equal_the_librarys():
+    from overlapdecode.cliargs import QUANT_NAMES
+    from overlapdecode.quant import SCHEMES
+
+    assert QUANT_NAMES == SCHEMES
+
+
+def test_generate_cli_quantizes(capsys):
+    import overlapdecode as od
+    from overlapdecode.cli import main
+
+    argv = ["generate", "--model", "tiny-gpt2", "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--eos", "none"]
+    assert main(argv + ["--strategy", "static", "--quantize", "int4", "--group-size", "16", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    model = od.load_model("tiny-gpt2", device="cpu", quantize="int4", group_size=16)
+    ref = od.generate(model, torch.tensor([[5, 6, 7]]), max_new_tokens=6, strategy="static", eos_token_id=[])
+    assert "ids: " + " ".join(str(t) for t in ref[0, 3:].tolist()) in out
+    plain = od.generate(
+        od.load_model("tiny-gpt2", device="cpu"), torch.tensor([[5, 6, 7]]), max_new_tokens=6, eos_token_id=[]
+    )
+    assert not torch.equal(plain, ref)  # quantized: other tokens
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-llama", "--group-size", "16"], "--group-size applies"),
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-llama", "--quantize", "int8", "--group-size", "16"], "--group-size applies"),
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-llama", "--quantize", "int4", "--group-size", "0"], "--group-size must be a positive int"),
+        (["generate", "--prompt-ids", "1,2", "--model", "tiny-llama", "--quantize", "int5"], "argument --quantize: invalid choice"),
+        (["generate", "--prompt-ids", "1,2", "--model", "qwen3-moe-random", "--quantize", "int4"], "--quantize: quantize does not support mixtures"),
+        (["bench", "--model", "tiny-llama", "--group-size", "32"], "--group-size applies"),
+        (["bench", "--model", "tiny-llama", "--quantize", "int4", "--group-size", "-1"], "--group-size must be"),
+        (["bench", "--model", "qwen3-moe-random", "--quantize", "int8"], "--quantize: quantize does not support mixtures"),
+    ],
+)  # fmt: skip
+def test_cli_quantize_mistakes_are_one_line_naming_the_flag(argv, words, capsys, tmp_path):
+    from overlapdecode.cli import main
+
+    out = ["--out", str(tmp_path / "out"), "--device", "cpu"] if argv[0] == "bench" else ["--device", "cpu"]
+    try:
+        code = main(argv + out)
+    except SystemExit as stop:  # argparse's own refusal (a --quantize not among the choices)
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+    assert err.split(": error: ", 1)[1].startswith(("--", "argument --")), err
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_bench_records_the_quantization(tmp_path):
+    """The config, every row and --append: a run of other weights is refused rather than mixed into the report."""
+    import json
+
+    from overlapdecode.cli import main
+
+    out = str(tmp_path / "b")
+    argv = ["bench", "--model", "tiny-llama", "--strategies", "static", "--peers", "none", "--lengths", "3"]
+    argv += ["--repeats", "1", "--warmup", "0", "--no-profile", "--device", "cpu", "--out", out]
+    assert main(argv + ["--quantize", "int4", "--group-size", "32"]) == 0
+    results = json.load(open(f"{out}/results.json"))
+    assert (results["config"]["quantize"], results["config"]["group_size"]) == ("int4", 32)
+    assert all((r["quantize"], r["group_size"]) == ("int4", 32) for r in results["rows"])
+    assert main(argv + ["--append"]) == 2
+    assert main(argv + ["--append", "--quantize", "int4"]) == 2  # group 128: other weights
+
+
+def test_the_fused_strategy_refuses_quantized_weights_up_front(tiny_llama):
+    import overlapdecode as od
+
+    model = od.load_model("tiny-llama", device="cpu", quantize="int4", group_size=16)
+    with pytest.raises(ValueError, match=r"strategy: the fused path does not run quantized weights \(quantize\)"):
+        od.generate(model, torch.tensor([[5, 6, 7]]), max_new_tokens=4, strategy="fused")

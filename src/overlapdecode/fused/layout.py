@@ -182,6 +182,12 @@ def model_family(model) -> str:
 def fuse_weights(model) -> FusedWeights:
     """The fused weights of `model`, its parameters re-bound as views of them (no copy if already so)."""
     family = model_family(model)
+    from ..quant.modules import QUANTIZED
+
+    if any(isinstance(m, QUANTIZED) for m in model.modules()):
+        raise ValueError(
+            "strategy: the fused path does not run quantized weights (quantize) yet; use another strategy for them"
+        )
     # not inference tensors, even under inference_mode: they become the Hugging Face model's parameters
     with torch.inference_mode(False), torch.no_grad():
         if family == "gpt2":

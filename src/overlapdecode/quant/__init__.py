@@ -8,7 +8,8 @@ Int4Linear and Int8Linear, which replace nn.Linear in place; model.py: `quantize
 docs/QUANTIZATION.md is the user's guide.
 """
 
+from .model import quantize
 from .modules import Int4Linear, Int8Linear
 from .packed import SCHEMES, PackedWeight, dense_weight, dequantize
 
-__all__ = ["SCHEMES", "Int4Linear", "Int8Linear", "PackedWeight", "dense_weight", "dequantize"]
+__all__ = ["SCHEMES", "Int4Linear", "Int8Linear", "PackedWeight", "dense_weight", "dequantize", "quantize"]
