@@ -366,3 +366,77 @@ def test_the_fused_strategy_refuses_quantized_weights_up_front(tiny_llama):
     model = od.load_model("tiny-llama", device="cpu", quantize="int4", group_size=16)
     with pytest.raises(ValueError, match=r"strategy: the fused path does not run quantized weights \(quantize\)"):
         od.generate(model, torch.tensor([[5, 6, 7]]), max_new_tokens=4, strategy="fused")
+
+
+# --- every preset gives Hugging Face generate()'s tokens on the quantized model (CPU, float32) --------------------
+
+N = 24
+# (model, scheme, group size): groups that divide every K, and 48, which divides none (K 64, 128, 256: short groups)
+QUANTIZED_MODELS = [
+    (name, scheme, g)
+    for name in ("tiny-gpt2", "tiny-llama")
+    for scheme, g in (("int4", 16), ("int4", 48), ("int8", 128))
+]
+EAGER_PRESETS = ("baseline", "kv", "static")
+COMPILED_PRESETS = ("compiled", "interleaved", "deferred", "nocheck")
+
+
+@pytest.fixture(scope="module", params=QUANTIZED_MODELS, ids=lambda p: "-".join(map(str, p)))
+def quantized(request):
+    import overlapdecode as od
+
+    name, scheme, group_size = request.param
+    model = od.load_model(name, device="cpu", quantize=scheme, group_size=group_size)
+    full = od.load_model(name, device="cpu")
+    ids = torch.randint(3, 900, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert not torch.equal(model(ids).logits, full(ids).logits)  # the weights really are other weights
+    return request.param, model
+
+
+def assert_presets_match_hf(model, presets, batch: int = 4, seed: int = 4) -> None:
+    import overlapdecode as od
+    from helpers import eos_hit_midway, hf_generate, make_batch, naive_generate
+
+    ids, mask = make_batch(batch, seed=seed)
+    rows = [0, 2]  # rows 0 and 2 stop mid-way, 1 and 3 never do
+    eos = eos_hit_midway(model, ids, mask, N, rows)
+    assert eos is not None, "no usable EOS for this batch; change the seed"
+    pad = 5
+    ref = hf_generate(model, ids, mask, N, eos, pad)
+    assert torch.equal(ref, naive_generate(model, ids, mask, N, eos, pad))
+    assert (ref[rows, -1] == pad).all()
+    for preset in presets:
+        out = od.generate(
+            model, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=eos, pad_token_id=pad
+        )
+        assert torch.equal(out, ref), preset
+
+
+def test_eager_presets_give_hugging_faces_tokens_on_the_quantized_model(quantized):
+    _, model = quantized
+    assert_presets_match_hf(model, EAGER_PRESETS)
+
+
+def test_compiled_presets_give_hugging_faces_tokens_on_the_quantized_model():
+    """One model and scheme (compiling on CPU is slow): the dequantization compiled with the step."""
+    import overlapdecode as od
+
+    model = od.load_model("tiny-gpt2", device="cpu", quantize="int4", group_size=48)
+    assert_presets_match_hf(model, COMPILED_PRESETS)
+
+
+def test_one_seed_gives_the_same_sampled_tokens_under_every_preset(quantized):
+    import overlapdecode as od
+    from helpers import make_batch
+
+    _, model = quantized
+    ids, mask = make_batch(4, seed=43)
+    kw = dict(do_sample=True, seed=9, top_k=30, temperature=0.8, max_new_tokens=12, attention_mask=mask)
+    free = od.generate(model, ids, strategy="static", eos_token_id=[], **kw)[:, ids.shape[1] :]
+    eos = sorted({int(free[r, 2 * r + 2]) for r in range(ids.shape[0])})  # rows stop at different steps
+    outs = {p: od.generate(model, ids, strategy=p, eos_token_id=eos, **kw) for p in EAGER_PRESETS}
+    ref = outs["baseline"]
+    assert ref.shape[1] < ids.shape[1] + 12, "the batch should stop before max_new_tokens"
+    for preset, out in outs.items():
+        assert torch.equal(out, ref), preset
