@@ -28,6 +28,7 @@ from overlapdecode.fused.kernels.swap_ab import swap_tiles, use_prenorm  # noqa:
 from overlapdecode.fused.model import TILES  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
+PLAIN = dict(s_ptr=None, z_ptr=None, QUANT=0, GROUP=0)  # the projections' 16-bit weights (packed_weights.py)
 
 
 def ptx(kernel, types: dict, constants: dict, aligned: bool = False, **options) -> str:
@@ -96,6 +97,7 @@ CASES = {
             TABLE=False,
             PRODUCT=0,
             PRELOAD=0,
+            **PLAIN,
         ),
     ),
     "rope_table": (
@@ -163,6 +165,7 @@ CASES = {
             RES_SCALE=None,
             PRODUCT=0,
             PRELOAD=0,
+            **PLAIN,
         ),
     ),
     "residual_norm": (
@@ -205,6 +208,7 @@ CASES = {
             LOGIT_DIV=None,
             SOFTCAP=None,
             PRELOAD=0,
+            **PLAIN,
         ),
     ),
     "norm_rows": (

@@ -360,14 +360,6 @@ def test_bench_records_the_quantization(tmp_path):
     assert main(argv + ["--append", "--quantize", "int4"]) == 2  # group 128: other weights
 
 
-def test_the_fused_strategy_refuses_quantized_weights_up_front(tiny_llama):
-    import overlapdecode as od
-
-    model = od.load_model("tiny-llama", device="cpu", quantize="int4", group_size=16)
-    with pytest.raises(ValueError, match=r"strategy: the fused path does not run quantized weights \(quantize\)"):
-        od.generate(model, torch.tensor([[5, 6, 7]]), max_new_tokens=4, strategy="fused")
-
-
 # --- every preset gives Hugging Face generate()'s tokens on the quantized model (CPU, float32) --------------------
 
 N = 24
@@ -377,7 +369,7 @@ QUANTIZED_MODELS = [
     for name in ("tiny-gpt2", "tiny-llama")
     for scheme, g in (("int4", 16), ("int4", 48), ("int8", 128))
 ]
-EAGER_PRESETS = ("baseline", "kv", "static")
+EAGER_PRESETS = ("baseline", "kv", "static", "fused")  # fused: its kernels' torch twins on CPU
 COMPILED_PRESETS = ("compiled", "interleaved", "deferred", "nocheck")
 
 
@@ -394,7 +386,7 @@ def quantized(request):
     return request.param, model
 
 
-def assert_presets_match_hf(model, presets, batch: int = 4, seed: int = 4) -> None:
+def assert_presets_match_hf(model, presets, batch: int = 4, seed: int = 4, generate=None) -> None:
     import overlapdecode as od
     from helpers import eos_hit_midway, hf_generate, make_batch, naive_generate
 
@@ -407,8 +399,9 @@ def assert_presets_match_hf(model, presets, batch: int = 4, seed: int = 4) -> No
     assert torch.equal(ref, naive_generate(model, ids, mask, N, eos, pad))
     assert (ref[rows, -1] == pad).all()
     for preset in presets:
-        out = od.generate(
-            model, ids, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=eos, pad_token_id=pad
+        args = (ids,) if generate is not None else (model, ids)
+        out = (generate or od.generate)(
+            *args, attention_mask=mask, max_new_tokens=N, strategy=preset, eos_token_id=eos, pad_token_id=pad
         )
         assert torch.equal(out, ref), preset
 
@@ -419,11 +412,14 @@ def test_eager_presets_give_hugging_faces_tokens_on_the_quantized_model(quantize
 
 
 def test_compiled_presets_give_hugging_faces_tokens_on_the_quantized_model():
-    """One model and scheme (compiling on CPU is slow): the dequantization compiled with the step."""
+    """One model and scheme (compiling on CPU is slow): the dequantization compiled with the step, and the fused
+    path's prefill compiled as on a GPU."""
     import overlapdecode as od
 
     model = od.load_model("tiny-gpt2", device="cpu", quantize="int4", group_size=48)
     assert_presets_match_hf(model, COMPILED_PRESETS)
+    decoder = od.Decoder(model, fused_options=dict(compile_prefill=True))
+    assert_presets_match_hf(model, ["fused"], generate=decoder.generate)
 
 
 def test_one_seed_gives_the_same_sampled_tokens_under_every_preset(quantized):
@@ -440,3 +436,63 @@ def test_one_seed_gives_the_same_sampled_tokens_under_every_preset(quantized):
     assert ref.shape[1] < ids.shape[1] + 12, "the batch should stop before max_new_tokens"
     for preset, out in outs.items():
         assert torch.equal(out, ref), preset
+
+
+def test_the_fused_layout_keeps_the_packed_weights_and_their_size():
+    """The fused path re-lays out the packed rows (Q, K, V together; gate then up) as it does 16-bit ones: the
+    model's quantized layers become views of the fused tensors, and the bytes on the device do not grow."""
+    import overlapdecode as od
+    from overlapdecode.fused.model import FusedModel
+    from overlapdecode.quant import PackedWeight
+
+    model = od.load_model("tiny-llama", device="cpu", quantize="int4", group_size=48)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    nbytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    W = FusedModel(model).weights
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    qkv, up = W.layers[0].w_qkv, W.layers[0].w_up
+    assert isinstance(qkv, PackedWeight) and qkv.shape == (128, 64) and qkv.group_size == 48
+    assert torch.equal(
+        dequantize(qkv), torch.cat([dequantize(m.packed()) for m in (attn.q_proj, attn.k_proj, attn.v_proj)])
+    )
+    assert torch.equal(
+        dequantize(up), torch.cat([dequantize(mlp.gate_proj.packed()), dequantize(mlp.up_proj.packed())])
+    )
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == qkv.q.untyped_storage().data_ptr()  # a view
+    assert attn.k_proj.scales.untyped_storage().data_ptr() == qkv.scales.untyped_storage().data_ptr()
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    seen = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    assert sum(seen.values()) == nbytes  # the same bytes, in fewer storages
+    assert isinstance(W.lm_head, PackedWeight) and W.lm_head.q is not None
+
+
+DENSE_FAMILIES = ("qwen3", "qwen3-sliding", "phi3", "phi3-longrope", "granite", "smollm3", "olmo2", "gemma")
+DENSE_FAMILIES += ("gemma2", "gemma3")
+
+
+@pytest.mark.parametrize("name", DENSE_FAMILIES)
+def test_each_decoder_family_quantized_gives_hugging_faces_tokens_under_fused(name):
+    """The fused path's families (Q/K norms, Phi-3's QKV and gate/up as shipped, post-norms, soft-caps, sliding
+    layers...) on int4 weights: the fused preset (its kernels' torch twins here) and static give Hugging Face
+    generate()'s greedy tokens on the same quantized model."""
+    from fused_families import family_model
+
+    import overlapdecode as od
+    from helpers import make_batch
+
+    model = od.quantize(family_model(name), "int4", group_size=16)
+    ids, mask = make_batch(3, seed=2, high=min(990, model.config.vocab_size))
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=[], pad_token_id=0)
+    for preset in ("fused", "static"):
+        out = od.generate(model, ids, attention_mask=mask, max_new_tokens=12, strategy=preset, eos_token_id=[])
+        assert torch.equal(out, ref), preset
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral", "gpt-oss"])
+def test_mixtures_of_experts_are_refused(name):
+    from fused_families import family_model
+
+    import overlapdecode as od
+
+    with pytest.raises(ValueError, match="quantize does not support mixtures of experts"):
+        od.quantize(family_model(name), "int8")

@@ -4,8 +4,8 @@
     model = od.load_model("llama-1b-random", quantize="int4")     # the same at load
 
 schemes.py: the formulas and the int4 packing; packed.py: PackedWeight, the layout the kernels read; modules.py:
-Int4Linear and Int8Linear, which replace nn.Linear in place; model.py: `quantize`, over a whole model.
-docs/QUANTIZATION.md is the user's guide.
+Int4Linear and Int8Linear, which replace nn.Linear in place; model.py: `quantize`, over a whole model. The fused
+path reads PackedWeight in its kernels (fused/kernels/packed_weights.py). docs/QUANTIZATION.md is the user's guide.
 """
 
 from .model import quantize

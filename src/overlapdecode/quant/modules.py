@@ -59,6 +59,7 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         q, scales = quantize_int8(weight.detach())
         self.weight, self.scales = _frozen(q), _frozen(scales)
+        self.zeros = None  # symmetric: no zero points
         self.bias = None if bias is None else _frozen(bias.detach())
 
     @property

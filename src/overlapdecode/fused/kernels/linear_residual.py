@@ -18,7 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ...quant.packed import dense_weight
 from . import dense as dense_gemm
+from .packed_weights import load_weights, refuse_dense, weight_launch
 from .pdl import pdl_ahead, pdl_launch, pdl_release, pdl_start
 from .preload import COLS, preload_tiles
 from .swap_ab import (
@@ -40,7 +42,7 @@ def linear_residual_ref(x, w, b, residual, res_scale: float | None = None, then_
     branch alone (a layer that normalises it before adding it, kernels/norm_residual.py). `then_norm`: the norm
     that reads the result next, which the kernels may apply in the same launch (kernels/residual_norm.py); the
     reference leaves it to the reader."""
-    y = torch.nn.functional.linear(x, w, b)
+    y = torch.nn.functional.linear(x, dense_weight(w), b)
     if res_scale is not None:
         y = y * res_scale
     return y if residual is None else residual + y
@@ -161,6 +163,10 @@ def _linear_split_kernel(
     RES_SCALE: tl.constexpr,
     PRODUCT: tl.constexpr = 0,
     PRELOAD: tl.constexpr = 0,
+    s_ptr=None,
+    z_ptr=None,
+    QUANT: tl.constexpr = 0,
+    GROUP: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -187,11 +193,12 @@ def _linear_split_kernel(
         k_lo = pid_k * K_CHUNK
         k_hi = tl.minimum(k_lo + K_CHUNK, K)
         acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
+        dtype = x_ptr.dtype.element_ty  # a packed weight's tile is dequantized to it (packed_weights.py)
         for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
             kk = k_lo + k0 + ks
             k_ok = kk < k_hi
             xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
             acc = acc_dot(acc, xv, wt, SWAP)
         pdl_release(PDL)
         acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
@@ -250,7 +257,11 @@ def linear_residual(
     that reads the output next, as for linear_residual_ref: not applied here (residual_norm.linear_residual_norm, the
     step's launch, applies it in the same launch where it can). `preload`: at most 16 rows, the preload form
     (preload.py: each program's weights loaded before its wait, tiles from the shape, the tile keywords ignored)
-    where the weight is small enough for it."""
+    where the weight is small enough for it. `w` may be a PackedWeight (quant/packed.py: dequantized in registers
+    after each load, packed_weights.py), which never takes the dense form: from 17 rows it runs swapped tiles."""
+    w, packed = weight_launch(w)
+    if packed["QUANT"] and preload:
+        raise ValueError("preload: the preload form reads 16-bit or float32 weights, not quantized ones")
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
@@ -259,6 +270,9 @@ def linear_residual(
         residual, norm_sums = torch.empty((B, N), dtype=x.dtype, device=x.device), None  # never read
     swapped = use_swap(B, swap)
     product = dense_gemm.use_dense(B, N, K, dense, swap)
+    if packed["QUANT"]:
+        refuse_dense(dense)
+        product = False
     ahead = preload_tiles(ROW_TILE, N, K, w.element_size()) if preload and not (product or swapped) else None
     if ahead is not None:  # one K tile per program, its own split
         tiles = dict(block_m=ROW_TILE, block_n=COLS, programs=1, **ahead)
@@ -268,7 +282,7 @@ def linear_residual(
         swapped = False
         block_n = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
     elif swapped:
-        tiles = swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device))
+        tiles = swap_tiles(B, N, K, x.element_size(), 1, sm_count(x.device))
     else:
         tiles = dict(
             block_m=ROW_TILE, block_n=32, block_k=128, num_warps=4, num_stages=3, programs=2 * sm_count(x.device)
@@ -291,7 +305,7 @@ def linear_residual(
     else:
         split = 1 if product else split_k(n_blocks, K, block_k, programs)
         if swapped:
-            split = min(split, split_limit(B, K, w.element_size()))
+            split = min(split, split_limit(B, K, x.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     row_blocks = triton.cdiv(B, block_m)
     if product:
@@ -329,6 +343,7 @@ def linear_residual(
         PRELOAD=int(ahead is not None),
         num_warps=num_warps,
         num_stages=num_stages,
+        **packed,
         **pdl_launch(pdl),
     )
     if sums is not None:

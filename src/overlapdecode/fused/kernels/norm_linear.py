@@ -21,7 +21,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ...quant.packed import dense_weight
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
+from .packed_weights import load_weights, weight_launch
 from .pdl import pdl_ahead, pdl_launch, pdl_release, pdl_start
 from .preload import COLS, preload_tiles
 from .swap_ab import (
@@ -100,7 +102,7 @@ def norm_linear_ref(
     """(B, K) -> (B, N): act(norm(x) @ w.T + b); "silu_mul" / "gelu_tanh_mul" split w's rows into gate then up
     (act(gate) * up). `logit_div` (Granite's logits_scaling) divides the projection, `softcap` (Gemma 2's final
     logit soft-capping) makes it tanh(y / cap) * cap, each in the model dtype as Hugging Face's ops round."""
-    y = F.linear(norm_ref(x, norm_w, norm_b, eps, norm_style), w, b)
+    y = F.linear(norm_ref(x, norm_w, norm_b, eps, norm_style), dense_weight(w), b)
     if act == "silu_mul":
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
@@ -437,6 +439,10 @@ def _norm_linear_kernel(
     LOGIT_DIV: tl.constexpr,
     SOFTCAP: tl.constexpr,
     PRELOAD: tl.constexpr = 0,
+    s_ptr=None,
+    z_ptr=None,
+    QUANT: tl.constexpr = 0,
+    GROUP: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(2)
@@ -445,7 +451,10 @@ def _norm_linear_kernel(
     row_ok = rows < B
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
-    dtype = w_ptr.dtype.element_ty
+    if QUANT:  # packed_weights.py: the model dtype is the group numbers'
+        dtype = s_ptr.dtype.element_ty
+    else:
+        dtype = w_ptr.dtype.element_ty
     if PRELOAD:  # preload.py: the program's whole K range (K_CHUNK == BLOCK_K) of weights, before the wait
         pdl_ahead(PDL)
         kp = pid_k * K_CHUNK + ks
@@ -483,14 +492,15 @@ def _norm_linear_kernel(
         m = row_ok[:, None] & k_ok[None, :]
         xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
         if PAIRED:
-            wp = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
+            wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
             accp = acc_dot(accp, xn, wp, SWAP)
         else:
-            wm = col_ok[:, None] & k_ok[None, :]
-            wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=wm, other=0.0)
+            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
             acc = acc_dot(acc, xn, wt, SWAP)
             if ACT >= 2:  # gate/up: the up rows too
-                wu = tl.load(w_ptr + (cols + N)[:, None] * K + kk[None, :], mask=wm, other=0.0)
+                wu = load_weights(
+                    w_ptr, s_ptr, z_ptr, cols + N, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype
+                )
                 acc2 = acc_dot(acc2, xn, wu, SWAP)
 
     pdl_release(PDL)
@@ -641,7 +651,11 @@ def norm_linear(
     a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm); `normed_rows`: where its
     writer may have recorded them (NormedRows). `preload`: at most 16 rows, the preload form (preload.py: each
     program's weights loaded before its wait, K split by the shape's rule, the tile keywords ignored) where the
-    weight is small enough for it."""
+    weight is small enough for it. `w` may be a PackedWeight (quant/packed.py: int4 or int8, dequantized in registers
+    after each load, packed_weights.py)."""
+    w, packed = weight_launch(w)
+    if packed["QUANT"] and preload:
+        raise ValueError("preload: the preload form reads 16-bit or float32 weights, not quantized ones")
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     B, K = x.shape
@@ -658,7 +672,7 @@ def norm_linear(
         tiles = dict(block_m=ROW_TILE, block_n=COLS, **ahead)
         block_n = block_k = num_warps = num_stages = None
     elif swapped:
-        tiles = swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device))
+        tiles = swap_tiles(B, n_out, K, x.element_size(), accs, sm_count(x.device))
     else:
         tiles = dict(block_m=ROW_TILE, block_n=32, block_k=256, num_warps=4, num_stages=3)
     block_m = tiles["block_m"]
@@ -671,7 +685,7 @@ def norm_linear(
     elif swapped:
         if programs is None:
             programs = tiles["programs"] if x.is_cuda else 1
-        split = min(split_k(n_blocks, K, block_k, programs), split_limit(B, K, w.element_size()))
+        split = min(split_k(n_blocks, K, block_k, programs), split_limit(B, K, x.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     if split > 1:
         part = torch.empty((split, B, accs * n_out), dtype=torch.float32, device=x.device)
@@ -711,6 +725,7 @@ def norm_linear(
         PRELOAD=int(ahead is not None),
         num_warps=num_warps or tiles["num_warps"],
         num_stages=num_stages or tiles["num_stages"],
+        **packed,
         **pdl_launch(pdl),
     )
     return out
