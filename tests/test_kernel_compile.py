@@ -27,6 +27,7 @@ from overlapdecode.fused.kernels.swap_ab import swap_tiles, use_prenorm  # noqa:
 from overlapdecode.fused.model import TILES  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
+PLAIN = dict(s_ptr=None, z_ptr=None, QUANT=0, GROUP=0)  # the projections' 16-bit weights (packed_weights.py)
 
 
 def ptx(kernel, types: dict, constants: dict, **options) -> str:
@@ -90,6 +91,7 @@ CASES = {
             rt_ptr=None,
             TABLE=False,
             PRODUCT=0,
+            **PLAIN,
         ),
     ),
     "rope_table": (
@@ -156,6 +158,7 @@ CASES = {
             HAS_RES=True,
             RES_SCALE=None,
             PRODUCT=0,
+            **PLAIN,
         ),
     ),
     "residual_norm": (
@@ -197,6 +200,7 @@ CASES = {
             SWAP=False,
             LOGIT_DIV=None,
             SOFTCAP=None,
+            **PLAIN,
         ),
     ),
     "norm_rows": (

@@ -25,6 +25,7 @@ _EXPORTS = {
     "generate": "decode",
     "load_model": "models",
     "load_tokenizer": "models",
+    "quantize": "quant.model",
     "resolve_strategy": "strategy",
 }
 __all__ = sorted(_EXPORTS)
@@ -34,6 +35,7 @@ if _typing.TYPE_CHECKING:
     from .compiling import compile_count
     from .decode import Decoder, decoder_for, generate
     from .models import EMBEDDED, load_model, load_tokenizer
+    from .quant.model import quantize
     from .strategy import PRESETS, VARIANTS, Strategy, resolve_strategy
     from .tokenizer import ByteTokenizer
 

@@ -14,7 +14,9 @@ from ..cliargs import (
     STRATEGY_HELP,
     CliError,
     Interrupted,
+    add_quantize_flags,
     check_model_flag,
+    check_quantize_flags,
     ints,
     lag_beyond,
     lag_of,
@@ -133,6 +135,7 @@ def add_commands(sub) -> None:
         default=None,
         help="seconds; configurations not started by then are recorded as not run (default: no limit)",
     )
+    add_quantize_flags(b)
     b.add_argument("--append", action="store_true", help="add to the results already in --out")
     b.add_argument(
         "--out",
@@ -286,6 +289,9 @@ def bench_config(args):
     if args.warmup < 0 or args.repeats < 1:
         raise CliError("--warmup must be >= 0 and --repeats >= 1")
     config = _check_model_name(model)
+    group_size = check_quantize_flags(dict_args(args, model=model), config)
+    if args.quantize is not None and args.tp > 1:
+        raise CliError("--quantize: tensor-parallel shards are not quantized yet; bench it with --tp 1")
     if strategies is None:
         strategies = default_strategies(model, config, cuda)
         if main_job and args.batch is None and args.dtype is None and args.dtype_batch is None:
@@ -320,7 +326,16 @@ def bench_config(args):
         # the main job without --strategies skips the busy-fraction profile (`overlapdecode profile` makes it)
         profile=not args.no_profile and not (main_job and args.strategies is None),
         device=args.device,
+        quantize=args.quantize,
+        group_size=group_size,
     )
+
+
+def dict_args(args, **changes):
+    """`args` with some attributes changed (the model a run without --model measures)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**dict(vars(args), **changes))
 
 
 def default_strategies(model: str, config, cuda: bool) -> tuple[str, ...]:

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..quant.modules import QUANTIZED
+from ..quant.packed import PackedWeight
 from ..tp import RowReduce, VocabShard, row_reduce_of
 from ..tp.shard import is_sharded
 
@@ -115,8 +117,8 @@ class FusedWeights:
         out = [self.embed, self.pos_embed, self.norm_w, self.norm_b, self.lm_head, self.inv_freq]
         out += [self.local_inv_freq, self.long_inv_freq]
         for layer in self.layers:
-            out += [v for v in vars(layer).values() if isinstance(v, torch.Tensor)]
-        return [t for t in out if t is not None]
+            out += [v for v in vars(layer).values() if isinstance(v, (torch.Tensor, PackedWeight))]
+        return [p for t in out if t is not None for p in (t.tensors() if isinstance(t, PackedWeight) else [t])]
 
     def extras(self) -> list[str]:
         """What this model asks of the step beyond the Llama family's and GPT-2's layer (empty for those)."""
@@ -242,14 +244,43 @@ def _fuse_rows(owners: list[tuple[nn.Module, str]]) -> torch.Tensor | None:
     return fused
 
 
-def _conv1d_out_in(module: nn.Module) -> torch.Tensor:
-    """GPT-2's Conv1D keeps its weight (in, out); re-bind it as the transposed view of an (out, in) tensor."""
+def _conv1d_out_in(module: nn.Module) -> torch.Tensor | PackedWeight:
+    """GPT-2's Conv1D keeps its weight (in, out); re-bind it as the transposed view of an (out, in) tensor. (A
+    quantized layer in its place holds (out, in) rows already.)"""
+    if isinstance(module, QUANTIZED):
+        return _weight(module)
     w = module.weight
     if w.t().is_contiguous():
         return w.detach().t()
     out_in = w.detach().t().contiguous()
     module.weight = nn.Parameter(out_in.t(), requires_grad=w.requires_grad)
     return out_in
+
+
+def _weight(module: nn.Module) -> torch.Tensor | PackedWeight:
+    """A layer's (out, in) weight: its tensor, or a quantized layer's PackedWeight (quant/packed.py)."""
+    if isinstance(module, QUANTIZED):
+        return _detached(module.packed())
+    return module.weight.detach()
+
+
+def _detached(w: PackedWeight) -> PackedWeight:
+    return w._replace(**{k: getattr(w, k).detach() for k in ("q", "scales", "zeros") if getattr(w, k) is not None})
+
+
+def _fuse_weights(modules: list[nn.Module]) -> torch.Tensor | PackedWeight:
+    """The rows of `modules`' weights as one (out, in) weight, each layer's re-bound as a view of it (_fuse_rows):
+    quantized layers' codes, scales and zeros each fused alike, into one PackedWeight of their scheme and groups."""
+    first = modules[0]
+    if not isinstance(first, QUANTIZED):
+        if any(isinstance(m, QUANTIZED) for m in modules):
+            raise ValueError("model: some of the projections fused together are quantized and others not")
+        return _fuse_rows([(m, "weight") for m in modules])
+    kinds = {(type(m), m.in_features, m.group_size) for m in modules}
+    if len(kinds) > 1:
+        raise ValueError(f"model: the projections fused together are quantized differently ({sorted(map(str, kinds))})")
+    numbers = {name: _fuse_rows([(m, name) for m in modules]) for name in ("weight", "scales", "zeros")}
+    return _detached(first.packed()._replace(q=numbers["weight"], scales=numbers["scales"], zeros=numbers["zeros"]))
 
 
 def _bias(module: nn.Module) -> torch.Tensor | None:
@@ -280,15 +311,15 @@ def _fuse_llama(model) -> FusedWeights:
             LayerWeights(
                 norm1_w=block.input_layernorm.weight.detach(),
                 norm1_b=None,
-                w_qkv=_fuse_rows([(p, "weight") for p in projs]),
+                w_qkv=_fuse_weights(projs),
                 b_qkv=_fuse_rows([(p, "bias") for p in projs]),
-                w_o=attn.o_proj.weight.detach(),
+                w_o=_weight(attn.o_proj),
                 b_o=_bias(attn.o_proj),
                 norm2_w=block.post_attention_layernorm.weight.detach(),
                 norm2_b=None,
-                w_up=_fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")]),
+                w_up=_fuse_weights([mlp.gate_proj, mlp.up_proj]),
                 b_up=_fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")]),
-                w_down=mlp.down_proj.weight.detach(),
+                w_down=_weight(mlp.down_proj),
                 b_down=_bias(mlp.down_proj),
                 scale=float(attn.scaling),
             )
@@ -301,7 +332,7 @@ def _fuse_llama(model) -> FusedWeights:
         pos_embed=None,
         norm_w=model.model.norm.weight.detach(),
         norm_b=None,
-        lm_head=model.lm_head.weight.detach(),
+        lm_head=_weight(model.lm_head),
         n_heads=cfg.num_attention_heads,
         n_kv_heads=cfg.num_key_value_heads,
         head_dim=head_dim,
@@ -352,7 +383,7 @@ def _fuse_gpt2(model) -> FusedWeights:
         pos_embed=tr.wpe.weight.detach(),
         norm_w=tr.ln_f.weight.detach(),
         norm_b=tr.ln_f.bias.detach(),
-        lm_head=model.lm_head.weight.detach(),
+        lm_head=_weight(model.lm_head),
         n_heads=cfg.n_head,
         n_kv_heads=cfg.n_head,
         head_dim=tr.h[0].attn.head_dim,  # n_head is local under tp
@@ -482,19 +513,19 @@ def _fuse_decoder(model) -> FusedWeights:
     for i, block in enumerate(inner.layers):
         attn, mlp = block.self_attn, block.mlp
         if hasattr(attn, "qkv_proj"):  # Phi-3: fused as shipped (a view, no copy)
-            w_qkv, b_qkv = attn.qkv_proj.weight.detach(), _bias(attn.qkv_proj)
+            w_qkv, b_qkv = _weight(attn.qkv_proj), _bias(attn.qkv_proj)
         else:
             projs = [attn.q_proj, attn.k_proj, attn.v_proj]
-            w_qkv = _fuse_rows([(p, "weight") for p in projs])
+            w_qkv = _fuse_weights(projs)
             b_qkv = _fuse_rows([(p, "bias") for p in projs])
         moe = {}
         if hasattr(mlp, "experts"):  # Qwen3-MoE, Mixtral: the experts' (E, 2I, H) and (E, H, I) tensors as shipped
             moe = _experts(mlp, cfg)
             w_up, b_up, w_down = moe.pop("w_up"), moe.pop("b_up", None), moe.pop("w_down")
         elif hasattr(mlp, "gate_up_proj"):  # Phi-3: gate rows then up rows, as shipped
-            w_up, b_up = mlp.gate_up_proj.weight.detach(), _bias(mlp.gate_up_proj)
+            w_up, b_up = _weight(mlp.gate_up_proj), _bias(mlp.gate_up_proj)
         else:
-            w_up = _fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")])
+            w_up = _fuse_weights([mlp.gate_proj, mlp.up_proj])
             b_up = _fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")])
         if gemma and hasattr(block, "pre_feedforward_layernorm"):  # Gemma 2/3: four norms a layer
             norm1, norm2 = block.input_layernorm, block.pre_feedforward_layernorm
@@ -539,13 +570,13 @@ def _fuse_decoder(model) -> FusedWeights:
                 norm1_b=None,
                 w_qkv=w_qkv,
                 b_qkv=b_qkv,
-                w_o=attn.o_proj.weight.detach(),
+                w_o=_weight(attn.o_proj),
                 b_o=_bias(attn.o_proj),
                 norm2_w=None if norm2 is None else norm2.weight.detach(),
                 norm2_b=None,
                 w_up=w_up,
                 b_up=b_up,
-                w_down=w_down if moe else mlp.down_proj.weight.detach(),
+                w_down=w_down if moe else _weight(mlp.down_proj),
                 b_down=moe.pop("b_down", None) if moe else _bias(mlp.down_proj),
                 scale=float(attn.scaling),
                 q_norm=None if q_norm is None else q_norm.weight.detach(),
@@ -581,7 +612,7 @@ def _fuse_decoder(model) -> FusedWeights:
         pos_embed=None,
         norm_w=inner.norm.weight.detach(),
         norm_b=None,
-        lm_head=model.lm_head.weight.detach(),
+        lm_head=_weight(model.lm_head),
         n_heads=cfg.num_attention_heads,
         n_kv_heads=cfg.num_key_value_heads,
         head_dim=head_dim,
