@@ -119,15 +119,11 @@ def test_the_kernels_dequantize_to_the_twins_bits_in_16_bit(dtype, scheme, group
     assert torch.equal(got, dequantize(w)[:, :16].t().contiguous())
 
 
-def test_dense_and_preload_are_refused_naming_the_option():
+def test_dense_is_refused_naming_the_option():
     w = packed_weight(24, 40, "int4", 16)
     x, res = rnd(20, 40), rnd(20, 24)
     with pytest.raises(ValueError, match="^dense: quantized weights have no dense form"):
         linear_residual(x, w, None, res, dense=True)
-    with pytest.raises(ValueError, match="^preload: the preload form reads 16-bit"):
-        linear_residual(x[:3], w, None, res[:3], preload=True)
-    with pytest.raises(ValueError, match="^preload: the preload form reads 16-bit"):
-        norm_linear(x[:3], None, None, 1e-5, w, None, "none", preload=True)
 
 
 QUANTIZED = [("tiny-gpt2", "int4", 16), ("tiny-llama", "int4", 48), ("tiny-llama", "int8", 128)]
