@@ -27,6 +27,7 @@ _EXPORTS = {
     "load_model": "models.loading",
     "load_tokenizer": "models.loading",
     "model_facts": "facts",
+    "quantize": "quant.model",
     "resolve_strategy": "strategy",
 }
 __all__ = sorted(_EXPORTS)
@@ -39,6 +40,7 @@ if _typing.TYPE_CHECKING:
     from .models.embedded import EMBEDDED
     from .models.loading import load_model, load_tokenizer
     from .models.tokenizer import ByteTokenizer
+    from .quant.model import quantize
     from .strategy import PRESETS, VARIANTS, Strategy, resolve_strategy
 
 

@@ -28,6 +28,7 @@ from overlapdecode.fused.kernels.swap_ab import swap_tiles, use_prenorm  # noqa:
 from overlapdecode.fused.model import TILES  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
+PLAIN = dict(s_ptr=None, z_ptr=None, QUANT=0, GROUP=0)  # the projections' 16-bit weights (packed_weights.py)
 
 
 def ptx(kernel, types: dict, constants: dict, **options) -> str:
@@ -91,6 +92,7 @@ CASES = {
             rt_ptr=None,
             TABLE=False,
             PRODUCT=0,
+            **PLAIN,
         ),
     ),
     "rope_table": (
@@ -157,6 +159,7 @@ CASES = {
             HAS_RES=True,
             RES_SCALE=None,
             PRODUCT=0,
+            **PLAIN,
         ),
     ),
     "residual_norm": (
@@ -198,6 +201,7 @@ CASES = {
             SWAP=False,
             LOGIT_DIV=None,
             SOFTCAP=None,
+            **PLAIN,
         ),
     ),
     "norm_rows": (

@@ -239,6 +239,12 @@ def _check_out_dir(cfg: BenchConfig, out_dir: str, append: bool) -> dict | None:
                 f"--append: {out_dir} holds {was[0]} with prompt {was[1]} at tp={was[2]}, not "
                 f"{cfg.model} with prompt {cfg.prompt_len} at tp={cfg.tp}"
             )
+        weights = (earlier["config"].get("quantize"), earlier["config"].get("group_size", 128))
+        if weights[0] != cfg.quantize or (cfg.quantize == "int4" and weights[1] != cfg.group_size):
+            raise BenchError(
+                f"--append: {out_dir} holds weights quantized {weights[0] or 'not at all'}"
+                f"{f' (group {weights[1]})' if weights[0] == 'int4' else ''}, not as this run's --quantize asks"
+            )
     if not plan(cfg)[1]:
         raise BenchError("nothing to measure: the configuration has no strategy, peer, dtype, batch or length")
     return earlier

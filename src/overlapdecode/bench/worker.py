@@ -181,6 +181,8 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 transformers=transformers.__version__,  # the version the Hugging Face peers ran
                 bandwidth_gbs=bandwidth,
+                quantize=cfg.quantize,
+                group_size=cfg.group_size if cfg.quantize == "int4" else None,
             )
             if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
                 row = dict(base, strategy=name, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent")
@@ -190,7 +192,15 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 if model is not None:
                     od.decoder_for(model).clear()
                 model = forced = None
-                model = od.load_model(cfg.model, dtype=dtype, device=device, seed=cfg.seed, tp=cfg.tp)
+                model = od.load_model(
+                    cfg.model,
+                    dtype=dtype,
+                    device=device,
+                    seed=cfg.seed,
+                    tp=cfg.tp,
+                    quantize=cfg.quantize,
+                    group_size=cfg.group_size,
+                )
                 model_dtype = dtype
             vocab = model.config.get_text_config().vocab_size
             eos_id = _first_eos(model, vocab)

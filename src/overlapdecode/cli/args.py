@@ -18,6 +18,13 @@ from ..strategy import LAGGED, LAGGED_TEXT, PRESETS, VARIANTS
 PRESET_NAMES = tuple(PRESETS)
 VARIANT_NAMES = tuple(VARIANTS)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+QUANT_NAMES = ("int4", "int8")  # quant.SCHEMES (a test keeps them equal)
+QUANTIZE_HELP = (
+    "quantize the weights of every linear layer and the LM head: int4 (per row and group of --group-size input "
+    "features, asymmetric) or int8 (per row, symmetric); docs/QUANTIZATION.md (default: none, the weights as "
+    "loaded)"
+)
+GROUP_SIZE_HELP = "input features per int4 scale and zero point, with --quantize int4 (default: 128)"
 
 STRATEGY_HELP = (
     f"presets: {', '.join(PRESET_NAMES)}; variants: {', '.join(VARIANT_NAMES)}; "
@@ -132,6 +139,32 @@ def check_model_flag(model: str):
         raise CliError(str(err)) from None
     except Exception as err:  # from_pretrained's own errors: no such hub name, offline, not a model directory...
         raise CliError(cannot_load(model, err)) from None
+
+
+def add_quantize_flags(parser) -> None:
+    """--quantize and --group-size, as generate and bench take them."""
+    parser.add_argument("--quantize", choices=QUANT_NAMES, default=None, help=QUANTIZE_HELP)
+    parser.add_argument("--group-size", type=int, default=None, help=GROUP_SIZE_HELP)
+
+
+def check_quantize_flags(args, config) -> int:
+    """--quantize and --group-size against each other and the model (`config`: check_model_flag's, None for an
+    embedded name), before anything is loaded; the group size to load with."""
+    if args.group_size is not None and args.quantize != "int4":
+        raise CliError("--group-size applies to --quantize int4 only")
+    group_size = 128 if args.group_size is None else args.group_size
+    if args.quantize is None:
+        return group_size
+    from ..models.loading import embedded_config  # torch: imported when a command runs, not for --help
+    from ..quant.model import check_config, check_scheme
+
+    try:
+        check_scheme(args.quantize, group_size, name="--quantize")
+        check_config(config if config is not None else embedded_config(args.model), "--quantize")
+    except ValueError as err:
+        text = str(err)
+        raise CliError(text if text.startswith("--") else f"--{text.replace('_', '-', 1)}") from None
+    return group_size
 
 
 def writable_dir(path: str, flag: str) -> str:

@@ -11,7 +11,7 @@ import os
 import shlex
 
 from ..bench.report.outdir import MANIFEST
-from .args import DTYPE_NAMES, STRATEGY_HELP, CliError, Interrupted, writable_file
+from .args import DTYPE_NAMES, STRATEGY_HELP, CliError, Interrupted, add_quantize_flags, writable_file
 from .bench_flags import (
     BASE_STRATEGIES,
     LENGTHS_CPU,
@@ -120,6 +120,7 @@ def add_commands(sub) -> None:
         default=None,
         help="seconds; configurations not started by then are recorded as not run (default: no limit)",
     )
+    add_quantize_flags(b)
     b.add_argument("--append", action="store_true", help="add to the results already in --out")
     b.add_argument(
         "--out",

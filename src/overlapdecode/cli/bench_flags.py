@@ -10,7 +10,17 @@ from __future__ import annotations
 import os
 
 from ..bench.config import BenchConfig, split_pair
-from .args import DTYPE_NAMES, CliError, check_model_flag, ints, lag_beyond, lag_of, names, writable_dir
+from .args import (
+    DTYPE_NAMES,
+    CliError,
+    check_model_flag,
+    check_quantize_flags,
+    ints,
+    lag_beyond,
+    lag_of,
+    names,
+    writable_dir,
+)
 
 ALLOCATOR_NAMES = ("default", "expandable")  # bench.runner.ALLOCATORS (a test keeps them equal)
 BASE_STRATEGIES = ("baseline", "kv", "static", "compiled", "interleaved")  # + fused on CUDA where it applies
@@ -146,6 +156,9 @@ def bench_config(args):
     if args.warmup < 0 or args.repeats < 1:
         raise CliError("--warmup must be >= 0 and --repeats >= 1")
     config = check_model_name(model)
+    group_size = check_quantize_flags(dict_args(args, model=model), config)
+    if args.quantize is not None and args.tp > 1:
+        raise CliError("--quantize: tensor-parallel shards are not quantized yet; bench it with --tp 1")
     if strategies is None:
         strategies = default_strategies(model, config, cuda)
         if main_job and args.batch is None and args.dtype is None and args.dtype_batch is None:
@@ -180,7 +193,16 @@ def bench_config(args):
         # the main job without --strategies skips the busy-fraction profile (`overlapdecode profile` makes it)
         profile=not args.no_profile and not (main_job and args.strategies is None),
         device=args.device,
+        quantize=args.quantize,
+        group_size=group_size,
     )
+
+
+def dict_args(args, **changes):
+    """`args` with some attributes changed (the model a run without --model measures)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**dict(vars(args), **changes))
 
 
 def default_strategies(model: str, config, cuda: bool) -> tuple[str, ...]:

@@ -18,8 +18,10 @@ from .args import (
     CliError,
     Interrupted,
     OneLineParser,
+    add_quantize_flags,
     cannot_load,
     check_model_flag,
+    check_quantize_flags,
     ints,
     lag_beyond,
     lag_of,
@@ -107,6 +109,7 @@ def _add_generate(sub):
         "factor, greedy or sampled, as Hugging Face does (default: none)",
     )
     p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 <= seed < 2**64 (default: random)")
+    add_quantize_flags(p)
 
 
 def default_strategy(device: str | None) -> str:
@@ -197,14 +200,18 @@ def _load(args):
     failure named by its flag."""
     from ..models.loading import check_device, load_model, load_tokenizer, parse_dtype  # imported here: fast --help
 
-    _check_fused_family(args, check_model_flag(args.model))
+    config = check_model_flag(args.model)
+    _check_fused_family(args, config)
     for flag, check, value in (("--dtype", parse_dtype, args.dtype), ("--device", check_device, args.device)):
         try:
             check(value)
         except (ValueError, TypeError) as err:
             raise CliError(f"{flag}: {err}") from None
+    group_size = check_quantize_flags(args, config)
     try:
-        model = load_model(args.model, dtype=args.dtype, device=args.device)
+        model = load_model(
+            args.model, dtype=args.dtype, device=args.device, quantize=args.quantize, group_size=group_size
+        )
     except Exception as err:  # from_pretrained's own errors (no such hub name, offline, a broken directory...)
         raise CliError(cannot_load(args.model, err)) from None
     try:

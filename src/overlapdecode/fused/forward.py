@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..quant.packed import dense_weight
 from ..tp import reduce_residual
 from .kernels.decode_attention import with_sink_softmax
 from .kernels.embed import embed_rows
@@ -202,7 +203,7 @@ def decode_layer(
 
 
 def _add_linear(x, w, b, residual):
-    return residual + F.linear(x, w, b)
+    return residual + F.linear(x, dense_weight(w), b)
 
 
 def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
@@ -272,7 +273,7 @@ def prefill_qkv(W: FusedWeights, layer, h, cos_sin):
     B, T, _ = h.shape
     D, Hq, Hkv = W.head_dim, W.n_heads, W.n_kv_heads
     style = W.norm if W.norm != "layer" else "rms"
-    qkv = F.linear(norm_ref(h, layer.norm1_w, layer.norm1_b, W.eps, style), layer.w_qkv, layer.b_qkv)
+    qkv = F.linear(norm_ref(h, layer.norm1_w, layer.norm1_b, W.eps, style), dense_weight(layer.w_qkv), layer.b_qkv)
     q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
     q, k, v = q.view(B, T, Hq, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
     q, k = qk_norm_ref(q, k, layer.q_norm, layer.k_norm, W.eps, style)
@@ -287,7 +288,7 @@ def prefill_after_attention(W: FusedWeights, layer, h, a):
     B, _, T, _ = a.shape
     a = a.transpose(1, 2).reshape(B, T, -1)
     if layer.post_attn_w is not None:
-        h = norm_residual_ref(F.linear(a, layer.w_o, layer.b_o), layer.post_attn_w, W.eps, h, W.norm)
+        h = norm_residual_ref(F.linear(a, dense_weight(layer.w_o), layer.b_o), layer.post_attn_w, W.eps, h, W.norm)
     elif W.residual_scale is not None:
         h = linear_residual_ref(a, layer.w_o, layer.b_o, h, W.residual_scale)
     else:
@@ -296,7 +297,8 @@ def prefill_after_attention(W: FusedWeights, layer, h, a):
         return h + _moe_prefill(W, layer, h)
     m = norm_linear_ref(h, layer.norm2_w, layer.norm2_b, W.eps, layer.w_up, layer.b_up, W.act, None, **W.norm_options())
     if layer.post_ffn_w is not None:
-        return norm_residual_ref(F.linear(m, layer.w_down, layer.b_down), layer.post_ffn_w, W.eps, h, W.norm)
+        branch = F.linear(m, dense_weight(layer.w_down), layer.b_down)
+        return norm_residual_ref(branch, layer.post_ffn_w, W.eps, h, W.norm)
     if W.residual_scale is not None:
         return linear_residual_ref(m, layer.w_down, layer.b_down, h, W.residual_scale)
     return reduce_residual(_add_linear, m, layer.w_down, layer.b_down, h, W.tp)

@@ -13,7 +13,7 @@ import torch
 
 from ..tp import row_reduce_of
 from ..tp.shard import is_sharded
-from .weights import FusedWeights, LayerWeights, bias_of, conv1d_out_in, fuse_rows
+from .weights import FusedWeights, LayerWeights, bias_of, conv1d_out_in, fuse_rows, fused_weight, layer_weight
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 # The mixtures of experts among the decoders below: softmax over the router logits, top-k, the top-k weights
@@ -97,15 +97,15 @@ def _fuse_llama(model) -> FusedWeights:
             LayerWeights(
                 norm1_w=block.input_layernorm.weight.detach(),
                 norm1_b=None,
-                w_qkv=fuse_rows([(p, "weight") for p in projs]),
+                w_qkv=fused_weight(projs),
                 b_qkv=fuse_rows([(p, "bias") for p in projs]),
-                w_o=attn.o_proj.weight.detach(),
+                w_o=layer_weight(attn.o_proj),
                 b_o=bias_of(attn.o_proj),
                 norm2_w=block.post_attention_layernorm.weight.detach(),
                 norm2_b=None,
-                w_up=fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")]),
+                w_up=fused_weight([mlp.gate_proj, mlp.up_proj]),
                 b_up=fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")]),
-                w_down=mlp.down_proj.weight.detach(),
+                w_down=layer_weight(mlp.down_proj),
                 b_down=bias_of(mlp.down_proj),
                 scale=float(attn.scaling),
             )
@@ -118,7 +118,7 @@ def _fuse_llama(model) -> FusedWeights:
         pos_embed=None,
         norm_w=model.model.norm.weight.detach(),
         norm_b=None,
-        lm_head=model.lm_head.weight.detach(),
+        lm_head=layer_weight(model.lm_head),
         n_heads=cfg.num_attention_heads,
         n_kv_heads=cfg.num_key_value_heads,
         head_dim=head_dim,
@@ -169,7 +169,7 @@ def _fuse_gpt2(model) -> FusedWeights:
         pos_embed=tr.wpe.weight.detach(),
         norm_w=tr.ln_f.weight.detach(),
         norm_b=tr.ln_f.bias.detach(),
-        lm_head=model.lm_head.weight.detach(),
+        lm_head=layer_weight(model.lm_head),
         n_heads=cfg.n_head,
         n_kv_heads=cfg.n_head,
         head_dim=tr.h[0].attn.head_dim,  # n_head is local under tp
@@ -299,19 +299,19 @@ def _fuse_decoder(model) -> FusedWeights:
     for i, block in enumerate(inner.layers):
         attn, mlp = block.self_attn, block.mlp
         if hasattr(attn, "qkv_proj"):  # Phi-3: fused as shipped (a view, no copy)
-            w_qkv, b_qkv = attn.qkv_proj.weight.detach(), bias_of(attn.qkv_proj)
+            w_qkv, b_qkv = layer_weight(attn.qkv_proj), bias_of(attn.qkv_proj)
         else:
             projs = [attn.q_proj, attn.k_proj, attn.v_proj]
-            w_qkv = fuse_rows([(p, "weight") for p in projs])
+            w_qkv = fused_weight(projs)
             b_qkv = fuse_rows([(p, "bias") for p in projs])
         moe = {}
         if hasattr(mlp, "experts"):  # Qwen3-MoE, Mixtral: the experts' (E, 2I, H) and (E, H, I) tensors as shipped
             moe = _experts(mlp, cfg)
             w_up, b_up, w_down = moe.pop("w_up"), moe.pop("b_up", None), moe.pop("w_down")
         elif hasattr(mlp, "gate_up_proj"):  # Phi-3: gate rows then up rows, as shipped
-            w_up, b_up = mlp.gate_up_proj.weight.detach(), bias_of(mlp.gate_up_proj)
+            w_up, b_up = layer_weight(mlp.gate_up_proj), bias_of(mlp.gate_up_proj)
         else:
-            w_up = fuse_rows([(mlp.gate_proj, "weight"), (mlp.up_proj, "weight")])
+            w_up = fused_weight([mlp.gate_proj, mlp.up_proj])
             b_up = fuse_rows([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")])
         if gemma and hasattr(block, "pre_feedforward_layernorm"):  # Gemma 2/3: four norms a layer
             norm1, norm2 = block.input_layernorm, block.pre_feedforward_layernorm
@@ -356,13 +356,13 @@ def _fuse_decoder(model) -> FusedWeights:
                 norm1_b=None,
                 w_qkv=w_qkv,
                 b_qkv=b_qkv,
-                w_o=attn.o_proj.weight.detach(),
+                w_o=layer_weight(attn.o_proj),
                 b_o=bias_of(attn.o_proj),
                 norm2_w=None if norm2 is None else norm2.weight.detach(),
                 norm2_b=None,
                 w_up=w_up,
                 b_up=b_up,
-                w_down=w_down if moe else mlp.down_proj.weight.detach(),
+                w_down=w_down if moe else layer_weight(mlp.down_proj),
                 b_down=moe.pop("b_down", None) if moe else bias_of(mlp.down_proj),
                 scale=float(attn.scaling),
                 q_norm=None if q_norm is None else q_norm.weight.detach(),
@@ -398,7 +398,7 @@ def _fuse_decoder(model) -> FusedWeights:
         pos_embed=None,
         norm_w=inner.norm.weight.detach(),
         norm_b=None,
-        lm_head=model.lm_head.weight.detach(),
+        lm_head=layer_weight(model.lm_head),
         n_heads=cfg.num_attention_heads,
         n_kv_heads=cfg.num_key_value_heads,
         head_dim=head_dim,

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..quant.modules import QUANTIZED
+from ..quant.packed import PackedWeight
 from ..tp import RowReduce, VocabShard
 
 
@@ -97,8 +99,8 @@ class FusedWeights:
         out = [self.embed, self.pos_embed, self.norm_w, self.norm_b, self.lm_head, self.inv_freq]
         out += [self.local_inv_freq, self.long_inv_freq]
         for layer in self.layers:
-            out += [v for v in vars(layer).values() if isinstance(v, torch.Tensor)]
-        return [t for t in out if t is not None]
+            out += [v for v in vars(layer).values() if isinstance(v, (torch.Tensor, PackedWeight))]
+        return [p for t in out if t is not None for p in (t.tensors() if isinstance(t, PackedWeight) else [t])]
 
     def extras(self) -> list[str]:
         """What this model asks of the step beyond the Llama family's and GPT-2's layer (empty for those)."""
@@ -197,14 +199,43 @@ def fuse_rows(owners: list[tuple[nn.Module, str]]) -> torch.Tensor | None:
     return fused
 
 
-def conv1d_out_in(module: nn.Module) -> torch.Tensor:
-    """GPT-2's Conv1D keeps its weight (in, out); re-bind it as the transposed view of an (out, in) tensor."""
+def conv1d_out_in(module: nn.Module) -> torch.Tensor | PackedWeight:
+    """GPT-2's Conv1D keeps its weight (in, out); re-bind it as the transposed view of an (out, in) tensor. (A
+    quantized layer in its place holds (out, in) rows already.)"""
+    if isinstance(module, QUANTIZED):
+        return layer_weight(module)
     w = module.weight
     if w.t().is_contiguous():
         return w.detach().t()
     out_in = w.detach().t().contiguous()
     module.weight = nn.Parameter(out_in.t(), requires_grad=w.requires_grad)
     return out_in
+
+
+def layer_weight(module: nn.Module) -> torch.Tensor | PackedWeight:
+    """A layer's (out, in) weight: its tensor, or a quantized layer's PackedWeight (quant/packed.py)."""
+    if isinstance(module, QUANTIZED):
+        return _detached(module.packed())
+    return module.weight.detach()
+
+
+def _detached(w: PackedWeight) -> PackedWeight:
+    return w._replace(**{k: getattr(w, k).detach() for k in ("q", "scales", "zeros") if getattr(w, k) is not None})
+
+
+def fused_weight(modules: list[nn.Module]) -> torch.Tensor | PackedWeight:
+    """The rows of `modules`' weights as one (out, in) weight, each layer's re-bound as a view of it (fuse_rows):
+    quantized layers' codes, scales and zeros each fused alike, into one PackedWeight of their scheme and groups."""
+    first = modules[0]
+    if not isinstance(first, QUANTIZED):
+        if any(isinstance(m, QUANTIZED) for m in modules):
+            raise ValueError("model: some of the projections fused together are quantized and others not")
+        return fuse_rows([(m, "weight") for m in modules])
+    kinds = {(type(m), m.in_features, m.group_size) for m in modules}
+    if len(kinds) > 1:
+        raise ValueError(f"model: the projections fused together are quantized differently ({sorted(map(str, kinds))})")
+    numbers = {name: fuse_rows([(m, name) for m in modules]) for name in ("weight", "scales", "zeros")}
+    return _detached(first.packed()._replace(q=numbers["weight"], scales=numbers["scales"], zeros=numbers["zeros"]))
 
 
 def bias_of(module: nn.Module) -> torch.Tensor | None:

@@ -58,6 +58,7 @@ from transformers import (
 
 from .. import tp as tensor_parallel
 from ..inputs import check_causal_config
+from ..quant import model as quant_model
 from ..sampling import check_seed
 from . import random_init
 from .embedded import EMBEDDED, embedded_list
@@ -293,6 +294,8 @@ def load_model(
     seed: int = 0,
     attn_implementation: str = "sdpa",
     tp: int = 1,
+    quantize: str | None = None,
+    group_size: int = 128,
 ):
     """Return a causal LM in eval mode on `device` (default: CUDA if available, else CPU).
 
@@ -306,15 +309,26 @@ def load_model(
     `generate` with the same arguments. Hub models and directories are read whole on the host by every rank,
     then cut; the real-size llama-*-random shapes are drawn directly as shards (random_init.py), equal to
     their tp=1 weights on the same kind of device.
+
+    `quantize` ("int4" or "int8"; None: full precision): the decoder's linear layers and the LM head quantized as
+    `od.quantize(model, quantize, group_size)` does (quant/), never two full-precision copies on the device: an
+    embedded model is made on the device, then quantized matrix by matrix in place; a directory or hub model is read
+    on the host and each matrix quantized as it moves to the device. Not with tp > 1 nor for mixtures of experts.
     """
     check_model_path(name_or_path)
     torch_dtype = parse_dtype(dtype)
     device = check_device(device)
     check_seed(seed, allow_none=False)
     tp = tensor_parallel.check_tp(tp)
+    if quantize is not None:
+        quant_model.check_scheme(quantize, group_size, name="quantize")
+        if tp > 1:
+            raise ValueError("quantize: tensor-parallel shards are not quantized yet; load with tp=1")
 
     if name_or_path in EMBEDDED:
         config = embedded_config(name_or_path)
+        if quantize is not None:
+            quant_model.check_config(config, "quantize")
         cls = _CAUSAL_LM[config.model_type]
         config._attn_implementation = _embedded_attention(cls, config, attn_implementation)
         place = tensor_parallel.prepare(tp, device, config)  # validates tp on every rank; starts the group
@@ -335,10 +349,14 @@ def load_model(
             model = tensor_parallel.shard_(model.to(device=device, dtype=torch_dtype), place)
         model.generation_config.eos_token_id = config.eos_token_id
         model.generation_config.bos_token_id = config.bos_token_id
+        if quantize is not None:  # in place, on the device: each matrix's full-precision storage freed as it goes
+            quant_model.quantize_layers(model, quant_model.linear_layers(model), quantize, group_size)
         return model.eval()
 
     path = os.path.expanduser(name_or_path)
     config = pretrained_config(name_or_path)
+    if quantize is not None:
+        quant_model.check_config(config, "quantize")
     place = tensor_parallel.prepare(tp, device, config if tp > 1 else None)
     tensor_parallel.check_same_on_every_rank(
         place, name_or_path=name_or_path, dtype=str(torch_dtype), attn_implementation=attn_implementation
@@ -346,6 +364,9 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(
         path, config=config, dtype=torch_dtype, attn_implementation=attn_implementation
     )
+    if quantize is not None:  # read on the host; each matrix quantized as it moves to the device
+        layers = quant_model.linear_layers(model)
+        return quant_model.quantize_layers(model, layers, quantize, group_size, device=place.device).eval()
     return tensor_parallel.shard_(model, place).to(place.device).eval()
 
 

@@ -18,7 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ...quant.packed import dense_weight
 from . import dense as dense_gemm
+from .packed_weights import load_weights, refuse_dense, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
@@ -41,7 +43,7 @@ def linear_residual_ref(x, w, b, residual, res_scale: float | None = None, then_
     branch alone (a layer that normalises it before adding it, kernels/norm_residual.py). `then_norm`: the norm
     that reads the result next, which the kernels may apply in the same launch (kernels/residual_norm.py); the
     reference leaves it to the reader."""
-    y = torch.nn.functional.linear(x, w, b)
+    y = torch.nn.functional.linear(x, dense_weight(w), b)
     if res_scale is not None:
         y = y * res_scale
     return y if residual is None else residual + y
@@ -161,6 +163,10 @@ def _linear_split_kernel(
     HAS_RES: tl.constexpr,
     RES_SCALE: tl.constexpr,
     PRODUCT: tl.constexpr = 0,
+    s_ptr=None,
+    z_ptr=None,
+    QUANT: tl.constexpr = 0,
+    GROUP: tl.constexpr = 0,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -178,11 +184,12 @@ def _linear_split_kernel(
         k_lo = pid_k * K_CHUNK
         k_hi = tl.minimum(k_lo + K_CHUNK, K)
         acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
+        dtype = x_ptr.dtype.element_ty  # a packed weight's tile is dequantized to it (packed_weights.py)
         for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
             kk = k_lo + k0 + ks
             k_ok = kk < k_hi
             xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
             acc = acc_dot(acc, xv, wt, SWAP)
         pdl_release(PDL)
         acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
@@ -238,7 +245,10 @@ def linear_residual(
     output rows' sums of squares per column block there, for the RMSNorm that reads the output next. `dense`: the
     product by cuBLAS and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `then_norm`: the norm
     that reads the output next, as for linear_residual_ref: not applied here (residual_norm.linear_residual_norm, the
-    step's launch, applies it in the same launch where it can)."""
+    step's launch, applies it in the same launch where it can). `w` may be a PackedWeight (quant/packed.py:
+    dequantized in registers after each load, packed_weights.py), which never takes the dense form: from 17 rows
+    it runs swapped tiles."""
+    w, packed = weight_launch(w)
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
@@ -246,13 +256,16 @@ def linear_residual(
     if not has_res:
         residual, norm_sums = torch.empty((B, N), dtype=x.dtype, device=x.device), None  # never read
     swapped = use_swap(B, swap)
-    product = dense_gemm.use_dense(B, N, K, dense, swap, w.element_size())
+    product = dense_gemm.use_dense(B, N, K, dense, swap, x.element_size())
+    if packed["QUANT"]:
+        refuse_dense(dense)
+        product = False
     if product:  # the epilogue over the product's (16 x 64) tiles: no K loop, no split
         tiles = dict(block_m=ROW_TILE, block_n=64, block_k=16, num_warps=4, num_stages=1, programs=1)
         swapped = False
         block_n = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
     elif swapped:
-        tiles = swap_tiles(B, N, K, w.element_size(), 1, sm_count(x.device))
+        tiles = swap_tiles(B, N, K, x.element_size(), 1, sm_count(x.device))
     else:
         block_m = row_tile(B, w.element_size())
         tiles = dict(
@@ -278,7 +291,7 @@ def linear_residual(
         raise ValueError(f"out must be a contiguous {residual.dtype} tensor of shape {tuple(residual.shape)}")
     split = 1 if product else split_k(n_blocks, K, block_k, programs)
     if swapped:
-        split = min(split, split_limit(B, K, w.element_size()))
+        split = min(split, split_limit(B, K, x.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     row_blocks = triton.cdiv(B, block_m)
     if product:
@@ -315,6 +328,7 @@ def linear_residual(
         PRODUCT=pieces if product else 0,
         num_warps=num_warps,
         num_stages=num_stages,
+        **packed,
         **pdl_launch(pdl),
     )
     if sums is not None:

@@ -21,7 +21,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ...quant.packed import dense_weight
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
+from .packed_weights import load_weights, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     acc_dot,
@@ -100,7 +102,7 @@ def norm_linear_ref(
     """(B, K) -> (B, N): act(norm(x) @ w.T + b); "silu_mul" / "gelu_tanh_mul" split w's rows into gate then up
     (act(gate) * up). `logit_div` (Granite's logits_scaling) divides the projection, `softcap` (Gemma 2's final
     logit soft-capping) makes it tanh(y / cap) * cap, each in the model dtype as Hugging Face's ops round."""
-    y = F.linear(norm_ref(x, norm_w, norm_b, eps, norm_style), w, b)
+    y = F.linear(norm_ref(x, norm_w, norm_b, eps, norm_style), dense_weight(w), b)
     if act == "silu_mul":
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
@@ -432,6 +434,10 @@ def _norm_linear_kernel(
     SWAP: tl.constexpr,
     LOGIT_DIV: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    s_ptr=None,
+    z_ptr=None,
+    QUANT: tl.constexpr = 0,
+    GROUP: tl.constexpr = 0,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -441,7 +447,10 @@ def _norm_linear_kernel(
     row_ok = rows < B
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
-    dtype = w_ptr.dtype.element_ty
+    if QUANT:  # packed_weights.py: the model dtype is the group numbers'
+        dtype = s_ptr.dtype.element_ty
+    else:
+        dtype = w_ptr.dtype.element_ty
 
     # prologue: per-row statistics over all of K (x is tiny and stays in L1/L2)
     mean, rstd = norm_stats(x_ptr, rows, row_ok, eps, K, LAYER, BLOCK_M, BLOCK_K, ss_ptr, B, NB, NB_PAD)
@@ -462,14 +471,15 @@ def _norm_linear_kernel(
         m = row_ok[:, None] & k_ok[None, :]
         xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
         if PAIRED:
-            wp = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
+            wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
             accp = acc_dot(accp, xn, wp, SWAP)
         else:
-            wm = col_ok[:, None] & k_ok[None, :]
-            wt = tl.load(w_ptr + cols[:, None] * K + kk[None, :], mask=wm, other=0.0)
+            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
             acc = acc_dot(acc, xn, wt, SWAP)
             if ACT >= 2:  # gate/up: the up rows too
-                wu = tl.load(w_ptr + (cols + N)[:, None] * K + kk[None, :], mask=wm, other=0.0)
+                wu = load_weights(
+                    w_ptr, s_ptr, z_ptr, cols + N, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype
+                )
                 acc2 = acc_dot(acc2, xn, wu, SWAP)
 
     pdl_release(PDL)
@@ -617,7 +627,9 @@ def norm_linear(
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums). `prenorm`: whether
     a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm); `normed_rows`: where its
-    writer may have recorded them (NormedRows)."""
+    writer may have recorded them (NormedRows). `w` may be a PackedWeight (quant/packed.py: int4 or int8,
+    dequantized in registers after each load, packed_weights.py)."""
+    w, packed = weight_launch(w)
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     B, K = x.shape
@@ -630,7 +642,7 @@ def norm_linear(
     )
     accs = 2 if gated else 1
     if swapped:
-        tiles = swap_tiles(B, n_out, K, w.element_size(), accs, sm_count(x.device))
+        tiles = swap_tiles(B, n_out, K, x.element_size(), accs, sm_count(x.device))
     else:
         block_m = row_tile(B, w.element_size())
         tiles = dict(block_m=block_m, block_n=32, block_k=fit_k(block_m, 32, 256), num_warps=4, num_stages=3)
@@ -642,7 +654,7 @@ def norm_linear(
     if swapped:
         if programs is None:
             programs = tiles["programs"] if x.is_cuda else 1
-        split = min(split_k(n_blocks, K, block_k, programs), split_limit(B, K, w.element_size()))
+        split = min(split_k(n_blocks, K, block_k, programs), split_limit(B, K, x.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     if split > 1:
         part = torch.empty((split, B, accs * n_out), dtype=torch.float32, device=x.device)
@@ -681,6 +693,7 @@ def norm_linear(
         SOFTCAP=None if softcap is None else float(softcap),
         num_warps=num_warps or tiles["num_warps"],
         num_stages=num_stages or tiles["num_stages"],
+        **packed,
         **pdl_launch(pdl),
     )
     return out

@@ -18,9 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ...quant.packed import dense_weight
 from . import dense as dense_gemm
 from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
 from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
+from .packed_weights import load_weights, refuse_dense, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .rope import apply_rope, rope_cos_sin, rope_cos_sin_tile
 from .swap_ab import (
@@ -79,7 +81,7 @@ def norm_qkv_ref(
     `rope_table` (the kernel's precomputed cos and sin, rope_table_ref's): not read; the same values are computed
     here from inv_freq and pos."""
     B = x.shape[0]
-    qkv = torch.nn.functional.linear(norm_ref(x, norm_w, norm_b, eps, norm_style), w, b)
+    qkv = torch.nn.functional.linear(norm_ref(x, norm_w, norm_b, eps, norm_style), dense_weight(w), b)
     q, k, v = qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
     q = q.view(B, n_heads, head_dim)
     k = k.view(B, n_kv, head_dim)
@@ -258,6 +260,10 @@ def _norm_qkv_kernel(
     rt_ptr,
     TABLE: tl.constexpr,
     PRODUCT: tl.constexpr = 0,
+    s_ptr=None,
+    z_ptr=None,
+    QUANT: tl.constexpr = 0,
+    GROUP: tl.constexpr = 0,
 ):
     pdl_start(PDL)
     if QK_NORM:  # one head per program, its D/2 pairs in the first lanes of HALF
@@ -292,7 +298,10 @@ def _norm_qkv_kernel(
         pdl_release(PDL)
     else:
         ks = tl.arange(0, BLOCK_K)
-        dtype = w_ptr.dtype.element_ty
+        if QUANT:  # packed_weights.py: the model dtype is the group numbers'
+            dtype = s_ptr.dtype.element_ty
+        else:
+            dtype = w_ptr.dtype.element_ty
 
         # prologue: the norm's statistics over all of K (also in a split-K program: they scale its K range), from x
         # or from the partial sums of squares its writer left (NB_PAD > 0: NormSums)
@@ -313,12 +322,11 @@ def _norm_qkv_kernel(
             m = row_ok[:, None] & k_ok[None, :]
             xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
             if SWAP:
-                wp = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
+                wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
                 accp = acc_dot(accp, xn, wp, SWAP)
             else:
-                wm = dim_ok[:, None] & k_ok[None, :]
-                wa = tl.load(w_ptr + w1[:, None] * K + kk[None, :], mask=wm, other=0.0)
-                wb = tl.load(w_ptr + w2[:, None] * K + kk[None, :], mask=wm, other=0.0)
+                wa = load_weights(w_ptr, s_ptr, z_ptr, w1, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+                wb = load_weights(w_ptr, s_ptr, z_ptr, w2, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
                 acc1 = acc_dot(acc1, xn, wa, SWAP)
                 acc2 = acc_dot(acc2, xn, wb, SWAP)
 
@@ -436,7 +444,10 @@ def norm_qkv(
     instead of computed (None: computed in the epilogue from inv_freq, rope_scale and pos, which a table replaces:
     it must have been made from the same ones, in x's dtype). `dense`: the product by cuBLAS on the normalised
     rows and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `normed_rows`: where x's writer
-    may have recorded x normalised by this norm (NormedRows), taken instead of normalising it again."""
+    may have recorded x normalised by this norm (NormedRows), taken instead of normalising it again. `w` may be a
+    PackedWeight (quant/packed.py: dequantized in registers after each load, packed_weights.py), which never takes
+    the dense form: from 17 rows it runs swapped tiles."""
+    w, packed = weight_launch(w)
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
@@ -467,7 +478,10 @@ def norm_qkv(
             "norms are qk_norm_rope's"
         )
     swapped = use_swap(B, swap)
-    product = dense_gemm.use_dense(B, w.shape[0], K, dense, swap, w.element_size())
+    product = dense_gemm.use_dense(B, w.shape[0], K, dense, swap, x.element_size())
+    if packed["QUANT"]:
+        refuse_dense(dense)
+        product = False
     if product:  # cuBLAS multiplies normalised rows; the kernel runs the epilogue over (16-row) tiles of the product
         swapped, prenorm = False, True
         half = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
@@ -475,7 +489,7 @@ def norm_qkv(
         x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped or product, prenorm, normed_rows
     )
     if swapped:
-        plan = swapped_qkv_tiles(B, halves, K, w.element_size(), sm_count(x.device))
+        plan = swapped_qkv_tiles(B, halves, K, x.element_size(), sm_count(x.device))
     else:
         block_m, block_n = row_tile(B, w.element_size()), min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
         plan = dict(
@@ -504,7 +518,7 @@ def norm_qkv(
         programs = plan["programs"] if swapped and x.is_cuda else 1
     split = 1 if product else split_k(tiles, K, block_k, programs)
     if swapped:
-        split = min(split, split_limit(B, K, w.element_size()))
+        split = min(split, split_limit(B, K, x.element_size()))
     k_chunk = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     dummy = w
     row_blocks = triton.cdiv(B, block_m)
@@ -566,6 +580,7 @@ def norm_qkv(
         PRODUCT=pieces if product else 0,
         num_warps=num_warps or plan["num_warps"],
         num_stages=num_stages or plan["num_stages"],
+        **packed,
         **pdl_launch(pdl),
     )
     return q

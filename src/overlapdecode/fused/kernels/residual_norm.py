@@ -31,6 +31,7 @@ import triton.language as tl
 from . import dense as dense_gemm
 from .linear_residual import linear_residual, require_32bit, residual_finish
 from .norm_linear import NormedRows, NormSums, norm_code, norm_values
+from .packed_weights import is_packed
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import ROW_TILE
 
@@ -163,6 +164,7 @@ def linear_residual_norm(
     N = w.shape[0]
     if (
         normed_rows is not None
+        and not is_packed(w)  # quantized: no dense form (packed_weights.py)
         and B > ROW_TILE
         and dense_gemm.use_dense(B, N, K, dense, kwargs.get("swap"), w.element_size())
         and fits(N, then_norm, residual)

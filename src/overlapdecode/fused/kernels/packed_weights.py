@@ -1,0 +1,116 @@
+"""Quantized weights in the projections' kernels: a K tile of packed weights loaded and dequantized in registers,
+right after the load, shared by norm_linear, linear_residual and norm_qkv (and so by the LM head).
+
+What a kernel launch takes of its weight (`weight_launch`): a 16-bit (or float32) weight as before; a PackedWeight
+(quant/packed.py) as its codes at `w_ptr` and its group numbers at `s_ptr` / `z_ptr`, with two constexprs, QUANT (0
+none, 1 int8, 2 int4) and GROUP (input features per group; int8: K). `load_weights` returns the (rows, BLOCK_K) tile
+in the model's dtype either way, so the rest of each kernel (norm prologue, `tl.dot`, epilogue, split-K, swapped
+tiles) is unchanged; the arithmetic is quant/schemes.py's, in float32, rounded once: the same bits as the torch
+twins' dequantize-then-multiply.
+
+int4: the tile's BLOCK_K / 2 bytes of a row are contiguous (16-byte loads of 32 weights), unpacked by a mask and a
+shift into the low and high codes and interleaved back in K order (`tl.join` then `tl.reshape`). Where GROUP is a
+power of two, a K tile (BLOCK_K, a power of two, starting at a multiple of BLOCK_K) holds whole groups or lies in
+one, so each row reads BLOCK_K / GROUP (or 1) scales and zeros per tile; another GROUP reads them per weight
+(correct, not meant to be fast). The dense form (dense.py, cuBLAS's product from 17 rows) has no place to
+dequantize: quantized launches of more than 16 rows run the swapped GEMV tiles instead (swap_ab.py), which load
+through this same function.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...quant.packed import PackedWeight
+
+QUANT_CODES = {"int8": 1, "int4": 2}
+
+
+def is_packed(w) -> bool:
+    return isinstance(w, PackedWeight)
+
+
+def weight_launch(w) -> tuple[torch.Tensor, dict]:
+    """(the tensor the kernel's w_ptr reads, the launch keywords s_ptr, z_ptr, QUANT, GROUP) of a weight."""
+    if not is_packed(w):
+        return w, dict(s_ptr=None, z_ptr=None, QUANT=0, GROUP=0)
+    K = w.in_features
+    width = (K + 1) // 2 if w.scheme == "int4" else K
+    groups = triton.cdiv(K, w.group_size)
+    if w.q.shape[1] != width or w.scales.shape != (w.q.shape[0], groups) or not w.scales.is_contiguous():
+        raise ValueError(
+            f"w: a {w.scheme} weight of {K} input features in groups of {w.group_size} must have codes "
+            f"({w.q.shape[0]}, {width}) and contiguous group numbers ({w.q.shape[0]}, {groups}); got "
+            f"{tuple(w.q.shape)} and {tuple(w.scales.shape)}"
+        )
+    if w.zeros is not None and (w.zeros.shape != w.scales.shape or not w.zeros.is_contiguous()):
+        raise ValueError(f"w: the zeros must be contiguous {tuple(w.scales.shape)}, got {tuple(w.zeros.shape)}")
+    return w.q, dict(s_ptr=w.scales, z_ptr=w.zeros, QUANT=QUANT_CODES[w.scheme], GROUP=w.group_size)
+
+
+def refuse_dense(dense: bool | None) -> None:
+    """A quantized launch never runs the dense form; asked for it by name, a ValueError naming `dense`."""
+    if dense:
+        raise ValueError("dense: quantized weights have no dense form (cuBLAS takes no packed weights); pass None")
+
+
+@triton.jit
+def load_weights(
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    rows,
+    rows_ok,
+    k0,
+    k_end,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,
+    dtype: tl.constexpr,
+):
+    """The weight tile of `rows` (R,) at columns k0 .. k0 + BLOCK_K - 1 (k0 a multiple of BLOCK_K), in `dtype` (the
+    model's): the plain weight's own elements (QUANT 0, 0 where a row is not `rows_ok` or a column is past `k_end`),
+    else dequantized: 0 for rows not ok (their scales load as 0), and past k_end finite numbers (codes of 0, or of
+    the next split's range) that the x tile's zeros there cancel, as every caller masks x by the same k_end."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    mask = rows_ok[:, None] & (kk < k_end)[None, :]
+    if QUANT == 0:
+        w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0.0)
+    elif QUANT == 1:  # int8: (N, K) codes, one scale per row (GROUP == K)
+        q = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0).to(tl.float32)
+        s = tl.load(s_ptr + rows, mask=rows_ok, other=0.0).to(tl.float32)
+        w = (q * s[:, None]).to(dtype)
+    else:  # int4
+        w = _int4_tile(w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, kk, mask, K, BLOCK_K, GROUP).to(dtype)
+    return w
+
+
+@triton.jit
+def _int4_tile(
+    w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, kk, mask, K: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr
+):
+    """load_weights's int4 tile in float32: the row's bytes of the tile (those before K; a split's range ends at a
+    multiple of BLOCK_K or at K), unpacked, times the groups' numbers (`mask`: the tile's rows and columns in range,
+    for the per-weight group numbers)."""
+    NG: tl.constexpr = (K + GROUP - 1) // GROUP  # groups per row
+    R: tl.constexpr = rows.shape[0]
+    KP: tl.constexpr = (K + 1) // 2  # bytes per row
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    byte = tl.load(w_ptr + rows[:, None] * KP + kb[None, :], mask=rows_ok[:, None] & (kb < KP)[None, :], other=0)
+    q = tl.reshape(tl.join((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32)), (R, BLOCK_K))
+    if (GROUP & (GROUP - 1)) == 0:  # whole groups in the tile, or the tile inside one group
+        SUB: tl.constexpr = GROUP if GROUP < BLOCK_K else BLOCK_K
+        g = k0 // GROUP + tl.arange(0, BLOCK_K // SUB)
+        gm = rows_ok[:, None] & (g < NG)[None, :]
+        s = tl.load(s_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0).to(tl.float32)
+        w = tl.reshape((tl.reshape(q, (R, BLOCK_K // SUB, SUB)) - z[:, :, None]) * s[:, :, None], (R, BLOCK_K))
+    else:  # a group per weight
+        at = rows[:, None] * NG + (kk // GROUP)[None, :]
+        s = tl.load(s_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        w = (q - z) * s
+    return w

@@ -1,0 +1,79 @@
+"""The quantized linear layers, one class per scheme, each replacing an nn.Linear (or GPT-2's Conv1D) in place:
+its forward dequantizes the weight, then multiplies (plain PyTorch, so the eager and compiled presets and Hugging
+Face's own generate() run the quantized model as it is).
+
+Each holds its packed weight as parameters (requires_grad off), so that moving the model moves them, and counting
+its parameters' bytes counts the quantized size: `weight` is the packed codes (N rows, as nn.Linear's weight:
+`weight.shape[0]` is still the output size), `scales` and `zeros` the group numbers, `bias` the layer's own.
+The layout is packed.py's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .packed import PackedWeight
+from .schemes import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
+class Int4Linear(nn.Module):
+    """y = x @ w'.T + b with w' = (q - z) * s (schemes.py): int4 codes two per byte along K, a scale and a zero point
+    per row and group of `group_size` input features."""
+
+    scheme = "int4"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int):
+        """Quantize `weight` (out_features, in_features); `bias` is kept as it is."""
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.group_size = group_size
+        q, scales, zeros = quantize_int4(weight.detach(), group_size)
+        self.weight, self.scales, self.zeros = _frozen(q), _frozen(scales), _frozen(zeros)
+        self.bias = None if bias is None else _frozen(bias.detach())
+
+    def packed(self) -> PackedWeight:
+        return PackedWeight("int4", self.weight, self.scales, self.zeros, self.in_features, self.group_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = dequantize_int4(self.weight, self.scales, self.zeros, self.in_features, self.group_size)
+        return F.linear(x, w, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
+
+
+class Int8Linear(nn.Module):
+    """y = x @ w'.T + b with w' = q * s (schemes.py): int8 codes, a scale per output row."""
+
+    scheme = "int8"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        """Quantize `weight` (out_features, in_features); `bias` is kept as it is."""
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        q, scales = quantize_int8(weight.detach())
+        self.weight, self.scales = _frozen(q), _frozen(scales)
+        self.zeros = None  # symmetric: no zero points
+        self.bias = None if bias is None else _frozen(bias.detach())
+
+    @property
+    def group_size(self) -> int:
+        return self.in_features
+
+    def packed(self) -> PackedWeight:
+        return PackedWeight("int8", self.weight, self.scales, None, self.in_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, dequantize_int8(self.weight, self.scales), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+QUANTIZED = (Int4Linear, Int8Linear)
