@@ -3,15 +3,13 @@ which dequantize and then multiply: odd shapes (K not a multiple of the group, g
 K tiles shorter and longer than a group), groups of equal weights, rows 1 to 17 (17: the swapped tiles, which
 quantized launches take where 16-bit ones take the dense form), split K. Not collected by itself:
 test_quant_kernels.py runs it in a fresh process with TRITON_INTERPRET=1 (on CPU); on a GPU machine run it directly,
-`pytest tests/quant_kernel_cases.py`.
+`pytest tests/fused/quant_kernel_cases.py`.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import make_batch
-from triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture)
 
 import overlapdecode as od
 from overlapdecode.fused import reference
@@ -20,6 +18,8 @@ from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
 from overlapdecode.quant import Int4Linear, Int8Linear, PackedWeight, dequantize
+from support.helpers import make_batch
+from support.triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -174,7 +174,7 @@ def test_generate_of_decoder_families_with_the_kernels_equals_the_references(nam
     """A family's flags (Phi-3's QKV and gate/up as shipped, OLMo2's post-norms and whole-projection Q/K norms,
     Gemma 2's soft-caps and four norms) on int4 weights (a group of 24: per-weight group numbers): the kernels' tokens
     are their torch twins' and the caches hold the same keys and values."""
-    from fused_families import family_model
+    from support.fused_families import family_model
 
     model = od.quantize(family_model(name, device=DEV), "int4", group_size=24)
     torch.manual_seed(0)

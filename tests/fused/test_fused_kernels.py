@@ -15,17 +15,18 @@ import pytest
 import torch
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]  # the repository
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU run tests/fused/fused_kernel_cases.py directly")
 def test_kernels_match_references_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    src = str(HERE.parent / "src")
+    src = str(ROOT / "src")
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "fused_kernel_cases.py")],
         env=env,
-        cwd=HERE.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=1200,

@@ -7,6 +7,8 @@ off, neither."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -664,3 +666,60 @@ def test_the_row_tile_follows_the_weights_bytes():
     assert fit_k(1, 32, 256) == 256 and fit_k(8, 32, 256) == PRODUCT_ELEMENTS // (8 * 32)
     assert fit_k(ROW_TILE, 32, 256) == 256  # tl.dot's tiles are not a broadcast product's
     assert fit_k(8, 128, 64) == 16  # never under 16
+
+
+# --- the kernels on packed weights compile for an H100/H200 (sm_90) -------------------------------------------------
+
+# (kernel, N per accumulator, K, accumulators, constexprs) at the Llama-1B shape
+PROJECTIONS = {
+    "qkv": ("norm_qkv", 1536, 2048, 2, dict(D=64)),
+    "o": ("linear_residual", 2048, 2048, 1, {}),
+    "gate/up": ("norm_linear", 8192, 2048, 2, dict(ACT=2)),
+    "down": ("linear_residual", 2048, 8192, 1, {}),
+    "head": ("norm_linear", 128256, 2048, 1, dict(ACT=0, ROUND_OUT=False)),
+}
+
+
+@pytest.mark.parametrize("scheme,group_size", [("int4", 128), ("int8", None), ("int4", 96)])
+@pytest.mark.parametrize("name", sorted(PROJECTIONS))
+@pytest.mark.parametrize("rows", [1, 64])
+def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
+    """Each projection's kernel with int4 or int8 weights (bfloat16 activations, PDL LATE) compiles for sm_90: the
+    row-block tiles (1 row) and the swapped tiles (64 rows) that quantized launches take from 17 rows, those on
+    tensor cores (warpgroup MMAs from 64 weight rows per program), reading nothing before the PDL wait, with few
+    spills; the codes arrive in 16-byte copies, never byte by byte (packed.py's layout). A group of 96 (no power of
+    two) takes the per-weight group numbers."""
+    from overlapdecode.fused.kernels.norm_linear import NORM_NONE
+    from overlapdecode.fused.kernels.norm_qkv import swapped_qkv_tiles
+    from overlapdecode.fused.kernels.packed_weights import QUANT_CODES
+    from overlapdecode.fused.kernels.swap_ab import swap_tiles
+
+    fn, N, K, accs, extra = PROJECTIONS[name]
+    kernel, types, constants = CASES[fn]
+    types = dict(types, w_ptr="*u8" if scheme == "int4" else "*i8", s_ptr="*bf16")
+    quant = dict(QUANT=QUANT_CODES[scheme], GROUP=group_size or K)
+    if scheme == "int4":
+        types["z_ptr"] = "*bf16"
+    else:
+        quant["z_ptr"] = None
+    constants = {k: v for k, v in constants.items() if k not in ("s_ptr", "z_ptr", "QUANT", "GROUP")}
+    constants = dict(constants, **extra, **quant, PDL=3, K=K)
+    warps, stages = 4, 3
+    if rows > 16:
+        tiles = swapped_qkv_tiles(rows, N, K, 2, 132) if fn == "norm_qkv" else swap_tiles(rows, N, K, 2, accs, 132)
+        constants.update(SWAP=True, BLOCK_M=tiles["block_m"], BLOCK_K=tiles["block_k"], K_CHUNK=K // 2, SPLIT=2)
+        constants["HALF" if fn == "norm_qkv" else "BLOCK_N"] = tiles["block_n"]
+        if fn != "linear_residual":  # rows normalised beforehand, as every swapped launch's (swap_ab.use_prenorm)
+            constants.update(LAYER=NORM_NONE, NB_PAD=0)
+        warps, stages = tiles["num_warps"], tiles["num_stages"]
+    elif "K_CHUNK" in constants:
+        constants.update(K_CHUNK=K, SPLIT=1)
+    text = ptx(kernel, types, constants, aligned=True, num_warps=warps, num_stages=stages)
+    lines = text.splitlines()
+    wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+    assert not [line for line in lines[:wait] if "ld.global" in line]
+    if rows > 16:
+        assert "wgmma.mma_async" in text or "mma.sync.aligned" in text
+    assert not re.search(r"ld\.global[.\w]*\.[bu]8\b", text)  # no byte loads: the codes in vectors
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", text)
+    assert spill_bytes(text) <= 256

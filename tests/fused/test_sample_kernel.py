@@ -12,16 +12,17 @@ import pytest
 import torch
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]  # the repository
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU run tests/fused/sample_kernel_cases.py directly")
 def test_sample_kernels_match_their_reference_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "sample_kernel_cases.py")],
         env=env,
-        cwd=HERE.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=1200,

@@ -17,26 +17,20 @@ from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import TILES, FusedModel, pdl_supported
 from overlapdecode.inputs import position_ids_for_prompt
 from support.fused_families import FAMILIES, real_model
-from support.fused_steps import fused_logits, hf_greedy
-from support.helpers import make_batch
+from support.fused_steps import fused_logits
+from support.greedy_checks import assert_hf_greedy_tokens, close, prompts
 
 DEV = "cuda"
 needs_pdl = pytest.mark.skipif(
     not torch.cuda.is_available() or not pdl_supported(torch.device(DEV)),
     reason="programmatic dependent launch needs sm_90 or later",
 )
-TIE = 1e-4
 # (hidden, heads, kv heads, head dim, intermediate, vocab): Llama-3.2-1B, Llama-3-8B, GPT-2
 SHAPES = {
     "llama-1b": (2048, 32, 8, 64, 8192, 128256),
     "llama-8b": (4096, 32, 8, 128, 14336, 128256),
     "gpt2": (768, 12, 12, 64, 3072, 50257),
 }
-
-
-def close(got, ref):
-    scale = ref.abs().max().item()
-    assert (got.float() - ref.float()).abs().max().item() <= 1e-4 * max(scale, 1.0)
 
 
 def tiles_of(kernel: str, N: int, K: int, B: int) -> list[dict]:
@@ -84,17 +78,6 @@ def test_kernels_match_references_at_real_shapes(shape, B):
         close(norm_linear(x, nw, nb, 1e-5, wv, None, "none", torch.float32, **cfg), head_ref)
 
 
-def prompts(model, B, P=16, seed=0):
-    return make_batch(B, seed, P, low=0, high=model.config.vocab_size - 1, device=DEV)
-
-
-def near_ties(scores) -> list[int]:
-    """Steps whose top-two logits (any row) are within TIE."""
-    top2 = torch.stack([s.float().topk(2, dim=-1).values for s in scores], 1)  # (B, n, 2)
-    gap = (top2[..., 0] - top2[..., 1]).min(0).values
-    return [int(i) for i in (gap < TIE).nonzero().flatten()]
-
-
 @pytest.mark.parametrize(
     "name,B,strategy",
     [
@@ -124,20 +107,6 @@ def test_float32_tokens_equal_hf_for_200_steps(name, B, strategy):
         return dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[])
 
     assert_hf_greedy_tokens(model, ids, mask, run, f"{name} B={B}")
-
-
-def assert_hf_greedy_tokens(model, ids, mask, run, label: str, n: int = 200):
-    """`run(n)`'s tokens equal Hugging Face's greedy tokens for n steps, a divergence accepted only after a near
-    tie; -> Hugging Face's generate output (sequences and per-step logits)."""
-    hf = hf_greedy(model, ids, mask, n)
-    ties = near_ties(hf.logits)
-    out = run(n)
-    P = ids.shape[1]
-    diff = (out[:, P:] != hf.sequences[:, P:]).any(0).nonzero().flatten()
-    first = int(diff[0]) if diff.numel() else None
-    print(f"{label}: first divergence {first}, near-tie steps {ties}")
-    assert first is None or any(t <= first for t in ties), f"diverged at step {first} with no near tie before"
-    return hf
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fused_families import real_model
-from helpers import make_batch
-from test_gpu_fused import assert_hf_greedy_tokens, close, prompts
 
 import overlapdecode as od
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.quant import Int4Linear, Int8Linear, PackedWeight, dequantize
+from support.fused_families import real_model
+from support.greedy_checks import assert_hf_greedy_tokens, close, prompts
+from support.helpers import make_batch
 
 DEV = "cuda"
 # (hidden, heads, kv heads, head dim, intermediate, vocab): Llama-3.2-1B, Llama-3-8B

@@ -233,9 +233,8 @@ def test_bad_scheme_or_group_size_is_a_value_error_naming_it(tiny_llama, args, k
 
 
 def test_bad_models_are_refused_naming_model():
-    from tiny_archs import tiny_model
-
     import overlapdecode as od
+    from support.tiny_archs import tiny_model
 
     with pytest.raises(ValueError, match="model must be a Hugging Face causal LM"):
         od.quantize(torch.nn.Linear(4, 4), "int4")
@@ -388,9 +387,8 @@ def quantized(request):
 
 
 def assert_presets_match_hf(model, presets, batch: int = 4, seed: int = 4, generate=None) -> None:
-    from helpers import eos_hit_midway, hf_generate, make_batch, naive_generate
-
     import overlapdecode as od
+    from support.helpers import eos_hit_midway, hf_generate, make_batch, naive_generate
 
     ids, mask = make_batch(batch, seed=seed)
     rows = [0, 2]  # rows 0 and 2 stop mid-way, 1 and 3 never do
@@ -425,9 +423,8 @@ def test_compiled_presets_give_hugging_faces_tokens_on_the_quantized_model():
 
 
 def test_one_seed_gives_the_same_sampled_tokens_under_every_preset(quantized):
-    from helpers import make_batch
-
     import overlapdecode as od
+    from support.helpers import make_batch
 
     _, model = quantized
     ids, mask = make_batch(4, seed=43)
@@ -478,10 +475,9 @@ def test_each_decoder_family_quantized_gives_hugging_faces_tokens_under_fused(na
     """The fused path's families (Q/K norms, Phi-3's QKV and gate/up as shipped, post-norms, soft-caps, sliding
     layers...) on int4 weights: the fused preset (its kernels' torch twins here) and static give Hugging Face
     generate()'s greedy tokens on the same quantized model."""
-    from fused_families import family_model
-    from helpers import make_batch
-
     import overlapdecode as od
+    from support.fused_families import family_model
+    from support.helpers import make_batch
 
     model = od.quantize(family_model(name), "int4", group_size=16)
     ids, mask = make_batch(3, seed=2, high=min(990, model.config.vocab_size))
@@ -493,9 +489,8 @@ def test_each_decoder_family_quantized_gives_hugging_faces_tokens_under_fused(na
 
 @pytest.mark.parametrize("name", ["qwen3-moe", "mixtral", "gpt-oss"])
 def test_mixtures_of_experts_are_refused(name):
-    from fused_families import family_model
-
     import overlapdecode as od
+    from support.fused_families import family_model
 
     with pytest.raises(ValueError, match="quantize does not support mixtures of experts"):
         od.quantize(family_model(name), "int8")
