@@ -24,7 +24,8 @@ from overlapdecode.models import loading as models
 from overlapdecode.models import random_init
 from support.helpers import eos_hit_midway, make_batch, naive_generate
 
-WORKER = Path(__file__).parents[1] / "support" / "tp_worker.py"  # its parents[1], tests/, on its path
+TESTS = Path(__file__).parents[1]  # on the workers' path: they import support/
+WORKER = TESTS / "support" / "tp_worker.py"
 SRC = Path(od.__file__).resolve().parents[1]
 EAGER = ["baseline", "kv", "static", "fused-eager"]  # fused-eager: the fused step uncompiled (tp_worker.EXTRA)
 COMPILED = ["compiled", "interleaved", "fused"]
@@ -40,9 +41,7 @@ def torchrun(
     out.mkdir()
     spec_file = out / "spec.json"
     spec_file.write_text(json.dumps(spec))
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(WORKER.parents[1])]), OMP_NUM_THREADS="1", **(env or {})
-    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(TESTS)]), OMP_NUM_THREADS="1", **(env or {}))
     cmd = [
         sys.executable,
         "-m",
@@ -379,7 +378,7 @@ def test_tp_probe_refuses_bad_arguments_before_any_work(monkeypatch, capsys, tmp
 
     for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "TORCH_NCCL_AVOID_RECORD_STREAMS"):
         monkeypatch.delenv(var, raising=False)  # the script sets them on import; restored afterwards
-    spec = importlib.util.spec_from_file_location("tp_probe", WORKER.parents[1] / "scripts" / "tp_probe.py")
+    spec = importlib.util.spec_from_file_location("tp_probe", TESTS.parent / "scripts" / "tp_probe.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     monkeypatch.setenv("RANK", "0")
