@@ -184,7 +184,7 @@ def test_the_kernel_cases_pass_on_the_gpu():
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(root, "src"), os.path.join(root, "tests"), env.get("PYTHONPATH", "")]
     )
-    cases = os.path.join(root, "tests", "quant_kernel_cases.py")
+    cases = os.path.join(root, "tests", "fused", "quant_kernel_cases.py")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cases],
         env=env,
