@@ -173,7 +173,7 @@ def test_load_model_quantize_keeps_the_device_at_the_packed_size(scheme, tmp_pat
 
 
 def test_the_kernel_cases_pass_on_the_gpu():
-    """tests/quant_kernel_cases.py (odd shapes, rows 1-17, the families' calls) compiled and run on the GPU, its
+    """tests/fused/quant_kernel_cases.py (odd shapes, rows 1-17, the families' calls) compiled and run on the GPU, its
     bfloat16 case included (the interpreter cannot hold bfloat16)."""
     import os
     import subprocess
