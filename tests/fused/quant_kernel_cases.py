@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import overlapdecode as od
-from overlapdecode.fused import reference
+from overlapdecode.fused import forward
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
@@ -148,7 +148,7 @@ def test_whole_step_kernels_vs_reference(name, scheme, group_size, B):
         for t in cache.k + cache.v:
             t.copy_(torch.randn_like(t))
         cache.pad.copy_(torch.tensor([1, 4] * (B // 2), device=DEV))
-        logits = reference.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
+        logits = forward.decode_step(fm.weights, cache.k, cache.v, cache.pad, ids, pos, ops)
         results.append((logits, [t.clone() for t in cache.k + cache.v]))
     torch.testing.assert_close(results[1][0], results[0][0], **TOL)
     for a, b in zip(results[1][1], results[0][1]):

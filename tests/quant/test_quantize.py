@@ -293,7 +293,7 @@ def test_load_model_refuses_a_mixture_of_experts_from_its_config():
 
 
 def test_cli_names_equal_the_librarys():
-    from overlapdecode.cliargs import QUANT_NAMES
+    from overlapdecode.cli.args import QUANT_NAMES
     from overlapdecode.quant import SCHEMES
 
     assert QUANT_NAMES == SCHEMES
