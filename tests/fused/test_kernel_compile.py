@@ -33,12 +33,16 @@ SM90 = GPUTarget("cuda", 90, 32)
 PLAIN = dict(s_ptr=None, z_ptr=None, QUANT=0, GROUP=0)  # the projections' 16-bit weights (packed_weights.py)
 
 
-def ptx(kernel, types: dict, constants: dict, **options) -> str:
-    """PTX for sm_90; `options`: num_warps, num_stages."""
+def ptx(kernel, types: dict, constants: dict, aligned: bool = False, **options) -> str:
+    """PTX for sm_90; `options`: num_warps, num_stages. `aligned`: every pointer 16-byte aligned, as a launch
+    specialises tensors that are (the loads may then be vectors)."""
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     missing = [n for n, t in signature.items() if t == "constexpr" and n not in constants]
     assert not missing, missing
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+    attrs = None
+    if aligned:
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names) if signature[n][0] == "*"}
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(src, target=SM90, options=options).asm["ptx"]
 
 
@@ -470,6 +474,7 @@ def test_per_head_qk_norm_tiles_fit_in_shared_memory(D, dtype):
             D,
             q_norm=torch.ones(D, dtype=tdt),
             k_norm=torch.ones(D, dtype=tdt),
+            dense=False,  # the row-block tile (float32 would take cuBLAS's product from 2 rows)
         )
     finally:
         nq._norm_qkv_kernel = real
