@@ -41,7 +41,6 @@ from transformers import (
     AutoModelForCausalLM,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
-    GPT2Config,
     GPT2LMHeadModel,
     GptOssForCausalLM,
     GraniteForCausalLM,
@@ -62,7 +61,7 @@ from ..quant import model as quant_model
 from ..sampling import check_seed
 from . import random_init
 from .embedded import EMBEDDED, embedded_list
-from .shapes import FAMILY_SHAPES, LLAMA_SHAPES, SMALL_SHAPES
+from .shapes import FAMILY_SHAPES, LLAMA_SHAPES, SMALL_SHAPES, TINY_SHAPES
 from .tokenizer import ByteTokenizer
 
 _CAUSAL_LM = {
@@ -104,8 +103,6 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def embedded_config(name: str):
     """The config of an embedded model name; EOS is the last vocabulary id, as in GPT-2."""
-    if name == "gpt2-random":
-        return GPT2Config()  # 124M: 12 layers, 768 wide, 12 heads, 1024 positions, 50257 tokens
     if name in LLAMA_SHAPES:
         hidden, layers, heads, kv_heads, inter, tied, theta, scaling = LLAMA_SHAPES[name]
         rope = dict(rope_type="default", rope_theta=theta) if scaling is None else dict(scaling, rope_theta=theta)
@@ -139,32 +136,10 @@ def embedded_config(name: str):
             bos_token_id=eos,
             eos_token_id=eos,
         )
-    if name in FAMILY_SHAPES:
-        cls, kwargs = FAMILY_SHAPES[name]
-        return cls(**copy.deepcopy(kwargs))  # a config of its own: a caller may change it
-    if name == "tiny-gpt2":
-        return GPT2Config(
-            vocab_size=1000,
-            n_positions=256,
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            bos_token_id=999,
-            eos_token_id=999,
-            initializer_range=0.2,  # wider than 0.02, so random output varies (a better test of EOS)
-        )
-    if name == "tiny-llama":
-        return LlamaConfig(
-            vocab_size=1000,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            bos_token_id=1,
-            eos_token_id=2,
-        )
+    for table in (TINY_SHAPES, FAMILY_SHAPES):
+        if name in table:
+            cls, kwargs = table[name]
+            return cls(**copy.deepcopy(kwargs))  # a config of its own: a caller may change it
     raise ValueError(f"unknown embedded model {name!r}; embedded models are {embedded_list()}")
 
 

@@ -1,8 +1,9 @@
 """The embedded random-weight models' shapes, as data: each is the published config of the model it is named
 after (loading.embedded_config builds the config; random weights are drawn on the device, random_init.py).
 
-Three tables: the real-size Llama-3 shapes and the smaller Llama-family ones as tuples (both drawn as
-tensor-parallel shards where asked), and the other families' configs as (config class, its arguments).
+Four tables: the real-size Llama-3 shapes and the smaller Llama-family ones as tuples (both drawn as
+tensor-parallel shards where asked), the other families' configs as (config class, its arguments), and as those
+GPT-2 124M itself with the CPU tests' tiny shapes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
+    GPT2Config,
     GptOssConfig,
     GraniteConfig,
     LlamaConfig,
@@ -332,6 +334,37 @@ FAMILY_SHAPES = {
             bos_token_id=None,
             eos_token_id=200002,
             pad_token_id=199999,
+        ),
+    ),
+}
+# GPT-2 124M (the bench's reference model) and the CPU tests' tiny models: (config class, its arguments)
+TINY_SHAPES = {
+    "gpt2-random": (GPT2Config, {}),  # 124M: 12 layers, 768 wide, 12 heads, 1024 positions, 50257 tokens
+    "tiny-gpt2": (
+        GPT2Config,
+        dict(
+            vocab_size=1000,
+            n_positions=256,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            bos_token_id=999,
+            eos_token_id=999,
+            initializer_range=0.2,  # wider than 0.02, so random output varies (a better test of EOS)
+        ),
+    ),
+    "tiny-llama": (
+        LlamaConfig,
+        dict(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            bos_token_id=1,
+            eos_token_id=2,
         ),
     ),
 }
