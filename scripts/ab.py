@@ -24,7 +24,7 @@ The figures docs/ cite, by the commands that made them (each results folder's re
   python3 scripts/ab.py step-tiles --out results/h200/llama-1b-step-tiles --batch B      (B = 1, 8)
   python3 scripts/ab.py tile-confirm --out results/h200/llama-1b-step-tiles
   python3 scripts/ab.py attention-pieces --out results/h200/llama-1b-step-tiles
-  python3 scripts/ab.py step-gap --out DIR                      (results/h200/pdl-modes: its off and LATE columns)
+  python3 scripts/ab.py step-gap --out DIR               (results/h200/shapes-pdl-modes: its off and LATE columns)
   python3 scripts/ab.py stop-check-pairs --out results/h200/gpt2-stop-check-contended-host --burn 14
 
 Figures are medians over alternating passes ("rounds" in the JSON); "fastest" is the best pass. Tables of tile

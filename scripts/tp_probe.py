@@ -2,9 +2,9 @@
 
     torchrun --nproc-per-node 2 scripts/tp_probe.py --out DIR [--parts equal,speed,big]
 
-The figures of docs/TENSOR_PARALLEL.md (results/h200/tp2-*; each report.md gives its exact command), e.g.:
+The figures of docs/TENSOR_PARALLEL.md (results/h200/*-tp2-*; each report.md gives its exact command), e.g.:
 
-    torchrun --nproc-per-node 2 scripts/tp_probe.py --out results/h200/tp2-llama-8b-fused --parts speed \
+    torchrun --nproc-per-node 2 scripts/tp_probe.py --out results/h200/llama-8b-tp2-fused --parts speed \
         --strategy fused --part-timeout 170
 
 Parts (every rank runs every part; a tp=1 run happens on rank 0 alone while rank 1 waits at a CPU barrier):

@@ -11,7 +11,9 @@ import re
 import shlex
 import subprocess
 
-from overlapdecode.bench.report import results_table
+import pytest
+
+from overlapdecode.bench.report import results_index, results_table
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 README = os.path.join(ROOT, "README.md")
@@ -45,6 +47,31 @@ def test_the_readme_results_table_is_the_one_results_table_makes():
         "the README's table differs from results/h200: run python3 -m "
         "overlapdecode.bench.report.results_table results/h200 --readme README.md"
     )
+
+
+def test_the_results_index_lists_every_results_folder_by_topic(tmp_path):
+    with open(os.path.join(ROOT, "results", "README.md")) as f:
+        assert f.read() == results_index.render(os.path.join(ROOT, "results")), (
+            "results/README.md differs from results/: run python3 -m "
+            "overlapdecode.bench.report.results_table results/h200 --index results/README.md"
+        )
+    assert results_index.topic("llama-8b-tp2-fused") == "Tensor parallelism (two GPUs)"
+    assert results_index.topic("llama-1b-scale-rows") == "Many rows and long prompts"
+    assert results_index.topic("gpt2-presets-sweep") == "Presets end to end"
+    assert results_index.topic("qwen3-moe-fused-b1") == "Presets end to end"
+    assert results_index.topic("olmo2-1b-unlike-any-rule") == results_index.OTHER
+    # the command writes a new index, rewrites its own, and leaves a file it did not make alone
+    gpu = tmp_path / "results" / "h200"
+    (gpu / "gpt2-scale-rows").mkdir(parents=True)
+    (gpu / "gpt2-scale-rows" / "README.md").write_text("# GPT-2 over rows\n")
+    index = tmp_path / "results" / "README.md"
+    results_table.write_index(str(index), str(tmp_path / "results"))
+    assert "- [gpt2-scale-rows](h200/gpt2-scale-rows/): GPT-2 over rows" in index.read_text()
+    results_table.write_index(str(index), str(tmp_path / "results"))
+    index.write_text("# my notes\n")
+    with pytest.raises(results_table.ResultsError, match="not an index"):
+        results_table.write_index(str(index), str(tmp_path / "results"))
+    assert index.read_text() == "# my notes\n"
 
 
 def test_the_readme_names_the_test_commands_ci_and_the_skip_reason_run():

@@ -22,6 +22,7 @@ import sys
 import textwrap
 
 from ...strategy import PRESETS
+from . import results_index
 from .results import RESULTS, ResultsError, load
 
 BEGIN = (
@@ -188,10 +189,18 @@ def main(argv=None) -> int:
     ap.add_argument("results_dir", help="a folder of results folders, e.g. results/h200")
     ap.add_argument("--readme", help="rewrite the table between the markers of this markdown file (default: print it)")
     ap.add_argument("--new-tokens", type=int, default=200, help="the length the table compares (default: %(default)s)")
+    ap.add_argument(
+        "--index",
+        help="write the index of every results folder (results_index.py) to this file, e.g. results/README.md; "
+        "a file that is not such an index is left alone",
+    )
     args = ap.parse_args(argv)
     try:
+        if args.index is not None:
+            write_index(args.index, os.path.dirname(os.path.abspath(args.results_dir)))
         if args.readme is None:
-            sys.stdout.write(render(args.results_dir, args.new_tokens))
+            if args.index is None:
+                sys.stdout.write(render(args.results_dir, args.new_tokens))
             return 0
         with open(args.readme) as f:
             text = f.read()
@@ -205,6 +214,20 @@ def main(argv=None) -> int:
             f.write(new)
     print(f"{args.readme}: results table {'rewritten' if new != text else 'already up to date'}")
     return 0
+
+
+def write_index(path: str, results_root: str) -> None:
+    """results_index.render(results_root) into `path`: a new file, or one whose first line is the index's title
+    (anything else there is the user's, and is refused)."""
+    if os.path.exists(path):
+        with open(path) as f:
+            if f.readline().rstrip("\n") != results_index.TITLE:
+                raise ResultsError(
+                    f"{path}: not an index this command made (its first line is not {results_index.TITLE!r})"
+                )
+    with open(path, "w") as f:
+        f.write(results_index.render(results_root))
+    print(f"{path}: index written")
 
 
 if __name__ == "__main__":
