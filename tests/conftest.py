@@ -4,10 +4,18 @@ path), which every test module imports from; no test module imports another."""
 
 from __future__ import annotations
 
-import pytest
+import os
+
 import torch
 
-import overlapdecode as od
+if not torch.cuda.is_available():
+    # Triton's interpreter runs the kernel tests on CPU; it is chosen when Triton is first imported, which no import
+    # above makes (tests/fused/test_kernel_decode_attention.py checks the kernels' CPU refusal without it).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import overlapdecode as od  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

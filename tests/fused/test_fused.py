@@ -53,7 +53,7 @@ def test_fused_matches_hf_eos_midway_and_never(model, batch):
 def test_fused_matches_hf_at_large_batches(model, batch):
     """128 rows, the most the fused kernels serve in one tile: mixed prompt lengths (left padding on every other
     row), EOS per row (a token row 0 emits mid-way: some rows stop, others run to the end), exactly Hugging Face's
-    tokens. (The kernels themselves at these row counts: fused_kernel_cases.py, in the interpreter.)"""
+    tokens. (The kernels themselves at these row counts: test_fused_kernels.py, in the interpreter.)"""
     ids, mask = make_batch(batch, seed=batch + 3, prompt_len=11)
     free = hf_generate(model, ids, mask, 12, [], 0)
     eos = [int(free[0, 11 + 4])]

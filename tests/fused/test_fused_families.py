@@ -2,7 +2,7 @@
 the torch twins of the kernels: Hugging Face generate()'s greedy tokens (two left-padded prompts, EOS mid-way and
 off), per-step logits within 1e-4 of Hugging Face's, seeded sampling equal to the `kv` preset's, the Hugging Face
 model unharmed by the re-layout, and what the step does not implement refused with one ValueError naming it.
-(The Triton kernels with these families' flags against their references: fused_kernel_cases.py.)"""
+(The Triton kernels with these families' flags against their references: test_fused_kernels.py.)"""
 
 from __future__ import annotations
 

@@ -173,7 +173,7 @@ def test_load_model_quantize_keeps_the_device_at_the_packed_size(scheme, tmp_pat
 
 
 def test_the_kernel_cases_pass_on_the_gpu():
-    """tests/fused/quant_kernel_cases.py (odd shapes, rows 1-17, the families' calls) compiled and run on the GPU, its
+    """tests/fused/test_quant_kernels.py (odd shapes, rows 1-17, the families' calls) compiled and run on the GPU, its
     bfloat16 case included (the interpreter cannot hold bfloat16)."""
     import os
     import subprocess
@@ -184,7 +184,7 @@ def test_the_kernel_cases_pass_on_the_gpu():
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(root, "src"), os.path.join(root, "tests"), env.get("PYTHONPATH", "")]
     )
-    cases = os.path.join(root, "tests", "fused", "quant_kernel_cases.py")
+    cases = os.path.join(root, "tests", "fused", "test_quant_kernels.py")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cases],
         env=env,

@@ -1,5 +1,5 @@
 """Tiny random models of the decoder families the fused path supports beyond the Llama family and GPT-2
-(layout.DECODERS), for the CPU tests (test_fused_families.py, fused_kernel_cases.py) and, at real sizes, the GPU
+(layout.DECODERS), for the CPU tests (test_fused_families.py, test_fused_kernels.py) and, at real sizes, the GPU
 test: each config turns on what its family changes (per-head Q/K norms, partial rotary, LongRoPE, multipliers, NoPE
 layers, post-norms, Gemma's norms and GeGLU, soft-capping, sliding windows shorter than a call, routed experts), with
 weights large enough that a dropped change changes the tokens."""
