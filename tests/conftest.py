@@ -12,6 +12,8 @@ if not torch.cuda.is_available():
     # Triton's interpreter runs the kernel tests on CPU; it is chosen when Triton is first imported, which no import
     # above makes (tests/fused/test_kernel_decode_attention.py checks the kernels' CPU refusal without it).
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # `-n N`: the cores shared among the N processes, not each taking all
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 import pytest  # noqa: E402
 

@@ -78,7 +78,7 @@ def test_the_readme_names_the_test_commands_ci_and_the_skip_reason_run():
     text = " ".join(_readme().split())
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         ci = f.read()
-    assert "python3 -m pytest -q tests" in ci and "```bash python3 -m pytest -q tests ```" in text
+    assert "python3 -m pytest -q -n auto tests" in ci and "```bash python3 -m pytest -q -n auto tests ```" in text
     with open(os.path.join(ROOT, "tests", "conftest.py")) as f:
         reason = re.search(r'reason="needs a CUDA GPU \(on a CUDA machine: ([^)]*)\)"', f.read()).group(1)
     assert f"`{reason}`" in text
