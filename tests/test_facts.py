@@ -27,6 +27,11 @@ def test_fused_is_told_from_the_family_and_the_llama_familys_sliding_layers():
     assert not od.model_facts(cfg).fused  # no fused family
     sliding = transformers.LlamaConfig(layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2)
     assert not od.model_facts(sliding).fused
+    windowed = [
+        transformers.MistralConfig(sliding_window=8),
+        transformers.Qwen2Config(use_sliding_window=True, max_window_layers=0),
+    ]
+    assert [od.model_facts(cfg).fused for cfg in windowed] == [triton, triton]  # windows the step takes
     assert od.model_facts(transformers.LlamaConfig(num_hidden_layers=2)).fused == od.model_facts("gpt2-random").fused
 
 

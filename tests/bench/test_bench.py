@@ -686,13 +686,12 @@ def test_the_main_job_on_cuda_adds_the_bfloat16_rows_fused_is_built_for(tmp_path
 
 
 def test_the_cuda_default_leaves_fused_out_where_the_family_has_none(tmp_path, monkeypatch):
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
 
     small = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     GPTNeoXForCausalLM(GPTNeoXConfig(**small)).save_pretrained(tmp_path / "neox")  # a family fused has not
-    Qwen2ForCausalLM(
-        Qwen2Config(**small, num_key_value_heads=2, use_sliding_window=True, sliding_window=16, max_window_layers=0)
-    ).save_pretrained(tmp_path / "sliding")  # Qwen2, windowed
+    # Llama whose config marks a sliding layer (its modeling has no window for it)
+    LlamaForCausalLM(LlamaConfig(**small, layer_types=["sliding_attention"])).save_pretrained(tmp_path / "sliding")
     for name in ("neox", "sliding"):
         cfg = _config_of(["--model", str(tmp_path / name)], tmp_path, monkeypatch, cuda=True)
         assert cfg.strategies == ("baseline", "kv", "static", "compiled", "interleaved"), name

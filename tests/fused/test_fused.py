@@ -156,12 +156,14 @@ def test_unsupported_architecture_is_a_clear_value_error():
         od.generate(model, ids, max_new_tokens=4, strategy="fused")
 
 
-def test_mistral_sliding_window_shorter_than_the_call_is_refused():
+def test_mistral_sliding_window_shorter_than_the_call_is_hf():
+    """A call past Mistral's window attends to its last 32 positions, as Hugging Face's (test_fused_families.py:
+    windows of 6, left padding, sampling)."""
     torch.manual_seed(0)
     model = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=32)).eval()
-    ids, _ = make_batch(1, seed=1)
-    with pytest.raises(ValueError, match="sliding window of 32"):
-        od.generate(model, ids, max_new_tokens=40, strategy="fused")
+    ids, mask = make_batch(1, seed=1)
+    ref = hf_generate(model, ids, mask, 40, [], 0)
+    assert torch.equal(od.generate(model, ids, max_new_tokens=40, strategy="fused", eos_token_id=[]), ref)
 
 
 def test_pdl_is_refused_where_the_kernels_cannot_use_it():

@@ -1,6 +1,6 @@
-"""The `fused` preset on the decoder families beyond the Llama family and GPT-2 (layout.DECODERS), CPU, float32,
-the torch twins of the kernels: Hugging Face generate()'s greedy tokens (two left-padded prompts, EOS mid-way and
-off), per-step logits within 1e-4 of Hugging Face's, seeded sampling equal to the `kv` preset's, the Hugging Face
+"""The `fused` preset on the decoder families beyond the Llama family and GPT-2 (layout.DECODERS) and on the Llama
+family's sliding-window configs (Mistral, Qwen2), CPU, float32, the torch twins of the kernels: Hugging Face
+generate()'s greedy tokens (two left-padded prompts, EOS mid-way and off), per-step logits within 1e-4 of Hugging Face's, seeded sampling equal to the `kv` preset's, the Hugging Face
 model unharmed by the re-layout, and what the step does not implement refused with one ValueError naming it.
 (The Triton kernels with these families' flags against their references: test_fused_kernels.py.)"""
 
@@ -11,7 +11,7 @@ import torch
 import transformers
 
 import overlapdecode as od
-from overlapdecode.fused.layout import fuse_weights
+from overlapdecode.fused.layout import fuse_weights, serves
 from overlapdecode.fused.model import FusedModel
 from overlapdecode.models import loading
 from support.fused_families import FAMILIES, LONGROPE_SWITCH, WINDOW, family_model
@@ -130,6 +130,8 @@ def _gemma3_pins(W):
 
 
 PINS = {  # what each family's fused weights must carry
+    "mistral-sliding": lambda W: [layer.window for layer in W.layers] == [WINDOW] * 2 and W.layers[0].b_qkv is None,
+    "qwen2-sliding": lambda W: [layer.window for layer in W.layers] == [WINDOW] * 2 and W.layers[0].b_qkv is not None,
     "qwen3": lambda W: W.layers[0].q_norm.shape == (24,) and W.head_dim == 24,
     "qwen3-sliding": lambda W: [layer.window for layer in W.layers] == [6, None] and W.layers[0].b_qkv is not None,
     "phi3": lambda W: 2 * W.inv_freq.numel() == 12 and W.long_inv_freq is None,
@@ -219,6 +221,61 @@ def test_gemma2_under_sdpa_follows_hf_which_drops_the_attention_softcap():
     ids, mask = make_batch(2, seed=22)
     ref = hf_generate(model, ids, mask, N, [], 0)
     assert torch.equal(od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused"), ref)
+
+
+# the Llama family's windowed configs, and the same weights without their window
+WINDOWED = {"mistral-sliding": dict(sliding_window=None), "qwen2-sliding": dict(use_sliding_window=False)}
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", list(WINDOWED))
+def test_mistral_and_qwen2_windows_past_the_call_at_1_and_3_rows(name, batch):
+    """Every layer sliding (6 tokens), prompts of 13 (the prefill masks the window too) and 20 new tokens, rows
+    left-padded by 0, 9 (more than the window: Hugging Face's window counts the padded slots, as the step's does)
+    and 3: Hugging Face's greedy tokens, which the same weights without the window would not give."""
+    model = family_model(name)
+    ids, _ = make_batch(batch, seed=17, prompt_len=13)
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate([0, 9, 3][:batch]):
+        mask[row, :pad] = 0
+    ref = hf_generate(model, ids, mask, N, [], 0)
+    out = od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused", eos_token_id=[])
+    assert torch.equal(out, ref)
+    unwindowed = family_model(name, **WINDOWED[name])
+    assert [layer.window for layer in fuse_weights(unwindowed).layers] == [None, None]
+    assert not torch.equal(hf_generate(unwindowed, ids, mask, N, [], 0), ref), "the window should change some token"
+
+
+def test_qwen2_windows_from_max_window_layers_on():
+    """Qwen2 with use_sliding_window slides from layer max_window_layers on; a window as long as the call masks
+    nothing beyond causality (Mistral's 4096 of a short call): Hugging Face's tokens in both."""
+    ids, mask = make_batch(2, seed=19, prompt_len=11)
+    for name, config, windows in [
+        ("qwen2-sliding", dict(max_window_layers=1), [None, WINDOW]),
+        ("mistral-sliding", dict(sliding_window=4096), [4096, 4096]),
+    ]:
+        model = family_model(name, **config)
+        assert [layer.window for layer in fuse_weights(model).layers] == windows
+        ref = hf_generate(model, ids, mask, N, [], 0)
+        assert torch.equal(od.generate(model, ids, attention_mask=mask, max_new_tokens=N, strategy="fused"), ref)
+
+
+def test_sliding_layers_without_a_window_the_step_can_take_are_refused():
+    """Llama's modeling masks causally only, whatever its config.layer_types says; a Qwen2 config that marks
+    sliding layers without a window has none to give: each one ValueError, and model_facts says fused does not
+    serve them (layout.serves; it does serve the windowed families)."""
+    sliding = ["sliding_attention", "full_attention"]
+    llama = transformers.LlamaForCausalLM(_config("LlamaConfig", layer_types=sliding)).eval()
+    qwen2 = transformers.Qwen2ForCausalLM(_config("Qwen2Config", layer_types=sliding, sliding_window=None)).eval()
+    ids, _ = make_batch(1, seed=1, high=99)
+    for model, match in [
+        (llama, "Llama's config.layer_types marks"),
+        (qwen2, "qwen2's config.layer_types .* config.sliding_window is None"),
+    ]:
+        assert not serves(model.config)
+        with pytest.raises(ValueError, match=match):
+            od.generate(model, ids, max_new_tokens=4, strategy="fused")
+    assert all(serves(family_model(name).config) for name in WINDOWED)
 
 
 def _config(cls: str, **kw):

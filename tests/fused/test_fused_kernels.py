@@ -1039,10 +1039,12 @@ def test_embed_scale():
     torch.testing.assert_close(sums.of(got[0]), (hf * hf).sum(-1).T, **TOL)
 
 
+@pytest.mark.parametrize("window,starts", [(6, [24, 34, 3]), (13, [17, 27, 1]), (50, [0, 3, 1])])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_attention_softcap_and_window_start(splits):
+def test_attention_softcap_and_window_start(splits, window, starts):
     """Gemma 2's soft-capped scores, and a sliding window as a later first slot (forward.window_start): the
-    kernel against the reference, one piece and three."""
+    kernel against the reference, one piece and three, windows of 6 and 13 keys (no multiple of the 16-key
+    blocks) shorter than the rows and one of 50 longer than all of them (the rows' own first slots)."""
     from overlapdecode.fused.kernels.decode_attention import decode_attention, decode_attention_ref
 
     torch.manual_seed(splits)
@@ -1050,10 +1052,10 @@ def test_attention_softcap_and_window_start(splits):
     q, k, v = rnd(B, Hq, D) * 2, rnd(B, Hkv, S, D) * 2, rnd(B, Hkv, S, D)
     pad = torch.tensor([0, 3, 1], device=DEV)
     length = torch.tensor([30, 40, 9], device=DEV)
-    start = forward.window_start(pad, length, 6)
-    assert start.tolist() == [24, 34, 3]
+    start = forward.window_start(pad, length, window)
+    assert start.tolist() == starts
     for cap in (None, 0.8):
-        got = decode_attention(q, k, v, start, length, 0.3, num_splits=splits, softcap=cap)
+        got = decode_attention(q, k, v, start, length, 0.3, num_splits=splits, block_n=16, softcap=cap)
         torch.testing.assert_close(got, decode_attention_ref(q, k, v, start, length, 0.3, softcap=cap), **TOL)
         torch.testing.assert_close(got, forward.decode_attention_torch(q, k, v, start, length, 0.3, softcap=cap), **TOL)
     capped = decode_attention_ref(q, k, v, start, length, 0.3, softcap=0.8)
@@ -1249,7 +1251,19 @@ def test_norm_qkv_reads_the_rope_table_bit_for_bit_in_16_bit(dtype, swap):
 
 
 @pytest.mark.parametrize(
-    "name", ["qwen3", "phi3", "granite", "olmo2", "gemma2", "gemma3", "qwen3-moe-dense", "mixtral", "gpt-oss"]
+    "name",
+    [
+        "mistral-sliding",
+        "qwen3",
+        "phi3",
+        "granite",
+        "olmo2",
+        "gemma2",
+        "gemma3",
+        "qwen3-moe-dense",
+        "mixtral",
+        "gpt-oss",
+    ],
 )
 @torch.no_grad()
 def test_generate_of_each_family_with_the_kernels_equals_the_references(name):

@@ -112,7 +112,7 @@ def test_float32_tokens_equal_hf_for_200_steps(name, B, strategy):
 @pytest.mark.parametrize("name", FAMILIES)
 @torch.no_grad()
 def test_each_decoder_family_float32_tokens_equal_hf_for_200_steps(name):
-    """Each family of layout.DECODERS at its real widths (fused_families.REAL_SIZES, two layers, random, float32),
+    """Each family of fused_families.FAMILIES at its real widths (REAL_SIZES, two layers, random, float32),
     the Triton kernels with its flags: Hugging Face's greedy tokens for 200 steps at batch 2 (row 1 left-padded),
     a divergence accepted only after a near tie, as above; and the per-step logits of the first 32 steps within
     1e-4 (relative to their scale) of Hugging Face's."""

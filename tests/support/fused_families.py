@@ -1,6 +1,7 @@
 """Tiny random models of the decoder families the fused path supports beyond the Llama family and GPT-2
-(layout.DECODERS), for the CPU tests (test_fused_families.py, test_fused_kernels.py) and, at real sizes, the GPU
-test: each config turns on what its family changes (per-head Q/K norms, partial rotary, LongRoPE, multipliers, NoPE
+(layout.DECODERS) and of the Llama family's sliding-window configs (Mistral, Qwen2), for the CPU tests
+(test_fused_families.py, test_fused_kernels.py) and, at real sizes, the GPU test: each config turns on what its family
+changes (per-head Q/K norms, partial rotary, LongRoPE, multipliers, NoPE
 layers, post-norms, Gemma's norms and GeGLU, soft-capping, sliding windows shorter than a call, routed experts), with
 weights large enough that a dropped change changes the tokens."""
 
@@ -67,6 +68,14 @@ def family_configs(size: dict | None = None) -> dict:
                 sliding_window=window,
                 layer_types=["sliding_attention", "full_attention"] * (base["num_hidden_layers"] // 2),
             ),
+        ),
+        # the Llama family with every layer sliding: Mistral's config window (Mistral-7B-v0.1's 4096 at real sizes
+        # is the GPU test's 64), Qwen2's where use_sliding_window, from layer max_window_layers on (QKV biases)
+        "mistral-sliding": ("MistralForCausalLM", "MistralConfig", dict(base, head_dim=D, sliding_window=window)),
+        "qwen2-sliding": (
+            "Qwen2ForCausalLM",
+            "Qwen2Config",
+            dict(base, use_sliding_window=True, sliding_window=window, max_window_layers=0),
         ),
         # fused qkv_proj / gate_up_proj as shipped, partial rotary (Phi-4-mini's 0.75)
         "phi3": (
@@ -186,7 +195,7 @@ def _gpt_oss(base: dict, D: int, window: int, width: int, experts: int, top_k: i
 FAMILIES = list(family_configs())
 
 # Real sizes of each family for the GPU test (tests/gpu/test_gpu_fused.py): the widths of a released model
-# (Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B, Qwen3-30B-A3B,
+# (Mistral-7B, Qwen2-1.5B, Qwen3-0.6B, Phi-4-mini, Granite-3.1-2B, SmolLM3-3B, OLMo-2-1B, Gemma-2B, Gemma-2-2B, Gemma-3-1B, Qwen3-30B-A3B,
 # Mixtral-8x7B, gpt-oss-20b), two layers, sliding windows of 64 (shorter than its calls); Granite with its released
 # multipliers, the mixtures of experts with their released expert counts and top k
 _QWEN3 = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072)
@@ -211,6 +220,23 @@ _GPT_OSS_20B = dict(
 )
 _GEMMA2 = dict(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256, intermediate_size=9216)
 REAL_SIZES = {
+    "mistral-sliding": dict(
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32000,
+        window=64,
+    ),
+    "qwen2-sliding": dict(
+        hidden_size=1536,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        window=64,
+    ),
     "qwen3": dict(_QWEN3, vocab_size=151936),
     "qwen3-sliding": dict(_QWEN3, vocab_size=151936, window=64),
     "phi3": dict(_PHI4, vocab_size=200064),

@@ -51,12 +51,6 @@ class FusedKV:
 
     def __init__(self, fused_model, input_ids, attention_mask, cache_len: int, position_ids, max_new_tokens=None):
         B, P = input_ids.shape
-        window = fused_model.weights.sliding_window
-        if window is not None and cache_len > window:
-            raise ValueError(
-                f"max_new_tokens: the fused path attends to the whole sequence, but this Mistral model has a "
-                f"sliding window of {window} tokens and the call may reach {cache_len}; use a shorter call"
-            )
         switch = fused_model.weights.rope_switch
         if switch is not None and max_new_tokens is not None and P <= switch and P + max_new_tokens >= switch + 2:
             # Hugging Face's Phi-3 drops its cache at the forward whose input reaches switch + 1 tokens and runs the

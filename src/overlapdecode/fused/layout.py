@@ -46,15 +46,38 @@ def model_family(model, name: str | None = None) -> str:
 
 
 def serves(config) -> bool:
-    """Whether the fused path takes a model of this config, as far as the config alone tells: its family, and for
-    the Llama family no sliding-window layers (the other families' sliding layers are the step's own:
-    weights.LayerWeights.window). The other checks need the weights; they refuse very few models."""
+    """Whether the fused path takes a model of this config, as far as the config alone tells: its family, and in
+    the Llama family a window for each sliding layer (llama_windows). The other checks need the weights (the
+    other families' windows are read from their modules); they refuse very few models."""
     model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED:
-        return False
-    if model_type not in LLAMA_FAMILY:
-        return True
-    return "sliding_attention" not in (getattr(config, "layer_types", None) or [])
+    return model_type in SUPPORTED and (model_type not in LLAMA_FAMILY or _window_refusal(config) is None)
+
+
+def llama_windows(cfg) -> list[int | None]:
+    """Each layer's sliding window in the Llama family, as its Hugging Face modeling masks it (keys at
+    positions > the query's - window): Mistral's config.sliding_window on every layer (its modeling reads no
+    layer_types), Qwen2's on the layers config.layer_types marks sliding (those from max_window_layers on where
+    use_sliding_window), Llama none; a ValueError where the config marks sliding layers the modeling cannot
+    give a window."""
+    why = _window_refusal(cfg)
+    if why is not None:
+        raise ValueError(f"strategy 'fused': {why}; use another strategy for it")
+    n, window = cfg.num_hidden_layers, getattr(cfg, "sliding_window", None)
+    if cfg.model_type == "mistral":
+        return [window] * n
+    kinds = list(getattr(cfg, "layer_types", None) or ["full_attention"] * n)
+    return [window if kind == "sliding_attention" else None for kind in kinds[:n]]
+
+
+def _window_refusal(cfg) -> str | None:
+    """Why a Llama-family config's sliding layers have no window the step can take, or None."""
+    if cfg.model_type == "mistral" or "sliding_attention" not in (getattr(cfg, "layer_types", None) or []):
+        return None
+    if cfg.model_type == "llama":  # LlamaModel builds a causal mask only: it would attend to the whole sequence
+        return "Llama's config.layer_types marks sliding-window layers, which its modeling does not mask as such"
+    if getattr(cfg, "sliding_window", None) is None:
+        return f"{cfg.model_type}'s config.layer_types marks sliding-window layers but config.sliding_window is None"
+    return None
 
 
 # Rotary variants whose frequencies do not depend on the sequence length (HF precomputes `inv_freq`).
@@ -81,8 +104,7 @@ def _fuse_llama(model) -> FusedWeights:
     cfg = model.config
     if getattr(cfg, "hidden_act", "silu") != "silu":
         raise ValueError(f"strategy 'fused': the fused path supports the SiLU MLP, got hidden_act={cfg.hidden_act!r}")
-    if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
-        raise ValueError("strategy 'fused': the fused path does not support sliding-window layers")
+    windows = llama_windows(cfg)
     rotary = model.model.rotary_emb
     rope_type = getattr(rotary, "rope_type", "default")
     if rope_type not in _STATIC_ROPE:
@@ -90,7 +112,7 @@ def _fuse_llama(model) -> FusedWeights:
     first = model.model.layers[0].self_attn
     head_dim = first.head_dim
     layers = []
-    for block in model.model.layers:
+    for block, window in zip(model.model.layers, windows):
         attn, mlp = block.self_attn, block.mlp
         projs = [attn.q_proj, attn.k_proj, attn.v_proj]
         layers.append(
@@ -108,9 +130,9 @@ def _fuse_llama(model) -> FusedWeights:
                 w_down=layer_weight(mlp.down_proj),
                 b_down=bias_of(mlp.down_proj),
                 scale=float(attn.scaling),
+                window=window,
             )
         )
-    window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
     return FusedWeights(
         family="llama",
         layers=layers,
@@ -127,7 +149,6 @@ def _fuse_llama(model) -> FusedWeights:
         act="silu_mul",
         inv_freq=rotary.inv_freq.detach().float(),
         rope_scale=float(rotary.attention_scaling),
-        sliding_window=window,
         tp=row_reduce_of(first.o_proj),
     )
 
@@ -178,7 +199,6 @@ def _fuse_gpt2(model) -> FusedWeights:
         act="gelu_tanh",
         inv_freq=None,
         rope_scale=1.0,
-        sliding_window=None,
         tp=row_reduce_of(tr.h[0].attn.c_proj),
     )
 
@@ -405,7 +425,6 @@ def _fuse_decoder(model) -> FusedWeights:
         eps=eps,
         norm=norm,
         act=act,
-        sliding_window=None,
         tp=None,
         model_type=mt,
         embed_scale=embed_scale,

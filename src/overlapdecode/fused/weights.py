@@ -76,7 +76,6 @@ class FusedWeights:
     act: str  # "silu_mul" (gate/up), "gelu_tanh" or "gelu_tanh_mul" (Gemma's GeGLU)
     inv_freq: torch.Tensor | None  # (R/2,) float32 (R: the rotary dims, D or fewer), None without RoPE
     rope_scale: float  # HF's attention_scaling, multiplies cos and sin
-    sliding_window: int | None  # Mistral's model-wide window (FusedKV refuses a call longer than it)
     tp: RowReduce | None = None  # a tensor-parallel shard (tp.py): w_o and w_down are row-parallel
     vocab: VocabShard | None = None  # under tp: lm_head holds this rank's rows; the step gathers the logits
     model_type: str = ""
