@@ -155,6 +155,11 @@ def check_quantize_flags(args, config) -> int:
     group_size = 128 if args.group_size is None else args.group_size
     if args.quantize is None:
         return group_size
+    if getattr(config, "quantization_config", None) is not None:
+        raise CliError(
+            f"--quantize: {args.model} is quantized already (its config has a quantization_config); load it "
+            f"without --quantize"
+        )
     from ..models.loading import embedded_config  # torch: imported when a command runs, not for --help
     from ..quant.model import check_config, check_scheme
 

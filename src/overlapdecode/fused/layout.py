@@ -48,9 +48,14 @@ def model_family(model, name: str | None = None) -> str:
 def serves(config) -> bool:
     """Whether the fused path takes a model of this config, as far as the config alone tells: its family, and for
     the Llama family no sliding-window layers (the other families' sliding layers are the step's own:
-    weights.LayerWeights.window). The other checks need the weights; they refuse very few models."""
+    weights.LayerWeights.window), and no GPTQ act-order checkpoint (desc_act in its quantization_config: its layers
+    keep their input features in another order, act_order_layers). The other checks need the weights; they refuse
+    very few models."""
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED:
+        return False
+    quantized = getattr(config, "quantization_config", None)
+    if isinstance(quantized, dict) and quantized.get("desc_act"):
         return False
     if model_type not in LLAMA_FAMILY:
         return True
@@ -62,9 +67,22 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_new")
 
 
+def act_order_layers(model) -> list[str]:
+    """The layers of `model` holding GPTQ act-order weights (quant/modules.py Int4Linear.act_order), which the fused
+    kernels do not read: their packed input features are in another order than the activations'."""
+    return [name for name, m in model.named_modules() if getattr(m, "act_order", None) is not None]
+
+
 def fuse_weights(model) -> FusedWeights:
     """The fused weights of `model`, its parameters re-bound as views of them (no copy if already so)."""
     family = model_family(model)
+    ordered = act_order_layers(model)
+    if ordered:
+        raise ValueError(
+            f"strategy 'fused': {ordered[0]} ({len(ordered)} layers in all) holds GPTQ act-order weights (desc_act: "
+            f"g_idx other than arange(in_features) // group_size), which the fused kernels do not read; use "
+            f"strategy 'static' or 'compiled' (every other preset runs them)"
+        )
     # not inference tensors, even under inference_mode: they become the Hugging Face model's parameters
     with torch.inference_mode(False), torch.no_grad():
         if family == "gpt2":

@@ -102,11 +102,11 @@ def quantize_layers(model, layers, scheme: str, group_size: int, device: torch.d
                 weight, bias = weight.to(device), None if bias is None else bias.to(device)
             made[id(layer)] = Int4Linear(weight, bias, group_size) if scheme == "int4" else Int8Linear(weight, bias)
         setattr(parent, attr, made[id(layer)])
-    _untie(model)
+    untie(model)
     return model if device is None else model.to(device)
 
 
-def _untie(model) -> None:
+def untie(model) -> None:
     """The LM head, quantized, is no longer the embedding's weight: Hugging Face must not tie them again."""
     for config in {id(c): c for c in (model.config, model.config.get_text_config(decoder=True))}.values():
         if getattr(config, "tie_word_embeddings", False):
