@@ -265,6 +265,18 @@ def test_quantize_and_tp_are_refused_for_a_quantized_checkpoint(tmp_path, kwargs
         od.load_model(_config_only(tmp_path), device="cpu", **kwargs)
 
 
+def test_a_hub_name_is_refused_naming_the_download():
+    """A hub name's config may sit in the local cache; its quantized weights are read from a directory only."""
+    from types import SimpleNamespace
+
+    from overlapdecode.models.loading import _check_prequantized
+    from overlapdecode.quant.checkpoints import CheckpointFormat
+
+    config = SimpleNamespace(model_type="llama")
+    with pytest.raises(ValueError, match="read from a local directory; download it first .*org/model-AWQ --local-dir"):
+        _check_prequantized("org/model-AWQ", CheckpointFormat("awq", 128), config, None, 1)
+
+
 def test_a_mixture_of_experts_checkpoint_is_refused(tmp_path):
     path = _config_only(tmp_path)
     with open(os.path.join(path, "config.json")) as f:
