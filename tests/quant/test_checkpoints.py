@@ -333,6 +333,15 @@ def test_tensors_that_do_not_fit_are_named(tmp_path, change, words):
         od.load_model(str(tmp_path), device="cpu")
 
 
+def test_tensors_the_model_computes_itself_are_skipped(tmp_path):
+    """Older checkpoints hold each layer's RoPE frequencies; the model's own stay (as Hugging Face's loading does)."""
+    reference, _ = write_checkpoint(tmp_path, method="awq")
+    stale = {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8), "model.rotary_emb.inv_freq": torch.ones(8)}
+    _rewrite(str(tmp_path), lambda t: t.update(stale))
+    model = od.load_model(str(tmp_path), device="cpu")
+    assert torch.equal(model.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)
+
+
 def test_a_checkpoint_without_quantized_layers_is_refused(tmp_path):
     write_checkpoint(tmp_path, method="awq")
     _rewrite(str(tmp_path), lambda t: [t.pop(k) for k in list(t) if k.endswith((".qweight", ".qzeros", ".scales"))])

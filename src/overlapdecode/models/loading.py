@@ -286,7 +286,7 @@ def load_model(
     then cut; the real-size llama-*-random shapes are drawn directly as shards (random_init.py), equal to
     their tp=1 weights on the same kind of device.
 
-    `quantize` ("int4" or "int8"; None: full precision): the decoder's linear layers and the LM head quantized as
+    `quantize` ("int4", "int8" or "fp8"; None: full precision): the decoder's linear layers and the LM head quantized as
     `od.quantize(model, quantize, group_size)` does (quant/), never two full-precision copies on the device: an
     embedded model is made on the device, then quantized matrix by matrix in place; a directory or hub model is read
     on the host and each matrix quantized as it moves to the device. Not with tp > 1 nor for mixtures of experts.

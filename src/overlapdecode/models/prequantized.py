@@ -16,6 +16,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 
 import torch
 from torch import nn
@@ -26,6 +27,8 @@ from ..quant.modules import Int4Linear
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
+# tensors older checkpoints hold that the model computes itself (Hugging Face skips them too)
+_COMPUTED = (r"rotary_emb\.inv_freq$",)
 
 
 @contextlib.contextmanager
@@ -148,11 +151,15 @@ def load_checkpoint(path: str, config, fmt, dtype: torch.dtype, device: torch.de
 
 
 def _load_plain(model, read, names: list[str], dtype: torch.dtype, device: torch.device) -> None:
-    """The unquantized tensors, each in place of its meta parameter (floating point ones in `dtype`)."""
+    """The unquantized tensors, each in place of its meta parameter (floating point ones in `dtype`); those the
+    model computes itself or declares it ignores (GPT-2's attention masks) are skipped."""
     owners = {}
     for mname, module in model.named_modules():
-        for pname in list(module._parameters) + list(module._buffers):
+        kept = [b for b in module._buffers if b not in module._non_persistent_buffers_set]
+        for pname in list(module._parameters) + kept:
             owners[f"{mname}.{pname}" if mname else pname] = (module, pname)
+    skip = list(_COMPUTED) + list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
+    names = [n for n in names if not any(re.search(p, n) for p in skip)]
     unknown = [n for n in names if n not in owners]
     if unknown:
         raise ValueError(

@@ -204,6 +204,7 @@ def _group_order(g_idx: torch.Tensor, K: int, G: int, group: int, layer: str) ->
         counts = torch.bincount(g_idx.clamp(0, G), minlength=G + 1)[:G].tolist()
         raise ValueError(
             f"{layer}.g_idx: its groups must hold {group} input features each (the last one the rest), as act-order "
-            f"GPTQ writes them; found groups of {counts[:8]}{' ...' if G > 8 else ''} features or groups outside 0-{G - 1}"
+            f"GPTQ writes them; found groups of {counts[:8]}{' ...' if G > 8 else ''} features or groups outside "
+            f"0-{G - 1}"
         )
     return torch.argsort(g_idx, stable=True)

@@ -1,6 +1,6 @@
-"""The quantized linear layers, one class per scheme, each replacing an nn.Linear (or GPT-2's Conv1D) in place:
-its forward dequantizes the weight, then multiplies (plain PyTorch, so the eager and compiled presets and Hugging
-Face's own generate() run the quantized model as it is).
+"""The quantized linear layers, one class per scheme (int4, int8, fp8), each replacing an nn.Linear (or GPT-2's
+Conv1D) in place: its forward dequantizes the weight, then multiplies (plain PyTorch, so the eager and compiled
+presets and Hugging Face's own generate() run the quantized model as it is).
 
 Each holds its packed weight as parameters (requires_grad off), so that moving the model moves them, and counting
 its parameters' bytes counts the quantized size: `weight` is the packed codes (N rows, as nn.Linear's weight:
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .packed import PackedWeight
-from .schemes import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from .schemes import dequantize_fp8, dequantize_int4, dequantize_int8, quantize_fp8, quantize_int4, quantize_int8
 
 
 def _frozen(t: torch.Tensor) -> nn.Parameter:
@@ -103,4 +103,32 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
-QUANTIZED = (Int4Linear, Int8Linear)
+class Fp8Linear(nn.Module):
+    """y = x @ w'.T + b with w' = q * s (schemes.py): float8_e4m3fn codes, a scale per output row."""
+
+    scheme = "fp8"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        """Quantize `weight` (out_features, in_features); `bias` is kept as it is."""
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        q, scales = quantize_fp8(weight.detach())
+        self.weight, self.scales = _frozen(q), _frozen(scales)
+        self.zeros = None  # symmetric: no zero points
+        self.bias = None if bias is None else _frozen(bias.detach())
+
+    @property
+    def group_size(self) -> int:
+        return self.in_features
+
+    def packed(self) -> PackedWeight:
+        return PackedWeight("fp8", self.weight, self.scales, None, self.in_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, dequantize_fp8(self.weight, self.scales), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+QUANTIZED = (Int4Linear, Int8Linear, Fp8Linear)
