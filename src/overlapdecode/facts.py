@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fused.layout import serves
+from .fused.layout import act_order_layers, serves
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ def model_facts(model) -> ModelFacts:
     positions = getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings", None)
     positions = positions if isinstance(positions, int) and positions > 0 else None  # XLNet says -1: no table
     fused = serves(config) and importlib.util.find_spec("triton") is not None
+    if fused and isinstance(model, torch.nn.Module) and act_order_layers(model):
+        fused = False  # GPTQ act-order layers: the fused path refuses them (layout.fuse_weights)
     return ModelFacts(getattr(text, "model_type", None), layers, positions, fused, weights)
 
 

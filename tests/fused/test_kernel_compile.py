@@ -685,11 +685,11 @@ PROJECTIONS = {
 }
 
 
-@pytest.mark.parametrize("scheme,group_size", [("int4", 128), ("int8", None), ("int4", 96)])
+@pytest.mark.parametrize("scheme,group_size", [("int4", 128), ("int8", None), ("int4", 96), ("fp8", None)])
 @pytest.mark.parametrize("name", sorted(PROJECTIONS))
 @pytest.mark.parametrize("rows", [1, 64])
 def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
-    """Each projection's kernel with int4 or int8 weights (bfloat16 activations, PDL LATE) compiles for sm_90: the
+    """Each projection's kernel with int4, int8 or fp8 weights (bfloat16 activations, PDL LATE) compiles for sm_90: the
     row-block tiles (1 row) and the swapped tiles (64 rows) that quantized launches take from 17 rows, those on
     tensor cores (warpgroup MMAs from 64 weight rows per program), reading nothing before the PDL wait, with few
     spills; the codes arrive in 16-byte copies, never byte by byte (packed.py's layout). A group of 96 (no power of
@@ -701,7 +701,7 @@ def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
 
     fn, N, K, accs, extra = PROJECTIONS[name]
     kernel, types, constants = CASES[fn]
-    types = dict(types, w_ptr="*u8" if scheme == "int4" else "*i8", s_ptr="*bf16")
+    types = dict(types, w_ptr="*i8" if scheme == "int8" else "*u8", s_ptr="*bf16")  # fp8: its bytes
     quant = dict(QUANT=QUANT_CODES[scheme], GROUP=group_size or K)
     if scheme == "int4":
         types["z_ptr"] = "*bf16"

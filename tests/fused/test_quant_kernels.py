@@ -16,24 +16,26 @@ from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
-from overlapdecode.quant import Int4Linear, Int8Linear, PackedWeight, dequantize
+from overlapdecode.quant import Fp8Linear, Int4Linear, Int8Linear, PackedWeight, dequantize
 from support.helpers import make_batch
 from support.triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = dict(atol=1e-4, rtol=1e-4)
-# (scheme, group size): a power of two shorter and longer than the K tiles, one that is none, int8's rows
-SCHEMES = [("int4", 16), ("int4", 64), ("int4", 24), ("int8", None)]
+# (scheme, group size): a power of two shorter and longer than the K tiles, one that is none, int8's and fp8's rows
+SCHEMES = [("int4", 16), ("int4", 64), ("int4", 24), ("int8", None), ("fp8", None)]
 
 
 def packed_weight(N: int, K: int, scheme: str, group_size: int | None, seed: int = 0) -> PackedWeight:
-    """A random (N, K) weight quantized, with some groups of equal weights (and an all-zero row for int8)."""
+    """A random (N, K) weight quantized, with some groups of equal weights (and an all-zero row)."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(N, K, generator=g) * K**-0.5
     w[0, : group_size or K] = 0.05
     w[N // 2, : min(K, 5)] = -0.02  # a group's first weights equal (the rest of it random)
     w[-1] = 0.0
-    layer = Int4Linear(w, None, group_size) if scheme == "int4" else Int8Linear(w, None)
+    layer = (
+        Int4Linear(w, None, group_size) if scheme == "int4" else {"int8": Int8Linear, "fp8": Fp8Linear}[scheme](w, None)
+    )
     p = layer.packed()
     moved = {k: getattr(p, k).detach().to(DEV) for k in ("q", "scales", "zeros") if getattr(p, k) is not None}
     return p._replace(**moved)
@@ -106,7 +108,7 @@ BF16_ON_GPU = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(DEV == "cpu"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
-@pytest.mark.parametrize("scheme,group_size", [("int4", 32), ("int4", 24), ("int8", None)])
+@pytest.mark.parametrize("scheme,group_size", [("int4", 32), ("int4", 24), ("int8", None), ("fp8", None)])
 def test_the_kernels_dequantize_to_the_twins_bits_in_16_bit(dtype, scheme, group_size):
     """x = the first 16 rows of the identity: output row k is weight column k, so the kernel's dequantized weights
     are compared bit for bit with the twins' (one product in the dtype, packed_weights.py)."""
@@ -126,6 +128,7 @@ def test_dense_is_refused_naming_the_option():
 
 
 QUANTIZED = [("tiny-gpt2", "int4", 16), ("tiny-llama", "int4", 48), ("tiny-llama", "int8", 128)]
+QUANTIZED += [("tiny-gpt2", "fp8", 128)]
 
 
 @pytest.mark.parametrize("name,scheme,group_size", QUANTIZED)

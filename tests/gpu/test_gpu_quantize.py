@@ -1,8 +1,8 @@
 """On a real GPU, quantized weights (overlapdecode.quant): the projections' kernels equal their torch twins at real
-shapes (int4 and int8, float32 and bfloat16, 1 to 128 rows); float32 activations with quantized weights give the
+shapes (int4, int8 and fp8, float32 and bfloat16, 1 to 128 rows); float32 activations with quantized weights give the
 eager reference's greedy tokens for 200 steps under `fused` (a divergence accepted only after a near tie, as in
 test_gpu_fused.py); load_model(quantize=...) never holds the full-precision weights on the device twice, and leaves
-the packed size there."""
+the packed size there; AWQ and GPTQ checkpoints run under `fused` with the kernels."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import overlapdecode as od
 from overlapdecode.fused.kernels.linear_residual import linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
-from overlapdecode.quant import Int4Linear, Int8Linear, PackedWeight, dequantize
+from overlapdecode.quant import Fp8Linear, Int4Linear, Int8Linear, PackedWeight, dequantize
 from support.fused_families import real_model
 from support.greedy_checks import assert_hf_greedy_tokens, close, prompts
 from support.helpers import make_batch
@@ -21,12 +21,14 @@ from support.helpers import make_batch
 DEV = "cuda"
 # (hidden, heads, kv heads, head dim, intermediate, vocab): Llama-3.2-1B, Llama-3-8B
 SHAPES = {"llama-1b": (2048, 32, 8, 64, 8192, 128256), "llama-8b": (4096, 32, 8, 128, 14336, 128256)}
-SCHEMES = [("int4", 128), ("int4", 64), ("int8", None)]
+SCHEMES = [("int4", 128), ("int4", 64), ("int8", None), ("fp8", None)]
 
 
 def packed(N: int, K: int, scheme: str, group_size, dtype) -> PackedWeight:
     w = torch.randn(N, K, device=DEV, dtype=dtype) * K**-0.5
-    layer = Int4Linear(w, None, group_size) if scheme == "int4" else Int8Linear(w, None)
+    layer = (
+        Int4Linear(w, None, group_size) if scheme == "int4" else {"int8": Int8Linear, "fp8": Fp8Linear}[scheme](w, None)
+    )
     return layer.packed()._replace(
         q=layer.weight.detach(),
         scales=layer.scales.detach(),
@@ -94,6 +96,7 @@ def test_the_kernels_dequantize_to_the_twins_bits(scheme, group_size, dtype):
         ("llama-1b-random", "int8", 128, 1),
         ("gpt2-random", "int4", 128, 4),
         ("gpt2-random", "int8", 128, 1),
+        ("llama-1b-random", "fp8", 128, 4),
     ],
 )
 @torch.no_grad()
@@ -138,7 +141,7 @@ def test_bfloat16_quantized_fused_tokens_equal_the_eager_ones():
     assert_hf_greedy_tokens(model, ids, mask, run, "llama-1b bf16 int4", n=64)
 
 
-@pytest.mark.parametrize("scheme", ["int4", "int8"])
+@pytest.mark.parametrize("scheme", ["int4", "int8", "fp8"])
 def test_load_model_quantize_keeps_the_device_at_the_packed_size(scheme, tmp_path):
     """A directory is read on the host and each matrix quantized as it moves: the device's peak stays below one
     full-precision copy of the model; an embedded model, made on the device, peaks at one full-precision copy plus
@@ -151,11 +154,11 @@ def test_load_model_quantize_keeps_the_device_at_the_packed_size(scheme, tmp_pat
     model = od.load_model(str(tmp_path), dtype="bfloat16", device=DEV, quantize=scheme)
     held = torch.cuda.memory_allocated() - base
     peak = torch.cuda.max_memory_allocated() - base
-    layers = [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
+    layers = [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear, Fp8Linear))]
     assert len(layers) == 16 * 7 + 1  # every projection and the LM head
 
     def packed_bytes(m) -> int:
-        if scheme == "int8":
+        if scheme in ("int8", "fp8"):
             return m.out_features * m.in_features + 2 * m.out_features
         return m.out_features * (m.in_features + 1) // 2 + 2 * 2 * m.out_features * -(-m.in_features // 128)
 
@@ -169,7 +172,7 @@ def test_load_model_quantize_keeps_the_device_at_the_packed_size(scheme, tmp_pat
     base = torch.cuda.memory_allocated()
     model = od.load_model("llama-1b-random", dtype="bfloat16", device=DEV, quantize=scheme)
     assert torch.cuda.max_memory_allocated() - base < full * 1.5
-    assert isinstance(model.lm_head, (Int4Linear, Int8Linear))
+    assert isinstance(model.lm_head, (Int4Linear, Int8Linear, Fp8Linear))
 
 
 def test_the_kernel_cases_pass_on_the_gpu():
@@ -194,3 +197,23 @@ def test_the_kernel_cases_pass_on_the_gpu():
         timeout=1800,
     )
     assert proc.returncode == 0 and "skipped" not in proc.stdout, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("method,act_order", [("awq", False), ("gptq", False), ("gptq", True)])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@torch.no_grad()
+def test_awq_and_gptq_checkpoints_give_the_eager_tokens(method, act_order, dtype, tmp_path):
+    """AWQ and GPTQ checkpoints (support/int4_checkpoints.py: a tiny Llama) loaded on the GPU: `fused` with the
+    Triton kernels gives Hugging Face's greedy tokens on the loaded model for 64 steps (act-order: refused by
+    `fused`, `compiled` instead)."""
+    from support.int4_checkpoints import write_checkpoint
+
+    write_checkpoint(tmp_path, method=method, group_size=32, act_order=act_order)
+    model = od.load_model(str(tmp_path), dtype=dtype, device=DEV)
+    ids, mask = prompts(model, 4)
+    strategy = "compiled" if act_order else "fused"
+
+    def run(n):
+        return od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=[])
+
+    assert_hf_greedy_tokens(model, ids, mask, run, f"{method} act_order={act_order} {dtype}", n=64)

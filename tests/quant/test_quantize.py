@@ -217,7 +217,7 @@ def test_quantized_model_is_smaller_by_the_packed_bytes():
 @pytest.mark.parametrize(
     "args,kwargs,words",
     [
-        (("int3",), {}, "scheme must be one of 'int4', 'int8', got 'int3'"),
+        (("int3",), {}, "scheme must be one of 'int4', 'int8', 'fp8', got 'int3'"),
         ((None,), {}, "scheme must be one of"),
         (("int4",), dict(group_size=0), "group_size must be a positive int"),
         (("int4",), dict(group_size=16.0), "group_size must be a positive int"),
@@ -273,7 +273,7 @@ def assert_same_parameters(a, b) -> None:
 @pytest.mark.parametrize(
     "kwargs,words",
     [
-        (dict(quantize="int2"), "quantize must be one of 'int4', 'int8'"),
+        (dict(quantize="int2"), "quantize must be one of 'int4', 'int8', 'fp8'"),
         (dict(quantize="int4", group_size=-4), "group_size must be a positive int"),
         (dict(quantize="int4", tp=2), "quantize: tensor-parallel shards are not quantized yet"),
     ],

@@ -34,7 +34,7 @@ class BenchConfig:
     profile: bool = True
     device: str | None = None
     seed: int = 0
-    quantize: str | None = None  # "int4" or "int8": load_model(quantize=...); None: the weights as loaded
+    quantize: str | None = None  # "int4", "int8" or "fp8": load_model(quantize=...); None: the weights as loaded
     group_size: int = 128  # int4's input features per scale and zero point
 
 

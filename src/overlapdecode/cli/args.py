@@ -18,10 +18,10 @@ from ..strategy import LAGGED, LAGGED_TEXT, PRESETS, VARIANTS
 PRESET_NAMES = tuple(PRESETS)
 VARIANT_NAMES = tuple(VARIANTS)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-QUANT_NAMES = ("int4", "int8")  # quant.SCHEMES (a test keeps them equal)
+QUANT_NAMES = ("int4", "int8", "fp8")  # quant.SCHEMES (a test keeps them equal)
 QUANTIZE_HELP = (
     "quantize the weights of every linear layer and the LM head: int4 (per row and group of --group-size input "
-    "features, asymmetric) or int8 (per row, symmetric); docs/QUANTIZATION.md (default: none, the weights as "
+    "features, asymmetric), int8 or fp8 e4m3 (per row, symmetric); docs/QUANTIZATION.md (default: none, the weights as "
     "loaded)"
 )
 GROUP_SIZE_HELP = "input features per int4 scale and zero point, with --quantize int4 (default: 128)"
@@ -155,6 +155,11 @@ def check_quantize_flags(args, config) -> int:
     group_size = 128 if args.group_size is None else args.group_size
     if args.quantize is None:
         return group_size
+    if getattr(config, "quantization_config", None) is not None:
+        raise CliError(
+            f"--quantize: {args.model} is quantized already (its config has a quantization_config); load it "
+            f"without --quantize"
+        )
     from ..models.loading import embedded_config  # torch: imported when a command runs, not for --help
     from ..quant.model import check_config, check_scheme
 

@@ -13,14 +13,23 @@ import torch
 
 from ..tp import row_reduce_of
 from ..tp.shard import is_sharded
-from .weights import FusedWeights, LayerWeights, bias_of, conv1d_out_in, fuse_rows, fused_weight, layer_weight
+from .experts import MOE, experts_fields
+from .weights import (
+    FusedWeights,
+    LayerWeights,
+    bias_of,
+    conv1d_out_in,
+    fuse_rows,
+    fused_weight,
+    layer_weight,
+    refuse,
+)
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 # The mixtures of experts among the decoders below: softmax over the router logits, top-k, the top-k weights
 # renormalised (Mixtral always, Qwen3-MoE where config.norm_topk_prob), each expert a SiLU-gated MLP; gpt-oss: a
 # router with a bias, the top k of its logits then their softmax, experts with biases, gate/up rows interleaved, a
 # clamped SwiGLU.
-MOE = ("qwen3_moe", "mixtral", "gpt_oss")
 # Decoders of the Llama family's shape that change some part of its layer (fused by _fuse_decoder): per-head Q/K
 # norms (Qwen3, Gemma 3), fused QKV and gate/up as shipped with partial rotary and LongRoPE (Phi-3), multipliers
 # (Granite), layers without RoPE (SmolLM3), post-norms and whole-projection Q/K norms (OLMo2), Gemma's norms,
@@ -46,11 +55,15 @@ def model_family(model, name: str | None = None) -> str:
 
 
 def serves(config) -> bool:
-    """Whether the fused path takes a model of this config, as far as the config alone tells: its family, and in
-    the Llama family a window for each sliding layer (llama_windows). The other checks need the weights (the
-    other families' windows are read from their modules); they refuse very few models."""
+    """Whether the fused path takes a model of this config, as far as the config alone tells: its family, in the
+    Llama family a window for each sliding layer (llama_windows), and no GPTQ act-order checkpoint (desc_act in its
+    quantization_config: its layers keep their input features in another order, act_order_layers). The other
+    checks need the weights (the other families' windows are read from their modules); they refuse very few models."""
     model_type = getattr(config, "model_type", None)
-    return model_type in SUPPORTED and (model_type not in LLAMA_FAMILY or _window_refusal(config) is None)
+    quantized = getattr(config, "quantization_config", None)
+    if model_type not in SUPPORTED or (isinstance(quantized, dict) and quantized.get("desc_act")):
+        return False
+    return model_type not in LLAMA_FAMILY or _window_refusal(config) is None
 
 
 def llama_windows(cfg) -> list[int | None]:
@@ -85,9 +98,22 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_new")
 
 
+def act_order_layers(model) -> list[str]:
+    """The layers of `model` holding GPTQ act-order weights (quant/modules.py Int4Linear.act_order), which the fused
+    kernels do not read: their packed input features are in another order than the activations'."""
+    return [name for name, m in model.named_modules() if getattr(m, "act_order", None) is not None]
+
+
 def fuse_weights(model) -> FusedWeights:
     """The fused weights of `model`, its parameters re-bound as views of them (no copy if already so)."""
     family = model_family(model)
+    ordered = act_order_layers(model)
+    if ordered:
+        raise ValueError(
+            f"strategy 'fused': {ordered[0]} ({len(ordered)} layers in all) holds GPTQ act-order weights (desc_act: "
+            f"g_idx other than arange(in_features) // group_size), which the fused kernels do not read; use "
+            f"strategy 'static' or 'compiled' (every other preset runs them)"
+        )
     # not inference tensors, even under inference_mode: they become the Hugging Face model's parameters
     with torch.inference_mode(False), torch.no_grad():
         if family == "gpt2":
@@ -206,17 +232,11 @@ def _fuse_gpt2(model) -> FusedWeights:
 # --- the decoders of the Llama family's shape with their own changes (DECODERS) -----------------------------
 
 
-def _refuse(cfg, what: str):
-    raise ValueError(
-        f"strategy 'fused': the fused path does not support {cfg.model_type}'s {what}; use another strategy for it"
-    )
-
-
 def _module_eps(norm, eps: float, cfg, name: str) -> None:
     """A norm module's epsilon must be the model's (the kernels take one), else a ValueError naming it."""
     got = getattr(norm, "variance_epsilon", getattr(norm, "eps", eps))
     if float(got) != eps:
-        _refuse(cfg, f"{name} epsilon {got} (the other norms have {eps})")
+        refuse(cfg, f"{name} epsilon {got} (the other norms have {eps})")
 
 
 def _rope_tables(model, cfg) -> dict:
@@ -228,10 +248,10 @@ def _rope_tables(model, cfg) -> dict:
     if hasattr(rotary, "full_attention_inv_freq"):  # Gemma 3: a table per layer type
         kinds = sorted(set(layer_types))
         if not set(kinds) <= {"full_attention", "sliding_attention"}:
-            _refuse(cfg, f"layer types {kinds}")
+            refuse(cfg, f"layer types {kinds}")
         for kind in kinds:
             if rotary.rope_type[kind] not in _STATIC_ROPE:
-                _refuse(cfg, f"{rotary.rope_type[kind]!r} RoPE of its {kind} layers")
+                refuse(cfg, f"{rotary.rope_type[kind]!r} RoPE of its {kind} layers")
         out.update(
             inv_freq=rotary.full_attention_inv_freq.detach().float(),
             rope_scale=float(rotary.full_attention_attention_scaling),
@@ -246,7 +266,7 @@ def _rope_tables(model, cfg) -> dict:
     if rope_type == "longrope":
         return _longrope_tables(rotary, cfg)
     if rope_type not in _STATIC_ROPE:
-        _refuse(cfg, f"{rope_type!r} RoPE (the fused path supports {', '.join(_STATIC_ROPE)} and longrope)")
+        refuse(cfg, f"{rope_type!r} RoPE (the fused path supports {', '.join(_STATIC_ROPE)} and longrope)")
     return dict(inv_freq=rotary.inv_freq.detach().float(), rope_scale=float(rotary.attention_scaling))
 
 
@@ -260,11 +280,11 @@ def _longrope_tables(rotary, cfg) -> dict:
     params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     switch = params.get("original_max_position_embeddings", getattr(cfg, "original_max_position_embeddings", None))
     if switch is None:
-        _refuse(cfg, "LongRoPE without original_max_position_embeddings")
+        refuse(cfg, "LongRoPE without original_max_position_embeddings")
     short = rotary.original_inv_freq.detach().float()
     long, scale = ROPE_INIT_FUNCTIONS["longrope"](cfg, short.device, seq_len=int(switch) + 1)
     if float(scale) != float(rotary.attention_scaling):
-        _refuse(cfg, f"LongRoPE attention factors ({scale} long, {rotary.attention_scaling} short)")
+        refuse(cfg, f"LongRoPE attention factors ({scale} long, {rotary.attention_scaling} short)")
     return dict(
         inv_freq=short,
         rope_scale=float(rotary.attention_scaling),
@@ -282,7 +302,7 @@ def _applied_softcap(cfg, cap: float) -> float | None:
         return None
     if impl in ("eager", "flex_attention") or impl.startswith("flash"):
         return cap
-    _refuse(cfg, f"attention soft-capping under attn_implementation={impl!r}")
+    refuse(cfg, f"attention soft-capping under attn_implementation={impl!r}")
 
 
 def _fuse_decoder(model) -> FusedWeights:
@@ -293,15 +313,15 @@ def _fuse_decoder(model) -> FusedWeights:
     gemma = mt.startswith("gemma")
     inner = model.model
     if is_sharded(model):
-        _refuse(cfg, "tensor-parallel shards (the fused path shards the Llama family and GPT-2 only)")
+        refuse(cfg, "tensor-parallel shards (the fused path shards the Llama family and GPT-2 only)")
     if gemma:
         act_name = getattr(cfg, "hidden_activation", None) or cfg.hidden_act
         if act_name not in _TANH_GELU:
-            _refuse(cfg, f"activation {act_name!r} (GeGLU with the tanh GELU is supported)")
+            refuse(cfg, f"activation {act_name!r} (GeGLU with the tanh GELU is supported)")
         act = "gelu_tanh_mul"
     else:
         if getattr(cfg, "hidden_act", "silu") != "silu":
-            _refuse(cfg, f"hidden_act={cfg.hidden_act!r} (the SiLU MLP is supported)")
+            refuse(cfg, f"hidden_act={cfg.hidden_act!r} (the SiLU MLP is supported)")
         act = "silu_mul"
     # OLMo2 and gpt-oss: the norm weight times the float32 normalised x (gpt-oss keeps its norms in float32)
     norm = "rms_offset" if gemma else ("rms_f32" if mt in ("olmo2", "gpt_oss") else "rms")
@@ -312,9 +332,9 @@ def _fuse_decoder(model) -> FusedWeights:
     layer_types = list(getattr(cfg, "layer_types", None) or [])
     unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
     if unknown:
-        _refuse(cfg, f"layer types {unknown}")
+        refuse(cfg, f"layer types {unknown}")
     if getattr(cfg, "attention_chunk_size", None):
-        _refuse(cfg, "chunked attention")
+        refuse(cfg, "chunked attention")
     layers = []
     for i, block in enumerate(inner.layers):
         attn, mlp = block.self_attn, block.mlp
@@ -326,7 +346,7 @@ def _fuse_decoder(model) -> FusedWeights:
             b_qkv = fuse_rows([(p, "bias") for p in projs])
         moe = {}
         if hasattr(mlp, "experts"):  # Qwen3-MoE, Mixtral: the experts' (E, 2I, H) and (E, H, I) tensors as shipped
-            moe = _experts(mlp, cfg)
+            moe = experts_fields(mlp, cfg)
             w_up, b_up, w_down = moe.pop("w_up"), moe.pop("b_up", None), moe.pop("w_down")
         elif hasattr(mlp, "gate_up_proj"):  # Phi-3: gate rows then up rows, as shipped
             w_up, b_up = layer_weight(mlp.gate_up_proj), bias_of(mlp.gate_up_proj)
@@ -354,17 +374,17 @@ def _fuse_decoder(model) -> FusedWeights:
         if q_norm is not None:
             whole = (cfg.num_attention_heads * head_dim,) if mt == "olmo2" else (head_dim,)
             if tuple(q_norm.weight.shape) != whole:
-                _refuse(cfg, f"q_norm over {tuple(q_norm.weight.shape)} (the fused path's is over {whole})")
+                refuse(cfg, f"q_norm over {tuple(q_norm.weight.shape)} (the fused path's is over {whole})")
             _module_eps(q_norm, eps, cfg, "q_norm")
             if mt == "olmo2" and 2 * ropes["inv_freq"].numel() != head_dim:
-                _refuse(cfg, "partial rotary with whole-projection Q/K norms")
+                refuse(cfg, "partial rotary with whole-projection Q/K norms")
         window = getattr(attn, "sliding_window", None)
         if mt in ("phi3", "mixtral"):
             window = getattr(cfg, "sliding_window", None)  # these give every layer the config's window
         if layer_types and layer_types[i] == "sliding_attention" and window is None:
-            _refuse(cfg, f"sliding layer {i} without a window")
+            refuse(cfg, f"sliding layer {i} without a window")
         if getattr(attn, "attn_logit_softcapping", None) != getattr(cfg, "attn_logit_softcapping", None):
-            _refuse(cfg, "per-layer attention soft-capping")
+            refuse(cfg, "per-layer attention soft-capping")
         rope = "global"
         if not getattr(attn, "use_rope", True):  # SmolLM3's NoPE layers
             rope = None
@@ -397,7 +417,7 @@ def _fuse_decoder(model) -> FusedWeights:
         )
     _module_eps(inner.norm, eps, cfg, "final norm")
     if getattr(model.lm_head, "bias", None) is not None:
-        _refuse(cfg, "LM head bias")
+        refuse(cfg, "LM head bias")
     embed = inner.embed_tokens
     embed_scale = None
     if getattr(embed, "embed_scale", None) is not None:  # Gemma: sqrt(hidden), rounded to the model dtype
@@ -433,64 +453,4 @@ def _fuse_decoder(model) -> FusedWeights:
         logit_softcap=None if softcap is None else float(softcap),
         attn_softcap=None if attn_softcap is None else float(attn_softcap),
         **ropes,
-    )
-
-
-def _gpt_oss_experts(mlp, cfg) -> dict:
-    """gpt-oss's MoE block as LayerWeights fields: its (E, H, 2I) gate_up_proj (gate and up columns interleaved)
-    and (E, I, H) down_proj as (E, 2I, H) and (E, H, I) transposed views (the kernels read them at their strides:
-    no copy, and the model's own parameters left as they are);
-    the router's and experts' biases; the clamped activation's alpha and limit from the experts module."""
-    experts, router = mlp.experts, mlp.router
-    gate_up, down = experts.gate_up_proj, experts.down_proj
-    E, H, I2 = gate_up.shape
-    if tuple(down.shape) != (E, I2 // 2, H) or tuple(router.weight.shape) != (E, H):
-        _refuse(
-            cfg, f"experts of shapes {tuple(gate_up.shape)}, {tuple(down.shape)}, router {tuple(router.weight.shape)}"
-        )
-    biases = [getattr(experts, n, None) for n in ("gate_up_proj_bias", "down_proj_bias")] + [router.bias]
-    if any(b is None for b in biases):
-        _refuse(cfg, "experts or router without biases")
-    return dict(
-        w_up=gate_up.detach().transpose(1, 2),
-        w_down=down.detach().transpose(1, 2),
-        b_up=experts.gate_up_proj_bias.detach().contiguous(),
-        b_down=experts.down_proj_bias.detach().contiguous(),
-        router=router.weight.detach(),
-        router_b=router.bias.detach(),
-        top_k=int(router.top_k),
-        topk_first=True,
-        interleaved=True,
-        swiglu=(float(experts.alpha), float(experts.limit)),
-    )
-
-
-def _experts(mlp, cfg) -> dict:
-    """A sparse MoE block's LayerWeights fields: its experts' fused tensors (as shipped, at their strides: no copy),
-    router, top k and renormalisation; a ValueError for what kernels/moe.py does not run (shared experts, biases,
-    other layouts)."""
-    if cfg.model_type not in MOE:
-        _refuse(cfg, "mixture-of-experts MLP")
-    if cfg.model_type == "gpt_oss":
-        return _gpt_oss_experts(mlp, cfg)
-    experts, router = mlp.experts, mlp.gate
-    for name in ("shared_expert", "shared_experts"):
-        if getattr(mlp, name, None) is not None:
-            _refuse(cfg, "shared experts")
-    gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
-    if not (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == 3):
-        _refuse(cfg, f"experts stored as {type(experts).__name__} without (E, 2I, H) gate_up_proj tensors")
-    if getattr(experts, "has_bias", False) or getattr(router, "bias", None) is not None:
-        _refuse(cfg, "expert or router biases")
-    E, I2, H = gate_up.shape
-    if tuple(down.shape) != (E, H, I2 // 2) or tuple(router.weight.shape) != (E, H):
-        _refuse(
-            cfg, f"experts of shapes {tuple(gate_up.shape)}, {tuple(down.shape)}, router {tuple(router.weight.shape)}"
-        )
-    return dict(
-        w_up=gate_up.detach(),
-        w_down=down.detach(),
-        router=router.weight.detach(),
-        top_k=int(router.top_k),
-        renorm=bool(getattr(router, "norm_topk_prob", True)),  # Mixtral's router always renormalises
     )

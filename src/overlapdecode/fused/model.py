@@ -243,6 +243,17 @@ def check_option_values(**options) -> None:
         seen[full] = key
 
 
+def check_fp8(model, capability: tuple[int, int]) -> None:
+    """fp8 weights (quant/modules.py Fp8Linear) in the Triton kernels need a GPU of compute capability 8.9 or later,
+    where Triton converts float8_e4m3fn; a ValueError naming the strategy and the way out on an older one."""
+    if tuple(capability) < (8, 9) and any(getattr(m, "scheme", None) == "fp8" for m in model.modules()):
+        raise ValueError(
+            f"strategy 'fused': fp8 weights need the Triton kernels on a CUDA GPU of compute capability 8.9 or later "
+            f"(Triton converts float8_e4m3fn there only), this one is {capability[0]}.{capability[1]}; pass "
+            f"fused_options=dict(kernels='torch') or use strategy 'static' or 'compiled'"
+        )
+
+
 def check_options(model, **options) -> FusedOptions:
     """FusedModel's keywords for `model`, checked and resolved before any weight is touched: ValueError
     naming the option otherwise."""
@@ -255,6 +266,8 @@ def check_options(model, **options) -> FusedOptions:
         pdl = fast
     if pdl and not fast:
         raise ValueError("pdl needs the Triton kernels on a CUDA GPU of compute capability 9.0 or later")
+    if kernels == "triton" and device.type == "cuda":
+        check_fp8(model, torch.cuda.get_device_capability(device))
     compile_prefill = options.get("compile_prefill")
     if compile_prefill is None:
         compile_prefill = device.type == "cuda"

@@ -240,3 +240,10 @@ def fused_weight(modules: list[nn.Module]) -> torch.Tensor | PackedWeight:
 def bias_of(module: nn.Module) -> torch.Tensor | None:
     b = getattr(module, "bias", None)
     return None if b is None else b.detach()
+
+
+def refuse(cfg, what: str):
+    """The ValueError for a part of a model the fused step does not implement, naming it and the way out."""
+    raise ValueError(
+        f"strategy 'fused': the fused path does not support {cfg.model_type}'s {what}; use another strategy for it"
+    )

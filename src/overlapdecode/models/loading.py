@@ -57,9 +57,10 @@ from transformers import (
 
 from .. import tp as tensor_parallel
 from ..inputs import check_causal_config
+from ..quant import checkpoints as quant_checkpoints
 from ..quant import model as quant_model
 from ..sampling import check_seed
-from . import random_init
+from . import prequantized, random_init
 from .embedded import EMBEDDED, embedded_list
 from .shapes import FAMILY_SHAPES, LLAMA_SHAPES, SMALL_SHAPES, TINY_SHAPES
 from .tokenizer import ByteTokenizer
@@ -285,10 +286,15 @@ def load_model(
     then cut; the real-size llama-*-random shapes are drawn directly as shards (random_init.py), equal to
     their tp=1 weights on the same kind of device.
 
-    `quantize` ("int4" or "int8"; None: full precision): the decoder's linear layers and the LM head quantized as
+    `quantize` ("int4", "int8" or "fp8"; None: full precision): the decoder's linear layers and the LM head quantized as
     `od.quantize(model, quantize, group_size)` does (quant/), never two full-precision copies on the device: an
     embedded model is made on the device, then quantized matrix by matrix in place; a directory or hub model is read
     on the host and each matrix quantized as it moves to the device. Not with tp > 1 nor for mixtures of experts.
+
+    A directory holding an AWQ (GEMM) or GPTQ int4 checkpoint (its config's quantization_config) is read as one
+    (prequantized.py): its quantized layers become Int4Linear layers of the same weights, without quantize=. A
+    variant that is not read (bits other than 4, other kernels' layouts...) is a ValueError naming it, before any
+    weight is read.
     """
     check_model_path(name_or_path)
     torch_dtype = parse_dtype(dtype)
@@ -330,6 +336,10 @@ def load_model(
 
     path = os.path.expanduser(name_or_path)
     config = pretrained_config(name_or_path)
+    fmt = quant_checkpoints.read_format(config, f"name_or_path {name_or_path}: its quantization_config")
+    if fmt is not None:
+        _check_prequantized(name_or_path, fmt, config, quantize, tp)
+        return prequantized.load_checkpoint(path, config, fmt, torch_dtype, device, attn_implementation)
     if quantize is not None:
         quant_model.check_config(config, "quantize")
     place = tensor_parallel.prepare(tp, device, config if tp > 1 else None)
@@ -343,6 +353,26 @@ def load_model(
         layers = quant_model.linear_layers(model)
         return quant_model.quantize_layers(model, layers, quantize, group_size, device=place.device).eval()
     return tensor_parallel.shard_(model, place).to(place.device).eval()
+
+
+def _check_prequantized(name_or_path: str, fmt, config, quantize, tp: int) -> None:
+    """What load_model refuses of an AWQ or GPTQ checkpoint, before anything is read: quantizing it again, tensor
+    parallelism, a mixture of experts, a hub name (its files are read from a directory)."""
+    if quantize is not None:
+        raise ValueError(f"quantize: {name_or_path} is quantized already ({fmt}); load it without quantize")
+    if tp > 1:
+        raise ValueError(f"tp: {name_or_path} is an {fmt} checkpoint; tensor-parallel shards of it are not made yet")
+    try:
+        quant_model.check_config(config)
+    except ValueError:
+        raise ValueError(
+            f"name_or_path {name_or_path}: an {fmt} mixture of experts; quantized experts are not read yet"
+        ) from None
+    if not os.path.isdir(os.path.expanduser(name_or_path)):
+        raise ValueError(
+            f"name_or_path {name_or_path}: an {fmt} checkpoint is read from a local directory; download it first "
+            f"(huggingface-cli download {name_or_path} --local-dir DIR) and give DIR"
+        )
 
 
 # the files a saved tokenizer is made of (one at least): without any, a directory has no tokenizer

@@ -1,5 +1,5 @@
 """Quantize a Hugging Face causal LM in place: every linear layer of the decoder and the LM head becomes an
-Int4Linear or Int8Linear (modules.py); embeddings, norms and biases stay as they are.
+Int4Linear, Int8Linear or Fp8Linear (modules.py); embeddings, norms and biases stay as they are.
 
 A tied LM head (GPT-2's, Llama-3.2-1B's) is quantized as the head while the embedding table keeps its
 full-precision weight: the two are untied (config.tie_word_embeddings off), so that Hugging Face never ties them
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .modules import QUANTIZED, Int4Linear, Int8Linear
+from .modules import QUANTIZED, Fp8Linear, Int4Linear, Int8Linear
 from .packed import SCHEMES
 
 # config fields naming routed experts (as bench/worker.py reads them)
@@ -79,10 +79,11 @@ def linear_layers(model) -> list[tuple[nn.Module, str, nn.Module]]:
 
 
 def quantize(model, scheme: str = "int4", group_size: int = 128):
-    """Quantize `model`'s decoder linear layers and LM head in place (`scheme` "int4" or "int8"; `group_size`:
-    int4's input features per scale and zero point; int8 has one scale per output row and ignores it); returns the
-    model. Its weights then take their packed size on the device (no full-precision copy is kept); every strategy
-    runs it, and Hugging Face's generate() too. docs/QUANTIZATION.md has the formulas and the layout."""
+    """Quantize `model`'s decoder linear layers and LM head in place (`scheme` "int4", "int8" or "fp8";
+    `group_size`: int4's input features per scale and zero point; int8 and fp8 have one scale per output row and
+    ignore it); returns the model. Its weights then take their packed size on the device (no full-precision copy
+    is kept); every strategy runs it, and Hugging Face's generate() too. docs/QUANTIZATION.md has the formulas and
+    the layout."""
     check_scheme(scheme, group_size)
     return quantize_layers(model, linear_layers(model), scheme, group_size)
 
@@ -100,13 +101,16 @@ def quantize_layers(model, layers, scheme: str, group_size: int, device: torch.d
             bias = layer.bias
             if device is not None:
                 weight, bias = weight.to(device), None if bias is None else bias.to(device)
-            made[id(layer)] = Int4Linear(weight, bias, group_size) if scheme == "int4" else Int8Linear(weight, bias)
+            if scheme == "int4":
+                made[id(layer)] = Int4Linear(weight, bias, group_size)
+            else:
+                made[id(layer)] = (Int8Linear if scheme == "int8" else Fp8Linear)(weight, bias)
         setattr(parent, attr, made[id(layer)])
-    _untie(model)
+    untie(model)
     return model if device is None else model.to(device)
 
 
-def _untie(model) -> None:
+def untie(model) -> None:
     """The LM head, quantized, is no longer the embedding's weight: Hugging Face must not tie them again."""
     for config in {id(c): c for c in (model.config, model.config.get_text_config(decoder=True))}.values():
         if getattr(config, "tie_word_embeddings", False):

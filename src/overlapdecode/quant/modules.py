@@ -1,6 +1,6 @@
-"""The quantized linear layers, one class per scheme, each replacing an nn.Linear (or GPT-2's Conv1D) in place:
-its forward dequantizes the weight, then multiplies (plain PyTorch, so the eager and compiled presets and Hugging
-Face's own generate() run the quantized model as it is).
+"""The quantized linear layers, one class per scheme (int4, int8, fp8), each replacing an nn.Linear (or GPT-2's
+Conv1D) in place: its forward dequantizes the weight, then multiplies (plain PyTorch, so the eager and compiled
+presets and Hugging Face's own generate() run the quantized model as it is).
 
 Each holds its packed weight as parameters (requires_grad off), so that moving the model moves them, and counting
 its parameters' bytes counts the quantized size: `weight` is the packed codes (N rows, as nn.Linear's weight:
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .packed import PackedWeight
-from .schemes import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from .schemes import dequantize_fp8, dequantize_int4, dequantize_int8, quantize_fp8, quantize_int4, quantize_int8
 
 
 def _frozen(t: torch.Tensor) -> nn.Parameter:
@@ -24,7 +24,11 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
 
 class Int4Linear(nn.Module):
     """y = x @ w'.T + b with w' = (q - z) * s (schemes.py): int4 codes two per byte along K, a scale and a zero point
-    per row and group of `group_size` input features."""
+    per row and group of `group_size` input features.
+
+    `act_order` (a buffer, None unless the layer was read from a GPTQ act-order checkpoint: quant/checkpoints.py):
+    the packed rows hold the input features sorted by group, and input feature k is their column act_order[k]; the
+    forward puts the dequantized columns back in input order. The fused kernels do not read such layers."""
 
     scheme = "int4"
 
@@ -36,16 +40,39 @@ class Int4Linear(nn.Module):
         q, scales, zeros = quantize_int4(weight.detach(), group_size)
         self.weight, self.scales, self.zeros = _frozen(q), _frozen(scales), _frozen(zeros)
         self.bias = None if bias is None else _frozen(bias.detach())
+        self.register_buffer("act_order", None)
+
+    @classmethod
+    def from_packed(
+        cls, w: PackedWeight, bias: torch.Tensor | None = None, act_order: torch.Tensor | None = None
+    ) -> Int4Linear:
+        """A layer of numbers already quantized and packed (an AWQ or GPTQ checkpoint's, repacked)."""
+        if w.scheme != "int4":
+            raise ValueError(f"w: an int4 PackedWeight expected, got {w.scheme}")
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.out_features, layer.in_features = w.shape
+        layer.group_size = w.group_size
+        layer.weight, layer.scales, layer.zeros = _frozen(w.q), _frozen(w.scales), _frozen(w.zeros)
+        layer.bias = None if bias is None else _frozen(bias.detach())
+        layer.register_buffer("act_order", act_order)
+        return layer
 
     def packed(self) -> PackedWeight:
+        """The packed numbers as stored (with act_order: the input features sorted by group)."""
         return PackedWeight("int4", self.weight, self.scales, self.zeros, self.in_features, self.group_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def dequantized(self) -> torch.Tensor:
+        """w' (out_features, in_features), its columns in input order."""
         w = dequantize_int4(self.weight, self.scales, self.zeros, self.in_features, self.group_size)
-        return F.linear(x, w, self.bias)
+        return w if self.act_order is None else w.index_select(1, self.act_order)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantized(), self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
+        order = ", act_order=True" if self.act_order is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}{order}"
 
 
 class Int8Linear(nn.Module):
@@ -76,4 +103,32 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
-QUANTIZED = (Int4Linear, Int8Linear)
+class Fp8Linear(nn.Module):
+    """y = x @ w'.T + b with w' = q * s (schemes.py): float8_e4m3fn codes, a scale per output row."""
+
+    scheme = "fp8"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        """Quantize `weight` (out_features, in_features); `bias` is kept as it is."""
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        q, scales = quantize_fp8(weight.detach())
+        self.weight, self.scales = _frozen(q), _frozen(scales)
+        self.zeros = None  # symmetric: no zero points
+        self.bias = None if bias is None else _frozen(bias.detach())
+
+    @property
+    def group_size(self) -> int:
+        return self.in_features
+
+    def packed(self) -> PackedWeight:
+        return PackedWeight("fp8", self.weight, self.scales, None, self.in_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, dequantize_fp8(self.weight, self.scales), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+QUANTIZED = (Int4Linear, Int8Linear, Fp8Linear)

@@ -10,9 +10,11 @@ The layout, chosen for the decode GEMV, where each program streams whole rows of
   depends on the kernel's tile size, so one layout serves every tile, split of K and orientation (the swapped
   tiles read the same rows).
 - int8: `q` (N, K) int8, row-major: the 16-bit layout at half the bytes.
-- `scales` (N, G) (int8: G = 1) and `zeros` (N, G) (int4; None for int8), row-major, in the model's dtype, G =
-  ceil(K / group_size): a program's rows read their few group numbers per K tile next to the codes (2 x 2 bytes
-  per 128 weights at group 128: 6% of the int4 bytes). Rows concatenate: Q, K, V (or gate, up) stacked along N
+- fp8: `q` (N, K) float8_e4m3fn, row-major: int8's layout, the kernels converting each code to float32 in place of
+  an integer one.
+- `scales` (N, G) (int8, fp8: G = 1) and `zeros` (N, G) (int4; None for int8 and fp8), row-major, in the model's
+  dtype, G = ceil(K / group_size): a program's rows read their few group numbers per K tile next to the codes (2 x
+  2 bytes per 128 weights at group 128: 6% of the int4 bytes). Rows concatenate: Q, K, V (or gate, up) stacked along N
   are one PackedWeight of the same group size.
 """
 
@@ -22,14 +24,14 @@ from typing import NamedTuple
 
 import torch
 
-from .schemes import dequantize_int4, dequantize_int8
+from .schemes import dequantize_fp8, dequantize_int4, dequantize_int8
 
-SCHEMES = ("int4", "int8")
+SCHEMES = ("int4", "int8", "fp8")
 
 
 class PackedWeight(NamedTuple):
     """An (N, K) weight in the layout of the module docstring. `in_features` is K (the packed int4 rows are
-    ceil(K / 2) bytes wide); `group_size` is K for int8 (one scale per row)."""
+    ceil(K / 2) bytes wide); `group_size` is K for int8 and fp8 (one scale per row)."""
 
     scheme: str
     q: torch.Tensor
@@ -60,6 +62,8 @@ def dequantize(w: PackedWeight) -> torch.Tensor:
     """The (N, K) weight w' in the model's dtype (schemes.py's formulas)."""
     if w.scheme == "int4":
         return dequantize_int4(w.q, w.scales, w.zeros, w.in_features, w.group_size)
+    if w.scheme == "fp8":
+        return dequantize_fp8(w.q, w.scales)
     return dequantize_int8(w.q, w.scales)
 
 

@@ -1,4 +1,4 @@
-"""The two weight-only schemes' math in plain PyTorch: quantize an (N, K) weight (N output rows, K input features),
+"""The weight-only schemes' math in plain PyTorch: quantize an (N, K) weight (N output rows, K input features),
 dequantize it back, and pack int4 codes two per byte.
 
 int4: asymmetric, per output row and group of `group_size` consecutive input features (the last group of a row is
@@ -15,13 +15,19 @@ int8: symmetric, per output row:
     q  = round(w / s)              0 where s is 0 (an all-zero row: no division by zero)
     w' = q * s
 
+fp8 (float8_e4m3fn: 4 exponent bits, 3 mantissa bits, no infinities, largest finite 448), symmetric, per output row:
+
+    s  = max|w| / 448
+    q  = fp8(clamp(w / s, -448, 448))   the cast rounds to the nearest fp8 number, halves to even; 0 where s is 0
+    w' = q * s
+
 The arithmetic is float32 (a 16-bit weight is upcast first); s is rounded to the weight's dtype, which is what is
 stored, and z and q are computed with that stored s, so that w' = (q - z) * s holds exactly for the stored numbers
 (in float32 the rounding changes nothing). `round` is torch.round: halves to even. The zero points, integers 0-15,
-are stored in the weight's dtype too (exactly). w' is one product in the dtype: q - z (or q) is an integer the dtype
-holds exactly, and its product with s is exact in float32, so the dtype's correctly rounded product and float32's
-product rounded once to the dtype are the same bits: these functions, torch.compile's code and the Triton kernels
-(float32 in registers, one rounding) dequantize alike.
+are stored in the weight's dtype too (exactly). w' is one product in the dtype: q - z (or q) is an integer or an fp8
+number (4 significant bits) the dtype holds exactly, and its product with s is exact in float32, so the dtype's
+correctly rounded product and float32's product rounded once to the dtype are the same bits: these functions,
+torch.compile's code and the Triton kernels (float32 in registers, one rounding) dequantize alike.
 
 Note that the zero point's clamp to 0-15 makes a group whose weights all have one sign reconstruct poorly (its
 range does not contain 0: a group of positive weights gets z = 0 and q saturates at 15); groups of real weights of
@@ -34,6 +40,7 @@ import torch
 
 INT4_MAX = 15
 INT8_MAX = 127
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite number
 CHUNK_ELEMENTS = 1 << 24  # weights quantized per pass: bounds the float32 temporaries (64 MB each)
 
 
@@ -111,5 +118,24 @@ def _quantize_int8_rows(w: torch.Tensor):
 
 
 def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """w' = q * s, (N, K) in the scales' dtype."""
+    return q.to(scales.dtype) * scales
+
+
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float weight -> (q (N, K) float8_e4m3fn, scales (N, 1) in w's dtype)."""
+    parts = [_quantize_fp8_rows(rows) for rows in _row_chunks(w)]
+    return tuple(torch.cat(p, dim=0) for p in zip(*parts))
+
+
+def _quantize_fp8_rows(w: torch.Tensor):
+    wf = w.float()
+    s = (wf.abs().amax(dim=1, keepdim=True) / FP8_MAX).to(w.dtype)
+    sf = s.float()
+    q = torch.clamp(wf / torch.where(sf == 0, 1.0, sf), -FP8_MAX, FP8_MAX)
+    return q.to(torch.float8_e4m3fn), s
+
+
+def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """w' = q * s, (N, K) in the scales' dtype."""
     return q.to(scales.dtype) * scales

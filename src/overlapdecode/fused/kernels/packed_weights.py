@@ -3,7 +3,7 @@ right after the load, shared by norm_linear, linear_residual and norm_qkv (and s
 
 What a kernel launch takes of its weight (`weight_launch`): a 16-bit (or float32) weight as before; a PackedWeight
 (quant/packed.py) as its codes at `w_ptr` and its group numbers at `s_ptr` / `z_ptr`, with two constexprs, QUANT (0
-none, 1 int8, 2 int4) and GROUP (input features per group; int8: K). `load_weights` returns the (rows, BLOCK_K) tile
+none, 1 int8, 2 int4, 3 fp8 e4m3 codes read as their bytes) and GROUP (input features per group; int8, fp8: K). `load_weights` returns the (rows, BLOCK_K) tile
 in the model's dtype either way, so the rest of each kernel (norm prologue, `tl.dot`, epilogue, split-K, swapped
 tiles) is unchanged; the arithmetic is quant/schemes.py's, in float32, rounded once: the same bits as the torch
 twins' dequantize-then-multiply.
@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ...quant.packed import PackedWeight
 
-QUANT_CODES = {"int8": 1, "int4": 2}
+QUANT_CODES = {"int8": 1, "int4": 2, "fp8": 3}
 
 
 def is_packed(w) -> bool:
@@ -47,7 +47,8 @@ def weight_launch(w) -> tuple[torch.Tensor, dict]:
         )
     if w.zeros is not None and (w.zeros.shape != w.scales.shape or not w.zeros.is_contiguous()):
         raise ValueError(f"w: the zeros must be contiguous {tuple(w.scales.shape)}, got {tuple(w.zeros.shape)}")
-    return w.q, dict(s_ptr=w.scales, z_ptr=w.zeros, QUANT=QUANT_CODES[w.scheme], GROUP=w.group_size)
+    codes = w.q.view(torch.uint8) if w.scheme == "fp8" else w.q  # fp8: bytes, so that a masked load reads 0
+    return codes, dict(s_ptr=w.scales, z_ptr=w.zeros, QUANT=QUANT_CODES[w.scheme], GROUP=w.group_size)
 
 
 def refuse_dense(dense: bool | None) -> None:
@@ -79,10 +80,12 @@ def load_weights(
     mask = rows_ok[:, None] & (kk < k_end)[None, :]
     if QUANT == 0:
         w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0.0)
-    elif QUANT == 1:  # int8: (N, K) codes, one scale per row (GROUP == K)
-        q = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0).to(tl.float32)
+    elif QUANT == 1 or QUANT == 3:  # int8, or fp8 as its bytes: (N, K) codes, one scale per row (GROUP == K)
+        q = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=mask, other=0)
+        if QUANT == 3:
+            q = q.to(tl.float8e4nv, bitcast=True)
         s = tl.load(s_ptr + rows, mask=rows_ok, other=0.0).to(tl.float32)
-        w = (q * s[:, None]).to(dtype)
+        w = (q.to(tl.float32) * s[:, None]).to(dtype)
     else:  # int4
         w = _int4_tile(w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, kk, mask, K, BLOCK_K, GROUP).to(dtype)
     return w
