@@ -14,6 +14,13 @@ import pytest
 triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+# Under Triton's interpreter (conftest.py chooses it on CPU) the kernels are not JITFunctions and cannot compile:
+# there test_kernel_compile_child.py runs this file in a child process with TRITON_INTERPRET=0.
+pytestmark = pytest.mark.skipif(
+    not isinstance(tl.cdiv, JITFunction), reason="Triton's interpreter: run by test_kernel_compile_child.py"
+)
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
