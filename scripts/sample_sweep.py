@@ -1,4 +1,4 @@
-"""Time the fused step's token choice alone on a GPU: the greedy kernel against the sampled choice's five launches
+"""Time the fused step's token choice alone on a GPU: the greedy kernel against the sampled choice's launches
 (fused/kernels/sample.py) at each setting, over logits per program (`block_v`), and the cost of the step's
 noise draw, launched eagerly and inside a graph (the generator registered with it, as StepGraph draws it).
 
@@ -34,6 +34,7 @@ ROUNDS = 15
 SETTINGS = {
     "temperature=0.8": dict(temperature=0.8),
     "top_p=0.9": dict(top_p=0.9),
+    "top_k=50": dict(top_k=50),  # Hugging Face's default sampling
     "top_k=50,top_p=0.9": dict(top_k=50, top_p=0.9),
     "all": dict(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, repetition_penalty=1.2),
 }

@@ -560,6 +560,34 @@ def test_the_sampled_finish_compiles_for_sm90(top_k, top_p):
     assert "griddepcontrol.wait" in ptx(_finish_kernel, types, constants, num_warps=8)
 
 
+@pytest.mark.parametrize("block_m,block_v,warps", [(1, 1024, 4), (8, 1024, 8), (16, 512, 8)])
+def test_the_row_max_with_the_tiles_top_k_compiles_for_sm90_without_spills(block_m, block_v, warps):
+    """The sampled choice's first launch with top-k (kernels/top_k.py: the tile's k largest keys by 32 masked
+    counts and a prefix sum), at the tiles sample.default_block_v gives for 1, 8 and 16 rows, k up to 64: for
+    sm_90, no spill, and it waits for the kernel ahead (PDL)."""
+    from overlapdecode.fused.kernels.top_k import TOP_K_MAX, _max_kernel
+
+    types = {"logits_ptr": "*fp32", "seen_ptr": "*u8", "pmax_ptr": "*fp32", "part_ptr": "*i32", "rep": "fp32"}
+    types.update({n: "i32" for n in ("B", "V", "row_stride", "k")})
+    constants = dict(BLOCK_M=block_m, BLOCK_V=block_v, PENALTY=True, TOP_K=True, W=TOP_K_MAX, PDL=True)
+    text = ptx(_max_kernel, types, constants, num_warps=warps)
+    assert "griddepcontrol.wait" in text
+    assert spill_bytes(text) == 0
+
+
+@pytest.mark.parametrize("chunk,resident,warps", [(8192, True, 8), (32768, True, 16), (8192, False, 8)])
+def test_the_top_k_threshold_compiles_for_sm90_without_spills(chunk, resident, warps):
+    """The threshold kernel (kernels/top_k.py) holding a row's candidates in registers (up to RESIDENT_KEYS, with
+    the warps row_max_and_threshold gives) or reading them again per count: no spill for sm_90, and PDL's wait."""
+    from overlapdecode.fused.kernels.top_k import RESIDENT_KEYS, _threshold_kernel
+
+    assert chunk <= RESIDENT_KEYS
+    types = {"part_ptr": "*i32", "kth_ptr": "*fp32", "NBLK": "i32", "k": "i32"}
+    text = ptx(_threshold_kernel, types, dict(CHUNK=chunk, RESIDENT=resident, PDL=True), num_warps=warps)
+    assert "griddepcontrol.wait" in text
+    assert spill_bytes(text) == 0
+
+
 @pytest.mark.parametrize("name", ["qkv", "o", "8b qkv", "8b down"])
 def test_the_dense_epilogues_compile_without_a_k_loop_or_spills(name):
     """In dense form (kernels/dense.py, PRODUCT) a launch loads its tile of cuBLAS's float32 product and runs only

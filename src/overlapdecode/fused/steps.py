@@ -6,7 +6,7 @@
 - `CapturedSteps` (sampling, or greedy with a repetition penalty), `CapturedGreedySteps`, `CapturedSampledSteps`:
   one call's steps: its prefill eager, every later step a run of the kept GraphStep.
 
-Greedy steps choose with one kernel after the LM head (kernels/greedy.py), sampled ones with five
+Greedy steps choose with one kernel after the LM head (kernels/greedy.py), sampled ones with three to six
 (kernels/sample.py); both write each step's tokens and flag where the loop reads them (kernels/greedy.StepLog).
 """
 
@@ -142,7 +142,7 @@ class CapturedGreedySteps(CapturedSteps):
 
 class CapturedSampledSteps(CapturedSteps):
     """Fused and compiled, sampling: step 0 (the prefill) chooses its token with the same sampled choice as the
-    captured steps (kernels/sample.py: five launches, where the decode loop's `choose_next` is a few hundred eager
+    captured steps (kernels/sample.py: three to six launches, where the decode loop's `choose_next` is a few hundred eager
     kernels at a 128K vocabulary), then every later step a run of the graph."""
 
     def prefill(self) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The sampled token choice of a decode step in five launches after the LM head, with its stop bookkeeping.
+"""The sampled token choice of a decode step in three to six launches after the LM head, with its stop bookkeeping.
 
 What it computes, per row b (the contract of `sample_finish_ref`, which is the decode loop's own `choose_next`
 for sampling: sampling.choose_next, which is sampling.pick_next then mark_finished):
@@ -14,21 +14,27 @@ kernel each; here top-p needs no search at all. The race winner over every top-k
 answer whenever top-p keeps it (the winner over a set is the winner over any subset holding it), which it does
 with probability about top_p. Otherwise every token scored at or below x0 is dropped too (top-p keeps an upper
 set of scores), and the answer is the race winner among the tokens scored above x0: the next candidate, checked
-the same way. Each check is one masked sum. The four launches, each over a (BLOCK_M, BLOCK_V) tile of the
-(B, V) logits per program, grid (cdiv(V, BLOCK_V), cdiv(B, BLOCK_M)), each storing (NBLK, B) partials:
+the same way. Each check is one masked sum. The launches but the threshold's and the finish's are each over a
+(BLOCK_M, BLOCK_V) tile of the (B, V) logits per program, grid (cdiv(V, BLOCK_V), cdiv(B, BLOCK_M)), each
+storing (NBLK, B) partials:
 
-    1. _max_kernel      the row maximum of the penalised logits
-    2. _race_kernel     scores, the top-k set's mass Z, and the race winner x0 of the top-k and min-p tokens
-    3. _check_kernel    the mass of the tokens scored <= x0 and the race winner x1 among those scored above
-    4. _check_kernel    (round 2) the same for x1 where x0 was dropped, giving x2
-    5. _finish_kernel   one program: the first of x0, x1 kept, else (about one row in a thousand at top_p 0.9)
-                        the chain continued from x2 over the whole row; then the state, the flag, the seen mask
-                        and the step log
+    1. _max_kernel        (kernels/top_k.py) the row maximum of the penalised logits; with top-k also each
+                          tile's own k largest of them
+    2. _threshold_kernel  (kernels/top_k.py, only with top-k) one program per row: the k-th largest penalised
+                          logit, from the tiles' k largest (no sort)
+    3. _race_kernel       scores, the top-k set's mass Z, and the race winner x0 of the top-k and min-p tokens
+    4. _check_kernel      (only with top-p) the mass of the tokens scored <= x0 and the race winner x1 among
+                          those scored above
+    5. _check_kernel      (only with top-p; round 2) the same for x1 where x0 was dropped, giving x2
+    6. _finish_kernel     one program: the first of x0, x1 kept, else (about one row in a thousand at top_p 0.9)
+                          the chain continued from x2 over the whole row; then the state, the flag, the seen mask
+                          and the step log
 
-Each kernel reduces the partials of the ones before when it starts (NBLK per row, from L2): no tickets, no
-cross-program waits. Without top-p only launches 1, 2 and 5 run. The top-k threshold comes from `torch.topk`
-(one launch more, only with top-k). With a step log (greedy.StepLog) the finish writes the tokens and
-the flag where the decode loop reads them, as the greedy choice does.
+So: temperature alone 3 launches (1, 3, 6); top-k (Hugging Face's default sampling, top-k 50) 4; top-p 5;
+top-k and top-p 6. Each kernel reduces the partials of the ones before when it starts (NBLK per row, from L2): no
+tickets, no cross-program waits. A top-k above top_k.TOP_K_MAX takes its threshold from `torch.topk` instead of
+launch 2. With a step log (greedy.StepLog) the finish writes the tokens and the flag where the decode loop reads
+them, as the greedy choice does.
 
 Ties: the race takes the first index of the largest exp(score) / noise, as `argmax` does; blocks are reduced in
 column order, so the reduction order never changes the winner.
@@ -40,9 +46,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ...sampling import SamplingParams, choose_next, mark_seen, penalize
+from ...sampling import SamplingParams, choose_next, mark_seen
 from .greedy import BIG_INDEX, REDUCE_BLOCKS, GreedyFinish, StepLog, advance_rows, check_finish, greedy_finish_ref_log
 from .pdl import pdl_launch, pdl_release, pdl_start
+from .top_k import penalised, row_max_and_threshold
 
 
 def sample_finish_ref(
@@ -57,16 +64,6 @@ def sample_finish_ref(
         mark_seen(seen, state[:, 0])
     if log is not None:
         greedy_finish_ref_log(log, state[:, 0], all_done)
-
-
-@triton.jit
-def _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY: tl.constexpr):
-    """The (BLOCK_M, BLOCK_V) tile of float32 logits after the repetition penalty (-inf outside `ok`)."""
-    x = tl.load(logits_ptr + rows[:, None].to(tl.int64) * row_stride + cols[None, :], mask=ok, other=float("-inf"))
-    if PENALTY:
-        s = tl.load(seen_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=0) != 0
-        x = tl.where(s, tl.where(x < 0, x * rep, x / rep), x)
-    return x
 
 
 @triton.jit
@@ -132,31 +129,6 @@ def _block_best(r, cols, val_ptr, idx_ptr, pid_n, B, rows, row_ok):
 
 
 @triton.jit
-def _max_kernel(
-    logits_ptr,
-    seen_ptr,
-    pmax_ptr,
-    B,
-    V,
-    row_stride,
-    rep,
-    BLOCK_M: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    PENALTY: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_start(PDL)  # before any load: the LM head's logits are final
-    pid_n = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_V + tl.arange(0, BLOCK_V)
-    row_ok = rows < B
-    ok = row_ok[:, None] & (cols < V)[None, :]
-    x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
-    pdl_release(PDL)
-    tl.store(pmax_ptr + pid_n * B + rows, tl.max(x, 1), mask=row_ok)
-
-
-@triton.jit
 def _race_kernel(
     logits_ptr,
     seen_ptr,
@@ -186,7 +158,7 @@ def _race_kernel(
     row_ok = rows < B
     ok = row_ok[:, None] & (cols < V)[None, :]
     # the tile first: its loads need nothing from the partials, so they run while the row maxima are reduced
-    x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+    x = penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
     noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
     m = _row_max(pmax_ptr, nblk, B, rows, row_ok, BLOCK_M)
     kth_l = tl.load(kth_ptr + rows, mask=row_ok, other=0.0) if TOP_K else m
@@ -234,7 +206,7 @@ def _check_tile(
     """Over one tile: the probability of the tokens scored <= pivot (B,), and the race values of the
     tokens scored above it (-1 elsewhere)."""
     ok = row_ok[:, None] & (cols < V)[None, :]
-    x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+    x = penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
     noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
     return _check_scores(x, noise, ok, kth_l, m, z, pivot, temperature, min_p, TOP_K)
 
@@ -290,7 +262,7 @@ def _check_kernel(
     pdl_start(PDL)  # before any load: the kernels ahead's partials are final
     if ROUND == 1:
         # the tile first: its loads need nothing from the partials, so they run while those are reduced
-        x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+        x = penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
         noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
         live = row_ok
         _, cand = _row_best(pr_ptr, pi_ptr, nblk, B, rows, row_ok, BLOCK_M)
@@ -298,7 +270,7 @@ def _check_kernel(
         # only the rows whose x0 the first check dropped (about 1 - top_p of them) load the tile
         live = row_ok & (_row_sum(pmass_ptr, nblk, B, rows, row_ok, BLOCK_M) <= limit)
         ok = ok & live[:, None]
-        x = _penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
+        x = penalised(logits_ptr, seen_ptr, rows, cols, ok, V, row_stride, rep, PENALTY)
         noise = tl.load(noise_ptr + rows[:, None].to(tl.int64) * V + cols[None, :], mask=ok, other=1.0)
         _, cand = _row_best(pr2_ptr, pi2_ptr, nblk, B, rows, row_ok, BLOCK_M)
     m = _row_max(pmax_ptr, nblk, B, rows, row_ok, BLOCK_M)
@@ -505,7 +477,7 @@ def sample_choice(
 ) -> None:
     """The Triton kernels of `sample_finish_ref`: logits (B, V) float32 with contiguous rows, noise (B, V)
     float32, seen (B, V) bool when params.uses_seen (else None), state (B, 3) long, eos (E,) long, done 0-d
-    bool, log a greedy.StepLog or None; writes state, done, seen and the log in place; `pdl`: the five
+    bool, log a greedy.StepLog or None; writes state, done, seen and the log in place; `pdl`: the
     launches with programmatic dependent launch (pdl.py: each waits for the one ahead before its first load). No
     host sync: every value stays on the device."""
     if not params.do_sample:
@@ -526,16 +498,15 @@ def sample_choice(
     block_v = block_v or default_block_v(B)
     grid = (triton.cdiv(V, block_v), triton.cdiv(B, block_m))
     dev = logits.device
+    num_warps = 4 if block_m * block_v <= 4096 else 8
+    # launches 1 and 2 (kernels/top_k.py): the partial row maxima, and with top-k the k-th largest penalised logit,
+    # which the kernels score as they score the tiles
+    pmax, kth = row_max_and_threshold(logits, seen, params, block_m, block_v, num_warps, pdl)
+    top_k = kth is not None
+    kth = kth if top_k else pmax  # never read without top-k
     f32 = dict(dtype=torch.float32, device=dev)
-    pmax, pz, pr, pmass, pr2, pmass2, pr3 = (torch.empty((grid[0], B), **f32) for _ in range(7))
+    pz, pr, pmass, pr2, pmass2, pr3 = (torch.empty((grid[0], B), **f32) for _ in range(6))
     pi, pi2, pi3 = (torch.empty((grid[0], B), dtype=torch.int32, device=dev) for _ in range(3))
-    top_k = params.top_k is not None and params.top_k < V
-    if top_k:
-        # the k-th largest penalised logit; the kernels score it as they score the tiles
-        kth = torch.topk(penalize(logits, seen, params.repetition_penalty), params.top_k, dim=-1).values[:, -1]
-        kth = kth.contiguous()
-    else:
-        kth = pmax  # never read without top-k
     seen_arg = seen.view(torch.uint8) if seen is not None else state  # never read without the penalty
     rep = params.repetition_penalty or 1.0
     temperature = params.temperature
@@ -548,22 +519,7 @@ def sample_choice(
         PENALTY=seen is not None,
         TOP_K=top_k,
         PDL=bool(pdl),
-        num_warps=4 if block_m * block_v <= 4096 else 8,
-        **pdl_launch(pdl),
-    )
-    _max_kernel[grid](
-        logits,
-        seen_arg,
-        pmax,
-        B,
-        V,
-        stride,
-        rep,
-        BLOCK_V=block_v,
-        BLOCK_M=block_m,
-        PENALTY=seen is not None,
-        PDL=bool(pdl),
-        num_warps=common["num_warps"],
+        num_warps=num_warps,
         **pdl_launch(pdl),
     )
     _race_kernel[grid](
