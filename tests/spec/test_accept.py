@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from overlapdecode.spec import accept
+from support.stats import chi2_pvalue, chi2_stat
 
 
 def test_greedy_accepts_the_drafts_the_model_would_have_chosen():
@@ -58,16 +59,8 @@ def test_the_exact_check_fails_a_residual_that_is_p(monkeypatch):
     assert not torch.allclose(accept.first_token_law(p, q), p, atol=1e-3)
 
 
-def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's chi-square p-value of `counts` against `probs` (the tokens of nonzero probability; one that
-    occurs with probability 0 gives 0.0)."""
-    if (counts[probs == 0] > 0).any():
-        return 0.0
-    keep = probs > 0
-    expected = probs[keep] * counts.sum()
-    stat = ((counts[keep] - expected) ** 2 / expected).sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat.double() / 2))
+def _pvalue(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    return chi2_pvalue(*chi2_stat(torch.bincount(tokens, minlength=probs.shape[0]), probs))
 
 
 def _round(rows: int, point_mass: bool, seed: int = 1):
@@ -92,16 +85,16 @@ def _round(rows: int, point_mass: bool, seed: int = 1):
 def test_sampled_tokens_follow_p_at_each_position(point_mass):
     p, first, second, n = _round(40000, point_mass)
     assert 0.1 < (n == 0).float().mean() < 0.9, "the case should accept some drafts and reject others"
-    assert _chi2_pvalue(torch.bincount(first, minlength=6).double(), p[0].double()) > 1e-3
+    assert _pvalue(first, p[0]) > 1e-3
     # the second token, of the rows that took the first draft: a draft accepted or the residual of position 1
-    assert _chi2_pvalue(torch.bincount(second[n >= 1], minlength=6).double(), p[1].double()) > 1e-3
+    assert _pvalue(second[n >= 1], p[1]) > 1e-3
 
 
 @pytest.mark.parametrize("point_mass", [False, True], ids=["draft-model", "point-mass"])
 def test_the_frequency_check_fails_a_planted_bias_in_the_residual(point_mass, monkeypatch):
     monkeypatch.setattr(accept, "residual", lambda p, q: p)  # a rejection samples p itself: the draft's share twice
     p, first, _, _ = _round(40000, point_mass)
-    assert _chi2_pvalue(torch.bincount(first, minlength=6).double(), p[0].double()) < 1e-6
+    assert _pvalue(first, p[0]) < 1e-6
 
 
 def test_the_race_never_draws_a_zero_weight():
