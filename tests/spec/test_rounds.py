@@ -133,3 +133,18 @@ def test_greedy_with_a_repetition_penalty_over_the_accepted_tokens(tiny_gpt2, un
         out, stats = _generate(tiny_gpt2, ids, mask, "static", [], **kw, **spec)
         assert torch.equal(out, ref), spec
     assert stats.acceptance_rate < 0.1  # the unrelated draft: the penalty's tokens come from the model alone
+
+
+def test_a_streamer_gets_each_steps_tokens_as_without_speculation(tiny_gpt2):
+    """Rows advance by different counts; a step's tokens go out once every row's is known. Row 1 stops at step 0."""
+    ids, mask = make_batch(3, seed=5)
+    free, _ = _generate(tiny_gpt2, ids, mask, "static", [], n=12)
+    eos = [int(free[1, ids.shape[1]])]
+    streams = []
+    for spec in ({}, dict(prompt_lookup_num_tokens=3), dict(assistant_model=tiny_gpt2, num_assistant_tokens=3)):
+        got = []
+        kw = dict(attention_mask=mask, max_new_tokens=12, strategy="static", eos_token_id=eos, pad_token_id=0)
+        out = od.generate(tiny_gpt2, ids, streamer=lambda t, got=got: got.append(t.tolist()), **kw, **spec)
+        assert torch.stack([torch.tensor(t) for t in got], dim=1).equal(out[:, ids.shape[1] :])
+        streams.append(got)
+    assert streams[0] == streams[1] == streams[2] and len(streams[0]) == 12
