@@ -126,7 +126,8 @@ def test_the_decoder_imports_no_fused_module():
 
 # The floors of the package, top down: a module imports only modules of its own folder or of a lower floor.
 # __main__ > cli/ > bench/ > bench/report/ > __init__ (the public names) > decode.py and facts.py > plan.py and
-# fused/ > loop/ > hf/, models/ and fused/kernels/ > quant/ > the request (inputs, sampling, strategy) and tp/.
+# fused/ > loop/ and spec/ > hf/, models/ and fused/kernels/ > quant/ > the request (inputs, sampling, strategy) and
+# tp/.
 FLOORS = {
     "__main__": 10,
     "cli": 9,
@@ -138,6 +139,7 @@ FLOORS = {
     "plan": 4,
     "fused": 4,
     "loop": 3,
+    "spec": 3,
     "hf": 2,
     "models": 2,
     "fused.kernels": 2,

@@ -31,6 +31,7 @@ from .loop.steps import StepInputs, hf_steps
 from .loop.stopping import Slots, make_check
 from .plan import Plan, make_plan
 from .sampling import make_generator, seen_tokens
+from .spec.rounds import speculate
 
 
 class Decoder:
@@ -66,6 +67,7 @@ class Decoder:
         self._slots: dict = {}  # (slots, batch, device) -> Slots, pinned host memory reused call after call
         self._end_event: torch.cuda.Event | None = None  # the last call's last step, on its caller's stream
         self._late_steps = False  # whether the last call returned with steps still queued (a late stop)
+        self.last_speculation = None  # the SpecStats of the last speculative call (spec/rounds.py)
 
     @property
     def fused_options(self) -> dict:
@@ -110,12 +112,17 @@ class Decoder:
         repetition_penalty: float | None = None,
         seed: int | None = None,
         streamer=None,
+        prompt_lookup_num_tokens: int | None = None,
+        assistant_model=None,
+        num_assistant_tokens: int | None = None,
     ) -> torch.Tensor:
         """Generate up to `max_new_tokens` tokens after each prompt (`od.generate` takes the same arguments,
         after the model; docs/DESIGN.md states the contract).
 
         Returns (B, P + n) ids: the prompt, then the generated tokens (pad after a row's EOS); n is the
-        number of steps until every row emitted EOS, or max_new_tokens.
+        number of steps until every row emitted EOS, or max_new_tokens. `prompt_lookup_num_tokens` or
+        `assistant_model` (with `num_assistant_tokens`): speculative decoding, the same tokens (greedy) or the same
+        distribution (sampling); docs/SPECULATIVE.md. `last_speculation` then holds its rounds' counts.
         """
         plan = make_plan(
             self.model,
@@ -132,12 +139,15 @@ class Decoder:
             min_p=min_p,
             repetition_penalty=repetition_penalty,
             seed=seed,
+            prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+            assistant_model=assistant_model,
+            num_assistant_tokens=num_assistant_tokens,
         )
         sink = _token_sink(streamer)
         # a compiled call's captured step cannot run experts that copy to the host: hf/graph_experts.py
         experts = graph_safe_experts(self.model, plan.step == "compiled", model_device(self.model).type)
         with self._guard(), torch.no_grad(), experts:
-            return self._decode(plan, sink)
+            return self._decode(plan, sink) if plan.spec is None else self._speculate(plan, sink)
 
     def _wait_last_call(self) -> None:
         """Host sync on the last call's last step, before freeing what its late steps may still use."""
@@ -253,6 +263,23 @@ class Decoder:
             if sink is not None:
                 sink.end()  # also on error: an iterator streamer's reader must not wait for ever
         return result
+
+    def _speculate(self, plan: Plan, sink) -> torch.Tensor:
+        """A speculative call: spec/rounds.py's round loop, which reads the host once a round (no step runs late)."""
+        device = model_device(self.model)
+        self._wait_last_call()  # host sync: the rounds sync anyway, and a kept cache of the last call stays untouched
+        if sink is not None:
+            sink.start(plan.request.input_ids)
+        try:
+            out, self.last_speculation = speculate(self.model, plan, device, sink.put if sink is not None else None)
+        finally:
+            self._late_steps = False
+            if device.type == "cuda":
+                self._end_event = torch.cuda.Event()
+                self._end_event.record(torch.cuda.current_stream(device))
+            if sink is not None:
+                sink.end()
+        return out
 
 
 class _TokenSink:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .hf.refusals import longrope_crossing, refusal
 from .inputs import Request, check_request
 from .sampling import SamplingParams, check_sampling
+from .spec.options import Speculation, check_speculation
 from .strategy import LAGGED_TEXT, LATE_CHECKS, PRESETS, Strategy, resolve_strategy
 from .tp.shard import is_sharded
 
@@ -49,7 +50,8 @@ class Plan:
     fused path's own model, cache and step, fused/); `step`: eager | compiled (torch.compile, CUDA graphs: the
     static cache) | captured (the fused step in its own CUDA graph, loop/step_graph.py); `stop_check`: sync |
     pingpong | deferred | end, read `lag` steps late (0 for sync, max_new_tokens for end: loop/stopping.py);
-    `cache_len`: the slots of a static or fused cache, every position a step (also a late one) writes."""
+    `cache_len`: the slots of a static or fused cache, every position a step (also a late one) writes; `spec`: the
+    speculative decoding asked for (spec/options.py; spec/rounds.py then runs the call), or None."""
 
     request: Request
     sampling: SamplingParams
@@ -59,6 +61,7 @@ class Plan:
     stop_check: str
     lag: int
     cache_len: int
+    spec: Speculation | None = None
 
     @property
     def fused(self) -> bool:
@@ -97,6 +100,9 @@ def make_plan(
     min_p,
     repetition_penalty,
     seed,
+    prompt_lookup_num_tokens=None,
+    assistant_model=None,
+    num_assistant_tokens=None,
 ) -> Plan:
     """The plan of one call of `Decoder.generate` (its arguments, after the model), or the ValueError/TypeError
     naming the argument, the strategy or what the model lacks, before any device work."""
@@ -114,6 +120,9 @@ def make_plan(
         min_p = defaults["min_p"] if min_p is None else min_p
     params = check_sampling(do_sample, temperature, top_k, top_p, seed, min_p, repetition_penalty)
     check_strategy(model, strat, strategy, req)  # what the model's layers need of the strategy
+    spec = check_speculation(
+        model, strat, _label(strat, strategy), prompt_lookup_num_tokens, assistant_model, num_assistant_tokens
+    )
     if strat.lag > req.max_new_tokens and strat.stop_check in LATE_CHECKS:
         raise ValueError(
             f"strategy: a stop check {strat.lag} steps late cannot be used with max_new_tokens="
@@ -130,7 +139,14 @@ def make_plan(
         step = "captured" if strat.cache == "fused" else "compiled"
     lag = {"sync": 0, "end": req.max_new_tokens}.get(strat.stop_check, strat.lag)
     P = req.input_ids.shape[1]
-    return Plan(req, params, seed, strat.cache, step, strat.stop_check, lag, static_cache_len(P, req.max_new_tokens))
+    cache_len = static_cache_len(P, req.max_new_tokens)
+    return Plan(req, params, seed, strat.cache, step, strat.stop_check, lag, cache_len, spec)
+
+
+def _label(strategy: Strategy, given) -> str:
+    """The strategy as the caller named it, for a message: 'kv', or the preset it equals, or its fields."""
+    name = given if isinstance(given, str) else next((n for n, s in PRESETS.items() if s == strategy), None)
+    return repr(name) if name else str(strategy)
 
 
 def check_strategy(model, strategy: Strategy, given=None, request: Request | None = None) -> None:
@@ -154,8 +170,7 @@ def check_strategy(model, strategy: Strategy, given=None, request: Request | Non
         why = crossing = longrope_crossing(model, request)
     if why is None:
         return
-    label = given if isinstance(given, str) else next((n for n, s in PRESETS.items() if s == strategy), None)
-    label = f"strategy {label!r}" if label else f"strategy {strategy}"
+    label = f"strategy {_label(strategy, given)}"
     ok = [n for n, s in PRESETS.items() if s.cache != "fused" and refusal(model, s.cache, s.compile) is None]
     ok = ["baseline"] if crossing else ok[::-1][:2]
     hint = f"; use strategy={' or '.join(repr(n) for n in ok)}" if ok else ""

@@ -104,9 +104,9 @@ def lag_of(strategy: str) -> int:
     return int(k) if k.isdigit() else 0
 
 
-def cannot_load(model: str, err: Exception) -> str:
-    """The one line for a --model that from_pretrained could not load (no such hub name, offline, not a model
-    directory...): its kind, and the first line of the error."""
+def cannot_load(model: str, err: Exception, flag: str = "--model") -> str:
+    """The one line for a --model (or `flag`) that from_pretrained could not load (no such hub name, offline, not a
+    model directory...): its kind, and the first line of the error."""
     from ..models.embedded import EMBEDDED
     from ..models.loading import looks_like_path  # torch: imported when a command runs, not for --help
 
@@ -116,13 +116,13 @@ def cannot_load(model: str, err: Exception) -> str:
         else ("embedded model" if model in EMBEDDED else "hub name")
     )
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return f"--model {model}: cannot load this {what} ({type(err).__name__}: {first})"
+    return f"{flag} {model}: cannot load this {what} ({type(err).__name__}: {first})"
 
 
-def check_model_flag(model: str):
-    """--model before any work: an embedded name (None), or a directory or hub name whose config loads and is
-    a decoder-only causal LM (the config); anything else is a CliError naming --model. A hub name that is not
-    cached while the hub cannot be reached fails at once (models.pretrained_config)."""
+def check_model_flag(model: str, flag: str = "--model"):
+    """--model (or `flag`) before any work: an embedded name (None), or a directory or hub name whose config loads
+    and is a decoder-only causal LM (the config); anything else is a CliError naming the flag. A hub name that is
+    not cached while the hub cannot be reached fails at once (models.pretrained_config)."""
     from ..inputs import NotCausalLM  # torch: imported when a command runs, not for --help
     from ..models.embedded import EMBEDDED
     from ..models.loading import check_model_path, pretrained_config
@@ -130,15 +130,15 @@ def check_model_flag(model: str):
     try:
         check_model_path(model)
     except (ValueError, TypeError) as err:
-        raise CliError(f"--model: {err}") from None
+        raise CliError(f"{flag}: {err}") from None
     if model in EMBEDDED:
         return None
     try:
-        return pretrained_config(model, what=f"--model {model}")
+        return pretrained_config(model, what=f"{flag} {model}")
     except NotCausalLM as err:
         raise CliError(str(err)) from None
     except Exception as err:  # from_pretrained's own errors: no such hub name, offline, not a model directory...
-        raise CliError(cannot_load(model, err)) from None
+        raise CliError(cannot_load(model, err, flag)) from None
 
 
 def add_quantize_flags(parser) -> None:

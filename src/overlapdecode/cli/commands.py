@@ -30,6 +30,8 @@ from .args import (
 DEFAULT_MODEL = "gpt2-random"
 # generate's strategy without --strategy, by the device's type (the library's own default is interleaved)
 DEFAULT_STRATEGY = {"cuda": "interleaved", "cpu": "kv"}
+# the same with --prompt-lookup or --assistant: the presets that speculate (spec/options.py SPEC_PRESETS)
+DEFAULT_SPEC_STRATEGY = {"cuda": "static", "cpu": "kv"}
 
 
 def _add_generate(sub):
@@ -109,18 +111,62 @@ def _add_generate(sub):
         "factor, greedy or sampled, as Hugging Face does (default: none)",
     )
     p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 <= seed < 2**64 (default: random)")
+    spec = p.add_mutually_exclusive_group()
+    spec.add_argument(
+        "--prompt-lookup",
+        type=int,
+        default=None,
+        metavar="K",
+        help="speculative decoding: draft K tokens a round by n-gram lookup in the row's own tokens, verify them in "
+        "one step (the same greedy tokens, the same sampling distribution; strategies kv and static; "
+        "docs/SPECULATIVE.md) (default: off)",
+    )
+    spec.add_argument(
+        "--assistant",
+        default=None,
+        metavar="MODEL",
+        help="speculative decoding with this draft model (as --model; the same vocabulary), loaded with --dtype "
+        "and --device (default: none)",
+    )
+    p.add_argument(
+        "--num-assistant-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="tokens the --assistant drafts a round (default: the model's generation config's, else 20, as "
+        "Hugging Face does)",
+    )
     add_quantize_flags(p)
 
 
-def default_strategy(device: str | None) -> str:
-    """The strategy of `generate` without --strategy on `device` (the --device flag; None: CUDA if available)."""
+def default_strategy(device: str | None, speculative: bool = False) -> str:
+    """The strategy of `generate` without --strategy on `device` (the --device flag; None: CUDA if available);
+    `speculative`: with --prompt-lookup or --assistant."""
     from ..models.loading import check_device  # torch: imported when the command runs, not for --help
 
     try:
         kind = check_device(device).type
     except (ValueError, TypeError) as err:
         raise CliError(f"--device: {err}") from None
-    return DEFAULT_STRATEGY["cuda" if kind == "cuda" else "cpu"]
+    return (DEFAULT_SPEC_STRATEGY if speculative else DEFAULT_STRATEGY)["cuda" if kind == "cuda" else "cpu"]
+
+
+def _check_speculation_flags(args) -> None:
+    """--prompt-lookup, --assistant and --num-assistant-tokens, and the strategy they need, before any loading."""
+    from ..spec.options import check_spec_strategy
+    from ..strategy import resolve_strategy
+
+    for flag, value in (("--prompt-lookup", args.prompt_lookup), ("--num-assistant-tokens", args.num_assistant_tokens)):
+        if value is not None and value < 1:
+            raise CliError(f"{flag} must be >= 1 (the tokens drafted each round), got {value}")
+    if args.num_assistant_tokens is not None and args.assistant is None:
+        raise CliError("--num-assistant-tokens is given without --assistant: it counts the draft model's tokens")
+    if args.prompt_lookup is not None or args.assistant is not None:
+        what = "prompt_lookup_num_tokens" if args.assistant is None else "assistant_model"
+        try:
+            check_spec_strategy(resolve_strategy(args.strategy), repr(args.strategy), what)
+        except ValueError as err:
+            raise _as_flag_error(err, args) from None
 
 
 def _check_before_loading(args) -> None:
@@ -170,6 +216,9 @@ def _as_flag_error(err: Exception, args) -> CliError:
         ("min_p", "--min-p"),
         ("repetition_penalty", "--repetition-penalty"),
         ("seed", "--seed"),
+        ("prompt_lookup_num_tokens", "--prompt-lookup"),
+        ("num_assistant_tokens", "--num-assistant-tokens"),
+        ("assistant_model", "--assistant"),
     )
     for name, flag in flags:
         if text.startswith(name):
@@ -232,7 +281,7 @@ def cmd_generate(args) -> int:
     if args.max_new_tokens < 1:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.strategy is None:
-        args.strategy = default_strategy(args.device)
+        args.strategy = default_strategy(args.device, args.prompt_lookup is not None or args.assistant is not None)
     if lag_of(args.strategy) > args.max_new_tokens:
         raise lag_beyond("--strategy", args.strategy, f"--max-new-tokens {args.max_new_tokens}")
     prompt_ids = ints(args.prompt_ids, "--prompt-ids") if args.prompt_ids is not None else None
@@ -244,7 +293,9 @@ def cmd_generate(args) -> int:
     if eos == [] and args.eos != "none":  # an empty --eos "$EOS" must not silently mean "never stop early"
         raise CliError(f"--eos {args.eos!r} names no id: give ids such as 2,3, or 'none' to never stop early")
     _check_before_loading(args)
+    _check_speculation_flags(args)
     model, tokenizer = _load(args)
+    assistant = _load_assistant(args) if args.assistant is not None else None
     device = next(model.parameters()).device
     if args.prompt is not None:
         if tokenizer is None:
@@ -312,6 +363,9 @@ def cmd_generate(args) -> int:
             repetition_penalty=args.repetition_penalty,
             seed=args.seed,
             streamer=streamer,
+            prompt_lookup_num_tokens=args.prompt_lookup,
+            assistant_model=assistant,
+            num_assistant_tokens=args.num_assistant_tokens,
         )
     except KeyboardInterrupt:
         if started[0]:
@@ -320,8 +374,31 @@ def cmd_generate(args) -> int:
         raise
     except (ValueError, TypeError) as err:  # generate checks every argument before the first step
         raise _as_flag_error(err, args) from None
-    print(f"\n[{result.shape[1] - ids.shape[1]} new tokens, strategy {args.strategy}]")
+    print(f"\n[{result.shape[1] - ids.shape[1]} new tokens, strategy {args.strategy}{_spec_summary(args, model)}]")
     return 0
+
+
+def _load_assistant(args):
+    """The --assistant draft model, loaded as --model is (its --dtype and --device), every failure named by the flag."""
+    from ..models.loading import load_model  # imported here: fast --help
+
+    check_model_flag(args.assistant, "--assistant")
+    try:
+        return load_model(args.assistant, dtype=args.dtype, device=args.device)
+    except Exception as err:  # from_pretrained's own errors
+        raise CliError(cannot_load(args.assistant, err, "--assistant")) from None
+
+
+def _spec_summary(args, model) -> str:
+    """', prompt lookup K=4: 30 of 36 drafts accepted in 9 rounds' after a speculative call, else ''."""
+    if args.prompt_lookup is None and args.assistant is None:
+        return ""
+    from ..decode import decoder_for
+
+    stats = decoder_for(model).last_speculation
+    offered, accepted = (sum(map(sum, rows)) for rows in (stats.drafted, stats.accepted))
+    kind = "prompt lookup" if args.assistant is None else f"assistant {args.assistant}"
+    return f", {kind} K={stats.k}: {accepted} of {offered} drafts accepted in {stats.rounds} rounds"
 
 
 def build_parser() -> OneLineParser:

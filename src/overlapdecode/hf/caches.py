@@ -209,6 +209,14 @@ class StaticCaches:
         return len(self._entries)
 
 
+def fresh_cache(model, kind: str, max_cache_len: int):
+    """A new Hugging Face cache of `kind` (dynamic | static, `max_cache_len` slots) that no store keeps: the
+    speculative round loop's (spec/cache.py), which cuts it back to each round's accepted slots."""
+    if kind == "dynamic":
+        return DynamicCache(config=model.config)
+    return StaticCache(config=model.config, max_cache_len=max_cache_len)
+
+
 def make_cache(model, plan, out: torch.Tensor, store: StaticCaches):
     """The cache object of one call (plan.Plan) on the Hugging Face model; static caches come from the decoder's
     `store`. The no-cache kind reads the call's output buffer `out` (B, P + N)."""
