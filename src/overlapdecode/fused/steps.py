@@ -57,14 +57,7 @@ class GraphStep:
 
     def run(self) -> None:
         """One step: the captured graph's replay, or the first runs (eager, then captured where CUDA is)."""
-        graph = self.graph
-        if graph.replay():
-            return
-        self._step()  # eager: compiles, warms up, and is this step
-        graph.eager_runs += 1
-        if graph.capturable:
-            with graph.capture():
-                self._step()
+        self.graph.run(self._step)  # the first eager: compiles, warms up, and is this step
 
     def _step(self) -> None:
         g = self.graph

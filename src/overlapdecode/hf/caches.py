@@ -217,6 +217,18 @@ def fresh_cache(model, kind: str, max_cache_len: int):
     return StaticCache(config=model.config, max_cache_len=max_cache_len)
 
 
+def static_length(cache: StaticCache) -> torch.Tensor:
+    """The slots a StaticCache has written, its 0-d device counter (every layer's is the same), without a host read."""
+    return cache.layers[0].cumulative_length
+
+
+def set_static_length(cache: StaticCache, length: torch.Tensor) -> None:
+    """Cut a StaticCache back to `length` slots (a 0-d device tensor) without a host read: each layer's counter set in
+    place, at the address a compiled step reads it from; the next update writes from there."""
+    for layer in cache.layers:
+        layer.cumulative_length.copy_(length)
+
+
 def make_cache(model, plan, out: torch.Tensor, store: StaticCaches):
     """The cache object of one call (plan.Plan) on the Hugging Face model; static caches come from the decoder's
     `store`. The no-cache kind reads the call's output buffer `out` (B, P + N)."""

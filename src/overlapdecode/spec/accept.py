@@ -80,8 +80,14 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def point_mass(drafts: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(B, K) ids -> (B, K, V) float32 one-hot: the draft distribution of prompt lookup."""
-    return torch.nn.functional.one_hot(drafts, vocab).float()
+    """(B, ...) ids -> (B, ..., V) float32 one-hot: the draft distribution of prompt lookup."""
+    mass = torch.zeros((*drafts.shape, vocab), dtype=torch.float32, device=drafts.device)
+    return mass.scatter_(-1, drafts[..., None], 1.0)
+
+
+def is_eos(tokens: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
+    """torch.isin(tokens, eos_ids) by one comparison: isin may sort (and read the host) when the ids are many."""
+    return (tokens[..., None] == eos_ids).any(dim=-1)
 
 
 def speculative_accept(
@@ -115,7 +121,7 @@ def stop_at_eos(drafts: torch.Tensor, n: torch.Tensor, eos_ids: torch.Tensor):
     """A row that accepts an EOS stops there: (B, K) drafts, (B,) accepted counts, (E,) EOS ids -> ((B,) the counts
     cut after the first accepted EOS, (B,) bool whether a row accepted one: its round emits no further token)."""
     K = drafts.shape[1]
-    hit = torch.isin(drafts, eos_ids) & within(n, K)
+    hit = is_eos(drafts, eos_ids) & within(n, K)
     first = hit.to(torch.int8).argmax(dim=1)  # the first True of a bool row
     any_hit = hit.any(dim=1)
     return torch.where(any_hit, first + 1, n), any_hit

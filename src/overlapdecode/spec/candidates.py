@@ -7,9 +7,10 @@ read; the round loop (rounds.py) caps `dlen` at the row's tokens left.
   tokens are looked for in its own tokens (the prompt without its left padding, then what it generated); the first
   (leftmost) match whose continuation starts before the row's end gives up to K following tokens, cut before the
   first EOS. No match: the row offers none, and its round is one plain step. The draft is a point mass.
-- `Assistant`: the draft model decodes K tokens from the row's last token with its own cache, greedily or, when the
-  call samples, from its own warped distribution q (which the acceptance needs). It also feeds its K-th draft, so
-  that its cache holds the same K + 1 slots per round as the model's and is cut back the same way.
+- `Assistant`: the draft model decodes K tokens from the row's last token with its own cache (spec/cache.py's, or
+  the fused path's), greedily or, when the call samples, from its own warped distribution q (which the acceptance
+  needs). It also feeds its K-th draft, so that its cache holds the same K + 1 slots per round as the model's and is
+  cut back the same way, at the positions the model's are fed at (state.feed_positions).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams, draw_noise, mark_seen
-from .accept import greedy_choices, race, warped_probs
-from .cache import RowCache
+from .accept import greedy_choices, is_eos, race, warped_probs
+from .state import feed_positions
 
 
 def prompt_lookup(hist: torch.Tensor, hlen: torch.Tensor, k: int, ngram: int, eos_ids: torch.Tensor):
@@ -40,7 +41,7 @@ def prompt_lookup(hist: torch.Tensor, hlen: torch.Tensor, k: int, ngram: int, eo
         drafts = torch.where(found[:, None], cand, drafts)
         count = torch.where(found, (hlen - start).clamp(max=k), count)
         done |= found
-    eos = torch.isin(drafts, eos_ids) & (ahead[None, :] < count[:, None])
+    eos = is_eos(drafts, eos_ids) & (ahead[None, :] < count[:, None])
     count = torch.where(eos.any(dim=1), eos.to(torch.int8).argmax(dim=1), count)  # cut before the first EOS
     return drafts, count
 
@@ -57,19 +58,26 @@ class PromptLookup:
         drafts, count = prompt_lookup(state.hist, state.hlen, self.k, self.ngram, self.eos_ids)
         return drafts, count, None
 
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> None:
+        """Nothing cached."""
+
     def settle(self, start: int, kept: torch.Tensor, keep: int) -> None:
+        """Nothing cached."""
+
+    def settle_rows(self, kept: torch.Tensor, width: int) -> None:
         """Nothing cached."""
 
 
 class Assistant:
-    """A draft model's drafts, from its own cache of the rows' tokens (the model's slot layout, holes included)."""
+    """A draft model's drafts, from its own cache of the rows' tokens: `cache` (spec/cache.py's RowCache or
+    StaticRows, or the fused path's rows) holds them as the model's cache holds its own."""
 
-    def __init__(self, model, kind: str, attention_mask: torch.Tensor, length: int, k: int):
-        self.cache = RowCache(model, kind, attention_mask, length)
+    def __init__(self, cache, k: int):
+        self.cache = cache
         self.k = k
 
-    def prefill(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
-        self.cache.forward(input_ids, positions, 1)
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> None:
+        self.cache.prefill(input_ids, attention_mask, positions)
 
     def propose(self, state, params: SamplingParams, generator):
         """K drafts for every row from its last token at its position -> ((B, K) drafts, (B,) K each, (B, K, V) the
@@ -81,8 +89,7 @@ class Assistant:
         seen = None if state.seen is None else state.seen.clone()
         token, drafts, qs = state.last, [], []
         for j in range(self.k + 1):
-            position = state.pos + torch.minimum(torch.full_like(dlen, j), dlen)
-            logits = self.cache.forward(token[:, None], position[:, None], 1)  # (B, 1, V)
+            logits = self.cache.forward(token[:, None], feed_positions(state, dlen, j)[:, None], 1)  # (B, 1, V)
             if j == self.k:
                 break  # the K-th draft fed: the cache holds the round's K + 1 slots, as the model's
             if params.do_sample:
@@ -98,3 +105,6 @@ class Assistant:
 
     def settle(self, start: int, kept: torch.Tensor, keep: int) -> None:
         self.cache.settle(start, kept, keep)
+
+    def settle_rows(self, kept: torch.Tensor, width: int) -> None:
+        self.cache.settle_rows(kept, width)
