@@ -22,15 +22,17 @@ import weakref
 
 import torch
 
-from .fused.path import FusedPath
+from .fused.path import FusedPath, spec_rows
 from .hf.caches import StaticCaches
 from .hf.graph_experts import graph_safe_experts
 from .inputs import check_model, model_device
 from .loop import markers
+from .loop.rounds import forward_for, run_rounds
 from .loop.steps import StepInputs, hf_steps
 from .loop.stopping import Slots, make_check
-from .plan import Plan, make_plan
+from .plan import STATIC_ROUND, Plan, make_plan
 from .sampling import make_generator, seen_tokens
+from .spec.cache import StaticRows, spec_cache_len
 from .spec.rounds import speculate
 
 
@@ -265,21 +267,53 @@ class Decoder:
         return result
 
     def _speculate(self, plan: Plan, sink) -> torch.Tensor:
-        """A speculative call: spec/rounds.py's round loop, which reads the host once a round (no step runs late)."""
+        """A speculative call: spec/rounds.py's reference loop on the eager presets, which reads the host once a round;
+        loop/rounds.py's captured rounds on the others, which read it late (rounds past the stop may still run)."""
         device = model_device(self.model)
-        self._wait_last_call()  # host sync: the rounds sync anyway, and a kept cache of the last call stays untouched
+        self._wait_last_call()  # host sync: a kept cache of the last call stays untouched by this one
         if sink is not None:
             sink.start(plan.request.input_ids)
+        put = sink.put if sink is not None else None
+        late = False
         try:
-            out, self.last_speculation = speculate(self.model, plan, device, sink.put if sink is not None else None)
+            if plan.step == "eager" and not plan.fused:
+                out, self.last_speculation = speculate(self.model, plan, device, put)
+            else:
+                target, draft = self._spec_rows(plan, device)
+                out, self.last_speculation, late = run_rounds(plan, device, target, draft, put)
         finally:
-            self._late_steps = False
+            self._late_steps = late
             if device.type == "cuda":
                 self._end_event = torch.cuda.Event()
                 self._end_event.record(torch.cuda.current_stream(device))
             if sink is not None:
                 sink.end()
         return out
+
+    def _spec_rows(self, plan: Plan, device: torch.device):
+        """The caches of a call's captured rounds: the model's and the draft model's (None for prompt lookup). Fused:
+        the fused model's, and the draft's too where the fused path serves its family; otherwise a static cache
+        each, compiled on CUDA."""
+        req, spec = plan.request, plan.spec
+        B, P = req.input_ids.shape
+        N = req.max_new_tokens
+        forward = forward_for(plan, device)
+        length = spec_cache_len(P, N, spec.k, B, round_to=STATIC_ROUND)
+        if plan.fused:
+            target = spec_rows(self.fused_model(), B, plan.cache_len)
+        else:
+            target = StaticRows(self.model, req.attention_mask, length, forward)
+        if spec.kind != "assistant":
+            return target, None
+        drafter = spec.assistant
+        if plan.fused:
+            try:
+                fused = self.fused_model() if drafter is self.model else decoder_for(drafter).fused_model()
+            except ValueError:
+                fused = None  # a family the fused path lacks: the draft runs on a static cache
+            if fused is not None:
+                return target, spec_rows(fused, B, plan.cache_len, tag="draft")
+        return target, StaticRows(drafter, req.attention_mask, length, forward)
 
 
 class _TokenSink:

@@ -22,7 +22,7 @@ def _run(capsys, *flags) -> tuple[list[int], str]:
     return [int(t) for t in ids.split()[1:]], lines[-1]
 
 
-@pytest.mark.parametrize("strategy", ["kv", "static"])
+@pytest.mark.parametrize("strategy", ["kv", "static", "fused"])
 def test_speculation_prints_the_tokens_without_it(tiny_llama, capsys, strategy):
     ref = od.generate(tiny_llama, torch.tensor([PROMPT]), max_new_tokens=9, strategy=strategy, eos_token_id=[])
     ref = ref[0, len(PROMPT) :].tolist()
@@ -62,8 +62,8 @@ def other_vocabulary(tmp_path):
         (["--prompt-lookup", "0"], "--prompt-lookup must be >= 1"),
         (["--num-assistant-tokens", "3"], "--num-assistant-tokens is given without --assistant"),
         (["--assistant", "tiny-llama", "--num-assistant-tokens", "0"], "--num-assistant-tokens must be >= 1"),
-        (["--prompt-lookup", "2", "--strategy", "interleaved"], "--strategy: strategy 'interleaved': speculative"),
-        (["--assistant", "tiny-llama", "--strategy", "fused"], "presets 'kv' and 'static'"),
+        (["--prompt-lookup", "2", "--strategy", "baseline"], "--strategy: strategy 'baseline': speculative"),
+        (["--assistant", "tiny-llama", "--strategy", "baseline"], "presets 'kv', 'static', 'compiled', 'interleaved'"),
         (["--assistant", "/nonexistent/draft"], "--assistant: path /nonexistent/draft does not exist"),
         (["--assistant", "OTHER"], "--assistant: assistant_model scores 500 token ids and the model 1000"),
     ],

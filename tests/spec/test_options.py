@@ -1,5 +1,5 @@
 """spec/options.py through od.generate: every mistake in the speculation arguments is one error naming the argument,
-before the model runs; the presets that do not speculate yet are refused, naming those that do."""
+before the model runs; a strategy no round loop runs is refused, naming the presets that speculate."""
 
 from __future__ import annotations
 
@@ -44,18 +44,23 @@ def test_bad_speculation_arguments_are_named(no_forward, kw, error, match):
     _refused(no_forward, match, error, **kw)
 
 
-@pytest.mark.parametrize("preset", [p for p in od.PRESETS if p not in SPEC_PRESETS] + ["deferred"])
-def test_presets_that_do_not_speculate_yet_name_those_that_do(no_forward, preset):
-    assert SPEC_PRESETS == ("kv", "static")
+@pytest.mark.parametrize(
+    "strategy, label",
+    [
+        ("baseline", "'baseline'"),
+        (od.Strategy(cache="dynamic", stop_check="deferred"), "Strategy"),  # no round loop reads a dynamic cache late
+        (od.Strategy(cache="static", stop_check="pingpong"), "Strategy"),  # nor an uncompiled static one
+    ],
+)
+def test_strategies_without_a_round_loop_name_the_presets_that_speculate(no_forward, strategy, label):
+    assert SPEC_PRESETS == ("kv", "static", "compiled", "interleaved", "fused")
     for kw in (dict(prompt_lookup_num_tokens=2), dict(assistant_model=no_forward)):
         _refused(
             no_forward,
-            f"^strategy '{preset}': speculative decoding .* presets 'kv' and 'static'",
+            f"^strategy {label}.*: speculative decoding .* presets 'kv', 'static', 'compiled', 'interleaved' and 'fused'",
             **kw,
-            strategy=preset,
+            strategy=strategy,
         )
-    late = od.Strategy(cache="dynamic", stop_check="deferred")
-    _refused(no_forward, "^strategy Strategy.*presets 'kv' and 'static'", prompt_lookup_num_tokens=2, strategy=late)
 
 
 def test_a_draft_of_another_vocabulary_is_refused(no_forward):

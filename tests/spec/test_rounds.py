@@ -10,6 +10,7 @@ import torch
 
 import overlapdecode as od
 from support.helpers import eos_hit_midway, make_batch
+from support.spec_checks import all_accepted_but_past_eos, expected_drafts, spec_generate
 
 N = 16
 
@@ -25,10 +26,7 @@ def _name(model) -> str:
 
 
 def _generate(model, ids, mask, preset, eos, n=N, **spec):
-    out = od.generate(
-        model, ids, attention_mask=mask, max_new_tokens=n, strategy=preset, eos_token_id=eos, pad_token_id=0, **spec
-    )
-    return out, od.decoder_for(model).last_speculation
+    return spec_generate(model, ids, mask, preset, eos, n, **spec)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -48,27 +46,9 @@ def test_greedy_tokens_are_those_without_speculation(tiny_model, unrelated, pres
             assert torch.equal(out, ref), (k, kind)
             assert stats.k == k and stats.rounds < N
             if kind == "self":  # every draft accepted, but those after an EOS accepted in the row's last round
-                assert _all_accepted_but_past_eos(stats), (k, stats.drafted, stats.accepted)
+                assert all_accepted_but_past_eos(stats), (k, stats.drafted, stats.accepted)
             if kind == "unrelated":
                 assert stats.acceptance_rate < 0.1, (k, stats.accepted)
-
-
-def _all_accepted_but_past_eos(stats) -> bool:
-    for r, (offered, accepted) in enumerate(zip(stats.drafted, stats.accepted)):
-        for i, (d, a) in enumerate(zip(offered, accepted)):
-            last = r + 1 == stats.rounds or not stats.active[r + 1][i]
-            if a != d and not (last and a < d):
-                return False
-    return True
-
-
-def _expected_drafts(k: int, n: int) -> list[int]:
-    """The drafts a row offers each round when every draft is accepted: K, but none past its last allowed token."""
-    count, out = 1, []
-    while count < n:
-        out.append(min(k, n - 1 - count))
-        count += out[-1] + 1
-    return out
 
 
 @pytest.mark.parametrize("k, n", [(2, N), (5, N), (4, 7), (3, 5)])
@@ -77,7 +57,7 @@ def test_the_model_as_its_own_draft_accepts_every_draft(tiny_llama, k, n):
     ref, _ = _generate(tiny_llama, ids, mask, "kv", [], n=n)
     out, stats = _generate(tiny_llama, ids, mask, "kv", [], n=n, assistant_model=tiny_llama, num_assistant_tokens=k)
     assert torch.equal(out, ref) and out.shape[1] == ids.shape[1] + n  # up to the last allowed token
-    want = _expected_drafts(k, n)
+    want = expected_drafts(k, n)
     assert [row[0] for row in stats.drafted] == want and stats.drafted == [[d] * 3 for d in want]
     assert stats.accepted == stats.drafted
 

@@ -30,7 +30,7 @@ from .args import (
 DEFAULT_MODEL = "gpt2-random"
 # generate's strategy without --strategy, by the device's type (the library's own default is interleaved)
 DEFAULT_STRATEGY = {"cuda": "interleaved", "cpu": "kv"}
-# the same with --prompt-lookup or --assistant: the presets that speculate (spec/options.py SPEC_PRESETS)
+# the same with --prompt-lookup or --assistant (every preset but baseline speculates: spec/options.py SPEC_PRESETS)
 DEFAULT_SPEC_STRATEGY = {"cuda": "static", "cpu": "kv"}
 
 

@@ -3,7 +3,8 @@
 `decode_step` is the one-token step, composed of the `*_ref` twins of the Triton kernels (same layout,
 same roundings, same cache writes), so that float32 on CPU can be compared token for token and logit for
 logit with Hugging Face. `prefill` runs the whole prompt with ordinary torch ops on the same weights and
-fills the cache at slots 0 .. P-1 (slot = position + the row's left padding).
+fills the cache at slots 0 .. P-1 (slot = position + the row's left padding). `verify_step` is the prefill's math
+for a few tokens per row at the row's own positions against the cache: speculative decoding's verify step.
 """
 
 from __future__ import annotations
@@ -259,6 +260,39 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
     return logits if W.vocab is None else W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
 
 
+def verify_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos):
+    """T tokens per row against the cache, each at its own position: ids, pos (B, T) long -> float32 logits
+    (B, T, V). The prefill's math (ordinary torch ops), at per-row offsets: token t of row b writes its K/V at slot
+    pos[b, t] + pad[b] and attends to slots pad[b] .. that slot (the row's earlier tokens, then itself; within a
+    layer's window), so a row's positions must rise along T. Two tokens of a row at one position write one slot:
+    only a token no row keeps may (spec/state.py feed_positions)."""
+    B, T = ids.shape
+    D, Hq, Hkv, S = W.head_dim, W.n_heads, W.n_kv_heads, k_caches[0].shape[2]
+    slot = pos + pad[:, None]  # (B, T)
+    keys = torch.arange(S, device=ids.device)[None, None, :]
+    seen = (keys >= pad[:, None, None]) & (keys <= slot[:, :, None])  # (B, T query, S key)
+    masks = {None: seen[:, None]}
+    for window in {layer.window for layer in W.layers} - {None}:
+        masks[window] = (seen & (keys > slot[:, :, None] - window))[:, None]
+    index = slot[:, None, :, None].expand(B, Hkv, T, D)
+    h = embed_rows(W.embed, W.pos_embed, ids, pos, W.embed_scale)  # (B, T, H)
+    tables = prefill_rope_tables(W, pos, h.dtype)
+    for layer, kc, vc in zip(W.layers, k_caches, v_caches):
+        q, k, v = prefill_qkv(W, layer, h, tables[layer.rope])
+        kc.scatter_(2, index, k)
+        vc.scatter_(2, index, v)
+        mask = masks[layer.window]
+        if layer.sinks is not None:
+            a = _sink_attention(q, kc, vc, mask, layer.scale, layer.sinks)
+        elif W.attn_softcap is not None:
+            a = _softcap_attention(q, kc, vc, mask, layer.scale, W.attn_softcap)
+        else:
+            a = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=layer.scale, enable_gqa=Hq != Hkv)
+        h = prefill_after_attention(W, layer, h, a)
+    logits = norm_linear_ref(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, **W.head_options())
+    return logits if W.vocab is None else W.vocab.gather_logits(logits)
+
+
 def prefill_rope_tables(W: FusedWeights, pos, dtype) -> dict:
     """cos, sin per RoPE kind of the model's layers (None: no RoPE) at positions `pos` (B, T)."""
     return {
@@ -314,7 +348,7 @@ def _moe_prefill(W: FusedWeights, layer, h):
 
 def _softcap_attention(q, k, v, mask, scale: float, softcap: float):
     """Attention with Gemma 2's soft-capped scores (cap * tanh(scores / cap)), as its eager attention computes
-    it: q (B, Hq, T, D), k and v (B, Hkv, T, D), mask (T, T) bool."""
+    it: q (B, Hq, T, D), k and v (B, Hkv, S, D), mask (T, S) bool (or one per row, (B, 1, T, S))."""
     G = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * scale
@@ -325,7 +359,7 @@ def _softcap_attention(q, k, v, mask, scale: float, softcap: float):
 
 def _sink_attention(q, k, v, mask, scale: float, sinks):
     """Attention with gpt-oss's sinks (a logit per head in each softmax, with no value), as its eager attention
-    computes it: q (B, Hq, T, D), k and v (B, Hkv, T, D), mask (T, T) bool, sinks (Hq,)."""
+    computes it: q (B, Hq, T, D), k and v (B, Hkv, S, D), mask (T, S) bool (or (B, 1, T, S)), sinks (Hq,)."""
     G = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
     scores = (torch.matmul(q, k.transpose(2, 3)) * scale).masked_fill(~mask, float("-inf"))

@@ -352,10 +352,11 @@ class FusedModel:
             torch._dynamo.mark_static_address(t)  # a CUDA graph reads the weights in place
         self._caches: OrderedDict = OrderedDict()
 
-    def cache_for(self, batch: int, length: int) -> FusedCache:
+    def cache_for(self, batch: int, length: int, tag: str = "") -> FusedCache:
         """The cache of this shape, kept for later calls (its old contents are never read: the prefill
-        overwrites slots 0 .. P-1 and each step writes its slot before attending to it)."""
-        key = (batch, length, torch.is_inference_mode_enabled())  # inference tensors stay in inference mode
+        overwrites slots 0 .. P-1 and each step writes its slot before attending to it). `tag`: another cache of
+        the same shape (a model drafting for itself keeps its draft's apart)."""
+        key = (batch, length, torch.is_inference_mode_enabled(), tag)  # inference tensors stay in inference mode
         cache = self._caches.pop(key, None)
         if cache is None:
             W = self.weights

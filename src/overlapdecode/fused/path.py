@@ -2,7 +2,8 @@
 model was moved or cast), and the steps of one fused call (steps.py), with the captured step kept per fused cache.
 
 The fused package imports Triton, an optional and heavy dependency, so this module imports the rest of it on
-first use only: a decoder that never runs the fused path never imports it.
+first use only: a decoder that never runs the fused path never imports it. `spec_rows` is the fused model as the
+target or the draft of a speculative call (speculation.py).
 """
 
 from __future__ import annotations
@@ -112,3 +113,11 @@ class FusedPath:
         while len(fused_cache.graphs) > KEEP_GRAPHS:
             fused_cache.graphs.popitem(last=False)
         return kept
+
+
+def spec_rows(fused, batch: int, length: int, tag: str = ""):
+    """A FusedModel (`model_for`'s) with a kept cache of `length` slots, as speculative rounds read and write it
+    (speculation.FusedRows); `tag`: a second cache of the same shape."""
+    from .speculation import FusedRows  # imported on first use: Triton is a heavy import
+
+    return FusedRows(fused, batch, length, tag)

@@ -4,7 +4,7 @@ Hugging Face's names: `prompt_lookup_num_tokens=K` drafts K tokens by n-gram loo
 `assistant_model=draft, num_assistant_tokens=K` drafts them with a smaller model of the same vocabulary. Each
 refusal is one ValueError or TypeError whose message starts with the argument it is about (the command line maps
 it onto its flag): a K that is no int >= 1, both kinds at once, a draft of another vocabulary or device, a strategy
-the round loop does not run yet (it names those that do), a model whose cache cannot be cut back to the accepted
+no round loop runs (it names the presets that speculate), a model whose cache cannot be cut back to the accepted
 tokens.
 """
 
@@ -18,11 +18,24 @@ from ..inputs import check_model, model_device
 from ..strategy import PRESETS, Strategy
 from ..tp.shard import is_sharded
 
-# the presets whose plan the round loop runs (rounds.py): eager steps on a Hugging Face cache, the stop read each round
-SPEC_PRESETS = tuple(n for n, s in PRESETS.items() if s.cache in ("dynamic", "static") and not s.compile)
 # Hugging Face's defaults where the call and the model's generation config give none
 NUM_ASSISTANT_TOKENS = 20
 MAX_MATCHING_NGRAM = 2
+
+
+def reference_rounds(strategy: Strategy) -> bool:
+    """Whether rounds.py's reference loop runs the strategy's speculation: eager steps on a dynamic or static Hugging
+    Face cache, the stop read each round."""
+    return strategy.cache in ("dynamic", "static") and not strategy.compile and strategy.stop_check == "sync"
+
+
+def captured_rounds(strategy: Strategy) -> bool:
+    """Whether loop/rounds.py's captured rounds run it: the fused cache, or a compiled static cache (any stop check)."""
+    return strategy.cache == "fused" or (strategy.cache == "static" and strategy.compile)
+
+
+# the presets that speculate: kv and static by the reference loop, compiled, interleaved and fused by captured rounds
+SPEC_PRESETS = tuple(n for n, s in PRESETS.items() if reference_rounds(s) or captured_rounds(s))
 
 
 @dataclass(frozen=True)
@@ -46,14 +59,14 @@ def _count(name: str, value) -> None:
 
 
 def check_spec_strategy(strategy: Strategy, label: str, what: str) -> None:
-    """ValueError naming the strategy unless the round loop runs it: an eager step on a dynamic or static cache, the
-    stop flag read at once (`label`: the strategy as the caller named it; `what`: the speculation argument)."""
-    if strategy.cache in ("dynamic", "static") and not strategy.compile and strategy.stop_check == "sync":
+    """ValueError naming the strategy unless a round loop runs it (`label`: the strategy as the caller named it;
+    `what`: the speculation argument)."""
+    if reference_rounds(strategy) or captured_rounds(strategy):
         return
+    names = ", ".join(repr(n) for n in SPEC_PRESETS[:-1]) + f" and {SPEC_PRESETS[-1]!r}"
     raise ValueError(
-        f"strategy {label}: speculative decoding ({what}) runs on the presets "
-        f"{' and '.join(repr(n) for n in SPEC_PRESETS)} for now (eager steps on a Hugging Face cache); use "
-        f"strategy={SPEC_PRESETS[-1]!r}"
+        f"strategy {label}: speculative decoding ({what}) runs on the presets {names} (a cache that keeps every "
+        f"token: eager steps reading the stop each round, or a compiled static or fused cache); use one of them"
     )
 
 
@@ -113,7 +126,8 @@ def check_speculation(
 
 def check_assistant(model, draft, strategy: Strategy) -> None:
     """The draft model: a causal LM in eval mode on the model's device, with the model's vocabulary (its LM head
-    scores the same ids), whose cache the strategy's kind can hold and the round loop can cut back."""
+    scores the same ids), whose cache the strategy's kind can hold and the round loop can cut back (under `fused`, a
+    draft of a family the fused path lacks runs on a compiled static cache)."""
     try:
         check_model(draft)
     except (ValueError, TypeError) as err:
@@ -128,6 +142,7 @@ def check_assistant(model, draft, strategy: Strategy) -> None:
         )
     if is_sharded(draft):
         raise ValueError("assistant_model: speculative decoding does not run on tensor-parallel shards yet")
-    why = refusal(draft, strategy.cache, False) or spec_refusal(draft)
+    fused = strategy.cache == "fused"
+    why = refusal(draft, "static" if fused else strategy.cache, strategy.compile or fused) or spec_refusal(draft)
     if why is not None:
         raise ValueError(f"assistant_model: {why}")

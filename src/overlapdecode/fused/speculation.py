@@ -1,0 +1,45 @@
+"""The fused model in speculative decoding's captured rounds (loop/rounds.py): as the model that verifies, and as
+the draft model.
+
+Its cache needs no cut: a token's slot is its position plus the row's left padding, so a row writes each round's
+tokens at its own slots, and the slots of the drafts it rejected are written again by its next round before any
+query reads them (a query attends to its row's slots up to its own). Rows advance by different counts with no
+hole and no host read. One token per row runs the fused decode step (the Triton kernels on CUDA, their torch
+twins elsewhere); several, the verify step, runs the prefill's torch math at the rows' own positions
+(forward.verify_step): a Triton many-query decode attention is not built.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import forward
+from .cache import FusedCache
+from .model import FusedModel
+
+
+class FusedRows:
+    """A FusedModel and a cache of `length` slots for `batch` rows, kept by the model (`tag` keeps a draft's apart
+    when a model drafts for itself): the interface of spec/cache.py's caches (prefill, forward, settle_rows)."""
+
+    def __init__(self, fused: FusedModel, batch: int, length: int, tag: str = ""):
+        limit = fused.max_positions  # the slots never pass the model's positions (spec/state.py feed_positions)
+        self.fused = fused
+        self.cache: FusedCache = fused.cache_for(batch, length if limit is None else min(length, limit), tag)
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The prompt (FusedModel.prefill: compiled per bucket on CUDA; it writes the rows' padding) -> (B, V)."""
+        return self.fused.prefill(self.cache, input_ids, attention_mask, positions)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
+        """(B, T) tokens at (B, T) positions, written at their slots -> (B, keep, V) float32 logits of the last
+        `keep`: the decode step for one token, the verify step for more."""
+        W, c = self.fused.weights, self.cache
+        if tokens.shape[1] == 1:
+            logits = forward.decode_step(W, c.k, c.v, c.pad, tokens[:, 0], positions[:, 0], self.fused.ops)[:, None]
+        else:
+            logits = forward.verify_step(W, c.k, c.v, c.pad, tokens, positions)
+        return logits[:, logits.shape[1] - keep :]
+
+    def settle_rows(self, kept: torch.Tensor, width: int) -> None:
+        """Nothing to cut: a rejected slot is written again before it is read."""

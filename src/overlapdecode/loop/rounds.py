@@ -1,0 +1,150 @@
+"""The speculative rounds of `compiled`, `interleaved` and `fused`: one round captured in a CUDA graph, with no host
+read inside it, and the host reading each round's counts late, as the stop checks read a step's flag.
+
+A round is spec/state.py's `play_round` (the reference loop's, spec/rounds.py: the same math and the same draws
+in the same order), then each cache's cut on the device (spec/cache.py StaticRows; the fused cache needs none:
+fused/speculation.py), then the round's report written into one small device tensor: whether every row has stopped,
+each row's count of tokens, finished flag, activity, drafts offered and drafts accepted. Rows advance by different
+counts; their counts, positions and flags live on the device. The host enqueues round after round, copies each
+report into pinned memory without blocking, and reads the report of the round `lag` rounds back (the plan's lag:
+0 for `compiled`, 1 for `interleaved` and `fused`, as their stop checks; every round on the caller's stream). The
+rounds it enqueued past the one after which every row had stopped change nothing: no row is active, and their
+caches keep no slot (loop/stopping.py's late steps, whose tokens are dropped).
+
+On CUDA the round's first run is eager (its Hugging Face forwards compile there: `compiled_call`) and the next is
+captured (step_graph.GraphCapture), every later one a replay. On a CPU nothing is captured nor compiled (unless
+COMPILED_ON says so): the same round runs eagerly.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..inputs import position_ids_for_prompt
+from ..sampling import draw_noise, make_generator, seen_tokens
+from ..spec.cache import call_model
+from ..spec.candidates import Assistant, PromptLookup
+from ..spec.state import SpecStats, begin, play_round
+from .compiling import recompile_limits
+from .step_graph import GraphCapture
+
+# device types on which a compiled plan's Hugging Face forwards are compiled in the rounds (a CPU compile of every
+# K and batch would take the CPU tests minutes; the round runs eagerly there)
+COMPILED_ON = ("cuda",)
+
+
+@functools.cache
+def compiled_call():
+    """spec/cache.py's call_model compiled once per process (no CUDA graphs of its own: the round is captured by
+    hand around it); dynamo specialises per model and shape."""
+    return torch.compile(call_model, fullgraph=True, dynamic=False)
+
+
+def forward_for(plan, device: torch.device):
+    """The forward of the Hugging Face caches in `plan`'s rounds: compiled for a compiled plan on COMPILED_ON."""
+    return compiled_call() if plan.step != "eager" and device.type in COMPILED_ON else call_model
+
+
+class Reports:
+    """Pinned host slots of the last `n` rounds' reports (and, for a streamer, the tokens so far), each guarded by
+    an event: report s goes to slot s % n, and is read before report s + n is enqueued."""
+
+    def __init__(self, n: int, batch: int, device: torch.device, tokens: int):
+        cuda = device.type == "cuda"
+        self.n, self.batch = n, batch
+        self.values = torch.zeros((n, 1 + 5 * batch), dtype=torch.long, pin_memory=cuda)
+        self.tokens = torch.zeros((n, batch, tokens), dtype=torch.long, pin_memory=cuda) if tokens else None
+        self.events = [torch.cuda.Event() if cuda else None for _ in range(n)]
+
+    def publish(self, s: int, report: torch.Tensor, tokens: torch.Tensor) -> None:
+        slot = s % self.n
+        self.values[slot].copy_(report, non_blocking=True)  # device -> pinned host, no sync
+        if self.tokens is not None:
+            self.tokens[slot].copy_(tokens, non_blocking=True)
+        if self.events[slot] is not None:
+            self.events[slot].record()
+
+    def read(self, s: int) -> tuple[bool, list, list, list, list, list, torch.Tensor | None]:
+        """Host: wait for report s only -> (every row stopped, counts, finished, active, offered, accepted, the
+        (B, N) tokens when streaming)."""
+        slot = s % self.n
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()  # host sync on this round only; later rounds stay queued
+        B, values = self.batch, self.values[slot].tolist()
+        rows = [values[1 + i * B : 1 + (i + 1) * B] for i in range(5)]
+        return (bool(values[0]), *rows, None if self.tokens is None else self.tokens[slot].clone())
+
+
+def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None):
+    """Run one speculative call's plan on the device -> ((B, P + n) ids as generate returns them, its SpecStats,
+    whether rounds enqueued past the stop may still be running). `target`: the model's cache (spec/cache.py
+    StaticRows or fused/speculation.py FusedRows); `draft`: the draft model's, or None for prompt lookup.
+    `on_tokens`: called with each step's (B,) host tokens in order, once every row's token of that step is read."""
+    req, params, spec = plan.request, plan.sampling, plan.spec
+    B, P = req.input_ids.shape
+    N, K = req.max_new_tokens, spec.k
+    eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)
+    graph = GraphCapture(device, sampled=params.do_sample)
+    graph.capturable = graph.capturable and plan.step != "eager"
+    generator = make_generator(params, plan.seed, device)
+    if generator is not None:  # every draw of the call, the prefill's too, from the graph's generator
+        graph.seed_from(generator)
+        generator = graph.generator
+    positions = position_ids_for_prompt(req.attention_mask)
+    drafter = PromptLookup(K, spec.ngram, eos_ids) if draft is None else Assistant(draft, K)
+
+    # step 0: the prompt, as without speculation
+    logits = target.prefill(req.input_ids, req.attention_mask, positions)
+    seen = seen_tokens(req.input_ids, logits.shape[-1]) if params.uses_seen else None
+    noise = draw_noise(logits.shape, device, generator)
+    state, out = begin(req, logits, noise, params, eos_ids, positions, seen, draft is None)
+    drafter.prefill(req.input_ids, req.attention_mask, positions)
+    report = torch.zeros(1 + 5 * B, dtype=torch.long, device=device)
+    zeros = torch.zeros(B, dtype=torch.long, device=device)
+
+    def write_report(active, offered, accepted) -> None:
+        stopped = (state.finished | (state.count >= N)).all()
+        rows = [state.count, state.finished.long(), active.long(), offered, accepted]
+        report.copy_(torch.cat([stopped.long()[None], *rows]))
+
+    def one_round() -> None:  # no host read: what a CUDA graph captures
+        active, offered, accepted, kept = play_round(state, out, drafter, target, params, generator, eos_ids, N)
+        target.settle_rows(kept, K + 1)
+        drafter.settle_rows(kept, K + 1)
+        write_report(active, offered, accepted)
+
+    lag = min(plan.lag, N - 1)
+    reports = Reports(lag + 1, B, device, N if on_tokens is not None else 0)
+    stats, streamed, steps = SpecStats(K), 0, N
+
+    def stopped_at(k: int) -> bool:
+        """Read report k (after round k - 1): its round's counts, a streamer's tokens; whether every row stopped."""
+        nonlocal streamed, steps
+        done, counts, finished, active, offered, accepted, tokens = reports.read(k)
+        if k > 0:
+            stats.add(active, offered, accepted)
+        if on_tokens is not None:
+            ready = max(counts) if done else min(N if f else c for c, f in zip(counts, finished))
+            for t in range(streamed, ready):
+                on_tokens(tokens[:, t].clone())
+            streamed = ready
+        if done:
+            steps = max(counts)
+        return done
+
+    write_report(zeros, zeros, zeros)
+    reports.publish(0, report, out[:, P : P + N])
+    stop = None
+    for s in range(N):  # report s follows round s - 1
+        if s > 0:
+            graph.run(one_round, recompile_limits)
+            reports.publish(s, report, out[:, P : P + N])
+        if s >= lag and stopped_at(s - lag):
+            stop = s - lag
+            break
+    else:
+        stop = next(k for k in range(N - lag, N) if stopped_at(k))  # report N - 1: every row has stopped
+    late = s > stop
+    return out[:, : P + steps].clone(), stats, late

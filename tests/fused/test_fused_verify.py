@@ -1,0 +1,71 @@
+"""The fused verify step (forward.verify_step: several tokens per row at the row's own positions against the cache):
+Hugging Face's float32 logits at every verified position, for rows of different left padding that advance by
+different counts, the slots of their rejected tokens written again by the next verify; plain layers, a sliding
+window with soft-capping (Gemma 2), sinks with routed experts (gpt-oss)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from overlapdecode.fused import forward
+from overlapdecode.fused.model import FusedModel
+from overlapdecode.inputs import position_ids_for_prompt
+from support.fused_families import family_model
+from support.fused_steps import tiny_fused_model
+
+P = 9
+PADS = [0, 4, P - 1]  # row 2: one real token
+T = 4  # tokens verified per row and verify
+
+
+def _hf_logits(model, tokens: list[int]) -> torch.Tensor:
+    """Hugging Face's logits over one row's real tokens, no padding: (len, V)."""
+    return model(input_ids=torch.tensor([tokens])).logits[0].float()
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma2", "gpt-oss"])
+@torch.no_grad()
+def test_verified_positions_give_hugging_faces_logits_as_rows_advance_by_different_counts(name):
+    model = tiny_fused_model("qwen2") if name == "qwen2" else family_model(name)
+    fm = FusedModel(model, compile_prefill=False)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 990, (len(PADS), P), generator=g)
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate(PADS):
+        mask[row, :pad] = 0
+    cache = fm.cache_for(len(PADS), 64)
+    fm.prefill(cache, ids, mask, position_ids_for_prompt(mask))
+    rows = [ids[b, pad:].tolist() for b, pad in enumerate(PADS)]  # each row's real tokens so far
+    pos = torch.tensor([len(r) for r in rows])  # the position of each row's next token
+    for kept in ([1, 3, 4], [2, 4, 1]):  # the tokens each row keeps of a verify: the others' slots are written again
+        new = torch.randint(3, 990, (len(PADS), T), generator=g)
+        at = pos[:, None] + torch.arange(T)[None, :]
+        got = forward.verify_step(fm.weights, cache.k, cache.v, cache.pad, new, at)
+        assert got.dtype == torch.float32 and got.shape == (len(PADS), T, model.config.vocab_size)
+        for b, row in enumerate(rows):
+            want = _hf_logits(model, row + new[b].tolist())[len(row) :]
+            assert (got[b] - want).abs().max().item() <= 1e-4 * max(want.abs().max().item(), 1.0), (name, b)
+            row.extend(new[b, : kept[b]].tolist())
+        pos = pos + torch.tensor(kept)
+
+
+@torch.no_grad()
+def test_a_row_that_repeats_a_position_past_its_kept_tokens_leaves_them_alone():
+    """Tokens fed past a row's drafts share one position (spec/state.py feed_positions): they write one slot past the
+    row's kept ones, and the logits at the positions before them are those of the row's tokens alone."""
+    model = tiny_fused_model("qwen2")
+    fm = FusedModel(model, compile_prefill=False)
+    ids = torch.randint(3, 990, (1, P), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    cache = fm.cache_for(1, 64)
+    fm.prefill(cache, ids, mask, position_ids_for_prompt(mask))
+    new = torch.tensor([[11, 12, 13, 14, 15]])
+    at = torch.tensor([[P, P + 1, P + 2, P + 2, P + 2]])  # two kept, then three at one position past them
+    got = forward.verify_step(fm.weights, cache.k, cache.v, cache.pad, new, at)
+    want = _hf_logits(model, ids[0].tolist() + [11, 12])[P:]
+    assert (got[0, :2] - want).abs().max().item() <= 1e-4 * max(want.abs().max().item(), 1.0)
+    new2 = torch.tensor([[21, 22]])  # the next verify from the third slot: the repeated position's slot rewritten
+    got2 = forward.verify_step(fm.weights, cache.k, cache.v, cache.pad, new2, torch.tensor([[P + 2, P + 3]]))
+    want2 = _hf_logits(model, ids[0].tolist() + [11, 12, 21, 22])[P + 2 :]
+    assert (got2[0] - want2).abs().max().item() <= 1e-4 * max(want2.abs().max().item(), 1.0)
