@@ -57,7 +57,7 @@ def test_a_seed_gives_the_same_tokens_on_gpt2_with_a_sampling_draft(tiny_gpt2):
 def test_the_rounds_forwards_compile_whole(monkeypatch):
     """On CUDA the compiled presets' rounds run their Hugging Face forwards compiled (fullgraph: a graph break is an
     error), the verify over K + 1 tokens against a cache with holes, the draft's over one; forced on this CPU once.
-    A model of its own, so that the compile count rises here."""
+    A later call of the same shapes compiles nothing more. A model of its own, so that the compile count rises here."""
     monkeypatch.setattr(rounds, "COMPILED_ON", ("cuda", "cpu"))
     model = od.load_model("tiny-gpt2", device="cpu")
     ids, mask = make_batch(2, seed=9)
@@ -67,3 +67,8 @@ def test_the_rounds_forwards_compile_whole(monkeypatch):
         out, _ = spec_generate(model, ids, mask, "compiled", [], 10, **spec)
         assert torch.equal(out, ref), list(spec)
     assert od.compile_count() >= start + 2  # the verify (B, 3) and the draft's step (B, 1)
+    done = od.compile_count()
+    for spec in (dict(assistant_model=model, num_assistant_tokens=2), dict(prompt_lookup_num_tokens=2)):
+        out, _ = spec_generate(model, ids, mask, "interleaved", [], 10, **spec)  # new caches, the same shapes
+        assert torch.equal(out, ref), list(spec)
+    assert od.compile_count() == done

@@ -118,7 +118,7 @@ def _add_generate(sub):
         default=None,
         metavar="K",
         help="speculative decoding: draft K tokens a round by n-gram lookup in the row's own tokens, verify them in "
-        "one step (the same greedy tokens, the same sampling distribution; strategies kv and static; "
+        "one step (the same greedy tokens, the same sampling distribution; every strategy but baseline; "
         "docs/SPECULATIVE.md) (default: off)",
     )
     spec.add_argument(
