@@ -69,7 +69,8 @@ class Decoder:
         self._slots: dict = {}  # (slots, batch, device) -> Slots, pinned host memory reused call after call
         self._end_event: torch.cuda.Event | None = None  # the last call's last step, on its caller's stream
         self._late_steps = False  # whether the last call returned with steps still queued (a late stop)
-        self.last_speculation = None  # the SpecStats of the last speculative call (spec/rounds.py)
+        self.last_speculation = None  # the SpecStats of the last speculative call (spec/state.py)
+        self._rounds = None  # the last speculative call's captured round (loop/rounds.py), which late rounds replay
 
     @property
     def fused_options(self) -> dict:
@@ -91,6 +92,7 @@ class Decoder:
             self.static_caches.clear()
             self._slots.clear()
             self._fused.clear()
+            self._rounds = None
 
     def fused_model(self):
         """The fused decode of this model (fused/): its weights are re-laid out once, on first use, and the
@@ -271,6 +273,7 @@ class Decoder:
         loop/rounds.py's captured rounds on the others, which read it late (rounds past the stop may still run)."""
         device = model_device(self.model)
         self._wait_last_call()  # host sync: a kept cache of the last call stays untouched by this one
+        self._rounds = None  # its rounds are done: their graph may go
         if sink is not None:
             sink.start(plan.request.input_ids)
         put = sink.put if sink is not None else None
@@ -280,7 +283,7 @@ class Decoder:
                 out, self.last_speculation = speculate(self.model, plan, device, put)
             else:
                 target, draft = self._spec_rows(plan, device)
-                out, self.last_speculation, late = run_rounds(plan, device, target, draft, put)
+                out, self.last_speculation, late, self._rounds = run_rounds(plan, device, target, draft, put)
         finally:
             self._late_steps = late
             if device.type == "cuda":

@@ -79,9 +79,11 @@ class Reports:
 
 def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None):
     """Run one speculative call's plan on the device -> ((B, P + n) ids as generate returns them, its SpecStats,
-    whether rounds enqueued past the stop may still be running). `target`: the model's cache (spec/cache.py
-    StaticRows or fused/speculation.py FusedRows); `draft`: the draft model's, or None for prompt lookup.
-    `on_tokens`: called with each step's (B,) host tokens in order, once every row's token of that step is read."""
+    whether rounds enqueued past the stop may still be running, the GraphCapture: kept by the caller until its next
+    call has waited for them, so that freeing the graph's memory neither races nor waits for them). `target`: the
+    model's cache (spec/cache.py StaticRows or fused/speculation.py FusedRows); `draft`: the draft model's, or None
+    for prompt lookup. `on_tokens`: called with each step's (B,) host tokens in order, once every row's token of
+    that step is read."""
     req, params, spec = plan.request, plan.sampling, plan.spec
     B, P = req.input_ids.shape
     N, K = req.max_new_tokens, spec.k
@@ -147,4 +149,4 @@ def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None):
     else:
         stop = next(k for k in range(N - lag, N) if stopped_at(k))  # report N - 1: every row has stopped
     late = s > stop
-    return out[:, : P + steps].clone(), stats, late
+    return out[:, : P + steps].clone(), stats, late, graph
