@@ -36,6 +36,13 @@ class BenchConfig:
     seed: int = 0
     quantize: str | None = None  # "int4", "int8" or "fp8": load_model(quantize=...); None: the weights as loaded
     group_size: int = 128  # int4's input features per scale and zero point
+    # speculative decoding (bench/speculative.py): the K of prompt lookup's rows, the draft of the assistant's
+    # rows ("self", "random", or a model name or directory) and their K, and the strategies that speculate (those
+    # of `strategies` whose preset runs it, sampled variants included; the command line finds them)
+    prompt_lookup: tuple[int, ...] = ()
+    assistant: str | None = None
+    num_assistant_tokens: tuple[int, ...] = ()
+    speculating: tuple[str, ...] = ()
 
 
 def config_json(cfg: BenchConfig) -> str:
@@ -54,27 +61,54 @@ def combos(cfg: BenchConfig) -> list[tuple[str, int]]:
 
 
 def _lengths(lengths, eos_lengths) -> dict:
-    return {"fixed": list(lengths), "profile": [min(lengths)], "eos": list(eos_lengths) or [max(lengths)]}
+    return {
+        "fixed": list(lengths),
+        "verify": [0],  # one forward, no new tokens: see speculative_names
+        "speculative": list(lengths),
+        "profile": [min(lengths)],
+        "eos": list(eos_lengths) or [max(lengths)],
+    }
+
+
+def speculative_names(cfg: BenchConfig, workload: str, names) -> list:
+    """What a workload measures of `names` (a configuration's strategies and peers): the names themselves, but for
+    the speculative workloads: `verify`, the distinct presets among those of `names` that speculate (the verify
+    step's cost is the preset's, whatever it samples); `speculative`, a (strategy, kind, K) per strategy that
+    speculates and K of prompt lookup ("prompt_lookup") and of the draft model ("assistant")."""
+    spec = [n for n in names if n in cfg.speculating]
+    if workload == "verify":
+        return list(dict.fromkeys(n.split("+")[0] for n in spec))
+    if workload == "speculative":
+        kinds = [("prompt_lookup", k) for k in cfg.prompt_lookup]
+        kinds += [("assistant", k) for k in cfg.num_assistant_tokens] if cfg.assistant else []
+        return [(n, kind, k) for n in spec for kind, k in kinds]
+    return list(names)
 
 
 def plan(cfg: BenchConfig) -> tuple[list[tuple[str, int]], list[tuple]]:
     """(dtype, batch) pairs, and the (dtype, batch, workload, length, strategy) rows to measure, in order.
 
-    Per dtype (one model load): the fixed workload, then the profiles, then the eos rows last, since the
-    forced-EOS hook stays registered until that dtype's model is dropped. A pair of `narrowed` is measured
-    with its own names and lengths.
+    Per dtype (one model load): the fixed workload, then with speculation the verify step's cost and the
+    speculative rows (after the fixed rows, whose times their speed-up divides), then the profiles, then the eos
+    rows last, since the forced-EOS hook stays registered until that dtype's model is dropped. A pair of
+    `narrowed` is measured with its own names and lengths. A speculative row's name is (strategy, kind, K).
     """
     pairs = combos(cfg)
     whole = (list(cfg.strategies) + list(cfg.peers), _lengths(cfg.lengths, cfg.eos_lengths))
     own = {split_pair(p): (list(names), _lengths(ns, cfg.eos_lengths)) for p, names, ns in cfg.narrowed}
-    workloads = [w for w in ("fixed", "profile", "eos") if w in cfg.workloads or (w == "profile" and cfg.profile)]
+    speculates = bool(cfg.speculating and (cfg.prompt_lookup or cfg.assistant))
+    workloads = [
+        w
+        for w in ("fixed", "verify", "speculative", "profile", "eos")
+        if w in cfg.workloads or (w == "profile" and cfg.profile) or (w in ("verify", "speculative") and speculates)
+    ]
     rows = [
         (dtype, batch, workload, n, name)
         for dtype in dict.fromkeys(d for d, _ in pairs)
         for workload in workloads
         for batch in [b for d, b in pairs if d == dtype]
         for n in own.get((dtype, batch), whole)[1][workload]
-        for name in own.get((dtype, batch), whole)[0]
+        for name in speculative_names(cfg, workload, own.get((dtype, batch), whole)[0])
     ]
     return pairs, rows
 

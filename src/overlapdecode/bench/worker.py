@@ -12,7 +12,9 @@ prefill excluded = (call - TTFT) / (new tokens - 1), and the per-layer toll = (t
 bandwidth) / layers (figures.step_toll). The GPU busy fraction and kernels per step come from one profiled call
 per strategy at the shortest length (timeline.analyze), after the fixed workload's timed rows of that dtype, so
 that no profiler has run before them; results.json gives that count to the fixed row of the same shape
-(results.with_kernel_counts).
+(results.with_kernel_counts). With speculation (speculative.py), after the fixed rows of a dtype: a verify row per
+strategy that speculates (its verify step's cost), then a speculative row per strategy, draft and K, timed as any
+row, with its rounds' figures and its speed-up over the fixed row of the same strategy measured just before.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from .config import BenchConfig, config_from_json, plan
 from .peers import PEERS, peer_compiles, run_peer
 from .report.figures import step_toll
 from .report.results import environment
+from .speculative import generate_kwargs as speculation_kwargs
+from .speculative import load_draft, round_figures, speed_up, times_verify, verify_row
 from .variants import generate_kwargs, split_variant
 from .workloads import ForcedEOS, eos_steps, prompt
 
@@ -76,7 +80,8 @@ def device_bandwidth_gbs(device, nbytes: int = 1 << 31, repeats: int = 10) -> fl
     return 2 * nbytes / statistics.median(times) / 1e9
 
 
-def _runner(name, model, ids, max_new, eos, pad, seed: int = 0):
+def _runner(name, model, ids, max_new, eos, pad, seed: int = 0, spec: dict | None = None):
+    """The call that a row of strategy or peer `name` times; `spec`: od.generate's speculation arguments."""
     if name in PEERS:
         return lambda n=max_new: run_peer(name, model, ids, torch.ones_like(ids), n, eos, pad)
     base, _ = split_variant(name)  # a sampled variant: NAME+key=value (variants.py)
@@ -91,6 +96,7 @@ def _runner(name, model, ids, max_new, eos, pad, seed: int = 0):
         eos_token_id=eos,
         pad_token_id=pad,
         **sampling,
+        **(spec or {}),
     )
 
 
@@ -107,8 +113,10 @@ def _busy(fn, device) -> dict:
         return timeline.analyze(timeline.trace_call(fn, device, os.path.join(tmp, "trace.json")))
 
 
-def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> dict:
-    run = _runner(name, model, ids, max_new, eos, pad, cfg.seed)
+def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device, spec: dict | None = None) -> dict:
+    """A timed row's figures; with `spec` (od.generate's speculation arguments) also those of the last timed
+    call's rounds (speculative.round_figures)."""
+    run = _runner(name, model, ids, max_new, eos, pad, cfg.seed, spec)
     first, _ = _timed(run, device)
     for _ in range(cfg.warmup):
         _timed(run, device)
@@ -118,6 +126,7 @@ def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> di
         before = memory.start(device) if i == cfg.repeats - 1 else None
         seconds, out = _timed(run, device)
         times.append(seconds)
+    rounds = round_figures(od.decoder_for(model).last_speculation) if spec else {}
     mem = memory.stop(device, before)
     run(1)  # warm the one-token path (a new cache shape)
     ttft = [_timed(lambda: run(1), device)[0] for _ in range(cfg.repeats)]
@@ -136,6 +145,7 @@ def measure(cfg: BenchConfig, name, model, ids, max_new, eos, pad, device) -> di
         ttft_ms=statistics.median(ttft) * 1e3,
         first_call_s=first,
         **mem,
+        **rounds,
     )
 
 
@@ -156,7 +166,8 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
     allocator = memory.allocator_setting()
     combos, rows = plan(cfg)
     print(f"PLAN {len(rows)}", flush=True)
-    model = forced = model_dtype = None
+    model = forced = model_dtype = draft = None
+    plain = {}  # (dtype, batch, length, strategy) -> the fixed row: what a speculative row's speed-up divides
     started = time.perf_counter()
     with open(out_path, "a") as sink:
         meta = dict(
@@ -168,6 +179,9 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
         sink.write(json.dumps(dict(meta=meta)) + "\n")  # kept if interrupted
         bandwidth = device_bandwidth_gbs(device)  # once per worker, before any model is on the device
         for i, (dtype, batch, workload, n, name) in enumerate(rows):
+            spec_kind = k = None
+            if workload == "speculative":  # (strategy, kind, K): bench/config.py speculative_names
+                name, spec_kind, k = name
             base = dict(
                 model=cfg.model,
                 tp=cfg.tp,
@@ -184,6 +198,8 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 quantize=cfg.quantize,
                 group_size=cfg.group_size if cfg.quantize == "int4" else None,
             )
+            if spec_kind is not None:
+                base.update(speculation=spec_kind, k=k, assistant=cfg.assistant if spec_kind == "assistant" else None)
             if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
                 row = dict(base, strategy=name, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent")
                 sink.write(json.dumps(row) + "\n")
@@ -191,7 +207,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
             if model is None or model_dtype != dtype:
                 if model is not None:
                     od.decoder_for(model).clear()
-                model = forced = None
+                model = forced = draft = None
                 model = od.load_model(
                     cfg.model,
                     dtype=dtype,
@@ -202,12 +218,25 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                     group_size=cfg.group_size,
                 )
                 model_dtype = dtype
+            if draft is None and cfg.assistant and workload in ("verify", "speculative"):  # once per dtype
+                draft = load_draft(
+                    cfg.assistant, cfg.model, model, dtype, device, cfg.seed, cfg.quantize, cfg.group_size
+                )
             vocab = model.config.get_text_config().vocab_size
             eos_id = _first_eos(model, vocab)
             ids = prompt(batch, cfg.prompt_len, vocab, device, cfg.seed)
-            print(f"STEP {i} {dtype} b{batch} {workload} n{n} {name}", flush=True)
+            shown = name if spec_kind is None else f"{name} {spec_kind} K={k}"
+            print(f"STEP {i} {dtype} b{batch} {workload} n{n} {shown}", flush=True)
             try:
-                if workload == "profile":
+                if workload == "verify" and not times_verify(name):
+                    row = dict(base, strategy=name, error=f"not measured: no timer of {name}'s verify step yet")
+                elif workload == "verify":
+                    row = dict(base, **verify_row(cfg, name, model, draft, batch, vocab, device))
+                elif workload == "speculative":
+                    spec = speculation_kwargs(spec_kind, k, draft)
+                    row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device, spec))
+                    row.update(speed_up(plain.get((dtype, batch, n, name)), row))
+                elif workload == "profile":
                     run = _runner(name, model, ids, n, [], eos_id, cfg.seed)
                     run()  # same shape as the sweep's shortest length: compiled already
                     row = dict(base, strategy=name, busy=_busy(run, device), compiled=_compiles(name, device))
@@ -222,6 +251,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                     )
                 else:
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device))
+                    plain[(dtype, batch, n, name)] = row
                 row["weight_bytes"] = step_weight_bytes(model, batch)  # the experts this batch can reach
                 if "seq_s" in row:  # a timed row: its decode ms/step and per-layer toll beside MBU
                     row.update(step_toll(row, model_facts(model).layers or None))
@@ -231,6 +261,10 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                     # on to the next row would leave them waiting for ever; only ending every rank is safe
                     raise
                 row = dict(base, strategy=name, error=f"out of memory: {err}".splitlines()[0])
+            except ValueError as err:  # a model the round loop refuses (spec/options.py): recorded, the run goes on
+                if spec_kind is None and workload != "verify":
+                    raise
+                row = dict(base, strategy=name, error=f"not run: {err}")
             sink.write(json.dumps(row) + "\n")
             sink.flush()
     print("DONE", flush=True)

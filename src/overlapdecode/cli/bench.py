@@ -120,6 +120,28 @@ def add_commands(sub) -> None:
         default=None,
         help="seconds; configurations not started by then are recorded as not run (default: no limit)",
     )
+    b.add_argument(
+        "--prompt-lookup",
+        default=None,
+        metavar="K[,K...]",
+        help="speculative rows: each strategy that speculates (kv, static and their sampled variants), drafting K "
+        "tokens a round by prompt lookup, at every --lengths, beside the verify step's cost for K + 1 = 1..9 "
+        "tokens (docs/BENCHMARKING.md, 'Speculative decoding') (default: none)",
+    )
+    b.add_argument(
+        "--assistant",
+        default=None,
+        metavar="SPEC",
+        help="speculative rows with a draft model: self (the model as its own draft: every draft accepted), "
+        "random (the model's shape, unrelated random weights: about none accepted), or a model name or "
+        "directory of the same vocabulary (default: none)",
+    )
+    b.add_argument(
+        "--num-assistant-tokens",
+        default=None,
+        metavar="K[,K...]",
+        help="tokens the --assistant drafts a round, comma-separated (default: 4 with --assistant)",
+    )
     add_quantize_flags(b)
     b.add_argument("--append", action="store_true", help="add to the results already in --out")
     b.add_argument(
@@ -246,6 +268,45 @@ def summary_tables(rows, model: str) -> list:
     return out
 
 
+SPEC_COLUMNS = ("strategy", "drafts", "K", "acc.", "tok/rnd", "ms/tok", "vs plain")
+
+
+def speculation_tables(rows) -> list:
+    """The terminal's speculative rows: per (allocator, dtype, batch), at the longest length, a rich Table of each
+    strategy, draft and K: the acceptance rate, tokens per round, ms/token and the speed-up over the same strategy
+    without speculation (`!` where the timed calls' spread covers it)."""
+    from rich.table import Table  # imported when the command runs, not for --help
+
+    from ..bench.report.markdown import fmt
+    from ..bench.report.speculation import spec_rows, speedup_text
+
+    groups: dict = {}
+    for r in spec_rows(rows):
+        groups.setdefault((r["allocator"], r["dtype"], r["batch"]), []).append(r)
+    out = []
+    for (alloc, dtype, batch), members in sorted(groups.items()):
+        n = max(r["max_new_tokens"] for r in members)
+        where = f", allocator {alloc}" if alloc != "default" else ""
+        table = Table(title=f"speculative, {dtype}, batch {batch}{where}, {n} new tokens")
+        for i, name in enumerate(SPEC_COLUMNS):
+            table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
+        for r in sorted(members, key=lambda r: (r["strategy"], r["speculation"], r["k"])):
+            if r["max_new_tokens"] != n:
+                continue
+            drafts = "lookup" if r["speculation"] == "prompt_lookup" else os.path.basename(str(r["assistant"]))
+            table.add_row(
+                r["strategy"],
+                drafts,
+                str(r["k"]),
+                fmt(r.get("acceptance_rate"), "{:.2f}"),
+                fmt(r.get("tokens_per_round"), "{:.2f}"),
+                f"{r['ms_per_token']:.3f}",
+                speedup_text(rows, r),
+            )
+        out.append(table)
+    return out
+
+
 def print_summary(results: dict, out_dir: str, file=None) -> None:
     """The tables, their warnings, on CPU the line that says what the run is worth, and where the report is;
     `file`: where to print (default stdout, at its width: 80 columns when piped unless COLUMNS says)."""
@@ -258,6 +319,8 @@ def print_summary(results: dict, out_dir: str, file=None) -> None:
         console.print(table)
         for line in warnings:
             console.print(line, markup=False, highlight=False)
+    for table in speculation_tables(results["rows"]):
+        console.print(table)
     if on_cpu(results["rows"]):
         console.print(CPU_TAKEAWAY, markup=False, highlight=False)
     console.print(f"report: {out_dir}/report.md (results: {out_dir}/results.json)", markup=False, highlight=False)

@@ -171,6 +171,7 @@ def bench_config(args):
     _check_tp(args)
     if args.tp > 1:
         _check_tp_model(model, args.tp, config)
+    speculation = check_speculation(args, strategies, model, config, prompt_len, max(lengths), workloads)
     check_out(args.out, "bench", args.append)
     return BenchConfig(
         tp=args.tp,
@@ -195,7 +196,100 @@ def bench_config(args):
         device=args.device,
         quantize=args.quantize,
         group_size=group_size,
+        **speculation,
     )
+
+
+NUM_ASSISTANT_TOKENS = (4,)  # --num-assistant-tokens with --assistant alone
+
+
+def check_speculation(args, strategies, model: str, config, prompt_len: int, longest: int, workloads) -> dict:
+    """--prompt-lookup, --assistant and --num-assistant-tokens -> BenchConfig's speculation fields, before any
+    work: K values >= 1; the draft (self, random, or a model of the same vocabulary); at least one of `strategies`
+    that speculates; the fixed workload, whose rows their speed-up divides; no tensor parallelism."""
+    from ..bench.variants import split_variant
+    from ..spec.options import SPEC_PRESETS, check_spec_strategy  # torch: imported when a command runs
+    from ..strategy import resolve_strategy
+
+    if args.num_assistant_tokens is not None and args.assistant is None:
+        raise CliError("--num-assistant-tokens is given without --assistant: it counts the draft model's tokens")
+    if args.prompt_lookup is None and args.assistant is None:
+        return {}
+    flag = "--prompt-lookup" if args.assistant is None else "--assistant"
+    _check_round_loop(model, config, "--model", flag)
+    lookup = _counts(args.prompt_lookup, "--prompt-lookup", ())
+    drafted = ()
+    if args.assistant is not None:
+        drafted = _counts(args.num_assistant_tokens, "--num-assistant-tokens", NUM_ASSISTANT_TOKENS)
+        _check_assistant(args.assistant, model, config, prompt_len, longest)
+    if args.tp > 1:
+        raise CliError(f"{flag}: speculative decoding does not run on tensor-parallel shards yet; bench it with --tp 1")
+    if "fixed" not in workloads:
+        raise CliError(f"{flag} needs the fixed workload (--workloads fixed): its rows are what the speed-up divides")
+    speculating = []
+    for name in strategies:
+        try:
+            check_spec_strategy(resolve_strategy(split_variant(name)[0]), name, flag)
+        except ValueError:
+            continue
+        speculating.append(name)
+    if not speculating:
+        raise CliError(
+            f"{flag}: none of the strategies measured ({', '.join(strategies)}) runs speculative decoding; add "
+            f"{' or '.join(SPEC_PRESETS)} to --strategies"
+        )
+    return dict(
+        prompt_lookup=lookup,
+        assistant=args.assistant,
+        num_assistant_tokens=drafted,
+        speculating=tuple(speculating),
+    )
+
+
+def _counts(text: str | None, flag: str, default: tuple) -> tuple[int, ...]:
+    """A flag's K values: comma-separated integers >= 1, each once (`default` where the flag is not given)."""
+    return default if text is None else tuple(dict.fromkeys(_positive(ints(text, flag), flag)))
+
+
+def _check_assistant(spec: str, model: str, config, prompt_len: int, longest: int) -> None:
+    """--assistant: self, random, or a model name or directory that loads, is a causal LM and scores the model's
+    token ids (its vocabulary as wide as the model's), with room for the run's positions."""
+    from ..bench.speculative import RANDOM, SELF  # torch: imported when a command runs, not for --help
+    from ..models.loading import embedded_config
+
+    if spec in (SELF, RANDOM):
+        return
+    if not spec.strip():
+        raise CliError(f"--assistant takes {SELF}, {RANDOM}, or a model name or directory, got {spec!r}")
+    theirs = check_model_flag(spec, "--assistant")
+    ours, theirs = (embedded_config(n) if c is None else c for n, c in ((model, config), (spec, theirs)))
+    sizes = [c.get_text_config(decoder=True).vocab_size for c in (ours, theirs)]
+    if sizes[0] != sizes[1]:
+        raise CliError(
+            f"--assistant {spec} scores {sizes[1]} token ids and --model {model} {sizes[0]}: the draft must share "
+            f"the model's vocabulary (the same tokenizer)"
+        )
+    check_positions(spec, prompt_len, longest)
+    _check_round_loop(spec, theirs, "--assistant", "--assistant")
+
+
+def _check_round_loop(name: str, config, flag: str, asked: str) -> None:
+    """A model whose tokens the speculative round loop cannot keep (spec/options.py spec_refusal: recurrent or local
+    attention layers...), found from its config on the meta device (no weights): one line naming `flag`."""
+    import torch  # imported when the command runs, not for --help
+    from transformers import AutoModelForCausalLM
+
+    from ..models.loading import embedded_config
+    from ..spec.options import spec_refusal
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(embedded_config(name) if config is None else config)
+    except Exception:  # a config Hugging Face cannot build alone: the worker's call refuses it, in that row
+        return
+    why = spec_refusal(model)
+    if why is not None:
+        raise CliError(f"{asked}: {flag} {name}: {why}; bench it without speculation")
 
 
 def dict_args(args, **changes):

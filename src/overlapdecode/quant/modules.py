@@ -75,60 +75,48 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}{order}"
 
 
-class Int8Linear(nn.Module):
-    """y = x @ w'.T + b with w' = q * s (schemes.py): int8 codes, a scale per output row."""
+class RowScaledLinear(nn.Module):
+    """y = x @ w'.T + b with w' = q * s (schemes.py): codes of the subclass's scheme, a scale per output row, no
+    zero points. Int8Linear and Fp8Linear differ in their codes alone."""
+
+    scheme = ""  # the subclass's
+    quantize_rows = dequantize_rows = None  # schemes.py's pair for the scheme
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        """Quantize `weight` (out_features, in_features); `bias` is kept as it is."""
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        q, scales = type(self).quantize_rows(weight.detach())
+        self.weight, self.scales = _frozen(q), _frozen(scales)
+        self.zeros = None  # symmetric: no zero points
+        self.bias = None if bias is None else _frozen(bias.detach())
+
+    @property
+    def group_size(self) -> int:
+        return self.in_features
+
+    def packed(self) -> PackedWeight:
+        return PackedWeight(self.scheme, self.weight, self.scales, None, self.in_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, type(self).dequantize_rows(self.weight, self.scales), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class Int8Linear(RowScaledLinear):
+    """int8 codes, a scale per output row."""
 
     scheme = "int8"
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        """Quantize `weight` (out_features, in_features); `bias` is kept as it is."""
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        q, scales = quantize_int8(weight.detach())
-        self.weight, self.scales = _frozen(q), _frozen(scales)
-        self.zeros = None  # symmetric: no zero points
-        self.bias = None if bias is None else _frozen(bias.detach())
-
-    @property
-    def group_size(self) -> int:
-        return self.in_features
-
-    def packed(self) -> PackedWeight:
-        return PackedWeight("int8", self.weight, self.scales, None, self.in_features, self.in_features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, dequantize_int8(self.weight, self.scales), self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}"
+    quantize_rows, dequantize_rows = staticmethod(quantize_int8), staticmethod(dequantize_int8)
 
 
-class Fp8Linear(nn.Module):
-    """y = x @ w'.T + b with w' = q * s (schemes.py): float8_e4m3fn codes, a scale per output row."""
+class Fp8Linear(RowScaledLinear):
+    """float8_e4m3fn codes, a scale per output row."""
 
     scheme = "fp8"
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        """Quantize `weight` (out_features, in_features); `bias` is kept as it is."""
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        q, scales = quantize_fp8(weight.detach())
-        self.weight, self.scales = _frozen(q), _frozen(scales)
-        self.zeros = None  # symmetric: no zero points
-        self.bias = None if bias is None else _frozen(bias.detach())
-
-    @property
-    def group_size(self) -> int:
-        return self.in_features
-
-    def packed(self) -> PackedWeight:
-        return PackedWeight("fp8", self.weight, self.scales, None, self.in_features, self.in_features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, dequantize_fp8(self.weight, self.scales), self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}"
+    quantize_rows, dequantize_rows = staticmethod(quantize_fp8), staticmethod(dequantize_fp8)
 
 
 QUANTIZED = (Int4Linear, Int8Linear, Fp8Linear)

@@ -105,16 +105,19 @@ def dequantize_int4(
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, K) float weight -> (q (N, K) int8, scales (N, 1) in w's dtype)."""
-    parts = [_quantize_int8_rows(rows) for rows in _row_chunks(w)]
+    return _row_scaled(w, INT8_MAX, torch.int8, rounded=True)
+
+
+def _row_scaled(w: torch.Tensor, top: float, dtype: torch.dtype, rounded: bool):
+    """q = clamp(w / s) (rounded to integers where `rounded`), s = max|w| / top per row, in row chunks."""
+    parts = []
+    for rows in _row_chunks(w):
+        wf = rows.float()
+        s = (wf.abs().amax(dim=1, keepdim=True) / top).to(rows.dtype)
+        sf = s.float()
+        q = wf / torch.where(sf == 0, 1.0, sf)
+        parts.append((torch.clamp(torch.round(q) if rounded else q, -top, top).to(dtype), s))
     return tuple(torch.cat(p, dim=0) for p in zip(*parts))
-
-
-def _quantize_int8_rows(w: torch.Tensor):
-    wf = w.float()
-    s = (wf.abs().amax(dim=1, keepdim=True) / INT8_MAX).to(w.dtype)
-    sf = s.float()
-    q = torch.clamp(torch.round(wf / torch.where(sf == 0, 1.0, sf)), -INT8_MAX, INT8_MAX)
-    return q.to(torch.int8), s
 
 
 def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -124,16 +127,7 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, K) float weight -> (q (N, K) float8_e4m3fn, scales (N, 1) in w's dtype)."""
-    parts = [_quantize_fp8_rows(rows) for rows in _row_chunks(w)]
-    return tuple(torch.cat(p, dim=0) for p in zip(*parts))
-
-
-def _quantize_fp8_rows(w: torch.Tensor):
-    wf = w.float()
-    s = (wf.abs().amax(dim=1, keepdim=True) / FP8_MAX).to(w.dtype)
-    sf = s.float()
-    q = torch.clamp(wf / torch.where(sf == 0, 1.0, sf), -FP8_MAX, FP8_MAX)
-    return q.to(torch.float8_e4m3fn), s
+    return _row_scaled(w, FP8_MAX, torch.float8_e4m3fn, rounded=False)
 
 
 def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

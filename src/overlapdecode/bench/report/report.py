@@ -27,6 +27,8 @@ from .gather import gather  # noqa: F401  (`overlapdecode report --markdown`, cl
 from .markdown import fmt, label, table
 from .plots import plots
 from .results import load
+from .speculation import plot as speculation_plot
+from .speculation import section as speculation_section
 from .tp_summary import tp_probe_summary  # noqa: F401  (cli/bench.py)
 
 # what a run on CPU is worth, in one line: the terminal prints it under the tables, report.md under the claims
@@ -49,8 +51,9 @@ def build(out_dir: str) -> str:
     rows = results["rows"]
     gpu_rows = [r for r in rows if r.get("device", "").startswith("cuda")]
     md = _header(results) + _claims(results, gpu_rows) + _configurations(rows) + _eos(rows) + _busy(rows)
+    md += speculation_section(rows)
     md += ["", "## Plots", ""]
-    for png, what in plots(results, out_dir):
+    for png, what in plots(results, out_dir) + speculation_plot(results, out_dir):
         md.append(f"![{what}]({png})")
     if not gpu_rows:
         md += ["", "No CUDA device: memory and GPU figures are unavailable, times are CPU times."]

@@ -41,6 +41,35 @@ OPTIONAL_FIGURES = (
     "toll_us_per_layer",
     "kernels_per_step",
 )
+# What tells two rows' configurations apart (a later one of the same replaces the earlier: latest_rows); a
+# speculative row's draft and K among them (absent, None, from rows written before them)
+ROW_IDENTITY = (
+    "model",
+    "allocator",
+    "dtype",
+    "batch",
+    "prompt_len",
+    "workload",
+    "max_new_tokens",
+    "strategy",
+    "speculation",
+    "assistant",
+    "k",
+)
+# A speculative row's figures (bench/speculative.py), numbers where present (None: not measured); a verify row's
+# lists, one value per token count of `verify_tokens`
+SPECULATIVE_FIGURES = (
+    "drafts_offered",
+    "drafts_accepted",
+    "acceptance_rate",
+    "rounds",
+    "row_rounds",
+    "tokens_per_round",
+    "plain_ms_per_token",
+    "speedup",
+)
+VERIFY_LISTS = ("verify_ms", "verify_ratio")
+SPECULATION_KINDS = ("prompt_lookup", "assistant")
 # What makes a profile row's kernel count that of a fixed row: the same configuration, so the same step.
 SHAPE_KEYS = ("model", "tp", "allocator", "dtype", "batch", "prompt_len", "max_new_tokens", "strategy")
 # What the report's "Machine:" line reads from an environment record.
@@ -105,10 +134,7 @@ def latest_rows(rows: list[dict]) -> list[dict]:
     measured one. Keeps the order of first appearance."""
     keep: dict = {}  # key -> (position of first appearance, row)
     for i, r in enumerate(rows):
-        key = tuple(
-            r.get(k)
-            for k in ("model", "allocator", "dtype", "batch", "prompt_len", "workload", "max_new_tokens", "strategy")
-        )
+        key = tuple(r.get(k) for k in ROW_IDENTITY)
         if key in keep and "error" in r and "error" not in keep[key][1]:
             continue
         keep[key] = (keep[key][0] if key in keep else i, r)
@@ -185,6 +211,9 @@ def _check(results, path: str) -> dict:
                 raise ResultsError(
                     f"{path}: row {i} has {', '.join(wrong)} of the wrong kind (numbers expected, times > 0)"
                 )
+        wrong = _speculative_faults(r)
+        if wrong:
+            raise ResultsError(f"{path}: row {i} has {', '.join(wrong)} of the wrong kind ({_SPECULATIVE_KINDS})")
     env = results.get("environment")
     if not isinstance(env, dict):  # older or hand-made files: say so in the report rather than refuse
         results["environment"] = dict(recorded=False, note=f"{RESULTS} has no environment record")
@@ -194,6 +223,37 @@ def _check(results, path: str) -> dict:
             note=f"{RESULTS}'s environment record lacks {', '.join(k for k in ENV_KEYS if k not in env)}",
         )
     return results
+
+
+_SPECULATIVE_KINDS = (
+    f"speculation one of {', '.join(SPECULATION_KINDS)}, an integer K >= 1, numbers for the figures, an "
+    "acceptance rate in [0, 1], verify_tokens integers >= 1 with one time > 0 each"
+)
+
+
+def _speculative_faults(r: dict) -> list[str]:
+    """The keys of a speculative or verify row that the report cannot use (none for other rows)."""
+    wrong = []
+    if r["workload"] == "speculative" and "error" not in r:
+        if r.get("speculation") not in SPECULATION_KINDS:
+            wrong.append("speculation")
+        if not (_number(r.get("k")) and isinstance(r["k"], int) and r["k"] >= 1):
+            wrong.append("k")
+        wrong += [k for k in SPECULATIVE_FIGURES if r.get(k) is not None and not _number(r[k])]
+        a = r.get("acceptance_rate")
+        if "acceptance_rate" not in wrong and a is not None and not 0 <= a <= 1:
+            wrong.append("acceptance_rate")
+    if r["workload"] == "verify" and "error" not in r:
+        tokens = r.get("verify_tokens")
+        if not (isinstance(tokens, list) and tokens and all(isinstance(t, int) and t >= 1 for t in tokens)):
+            wrong.append("verify_tokens")
+        else:
+            for k in VERIFY_LISTS:
+                v = r.get(k)
+                if not (isinstance(v, list) and len(v) == len(tokens) and all(_time(x) for x in v)):
+                    wrong.append(k)
+        wrong += [k for k in ("draft_step_ms", "draft_ratio") if r.get(k) is not None and not _time(r[k])]
+    return wrong
 
 
 def load(out_dir: str) -> dict:

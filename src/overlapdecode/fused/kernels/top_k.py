@@ -9,8 +9,8 @@ repetition penalty:
 
 Why: the threshold came from one `torch.topk` over the vocabulary, a dozen or so launches for a few long rows
 (PyTorch's multi-block radix select: per 8-bit digit a search and a count launch, prefix scans, a gather, then a
-sort of the k values) and about 60 us per step at a 128K vocabulary on an H200 (docs/KERNELS.md, "The sampled
-choice"), which every sampled call at Hugging Face's defaults (top-k 50) paid.
+sort of the k values; its measured cost is in docs/KERNELS.md, "The sampled choice"), which every sampled call at
+Hugging Face's defaults (top-k 50) paid.
 
 How, two launches (without top-k the first alone):
 

@@ -1,0 +1,240 @@
+"""The report's speculative decoding: the verify step's cost, the speculative rows, and the model they are set
+beside, from results.json's `verify` and `speculative` rows (bench/speculative.py measures them).
+
+The model: a round drafts K tokens and verifies them in one step of the model over K + 1 positions. If each draft
+is accepted with probability a (independently, until the first rejection), a round emits on average
+
+    E[tokens per round] = (1 - a^(K+1)) / (1 - a)        (1 at a = 0, K + 1 at a = 1)
+
+tokens, and costs the verify step, c(K + 1) one-token steps (its measured cost ratio), plus, where a draft
+model runs, its K + 1 one-token forwards (K drafts and the K-th fed back), each d of the model's step. So the
+speed-up over one token a step is E / (c + (K + 1) d). The loop's own work per round (the acceptance, the cache
+cut, a host read) is not in the model: the measured points lie below the curve by that much.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .figures import spread
+from .markdown import fmt, table
+from .plots import _panels
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """E[tokens per round] = 1 + a + ... + a^K = (1 - a^(K+1)) / (1 - a) for an acceptance probability `a` in
+    [0, 1] and K drafts a round: 1 at a = 0, K + 1 at a = 1."""
+    if not 0 <= a <= 1:
+        raise ValueError(f"a must be an acceptance probability in [0, 1], got {a}")
+    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def model_speedup(a: float, k: int, verify_ratio: float, draft_ratio: float = 0.0) -> float:
+    """The model's speed-up over one token a step: E[tokens per round] / (the verify step's cost + the draft's
+    K + 1 forwards), both in one-token steps of the model (`verify_ratio` at K + 1 tokens; `draft_ratio` the
+    draft's one-token forward / the model's, 0 for prompt lookup)."""
+    return expected_tokens(a, k) / (verify_ratio + (k + 1) * draft_ratio)
+
+
+def spec_rows(rows) -> list:
+    """The measured speculative rows."""
+    return [r for r in rows if r.get("workload") == "speculative" and "seq_s" in r]
+
+
+def verify_rows(rows) -> list:
+    """The measured verify-step rows."""
+    return [r for r in rows if r.get("workload") == "verify" and "verify_ratio" in r]
+
+
+def _where(r: dict) -> tuple:
+    return (r.get("model"), r["allocator"], r["dtype"], r["batch"], r["strategy"].split("+")[0])
+
+
+def verify_of(rows, row: dict) -> dict | None:
+    """The verify row of a speculative row's preset and configuration (a sampled variant verifies as its preset)."""
+    return next((v for v in verify_rows(rows) if _where(v) == _where(row)), None)
+
+
+def ratio_at(verify: dict, tokens: int) -> float | None:
+    """The verify step's cost over `tokens` positions / a one-token step's, or None where not measured."""
+    have = verify.get("verify_tokens") or []
+    return verify["verify_ratio"][have.index(tokens)] if tokens in have else None
+
+
+def draft_cost(row: dict, verify: dict) -> float | None:
+    """A row's draft cost per one-token step of the model: 0 for prompt lookup, the draft's one-token forward / the
+    model's for a draft model (None where the verify row lacks it)."""
+    return 0.0 if row.get("speculation") == "prompt_lookup" else verify.get("draft_ratio")
+
+
+def predicted(rows, row: dict) -> float | None:
+    """The model's speed-up at a row's measured acceptance rate, K and verify cost (None without them)."""
+    verify = verify_of(rows, row)
+    a = row.get("acceptance_rate")
+    if verify is None or a is None:
+        return None
+    c, d = ratio_at(verify, row["k"] + 1), draft_cost(row, verify)
+    return None if c is None or d is None else model_speedup(a, row["k"], c, d)
+
+
+def plain_of(rows, row: dict) -> dict | None:
+    """The fixed row a speculative row's speed-up divides: the same strategy and configuration without it."""
+    key = ("model", "allocator", "dtype", "batch", "prompt_len", "max_new_tokens", "strategy")
+    return next(
+        (r for r in rows if r.get("workload") == "fixed" and "seq_s" in r and all(r.get(k) == row.get(k) for k in key)),
+        None,
+    )
+
+
+def speedup_text(rows, row: dict) -> str:
+    """A speculative row's speed-up, `!` marked where the spread of its own or its plain row's timed calls covers
+    the difference (as the other tables mark theirs); `-` where the plain row is missing."""
+    if row.get("speedup") is None:
+        return "-"
+    plain = plain_of(rows, row)
+    noise = max(spread(row), spread(plain) if plain else 0.0)
+    return f"{row['speedup']:.2f}x" + (" !" if abs(row["speedup"] - 1) <= noise else "")
+
+
+def draft_label(row: dict) -> str:
+    """How a row drafts: `prompt lookup`, or `draft SPEC`."""
+    return "prompt lookup" if row.get("speculation") == "prompt_lookup" else f"draft {row.get('assistant')}"
+
+
+def _rate(v) -> str:
+    return fmt(v, "{:.2f}")
+
+
+def section(rows) -> list[str]:
+    """report.md's speculative part: the verify step's cost per preset, then every speculative row."""
+    verify, spec = verify_rows(rows), spec_rows(rows)
+    if not verify and not spec:
+        return []
+    md = ["", "## Speculative decoding", ""]
+    md.append(
+        "Random weights make an acceptance rate no forecast: these rows measure the mechanism at the rates the "
+        "drafts give (`draft self`: the model as its own draft, every draft accepted; `draft random`: unrelated "
+        "random weights of its shape, about none; prompt lookup: whatever the model's greedy output repeats)."
+    )
+    if verify:
+        tokens = sorted({t for v in verify for t in v["verify_tokens"]})
+        md += [
+            "",
+            "The verify step's cost: one forward over K + 1 tokens against a cache of the prompt, as the round "
+            "loop runs it, / a one-token forward (the median of repeated forwards; CUDA events on a GPU). `draft`: "
+            "the draft model's one-token forward / the model's.",
+            "",
+        ]
+        body = [
+            [v["strategy"], v["dtype"], v["batch"], fmt(v["verify_ms"][0], "{:.3f}")]
+            + [_rate(ratio_at(v, t)) for t in tokens]
+            + [_rate(v.get("draft_ratio"))]
+            for v in sorted(verify, key=_where)
+        ]
+        md.append(table(["strategy", "dtype", "batch", "1-token ms"] + [f"K+1={t}" for t in tokens] + ["draft"], body))
+    if spec:
+        md += [
+            "",
+            "Each speculative row: drafts offered and accepted over all rounds and rows, the acceptance rate "
+            "(accepted / offered), tokens per round of a row ((accepted + rounds) / rounds), ms/token, the same "
+            "strategy's ms/token without speculation in this run, the speed-up (its time / this row's) and the "
+            "model's speed-up at the measured acceptance rate, E[tokens per round] / (verify cost + the draft's "
+            "K + 1 forwards); `!`: a speed-up within the spread of this row's or the plain row's timed calls; "
+            "`-` where a figure is missing (no draft offered, no verify row).",
+            "",
+        ]
+        body = [
+            [
+                r["strategy"],
+                r["dtype"],
+                r["batch"],
+                draft_label(r),
+                r["k"],
+                r["max_new_tokens"],
+                r.get("drafts_offered", "-"),
+                r.get("drafts_accepted", "-"),
+                _rate(r.get("acceptance_rate")),
+                _rate(r.get("tokens_per_round")),
+                fmt(r["ms_per_token"], "{:.3f}"),
+                fmt(r.get("plain_ms_per_token"), "{:.3f}"),
+                speedup_text(rows, r),
+                fmt(predicted(rows, r), "{:.2f}x"),
+            ]
+            for r in sorted(spec, key=lambda r: (_where(r), r["speculation"], r["k"], r["max_new_tokens"]))
+        ]
+        md.append(
+            table(
+                [
+                    "strategy",
+                    "dtype",
+                    "batch",
+                    "drafts by",
+                    "K",
+                    "N",
+                    "offered",
+                    "accepted",
+                    "acceptance",
+                    "tokens/round",
+                    "ms/token",
+                    "without ms/token",
+                    "speed-up",
+                    "model",
+                ],
+                body,
+            )
+        )
+    return md
+
+
+def _draw(ax, key, rows, panel: list) -> None:
+    """One panel: per (draft, K) the model's curve over a in [0, 1] and the measured points at their rates."""
+    groups = defaultdict(list)
+    for r in panel:
+        groups[(draft_label(r), r["k"])].append(r)
+    ks = sorted({k for _, k in groups})
+    grid = [i / 50 for i in range(51)]
+    for (drafts, k), members in sorted(groups.items()):
+        colour = f"C{ks.index(k) % 10}"
+        style, marker = ("-", "o") if drafts == "prompt lookup" else ("--", "^")
+        verify = verify_of(rows, members[0])
+        c = ratio_at(verify, k + 1) if verify else None
+        d = draft_cost(members[0], verify) if verify else None
+        if c is not None and d is not None:
+            ax.plot(grid, [model_speedup(a, k, c, d) for a in grid], color=colour, linestyle=style, linewidth=1)
+        pts = [(r["acceptance_rate"], r["speedup"]) for r in members if r.get("acceptance_rate") is not None]
+        pts = [(a, s) for a, s in pts if s is not None]
+        if pts:
+            ax.scatter(*zip(*pts), color=colour, marker=marker, zorder=3, label=f"{drafts}, K={k}")
+    for drafts, style in (("prompt lookup", "-"), ("a draft model", "--")):  # the lines' key, in the legend
+        ax.plot([], [], color="grey", linestyle=style, linewidth=1, label=f"model, {drafts}")
+    ax.axhline(1, color="grey", linewidth=0.8)
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel("acceptance rate a (measured)")
+    ax.set_ylabel("speed-up over no speculation (x)")
+    allocator, dtype, batch, strategy = key
+    ax.set_title(f"{strategy}, {dtype}, batch {batch}" + (f", allocator {allocator}" if allocator != "default" else ""))
+
+
+def plot(results: dict, out_dir: str) -> list[tuple[str, str]]:
+    """speculation.png (where the run has speculative rows): per (allocator, dtype, batch, strategy) a panel of
+    the measured speed-up against the measured acceptance rate, each (draft, K) with the model's curve
+    E[tokens per round] / (verify cost + draft cost) over a in [0, 1]; -> [(file name, what it shows)]."""
+    rows = results["rows"]
+    spec = [r for r in spec_rows(rows) if r.get("speedup") is not None]
+    if not spec:
+        return []
+    import matplotlib  # slow to import: only when plots are drawn
+
+    matplotlib.use("Agg")
+    panels = defaultdict(list)
+    for r in spec:
+        panels[(r["allocator"], r["dtype"], r["batch"], r["strategy"])].append(r)
+    keys = sorted(panels)
+    _panels(out_dir, "speculation.png", keys, lambda ax, key: _draw(ax, key, rows, panels[key]))
+    return [
+        (
+            "speculation.png",
+            "speculative decoding: measured speed-up against measured acceptance rate (points), and the model "
+            "E[tokens per round] / (verify cost + draft cost) per K (lines; dashed: a draft model)",
+        )
+    ]

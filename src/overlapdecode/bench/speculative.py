@@ -1,0 +1,164 @@
+"""The bench's speculative rows, worker side: the draft model, a call's speculation arguments, the figures of its
+rounds, and the cost of the verify step.
+
+Random weights make an acceptance rate meaningless as a forecast, so the bench measures the mechanism at rates
+set by construction: the model as its own draft (`self`: every draft accepted), a draft of the same shape with
+unrelated random weights (`random`: about none), or a named draft; prompt lookup accepts whatever the model's
+greedy output gives (a random model that falls into a loop repeats itself, and lookup finds it). Each row
+records what happened (drafts offered and accepted, rounds) beside its times, so that a point's acceptance rate
+is measured, never assumed.
+
+The verify step's cost: one forward of T = K + 1 tokens against a cache holding the prompt, as the round loop
+runs it (spec/cache.py RowCache: the preset's cache kind, the round's logits over all T positions), for T = 1..9,
+the cache cut back to the prompt after each; the median of at least 5 forwards after at least 2 untimed ones,
+CUDA events on a GPU (the host clock on CPU, where it is no speed claim). Only the eager presets' verify step is
+timed (`kv`, `static`); the captured rounds' (`compiled`, `interleaved`, `fused`: loop/rounds.py) is not timed here
+yet (its row says so).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import transformers
+
+import overlapdecode as od
+
+from ..inputs import position_ids_for_prompt
+from ..models.embedded import EMBEDDED
+from ..models.loading import parse_dtype
+from ..spec.cache import RowCache, spec_cache_len
+from .workloads import prompt
+
+# the verify step's token counts: K + 1 for K = 0 (a one-token step, the reference) .. 8
+VERIFY_TOKENS = tuple(range(1, 10))
+# forwards per T: at least these many untimed, then timed (one forward is short: more than the calls' repeats)
+VERIFY_WARMUP, VERIFY_REPEATS = 2, 5
+# the drafts built to be accepted (the model itself) and rejected (unrelated random weights of its shape)
+SELF, RANDOM = "self", "random"
+
+
+def load_draft(spec: str, model_name: str, model, dtype: str, device, seed: int, quantize=None, group_size=128):
+    """The draft model `spec` names: `self` the model itself; `random` the model's shape with unrelated random
+    weights (another seed for an embedded name; a directory's config drawn anew); else a model name or directory,
+    loaded as the model is (dtype, device)."""
+    if spec == SELF:
+        return model
+    if spec != RANDOM:
+        return od.load_model(spec, dtype=dtype, device=device, seed=seed + 1)
+    if model_name in EMBEDDED:
+        return od.load_model(
+            model_name, dtype=dtype, device=device, seed=seed + 1, quantize=quantize, group_size=group_size
+        )
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed + 1)
+        draft = transformers.AutoModelForCausalLM.from_config(model.config, dtype=parse_dtype(dtype))
+    draft = draft.to(device).eval()
+    return od.quantize(draft, quantize, group_size) if quantize is not None else draft
+
+
+def generate_kwargs(kind: str, k: int, draft) -> dict:
+    """od.generate's speculation arguments for a row of `kind` (prompt_lookup | assistant) and K."""
+    if kind == "prompt_lookup":
+        return dict(prompt_lookup_num_tokens=k)
+    return dict(assistant_model=draft, num_assistant_tokens=k)
+
+
+def round_figures(stats) -> dict:
+    """The figures of a speculative call's rounds (spec/rounds.py SpecStats): drafts offered and accepted over all
+    rounds and rows, the acceptance rate (accepted / offered), the rounds, and the tokens per round of a row (each
+    round of a row still generating emits its accepted drafts and one token more: (accepted + row-rounds) /
+    row-rounds; no EOS stops the rows of these workloads)."""
+    offered = sum(map(sum, stats.drafted))
+    accepted = sum(map(sum, stats.accepted))
+    row_rounds = sum(sum(map(bool, a)) for a in stats.active)
+    return dict(
+        drafts_offered=offered,
+        drafts_accepted=accepted,
+        acceptance_rate=accepted / offered if offered else None,
+        rounds=stats.rounds,
+        row_rounds=row_rounds,
+        tokens_per_round=(accepted + row_rounds) / row_rounds if row_rounds else None,
+    )
+
+
+def speed_up(plain: dict | None, row: dict) -> dict:
+    """The same preset's time without speculation, in the same run at the same configuration (`plain`: its fixed
+    row, None where it was not measured), and the speed-up over it: its time per sequence / this row's."""
+    if not plain or "seq_s" not in plain:
+        return dict(plain_ms_per_token=None, speedup=None)
+    return dict(plain_ms_per_token=plain["ms_per_token"], speedup=plain["seq_s"] / row["seq_s"])
+
+
+def times_verify(strategy: str) -> bool:
+    """Whether this bench times `strategy`'s verify step: the eager presets' (a Hugging Face forward on their
+    dynamic or static cache, as spec/rounds.py runs it)."""
+    s = od.resolve_strategy(strategy)
+    return s.cache in ("dynamic", "static") and not s.compile
+
+
+class _Clock:
+    """Elapsed seconds of a call: CUDA events on a GPU (the stream's own time, the host's launches included
+    where the GPU waits for them), the host clock on CPU."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()  # host sync: timing boundary
+            return start.elapsed_time(end) / 1e3
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+
+def forward_ms(model, kind: str, ids, tokens: tuple, warmup: int, repeats: int, length: int, seed: int) -> list:
+    """The median ms of one forward of T tokens (each T of `tokens`) against a `kind` cache (dynamic | static, of
+    `length` slots) holding the prompt `ids` (B, P): T random ids at positions P..P + T - 1, logits over all T, the
+    cache cut back to the prompt after each forward. `warmup` untimed forwards per T first."""
+    B, P = ids.shape
+    mask = torch.ones_like(ids)
+    clock = _Clock(ids.device)
+    cache = RowCache(model, kind, mask, length)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    none_kept = torch.zeros((B, max(tokens)), dtype=torch.bool, device=ids.device)
+    out = []
+    with torch.inference_mode():
+        cache.forward(ids, position_ids_for_prompt(mask), 1)
+        for T in tokens:
+            draft = prompt(B, T, vocab, ids.device, seed + T)
+            positions = (P + torch.arange(T, device=ids.device)).expand(B, T)
+            times = []
+            for i in range(warmup + repeats):
+                seconds = clock(lambda: cache.forward(draft, positions, T))
+                cache.settle(P, none_kept[:, :T], 0)  # back to the prompt alone
+                if i >= warmup:
+                    times.append(seconds * 1e3)
+            out.append(statistics.median(times))
+    return out
+
+
+def verify_row(cfg, strategy: str, model, draft, batch: int, vocab: int, device) -> dict:
+    """A preset's verify-step costs: `verify_ms` for each T of `verify_tokens` (K + 1 = 1..max(9, the largest K
+    + 1)) and `verify_ratio` = that / the one-token forward's; with a draft model, `draft_step_ms` (its one-token
+    forward on the same cache kind) and `draft_ratio` (that / the model's). The caches are sized as the round
+    loop's of the run's longest call and largest K."""
+    ks = cfg.prompt_lookup + (cfg.num_assistant_tokens if cfg.assistant else ())
+    tokens = tuple(range(1, max(VERIFY_TOKENS[-1], max(ks) + 1) + 1))
+    kind = od.resolve_strategy(strategy).cache
+    length = spec_cache_len(cfg.prompt_len, max(cfg.lengths), max(ks), batch)
+    ids = prompt(batch, cfg.prompt_len, vocab, device, cfg.seed)
+    warmup, repeats = max(cfg.warmup, VERIFY_WARMUP), max(cfg.repeats, VERIFY_REPEATS)
+    ms = forward_ms(model, kind, ids, tokens, warmup, repeats, length, cfg.seed)
+    row = dict(strategy=strategy, verify_tokens=list(tokens), verify_ms=ms, verify_ratio=[t / ms[0] for t in ms])
+    if draft is not None:
+        (draft_ms,) = forward_ms(draft, kind, ids, (1,), warmup, repeats, length, cfg.seed)
+        row.update(draft_step_ms=draft_ms, draft_ratio=draft_ms / ms[0])
+    return row

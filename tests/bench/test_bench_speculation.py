@@ -1,0 +1,327 @@
+"""The bench's speculative rows on tiny-gpt2 (CPU): the flags, the rows' figures end to end (the model as its own
+draft accepts every draft, a draft of unrelated random weights about none), the verify step's cost, the model
+curve, results.json's checks, the report's table and plot.
+
+Nothing here asserts a speed: on CPU the times are the host's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from overlapdecode.bench.config import plan
+from overlapdecode.bench.report.results import ResultsError, load
+from overlapdecode.bench.report.speculation import (
+    _draw,
+    expected_tokens,
+    model_speedup,
+    plot,
+    predicted,
+    section,
+    speedup_text,
+)
+from overlapdecode.cli import build_parser, main
+from overlapdecode.cli.bench_flags import bench_config
+from support.results_rows import CONFIG, result_row, write_results
+
+K, N = 3, 12
+BASE = ["bench", "--model", "tiny-gpt2", "--device", "cpu", "--peers", "none", "--prompt-len", "8"]
+QUICK = ["--lengths", str(N), "--warmup", "0", "--repeats", "2", "--no-profile"]
+
+
+def _config(tmp_path, *flags):
+    args = build_parser().parse_args([*BASE, "--out", str(tmp_path / "out"), *flags])
+    return bench_config(args)
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--prompt-lookup", "0"], "--prompt-lookup values must be >= 1, got [0]"),
+        (["--prompt-lookup", "2,x"], "--prompt-lookup takes comma-separated integers"),
+        (["--prompt-lookup", ","], "--prompt-lookup needs at least one value"),
+        (["--num-assistant-tokens", "4"], "--num-assistant-tokens is given without --assistant"),
+        (["--assistant", "self", "--num-assistant-tokens", "2,-1"], "--num-assistant-tokens values must be >= 1"),
+        (["--assistant", " "], "--assistant takes self, random, or a model name or directory"),
+        (["--assistant", "gpt2-random"], "--assistant gpt2-random scores 50257 token ids and --model tiny-gpt2 1000"),
+        (["--assistant", "/nonexistent/draft"], "--assistant"),
+        (["--prompt-lookup", "4", "--strategies", "baseline"], "none of the strategies measured (baseline)"),
+        (["--assistant", "self", "--workloads", "eos"], "--assistant needs the fixed workload"),
+        (
+            ["--model", "gemma3-1b-random", "--prompt-lookup", "2"],
+            "--prompt-lookup: --model gemma3-1b-random: Gemma3ForCausalLM has local attention layers",
+        ),
+    ],
+)
+def test_bad_speculation_flags_get_one_line(flags, words, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*BASE, "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not out.exists()  # refused before any work
+
+
+def test_the_flags_make_the_speculative_rows_of_each_strategy_that_speculates(tmp_path):
+    cfg = _config(
+        tmp_path, "--strategies", "kv,baseline,kv+sample,fused", "--prompt-lookup", "2,4,2", "--assistant", "random"
+    )
+    assert cfg.prompt_lookup == (2, 4) and cfg.assistant == "random" and cfg.num_assistant_tokens == (4,)
+    assert cfg.speculating == ("kv", "kv+sample", "fused")  # baseline does not speculate
+    rows = plan(cfg)[1]
+    assert [r[4] for r in rows if r[2] == "verify"] == ["kv", "fused"]  # a sampled variant verifies as its preset
+    spec = [r[4] for r in rows if r[2] == "speculative" and r[3] == 16]
+    assert spec == [
+        (s, kind, k)
+        for s in cfg.speculating
+        for kind, k in (("prompt_lookup", 2), ("prompt_lookup", 4), ("assistant", 4))
+    ]
+    workloads = [r[2] for r in rows]  # after the fixed rows, whose times the speed-up divides
+    assert workloads.index("speculative") > max(i for i, w in enumerate(workloads) if w == "fixed")
+    plain = _config(tmp_path, "--strategies", "kv")
+    assert plain.speculating == () and {r[2] for r in plan(plain)[1]} == {"fixed", "profile"}
+
+
+def test_the_tensor_parallel_bench_refuses_speculation(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main([*BASE, "--out", str(tmp_path / "o"), "--tp", "2", "--prompt-lookup", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--prompt-lookup: speculative decoding does not run on tensor-parallel shards" in err, err
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_the_model_curve(k):
+    assert expected_tokens(0.0, k) == 1.0  # every draft rejected: the round's one token
+    assert expected_tokens(1.0, k) == k + 1  # every draft accepted
+    assert expected_tokens(1 - 1e-9, k) == pytest.approx(k + 1, rel=1e-6)  # continuous at 1
+    assert expected_tokens(0.5, k) == pytest.approx(sum(0.5**j for j in range(k + 1)))
+    assert model_speedup(1.0, k, 1.25) == pytest.approx((k + 1) / 1.25)
+    assert model_speedup(0.0, k, 1.0, 0.5) == pytest.approx(1 / (1 + (k + 1) * 0.5))  # the draft's K + 1 forwards
+    with pytest.raises(ValueError, match="a must be an acceptance probability"):
+        expected_tokens(1.5, k)
+
+
+@pytest.fixture(scope="module")
+def spec_dir(tmp_path_factory):
+    """One run with the model as its own draft and prompt lookup, then an --append run with a random draft."""
+    out = str(tmp_path_factory.mktemp("spec"))
+    flags = [*BASE, *QUICK, "--strategies", "kv", "--out", out]
+    assert main([*flags, "--assistant", "self", "--num-assistant-tokens", str(K), "--prompt-lookup", "2"]) == 0
+    assert main([*flags, "--append", "--assistant", "random", "--num-assistant-tokens", str(K)]) == 0
+    return out
+
+
+def _rows(spec_dir, workload):
+    return [r for r in load(spec_dir)["rows"] if r["workload"] == workload]
+
+
+def test_the_drafts_set_the_acceptance_rate(spec_dir):
+    rows = {(r["speculation"], r["assistant"]): r for r in _rows(spec_dir, "speculative")}
+    assert set(rows) == {("assistant", "self"), ("assistant", "random"), ("prompt_lookup", None)}
+    for r in rows.values():
+        assert "error" not in r, r
+        assert r["k"] == (2 if r["speculation"] == "prompt_lookup" else K) and r["new_tokens"] == N
+        assert r["drafts_offered"] > 0 and r["rounds"] == r["row_rounds"] > 0  # batch 1: one row a round
+        # every round emits its accepted drafts and one token more; step 0 (the prompt) is no round
+        assert r["tokens_per_round"] == pytest.approx((N - 1) / r["rounds"])
+        assert r["drafts_accepted"] + r["rounds"] == N - 1
+    own, other = rows[("assistant", "self")], rows[("assistant", "random")]
+    assert own["acceptance_rate"] == 1.0 and own["drafts_accepted"] == own["drafts_offered"]
+    assert own["tokens_per_round"] > 3  # K + 1 a round, but for the last one, cut at the last allowed token
+    assert other["acceptance_rate"] < 0.2 and other["tokens_per_round"] < 1.3
+
+
+def test_the_speed_up_is_over_the_same_strategy_in_the_same_run(spec_dir):
+    """Each row divides the plain row of its own run: the --append run measured kv again, which replaced the first
+    run's kv row in results.json, and its random draft's row is over that one."""
+    (plain,) = _rows(spec_dir, "fixed")
+    for r in _rows(spec_dir, "speculative"):
+        assert r["speedup"] == pytest.approx(r["plain_ms_per_token"] * N / 1e3 / r["seq_s"])
+        if r["assistant"] == "random":
+            assert r["plain_ms_per_token"] == plain["ms_per_token"]
+            assert r["speedup"] == pytest.approx(plain["seq_s"] / r["seq_s"])
+
+
+def test_the_verify_step_is_timed_for_every_token_count(spec_dir):
+    (verify,) = _rows(spec_dir, "verify")  # the --append run's replaced the first's: one per configuration
+    assert verify["strategy"] == "kv" and verify["verify_tokens"] == list(range(1, 10))
+    assert len(verify["verify_ms"]) == 9 and all(t > 0 for t in verify["verify_ms"])
+    assert verify["verify_ratio"] == pytest.approx([t / verify["verify_ms"][0] for t in verify["verify_ms"]])
+    assert verify["draft_step_ms"] > 0 and verify["draft_ratio"] == pytest.approx(
+        verify["draft_step_ms"] / verify["verify_ms"][0]
+    )
+
+
+def test_the_report_shows_the_rows_and_the_plot(spec_dir, capsys):
+    text = open(os.path.join(spec_dir, "report.md")).read()
+    assert "## Speculative decoding" in text and "(speculation.png)" in text
+    assert os.path.getsize(os.path.join(spec_dir, "speculation.png")) > 0
+    table = text[text.index("| strategy | dtype | batch | drafts by |") :]
+    assert table.count("| kv | float32 | 1 |") == 3
+    assert f"| kv | float32 | 1 | draft self | {K} | {N} |" in table and "draft random" in table
+    assert "| kv | float32 | 1 | prompt lookup | 2 |" in table
+    assert "| strategy | dtype | batch | 1-token ms | K+1=1 |" in text
+    os.remove(os.path.join(spec_dir, "speculation.png"))
+    assert main(["report", spec_dir]) == 0  # rebuilt from results.json alone
+    assert os.path.exists(os.path.join(spec_dir, "speculation.png"))
+
+
+def _spec_row(a=0.5, speedup=1.5, speculation="assistant", k=4, **kw):
+    row = dict(result_row("kv", n=8, seq_s=0.1), workload="speculative")
+    row.update(speculation=speculation, assistant="self" if speculation == "assistant" else None, k=k)
+    row.update(drafts_offered=8, drafts_accepted=round(8 * a), acceptance_rate=a, tokens_per_round=2.0)
+    row.update(plain_ms_per_token=15.0, speedup=speedup, **kw)
+    return row
+
+
+def _verify_row(**kw):
+    """A verify row: a one-token forward of 1 ms, 0.1 ms more per token, a draft forward a quarter of it."""
+    tokens = list(range(1, 10))
+    row = dict(result_row("kv"), workload="verify", max_new_tokens=0, verify_tokens=tokens)
+    for k in ("seq_s", "seq_s_all", "ms_per_token", "tokens_per_s", "ttft_ms", "first_call_s", "new_tokens"):
+        row.pop(k)
+    ms = [1.0 + 0.1 * (t - 1) for t in tokens]
+    row.update(verify_ms=ms, verify_ratio=[t / ms[0] for t in ms], draft_ratio=0.25, draft_step_ms=0.25)
+    row.update(kw)
+    return row
+
+
+def test_the_model_at_a_rows_rate_uses_its_verify_cost_and_draft():
+    rows = [_verify_row(), _spec_row(a=0.5, k=4), _spec_row(speculation="prompt_lookup", a=1.0, k=2)]
+    c5, c3 = 1.4, 1.2  # verify_ratio at K + 1 = 5 and 3 tokens
+    assert predicted(rows, rows[1]) == pytest.approx(expected_tokens(0.5, 4) / (c5 + 5 * 0.25))
+    assert predicted(rows, rows[2]) == pytest.approx(3 / c3)  # prompt lookup: no draft forwards
+    assert predicted(rows[1:], rows[1]) is None  # no verify row: no model figure
+    assert "| kv | float32 | 1 | draft self | 4 | 8 | 8 | 4 | 0.50 | 2.00 |" in "\n".join(section(rows))
+
+
+def test_the_plot_draws_the_model_curve_beside_the_points(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [_verify_row(), _spec_row(a=0.5, k=4)]
+    fig, ax = plt.subplots()
+    _draw(ax, ("default", "float32", 1, "kv"), rows, rows[1:])
+    (curve,) = [line for line in ax.lines if len(line.get_xdata()) > 2]
+    cost = 1.4 + 5 * 0.25
+    xs, ys = list(curve.get_xdata()), list(curve.get_ydata())
+    assert xs[0] == 0 and xs[-1] == 1
+    assert ys[0] == pytest.approx(1 / cost) and ys[-1] == pytest.approx(5 / cost)
+    (points,) = ax.collections
+    assert points.get_offsets().tolist() == [[0.5, 1.5]]
+    plt.close(fig)
+    assert [name for name, _ in plot({"rows": rows}, str(tmp_path))] == ["speculation.png"]
+    assert plot({"rows": [_verify_row()]}, str(tmp_path / "none")) == []  # no speculative row: no plot
+
+
+def test_a_speed_up_within_the_spread_is_marked():
+    rows = [result_row("kv", n=8, seq_s=0.12), _spec_row(speedup=1.05)]  # its calls 10% apart: 1.05x unresolved
+    assert speedup_text(rows, rows[1]) == "1.05x !"
+    rows[1]["speedup"] = 1.2
+    assert speedup_text(rows, rows[1]) == "1.20x"
+
+
+@pytest.mark.parametrize(
+    "row, words",
+    [
+        (_spec_row(k=0), "row 0 has k of the wrong kind"),
+        (_spec_row(speculation="magic"), "row 0 has speculation of the wrong kind"),
+        (_spec_row(a=1.5), "row 0 has acceptance_rate of the wrong kind"),
+        (_spec_row(speedup="fast"), "row 0 has speedup of the wrong kind"),
+        (_verify_row(verify_ms=[1.0, 2.0]), "row 0 has verify_ms of the wrong kind"),
+        (_verify_row(verify_tokens=[0, 1]), "row 0 has verify_tokens of the wrong kind"),
+        (_verify_row(draft_ratio=-1), "row 0 has draft_ratio of the wrong kind"),
+    ],
+)
+def test_a_malformed_speculative_row_is_refused_naming_it(row, words, tmp_path):
+    write_results(str(tmp_path), dict(commands=["overlapdecode bench"], config=CONFIG, rows=[row]))
+    with pytest.raises(ResultsError, match=words):
+        load(str(tmp_path))
+
+
+def test_rows_of_every_draft_and_k_are_kept_and_older_files_still_read(tmp_path):
+    rows = [result_row("kv"), _spec_row(k=2), _spec_row(k=4), _spec_row(k=4, speculation="prompt_lookup")]
+    rows.append(dict(_spec_row(k=4), assistant="random"))
+    rows.append(_verify_row())
+    write_results(str(tmp_path), dict(commands=["overlapdecode bench"], config=CONFIG, rows=rows))
+    assert len(load(str(tmp_path))["rows"]) == 6  # no speculative row replaces another
+    old = [result_row("kv"), result_row("kv", n=16)]  # written before the speculative rows: no such keys
+    write_results(str(tmp_path), json.dumps(dict(commands=["overlapdecode bench"], config=CONFIG, rows=old)))
+    assert main(["report", str(tmp_path)]) == 0
+    assert "Speculative" not in open(tmp_path / "report.md").read()
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_the_verify_forward_is_the_rounds_forward_against_the_prompt(kind):
+    """Each timed forward feeds T tokens at positions P..P + T - 1 and keeps the logits of all T, against a cache
+    cut back to the prompt's P slots after each (as a round whose drafts are all rejected leaves it)."""
+    import torch
+
+    import overlapdecode as od
+    from overlapdecode.bench.speculative import forward_ms
+    from overlapdecode.bench.workloads import prompt
+
+    model = od.load_model("tiny-gpt2", device="cpu")
+    seen, grads = [], []
+
+    def record(module, args, kwargs, output):
+        grads.append(torch.is_grad_enabled())
+        seen.append((tuple(kwargs["input_ids"].shape), kwargs["position_ids"][0].tolist(), output.logits.shape[1]))
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        seen[-1] += (cache.get_seq_length() if kind == "dynamic" else None,)  # a static cache counts on the device
+
+    handle = model.register_forward_hook(record, with_kwargs=True)
+    try:
+        ms = forward_ms(model, kind, prompt(2, 5, 1000, "cpu"), (1, 3), warmup=1, repeats=2, length=16, seed=0)
+    finally:
+        handle.remove()
+    assert len(ms) == 2 and all(t > 0 for t in ms)
+    dynamic = kind == "dynamic"
+    assert seen[0] == ((2, 5), [0, 1, 2, 3, 4], 1, 5 if dynamic else None)  # the prompt
+    for T, calls in ((1, seen[1:4]), (3, seen[4:7])):  # each written after the prompt's 5 slots
+        assert calls == [((2, T), list(range(5, 5 + T)), T, 5 + T if dynamic else None)] * 3
+    assert len(seen) == 7 and grads == [False] * 7  # no autograd graph recorded in the timed forwards
+
+
+def test_a_random_draft_of_a_directory_has_its_shape_and_other_weights(tmp_path):
+    import torch
+
+    import overlapdecode as od
+    from overlapdecode.bench.speculative import load_draft
+    from support.saved_models import save_tiny_with_tokenizer
+
+    save_tiny_with_tokenizer(str(tmp_path))
+    model = od.load_model(str(tmp_path), device="cpu")
+    draft = load_draft("random", str(tmp_path), model, "float32", torch.device("cpu"), seed=0)
+    assert load_draft("self", str(tmp_path), model, "float32", torch.device("cpu"), seed=0) is model
+    ours, theirs = dict(model.named_parameters()), dict(draft.named_parameters())
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+    assert not any(torch.equal(ours[k], theirs[k]) for k in ours if ours[k].dim() == 2)  # every matrix drawn anew
+    assert draft.dtype == torch.float32 and not draft.training
+
+
+def test_the_terminal_shows_the_speculative_rows_at_the_longest_length_within_80_columns():
+    import io
+
+    from rich.console import Console
+
+    from overlapdecode.cli.bench import speculation_tables
+
+    rows = [result_row("kv", n=8, seq_s=0.12), _spec_row(a=1.0, speedup=1.05), _spec_row(a=0.0, k=2)]
+    rows.append(dict(_spec_row(speculation="prompt_lookup"), max_new_tokens=4))  # a shorter length: not shown
+    rows.append(dict(_spec_row(k=8, a=0.0), assistant="/models/my-draft", speedup=0.5, strategy="static+sample"))
+    (table,) = speculation_tables(rows)
+    out = io.StringIO()
+    Console(file=out, width=80).print(table)
+    text = out.getvalue()
+    assert max(map(len, text.splitlines())) <= 80 and "8 new tokens" in text
+    lines = [line for line in text.splitlines() if "│ kv" in line or "│ static" in line]
+    assert [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines] == [
+        ["kv", "self", "2", "0.00", "2.00", "12.500", "1.50x"],
+        ["kv", "self", "4", "1.00", "2.00", "12.500", "1.05x !"],  # within its calls' spread
+        ["static+sample", "my-draft", "8", "0.00", "2.00", "12.500", "0.50x"],
+    ]
