@@ -219,6 +219,18 @@ def test_no_test_module_imports_another():
     assert "helpers" in names and found == [], found
 
 
+def test_no_two_test_modules_share_a_name():
+    """The test folders are not packages, so pytest imports each test module by its file name alone: two of one
+    name in two folders stop the run ("import file mismatch")."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    seen: dict[str, list[str]] = {}
+    for folder, _, files in os.walk(tests_dir):
+        for f in files:
+            if f.startswith("test_") and f.endswith(".py"):
+                seen.setdefault(f, []).append(os.path.relpath(folder, tests_dir))
+    assert len(seen) > 50 and {f: d for f, d in seen.items() if len(d) > 1} == {}
+
+
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -222,11 +222,34 @@ def static_length(cache: StaticCache) -> torch.Tensor:
     return cache.layers[0].cumulative_length
 
 
+# A static layer's device counters of the slots it wrote: the keys' and values', and a sparse-attention layer's
+# indexer keys' (StaticIndexedLayer), which it counts apart.
+COUNTERS = ("cumulative_length", "indexer_cumulative_length")
+
+
+def cut_back(cache, drop: int) -> None:
+    """Forget the last `drop` slots a cache wrote: a DynamicCache's tensors cropped; a StaticCache's device counters
+    lowered in place (the next update overwrites the slots), which is what StaticLayer.crop does where transformers
+    has it (5.17's StaticLayer has no crop)."""
+    if not isinstance(cache, StaticCache):
+        cache.crop(-drop)
+        return
+    for layer in cache.layers:
+        if hasattr(layer, "crop"):
+            layer.crop(-drop)
+        else:
+            for counter in COUNTERS:
+                if isinstance(getattr(layer, counter, None), torch.Tensor):
+                    getattr(layer, counter).sub_(drop)
+
+
 def set_static_length(cache: StaticCache, length: torch.Tensor) -> None:
     """Cut a StaticCache back to `length` slots (a 0-d device tensor) without a host read: each layer's counter set in
     place, at the address a compiled step reads it from; the next update writes from there."""
     for layer in cache.layers:
-        layer.cumulative_length.copy_(length)
+        for counter in COUNTERS:
+            if isinstance(getattr(layer, counter, None), torch.Tensor):
+                getattr(layer, counter).copy_(length)
 
 
 def make_cache(model, plan, out: torch.Tensor, store: StaticCaches):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..hf.caches import cache_keyword, fresh_cache, set_static_length, static_length
+from ..hf.caches import cache_keyword, cut_back, fresh_cache, set_static_length, static_length
 
 
 def spec_cache_len(prompt_len: int, max_new_tokens: int, k: int, batch: int, round_to: int = 1) -> int:
@@ -76,7 +76,7 @@ class RowCache:
         self.mask[:, start : start + T] = kept.long()
         drop = self.used - (start + keep)
         if drop > 0:
-            self.cache.crop(-drop)
+            cut_back(self.cache, drop)
             self.used -= drop
         self.mask[:, self.used :] = 1  # the next round's slots: attended until that round's cut says otherwise
 

@@ -83,6 +83,10 @@ def spec_refusal(model) -> str | None:
         return f"{arch.name}'s forward takes no position_ids, and the rows' positions differ after a round"
     if arch.rope:
         return f"{arch.name}'s {'/'.join(arch.rope)} RoPE recomputes its table from the positions of each forward"
+    if getattr(model.config, "model_type", None) == "git":
+        # GIT's text decoder gave other tokens under speculation with transformers 5.17.0's dynamic cache
+        # (tests/spec/test_spec_architectures.py); refused everywhere until the cause is known
+        return f"{arch.name}'s decoder gives other tokens when its cache is cut back (transformers 5.17)"
     return None
 
 
