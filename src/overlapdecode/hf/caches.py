@@ -229,18 +229,15 @@ COUNTERS = ("cumulative_length", "indexer_cumulative_length")
 
 def cut_back(cache, drop: int) -> None:
     """Forget the last `drop` slots a cache wrote: a DynamicCache's tensors cropped; a StaticCache's device counters
-    lowered in place (the next update overwrites the slots), which is what StaticLayer.crop does where transformers
-    has it (5.17's StaticLayer has no crop)."""
+    lowered in place, as set_static_length sets them (the next update overwrites the slots; transformers 5.17's
+    StaticLayer has no crop)."""
     if not isinstance(cache, StaticCache):
         cache.crop(-drop)
         return
     for layer in cache.layers:
-        if hasattr(layer, "crop"):
-            layer.crop(-drop)
-        else:
-            for counter in COUNTERS:
-                if isinstance(getattr(layer, counter, None), torch.Tensor):
-                    getattr(layer, counter).sub_(drop)
+        for counter in COUNTERS:
+            if isinstance(getattr(layer, counter, None), torch.Tensor):
+                getattr(layer, counter).sub_(drop)
 
 
 def set_static_length(cache: StaticCache, length: torch.Tensor) -> None:
