@@ -65,3 +65,24 @@ def test_every_architecture_speculates_exactly_or_is_refused():
                     problems.append((model_type, preset, next(iter(spec)), found))
     assert problems == [], problems
     assert seen["exact"] > 100 and seen["refused"] > 40, seen  # both outcomes are reached
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_git_is_refused_exactly_where_its_forward_shifts_a_lone_token(monkeypatch):
+    """GIT's forward on some transformers moves a one-token step's positions by the cache length and a longer step's
+    not: there speculation is refused, and without the refusal a verify step of K + 1 tokens gives other tokens
+    (so the refusal is needed); where the forward has no such shift, GIT speculates exactly."""
+    from overlapdecode.spec import options
+
+    model, _ = tiny_model("git")
+    ids, mask = make_batch(2, seed=3, high=VOCAB - 10)
+    kwargs = dict(attention_mask=mask, max_new_tokens=N, strategy="kv", eos_token_id=[], pad_token_id=0)
+    ref = od.generate(model, ids, **kwargs)
+    spec = dict(assistant_model=model, num_assistant_tokens=3)  # every draft accepted: verify steps of 4 tokens
+    if options._shifts_lone_token(model):
+        with pytest.raises(ValueError, match="^assistant_model: .*one-token step"):
+            od.generate(model, ids, **kwargs, **spec)
+        monkeypatch.setattr(options, "_shifts_lone_token", lambda model: False)
+        assert not torch.equal(od.generate(model, ids, **kwargs, **spec), ref)
+    else:
+        assert torch.equal(od.generate(model, ids, **kwargs, **spec), ref)

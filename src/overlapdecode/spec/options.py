@@ -10,6 +10,7 @@ tokens.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 from ..hf.architecture import describe
@@ -83,11 +84,24 @@ def spec_refusal(model) -> str | None:
         return f"{arch.name}'s forward takes no position_ids, and the rows' positions differ after a round"
     if arch.rope:
         return f"{arch.name}'s {'/'.join(arch.rope)} RoPE recomputes its table from the positions of each forward"
-    if getattr(model.config, "model_type", None) == "git":
-        # GIT's text decoder gave other tokens under speculation with transformers 5.17.0's dynamic cache
-        # (tests/spec/test_spec_architectures.py); refused everywhere until the cause is known
-        return f"{arch.name}'s decoder gives other tokens when its cache is cut back (transformers 5.17)"
+    if _shifts_lone_token(model):
+        return (
+            f"{arch.name}'s forward adds the cache length to the position_ids of a one-token step alone (this "
+            "transformers' GIT), so a token verified among K + 1 would take another position than generate() gives it"
+        )
     return None
+
+
+def _shifts_lone_token(model) -> bool:
+    """Whether the model's forward moves the positions of a one-token step by the cache length and those of a longer
+    step not: GIT's text decoder on some transformers (5.17: `if pixel_values is None and past_key_values is not None
+    and seq_len == 1: position_ids = position_ids + past_key_values_length`), read from the source of its class."""
+    if getattr(model.config, "model_type", None) != "git":
+        return False
+    from transformers.models.git import modeling_git
+
+    source = inspect.getsource(modeling_git.GitModel.forward)
+    return "seq_len == 1" in source and "position_ids = position_ids +" in source
 
 
 def _generation_value(model, attr: str, default: int) -> int:
