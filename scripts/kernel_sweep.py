@@ -4,11 +4,13 @@
    (block sizes, warps, pipeline stages, split-K target), timed as CUDA-graph replays over enough distinct
    weight copies that no copy stays in L2 (as in the step, where every layer reads its own weights): achieved
    GB/s of the weight bytes against the device's copy bandwidth.
-2. The whole fused step of llama-1b-random (bfloat16, batch 1 and 8), captured in one CUDA graph, under the
-   torch profiler: kernels per step and the time of each kind of kernel.
+2. The whole fused step of llama-1b-random (or --step-models; bfloat16, batch 1 and 8), captured in one CUDA graph,
+   under the torch profiler: kernels per step and the time of each kind of kernel.
+With --quantize int4|int8|fp8 both parts run on packed weights (quant/packed.py; GB/s of the bytes a launch reads:
+codes and group numbers).
 
     python3 scripts/kernel_sweep.py --out DIR [--quick] [--shapes llama-1b,llama-8b,gpt2] [--budget S] [--batch B]
-                                    [--no-steps]
+                                    [--no-steps] [--quantize int4|int8|fp8] [--group-size G] [--step-models M,...]
 
 Writes DIR/kernel-sweep.json (after each part, so a run cut short keeps what it measured) and the step profiles'
 kernel tables. The figures of docs/KERNELS.md, "Tiles: how they were chosen":
@@ -75,7 +77,26 @@ def timed_row(row: dict, fn, sets, nbytes: int) -> dict:
     return row
 
 
-def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
+def packed(w: torch.Tensor, scheme: str | None, group_size: int):
+    """w as the fused kernels read it: itself (scheme None), or quantized and packed (quant/packed.py)."""
+    if scheme is None:
+        return w
+    from overlapdecode.quant.packed import PackedWeight
+    from overlapdecode.quant.schemes import quantize_fp8, quantize_int4, quantize_int8
+
+    if scheme == "int4":
+        return PackedWeight("int4", *quantize_int4(w, group_size), w.shape[1], group_size)
+    q, scales = (quantize_int8 if scheme == "int8" else quantize_fp8)(w)
+    return PackedWeight(scheme, q, scales, None, w.shape[1], w.shape[1])
+
+
+def weight_bytes(w) -> int:
+    """The bytes a launch reads of its weight (codes and group numbers for a packed one)."""
+    tensors = w.tensors() if hasattr(w, "tensors") else [w]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None = None, group_size: int = 128):
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
     from overlapdecode.fused.kernels.norm_linear import norm_linear
     from overlapdecode.fused.kernels.norm_qkv import norm_qkv
@@ -111,9 +132,9 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
     if quick:
         tiles = [(32, 128, 4, 3), (32, 256, 4, 3)]
     for name, (N, K) in kernels.items():
-        sets = rotated(lambda: (r(N, K),), N * K * 2)
+        nbytes = weight_bytes(packed(r(N, K), quantize, group_size))
+        sets = rotated(lambda: (packed(r(N, K), quantize, group_size),), nbytes)
         t_kernel = time.time()
-        nbytes = N * K * 2
         configs = [(*t, m) for t in tiles for m in ((1, 2, 4) if name in ("qkv", "o_proj", "down") else (1,))]
         random.Random(0).shuffle(configs)  # under the time budget, a spread of the grid, not one corner
         for bn, bk, nw_, ns, mult in [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)] + configs:
@@ -187,6 +208,7 @@ def sweep(shape: str, B: int, quick: bool, budget: float) -> list[dict]:
                 )
             except Exception as e:  # a configuration that does not compile (shared memory) is recorded
                 row = dict(shape=shape, B=B, kernel=name, N=N, K=K, **cfg, error=str(e)[:200])
+            row.update(quantize=quantize, group_size=group_size if quantize == "int4" else None)
             rows.append(row)
         del sets
         torch.cuda.empty_cache()
@@ -226,11 +248,15 @@ def captured_step(
     return g, (fm, cache, ids, pos)
 
 
-def step_profile(B: int, out_dir: str, name: str = "llama-1b-random") -> dict:
-    """The fused step of `name` (bfloat16) in one CUDA graph: ms per step and the profiler's kernel table."""
+def step_profile(
+    B: int, out_dir: str, name: str = "llama-1b-random", quantize: str | None = None, group_size: int = 128
+) -> dict:
+    """The fused step of `name` (bfloat16, its weights quantized with `quantize`) in one CUDA graph: ms per step
+    and the profiler's kernel table."""
     import overlapdecode as od
 
-    model = od.load_model(name, dtype="bfloat16", device=DEV)
+    weights = {} if quantize is None else dict(quantize=quantize, group_size=group_size)
+    model = od.load_model(name, dtype="bfloat16", device=DEV, **weights)
     g, keep = captured_step(model, B)
     ms = triton.testing.do_bench(g.replay, rep=200, return_mode="median")
     steps = 20
@@ -242,7 +268,7 @@ def step_profile(B: int, out_dir: str, name: str = "llama-1b-random") -> dict:
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels = [e for e in events if "Memcpy" not in e.name and "Memset" not in e.name]
     busy = sum(e.device_time for e in kernels) / 1e3 / steps  # ms of kernel time per step
-    tag = "" if name == "llama-1b-random" else f"{name}-"
+    tag = ("" if name == "llama-1b-random" else f"{name}-") + ("" if quantize is None else f"{quantize}-")
     open(os.path.join(out_dir, f"step-profile-{tag}b{B}.txt"), "w").write(table)
     try:
         prof.export_chrome_trace(os.path.join(out_dir, f"step-trace-{tag}b{B}.json"))
@@ -252,6 +278,7 @@ def step_profile(B: int, out_dir: str, name: str = "llama-1b-random") -> dict:
     torch.cuda.empty_cache()
     return dict(
         model=name,
+        quantize=quantize,
         B=B,
         graph_ms_per_step=round(ms, 4),
         kernels_per_step=len(kernels) / steps,
@@ -333,6 +360,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--budget", type=float, default=25.0, help="seconds per kernel (default: %(default)s)")
     ap.add_argument("--batch", type=int, default=1, help="rows of the sweep (default: %(default)s)")
     ap.add_argument("--no-steps", action="store_true", help="skip the step and generate profiles")
+    ap.add_argument(
+        "--quantize", choices=("int4", "int8", "fp8"), help="sweep packed weights (default: the 16-bit weights)"
+    )
+    ap.add_argument("--group-size", type=int, default=128, help="int4 group (default: %(default)s)")
+    ap.add_argument(
+        "--step-models",
+        default="llama-1b-random",
+        help="models of the step profiles, comma-separated (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     unknown = sorted(set(args.shapes.split(",")) - set(SHAPES))
     if unknown:
@@ -356,19 +392,19 @@ def main(argv=None) -> None:
     }
     print("copy GB/s", res["copy_gbs"], flush=True)
     path = os.path.join(out_dir, "kernel-sweep.json")
-    for B in () if args.no_steps else (1, 8):
+    for name, B in [] if args.no_steps else [(n, b) for n in args.step_models.split(",") for b in (1, 8)]:
         t = time.time()
-        res["steps"].append(step_profile(B, out_dir))
+        res["steps"].append(step_profile(B, out_dir, name, args.quantize, args.group_size))
         print("step", res["steps"][-1], f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
-    if not args.no_steps:
+    if not args.no_steps and args.quantize is None:
         t = time.time()
         res["generate"] = generate_profile(1, out_dir)
         print("generate", res["generate"], f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
     for shape in args.shapes.split(","):
         t = time.time()
-        res["sweep"] += sweep(shape, args.batch, args.quick, budget=args.budget)
+        res["sweep"] += sweep(shape, args.batch, args.quick, args.budget, args.quantize, args.group_size)
         print(shape, f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
 
