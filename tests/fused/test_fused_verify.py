@@ -16,6 +16,7 @@ from overlapdecode.fused.model import FusedModel
 from overlapdecode.inputs import position_ids_for_prompt
 from support.fused_families import WINDOW, family_model
 from support.fused_steps import tiny_fused_model
+from support.helpers import make_batch
 from support.triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture: the attention's loops)
 
 P = 9
@@ -103,3 +104,17 @@ def test_a_verify_of_t_tokens_is_t_one_token_steps(name, kernels):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_speculation_on_the_triton_kernels_gives_the_tokens_without_it(tiny_llama):
+    """The captured rounds (loop/rounds.py, run eagerly on CPU) on `fused` with the Triton kernels in Triton's
+    interpreter: greedy tokens of prompt lookup and of the model as its own draft (every draft accepted, so every
+    verified token counts) are those without speculation, at batch 3 with left padding."""
+    ids, mask = make_batch(3, seed=24)
+    dec = od.Decoder(tiny_llama, fused_options=dict(kernels="triton", compile_prefill=False))
+    kw = dict(attention_mask=mask, max_new_tokens=10, strategy="fused", eos_token_id=[], pad_token_id=0)
+    ref = dec.generate(ids, **kw)
+    for spec in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=tiny_llama, num_assistant_tokens=3)):
+        assert torch.equal(dec.generate(ids, **kw, **spec), ref), list(spec)
+    assert dec.last_speculation.accepted == dec.last_speculation.drafted
