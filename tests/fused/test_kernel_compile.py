@@ -105,6 +105,7 @@ CASES = {
             rt_ptr=None,
             TABLE=False,
             PRODUCT=0,
+            CACHE_GROUP=1,
             **PLAIN,
         ),
     ),
@@ -147,6 +148,7 @@ CASES = {
             IEEE=False,
             SOFTCAP=None,
             sinks_ptr=None,
+            CACHE_GROUP=1,
         ),
     ),
     "linear_residual": (
@@ -412,6 +414,11 @@ FAMILY_FLAGS = {
     "branch alone": ("linear_residual", dict(HAS_RES=False, SUMS=False), {}),
     "gemma2 attention": ("attention", dict(SOFTCAP=50.0), {}),
     "scaled embedding": ("embed", dict(SCALE=45.25), {}),
+    # speculative decoding's verify step: the K + 1 = 5 tokens of a row read and write one cache row
+    "verify rows' cache row": ("norm_qkv", dict(CACHE_GROUP=5), {}),
+    "verify rows' cache row, dense": ("norm_qkv", dict(CACHE_GROUP=5, PRODUCT=2, SPLIT=1, K_CHUNK=2048), {}),
+    "verify rows' attention": ("attention", dict(CACHE_GROUP=5), {}),
+    "verify rows' attention, direct": ("attention", dict(CACHE_GROUP=5, NUM_SPLITS=1, SPLIT_PAD=1, DIRECT=True), {}),
 }
 
 
@@ -427,6 +434,25 @@ def test_the_families_flags_compile_for_sm90(name):
         constants.pop("rt_ptr", None)
     text = ptx(kernel, dict(base_types, **types), constants)
     assert "griddepcontrol.wait" in text
+
+
+@pytest.mark.parametrize("cache_group", [1, 5])
+def test_the_whole_projection_qk_norm_kernel_compiles_for_sm90(cache_group):
+    """OLMo2's Q/K norms then RoPE (kernels/qk_norm_rope.py) at OLMo-2-1B's shape (16 heads of 128), PDL on; with
+    cache_group 5 (the verify step's rows of one cache row) too."""
+    from overlapdecode.fused.kernels.qk_norm_rope import _qk_norm_rope_kernel
+
+    types = {
+        **bf16("q_ptr", "k_ptr", "qn_ptr", "kn_ptr"),
+        "inv_freq_ptr": "*fp32",
+        "pos_ptr": "*i64",
+        "slot_ptr": "*i64",
+        **{n: "i32" for n in ("pos_stride", "slot_stride", "S", "n_heads", "n_kv")},
+        "eps": "fp32",
+        "rope_scale": "fp32",
+    }
+    constants = dict(D=128, BLOCK=1024, ROPE=True, PDL=True, CACHE_GROUP=cache_group)
+    assert "griddepcontrol.wait" in ptx(_qk_norm_rope_kernel, types, constants)
 
 
 def test_the_post_norm_kernel_compiles_for_sm90():

@@ -3,8 +3,12 @@
 `decode_step` is the one-token step, composed of the `*_ref` twins of the Triton kernels (same layout,
 same roundings, same cache writes), so that float32 on CPU can be compared token for token and logit for
 logit with Hugging Face. `prefill` runs the whole prompt with ordinary torch ops on the same weights and
-fills the cache at slots 0 .. P-1 (slot = position + the row's left padding). `verify_step` is the prefill's math
-for a few tokens per row at the row's own positions against the cache: speculative decoding's verify step.
+fills the cache at slots 0 .. P-1 (slot = position + the row's left padding). `verify_step`, speculative decoding's
+verify step of T tokens per row, is decode_step itself over the B * T tokens as rows (the Triton kernels on CUDA),
+each token writing its K/V at its own slot of its row's cache and attending to that row's slots up to its own
+(`cache_group` T: row r's cache row is r // T). Its cost: the weights are read once for all B * T rows, as by one
+step of B * T rows; the cache is read once per token of a row (T times where one step reads it once), which at
+decode lengths is small against the weights.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from ..quant.packed import dense_weight
 from ..tp import reduce_residual
 from .kernels.decode_attention import with_sink_softmax
 from .kernels.embed import embed_rows
-from .kernels.linear_residual import linear_residual_ref
+from .kernels.linear_residual import linear_residual_ref, require_cache_group
 from .kernels.moe import moe_dense_ref
 from .kernels.norm_linear import norm_linear_ref, norm_ref
 from .kernels.norm_qkv import qk_norm_ref
@@ -26,11 +30,18 @@ from .kernels.swap_ab import use_swap
 from .weights import FusedWeights
 
 
-def decode_attention_torch(q, k_cache, v_cache, start, length, scale: float, softcap: float | None = None, sinks=None):
-    """The contract of kernels.decode_attention in torch: q (B, Hq, D), caches (B, Hkv, S, D); row b attends
-    to slots [start[b], length[b]); softmax in float32; output in q's dtype; `softcap`: scores
-    cap * tanh(scores / cap) (Gemma 2); `sinks` (Hq,): a logit per head in the softmax, no value (gpt-oss)."""
+def decode_attention_torch(
+    q, k_cache, v_cache, start, length, scale: float, softcap: float | None = None, sinks=None, cache_group: int = 1
+):
+    """The contract of kernels.decode_attention in torch: q (B, Hq, D), caches (B / cache_group, Hkv, S, D); row b
+    attends to slots [start[b], length[b]) of cache row b // cache_group; softmax in float32; output in q's dtype;
+    `softcap`: scores cap * tanh(scores / cap) (Gemma 2); `sinks` (Hq,): a logit per head in the softmax, no value
+    (gpt-oss)."""
     B, Hq, D = q.shape
+    require_cache_group(cache_group, B, k_cache)
+    if cache_group != 1:  # each query row's cache row
+        k_cache = k_cache.repeat_interleave(cache_group, dim=0)
+        v_cache = v_cache.repeat_interleave(cache_group, dim=0)
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
     k = k_cache.repeat_interleave(Hq // Hkv, dim=1).float()  # (B, Hq, S, D)
     v = v_cache.repeat_interleave(Hq // Hkv, dim=1).float()
@@ -87,11 +98,14 @@ def window_start(start, length, window: int | None):
     return start if window is None else torch.maximum(start, length - window)
 
 
-def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=None):
+def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=None, cache_group: int = 1):
     """One token per row: ids, pos (B,) long -> float32 logits (B, V); writes K/V at slot pos + pad.
     `ops` (model.StepOps): the operations, Triton kernels or their `*_ref` twins. `finish`
     (kernels/greedy.py GreedyFinish): also choose the greedy tokens and advance its state and flag in place
-    (ops.greedy, after the head); ids and pos may be views of that state: they are read before it is written."""
+    (ops.greedy, after the head); ids and pos may be views of that state: they are read before it is written.
+    `cache_group`: rows per cache row (verify_step's tokens per row): row r writes and reads cache row
+    r // cache_group, the caches holding B / cache_group rows and pad B values (a row's, for each of its tokens);
+    given to the three operations that address the cache by row (norm_qkv, qk_norm_rope, attention) alone."""
     # slot and length int64 (the attention takes either): a `pad.to(int32)` here was recomputed by inductor
     # before every layer's attention, 16 one-element kernels per step at Llama-1B (inductor's output code)
     scale = {} if W.embed_scale is None else dict(scale=W.embed_scale)
@@ -99,8 +113,9 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     ropes = step_ropes(W, pos)
     tables = step_rope_tables(W, ropes, pos, ops, h.dtype)
     reads = [(L.norm1_w, L.norm1_b) for L in W.layers[1:]] + [(W.norm_w, W.norm_b)]  # the norm after each layer
-    for layer, kc, vc, after in zip(W.layers, k_caches, v_caches, reads):
-        h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops, ropes, tables, then_norm(W, *after))
+    for layer, kc, vc, read in zip(W.layers, k_caches, v_caches, reads):
+        after = then_norm(W, *read)
+        h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops, ropes, tables, after, cache_group)
     logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, **W.head_options())
     if W.vocab is not None:
         logits = W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
@@ -132,13 +147,16 @@ def decode_layer(
     ropes=None,
     rope_tables=None,
     after=None,
+    cache_group: int = 1,
 ):
     """One decoder layer of the one-token step: h (B, H) -> the layer's output (B, H); writes K/V at `slot` of
     its cache; row b attends to slots [start[b], length[b]). Five operations of `ops` (model.StepOps), seven
     where the layer normalises its branches before adding them (ops.norm_residual). `ropes`: step_ropes's
     tables (None: W's own); `rope_tables`: step_rope_tables's (None or no entry: QKV computes cos and sin).
-    `after`: then_norm's tuple of the norm that reads the layer's output (the next layer's or the final norm)."""
+    `after`: then_norm's tuple of the norm that reads the layer's output (the next layer's or the final norm).
+    `cache_group`: decode_step's (rows per cache row), for norm_qkv, qk_norm_rope and the attention."""
     B = h.shape[0]
+    group = {} if cache_group == 1 else dict(cache_group=cache_group)  # the one-token step's calls unchanged
     inv_freq, rope_scale = (W.inv_freq, W.rope_scale) if ropes is None else ropes[layer.rope]
     whole = whole_qk_norms(W, layer)  # OLMo2: norms after the projection
     table = None if whole or not rope_tables else rope_tables.get(layer.rope)
@@ -160,10 +178,13 @@ def decode_layer(
         W.head_dim,
         **W.qkv_options(layer),
         **({} if table is None else dict(rope_table=table)),
+        **group,
     )
     if whole:  # normalise Q and the slot's K over their whole projections, then rotate them
-        q = ops.qk_norm_rope(q, k_cache, slot, layer.q_norm, layer.k_norm, W.eps, inv_freq, rope_scale, pos, W.norm)
-    attn = {} if W.attn_softcap is None else dict(softcap=W.attn_softcap)
+        q = ops.qk_norm_rope(
+            q, k_cache, slot, layer.q_norm, layer.k_norm, W.eps, inv_freq, rope_scale, pos, W.norm, **group
+        )
+    attn = dict(group) if W.attn_softcap is None else dict(group, softcap=W.attn_softcap)
     if layer.sinks is not None:
         attn["sinks"] = layer.sinks
     a = ops.attention(q, k_cache, v_cache, window_start(start, length, layer.window), length, layer.scale, **attn)
@@ -260,37 +281,18 @@ def prefill(W: FusedWeights, k_caches, v_caches, pad, ids, pos, last):
     return logits if W.vocab is None else W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows
 
 
-def verify_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos):
+def verify_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops):
     """T tokens per row against the cache, each at its own position: ids, pos (B, T) long -> float32 logits
-    (B, T, V). The prefill's math (ordinary torch ops), at per-row offsets: token t of row b writes its K/V at slot
-    pos[b, t] + pad[b] and attends to slots pad[b] .. that slot (the row's earlier tokens, then itself; within a
-    layer's window), so a row's positions must rise along T. Two tokens of a row at one position write one slot:
-    only a token no row keeps may (spec/state.py feed_positions)."""
+    (B, T, V). decode_step over the B * T tokens as rows (cache_group T): token t of row b writes its K/V at slot
+    pos[b, t] + pad[b] of cache row b and attends to slots pad[b] .. that slot (the row's earlier tokens, then
+    itself; within a layer's window), so a row's positions must rise along T. Within a layer, norm_qkv writes every
+    token's K/V before the attention reads any (the next operation on the stream): a token sees its row's earlier
+    tokens of the same verify step. Two tokens of a row at one position write one slot: only a token no row keeps
+    may (spec/state.py feed_positions). `ops` (model.StepOps): the decode step's, Triton kernels or their twins."""
     B, T = ids.shape
-    D, Hq, Hkv, S = W.head_dim, W.n_heads, W.n_kv_heads, k_caches[0].shape[2]
-    slot = pos + pad[:, None]  # (B, T)
-    keys = torch.arange(S, device=ids.device)[None, None, :]
-    seen = (keys >= pad[:, None, None]) & (keys <= slot[:, :, None])  # (B, T query, S key)
-    masks = {None: seen[:, None]}
-    for window in {layer.window for layer in W.layers} - {None}:
-        masks[window] = (seen & (keys > slot[:, :, None] - window))[:, None]
-    index = slot[:, None, :, None].expand(B, Hkv, T, D)
-    h = embed_rows(W.embed, W.pos_embed, ids, pos, W.embed_scale)  # (B, T, H)
-    tables = prefill_rope_tables(W, pos, h.dtype)
-    for layer, kc, vc in zip(W.layers, k_caches, v_caches):
-        q, k, v = prefill_qkv(W, layer, h, tables[layer.rope])
-        kc.scatter_(2, index, k)
-        vc.scatter_(2, index, v)
-        mask = masks[layer.window]
-        if layer.sinks is not None:
-            a = _sink_attention(q, kc, vc, mask, layer.scale, layer.sinks)
-        elif W.attn_softcap is not None:
-            a = _softcap_attention(q, kc, vc, mask, layer.scale, W.attn_softcap)
-        else:
-            a = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=layer.scale, enable_gqa=Hq != Hkv)
-        h = prefill_after_attention(W, layer, h, a)
-    logits = norm_linear_ref(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, **W.head_options())
-    return logits if W.vocab is None else W.vocab.gather_logits(logits)
+    flat = dict(ids=ids.reshape(B * T), pos=pos.reshape(B * T))
+    logits = decode_step(W, k_caches, v_caches, pad.repeat_interleave(T), **flat, ops=ops, cache_group=T)
+    return logits.view(B, T, logits.shape[-1])
 
 
 def prefill_rope_tables(W: FusedWeights, pos, dtype) -> dict:
@@ -348,7 +350,7 @@ def _moe_prefill(W: FusedWeights, layer, h):
 
 def _softcap_attention(q, k, v, mask, scale: float, softcap: float):
     """Attention with Gemma 2's soft-capped scores (cap * tanh(scores / cap)), as its eager attention computes
-    it: q (B, Hq, T, D), k and v (B, Hkv, S, D), mask (T, S) bool (or one per row, (B, 1, T, S))."""
+    it: q (B, Hq, T, D), k and v (B, Hkv, S, D), mask (T, S) bool."""
     G = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * scale
@@ -359,7 +361,7 @@ def _softcap_attention(q, k, v, mask, scale: float, softcap: float):
 
 def _sink_attention(q, k, v, mask, scale: float, sinks):
     """Attention with gpt-oss's sinks (a logit per head in each softmax, with no value), as its eager attention
-    computes it: q (B, Hq, T, D), k and v (B, Hkv, S, D), mask (T, S) bool (or (B, 1, T, S)), sinks (Hq,)."""
+    computes it: q (B, Hq, T, D), k and v (B, Hkv, S, D), mask (T, S) bool, sinks (Hq,)."""
     G = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
     scores = (torch.matmul(q, k.transpose(2, 3)) * scale).masked_fill(~mask, float("-inf"))

@@ -5,8 +5,11 @@ Its cache needs no cut: a token's slot is its position plus the row's left paddi
 tokens at its own slots, and the slots of the drafts it rejected are written again by its next round before any
 query reads them (a query attends to its row's slots up to its own). Rows advance by different counts with no
 hole and no host read. One token per row runs the fused decode step (the Triton kernels on CUDA, their torch
-twins elsewhere); several, the verify step, runs the prefill's torch math at the rows' own positions
-(forward.verify_step): a Triton many-query decode attention is not built.
+twins elsewhere); several, the verify step (forward.verify_step), runs the same step's operations over the B * T
+tokens as rows, each token writing its K/V at its slot of its row's cache and reading that row's cache up to it: the
+weights are read once for all the tokens, the cache once per token of a row (small against the weights at decode
+lengths). Within each layer the tokens' K/V are written (one norm_qkv launch) before the attention launch reads
+them, so a token sees its row's earlier tokens of the same verify.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class FusedRows:
         if tokens.shape[1] == 1:
             logits = forward.decode_step(W, c.k, c.v, c.pad, tokens[:, 0], positions[:, 0], self.fused.ops)[:, None]
         else:
-            logits = forward.verify_step(W, c.k, c.v, c.pad, tokens, positions)
+            logits = forward.verify_step(W, c.k, c.v, c.pad, tokens, positions, self.fused.ops)
         return logits[:, logits.shape[1] - keep :]
 
     def settle_rows(self, kept: torch.Tensor, width: int) -> None:

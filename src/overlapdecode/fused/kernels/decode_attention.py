@@ -6,7 +6,9 @@ What it computes: for row b and query head h (kv head hk = h // G, G = Hq // Hkv
     out[b, h] = softmax(scale * q[b, h] . K[b, hk, s]  for s in [start[b], length[b])) @ V[b, hk, s]
 
 with the softmax in float32 and the output in q's dtype. Slots outside [start, length) are never read:
-`start` is the left padding of the row, `length` the current slot + 1, both read from device memory.
+`start` is the left padding of the row, `length` the current slot + 1, both read from device memory. With
+`cache_group` g, query row b reads K and V of cache row b // g: speculative decoding's verify step runs T tokens
+of each cache row as T query rows, each with its own start and length (fused/forward.py verify_step).
 
 Why split-K: at decode a (row, kv head) pair is one tiny matrix-vector product over a long cache, so one
 program per pair leaves most of the 132 SMs of an H200 idle at small batch. The live range [start, length)
@@ -71,7 +73,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from .linear_residual import Tickets, last_of_split, require_contiguous, take_tickets
+from .linear_residual import Tickets, last_of_split, require_cache_group, require_contiguous, take_tickets
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import sm_count
 
@@ -110,11 +112,12 @@ def _split_kernel(
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    CACHE_GROUP: tl.constexpr,
 ):
     pdl_start(PDL)
     # sinks_ptr (gpt-oss): a logit per query head that enters each head's max and denominator and no value; None
     # (a constexpr) where the model has none
-    pid_bh = tl.program_id(0)  # b * HKV + kv head
+    pid_bh = tl.program_id(0)  # b * HKV + kv head, b the query row
     pid_s = tl.program_id(1)
     b = pid_bh // HKV
     hk = pid_bh % HKV
@@ -139,9 +142,14 @@ def _split_kernel(
     q_blk = q_ptr + (b * HQ + head0).to(tl.int64) * D
     q = tl.load(q_blk + offs_g[:, None] * D + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
 
-    # The (b, hk) slab of the (B, HKV, S, D) caches: a 64-bit base once, 32-bit offsets inside it (S * D
-    # < 2**31, checked by the caller), so the per-element address math stays small.
-    kv_base = pid_bh.to(tl.int64) * S * D
+    # The (cache row, hk) slab of the (B / CACHE_GROUP, HKV, S, D) caches: a 64-bit base once, 32-bit offsets
+    # inside it (S * D < 2**31, checked by the caller), so the per-element address math stays small. Query row b
+    # reads cache row b // CACHE_GROUP (the verify step's tokens of one row); 1: its own, the slab pid_bh.
+    if CACHE_GROUP == 1:
+        kv_pair = pid_bh
+    else:
+        kv_pair = (b // CACHE_GROUP) * HKV + hk
+    kv_base = kv_pair.to(tl.int64) * S * D
     k_slab = k_ptr + kv_base
     v_slab = v_ptr + kv_base
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -238,8 +246,9 @@ def _split_kernel(
 _INTERPRETED = not isinstance(_split_kernel, JITFunction)
 
 
-def _check(q, k_cache, v_cache, start, length, scale):
-    """Shape/dtype/device checks from tensor metadata only (no device reads). Returns (B, Hq, Hkv, S, D)."""
+def _check(q, k_cache, v_cache, start, length, scale, cache_group=1):
+    """Shape/dtype/device checks from tensor metadata only (no device reads). Returns (B, Hq, Hkv, S, D), B the
+    query rows (cache_group x the cache's rows)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("start", start), ("length", length)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -251,10 +260,11 @@ def _check(q, k_cache, v_cache, start, length, scale):
     if k_cache.dim() != 4:
         raise ValueError(f"k_cache must be (B, Hkv, S, D), got shape {tuple(k_cache.shape)}")
     _, Hkv, S, _ = k_cache.shape
-    if k_cache.shape[0] != B or k_cache.shape[3] != D:
+    if k_cache.shape[3] != D or (type(cache_group) is int and cache_group == 1 and k_cache.shape[0] != B):
         raise ValueError(
             f"k_cache shape {tuple(k_cache.shape)} does not match q shape {tuple(q.shape)} (want (B, Hkv, S, D))"
         )
+    require_cache_group(cache_group, B, k_cache)
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -277,12 +287,18 @@ def _check(q, k_cache, v_cache, start, length, scale):
     return B, Hq, Hkv, S, D
 
 
-def decode_attention_ref(q, k_cache, v_cache, start, length, scale, softcap: float | None = None, sinks=None):
+def decode_attention_ref(
+    q, k_cache, v_cache, start, length, scale, softcap: float | None = None, sinks=None, cache_group: int = 1
+):
     """Plain-PyTorch decode attention with the kernel's contract: slots outside [start, length) are masked
     (their keys may hold anything, even NaN), softmax in float32, output in q's dtype; `softcap`: scores
-    cap * tanh(scores / cap); `sinks` (Hq,) (gpt-oss): a logit per head in the softmax, with no value."""
-    B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
+    cap * tanh(scores / cap); `sinks` (Hq,) (gpt-oss): a logit per head in the softmax, with no value;
+    `cache_group`: query row b reads cache row b // cache_group."""
+    B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale, cache_group)
     G = Hq // Hkv
+    if cache_group != 1:  # each query row's cache row, repeated
+        k_cache = k_cache.repeat_interleave(cache_group, dim=0)
+        v_cache = v_cache.repeat_interleave(cache_group, dim=0)
     slots = torch.arange(S, device=q.device)
     live = (slots >= start[:, None]) & (slots < length[:, None])  # (B, S)
     live_kv = live[:, None, :, None]  # against (B, Hkv, S, D)
@@ -379,6 +395,7 @@ def decode_attention(
     tickets: Tickets | None = None,
     softcap: float | None = None,
     sinks=None,
+    cache_group: int = 1,
 ):
     """Decode attention, (B, Hq, D) in q's dtype; see the module docstring.
 
@@ -395,8 +412,11 @@ def decode_attention(
       num_stages pipeline_stages of block_sizes's keys; scripts/attention_sweep.py times them).
     pdl: launch with programmatic dependent launch (pdl.py; sm_90+).
     tickets: the ticket counters of the split (linear_residual.Tickets; default: fresh zeros, a fill per call).
+    cache_group: query rows per cache row: query row b reads cache row b // cache_group (k_cache holds B /
+      cache_group rows; the verify step's T tokens of a row, each with its own start and length); a constexpr. The
+      split's workspace and ticket counters stay per (query row, kv head).
     """
-    B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale)
+    B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale, cache_group)
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head size D={D} > {MAX_HEAD_DIM} is not supported by the Triton kernel")
     if S * D >= 2**31:
@@ -489,6 +509,7 @@ def decode_attention(
         IEEE=q.dtype == torch.float32,
         PDL=bool(pdl),
         SOFTCAP=None if softcap is None else float(softcap),
+        CACHE_GROUP=cache_group,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(pdl),

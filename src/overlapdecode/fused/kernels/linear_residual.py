@@ -78,6 +78,19 @@ def require_contiguous(**tensors) -> None:
             raise ValueError(f"{name} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
 
 
+def require_cache_group(cache_group, rows: int, k_cache) -> None:
+    """A launch over `rows` query rows that address the KV cache by row (norm_qkv, qk_norm_rope, decode attention):
+    row r reads and writes cache row r // cache_group, so k_cache must hold rows / cache_group rows (the verify
+    step's T tokens per cache row; 1: a row each); else a ValueError naming cache_group. Host-side only."""
+    if isinstance(cache_group, bool) or not isinstance(cache_group, int) or cache_group < 1:
+        raise ValueError(f"cache_group must be an int >= 1 (query rows per cache row), got {cache_group!r}")
+    if k_cache.shape[0] * cache_group != rows:
+        raise ValueError(
+            f"cache_group: {rows} query rows need k_cache rows x cache_group = {rows}, got {k_cache.shape[0]} x "
+            f"{cache_group} (k_cache shape {tuple(k_cache.shape)})"
+        )
+
+
 def require_32bit(**tensors) -> None:
     """Contiguous (require_contiguous) and indexed with 32-bit offsets: fewer than 2**31 elements (the largest
     matrix of a supported model, Llama-3-405B's LM head, has 2.10e9), else a ValueError naming it."""

@@ -9,7 +9,8 @@ programs; from 17 rows on the step runs it in dense form (dense.py: cuBLAS's pro
 and asked for (`swap=True`) the tiles are swapped (swap_ab.py: the weight rows as the MMA's M, all rows of the
 batch as its N, the weights read once for up to 128 rows, HALF 64 or 128); the program that finishes a tile last (a ticket,
 as in linear_residual) sums the float32 partials in a fixed order and runs the epilogue. The slot and position are device tensors (slot =
-position + the row's left padding), so one CUDA graph serves every step.
+position + the row's left padding), so one CUDA graph serves every step. With `cache_group` g, row b writes cache
+row b // g: speculative decoding's verify step runs the T tokens of each cache row as T rows, at their own slots.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from . import dense as dense_gemm
-from .linear_residual import Tickets, last_of_split, require_32bit, require_contiguous, split_k, take_tickets
+from .linear_residual import (
+    Tickets,
+    last_of_split,
+    require_32bit,
+    require_cache_group,
+    require_contiguous,
+    split_k,
+    take_tickets,
+)
 from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
 from .packed_weights import load_weights, refuse_dense, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
@@ -74,13 +83,16 @@ def norm_qkv_ref(
     k_norm=None,
     norm_style: str = "rms",
     rope_table=None,
+    cache_group: int = 1,
 ):
-    """x (B, H), pos/slot (B,) -> q (B, Hq, D); writes K and V (B, Hkv, D) at `slot` of each row's cache.
+    """x (B, H), pos/slot (B,) -> q (B, Hq, D); writes K and V (B, Hkv, D) at `slot` of each row's cache
+    (`cache_group`: row b's is cache row b // cache_group; k_cache holds B / cache_group rows).
     `norm_w` None: no norm; `q_norm`, `k_norm` (D,): per-head RMSNorms of Q and K before RoPE; `norm_style`: the
     RMSNorms' rounding (norm_linear.norm_ref); inv_freq of R/2 < D/2 frequencies: partial rotary (the first R dims).
     `rope_table` (the kernel's precomputed cos and sin, rope_table_ref's): not read; the same values are computed
     here from inv_freq and pos."""
     B = x.shape[0]
+    require_cache_group(cache_group, B, k_cache)
     qkv = torch.nn.functional.linear(norm_ref(x, norm_w, norm_b, eps, norm_style), dense_weight(w), b)
     q, k, v = qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
     q = q.view(B, n_heads, head_dim)
@@ -90,7 +102,7 @@ def norm_qkv_ref(
     if inv_freq is not None:
         cos, sin = rope_cos_sin(inv_freq, rope_scale, pos, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    rows = torch.arange(B, device=x.device)
+    rows = torch.arange(B, device=x.device) // cache_group
     k_cache[rows, :, slot] = k
     v_cache[rows, :, slot] = v
     return q
@@ -131,13 +143,15 @@ def _qkv_finish(
     ROT: tl.constexpr,
     rt_ptr=None,
     TABLE: tl.constexpr = False,
+    CACHE_GROUP: tl.constexpr = 1,
 ):
     """Bias, rounding, RoPE and the stores of one (rows, HALF pairs) tile; `head` and `dim` (HALF,) are each
     column's head (Q, then K, then V heads) and pair: dims `dim` and `dim + D/2` of the head, or with partial
     rotary (ROT < D rotated dims) pair p < ROT/2 is dims (p, p + ROT/2) and the others pair the dims past ROT.
     QK_NORM: the tile is one whole head (HALF >= D/2); its Q and K heads are RMS-normalised over their D dims
     (weights at qn_ptr / kn_ptr, (D,); NORM_OFFSET: Gemma's (1 + w)) before RoPE, as Qwen3 and Gemma 3 do.
-    TABLE: cos and sin read from rope_table's (B, ROT) table at rt_ptr instead of computed here."""
+    TABLE: cos and sin read from rope_table's (B, ROT) table at rt_ptr instead of computed here. K and V of row r
+    go to cache row r // CACHE_GROUP."""
     dtype = q_ptr.dtype.element_ty
     if ROT == D:
         off1 = dim  # the first dim of each column's pair, and the distance to its second
@@ -207,7 +221,8 @@ def _qkv_finish(
     tl.store(q_ptr + q_off + second, y2.to(dtype), mask=out_ok & is_q[None, :])
     slot = tl.load(slot_ptr + rows * slot_stride, mask=row_ok, other=0).to(tl.int64)
     kv_head = tl.where(is_q, 0, (head - n_heads) % n_kv)
-    kv_off = ((rows.to(tl.int64)[:, None] * n_kv + kv_head[None, :]) * S + slot[:, None]) * D + off1[None, :]
+    cache_row = (rows // CACHE_GROUP).to(tl.int64)  # rows // 1 folds away: the one-token step's own row
+    kv_off = ((cache_row[:, None] * n_kv + kv_head[None, :]) * S + slot[:, None]) * D + off1[None, :]
     tl.store(k_ptr + kv_off, y1.to(dtype), mask=out_ok & is_k[None, :])
     tl.store(k_ptr + kv_off + second, y2.to(dtype), mask=out_ok & is_k[None, :])
     tl.store(v_ptr + kv_off, y1.to(dtype), mask=out_ok & is_v[None, :])
@@ -264,6 +279,7 @@ def _norm_qkv_kernel(
     z_ptr=None,
     QUANT: tl.constexpr = 0,
     GROUP: tl.constexpr = 0,
+    CACHE_GROUP: tl.constexpr = 1,
 ):
     pdl_start(PDL)
     if QK_NORM:  # one head per program, its D/2 pairs in the first lanes of HALF
@@ -384,6 +400,7 @@ def _norm_qkv_kernel(
             ROT,
             rt_ptr,
             TABLE,
+            CACHE_GROUP,
         )
 
 
@@ -429,8 +446,10 @@ def norm_qkv(
     rope_table: torch.Tensor | None = None,
     dense: bool | None = None,
     normed_rows: NormedRows | None = None,
+    cache_group: int = 1,
 ):
-    """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B, Hkv, S, D) contiguous; pos and slot (B,) of any
+    """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B / cache_group, Hkv, S, D) contiguous, row b's K and V
+    written to cache row b // cache_group (a constexpr: 1 is the one-token step's, row b's own); pos and slot (B,) of any
     stride (the decode loop's positions are a column of its (B, 3) state). A program owns `half`
     first-half dimensions and their partners (default: up to 32, one head's at most; swapped, swap_ab.swap_tiles's);
     with fewer tiles than `programs` (default: 1, no split; swapped, swap_tiles's one per SM), K is split as in
@@ -451,6 +470,9 @@ def norm_qkv(
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
+    require_cache_group(cache_group, B, k_cache)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     halves = (n_heads + 2 * n_kv) * (head_dim // 2)  # first-half dimensions over all heads
     rot = head_dim if inv_freq is None else 2 * inv_freq.numel()
@@ -578,6 +600,7 @@ def norm_qkv(
         rt_ptr=rope_table,  # None without (a constexpr None: no parameter)
         TABLE=rope_table is not None,
         PRODUCT=pieces if product else 0,
+        CACHE_GROUP=cache_group,
         num_warps=num_warps or plan["num_warps"],
         num_stages=num_stages or plan["num_stages"],
         **packed,

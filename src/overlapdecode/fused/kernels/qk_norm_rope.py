@@ -1,7 +1,9 @@
 """Whole-projection Q/K norms (OLMo2): a second launch after norm_qkv (run without RoPE there), which normalises
 each row's Q and its K at the slot over the whole projection, then rotates them. Grid (B, 2): one program per row
 for its Q heads, one for its K; each reads its heads twice (the sum of squares, then the values, written in
-place). Its torch twin `qk_norm_rope_ref`.
+place). Its torch twin `qk_norm_rope_ref`. With `cache_group` g, row b's K is in cache row b // g (speculative
+decoding's verify step: T tokens per cache row, at their own slots; two rows at one slot of a cache row, which only a
+token no row keeps shares, leave that slot's K undefined: each normalises it in place).
 """
 
 from __future__ import annotations
@@ -10,18 +12,21 @@ import torch
 import triton
 import triton.language as tl
 
-from .linear_residual import require_contiguous
+from .linear_residual import require_cache_group, require_contiguous
 from .norm_qkv import qk_norm_ref
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .rope import apply_rope, rope_cos_sin
 
 
-def qk_norm_rope_ref(q, k_cache, slot, q_norm, k_norm, eps: float, inv_freq, rope_scale, pos, style: str = "rms"):
-    """After a norm_qkv without RoPE: q (B, Hq, D) and each row's K at `slot` of k_cache (B, Hkv, S, D) normalised
-    over the whole projection (weights (Hq * D,) and (Hkv * D,), norm_linear.norm_ref's `style`: OLMo2's
-    "rms_f32"), then rotated; q is returned, K rewritten in place."""
+def qk_norm_rope_ref(
+    q, k_cache, slot, q_norm, k_norm, eps: float, inv_freq, rope_scale, pos, style: str = "rms", cache_group: int = 1
+):
+    """After a norm_qkv without RoPE: q (B, Hq, D) and each row's K at `slot` of k_cache (B / cache_group, Hkv, S, D;
+    row b's is cache row b // cache_group) normalised over the whole projection (weights (Hq * D,) and (Hkv * D,),
+    norm_linear.norm_ref's `style`: OLMo2's "rms_f32"), then rotated; q is returned, K rewritten in place."""
     B, Hq, D = q.shape
-    rows = torch.arange(B, device=q.device)
+    require_cache_group(cache_group, B, k_cache)
+    rows = torch.arange(B, device=q.device) // cache_group
     k = k_cache[rows, :, slot]  # (B, Hkv, D)
     q, k = qk_norm_ref(q, k, q_norm, k_norm, eps, style)
     if inv_freq is not None:
@@ -102,6 +107,7 @@ def _qk_norm_rope_kernel(
     BLOCK: tl.constexpr,
     ROPE: tl.constexpr,
     PDL: tl.constexpr,
+    CACHE_GROUP: tl.constexpr,
 ):
     pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
@@ -113,8 +119,8 @@ def _qk_norm_rope_kernel(
         _norm_rope_heads(
             q_ptr + b * n_heads * D, D, n_heads, qn_ptr, inv_freq_ptr, p, eps, rope_scale, D, BLOCK, ROPE, dtype
         )
-    else:  # its K heads at the slot: (b, h, slot) rows of the cache, S * D apart
-        base = k_ptr + (b * n_kv * S + slot) * D
+    else:  # its K heads at the slot: (cache row, h, slot) rows of the cache, S * D apart
+        base = k_ptr + ((b // CACHE_GROUP) * n_kv * S + slot) * D
         _norm_rope_heads(base, S * D, n_kv, kn_ptr, inv_freq_ptr, p, eps, rope_scale, D, BLOCK, ROPE, dtype)
 
 
@@ -131,14 +137,17 @@ def qk_norm_rope(
     style: str = "rms_f32",
     block: int = 1024,
     pdl: bool = False,
+    cache_group: int = 1,
 ):
     """The Triton kernel of `qk_norm_rope_ref` (OLMo2's "rms_f32" style only, whole-head rotary): grid (B, 2), one
     program per row for its Q heads and one for its K at the slot, each reading its heads twice (the sum of
-    squares, then the normalised and rotated values, written in place); q is returned."""
+    squares, then the normalised and rotated values, written in place); q is returned. `cache_group`: row b's K is
+    in cache row b // cache_group (a constexpr)."""
     if style != "rms_f32":
         raise ValueError(f"style: the whole-projection Q/K norm kernel has OLMo2's rms_f32 rounding, got {style!r}")
     B, Hq, D = q.shape
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    require_cache_group(cache_group, B, k_cache)
     if q_norm.numel() != Hq * D or k_norm.numel() != Hkv * D:
         raise ValueError(f"q_norm and k_norm must be ({Hq * D},) and ({Hkv * D},) (whole projections)")
     if inv_freq is not None and 2 * inv_freq.numel() != D:
@@ -163,6 +172,7 @@ def qk_norm_rope(
         BLOCK=min(block, triton.next_power_of_2(Hq * D // 2)),
         ROPE=inv_freq is not None,
         PDL=bool(pdl),
+        CACHE_GROUP=cache_group,
         num_warps=4,
         **pdl_launch(pdl),
     )

@@ -1,0 +1,184 @@
+"""The three operations that address the KV cache by row (norm_qkv's K/V store, qk_norm_rope's K at the slot, decode
+attention's K/V reads) with `cache_group` g > 1, as the verify step runs them: query row r uses cache row r // g.
+Each kernel equals its reference, and the reference equals the same rows run with cache_group 1 against each query
+row's own copy of its cache row; odd shapes (grouped-query heads, heads of 24 dims, a cache of 37 slots), the
+attention split into several pieces with rows that start past slot 0; the bad arguments. On CPU the kernels run in
+Triton's interpreter (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from overlapdecode.fused import forward
+from overlapdecode.fused.kernels.decode_attention import decode_attention, decode_attention_ref
+from overlapdecode.fused.kernels.linear_residual import Tickets
+from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
+from overlapdecode.fused.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_ref
+from support.triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture: the attention's loops)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = dict(atol=1e-4, rtol=1e-4)
+ROWS = 2  # cache rows
+H, HQ, HKV, D, S = 40, 6, 2, 24, 37  # a group of 3 query heads per kv head, heads of 24 dims
+
+
+def rnd(*shape, scale=1.0):
+    return (torch.randn(*shape, device=DEV) * scale).contiguous()
+
+
+def verify_slots(g: int, first=(5, 20)) -> torch.Tensor:
+    """(ROWS * g,) slots of g tokens per cache row, rising along each row's tokens as a verify step's."""
+    return torch.tensor([first[r // g] + r % g for r in range(ROWS * g)], device=DEV)
+
+
+def spread(cache: torch.Tensor, g: int) -> torch.Tensor:
+    """Each query row's own copy of its cache row: (ROWS * g, ...)."""
+    return cache.repeat_interleave(g, dim=0).clone()
+
+
+def gathered(before: torch.Tensor, own: torch.Tensor, slot: torch.Tensor, g: int) -> torch.Tensor:
+    """The grouped cache the rows' own copies `own` say: `before` with query row r's slot taken from its copy."""
+    out = before.clone()
+    for r, s in enumerate(slot.tolist()):
+        out[r // g, :, s] = own[r, :, s]
+    return out
+
+
+def _qkv(g: int, rope: bool = True):
+    torch.manual_seed(g)
+    B = ROWS * g
+    x, nw = rnd(B, H) + 0.3, rnd(H, scale=0.3) + 1
+    w, b = rnd((HQ + 2 * HKV) * D, H, scale=H**-0.5), rnd((HQ + 2 * HKV) * D, scale=0.1)
+    inv = 1.0 / (500.0 ** (torch.arange(0, D, 2, device=DEV).float() / D)) if rope else None
+    slot = verify_slots(g)
+    return (x, nw, None, 1e-5, w, b, inv, 0.9, slot - 3, slot), rnd(ROWS, HKV, S, D), rnd(ROWS, HKV, S, D)
+
+
+@pytest.mark.parametrize("g", [2, 3])
+@pytest.mark.parametrize(
+    "tiles",
+    [dict(programs=1, dense=False), dict(programs=1000, dense=False), dict(swap=True, dense=False), dict(dense=True)],
+    ids=["row block", "split", "swapped", "dense"],
+)
+def test_norm_qkv_writes_each_rows_kv_to_its_cache_row(g, tiles):
+    args, k0, v0 = _qkv(g)
+    k_ref, v_ref, k, v = k0.clone(), v0.clone(), k0.clone(), v0.clone()
+    q_ref = norm_qkv_ref(*args, k_ref, v_ref, HQ, HKV, D, cache_group=g)
+    q = norm_qkv(*args, k, v, HQ, HKV, D, block_k=16, cache_group=g, **tiles)
+    torch.testing.assert_close(q, q_ref, **TOL)
+    torch.testing.assert_close(k, k_ref, **TOL)
+    torch.testing.assert_close(v, v_ref, **TOL)
+    # the reference: as each query row writing its own copy of its cache row
+    k_own, v_own = spread(k0, g), spread(v0, g)
+    q_own = norm_qkv_ref(*args, k_own, v_own, HQ, HKV, D)
+    slot = args[-1]
+    assert torch.equal(q_ref, q_own)
+    assert torch.equal(k_ref, gathered(k0, k_own, slot, g)) and torch.equal(v_ref, gathered(v0, v_own, slot, g))
+    assert not torch.equal(k_ref, k0) and not torch.equal(k_ref[1], k0[1])  # the second cache row written too
+
+
+@pytest.mark.parametrize("g", [2, 3])
+@pytest.mark.parametrize("rope", [True, False])
+def test_qk_norm_rope_normalises_each_rows_k_in_its_cache_row(g, rope):
+    """OLMo2's whole-projection Q/K norms then RoPE: each row's K at its slot of its cache row, nothing else."""
+    torch.manual_seed(10 + g)
+    B = ROWS * g
+    q, k0 = rnd(B, HQ, D) * 2, rnd(ROWS, HKV, S, D)
+    qn, kn = rnd(HQ * D, scale=0.3) + 1, rnd(HKV * D, scale=0.3) + 1
+    inv = 1.0 / (500.0 ** (torch.arange(0, D, 2, device=DEV).float() / D)) if rope else None
+    slot = verify_slots(g)
+    pos = slot - 3
+    k_ref, k = k0.clone(), k0.clone()
+    ref = qk_norm_rope_ref(q.clone(), k_ref, slot, qn, kn, 1e-5, inv, 0.9, pos, "rms_f32", cache_group=g)
+    got = qk_norm_rope(q.clone(), k, slot, qn, kn, 1e-5, inv, 0.9, pos, block=16, cache_group=g)
+    torch.testing.assert_close(got, ref, **TOL)
+    torch.testing.assert_close(k, k_ref, **TOL)
+    k_own = spread(k0, g)
+    own = qk_norm_rope_ref(q.clone(), k_own, slot, qn, kn, 1e-5, inv, 0.9, pos, "rms_f32")
+    assert torch.equal(ref, own) and torch.equal(k_ref, gathered(k0, k_own, slot, g))
+    assert not torch.equal(k_ref[1], k0[1])
+
+
+def _attention(g: int, starts=(0, 4)):
+    """q of ROWS * g query rows; each row's tokens attend from its start (4: left padding) up to their slots."""
+    torch.manual_seed(20 + g)
+    q, k, v = 3 * rnd(ROWS * g, HQ, D), rnd(ROWS, HKV, S, D), rnd(ROWS, HKV, S, D)
+    length = verify_slots(g, first=(30, 12)) + 1
+    start = torch.tensor([starts[r // g] for r in range(ROWS * g)], device=DEV)
+    return q, k, v, start, length
+
+
+@pytest.mark.parametrize("g", [2, 3])
+@pytest.mark.parametrize("block_n,num_splits", [(None, None), (16, 1), (16, 3)])
+def test_attention_reads_each_rows_cache_row(g, block_n, num_splits):
+    """The kernel (one piece per query row and kv head, or three, a row's live range starting past slot 0) against
+    the reference, which equals the rows against their own copies of their cache rows, and the torch twin; the
+    split's ticket counters back to zero."""
+    q, k, v, start, length = _attention(g)
+    ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g)
+    tickets = Tickets(DEV)
+    got = decode_attention(
+        q, k, v, start, length, 0.3, block_n=block_n, num_splits=num_splits, tickets=tickets, cache_group=g
+    )
+    torch.testing.assert_close(got, ref, **TOL)
+    assert not tickets.counters.any()
+    assert torch.equal(ref, decode_attention_ref(q, spread(k, g), spread(v, g), start, length, 0.3))
+    torch.testing.assert_close(forward.decode_attention_torch(q, k, v, start, length, 0.3, cache_group=g), ref)
+    # cache row 1 differs from cache row 0: a row that read another's would differ
+    assert not torch.allclose(
+        ref, decode_attention_ref(q, spread(k.flip(0), g), spread(v.flip(0), g), start, length, 0.3)
+    )
+
+
+@pytest.mark.parametrize("g", [2, 3])
+def test_attention_with_sinks_and_soft_capping_reads_each_rows_cache_row(g):
+    """gpt-oss's sinks and Gemma 2's soft-capping in the split's combine, with cache_group."""
+    q, k, v, start, length = _attention(g)
+    sinks = rnd(HQ)
+    for extra in (dict(sinks=sinks), dict(softcap=2.0)):
+        ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g, **extra)
+        got = decode_attention(q, k, v, start, length, 0.3, block_n=16, num_splits=2, cache_group=g, **extra)
+        torch.testing.assert_close(got, ref, **TOL)
+        assert torch.equal(ref, decode_attention_ref(q, spread(k, g), spread(v, g), start, length, 0.3, **extra))
+
+
+# --- the bad arguments: one ValueError naming cache_group, before any kernel work -------------------------------
+
+
+def _calls(g, k_rows: int = ROWS):
+    """{name: a call of each operation with cache_group g on a cache of k_rows rows (query rows ROWS * 2)}."""
+    args, k, v = _qkv(2)
+    k, v = k[:1].expand(k_rows, -1, -1, -1).contiguous(), v[:1].expand(k_rows, -1, -1, -1).contiguous()
+    q = rnd(ROWS * 2, HQ, D)
+    slot = args[-1]
+    qn, kn = rnd(HQ * D) + 1, rnd(HKV * D) + 1
+    inv = args[6]
+    start, length = torch.zeros_like(slot), slot + 1
+    return {
+        "norm_qkv_ref": lambda: norm_qkv_ref(*args, k, v, HQ, HKV, D, cache_group=g),
+        "norm_qkv": lambda: norm_qkv(*args, k, v, HQ, HKV, D, cache_group=g),
+        "qk_norm_rope_ref": lambda: qk_norm_rope_ref(q, k, slot, qn, kn, 1e-5, inv, 1.0, slot, cache_group=g),
+        "qk_norm_rope": lambda: qk_norm_rope(q, k, slot, qn, kn, 1e-5, inv, 1.0, slot, cache_group=g),
+        "decode_attention_ref": lambda: decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g),
+        "decode_attention": lambda: decode_attention(q, k, v, start, length, 0.3, cache_group=g),
+        "decode_attention_torch": lambda: forward.decode_attention_torch(q, k, v, start, length, 0.3, cache_group=g),
+    }
+
+
+NAMES = list(_calls(2))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("g", [0, -2, True, 2.0, "2"])
+def test_a_cache_group_that_is_not_a_positive_int_is_refused(name, g):
+    with pytest.raises(ValueError, match="cache_group must be an int >= 1"):
+        _calls(g)[name]()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("g,k_rows", [(3, ROWS), (2, 1), (2, 3)])
+def test_cache_rows_times_cache_group_must_be_the_query_rows(name, g, k_rows):
+    with pytest.raises(ValueError, match=r"cache_group: 4 query rows need k_cache rows x cache_group"):
+        _calls(g, k_rows)[name]()
+    _calls(2)[name]()  # the right shapes run
