@@ -9,15 +9,19 @@ records what happened (drafts offered and accepted, rounds) beside its times, so
 is measured, never assumed.
 
 The verify step's cost: one forward of T = K + 1 tokens against a cache holding the prompt, as the round loop
-runs it (spec/cache.py RowCache: the preset's cache kind, the round's logits over all T positions), for T = 1..9,
-the cache cut back to the prompt after each; the median of at least 5 forwards after at least 2 untimed ones,
-CUDA events on a GPU (the host clock on CPU, where it is no speed claim). Only the eager presets' verify step is
-timed (`kv`, `static`); the captured rounds' (`compiled`, `interleaved`, `fused`: loop/rounds.py) is not timed here
-yet (its row says so).
+runs it, for T = 1..9; the median of at least 5 forwards after at least 2 untimed ones, CUDA events on a GPU (the
+host clock on CPU, where it is no speed claim). The eager presets' (`kv`, `static`: spec/rounds.py) is a Hugging
+Face forward on a spec/cache.py RowCache, cut back to the prompt after each. The captured presets' (`compiled`,
+`interleaved` and the other compiled static variants, `fused`: loop/rounds.py) runs on the cache their rounds make
+(a StaticRows whose forward is compiled on CUDA, or the fused model's FusedRows, where T = 1 is the fused decode
+step and T > 1 forward.verify_step) and, on CUDA, is captured in one CUDA graph per T (its first run eager, then
+captured: loop/step_graph.py GraphCapture) whose replays are timed; the StaticRows is cut back on the device after
+each replay, the FusedRows needs no cut (a rejected slot is written again before it is read).
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -26,10 +30,17 @@ import transformers
 
 import overlapdecode as od
 
+from ..fused.path import spec_rows
+from ..hf.graph_experts import graph_safe_experts
 from ..inputs import position_ids_for_prompt
+from ..loop.compiling import recompile_limits
+from ..loop.rounds import COMPILED_ON, compiled_call
+from ..loop.step_graph import GraphCapture
 from ..models.embedded import EMBEDDED
 from ..models.loading import parse_dtype
-from ..spec.cache import RowCache, spec_cache_len
+from ..plan import STATIC_ROUND, static_cache_len
+from ..spec.cache import RowCache, StaticRows, call_model, spec_cache_len
+from ..spec.options import captured_rounds
 from .workloads import prompt
 
 # the verify step's token counts: K + 1 for K = 0 (a one-token step, the reference) .. 8
@@ -92,13 +103,6 @@ def speed_up(plain: dict | None, row: dict) -> dict:
     return dict(plain_ms_per_token=plain["ms_per_token"], speedup=plain["seq_s"] / row["seq_s"])
 
 
-def times_verify(strategy: str) -> bool:
-    """Whether this bench times `strategy`'s verify step: the eager presets' (a Hugging Face forward on their
-    dynamic or static cache, as spec/rounds.py runs it)."""
-    s = od.resolve_strategy(strategy)
-    return s.cache in ("dynamic", "static") and not s.compile
-
-
 class _Clock:
     """Elapsed seconds of a call: CUDA events on a GPU (the stream's own time, the host's launches included
     where the GPU waits for them), the host clock on CPU."""
@@ -145,20 +149,84 @@ def forward_ms(model, kind: str, ids, tokens: tuple, warmup: int, repeats: int, 
     return out
 
 
+def captured_rows(model, strategy, mask: torch.Tensor, length: int, tag: str = ""):
+    """The cache that loop/rounds.py's captured rounds of `strategy` (a resolved Strategy) give `model`, as decode.py
+    makes it for a (B, P) prompt `mask`: with the fused cache, the fused model's FusedRows of `length` slots (`tag`:
+    a draft's, kept apart; a draft of a family the fused path lacks gets a static cache, as there); else a
+    StaticRows of `length` slots whose forward is compiled where the rounds compile it (COMPILED_ON)."""
+    if strategy.cache == "fused":
+        try:
+            return spec_rows(od.decoder_for(model).fused_model(), mask.shape[0], length, tag)
+        except ValueError:
+            if not tag:  # the model itself: the fused path refuses it, and the row says why
+                raise
+    forward = compiled_call() if strategy.compile and mask.device.type in COMPILED_ON else call_model
+    return StaticRows(model, mask, length, forward)
+
+
+def captured_ms(rows, ids, tokens: tuple, warmup: int, repeats: int, vocab: int, seed: int) -> tuple[list, bool]:
+    """A forward of T tokens (each T of `tokens`) as a captured round runs it on `rows` (captured_rows's: FusedRows
+    or StaticRows), which first takes the prompt `ids` (B, P): T random ids at positions P..P + T - 1, logits over
+    all T -> (the median ms per T, whether every timed run was a CUDA graph's replay). Per T one GraphCapture: its
+    first run eager (it compiles and warms up what the forward launches) and captured where CUDA is, then `warmup`
+    untimed and `repeats` timed runs, each a replay of that one graph on CUDA (an eager forward elsewhere). After
+    each run the rows are cut back to the prompt on the device (settle_rows keeping no slot: a StaticRows' counter
+    and mask; nothing for FusedRows, whose next run writes the same slots again)."""
+    B, P = ids.shape
+    mask = torch.ones_like(ids)
+    clock = _Clock(ids.device)
+    none_kept = torch.zeros(B, dtype=torch.long, device=ids.device)
+    out, replayed = [], True
+    rows.prefill(ids, mask, position_ids_for_prompt(mask))
+    for T in tokens:
+        draft = prompt(B, T, vocab, ids.device, seed + T)
+        positions = (P + torch.arange(T, device=ids.device)).expand(B, T)
+        graph = GraphCapture(ids.device)
+        forward = functools.partial(rows.forward, draft, positions, T)
+        graph.run(forward, recompile_limits)  # eager (compiles, warms up), then captured where CUDA is
+        rows.settle_rows(none_kept, T)
+        times = []
+        for i in range(warmup + repeats):
+            seconds = clock(functools.partial(graph.run, forward))  # a replay where captured
+            rows.settle_rows(none_kept, T)  # back to the prompt alone
+            if i >= warmup:
+                times.append(seconds * 1e3)
+        out.append(statistics.median(times))
+        replayed = replayed and graph.graph is not None and graph.eager_runs == 1
+        del graph  # its memory pool goes before the next T's capture (the clock waited for its last replay)
+    return out, replayed
+
+
 def verify_row(cfg, strategy: str, model, draft, batch: int, vocab: int, device) -> dict:
     """A preset's verify-step costs: `verify_ms` for each T of `verify_tokens` (K + 1 = 1..max(9, the largest K
     + 1)) and `verify_ratio` = that / the one-token forward's; with a draft model, `draft_step_ms` (its one-token
-    forward on the same cache kind) and `draft_ratio` (that / the model's). The caches are sized as the round
-    loop's of the run's longest call and largest K."""
+    forward on the cache its rounds give it) and `draft_ratio` (that / the model's); `verify_graph`: whether each
+    timed forward was the replay of a CUDA graph (the captured presets' on CUDA). The caches are sized as the round
+    loop's of the run's longest call and largest K (and T)."""
     ks = cfg.prompt_lookup + (cfg.num_assistant_tokens if cfg.assistant else ())
     tokens = tuple(range(1, max(VERIFY_TOKENS[-1], max(ks) + 1) + 1))
-    kind = od.resolve_strategy(strategy).cache
-    length = spec_cache_len(cfg.prompt_len, max(cfg.lengths), max(ks), batch)
+    s = od.resolve_strategy(strategy)
     ids = prompt(batch, cfg.prompt_len, vocab, device, cfg.seed)
     warmup, repeats = max(cfg.warmup, VERIFY_WARMUP), max(cfg.repeats, VERIFY_REPEATS)
-    ms = forward_ms(model, kind, ids, tokens, warmup, repeats, length, cfg.seed)
+    P, N = cfg.prompt_len, max(cfg.lengths)
+    captured = captured_rounds(s)
+
+    def timed(m, ts: tuple, tag: str) -> tuple[list, bool]:
+        if not captured:
+            length = spec_cache_len(P, N, max(ks), batch)
+            return forward_ms(m, s.cache, ids, ts, warmup, repeats, length, cfg.seed), False
+        # as decode.py sizes a captured call's caches (the fused: its plan's cache_len), for T tokens at most
+        fused_len = static_cache_len(P, max(N, tokens[-1]))
+        static_len = spec_cache_len(P, N, tokens[-1] - 1, batch, round_to=STATIC_ROUND)
+        rows = captured_rows(m, s, torch.ones_like(ids), fused_len if s.cache == "fused" else static_len, tag)
+        safe = graph_safe_experts(m, isinstance(rows, StaticRows), device.type)  # as decode.py runs the rounds
+        with torch.no_grad(), safe:
+            return captured_ms(rows, ids, ts, warmup, repeats, m.get_output_embeddings().weight.shape[0], cfg.seed)
+
+    ms, replayed = timed(model, tokens, "")
     row = dict(strategy=strategy, verify_tokens=list(tokens), verify_ms=ms, verify_ratio=[t / ms[0] for t in ms])
+    row["verify_graph"] = replayed
     if draft is not None:
-        (draft_ms,) = forward_ms(draft, kind, ids, (1,), warmup, repeats, length, cfg.seed)
+        (draft_ms,), _ = timed(draft, (1,), "draft")
         row.update(draft_step_ms=draft_ms, draft_ratio=draft_ms / ms[0])
     return row
