@@ -122,16 +122,19 @@ def section(rows) -> list[str]:
             "",
             "The verify step's cost: one forward over K + 1 tokens against a cache of the prompt, as the round "
             "loop runs it, / a one-token forward (the median of repeated forwards; CUDA events on a GPU). `draft`: "
-            "the draft model's one-token forward / the model's.",
+            "the draft model's one-token forward / the model's. `timed`: `graph` where each timed forward was the "
+            "replay of one CUDA graph per K + 1, as the captured rounds replay theirs (`compiled`, `interleaved`, "
+            "`fused`; for `fused` K + 1 = 1 is its one-token decode step), `eager` where it ran eagerly.",
             "",
         ]
         body = [
             [v["strategy"], v["dtype"], v["batch"], fmt(v["verify_ms"][0], "{:.3f}")]
             + [_rate(ratio_at(v, t)) for t in tokens]
-            + [_rate(v.get("draft_ratio"))]
+            + [_rate(v.get("draft_ratio")), "graph" if v.get("verify_graph") else "eager"]
             for v in sorted(verify, key=_where)
         ]
-        md.append(table(["strategy", "dtype", "batch", "1-token ms"] + [f"K+1={t}" for t in tokens] + ["draft"], body))
+        head = ["strategy", "dtype", "batch", "1-token ms"] + [f"K+1={t}" for t in tokens] + ["draft", "timed"]
+        md.append(table(head, body))
     if spec:
         md += [
             "",
