@@ -154,6 +154,121 @@ def test_the_verify_step_is_timed_for_every_token_count(spec_dir):
     )
 
 
+@pytest.fixture(scope="module")
+def fused_dir(tmp_path_factory):
+    """A run of `fused` with prompt lookup and the model as its own draft."""
+    out = str(tmp_path_factory.mktemp("fused"))
+    flags = [*BASE, *QUICK, "--strategies", "fused", "--out", out, "--prompt-lookup", "2"]
+    assert main([*flags, "--assistant", "self", "--num-assistant-tokens", str(K)]) == 0
+    return out
+
+
+def test_the_fused_verify_step_is_timed_for_every_token_count(fused_dir):
+    (verify,) = _rows(fused_dir, "verify")
+    assert "error" not in verify, verify
+    assert verify["strategy"] == "fused" and verify["verify_tokens"] == list(range(1, 10))
+    assert len(verify["verify_ms"]) == 9 and all(t > 0 for t in verify["verify_ms"])
+    assert verify["verify_ratio"] == pytest.approx([t / verify["verify_ms"][0] for t in verify["verify_ms"]])
+    assert verify["verify_graph"] is False  # on CPU the forwards run eagerly: no graph is captured
+    assert verify["draft_step_ms"] > 0
+    text = open(os.path.join(fused_dir, "report.md")).read()
+    verify_table = text[text.index("| strategy | dtype | batch | 1-token ms |") :].split("\n\n")[0]
+    assert "| fused | float32 | 1 |" in verify_table and verify_table.rstrip().endswith("| eager |")
+    (row,) = [r for r in _rows(fused_dir, "speculative") if r["speculation"] == "prompt_lookup"]
+    assert predicted(load(fused_dir)["rows"], row) is not None  # the model figure reads the fused verify row
+
+
+def _spy_fused_forwards(monkeypatch):
+    """Record each call of forward.decode_step (its rows, cache_group, positions, first K cache, and whether
+    forward.verify_step made it) and the T of each forward.verify_step."""
+    import inspect
+
+    from overlapdecode.fused import forward
+
+    calls, verifies, inside = [], [], []
+    decode, verify = forward.decode_step, forward.verify_step
+    params = inspect.signature(decode)
+
+    def decode_spy(*args, **kwargs):
+        a = params.bind(*args, **kwargs).arguments
+        calls.append(
+            (a["ids"].shape[0], a.get("cache_group", 1), a["pos"].tolist(), id(a["k_caches"][0]), bool(inside))
+        )
+        return decode(*args, **kwargs)
+
+    def verify_spy(W, k_caches, v_caches, pad, ids, pos, ops):
+        verifies.append(ids.shape[1])
+        inside.append(True)
+        try:
+            return verify(W, k_caches, v_caches, pad, ids, pos, ops)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(forward, "decode_step", decode_spy)
+    monkeypatch.setattr(forward, "verify_step", verify_spy)
+    return calls, verifies
+
+
+def test_the_fused_verify_forward_at_one_token_is_the_decode_step(tmp_path, monkeypatch):
+    """The worker's verify row of `fused`: at T = 1 each forward is the fused decode step itself (decode_step over
+    the B rows, cache_group 1, not through verify_step), at T > 1 forward.verify_step over the B * T tokens at
+    positions P..P + T - 1 of the fused cache holding the prompt; the draft's one-token forward on its own cache."""
+    import torch
+
+    import overlapdecode as od
+    from overlapdecode.bench.speculative import verify_row
+
+    cfg = _config(tmp_path, *QUICK, "--strategies", "fused", "--prompt-lookup", "2", "--assistant", "self")
+    model = od.load_model("tiny-gpt2", device="cpu")
+    calls, verifies = _spy_fused_forwards(monkeypatch)
+    B, P, runs = 2, cfg.prompt_len, 1 + 2 + 5  # each T: the eager run, 2 untimed (the least), 5 timed
+    row = verify_row(cfg, "fused", model, model, B, 1000, torch.device("cpu"))
+    assert row["verify_tokens"] == list(range(1, 10)) and len(row["verify_ms"]) == 9
+    assert verifies == [T for T in range(2, 10) for _ in range(runs)]  # T = 1 never through verify_step
+    model_cache = calls[0][3]
+    expected = [(B, 1, [P] * B, model_cache, False)] * runs  # T = 1: the one-token decode step
+    for T in range(2, 10):
+        expected += [(B * T, T, list(range(P, P + T)) * B, model_cache, True)] * runs
+    assert calls[: len(expected)] == expected
+    draft = calls[len(expected) :]  # the draft's one-token forward, on the cache its rounds give it (tag "draft")
+    assert len(draft) == runs and all(c[:3] == (B, 1, [P] * B) and not c[4] for c in draft)
+    assert {c[3] for c in draft} != {model_cache} and len({c[3] for c in draft}) == 1
+
+
+def test_the_captured_verify_forward_cuts_a_static_cache_back_to_the_prompt():
+    """`compiled` (a StaticRows, compiled on CUDA, eager here): each run feeds T tokens at positions P..P + T - 1
+    with the cache's counter at the prompt's P slots (the device cut after each), keeping the logits of all T."""
+    import torch
+
+    import overlapdecode as od
+    from overlapdecode.bench.speculative import captured_ms, captured_rows
+    from overlapdecode.bench.workloads import prompt
+    from overlapdecode.hf.caches import static_length
+
+    model = od.load_model("tiny-gpt2", device="cpu")
+    ids = prompt(2, 5, 1000, "cpu")
+    rows = captured_rows(model, od.resolve_strategy("compiled"), torch.ones_like(ids), 16)
+    seen = []
+
+    def record(module, args, kwargs, output):
+        written = int(static_length(rows.cache))  # after this forward's writes
+        seen.append(
+            (tuple(kwargs["input_ids"].shape), kwargs["position_ids"][0].tolist(), output.logits.shape[1], written)
+        )
+
+    handle = model.register_forward_hook(record, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            ms, replayed = captured_ms(rows, ids, (1, 3), warmup=1, repeats=2, vocab=1000, seed=0)
+    finally:
+        handle.remove()
+    assert len(ms) == 2 and all(t > 0 for t in ms) and replayed is False  # no graph on CPU
+    assert seen[0] == ((2, 5), [0, 1, 2, 3, 4], 1, 5)  # the prompt
+    for T, calls in ((1, seen[1:5]), (3, seen[5:9])):  # the eager run, then 3: each from the prompt's 5 slots
+        assert calls == [((2, T), list(range(5, 5 + T)), T, 5 + T)] * 4
+    assert len(seen) == 9 and int(static_length(rows.cache)) == 5
+
+
 def test_the_report_shows_the_rows_and_the_plot(spec_dir, capsys):
     text = open(os.path.join(spec_dir, "report.md")).read()
     assert "## Speculative decoding" in text and "(speculation.png)" in text
@@ -235,6 +350,7 @@ def test_a_speed_up_within_the_spread_is_marked():
         (_verify_row(verify_ms=[1.0, 2.0]), "row 0 has verify_ms of the wrong kind"),
         (_verify_row(verify_tokens=[0, 1]), "row 0 has verify_tokens of the wrong kind"),
         (_verify_row(draft_ratio=-1), "row 0 has draft_ratio of the wrong kind"),
+        (_verify_row(verify_graph="yes"), "row 0 has verify_graph of the wrong kind"),
     ],
 )
 def test_a_malformed_speculative_row_is_refused_naming_it(row, words, tmp_path):

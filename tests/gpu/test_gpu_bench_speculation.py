@@ -1,7 +1,8 @@
 """On a real GPU: the bench's speculative rows and verify step (bench/speculative.py) for GPT-2 124M's shape with
 random weights in float32 (in bfloat16 the draft's one-token forwards and the verify step's K + 1-token forward
 round differently, and a near tie may be rejected), `kv` and `static`: the model as its own draft accepts every
-draft, an unrelated draft about none; the verify step is timed with CUDA events for K + 1 = 1..9 tokens. No speed is asserted here: the
+draft, an unrelated draft about none; the verify step is timed with CUDA events for K + 1 = 1..9 tokens, the
+captured presets' (`fused`, `compiled`) as replays of one CUDA graph per K + 1. No speed is asserted here: the
 figures are what `overlapdecode bench` reports."""
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import os
 
 import torch
 
-from overlapdecode.bench.speculative import _Clock
+import overlapdecode as od
+from overlapdecode.bench.speculative import _Clock, captured_ms, captured_rows
+from overlapdecode.bench.workloads import prompt
 from overlapdecode.cli import main
+from overlapdecode.hf.caches import static_length
 
 N = 32
 
@@ -39,6 +43,35 @@ def test_the_bench_measures_speculation_on_the_gpu(tmp_path):
         assert r["verify_tokens"] == list(range(1, 10)) and all(t > 0 for t in r["verify_ms"])
         assert r["verify_ratio"][0] == 1.0 and r["draft_ratio"] > 0
     assert os.path.getsize(os.path.join(out, "speculation.png")) > 0
+
+
+def test_the_bench_times_the_fused_verify_step_in_cuda_graphs(tmp_path):
+    """`fused` with prompt lookup and the model as its own draft: a verify row of positive times for K + 1 = 1..9,
+    each a replay of a captured graph (K + 1 = 1: the fused decode step), and the draft's one-token forward."""
+    out = str(tmp_path / "fused")
+    flags = ["bench", "--model", "gpt2-random", "--dtype", "float32", "--strategies", "fused", "--peers", "none"]
+    flags += ["--lengths", str(N), "--warmup", "1", "--repeats", "3", "--no-profile", "--out", out]
+    assert main([*flags, "--prompt-lookup", "4", "--assistant", "self", "--num-assistant-tokens", "4"]) == 0
+    rows = json.load(open(os.path.join(out, "results.json")))["rows"]
+    assert not [r for r in rows if "error" in r]
+    (r,) = [r for r in rows if r["workload"] == "verify"]
+    assert r["strategy"] == "fused" and r["device"].startswith("cuda") and r["verify_graph"] is True
+    assert r["verify_tokens"] == list(range(1, 10)) and all(t > 0 for t in r["verify_ms"])
+    assert r["verify_ratio"][0] == 1.0 and r["draft_step_ms"] > 0
+    text = open(os.path.join(out, "report.md")).read()
+    assert "| fused | float32 | 1 |" in text and "| graph |" in text
+
+
+def test_the_compiled_verify_step_replays_its_graph_and_cuts_the_cache_back():
+    """`compiled`: the StaticRows of its rounds, its forward compiled, captured once per T and replayed; the cache's
+    counter back at the prompt's slots after the last replay."""
+    model = od.load_model("gpt2-random", dtype="float32", device="cuda")
+    ids = prompt(2, 16, model.config.vocab_size, "cuda")
+    rows = captured_rows(model, od.resolve_strategy("compiled"), torch.ones_like(ids), 64)
+    with torch.no_grad():
+        ms, replayed = captured_ms(rows, ids, (1, 5), 2, 5, model.config.vocab_size, seed=0)
+    assert replayed and len(ms) == 2 and all(t > 0 for t in ms)
+    assert int(static_length(rows.cache)) == 16
 
 
 def test_the_verify_clock_times_the_gpu_work():
