@@ -124,9 +124,9 @@ def add_commands(sub) -> None:
         "--prompt-lookup",
         default=None,
         metavar="K[,K...]",
-        help="speculative rows: each strategy that speculates (kv, static and their sampled variants), drafting K "
-        "tokens a round by prompt lookup, at every --lengths, beside the verify step's cost for K + 1 = 1..9 "
-        "tokens (docs/BENCHMARKING.md, 'Speculative decoding') (default: none)",
+        help="speculative rows: each strategy that speculates (kv, static, compiled, interleaved, fused and their "
+        "variants), drafting K tokens a round by prompt lookup, at every --lengths, beside the verify step's cost "
+        "for K + 1 = 1..9 tokens (docs/BENCHMARKING.md, 'Speculative decoding') (default: none)",
     )
     b.add_argument(
         "--assistant",
