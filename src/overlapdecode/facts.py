@@ -105,15 +105,20 @@ def stacked_experts(model, num_experts: int) -> list:
 
 
 def step_weight_bytes(model, rows: int) -> int:
-    """The weight bytes one decode step of `rows` rows reads at least: `weight_bytes`, less the experts it cannot
-    reach. Why: MBU and the toll measure a step against its floor, the bytes it must read at the copy bandwidth; a
-    mixture of experts' step reads only the experts its rows were routed to, at most min(E, rows x k) of a layer's
-    E (k experts per token), so each stacked expert tensor (`stacked_experts`) counts min(E, rows x k) / E of its
-    bytes. Counting every expert would overstate the floor (Qwen3-30B-A3B at batch 1: 8 of 128 experts read).
-    Routers, shared experts and everything else count whole; a dense model's figure is `weight_bytes`'."""
+    """The weight bytes one decode step of `rows` rows reads at least: `weight_bytes`, less what it cannot reach.
+    Why: MBU and the toll measure a step against its floor, the bytes it must read at the copy bandwidth, and
+    counting bytes no step reads would overstate the floor. Two kinds of tensors are read in part:
+    - an embedding table (token or position) whose storage no other parameter shares: a step gathers its rows'
+      entries, at most min(num_embeddings, rows) rows of it (Llama-3-8B's untied 128256 x 4096 table: 1 GB in
+      bfloat16, of which one row is read at batch 1; a quantized model's unquantized table likewise). A table tied to
+      the LM head is read whole by the head and counts whole.
+    - a mixture of experts' routed experts: a step reads only the experts its rows were routed to, at most min(E,
+      rows x k) of a layer's E (k experts per token), so each stacked expert tensor (`stacked_experts`) counts min(E,
+      rows x k) / E of its bytes (Qwen3-30B-A3B at batch 1: 8 of 128 experts read).
+    Routers, shared experts and everything else count whole."""
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
-    total = weight_bytes(model)
+    total = weight_bytes(model) - _unread_embedding_bytes(model, rows)
     cfg = model.config.get_text_config(decoder=True)
     num_experts = _config_count(cfg, EXPERT_COUNT_FIELDS)
     per_token = _config_count(cfg, EXPERTS_PER_TOKEN_FIELDS)
@@ -123,3 +128,29 @@ def step_weight_bytes(model, rows: int) -> int:
     for p in stacked_experts(model, num_experts):
         total -= p.numel() * p.element_size() * unread // num_experts
     return total
+
+
+def _unread_embedding_bytes(model, rows: int) -> int:
+    """The bytes of the embedding tables' rows a step of `rows` rows cannot gather: each nn.Embedding whose weight
+    storage is no other parameter's (untied), all but min(num_embeddings, rows) of its rows."""
+    owners: dict = {}
+    for p in model.parameters():
+        key = (p.untyped_storage().data_ptr(), p.device)
+        owners[key] = owners.get(key, 0) + 1
+    shared = {key for key, n in owners.items() if n > 1}
+    for module in model.modules():  # a weight held by a module that is no embedding (a tied head) is shared
+        if not isinstance(module, torch.nn.Embedding):
+            for p in module.parameters(recurse=False):
+                shared.add((p.untyped_storage().data_ptr(), p.device))
+    unread, seen = 0, set()
+    for module in model.modules():
+        if not isinstance(module, torch.nn.Embedding):
+            continue
+        w = module.weight
+        key = (w.untyped_storage().data_ptr(), w.device)
+        if key in shared or key in seen:
+            continue
+        seen.add(key)
+        row_bytes = w[0].numel() * w.element_size()
+        unread += (w.shape[0] - min(w.shape[0], rows)) * row_bytes
+    return unread

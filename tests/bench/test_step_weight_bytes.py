@@ -1,8 +1,9 @@
 """facts.py step_weight_bytes: the weight bytes a decode step of B rows reads, the floor of MBU and the toll.
 
-A mixture of experts' step reads at most min(E, B x k) of a layer's E experts; everything else is read whole. The
-expected figures are computed here from each config's sizes (the bytes of one expert times the experts a step
-cannot reach, per MoE layer), not with the function's own search for the experts.
+A mixture of experts' step reads at most min(E, B x k) of a layer's E experts, and an embedding table no other
+parameter shares (untied) at most B of its rows; everything else is read whole. The expected figures are computed
+here from each config's sizes (the bytes of one expert times the experts a step cannot reach, per MoE layer; the
+untied tables' widths), not with the function's own search for the experts or the tables.
 """
 
 from __future__ import annotations
@@ -56,29 +57,43 @@ def _param_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def _unread_tables(config, rows: int) -> int:
+    """The bytes of the untied embedding tables' rows a step of `rows` rows cannot gather: the token table (VOCAB x
+    H) unless tied to the head, Gemma 4's per-layer table (VOCAB x layers x its per-layer width)."""
+    width = 0 if config.tie_word_embeddings else H
+    width += LAYERS * (getattr(config, "hidden_size_per_layer_input", 0) or 0)
+    return (VOCAB - min(VOCAB, rows)) * width * F32
+
+
 def _expected(model, rows: int, moe_layers: int, expert_elements: int) -> int:
     """All parameters' bytes less, in each MoE layer, one expert's bytes for every expert a step of `rows` rows
-    cannot reach."""
+    cannot reach, and less the untied tables' rows it cannot gather."""
     unreached = E - min(E, rows * K)
-    return _param_bytes(model) - moe_layers * unreached * expert_elements * F32
+    unread = _unread_tables(model.config, rows)
+    return _param_bytes(model) - moe_layers * unreached * expert_elements * F32 - unread
 
 
 def _check_moe(model, moe_layers: int, expert_elements: int) -> None:
     total = _param_bytes(model)
     assert weight_bytes(model) == total
     all_experts = moe_layers * E * expert_elements * F32
-    # one row reads exactly k of the E experts, every other parameter whole (routers and dense layers included)
-    assert step_weight_bytes(model, 1) == total - all_experts + all_experts * K // E
+    # one row reads exactly k of the E experts and one row of each untied table, every other parameter whole
+    # (routers and dense layers included)
+    assert step_weight_bytes(model, 1) == total - all_experts + all_experts * K // E - _unread_tables(model.config, 1)
     for rows in (1, 2, 3):  # 2, 4, 6 of 8 experts
         assert step_weight_bytes(model, rows) == _expected(model, rows, moe_layers, expert_elements)
-    for rows in (E // K, 64):  # every expert reachable: the whole model
-        assert step_weight_bytes(model, rows) == total
+    for rows in (E // K, 64):  # every expert reachable: the whole model but the tables' rows not gathered
+        assert step_weight_bytes(model, rows) == total - _unread_tables(model.config, rows)
+    assert step_weight_bytes(model, VOCAB) == total  # every row of every table reachable
 
 
-def test_a_dense_model_reads_its_weight_bytes_at_every_batch():
+def test_a_dense_model_reads_its_weights_but_the_untied_tables_rows_it_does_not_gather():
+    """Llama untied: the token table (VOCAB x H) is gathered a row per step row; the head and every layer whole."""
     model = _build(LlamaForCausalLM, LlamaConfig(intermediate_size=64, **ATTENTION))
-    for rows in (1, 8, 128):
-        assert step_weight_bytes(model, rows) == weight_bytes(model) == _param_bytes(model)
+    assert not model.config.tie_word_embeddings
+    assert weight_bytes(model) == _param_bytes(model)
+    for rows in (1, 8, 127, 128, 500):
+        assert step_weight_bytes(model, rows) == _param_bytes(model) - (VOCAB - min(VOCAB, rows)) * H * F32
 
 
 def test_tied_embeddings_are_one_tensor():
@@ -87,6 +102,7 @@ def test_tied_embeddings_are_one_tensor():
     assert step_weight_bytes(dense, 1) == _param_bytes(dense)
     untied = _build(LlamaForCausalLM, LlamaConfig(intermediate_size=64, **ATTENTION))
     assert _param_bytes(untied) - _param_bytes(dense) == VOCAB * H * F32  # the head counted once, not twice
+    assert step_weight_bytes(untied, 1) - step_weight_bytes(dense, 1) == H * F32  # and one row of its own table
     moe = _build(
         Qwen3MoeForCausalLM,
         Qwen3MoeConfig(
@@ -242,3 +258,14 @@ def test_a_scale_sweep_point_records_the_bytes_of_a_step_at_its_rows(tmp_path, m
     assert [(r["rows"], r["weight_bytes"]) for r in result["rows"]] == [(1, 1000), (3, 3000), (2, 2000)]
     model = od.load_model("tiny-llama", dtype="float32")
     assert result["weight_bytes"] == weight_bytes(model)  # the whole model's, in the table's heading
+
+
+def test_a_quantized_model_reads_its_codes_and_one_row_of_its_table():
+    """od.quantize unties a tied head (the head quantized, the table kept): the table is then gathered a row per
+    step row, the packed codes and group numbers read whole."""
+    model = _build(LlamaForCausalLM, LlamaConfig(intermediate_size=64, tie_word_embeddings=True, **ATTENTION))
+    od.quantize(model, "int4", group_size=16)
+    table = model.get_input_embeddings().weight
+    assert model.get_output_embeddings().weight.data_ptr() != table.data_ptr()
+    assert step_weight_bytes(model, 1) == weight_bytes(model) - (VOCAB - 1) * H * F32
+    assert step_weight_bytes(model, VOCAB) == weight_bytes(model)
