@@ -105,3 +105,24 @@ def test_main_refuses_in_one_line_a_readme_without_markers_and_a_bad_results_fil
     assert "results.json: config must be an object with model" in err and len(err.splitlines()) == 1
     assert rt.main([str(tmp_path / "nothing-here")]) == 2
     assert "not a directory of results folders" in capsys.readouterr().err
+
+
+def test_quantized_weights_are_their_own_line(tmp_path):
+    """A run of int4 weights, faster than the 16-bit fused row, is a line of its own (`bfloat16 int4 g128`), never
+    the 16-bit configuration's fastest; so is int8."""
+    root = tmp_path / "test-gpu"
+    shutil.copytree(FIXTURE, root)
+    for scheme, ms in (("int4", 0.4), ("int8", 0.7)):
+        run = root / f"run-{scheme}"
+        shutil.copytree(root / "run-a", run)
+        results = json.loads((run / "results.json").read_text())
+        results["config"]["quantize"], results["config"]["group_size"] = scheme, 128
+        for row in results["rows"]:
+            row["quantize"], row["group_size"] = scheme, 128
+            if "ms_per_token" in row:
+                row["ms_per_token"] = ms
+        (run / "results.json").write_text(json.dumps(results))
+    table = _table(rt.render(str(root), relative_to=str(root)))
+    assert table[1:3] == EXPECTED_ROWS
+    lines = {line.split(" | ")[1] for line in table[3:]}
+    assert lines == {"bfloat16 int4 g128", "bfloat16 int8"}, table

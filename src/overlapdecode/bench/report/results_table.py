@@ -77,6 +77,16 @@ def mbu(row: dict) -> float | None:
     return row["weight_bytes"] / (row["bandwidth_gbs"] * 1e9) / (row["ms_per_token"] / 1e3)
 
 
+def weights(row: dict, config: dict) -> str:
+    """The dtype cell: the activations' dtype, and the weights' quantization where there is one (`bfloat16 int4
+    g128`): quantized and 16-bit weights are separate lines, never each other's fastest."""
+    scheme = row.get("quantize", config.get("quantize"))
+    if not scheme:
+        return row["dtype"]
+    group = row.get("group_size", config.get("group_size"))
+    return f"{row['dtype']} {scheme}" + (f" g{group}" if scheme == "int4" and group else "")
+
+
 def lines(found: list[tuple[str, dict]], new_tokens: int) -> list[dict]:
     """One dict per configuration: key, the fastest preset's row and folder, the fastest peer's, the presets seen."""
     groups: dict = {}
@@ -88,7 +98,7 @@ def lines(found: list[tuple[str, dict]], new_tokens: int) -> list[dict]:
             key = (
                 gpu,
                 row.get("model", results["config"]["model"]),
-                row["dtype"],
+                weights(row, results["config"]),
                 row["batch"],
                 row.get("prompt_len", results["config"]["prompt_len"]),
             )
