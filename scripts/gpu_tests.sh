@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
 # The GPU tests, on a CUDA machine, from the repository root:
-#   bash scripts/gpu_tests.sh --out DIR [--only tests|sanitizer] [--tests PATHS] [--sanitizer-k EXPR]
-# 1. python3 -m pytest -q -m cuda tests/gpu (or --tests, space-separated paths) -> DIR/gpu-tests.log
+#   bash scripts/gpu_tests.sh --out DIR [--only tests|sanitizer] [--tests PATHS] [--sanitizer-k EXPR] [--file-limit S]
+# 1. python3 -m pytest -v -m cuda on each test file of tests/gpu (or of --tests, space-separated paths) in turn, one
+#    process a file (a file's failure or hang cannot take the next file's GPU state with it), each under a time limit
+#    of --file-limit seconds (default 600) -> DIR/gpu-tests.log, appended as each test ends (a run cut short keeps
+#    what finished), each file's exit status and seconds on a line `== FILE rc=N Ns`, then the totals
 # 2. the eager stream paths under PyTorch's CUDA sanitizer (TORCH_CUDA_SANITIZER=1), which raises on any
 #    cross-stream access without an ordering event; it includes a planted race that must be reported, so the
 #    run shows the sanitizer was active -> DIR/sanitizer.log
 # DIR/gpu.txt records the GPU, the driver and the versions. The exit status is non-zero if either run failed.
 set -uo pipefail
-out="" only="" tests="tests/gpu"
+out="" only="" tests="tests/gpu" file_limit=600
 sanitizer_k="eager-pingpong or eager-deferred or eager-kv or sanitizer"
-usage="usage: bash scripts/gpu_tests.sh --out DIR [--only tests|sanitizer] [--tests PATHS] [--sanitizer-k EXPR]"
+usage="usage: bash scripts/gpu_tests.sh --out DIR [--only tests|sanitizer] [--tests PATHS] [--sanitizer-k EXPR] [--file-limit S]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=${2:-}; shift 2 || { echo "gpu_tests.sh: --out needs a directory; $usage" >&2; exit 2; } ;;
     --only) only=${2:-}; shift 2 || { echo "gpu_tests.sh: --only needs tests or sanitizer" >&2; exit 2; } ;;
     --tests) tests=${2:-}; shift 2 || { echo "gpu_tests.sh: --tests needs paths" >&2; exit 2; } ;;
     --sanitizer-k) sanitizer_k=${2:-}; shift 2 || { echo "gpu_tests.sh: --sanitizer-k needs an expression" >&2; exit 2; } ;;
+    --file-limit) file_limit=${2:-}; shift 2 || { echo "gpu_tests.sh: --file-limit needs seconds" >&2; exit 2; } ;;
     -h|--help) echo "$usage"; exit 0 ;;
     *) echo "gpu_tests.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
   esac
 done
 [ -n "$out" ] || { echo "gpu_tests.sh: --out DIR is required; $usage" >&2; exit 2; }
 case "$only" in ""|tests|sanitizer) ;; *) echo "gpu_tests.sh: --only takes tests or sanitizer, got '$only'" >&2; exit 2 ;; esac
+case "$file_limit" in ''|*[!0-9]*) echo "gpu_tests.sh: --file-limit takes whole seconds, got '$file_limit'" >&2; exit 2 ;; esac
 [ ! -e "$out" ] || [ -d "$out" ] || { echo "gpu_tests.sh: --out $out is a file, not a directory" >&2; exit 2; }
 for log in gpu-tests.log sanitizer.log; do
   [ ! -e "$out/$log" ] || { echo "gpu_tests.sh: $out/$log exists: choose a new --out" >&2; exit 2; }
@@ -34,9 +39,23 @@ export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFE
 } > "$out/gpu.txt"
 status=0
 if [ "$only" != sanitizer ]; then
+  files=()
   # shellcheck disable=SC2086  # --tests is a space-separated list of paths
-  python3 -m pytest -q -m cuda $tests -p no:cacheprovider -rA > "$out/gpu-tests.log" 2>&1 || status=1
-  tail -3 "$out/gpu-tests.log"
+  for path in $tests; do
+    if [ -d "$path" ]; then files+=("$path"/test_*.py); else files+=("$path"); fi
+  done
+  : > "$out/gpu-tests.log"
+  for file in "${files[@]}"; do
+    t=$SECONDS
+    timeout -k 10 "$file_limit" python3 -m pytest -v -m cuda "$file" -p no:cacheprovider -rA --tb=short \
+      >> "$out/gpu-tests.log" 2>&1
+    rc=$?
+    echo "== $file rc=$rc $((SECONDS - t))s" | tee -a "$out/gpu-tests.log"
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || status=1  # 5: no test collected (all deselected)
+  done
+  echo "== totals: $(grep -c ' PASSED' "$out/gpu-tests.log") passed, $(grep -c ' FAILED' "$out/gpu-tests.log") failed," \
+    "$(grep -c ' SKIPPED' "$out/gpu-tests.log") skipped, $(grep -c ' ERROR' "$out/gpu-tests.log") errors" \
+    | tee -a "$out/gpu-tests.log"
 fi
 if [ "$only" != tests ]; then
   TORCH_CUDA_SANITIZER=1 python3 -m pytest -q -m cuda tests/gpu -p no:cacheprovider -rA -k "$sanitizer_k" \
