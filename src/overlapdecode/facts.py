@@ -56,12 +56,17 @@ def model_facts(model) -> ModelFacts:
     return ModelFacts(getattr(text, "model_type", None), layers, positions, fused, weights)
 
 
+def _storage(t: torch.Tensor) -> tuple:
+    """The storage a tensor lives in (views of one storage share it)."""
+    return (t.untyped_storage().data_ptr(), t.device)
+
+
 def weight_bytes(model) -> int:
     """Bytes of the model's parameters, each storage counted once (tied embeddings are one tensor): what a
     decode step reads at least once."""
     seen, total = set(), 0
     for p in model.parameters():
-        key = (p.untyped_storage().data_ptr(), p.device)
+        key = _storage(p)
         if key not in seen:
             seen.add(key)
             total += p.untyped_storage().nbytes()
@@ -135,19 +140,17 @@ def _unread_embedding_bytes(model, rows: int) -> int:
     storage is no other parameter's (untied), all but min(num_embeddings, rows) of its rows."""
     owners: dict = {}
     for p in model.parameters():
-        key = (p.untyped_storage().data_ptr(), p.device)
-        owners[key] = owners.get(key, 0) + 1
+        owners[_storage(p)] = owners.get(_storage(p), 0) + 1
     shared = {key for key, n in owners.items() if n > 1}
     for module in model.modules():  # a weight held by a module that is no embedding (a tied head) is shared
         if not isinstance(module, torch.nn.Embedding):
-            for p in module.parameters(recurse=False):
-                shared.add((p.untyped_storage().data_ptr(), p.device))
+            shared.update(_storage(p) for p in module.parameters(recurse=False))
     unread, seen = 0, set()
     for module in model.modules():
         if not isinstance(module, torch.nn.Embedding):
             continue
         w = module.weight
-        key = (w.untyped_storage().data_ptr(), w.device)
+        key = _storage(w)
         if key in shared or key in seen:
             continue
         seen.add(key)
