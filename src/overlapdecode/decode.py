@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from .fused.path import FusedPath, spec_rows
+from .fused.path import KEEP_GRAPHS, FusedPath, spec_rows
 from .hf.caches import StaticCaches
 from .hf.graph_experts import graph_safe_experts
 from .inputs import check_model, model_device
@@ -282,8 +282,10 @@ class Decoder:
             if plan.step == "eager" and not plan.fused:
                 out, self.last_speculation = speculate(self.model, plan, device, put)
             else:
-                target, draft = self._spec_rows(plan, device)
-                out, self.last_speculation, late, self._rounds = run_rounds(plan, device, target, draft, put)
+                target, draft, kept = self._spec_rows(plan, device)
+                out, self.last_speculation, late, self._rounds = run_rounds(plan, device, target, draft, put, kept)
+                while kept is not None and len(kept) > KEEP_GRAPHS:  # a dropped round's graph: self._rounds holds
+                    kept.popitem(last=False)  # the last call's until the next call has waited for its late rounds
         finally:
             self._late_steps = late
             if device.type == "cuda":
@@ -294,9 +296,10 @@ class Decoder:
         return out
 
     def _spec_rows(self, plan: Plan, device: torch.device):
-        """The caches of a call's captured rounds: the model's and the draft model's (None for prompt lookup). Fused:
-        the fused model's, and the draft's too where the fused path serves its family; otherwise a static cache
-        each, compiled on CUDA."""
+        """The caches of a call's captured rounds: the model's and the draft model's (None for prompt lookup), and
+        where its captured round may be kept for the next call of its shape (the fused cache's graphs, when every
+        cache the round writes is a kept fused cache; else None). Fused: the fused model's, and the draft's too where
+        the fused path serves its family; otherwise a static cache each, compiled on CUDA."""
         req, spec = plan.request, plan.spec
         B, P = req.input_ids.shape
         N = req.max_new_tokens
@@ -306,8 +309,9 @@ class Decoder:
             target = spec_rows(self.fused_model(), B, plan.cache_len)
         else:
             target = StaticRows(self.model, req.attention_mask, length, forward)
+        kept = target.cache.graphs if plan.fused else None
         if spec.kind != "assistant":
-            return target, None
+            return target, None, kept
         drafter = spec.assistant
         if plan.fused:
             try:
@@ -315,8 +319,8 @@ class Decoder:
             except ValueError:
                 fused = None  # a family the fused path lacks: the draft runs on a static cache
             if fused is not None:
-                return target, spec_rows(fused, B, plan.cache_len, tag="draft")
-        return target, StaticRows(drafter, req.attention_mask, length, forward)
+                return target, spec_rows(fused, B, plan.cache_len, tag="draft"), kept
+        return target, StaticRows(drafter, req.attention_mask, length, forward), None
 
 
 class _TokenSink:

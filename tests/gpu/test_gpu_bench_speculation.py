@@ -23,8 +23,8 @@ N = 32
 
 def test_the_bench_measures_speculation_on_the_gpu(tmp_path):
     out = str(tmp_path / "spec")
-    common = ["bench", "--model", "gpt2-random", "--dtype", "float32", "--strategies", "kv,static", "--peers"]
-    common += ["none", "--lengths", str(N), "--warmup", "1", "--repeats", "3", "--no-profile", "--out", out]
+    common = ["bench", "--model", "gpt2-random", "--dtype-batch", "float32:1", "--strategies", "kv,static"]
+    common += ["--peers", "none", "--lengths", str(N), "--warmup", "1", "--repeats", "3", "--no-profile", "--out", out]
     assert main([*common, "--assistant", "self", "--num-assistant-tokens", "1,4", "--prompt-lookup", "4"]) == 0
     assert main([*common, "--append", "--assistant", "random", "--num-assistant-tokens", "4"]) == 0
     rows = json.load(open(os.path.join(out, "results.json")))["rows"]
@@ -32,7 +32,8 @@ def test_the_bench_measures_speculation_on_the_gpu(tmp_path):
     spec = [r for r in rows if r["workload"] == "speculative"]
     assert len(spec) == 2 * 4 and all(r["device"].startswith("cuda") for r in spec)
     for r in spec:
-        assert r["new_tokens"] == N and r["speedup"] > 0 and r["drafts_accepted"] + r["rounds"] == N - 1
+        assert r["batch"] == 1 and r["new_tokens"] == N and r["speedup"] > 0
+        assert r["drafts_accepted"] + r["row_rounds"] == N - 1  # each round: its accepted drafts and one token
         if r["assistant"] == "self":
             assert r["acceptance_rate"] == 1.0 and r["rounds"] == -(-(N - 1) // (r["k"] + 1))
         if r["assistant"] == "random":
@@ -49,7 +50,17 @@ def test_the_bench_times_the_fused_verify_step_in_cuda_graphs(tmp_path):
     """`fused` with prompt lookup and the model as its own draft: a verify row of positive times for K + 1 = 1..9,
     each a replay of a captured graph (K + 1 = 1: the fused decode step), and the draft's one-token forward."""
     out = str(tmp_path / "fused")
-    flags = ["bench", "--model", "gpt2-random", "--dtype", "float32", "--strategies", "fused", "--peers", "none"]
+    flags = [
+        "bench",
+        "--model",
+        "gpt2-random",
+        "--dtype-batch",
+        "float32:1",
+        "--strategies",
+        "fused",
+        "--peers",
+        "none",
+    ]
     flags += ["--lengths", str(N), "--warmup", "1", "--repeats", "3", "--no-profile", "--out", out]
     assert main([*flags, "--prompt-lookup", "4", "--assistant", "self", "--num-assistant-tokens", "4"]) == 0
     rows = json.load(open(os.path.join(out, "results.json")))["rows"]

@@ -160,3 +160,51 @@ def test_a_draft_of_a_family_fused_lacks_runs_on_a_static_cache(tiny_llama, monk
     assert torch.equal(out, ref)
     assert len(calls) == 1 + 4 * stats.rounds  # its prefill, then K + 1 one-token forwards a round
     assert od.decoder_for(draft)._fused.fused is None  # never fused
+
+
+def test_a_later_fused_call_of_its_shape_replays_the_kept_round(tiny_llama):
+    """The round kept with the fused cache (loop/rounds.py Round) serves the next call of its shape: its buffers
+    take the new prompt's state (tokens, lengths, padding), greedy gives the tokens without speculation, and a seed
+    the same sampled tokens after another call in between."""
+    fused = od.decoder_for(tiny_llama).fused_model()
+
+    def kept():
+        return {id(r): r for c in fused._caches.values() for key, r in c.graphs.items() if key[0] == "round"}
+
+    for spec in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=tiny_llama, num_assistant_tokens=2)):
+        first = None
+        for seed in (30, 31, 32):
+            ids, mask = make_batch(3, seed=seed)
+            ref, _ = spec_generate(tiny_llama, ids, mask, "fused", [], N)
+            before = kept()
+            out, _ = spec_generate(tiny_llama, ids, mask, "fused", [], N, **spec)
+            assert torch.equal(out, ref), (spec, seed)
+            new = set(kept()) - set(before)
+            if first is None:
+                (first,) = new  # one Round made by the first call of this shape and these drafts
+            assert not new or new == {first}, (spec, seed)
+            assert first in kept()
+        ids, mask = make_batch(3, seed=33)
+        sampled = dict(do_sample=True, temperature=1.3, top_k=50, seed=7, **spec)
+        once, _ = spec_generate(tiny_llama, ids, mask, "fused", [], N, **sampled)
+        spec_generate(tiny_llama, *make_batch(3, seed=34), "fused", [], N, **dict(sampled, seed=8))
+        again, _ = spec_generate(tiny_llama, ids, mask, "fused", [], N, **sampled)
+        assert torch.equal(once, again), spec
+
+
+def test_the_compiled_bookkeeping_takes_the_same_tokens(tiny_llama, monkeypatch):
+    """Where the rounds compile (COMPILED_ON: CUDA; here the CPU too), prompt lookup and a greedy round's end run
+    compiled by inductor: the tokens stay those without speculation (repetition penalty included), and dynamo
+    compiled them (fullgraph: a graph break would raise)."""
+    from overlapdecode.loop import rounds
+    from overlapdecode.loop.compiling import compile_count
+
+    monkeypatch.setattr(rounds, "COMPILED_ON", ("cuda", "cpu"))
+    before = compile_count()
+    ids, mask = make_batch(3, seed=40)
+    for kw in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=tiny_llama, num_assistant_tokens=2)):
+        for extra in ({}, dict(repetition_penalty=0.7)):
+            ref, _ = spec_generate(tiny_llama, ids, mask, "kv", [5, 7], N, **extra)
+            out, _ = spec_generate(tiny_llama, ids, mask, "fused", [5, 7], N, **kw, **extra)
+            assert torch.equal(out, ref), (list(kw), extra)
+    assert compile_count() > before

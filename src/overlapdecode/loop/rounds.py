@@ -11,9 +11,11 @@ report into pinned memory without blocking, and reads the report of the round `l
 rounds it enqueued past the one after which every row had stopped change nothing: no row is active, and their
 caches keep no slot (loop/stopping.py's late steps, whose tokens are dropped).
 
-On CUDA the round's first run is eager (its Hugging Face forwards compile there: `compiled_call`) and the next is
-captured (step_graph.GraphCapture), every later one a replay. On a CPU nothing is captured nor compiled (unless
-COMPILED_ON says so): the same round runs eagerly.
+On CUDA the round's first run is eager (its Hugging Face forwards compile there: `compiled_call`, and so does
+the work around the forwards: `compiled_bookkeeping`) and the next is captured (step_graph.GraphCapture), every
+later one a replay. On a CPU nothing is captured nor compiled (unless COMPILED_ON says so): the same round runs
+eagerly. A `Round` (the buffers and the captured round) made for the fused cache stays with it, and the next call
+of its shape replays it.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import torch
 from ..inputs import position_ids_for_prompt
 from ..sampling import draw_noise, make_generator, seen_tokens
 from ..spec.cache import call_model
-from ..spec.candidates import Assistant, PromptLookup
-from ..spec.state import SpecStats, begin, play_round
+from ..spec.candidates import Assistant, PromptLookup, prompt_lookup
+from ..spec.state import SpecStats, begin, end_greedy_round, play_round
 from .compiling import recompile_limits
 from .step_graph import GraphCapture
 
@@ -40,6 +42,16 @@ def compiled_call():
     """spec/cache.py's call_model compiled once per process (no CUDA graphs of its own: the round is captured by
     hand around it); dynamo specialises per model and shape."""
     return torch.compile(call_model, fullgraph=True, dynamic=False)
+
+
+@functools.cache
+def compiled_bookkeeping():
+    """A round's work around its forwards, compiled once per process (specialised per shape by dynamo): prompt
+    lookup and the end of a greedy round, each about a hundred small torch operations, a kernel each when eager,
+    fused by inductor into a few. Sampling's end stays eager: the same draws and probabilities as the reference
+    loop, bit for bit."""
+    compile_ = functools.partial(torch.compile, fullgraph=True, dynamic=False)
+    return compile_(prompt_lookup), compile_(end_greedy_round)
 
 
 def forward_for(plan, device: torch.device):
@@ -77,49 +89,117 @@ class Reports:
         return (bool(values[0]), *rows, None if self.tokens is None else self.tokens[slot].clone())
 
 
-def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None):
+class Round:
+    """The buffers a speculative call's rounds read and write, and one round captured over them. Kept (`kept`, the
+    fused cache's graphs) where every cache it writes outlives the call, so that a later call of the same shape
+    copies its prompt's state in and replays the round: no eager round and no capture per call, each a launch of
+    every kernel of the round from the host."""
+
+    def __init__(self, plan, device: torch.device, target, draft):
+        req, params, spec = plan.request, plan.sampling, plan.spec
+        B = req.input_ids.shape[0]
+        self.plan, self.target, self.draft = plan, target, draft
+        self.eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)
+        self.graph = GraphCapture(device, sampled=params.do_sample)
+        self.graph.capturable = self.graph.capturable and plan.step != "eager"
+        lookup, self.greedy_end = prompt_lookup, None
+        if plan.step != "eager" and device.type in COMPILED_ON:
+            lookup, self.greedy_end = compiled_bookkeeping()
+        self.drafter = (
+            PromptLookup(spec.k, spec.ngram, self.eos_ids, lookup) if draft is None else Assistant(draft, spec.k)
+        )
+        self.report = torch.zeros(1 + 5 * B, dtype=torch.long, device=device)
+        self.zeros = torch.zeros(B, dtype=torch.long, device=device)
+        self.state = self.out = None
+
+    @staticmethod
+    def key(plan, target, draft) -> tuple:
+        """What the captured round depends on: two calls of one key replay the same round."""
+        req, spec = plan.request, plan.spec
+        return (
+            "round",
+            *req.input_ids.shape,
+            req.max_new_tokens,
+            tuple(req.eos_ids),
+            req.pad_id,
+            plan.step,
+            plan.cache_len,
+            plan.sampling,
+            spec.kind,
+            spec.k,
+            spec.ngram,
+            id(target.cache),
+            None if draft is None else id(draft.cache),
+            torch.is_inference_mode_enabled(),
+        )
+
+    def start(self, plan, generator) -> None:
+        """Step 0 of a call (`plan`: of this round's key): the prompt through the model (and the draft), its first
+        token; the rows' state copied into the buffers a kept round reads."""
+        self.plan = plan
+        req, params = plan.request, plan.sampling
+        positions = position_ids_for_prompt(req.attention_mask)
+        logits = self.target.prefill(req.input_ids, req.attention_mask, positions)
+        seen = seen_tokens(req.input_ids, logits.shape[-1]) if params.uses_seen else None
+        noise = draw_noise(logits.shape, logits.device, generator)
+        state, out = begin(req, logits, noise, params, self.eos_ids, positions, seen, self.draft is None)
+        self.drafter.prefill(req.input_ids, req.attention_mask, positions)
+        if self.state is None:
+            self.state, self.out = state, out
+            return
+        for name in ("last", "pos", "count", "finished", "hist", "hlen", "seen"):
+            mine = getattr(self.state, name)
+            if mine is not None:
+                mine.copy_(getattr(state, name))
+        self.out.copy_(out)
+
+    def write_report(self, active, offered, accepted) -> None:
+        state, n = self.state, self.plan.request.max_new_tokens
+        stopped = (state.finished | (state.count >= n)).all()
+        rows = [state.count, state.finished.long(), active.long(), offered, accepted]
+        self.report.copy_(torch.cat([stopped.long()[None], *rows]))
+
+    def play(self, generator) -> None:
+        """One round (no host read: what a CUDA graph captures)."""
+        plan, k = self.plan, self.plan.spec.k
+        n = plan.request.max_new_tokens
+        active, offered, accepted, kept = play_round(
+            self.state, self.out, self.drafter, self.target, plan.sampling, generator, self.eos_ids, n, self.greedy_end
+        )
+        self.target.settle_rows(kept, k + 1)
+        self.drafter.settle_rows(kept, k + 1)
+        self.write_report(active, offered, accepted)
+
+
+def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None, kept: dict | None = None):
     """Run one speculative call's plan on the device -> ((B, P + n) ids as generate returns them, its SpecStats,
     whether rounds enqueued past the stop may still be running, the GraphCapture: kept by the caller until its next
     call has waited for them, so that freeing the graph's memory neither races nor waits for them). `target`: the
     model's cache (spec/cache.py StaticRows or fused/speculation.py FusedRows); `draft`: the draft model's, or None
     for prompt lookup. `on_tokens`: called with each step's (B,) host tokens in order, once every row's token of
-    that step is read."""
-    req, params, spec = plan.request, plan.sampling, plan.spec
+    that step is read. `kept`: where the call's Round may be kept for the next call of its shape (None: made for this
+    call alone); the caller has waited for the last call's rounds before this one writes their buffers."""
+    req, params = plan.request, plan.sampling
     B, P = req.input_ids.shape
-    N, K = req.max_new_tokens, spec.k
-    eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)
-    graph = GraphCapture(device, sampled=params.do_sample)
-    graph.capturable = graph.capturable and plan.step != "eager"
+    N = req.max_new_tokens
+    rnd = None
+    if kept is not None:
+        key = Round.key(plan, target, draft)
+        rnd = kept.pop(key, None)
+    if rnd is None:
+        rnd = Round(plan, device, target, draft)
+    if kept is not None:
+        kept[key] = rnd  # the newest last: the kept graphs drop their oldest first
+    graph = rnd.graph
     generator = make_generator(params, plan.seed, device)
     if generator is not None:  # every draw of the call, the prefill's too, from the graph's generator
         graph.seed_from(generator)
         generator = graph.generator
-    positions = position_ids_for_prompt(req.attention_mask)
-    drafter = PromptLookup(K, spec.ngram, eos_ids) if draft is None else Assistant(draft, K)
-
-    # step 0: the prompt, as without speculation
-    logits = target.prefill(req.input_ids, req.attention_mask, positions)
-    seen = seen_tokens(req.input_ids, logits.shape[-1]) if params.uses_seen else None
-    noise = draw_noise(logits.shape, device, generator)
-    state, out = begin(req, logits, noise, params, eos_ids, positions, seen, draft is None)
-    drafter.prefill(req.input_ids, req.attention_mask, positions)
-    report = torch.zeros(1 + 5 * B, dtype=torch.long, device=device)
-    zeros = torch.zeros(B, dtype=torch.long, device=device)
-
-    def write_report(active, offered, accepted) -> None:
-        stopped = (state.finished | (state.count >= N)).all()
-        rows = [state.count, state.finished.long(), active.long(), offered, accepted]
-        report.copy_(torch.cat([stopped.long()[None], *rows]))
-
-    def one_round() -> None:  # no host read: what a CUDA graph captures
-        active, offered, accepted, kept = play_round(state, out, drafter, target, params, generator, eos_ids, N)
-        target.settle_rows(kept, K + 1)
-        drafter.settle_rows(kept, K + 1)
-        write_report(active, offered, accepted)
+    rnd.start(plan, generator)
 
     lag = min(plan.lag, N - 1)
     reports = Reports(lag + 1, B, device, N if on_tokens is not None else 0)
-    stats, streamed, steps = SpecStats(K), 0, N
+    stats, streamed, steps = SpecStats(plan.spec.k), 0, N
 
     def stopped_at(k: int) -> bool:
         """Read report k (after round k - 1): its round's counts, a streamer's tokens; whether every row stopped."""
@@ -136,13 +216,14 @@ def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None):
             steps = max(counts)
         return done
 
-    write_report(zeros, zeros, zeros)
-    reports.publish(0, report, out[:, P : P + N])
+    out = rnd.out
+    rnd.write_report(rnd.zeros, rnd.zeros, rnd.zeros)
+    reports.publish(0, rnd.report, out[:, P : P + N])
     stop = None
     for s in range(N):  # report s follows round s - 1
         if s > 0:
-            graph.run(one_round, recompile_limits)
-            reports.publish(s, report, out[:, P : P + N])
+            graph.run(functools.partial(rnd.play, generator), recompile_limits)
+            reports.publish(s, rnd.report, out[:, P : P + N])
         if s >= lag and stopped_at(s - lag):
             stop = s - lag
             break

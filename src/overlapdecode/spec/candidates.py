@@ -51,11 +51,12 @@ class PromptLookup:
 
     q = None  # a point mass: speculative sampling needs no draft distribution
 
-    def __init__(self, k: int, ngram: int, eos_ids: torch.Tensor):
+    def __init__(self, k: int, ngram: int, eos_ids: torch.Tensor, lookup=prompt_lookup):
         self.k, self.ngram, self.eos_ids = k, ngram, eos_ids
+        self.lookup = lookup  # `prompt_lookup`, or it compiled (the captured rounds: loop/rounds.py)
 
     def propose(self, state, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor, None]:
-        drafts, count = prompt_lookup(state.hist, state.hlen, self.k, self.ngram, self.eos_ids)
+        drafts, count = self.lookup(state.hist, state.hlen, self.k, self.ngram, self.eos_ids)
         return drafts, count, None
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> None:

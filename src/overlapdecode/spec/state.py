@@ -113,12 +113,12 @@ def begin(req, logits, noise, params, eos_ids, positions, seen, lookup: bool):
     return RowState(first, positions[:, -1] + 1, count, finished, hist, hlen, seen), out
 
 
-def play_round(state: RowState, out, drafter, target, params, generator, eos_ids, n_max: int):
+def play_round(state: RowState, out, drafter, target, params, generator, eos_ids, n_max: int, greedy_end=None):
     """One round for every row at once, on the device: draft, verify the last token and the drafts in one forward of
     `target` (over K + 1 positions), accept, write the tokens into `out` (and `hist`), advance the state in place ->
     ((B,) bool active, (B,) drafts offered, (B,) accepted, (B,) slots each row keeps of the K + 1 written).
     Draws, in order: the draft model's noise (B, V) per draft when it samples, a uniform (B, K), an exponential
-    (B, V)."""
+    (B, V). `greedy_end`: what runs `end_greedy_round` (the captured rounds pass it compiled: loop/rounds.py)."""
     P = out.shape[1] - 1 - n_max
     B, device = state.last.shape[0], state.last.device
     state.active = active = ~state.finished & (state.count < n_max)
@@ -126,22 +126,38 @@ def play_round(state: RowState, out, drafter, target, params, generator, eos_ids
     drafts, dlen, q = drafter.propose(state, params, generator)
     K = drafts.shape[1]
     dlen = torch.minimum(dlen, state.cap)
-    ahead = torch.arange(K + 1, device=device)
     tokens = torch.cat([state.last[:, None], drafts], dim=1)
-    logits = target.forward(tokens, feed_positions(state, dlen, ahead), K + 1)
+    logits = target.forward(tokens, feed_positions(state, dlen, torch.arange(K + 1, device=device)), K + 1)
+    if not params.do_sample:
+        n, kept = (greedy_end or end_greedy_round)(state, out, drafts, dlen, logits, params, eos_ids, P)
+        return active, dlen, n, kept
     steps_seen = None if state.seen is None else seen_after(state.seen, drafts)
-    if params.do_sample:
-        p = warped_probs(logits, params, steps_seen)
-        u = torch.rand((B, K), generator=generator, device=device)
-        n, nxt = speculative_accept(drafts, dlen, p, q, u, draw_noise((B, p.shape[-1]), device, generator))
-    else:
-        n, nxt = greedy_accept(drafts, dlen, greedy_choices(logits, params, steps_seen))
+    p = warped_probs(logits, params, steps_seen)
+    u = torch.rand((B, K), generator=generator, device=device)
+    n, nxt = speculative_accept(drafts, dlen, p, q, u, draw_noise((B, p.shape[-1]), device, generator))
+    return active, dlen, *take_tokens(state, out, drafts, n, nxt, eos_ids, P)
+
+
+def end_greedy_round(state: RowState, out, drafts, dlen, logits, params, eos_ids, P: int):
+    """A greedy round after its forward: the model's choices, the drafts accepted, the tokens taken -> ((B,)
+    accepted, (B,) slots kept). Tensors in, tensors out, every update in place: one function torch.compile can
+    fuse into a few kernels."""
+    steps_seen = None if state.seen is None else seen_after(state.seen, drafts)
+    n, nxt = greedy_accept(drafts, dlen, greedy_choices(logits, params, steps_seen))
+    return take_tokens(state, out, drafts, n, nxt, eos_ids, P)
+
+
+def take_tokens(state: RowState, out, drafts, n, nxt, eos_ids, P: int):
+    """Each active row takes its `n` accepted drafts, then `nxt` (none after an accepted EOS): written into `out`
+    (and `hist`, `seen`), its count, position, last token and finished flag advanced -> ((B,) accepted, (B,) slots
+    kept of the K + 1 written)."""
+    active = state.active
     n, eos_hit = stop_at_eos(drafts, n, eos_ids)
     # the round's tokens: the accepted drafts, then the next token (none after an accepted EOS)
     emitted = torch.cat([drafts, drafts[:, :1]], dim=1).scatter(1, n[:, None], nxt[:, None])
     m = torch.where(active, n + (~eos_hit).long(), 0)
     write_rows(out, P + state.count, emitted, m)
-    taken = ahead[None, :] < m[:, None]
+    taken = torch.arange(emitted.shape[1], device=n.device)[None, :] < m[:, None]
     if state.hist is not None:
         write_rows(state.hist, state.hlen, emitted, m)
         state.hlen.add_(m)
@@ -151,4 +167,4 @@ def play_round(state: RowState, out, drafter, target, params, generator, eos_ids
     state.count.add_(m)
     state.pos.copy_(torch.where(active, state.pos + n + 1, state.pos))
     state.last.copy_(torch.where(active, nxt, state.last))
-    return active, dlen, n, torch.where(active, n + 1, 0)
+    return n, torch.where(active, n + 1, 0)
