@@ -7,25 +7,16 @@
 2. The whole fused step of llama-1b-random (or --step-models; bfloat16, batch 1 and 8), captured in one CUDA graph,
    under the torch profiler: kernels per step and the time of each kind of kernel.
 With --quantize int4|int8|fp8 both parts run on packed weights (quant/packed.py; GB/s of the bytes a launch reads:
-codes and group numbers); int4 in --int4-form (fused/kernels/packed_weights.py: `unpacked`, the default, or
-`factored`), or `both`: each tile of the sweep timed in both forms one after the other, and a step profile per form
-(each row and step records its `int4_form`).
+codes and group numbers).
 
     python3 scripts/kernel_sweep.py --out DIR [--quick] [--shapes llama-1b,llama-8b,gpt2] [--budget S] [--batch B]
                                     [--no-steps] [--quantize int4|int8|fp8] [--group-size G] [--step-models M,...]
-                                    [--int4-form unpacked|factored|both]
 
 Writes DIR/kernel-sweep.json (after each part, so a run cut short keeps what it measured) and the step profiles'
 kernel tables. The figures of docs/KERNELS.md, "Tiles: how they were chosen":
 
     python3 scripts/kernel_sweep.py --out results/h200/llama-kernel-sweep --shapes llama-1b,llama-8b --no-steps
     python3 scripts/kernel_sweep.py --out results/h200/gpt2-kernel-sweep --shapes gpt2 --budget 40 --no-steps
-
-The int4 forms' A/B (docs/QUANTIZATION.md, "The two int4 forms"):
-
-    python3 scripts/kernel_sweep.py --out DIR --quantize int4 --int4-form both --shapes llama-1b --budget 40
-    python3 scripts/kernel_sweep.py --out DIR2 --quantize int4 --int4-form both --shapes llama-8b --budget 40 --no-steps
-
  Also the home of the timing functions scripts/ab.py uses (captured_step, rotated, time_rotated,
 per_token_ms).
 """
@@ -105,17 +96,7 @@ def weight_bytes(w) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def sweep(
-    shape: str,
-    B: int,
-    quick: bool,
-    budget: float,
-    quantize: str | None = None,
-    group_size: int = 128,
-    int4_forms: tuple = ("unpacked",),
-):
-    """Rows of each kernel's tiles at `shape`; int4 weights in each of `int4_forms` per tile (a factored row skipped
-    where its K tile is wider than the group: packed_weights.k_tile would time the group's tile again)."""
+def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None = None, group_size: int = 128):
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
     from overlapdecode.fused.kernels.norm_linear import norm_linear
     from overlapdecode.fused.kernels.norm_qkv import norm_qkv
@@ -130,7 +111,6 @@ def sweep(
     pos = torch.full((B,), 200, device=DEV)
     kc, vc = r(B, Hkv, 300, D), r(B, Hkv, 300, D)
     a, m = r(B, Hq * D), r(B, I)
-    forms = tuple(int4_forms) if quantize == "int4" else (None,)
     rows = []
     kernels = {
         "qkv": ((Hq + 2 * Hkv) * D, H),
@@ -157,17 +137,12 @@ def sweep(
         t_kernel = time.time()
         configs = [(*t, m) for t in tiles for m in ((1, 2, 4) if name in ("qkv", "o_proj", "down") else (1,))]
         random.Random(0).shuffle(configs)  # under the time budget, a spread of the grid, not one corner
-        for (bn, bk, nw_, ns, mult), form in [
-            (c, f) for c in [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)] + configs for f in forms
-        ]:
+        for bn, bk, nw_, ns, mult in [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)] + configs:
             if name == "qkv" and bn > D // 2:
                 continue  # norm_qkv's tile is HALF = block_n dimensions of each half of a head
             if name in ("gate_up", "fc", "lm_head") and bk * bn > 32 * 256:
                 continue  # too many registers for the silu_mul pair / little to learn
-            if form == "factored" and bk > group_size:
-                continue
             cfg = dict(block_n=bn, block_k=bk, num_warps=nw_, num_stages=ns, programs=mult * sms)
-            form_kw = {} if form is None else dict(int4_form=form)
             if name == "qkv":
                 fn = lambda w, c=cfg: norm_qkv(
                     x,
@@ -192,7 +167,6 @@ def sweep(
                     num_stages=c["num_stages"],
                     tickets=tk,
                     dense=False,  # the GEMV's tiles are what is swept, at any --batch
-                    **form_kw,
                 )
             elif name in ("o_proj", "down"):
                 inp = a if name == "o_proj" else m
@@ -208,7 +182,6 @@ def sweep(
                     num_stages=c["num_stages"],
                     tickets=tk,
                     dense=False,
-                    **form_kw,
                 )
             else:
                 act, od = {"gate_up": ("silu_mul", None), "fc": ("gelu_tanh", None)}.get(name, ("none", torch.float32))
@@ -225,7 +198,6 @@ def sweep(
                     block_k=c["block_k"],
                     num_warps=c["num_warps"],
                     num_stages=c["num_stages"],
-                    **form_kw,
                 )
             if time.time() - t_kernel > budget:
                 break
@@ -236,14 +208,12 @@ def sweep(
                 )
             except Exception as e:  # a configuration that does not compile (shared memory) is recorded
                 row = dict(shape=shape, B=B, kernel=name, N=N, K=K, **cfg, error=str(e)[:200])
-            row.update(quantize=quantize, group_size=group_size if quantize == "int4" else None, int4_form=form)
+            row.update(quantize=quantize, group_size=group_size if quantize == "int4" else None)
             rows.append(row)
         del sets
         torch.cuda.empty_cache()
-        for form in forms:
-            timed = [r_ for r_ in rows if r_["kernel"] == name and r_["int4_form"] == form and "us" in r_]
-            if timed:
-                print(f"{shape} B={B} {name}: best {min(timed, key=lambda r_: r_['us'])}", flush=True)
+        best = min((r_ for r_ in rows if r_["kernel"] == name and "us" in r_), key=lambda r_: r_["us"])
+        print(f"{shape} B={B} {name}: best {best}", flush=True)
     return rows
 
 
@@ -279,28 +249,15 @@ def captured_step(
 
 
 def step_profile(
-    B: int,
-    out_dir: str,
-    name: str = "llama-1b-random",
-    quantize: str | None = None,
-    group_size: int = 128,
-    int4_form: str | None = None,
+    B: int, out_dir: str, name: str = "llama-1b-random", quantize: str | None = None, group_size: int = 128
 ) -> dict:
-    """The fused step of `name` (bfloat16, its weights quantized with `quantize`, int4 ones read in `int4_form`,
-    the module default of packed_weights.py while the step is captured) in one CUDA graph: ms per step and the
-    profiler's kernel table."""
+    """The fused step of `name` (bfloat16, its weights quantized with `quantize`) in one CUDA graph: ms per step
+    and the profiler's kernel table."""
     import overlapdecode as od
-    from overlapdecode.fused.kernels import packed_weights
 
     weights = {} if quantize is None else dict(quantize=quantize, group_size=group_size)
     model = od.load_model(name, dtype="bfloat16", device=DEV, **weights)
-    default = packed_weights.INT4_FORM
-    form = (int4_form or default) if quantize == "int4" else None
-    packed_weights.INT4_FORM = int4_form or default
-    try:
-        g, keep = captured_step(model, B)
-    finally:
-        packed_weights.INT4_FORM = default
+    g, keep = captured_step(model, B)
     ms = triton.testing.do_bench(g.replay, rep=200, return_mode="median")
     steps = 20
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -312,7 +269,6 @@ def step_profile(
     kernels = [e for e in events if "Memcpy" not in e.name and "Memset" not in e.name]
     busy = sum(e.device_time for e in kernels) / 1e3 / steps  # ms of kernel time per step
     tag = ("" if name == "llama-1b-random" else f"{name}-") + ("" if quantize is None else f"{quantize}-")
-    tag += "factored-" if form == "factored" else ""
     open(os.path.join(out_dir, f"step-profile-{tag}b{B}.txt"), "w").write(table)
     try:
         prof.export_chrome_trace(os.path.join(out_dir, f"step-trace-{tag}b{B}.json"))
@@ -323,7 +279,6 @@ def step_profile(
     return dict(
         model=name,
         quantize=quantize,
-        int4_form=form,
         B=B,
         graph_ms_per_step=round(ms, 4),
         kernels_per_step=len(kernels) / steps,
@@ -379,12 +334,10 @@ KERNEL_OF = {
 }
 
 
-def best_tiles(rows: list[dict], int4_form: str | None = None) -> dict:
+def best_tiles(rows: list[dict]) -> dict:
     """The fastest configuration of each swept kernel and weight shape as a FusedModel `tiles` table:
     {(kernel function, N, K): keywords} (norm_qkv's block_n is its `half`; `programs`, an absolute split-K
-    target of the GPU swept, applies to the split-K kernels only); of the rows of `int4_form` alone where given."""
-    if int4_form is not None:
-        rows = [r for r in rows if r.get("int4_form") == int4_form]
+    target of the GPU swept, applies to the split-K kernels only)."""
     table = {}
     for name, N, K in {(r["kernel"], r["N"], r["K"]) for r in rows}:
         best = min(
@@ -412,12 +365,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--group-size", type=int, default=128, help="int4 group (default: %(default)s)")
     ap.add_argument(
-        "--int4-form",
-        choices=("unpacked", "factored", "both"),
-        help="how the kernels read int4 weights (fused/kernels/packed_weights.py; default: unpacked); both: each "
-        "tile and step in each form",
-    )
-    ap.add_argument(
         "--step-models",
         default="llama-1b-random",
         help="models of the step profiles, comma-separated (default: %(default)s)",
@@ -426,8 +373,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = sorted(set(args.shapes.split(",")) - set(SHAPES))
     if unknown:
         ap.error(f"--shapes: unknown {', '.join(unknown)}; the shapes are {', '.join(SHAPES)}")
-    if args.int4_form is not None and args.quantize != "int4":
-        ap.error("--int4-form applies to --quantize int4 only")
     path = os.path.join(args.out, "kernel-sweep.json")
     if os.path.exists(path):
         ap.error(f"{path} exists: choose a new --out (no run overwrites an earlier one)")
@@ -447,11 +392,9 @@ def main(argv=None) -> None:
     }
     print("copy GB/s", res["copy_gbs"], flush=True)
     path = os.path.join(out_dir, "kernel-sweep.json")
-    forms = ("unpacked", "factored") if args.int4_form == "both" else (args.int4_form or "unpacked",)
-    steps = [] if args.no_steps else [(n, b) for n in args.step_models.split(",") for b in (1, 8)]
-    for name, B, form in [(n, b, f) for n, b in steps for f in forms]:
+    for name, B in [] if args.no_steps else [(n, b) for n in args.step_models.split(",") for b in (1, 8)]:
         t = time.time()
-        res["steps"].append(step_profile(B, out_dir, name, args.quantize, args.group_size, form))
+        res["steps"].append(step_profile(B, out_dir, name, args.quantize, args.group_size))
         print("step", res["steps"][-1], f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
     if not args.no_steps and args.quantize is None:
@@ -461,7 +404,7 @@ def main(argv=None) -> None:
         json.dump(res, open(path, "w"), indent=1)
     for shape in args.shapes.split(","):
         t = time.time()
-        res["sweep"] += sweep(shape, args.batch, args.quick, args.budget, args.quantize, args.group_size, forms)
+        res["sweep"] += sweep(shape, args.batch, args.quick, args.budget, args.quantize, args.group_size)
         print(shape, f"{time.time() - t:.0f}s", flush=True)
         json.dump(res, open(path, "w"), indent=1)
 

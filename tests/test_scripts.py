@@ -140,25 +140,6 @@ def test_swap_sweep_refuses_bad_rows_before_it_needs_a_gpu(tmp_path, rows):
     assert not (tmp_path / "out").exists()
 
 
-def test_kernel_sweep_takes_the_int4_form_for_int4_only_and_keeps_the_forms_apart(tmp_path, capsys):
-    """--int4-form (unpacked, factored or both) with --quantize int4 only, a user's mistake answered in one line
-    before any GPU work; best_tiles of one form reads that form's rows alone."""
-    ks = _script("kernel_sweep")
-    out = str(tmp_path / "out")
-    assert ks.parse_args(["--out", out, "--quantize", "int4", "--int4-form", "both"]).int4_form == "both"
-    assert ks.parse_args(["--out", out, "--quantize", "int4"]).int4_form is None
-    for bad in (["--int4-form", "factored"], ["--quantize", "int8", "--int4-form", "both"]):
-        with pytest.raises(SystemExit) as exit_:
-            ks.parse_args(["--out", out, *bad])
-        assert exit_.value.code == 2
-        assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--int4-form applies to --quantize int4 only")
-    row = dict(kernel="o_proj", N=2048, K=2048, block_n=32, block_k=64, num_warps=4, num_stages=3, programs=264)
-    rows = [dict(row, us=9.0, int4_form="unpacked"), dict(row, block_k=128, us=7.0, int4_form="factored")]
-    assert ks.best_tiles(rows, "unpacked")[("linear_residual", 2048, 2048)]["block_k"] == 64
-    assert ks.best_tiles(rows)[("linear_residual", 2048, 2048)]["block_k"] == 128
-    assert not (tmp_path / "out").exists()
-
-
 def test_the_python_scripts_take_out():
     code = (
         "import sys, contextlib, io\n"

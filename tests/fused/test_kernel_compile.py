@@ -746,10 +746,7 @@ PROJECTIONS = {
 }
 
 
-@pytest.mark.parametrize(
-    "scheme,group_size",
-    [("int4", 128), ("int8", None), ("int4", 96), ("fp8", None), ("int4 factored", 128), ("int4 factored", 64)],
-)
+@pytest.mark.parametrize("scheme,group_size", [("int4", 128), ("int8", None), ("int4", 96), ("fp8", None)])
 @pytest.mark.parametrize("name", sorted(PROJECTIONS))
 @pytest.mark.parametrize("rows", [1, 64])
 def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
@@ -757,19 +754,17 @@ def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
     row-block tiles (1 row) and the swapped tiles (64 rows) that quantized launches take from 17 rows, those on
     tensor cores (warpgroup MMAs from 64 weight rows per program), reading nothing before the PDL wait, with few
     spills; the codes arrive in 16-byte copies, never byte by byte (packed.py's layout). A group of 96 (no power of
-    two) takes the per-weight group numbers; int4 in the factored form (packed_weights.py) at the K tiles its
-    launches take (k_tile: at most the group), its two products per tile on tensor cores (mma.sync at 16 rows)."""
+    two) takes the per-weight group numbers."""
     from overlapdecode.fused.kernels.norm_linear import NORM_NONE
     from overlapdecode.fused.kernels.norm_qkv import swapped_qkv_tiles
-    from overlapdecode.fused.kernels.packed_weights import FACTORED, QUANT_CODES
+    from overlapdecode.fused.kernels.packed_weights import QUANT_CODES
     from overlapdecode.fused.kernels.swap_ab import swap_tiles
 
     fn, N, K, accs, extra = PROJECTIONS[name]
     kernel, types, constants = CASES[fn]
     types = dict(types, w_ptr="*i8" if scheme == "int8" else "*u8", s_ptr="*bf16")  # fp8: its bytes
-    factored = scheme == "int4 factored"
-    quant = dict(QUANT=FACTORED if factored else QUANT_CODES[scheme], GROUP=group_size or K)
-    if scheme.startswith("int4"):
+    quant = dict(QUANT=QUANT_CODES[scheme], GROUP=group_size or K)
+    if scheme == "int4":
         types["z_ptr"] = "*bf16"
     else:
         quant["z_ptr"] = None
@@ -785,41 +780,12 @@ def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
         warps, stages = tiles["num_warps"], tiles["num_stages"]
     elif "K_CHUNK" in constants:
         constants.update(K_CHUNK=K, SPLIT=1)
-    if factored:
-        constants["BLOCK_K"] = min(constants["BLOCK_K"], group_size)
     text = ptx(kernel, types, constants, aligned=True, num_warps=warps, num_stages=stages)
     lines = text.splitlines()
     wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
     assert not [line for line in lines[:wait] if "ld.global" in line]
-    if rows > 16 or factored:
+    if rows > 16:
         assert "wgmma.mma_async" in text or "mma.sync.aligned" in text
-    if factored:  # each code straight to bfloat16 (the unpacked form's go to float32 first: its fallback's)
-        assert "cvt.rn.bf16.u16" in text and "cvt.rn.f32.u16" not in text
     assert not re.search(r"ld\.global[.\w]*\.[bu]8\b", text)  # no byte loads: the codes in vectors
     assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", text)
     assert spill_bytes(text) <= 256
-
-
-@pytest.mark.parametrize("name", ["norm_qkv", "linear_residual", "norm_linear"])
-@pytest.mark.parametrize("rows", [1, 3, 8])
-def test_float32_factored_int4_under_16_rows_multiplies_without_mmas_or_spills(name, rows):
-    """int4 weights in the factored form in a float32 model under 16 rows (packed_weights.tile_bytes: the rows'
-    power-of-two tile, a broadcast product of the codes summed over K) compile for sm_90 at GPT-2's shapes, groups of
-    128, at the K tile the launch takes (fit_k, then k_tile), with no MMA and at most a few spilled bytes (QKV's two
-    weight tiles at one row: 4); its centred codes (q - 8) are there, not the unpacked form's fallback."""
-    from overlapdecode.fused.kernels.packed_weights import FACTORED
-    from overlapdecode.fused.kernels.swap_ab import fit_k, row_tile
-
-    kernel, types, constants = CASES[name]
-    types = {k: ("*fp32" if v == "*bf16" else v) for k, v in types.items()}
-    types.update(w_ptr="*u8", s_ptr="*fp32", z_ptr="*fp32")
-    constants = {k: v for k, v in constants.items() if k not in ("s_ptr", "z_ptr", "QUANT", "GROUP")}
-    block_m = row_tile(rows, 4)
-    block_n = constants.get("HALF", constants.get("BLOCK_N"))
-    block_k = min(fit_k(block_m, block_n, constants["BLOCK_K"]), 128)
-    constants = dict(constants, **GPT2[name], BLOCK_M=block_m, BLOCK_K=block_k, PDL=True, QUANT=FACTORED, GROUP=128)
-    if name == "linear_residual":
-        constants.update(K_CHUNK=3072, SPLIT=1)
-    text = ptx(kernel, types, constants, aligned=True, num_warps=4, num_stages=3)
-    assert "mma" not in text and "0fC1000000" in text  # -8.0
-    assert spill_bytes(text) <= 32

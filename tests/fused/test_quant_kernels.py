@@ -16,9 +16,8 @@ from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.model import REFERENCE_OPS, FusedModel
-from overlapdecode.quant import PackedWeight, dequantize
+from overlapdecode.quant import Fp8Linear, Int4Linear, Int8Linear, PackedWeight, dequantize
 from support.helpers import make_batch
-from support.packed_weights import packed_weight as support_packed_weight
 from support.triton_interpreter import interpreter_patches  # noqa: F401 (autouse fixture)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,8 +27,18 @@ SCHEMES = [("int4", 16), ("int4", 64), ("int4", 24), ("int8", None), ("fp8", Non
 
 
 def packed_weight(N: int, K: int, scheme: str, group_size: int | None, seed: int = 0) -> PackedWeight:
-    """A random (N, K) weight quantized, with some groups of equal weights (and an all-zero row), on DEV."""
-    return support_packed_weight(N, K, scheme, group_size, seed, DEV)
+    """A random (N, K) weight quantized, with some groups of equal weights (and an all-zero row)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) * K**-0.5
+    w[0, : group_size or K] = 0.05
+    w[N // 2, : min(K, 5)] = -0.02  # a group's first weights equal (the rest of it random)
+    w[-1] = 0.0
+    layer = (
+        Int4Linear(w, None, group_size) if scheme == "int4" else {"int8": Int8Linear, "fp8": Fp8Linear}[scheme](w, None)
+    )
+    p = layer.packed()
+    moved = {k: getattr(p, k).detach().to(DEV) for k in ("q", "scales", "zeros") if getattr(p, k) is not None}
+    return p._replace(**moved)
 
 
 def rnd(*shape, scale=1.0):

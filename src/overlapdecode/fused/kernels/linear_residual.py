@@ -20,10 +20,11 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from . import dense as dense_gemm
-from .packed_weights import k_tile, refuse_dense, tile_bytes, weight_launch, weights_dot
+from .packed_weights import load_weights, refuse_dense, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
+    acc_dot,
     acc_rows,
     acc_zeros,
     fit_k,
@@ -196,11 +197,13 @@ def _linear_split_kernel(
         k_lo = pid_k * K_CHUNK
         k_hi = tl.minimum(k_lo + K_CHUNK, K)
         acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
+        dtype = x_ptr.dtype.element_ty  # a packed weight's tile is dequantized to it (packed_weights.py)
         for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
             kk = k_lo + k0 + ks
             k_ok = kk < k_hi
             xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            acc = weights_dot(acc, xv, w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, QUANT, GROUP, SWAP)
+            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+            acc = acc_dot(acc, xv, wt, SWAP)
         pdl_release(PDL)
         acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
     finish = True
@@ -243,7 +246,6 @@ def linear_residual(
     res_scale: float | None = None,
     dense: bool | None = None,
     then_norm: tuple | None = None,
-    int4_form: str | None = None,
 ):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N) or None (the
     branch alone, which records no norm sums); `res_scale`: as there, a constexpr of the launch.
@@ -256,10 +258,10 @@ def linear_residual(
     output rows' sums of squares per column block there, for the RMSNorm that reads the output next. `dense`: the
     product by cuBLAS and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `then_norm`: the norm
     that reads the output next, as for linear_residual_ref: not applied here (residual_norm.linear_residual_norm, the
-    step's launch, applies it in the same launch where it can). `w` may be a PackedWeight (quant/packed.py: read in
-    registers after each load, an int4 one in `int4_form`: packed_weights.py), which never takes the dense form:
-    from 17 rows it runs swapped tiles."""
-    w, packed = weight_launch(w, int4_form)
+    step's launch, applies it in the same launch where it can). `w` may be a PackedWeight (quant/packed.py:
+    dequantized in registers after each load, packed_weights.py), which never takes the dense form: from 17 rows
+    it runs swapped tiles."""
+    w, packed = weight_launch(w)
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
     N = w.shape[0]
@@ -278,7 +280,7 @@ def linear_residual(
     elif swapped:
         tiles = swap_tiles(B, N, K, x.element_size(), 1, sm_count(x.device))
     else:
-        block_m = row_tile(B, tile_bytes(w, packed))
+        block_m = row_tile(B, w.element_size())
         tiles = dict(
             block_m=block_m,
             block_n=32,
@@ -291,7 +293,7 @@ def linear_residual(
         programs = tiles["programs"] if x.is_cuda else 1
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
-    block_k = k_tile(block_k or tiles["block_k"], packed)
+    block_k = block_k or tiles["block_k"]
     num_warps = num_warps or tiles["num_warps"]
     num_stages = num_stages or tiles["num_stages"]
     n_blocks = triton.cdiv(N, block_n)

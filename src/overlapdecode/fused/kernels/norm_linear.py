@@ -23,9 +23,10 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
-from .packed_weights import k_tile, tile_bytes, weight_launch, weights_dot
+from .packed_weights import load_weights, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
+    acc_dot,
     acc_rows,
     acc_zeros,
     fit_k,
@@ -470,12 +471,16 @@ def _norm_linear_kernel(
         m = row_ok[:, None] & k_ok[None, :]
         xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
         if PAIRED:
-            accp = weights_dot(accp, xn, w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, QUANT, GROUP, SWAP)
+            wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+            accp = acc_dot(accp, xn, wp, SWAP)
         else:
-            acc = weights_dot(acc, xn, w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, QUANT, GROUP, SWAP)
+            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+            acc = acc_dot(acc, xn, wt, SWAP)
             if ACT >= 2:  # gate/up: the up rows too
-                up = cols + N
-                acc2 = weights_dot(acc2, xn, w_ptr, s_ptr, z_ptr, up, col_ok, k_lo + k0, k_hi, K, QUANT, GROUP, SWAP)
+                wu = load_weights(
+                    w_ptr, s_ptr, z_ptr, cols + N, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype
+                )
+                acc2 = acc_dot(acc2, xn, wu, SWAP)
 
     pdl_release(PDL)
     if PAIRED:
@@ -612,7 +617,6 @@ def norm_linear(
     softcap: float | None = None,
     prenorm: bool | None = None,
     normed_rows: NormedRows | None = None,
-    int4_form: str | None = None,
 ):
     """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
     there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
@@ -623,9 +627,9 @@ def norm_linear(
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums). `prenorm`: whether
     a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm); `normed_rows`: where its
-    writer may have recorded them (NormedRows). `w` may be a PackedWeight (quant/packed.py: int4, int8 or fp8, read in
-    registers after each load, an int4 one in `int4_form`: packed_weights.py)."""
-    w, packed = weight_launch(w, int4_form)
+    writer may have recorded them (NormedRows). `w` may be a PackedWeight (quant/packed.py: int4, int8 or fp8,
+    dequantized in registers after each load, packed_weights.py)."""
+    w, packed = weight_launch(w)
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
     B, K = x.shape
@@ -640,11 +644,11 @@ def norm_linear(
     if swapped:
         tiles = swap_tiles(B, n_out, K, x.element_size(), accs, sm_count(x.device))
     else:
-        block_m = row_tile(B, tile_bytes(w, packed))
+        block_m = row_tile(B, w.element_size())
         tiles = dict(block_m=block_m, block_n=32, block_k=fit_k(block_m, 32, 256), num_warps=4, num_stages=3)
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
-    block_k = k_tile(block_k or tiles["block_k"], packed)
+    block_k = block_k or tiles["block_k"]
     n_blocks, row_blocks = triton.cdiv(n_out, block_n), triton.cdiv(B, block_m)
     split = 1
     if swapped:

@@ -31,10 +31,11 @@ from .linear_residual import (
     take_tickets,
 )
 from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
-from .packed_weights import k_tile, refuse_dense, tile_bytes, weight_launch, weights_dot
+from .packed_weights import load_weights, refuse_dense, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .rope import apply_rope, rope_cos_sin, rope_cos_sin_tile
 from .swap_ab import (
+    acc_dot,
     acc_rows,
     acc_zeros,
     fit_k,
@@ -337,10 +338,13 @@ def _norm_qkv_kernel(
             m = row_ok[:, None] & k_ok[None, :]
             xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
             if SWAP:
-                accp = weights_dot(accp, xn, w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, QUANT, GROUP, SWAP)
+                wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+                accp = acc_dot(accp, xn, wp, SWAP)
             else:
-                acc1 = weights_dot(acc1, xn, w_ptr, s_ptr, z_ptr, w1, dim_ok, k_lo + k0, k_hi, K, QUANT, GROUP, SWAP)
-                acc2 = weights_dot(acc2, xn, w_ptr, s_ptr, z_ptr, w2, dim_ok, k_lo + k0, k_hi, K, QUANT, GROUP, SWAP)
+                wa = load_weights(w_ptr, s_ptr, z_ptr, w1, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+                wb = load_weights(w_ptr, s_ptr, z_ptr, w2, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+                acc1 = acc_dot(acc1, xn, wa, SWAP)
+                acc2 = acc_dot(acc2, xn, wb, SWAP)
 
         pdl_release(PDL)
         if SWAP:
@@ -443,7 +447,6 @@ def norm_qkv(
     dense: bool | None = None,
     normed_rows: NormedRows | None = None,
     cache_group: int = 1,
-    int4_form: str | None = None,
 ):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B / cache_group, Hkv, S, D) contiguous, row b's K and V
     written to cache row b // cache_group (a constexpr: 1 is the one-token step's, row b's own); pos and slot (B,) of any
@@ -461,9 +464,9 @@ def norm_qkv(
     it must have been made from the same ones, in x's dtype). `dense`: the product by cuBLAS on the normalised
     rows and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `normed_rows`: where x's writer
     may have recorded x normalised by this norm (NormedRows), taken instead of normalising it again. `w` may be a
-    PackedWeight (quant/packed.py: read in registers after each load, an int4 one in `int4_form`: packed_weights.py),
-    which never takes the dense form: from 17 rows it runs swapped tiles."""
-    w, packed = weight_launch(w, int4_form)
+    PackedWeight (quant/packed.py: dequantized in registers after each load, packed_weights.py), which never takes
+    the dense form: from 17 rows it runs swapped tiles."""
+    w, packed = weight_launch(w)
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
     B, K = x.shape
@@ -510,7 +513,7 @@ def norm_qkv(
     if swapped:
         plan = swapped_qkv_tiles(B, halves, K, x.element_size(), sm_count(x.device))
     else:
-        block_m, block_n = row_tile(B, tile_bytes(w, packed)), min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
+        block_m, block_n = row_tile(B, w.element_size()), min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
         plan = dict(
             block_m=block_m,
             block_n=block_n,
@@ -531,7 +534,7 @@ def norm_qkv(
     else:
         half = half or plan["block_n"]
         tiles = triton.cdiv(halves, half)
-    block_k = k_tile(block_k or plan["block_k"], packed)
+    block_k = block_k or plan["block_k"]
     q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
     if programs is None:  # row-block: no split; swapped: swap_tiles's target
         programs = plan["programs"] if swapped and x.is_cuda else 1
