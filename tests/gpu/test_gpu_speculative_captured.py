@@ -82,7 +82,8 @@ def test_greedy_200_tokens_are_those_without_speculation(pair, preset, batch):
 @torch.no_grad()
 def test_no_host_sync_inside_a_round(preset, monkeypatch):
     """A warm call compiles what the rounds run; the next call's rounds (the eager first, the capture, every replay)
-    run under set_sync_debug_mode("error"), which raises at any host sync; the capture itself would fail on one."""
+    run under set_sync_debug_mode("error"), which raises at any host sync; the capture itself would fail on one. A
+    third call of `fused` replays the round the second captured and kept."""
     model = od.load_model("gpt2-random", device=DEV)
     ids, mask = make_batch(2, seed=3, prompt_len=16, low=0, high=50000, device=DEV)
     kw = dict(attention_mask=mask, max_new_tokens=48, strategy=preset, eos_token_id=[])
@@ -101,12 +102,27 @@ def test_no_host_sync_inside_a_round(preset, monkeypatch):
 
     for spec in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=model, num_assistant_tokens=3)):
         warm = od.generate(model, ids, **kw, **spec)
+        _drop_kept_rounds(model, preset)  # so that the next call runs its first round eagerly and captures it again
         monkeypatch.setattr(GraphCapture, "run", strict)
         out = od.generate(model, ids, **kw, **spec)
-        monkeypatch.setattr(GraphCapture, "run", run)
         assert torch.equal(out, warm), list(spec)
         assert len(runs) >= 3 and runs[-1].graph is not None and runs[-1].eager_runs == 1  # captured, replayed
+        graph = runs[-1]
         runs.clear()
+        again = od.generate(model, ids, **kw, **spec)  # `fused` keeps its round: every round a replay
+        monkeypatch.setattr(GraphCapture, "run", run)
+        assert torch.equal(again, warm), list(spec)
+        if preset == "fused":
+            assert all(r is graph for r in runs) and graph.eager_runs == 1
+        runs.clear()
+
+
+def _drop_kept_rounds(model, preset: str) -> None:
+    """Forget the captured rounds `fused` keeps with its caches (loop/rounds.py Round)."""
+    if preset == "fused":
+        for cache in od.decoder_for(model).fused_model()._caches.values():
+            for key in [k for k in cache.graphs if k[0] == "round"]:
+                del cache.graphs[key]
 
 
 @torch.no_grad()
