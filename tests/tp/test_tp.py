@@ -206,7 +206,10 @@ def saved_models(tmp_path_factory):
     return {"gpt2": str(root / "gpt2"), "qwen2": str(root / "qwen2")}
 
 
-def test_every_eager_preset_matches_one_process(tmp_path, tiny_llama, saved_models):
+def test_every_preset_matches_one_process(tmp_path, tiny_llama, saved_models):
+    """The eager presets at batch 1 and 4, greedy and sampled, on three families; the compiled ones at one compiled
+    shape a model (batch 4: compiled and interleaved share it; fused compiles nothing on CPU): one torchrun launch
+    for all (a launch's start, two processes importing torch and transformers, is most of a small job's time)."""
     jobs = []
     for name, path in [("llama", "tiny-llama"), ("gpt2", saved_models["gpt2"]), ("qwen2", saved_models["qwen2"])]:
         model = tiny_llama if name == "llama" else od.load_model(path, device="cpu")
@@ -219,29 +222,25 @@ def test_every_eager_preset_matches_one_process(tmp_path, tiny_llama, saved_mode
                 kv_heads=getattr(model.config, "num_key_value_heads", model.config.num_attention_heads),
             )
         )
-    proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=240)
-    check_records(proc, records, jobs)
-
-
-def test_compiled_presets_match_one_process(tmp_path, tiny_llama, saved_models):
-    # one compiled shape per model (batch 4); compiled and interleaved share it (fused compiles nothing on CPU)
     llama_cases = cases_for(tiny_llama, COMPILED, (4,), sampling=False) + cases_for(
         tiny_llama, ["fused"], (1,), sampling=False
     )
     gpt2 = od.load_model(saved_models["gpt2"], device="cpu")
     gpt2_cases = cases_for(gpt2, ["interleaved", "fused"], (4,), sampling=False)
-    jobs = [
-        dict(name="llama", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2, stream_rank0=COMPILED),
-        dict(name="gpt2", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4),
+    jobs += [
+        dict(name="llama-compiled", model="tiny-llama", tp=2, cases=llama_cases, kv_heads=2, stream_rank0=COMPILED),
+        dict(name="gpt2-compiled", model=saved_models["gpt2"], tp=2, cases=gpt2_cases, kv_heads=4),
     ]
-    proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=420)
+    proc, records = torchrun({"jobs": jobs}, tmp_path, timeout=600)
     check_records(proc, records, jobs)
     # a streamer on rank 0 only: both ranks return the tokens, rank 0 streams each kept step's (B,) tokens
     case = llama_cases[0]
     prompt = len(case["ids"][0])
     steps = [list(col) for col in zip(*(row[prompt:] for row in case["expected"]))]
     for strategy in COMPILED:
-        (out0, streamed0), (out1, streamed1) = (r["results"][f"llama/stream-rank0/{strategy}"] for r in records)
+        (out0, streamed0), (out1, streamed1) = (
+            r["results"][f"llama-compiled/stream-rank0/{strategy}"] for r in records
+        )
         assert out0 == out1 == case["expected"] and streamed0 == steps and streamed1 == [], strategy
 
 
