@@ -40,6 +40,7 @@ class BenchConfig:
     # rows ("self", "random", or a model name or directory) and their K, and the strategies that speculate (those
     # of `strategies` whose preset runs it, sampled variants included; the command line finds them)
     prompt_lookup: tuple[int, ...] = ()
+    prompt_lookup_loop: tuple[int, ...] = ()  # prompt lookup's K on a prompt whose continuation repeats it
     assistant: str | None = None
     num_assistant_tokens: tuple[int, ...] = ()
     speculating: tuple[str, ...] = ()
@@ -74,12 +75,14 @@ def speculative_names(cfg: BenchConfig, workload: str, names) -> list:
     """What a workload measures of `names` (a configuration's strategies and peers): the names themselves, but for
     the speculative workloads: `verify`, the distinct presets among those of `names` that speculate (the verify
     step's cost is the preset's, whatever it samples); `speculative`, a (strategy, kind, K) per strategy that
-    speculates and K of prompt lookup ("prompt_lookup") and of the draft model ("assistant")."""
+    speculates and K of prompt lookup ("prompt_lookup"; "prompt_lookup_loop" on a looping prompt) and of the draft
+    model ("assistant")."""
     spec = [n for n in names if n in cfg.speculating]
     if workload == "verify":
         return list(dict.fromkeys(n.split("+")[0] for n in spec))
     if workload == "speculative":
         kinds = [("prompt_lookup", k) for k in cfg.prompt_lookup]
+        kinds += [("prompt_lookup_loop", k) for k in cfg.prompt_lookup_loop]
         kinds += [("assistant", k) for k in cfg.num_assistant_tokens] if cfg.assistant else []
         return [(n, kind, k) for n in spec for kind, k in kinds]
     return list(names)
@@ -96,7 +99,7 @@ def plan(cfg: BenchConfig) -> tuple[list[tuple[str, int]], list[tuple]]:
     pairs = combos(cfg)
     whole = (list(cfg.strategies) + list(cfg.peers), _lengths(cfg.lengths, cfg.eos_lengths))
     own = {split_pair(p): (list(names), _lengths(ns, cfg.eos_lengths)) for p, names, ns in cfg.narrowed}
-    speculates = bool(cfg.speculating and (cfg.prompt_lookup or cfg.assistant))
+    speculates = bool(cfg.speculating and (cfg.prompt_lookup or cfg.prompt_lookup_loop or cfg.assistant))
     workloads = [
         w
         for w in ("fixed", "verify", "speculative", "profile", "eos")

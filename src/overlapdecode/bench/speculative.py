@@ -40,7 +40,7 @@ from ..models.embedded import EMBEDDED
 from ..models.loading import parse_dtype
 from ..plan import STATIC_ROUND, static_cache_len
 from ..spec.cache import RowCache, StaticRows, call_model, spec_cache_len
-from ..spec.options import captured_rounds
+from ..spec.options import MAX_MATCHING_NGRAM, captured_rounds
 from .workloads import prompt
 
 # the verify step's token counts: K + 1 for K = 0 (a one-token step, the reference) .. 8
@@ -71,10 +71,59 @@ def load_draft(spec: str, model_name: str, model, dtype: str, device, seed: int,
 
 
 def generate_kwargs(kind: str, k: int, draft) -> dict:
-    """od.generate's speculation arguments for a row of `kind` (prompt_lookup | assistant) and K."""
-    if kind == "prompt_lookup":
+    """od.generate's speculation arguments for a row of `kind` (prompt_lookup | prompt_lookup_loop | assistant)
+    and K."""
+    if kind.startswith("prompt_lookup"):
         return dict(prompt_lookup_num_tokens=k)
     return dict(assistant_model=draft, num_assistant_tokens=k)
+
+
+# the looping prompt (`--prompt-lookup-loop`): greedy tokens searched for a loop, this many times the row's new
+# tokens but at least LOOP_SEARCH_MIN; loops of periods up to LOOP_PERIOD, seen at least three times over
+LOOP_SEARCH, LOOP_SEARCH_MIN, LOOP_PERIOD = 4, 256, 64
+
+
+def loop_start(tokens: list, max_period: int = LOOP_PERIOD) -> tuple[int, int] | None:
+    """(t, p): the earliest t from which `tokens` repeat with a period p <= max_period to their end, over at least
+    three periods (the shortest such p at that t), or None."""
+    best = None
+    for p in range(1, max_period + 1):
+        if len(tokens) < 3 * p:
+            break
+        t = len(tokens) - p
+        while t > 0 and tokens[t - 1] == tokens[t - 1 + p]:
+            t -= 1
+        if len(tokens) - t >= 3 * p and (best is None or t < best[0]):
+            best = (t, p)
+    return best
+
+
+def looping_prompt(
+    generate, ids: torch.Tensor, new_tokens: int, k: int, max_positions: int | None = None
+) -> torch.Tensor:
+    """A prompt whose greedy continuation repeats it: `ids` (B, P) and each row's greedy tokens (`generate(ids, n)`
+    -> (B, P + n)) into the loop every row has fallen into by then, two periods and at least K + the longest
+    n-gram prompt lookup matches by default (so that its first round can offer K drafts), as far as the search went; the
+    search leaves `new_tokens` of the model's `max_positions` for the call on it. ValueError where a row's greedy
+    output does not loop within the search."""
+    search = max(LOOP_SEARCH * new_tokens, LOOP_SEARCH_MIN)
+    if max_positions is not None:
+        search = min(search, max_positions - ids.shape[1] - new_tokens)
+    if search < 3:
+        raise ValueError(f"no room for a looping prompt: the model has {max_positions} positions")
+    out = generate(ids, search)
+    P = ids.shape[1]
+    cuts = []
+    for r, row in enumerate(out[:, P:].tolist()):
+        found = loop_start(row)
+        if found is None:
+            raise ValueError(
+                f"row {r}: the model's greedy output does not repeat itself within {search} tokens (periods up to "
+                f"{LOOP_PERIOD}): no looping prompt for prompt lookup"
+            )
+        t, p = found
+        cuts.append(min(t + max(2 * p, k + MAX_MATCHING_NGRAM), search))
+    return out[:, : P + max(cuts)].contiguous()
 
 
 def round_figures(stats) -> dict:

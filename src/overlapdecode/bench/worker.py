@@ -34,13 +34,14 @@ import transformers
 import overlapdecode as od
 
 from ..facts import model_facts, step_weight_bytes
+from ..inputs import model_limits
 from . import memory, timeline
 from .config import BenchConfig, config_from_json, plan
 from .peers import PEERS, peer_compiles, run_peer
 from .report.figures import step_toll
 from .report.results import environment
 from .speculative import generate_kwargs as speculation_kwargs
-from .speculative import load_draft, round_figures, speed_up, verify_row
+from .speculative import load_draft, looping_prompt, round_figures, speed_up, verify_row
 from .variants import generate_kwargs, split_variant
 from .workloads import ForcedEOS, eos_steps, prompt
 
@@ -199,7 +200,10 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 group_size=cfg.group_size if cfg.quantize == "int4" else None,
             )
             if spec_kind is not None:
-                base.update(speculation=spec_kind, k=k, assistant=cfg.assistant if spec_kind == "assistant" else None)
+                kind = "prompt_lookup" if spec_kind.startswith("prompt_lookup") else spec_kind
+                base.update(speculation=kind, k=k, assistant=cfg.assistant if kind == "assistant" else None)
+                if kind == "prompt_lookup":
+                    base.update(lookup_prompt="loop" if spec_kind == "prompt_lookup_loop" else "random")
             if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
                 row = dict(base, strategy=name, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent")
                 sink.write(json.dumps(row) + "\n")
@@ -230,6 +234,15 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
             try:
                 if workload == "verify":
                     row = dict(base, **verify_row(cfg, name, model, draft, batch, vocab, device))
+                elif workload == "speculative" and spec_kind == "prompt_lookup_loop":
+                    # the prompt: the row's own greedy tokens into their loop; its time without speculation measured
+                    # on the same prompt, since the fixed rows' prompt is another
+                    greedy = _runner(split_variant(name)[0], model, ids, n, [], eos_id, cfg.seed)
+                    looped = looping_prompt(lambda _, m: greedy(m), ids, n, k, model_limits(model)[1])
+                    without = measure(cfg, name, model, looped, n, [], eos_id, device)
+                    spec = speculation_kwargs(spec_kind, k, draft)
+                    row = dict(base, **measure(cfg, name, model, looped, n, [], eos_id, device, spec))
+                    row.update(speed_up(without, row), prompt_len=looped.shape[1])
                 elif workload == "speculative":
                     spec = speculation_kwargs(spec_kind, k, draft)
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device, spec))

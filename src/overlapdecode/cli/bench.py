@@ -129,6 +129,15 @@ def add_commands(sub) -> None:
         "for K + 1 = 1..9 tokens (docs/BENCHMARKING.md, 'Speculative decoding') (default: none)",
     )
     b.add_argument(
+        "--prompt-lookup-loop",
+        default=None,
+        metavar="K[,K...]",
+        help="speculative rows of prompt lookup on a prompt whose continuation repeats it: the row's own greedy "
+        "tokens, generated until they loop, into the loop (two periods, K + 2 tokens at least: every draft then "
+        "accepted); the "
+        "speed-up over the same strategy on that prompt (default: none)",
+    )
+    b.add_argument(
         "--assistant",
         default=None,
         metavar="SPEC",
@@ -293,7 +302,9 @@ def speculation_tables(rows) -> list:
         for r in sorted(members, key=lambda r: (r["strategy"], r["speculation"], r["k"])):
             if r["max_new_tokens"] != n:
                 continue
-            drafts = "lookup" if r["speculation"] == "prompt_lookup" else os.path.basename(str(r["assistant"]))
+            drafts = os.path.basename(str(r["assistant"]))
+            if r["speculation"] == "prompt_lookup":
+                drafts = "lookup, loop" if r.get("lookup_prompt") == "loop" else "lookup"
             table.add_row(
                 r["strategy"],
                 drafts,

@@ -204,20 +204,25 @@ NUM_ASSISTANT_TOKENS = (4,)  # --num-assistant-tokens with --assistant alone
 
 
 def check_speculation(args, strategies, model: str, config, prompt_len: int, longest: int, workloads) -> dict:
-    """--prompt-lookup, --assistant and --num-assistant-tokens -> BenchConfig's speculation fields, before any
-    work: K values >= 1; the draft (self, random, or a model of the same vocabulary); at least one of `strategies`
-    that speculates; the fixed workload, whose rows their speed-up divides; no tensor parallelism."""
+    """--prompt-lookup, --prompt-lookup-loop, --assistant and --num-assistant-tokens -> BenchConfig's speculation
+    fields, before any work: K values >= 1; the draft (self, random, or a model of the same vocabulary); at least
+    one of `strategies` that speculates; the fixed workload, whose rows their speed-up divides; no tensor
+    parallelism."""
     from ..bench.variants import split_variant
     from ..spec.options import SPEC_PRESETS, check_spec_strategy  # torch: imported when a command runs
     from ..strategy import resolve_strategy
 
     if args.num_assistant_tokens is not None and args.assistant is None:
         raise CliError("--num-assistant-tokens is given without --assistant: it counts the draft model's tokens")
-    if args.prompt_lookup is None and args.assistant is None:
+    loop_k = args.prompt_lookup_loop
+    if args.prompt_lookup is None and loop_k is None and args.assistant is None:
         return {}
-    flag = "--prompt-lookup" if args.assistant is None else "--assistant"
+    flag = (
+        "--assistant" if args.assistant is not None else "--prompt-lookup" if loop_k is None else "--prompt-lookup-loop"
+    )
     _check_round_loop(model, config, "--model", flag)
     lookup = _counts(args.prompt_lookup, "--prompt-lookup", ())
+    looping = _counts(loop_k, "--prompt-lookup-loop", ())
     drafted = ()
     if args.assistant is not None:
         drafted = _counts(args.num_assistant_tokens, "--num-assistant-tokens", NUM_ASSISTANT_TOKENS)
@@ -240,6 +245,7 @@ def check_speculation(args, strategies, model: str, config, prompt_len: int, lon
         )
     return dict(
         prompt_lookup=lookup,
+        prompt_lookup_loop=looping,
         assistant=args.assistant,
         num_assistant_tokens=drafted,
         speculating=tuple(speculating),

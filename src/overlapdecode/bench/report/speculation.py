@@ -97,8 +97,11 @@ def speedup_text(rows, row: dict) -> str:
 
 
 def draft_label(row: dict) -> str:
-    """How a row drafts: `prompt lookup`, or `draft SPEC`."""
-    return "prompt lookup" if row.get("speculation") == "prompt_lookup" else f"draft {row.get('assistant')}"
+    """How a row drafts: `prompt lookup` (`, looping prompt` on a prompt whose continuation repeats it), or `draft
+    SPEC`."""
+    if row.get("speculation") != "prompt_lookup":
+        return f"draft {row.get('assistant')}"
+    return "prompt lookup, looping prompt" if row.get("lookup_prompt") == "loop" else "prompt lookup"
 
 
 def _rate(v) -> str:
@@ -114,7 +117,9 @@ def section(rows) -> list[str]:
     md.append(
         "Random weights make an acceptance rate no forecast: these rows measure the mechanism at the rates the "
         "drafts give (`draft self`: the model as its own draft, every draft accepted; `draft random`: unrelated "
-        "random weights of its shape, about none; prompt lookup: whatever the model's greedy output repeats)."
+        "random weights of its shape, about none; prompt lookup: whatever the model's greedy output repeats; on a "
+        "looping prompt, the model's own greedy tokens into the loop they fall into: every draft "
+        "that fits; its speed-up is over the same strategy on that prompt)."
     )
     if verify:
         tokens = sorted({t for v in verify for t in v["verify_tokens"]})
@@ -198,7 +203,7 @@ def _draw(ax, key, rows, panel: list) -> None:
     grid = [i / 50 for i in range(51)]
     for (drafts, k), members in sorted(groups.items()):
         colour = f"C{ks.index(k) % 10}"
-        style, marker = ("-", "o") if drafts == "prompt lookup" else ("--", "^")
+        style, marker = ("-", "o") if drafts.startswith("prompt lookup") else ("--", "^")
         verify = verify_of(rows, members[0])
         c = ratio_at(verify, k + 1) if verify else None
         d = draft_cost(members[0], verify) if verify else None

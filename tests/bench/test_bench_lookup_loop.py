@@ -1,0 +1,107 @@
+"""The bench's prompt lookup on a looping prompt (`--prompt-lookup-loop`, bench/speculative.py looping_prompt): where
+a greedy output starts to repeat itself and with what period, the prompt cut into every row's loop (two periods,
+and K + lookup's n-gram at least), a row that never loops refused naming it, the search kept inside the model's
+positions, and the rows of a run whose model loops at once (every draft accepted, the speed-up over the same
+strategy on the same prompt)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import overlapdecode as od
+from overlapdecode.bench.speculative import LOOP_PERIOD, loop_start, looping_prompt
+from overlapdecode.cli import main
+
+
+@pytest.mark.parametrize(
+    "tokens, want",
+    [
+        ([5, 6, 7, 1, 1, 1], (3, 1)),
+        ([9, 8, 1, 2, 3, 1, 2, 3, 1, 2, 3], (2, 3)),
+        ([9, 1, 2, 1, 2, 1, 2, 1, 2], (1, 2)),  # period 2 from index 1 (period 4 would start there too)
+        ([4, 4, 4, 4], (0, 1)),
+        ([1, 2, 3, 1, 2, 3], None),  # two periods only
+        ([1, 2, 3, 4, 5, 6, 7], None),
+        ([3, 1, 1], None),  # two repeats of period 1 at the end: 3 needed
+    ],
+)
+def test_loop_start(tokens, want):
+    assert loop_start(tokens) == want
+
+
+def test_a_loop_longer_than_the_period_limit_is_not_one():
+    period = list(range(LOOP_PERIOD + 1))
+    assert loop_start(period * 3) is None
+    assert loop_start(period[1:] * 3) == (0, LOOP_PERIOD)
+
+
+def test_the_prompt_is_cut_two_periods_into_every_rows_loop():
+    ids = torch.tensor([[50, 51], [60, 61]])
+    rows = [[7, 8, 9, 1, 2, 1, 2, 1, 2, 1, 2], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]]  # loops at 3 (p 2) and 0 (p 1)
+    calls = []
+
+    def generate(x, n):
+        calls.append(n)
+        assert torch.equal(x, ids)
+        return torch.cat([x, torch.tensor([r + [r[-2]] * (n - len(r)) for r in rows])], dim=1)
+
+    out = looping_prompt(generate, ids, new_tokens=4, k=1, max_positions=2 + 4 + 11)
+    assert calls == [11]  # the search: 4 x 4 new tokens, at least 256, but no more than the positions leave
+    assert torch.equal(
+        out, torch.cat([ids, torch.tensor([r[:7] for r in rows])], dim=1)
+    )  # max(3 + max(4, 1 + 2), 0 + max(2, 1 + 2))
+
+
+def test_a_row_that_never_loops_is_named_and_a_model_without_room_refused():
+    ids = torch.zeros((2, 3), dtype=torch.long)
+
+    def generate(x, n):
+        out = torch.arange(n).repeat(2, 1)
+        out[0] = 7
+        return torch.cat([x, out], dim=1)
+
+    with pytest.raises(ValueError, match="row 1: the model's greedy output does not repeat itself within 256"):
+        looping_prompt(generate, ids, new_tokens=16, k=4)
+    with pytest.raises(ValueError, match="no room for a looping prompt: the model has 20 positions"):
+        looping_prompt(generate, ids, new_tokens=16, k=4, max_positions=20)
+
+
+@pytest.fixture(scope="module")
+def looping_model(tmp_path_factory):
+    """A tiny Llama whose LM head is all zeros: every logit 0, greedy picks token 0 at every step (the first of
+    equal scores), so its output loops with period 1 from its first token."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, eos_token_id=2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    path = tmp_path_factory.mktemp("looping")
+    model.save_pretrained(path)
+    return str(path)
+
+
+def test_the_looping_prompt_rows_accept_every_draft(looping_model, tmp_path):
+    out = str(tmp_path / "out")
+    flags = ["bench", "--model", looping_model, "--device", "cpu", "--peers", "none", "--prompt-len", "8"]
+    flags += ["--lengths", "12", "--warmup", "0", "--repeats", "2", "--no-profile", "--strategies", "static"]
+    assert main([*flags, "--prompt-lookup-loop", "3", "--prompt-lookup", "3", "--out", out]) == 0
+    rows = json.load(open(os.path.join(out, "results.json")))["rows"]
+    spec = {r["lookup_prompt"]: r for r in rows if r["workload"] == "speculative"}
+    assert set(spec) == {"loop", "random"}
+    loop = spec["loop"]
+    assert "error" not in loop and loop["speculation"] == "prompt_lookup" and loop["k"] == 3
+    assert loop["prompt_len"] == 8 + 3 + 2  # K + lookup's 2-gram into the loop (period 1, from the first token)
+    assert loop["acceptance_rate"] == 1.0 and loop["drafts_accepted"] == 11 - loop["rounds"]
+    assert loop["speedup"] > 0 and loop["plain_ms_per_token"] > 0
+    assert spec["random"]["prompt_len"] == 8
+    text = open(os.path.join(out, "report.md")).read()
+    assert "| static | float32 | 1 | prompt lookup, looping prompt | 3 |" in text
+    assert od.load_model(looping_model, device="cpu").lm_head.weight.abs().sum() == 0
