@@ -297,8 +297,8 @@ class Decoder:
 
     def _spec_rows(self, plan: Plan, device: torch.device):
         """The caches of a call's captured rounds: the model's and the draft model's (None for prompt lookup), and
-        where its captured round may be kept for the next call of its shape (the fused cache's graphs, when every
-        cache the round writes is a kept fused cache; else None). Fused: the fused model's, and the draft's too where
+        where its captured round may be kept for the next call of its shape (the fused cache's graphs, for prompt
+        lookup and the model as its own draft; else None). Fused: the fused model's, and the draft's too where
         the fused path serves its family; otherwise a static cache each, compiled on CUDA."""
         req, spec = plan.request, plan.spec
         B, P = req.input_ids.shape
@@ -318,8 +318,8 @@ class Decoder:
                 fused = self.fused_model() if drafter is self.model else decoder_for(drafter).fused_model()
             except ValueError:
                 fused = None  # a family the fused path lacks: the draft runs on a static cache
-            if fused is not None:
-                return target, spec_rows(fused, B, plan.cache_len, tag="draft"), kept
+            if fused is not None:  # a round kept with the model's cache would keep another draft model alive
+                return target, spec_rows(fused, B, plan.cache_len, tag="draft"), kept if drafter is self.model else None
         return target, StaticRows(drafter, req.attention_mask, length, forward), None
 
 

@@ -14,6 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import overlapdecode as od
+from overlapdecode.bench.report.results import latest_rows
 from overlapdecode.bench.speculative import LOOP_PERIOD, loop_start, looping_prompt
 from overlapdecode.cli import main
 
@@ -89,19 +90,49 @@ def looping_model(tmp_path_factory):
 
 
 def test_the_looping_prompt_rows_accept_every_draft(looping_model, tmp_path):
+    """--prompt-lookup-loop alone: its verify rows, and rows whose every round offers K drafts (the prompt ends two
+    periods and K + 2 tokens into the loop, so lookup's match has K tokens after it), all accepted."""
     out = str(tmp_path / "out")
     flags = ["bench", "--model", looping_model, "--device", "cpu", "--peers", "none", "--prompt-len", "8"]
     flags += ["--lengths", "12", "--warmup", "0", "--repeats", "2", "--no-profile", "--strategies", "static"]
-    assert main([*flags, "--prompt-lookup-loop", "3", "--prompt-lookup", "3", "--out", out]) == 0
+    assert main([*flags, "--prompt-lookup-loop", "3", "--out", out]) == 0
     rows = json.load(open(os.path.join(out, "results.json")))["rows"]
-    spec = {r["lookup_prompt"]: r for r in rows if r["workload"] == "speculative"}
-    assert set(spec) == {"loop", "random"}
-    loop = spec["loop"]
-    assert "error" not in loop and loop["speculation"] == "prompt_lookup" and loop["k"] == 3
+    assert not [r for r in rows if "error" in r]
+    (verify,) = [r for r in rows if r["workload"] == "verify"]
+    assert verify["verify_tokens"] == list(range(1, 10))
+    (loop,) = [r for r in rows if r["workload"] == "speculative"]
+    assert loop["speculation"] == "prompt_lookup" and loop["lookup_prompt"] == "loop" and loop["k"] == 3
     assert loop["prompt_len"] == 8 + 3 + 2  # K + lookup's 2-gram into the loop (period 1, from the first token)
-    assert loop["acceptance_rate"] == 1.0 and loop["drafts_accepted"] == 11 - loop["rounds"]
-    assert loop["speedup"] > 0 and loop["plain_ms_per_token"] > 0
-    assert spec["random"]["prompt_len"] == 8
+    assert loop["acceptance_rate"] == 1.0 and loop["rounds"] == -(-11 // 4)  # 11 tokens after the first, 4 a round
+    assert loop["speedup"] > 0 and loop["plain_ms_per_token"] > 0 and len(loop["plain_seq_s_all"]) == 2
     text = open(os.path.join(out, "report.md")).read()
     assert "| static | float32 | 1 | prompt lookup, looping prompt | 3 |" in text
     assert od.load_model(looping_model, device="cpu").lm_head.weight.abs().sum() == 0
+
+
+def test_a_looping_prompt_row_not_run_is_kept_beside_the_run_prompts_row():
+    """A row of each prompt at one K: the loop row that could not run is not replaced by the other, whose
+    configuration is otherwise the same; a prompt lookup row written before `lookup_prompt` is the run prompt's."""
+    base = dict(model="m", allocator="default", dtype="float32", batch=1, prompt_len=8, workload="speculative")
+    base.update(max_new_tokens=12, strategy="kv", speculation="prompt_lookup", assistant=None, k=3)
+    measured = dict(base, lookup_prompt="random", seq_s=1.0)
+    failed = dict(base, lookup_prompt="loop", error="not run: row 0: ... does not repeat itself")
+    assert latest_rows([measured, failed]) == [measured, failed]
+    older = {k: v for k, v in measured.items() if k != "lookup_prompt"}
+    assert latest_rows([older, measured]) == [measured]
+
+
+def test_the_flag_makes_looping_rows_of_the_greedy_strategies_alone(tmp_path):
+    from overlapdecode.bench.config import plan
+    from overlapdecode.cli import build_parser
+    from overlapdecode.cli.bench_flags import bench_config
+
+    flags = ["bench", "--model", "tiny-gpt2", "--device", "cpu", "--out", str(tmp_path / "out")]
+    flags += ["--strategies", "kv,kv+sample", "--prompt-lookup-loop", "2,5", "--prompt-lookup", "3"]
+    cfg = bench_config(build_parser().parse_args(flags))
+    assert cfg.prompt_lookup_loop == (2, 5) and cfg.speculating == ("kv", "kv+sample")
+    spec = [r[4] for r in plan(cfg)[1] if r[2] == "speculative" and r[3] == 16]
+    loop = [("kv", "prompt_lookup_loop", 2), ("kv", "prompt_lookup_loop", 5)]
+    assert spec == [("kv", "prompt_lookup", 3), *loop, ("kv+sample", "prompt_lookup", 3)]
+    with pytest.raises(SystemExit):
+        bench_config(build_parser().parse_args([*flags[:6], "--prompt-lookup-loop", "0"]))

@@ -162,49 +162,114 @@ def test_a_draft_of_a_family_fused_lacks_runs_on_a_static_cache(tiny_llama, monk
     assert od.decoder_for(draft)._fused.fused is None  # never fused
 
 
+def _kept_rounds(model) -> dict:
+    """id -> Round, the captured rounds `fused` keeps with the caches of `model` (loop/rounds.py)."""
+    caches = od.decoder_for(model).fused_model()._caches.values()
+    return {id(r): r for c in caches for key, r in c.graphs.items() if key[0] == "round"}
+
+
+def _drop_kept_rounds(model) -> None:
+    for cache in od.decoder_for(model).fused_model()._caches.values():
+        for key in [k for k in cache.graphs if k[0] == "round"]:
+            del cache.graphs[key]
+
+
+def _counts(stats):
+    return stats.drafted, stats.accepted, stats.active
+
+
 def test_a_later_fused_call_of_its_shape_replays_the_kept_round(tiny_llama):
     """The round kept with the fused cache (loop/rounds.py Round) serves the next call of its shape: its buffers
-    take the new prompt's state (tokens, lengths, padding), greedy gives the tokens without speculation, and a seed
-    the same sampled tokens after another call in between."""
-    fused = od.decoder_for(tiny_llama).fused_model()
-
-    def kept():
-        return {id(r): r for c in fused._caches.values() for key, r in c.graphs.items() if key[0] == "round"}
-
-    for spec in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=tiny_llama, num_assistant_tokens=2)):
+    take the new prompt's state (tokens, padding, the rows' histories and seen tokens), so that every call gives
+    the tokens without speculation and the rounds' counts (drafts offered, accepted) of a round made for it alone;
+    a seed gives the same sampled tokens after another call in between."""
+    _drop_kept_rounds(tiny_llama)
+    prompts = []
+    for seed, pads in ((30, [0, 2, 5]), (31, [3, 0, 1]), (32, [0, 0, 4])):
+        ids, mask = make_batch(3, seed=seed)
+        for row, n in enumerate(pads):  # each call its own left padding
+            mask[row] = 0
+            mask[row, n:] = 1
+            ids[row, :n] = 0
+        prompts.append((ids, mask))
+    for spec in (
+        dict(prompt_lookup_num_tokens=3),
+        dict(prompt_lookup_num_tokens=2, repetition_penalty=0.7),  # < 1: repeats, so lookup's drafts are taken
+        dict(assistant_model=tiny_llama, num_assistant_tokens=2),
+    ):
+        plain = {k: v for k, v in spec.items() if k == "repetition_penalty"}
         first = None
-        for seed in (30, 31, 32):
-            ids, mask = make_batch(3, seed=seed)
-            ref, _ = spec_generate(tiny_llama, ids, mask, "fused", [], N)
-            before = kept()
-            out, _ = spec_generate(tiny_llama, ids, mask, "fused", [], N, **spec)
-            assert torch.equal(out, ref), (spec, seed)
-            new = set(kept()) - set(before)
+        for ids, mask in prompts:
+            ref, _ = spec_generate(tiny_llama, ids, mask, "fused", [], N, **plain)
+            before = _kept_rounds(tiny_llama)
+            out, stats = spec_generate(tiny_llama, ids, mask, "fused", [], N, **spec)
+            new = set(_kept_rounds(tiny_llama)) - set(before)
+            assert torch.equal(out, ref), spec
             if first is None:
-                (first,) = new  # one Round made by the first call of this shape and these drafts
-            assert not new or new == {first}, (spec, seed)
-            assert first in kept()
-        ids, mask = make_batch(3, seed=33)
+                (first,) = new  # made by the first call of this shape and these drafts, kept
+            else:
+                assert not new and first in _kept_rounds(tiny_llama), spec  # the kept one replayed
+            counts = _counts(stats)
+            _drop_kept_rounds(tiny_llama)
+            again, fresh = spec_generate(tiny_llama, ids, mask, "fused", [], N, **spec)  # a round of its own
+            assert torch.equal(again, ref) and _counts(fresh) == counts, spec
+            (first,) = _kept_rounds(tiny_llama)  # that one, kept for the next prompt
+        if spec.get("repetition_penalty") or "assistant_model" in spec:  # drafts taken: the histories, seen tokens
+            assert sum(map(sum, stats.accepted)) > 0, spec  # and draft cache mattered
+        ids, mask = prompts[0]
         sampled = dict(do_sample=True, temperature=1.3, top_k=50, seed=7, **spec)
         once, _ = spec_generate(tiny_llama, ids, mask, "fused", [], N, **sampled)
-        spec_generate(tiny_llama, *make_batch(3, seed=34), "fused", [], N, **dict(sampled, seed=8))
-        again, _ = spec_generate(tiny_llama, ids, mask, "fused", [], N, **sampled)
-        assert torch.equal(once, again), spec
+        spec_generate(tiny_llama, *prompts[1], "fused", [], N, **dict(sampled, seed=8))
+        twice, _ = spec_generate(tiny_llama, ids, mask, "fused", [], N, **sampled)
+        assert torch.equal(once, twice), spec
+
+
+def test_a_kept_round_keeps_no_model_alive():
+    """A fused call with the model as its own draft keeps its round with the model's cache; neither that nor a call
+    with another draft model (whose round is not kept) keeps a model alive once the caller drops it."""
+    import gc
+    import weakref
+
+    model, draft = (od.load_model("tiny-llama", device="cpu", seed=s) for s in (0, 1))
+    ids, mask = make_batch(2, seed=35)
+    spec_generate(model, ids, mask, "fused", [], 8, assistant_model=model, num_assistant_tokens=2)
+    assert _kept_rounds(model)
+    spec_generate(model, ids, mask, "fused", [], 8, assistant_model=draft, num_assistant_tokens=2)
+    gone, weights = weakref.ref(draft), weakref.ref(od.decoder_for(draft).fused_model())  # its re-laid-out weights
+    del draft
+    gc.collect()
+    assert gone() is None and weights() is None, "the draft model or its fused weights outlived its caller"
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None, "the model outlived its caller"
 
 
 def test_the_compiled_bookkeeping_takes_the_same_tokens(tiny_llama, monkeypatch):
     """Where the rounds compile (COMPILED_ON: CUDA; here the CPU too), prompt lookup and a greedy round's end run
-    compiled by inductor: the tokens stay those without speculation (repetition penalty included), and dynamo
-    compiled them (fullgraph: a graph break would raise)."""
+    compiled by inductor: the tokens stay those without speculation (repetition penalty included), the drafts
+    offered and accepted those of the eager rounds, and dynamo compiled them (fullgraph: a graph break would
+    raise)."""
     from overlapdecode.loop import rounds
     from overlapdecode.loop.compiling import compile_count
 
+    ids, mask = make_batch(3, seed=40)
+    settings = [
+        dict(kw, **extra)
+        for kw in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=tiny_llama, num_assistant_tokens=2))
+        for extra in ({}, dict(repetition_penalty=0.7))
+    ]
+    eager = []
+    for spec in settings:
+        _drop_kept_rounds(tiny_llama)
+        eager.append(_counts(spec_generate(tiny_llama, ids, mask, "fused", [5, 7], N, **spec)[1]))
     monkeypatch.setattr(rounds, "COMPILED_ON", ("cuda", "cpu"))
     before = compile_count()
-    ids, mask = make_batch(3, seed=40)
-    for kw in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=tiny_llama, num_assistant_tokens=2)):
-        for extra in ({}, dict(repetition_penalty=0.7)):
-            ref, _ = spec_generate(tiny_llama, ids, mask, "kv", [5, 7], N, **extra)
-            out, _ = spec_generate(tiny_llama, ids, mask, "fused", [5, 7], N, **kw, **extra)
-            assert torch.equal(out, ref), (list(kw), extra)
+    for spec, counts in zip(settings, eager):
+        _drop_kept_rounds(tiny_llama)
+        plain = {k: v for k, v in spec.items() if k == "repetition_penalty"}
+        ref, _ = spec_generate(tiny_llama, ids, mask, "kv", [5, 7], N, **plain)
+        out, stats = spec_generate(tiny_llama, ids, mask, "fused", [5, 7], N, **spec)
+        assert torch.equal(out, ref) and _counts(stats) == counts, list(spec)  # the same drafts, the same tokens
     assert compile_count() > before
+    _drop_kept_rounds(tiny_llama)  # rounds with compiled bookkeeping: none kept past this test

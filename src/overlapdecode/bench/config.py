@@ -84,7 +84,8 @@ def speculative_names(cfg: BenchConfig, workload: str, names) -> list:
         kinds = [("prompt_lookup", k) for k in cfg.prompt_lookup]
         kinds += [("prompt_lookup_loop", k) for k in cfg.prompt_lookup_loop]
         kinds += [("assistant", k) for k in cfg.num_assistant_tokens] if cfg.assistant else []
-        return [(n, kind, k) for n in spec for kind, k in kinds]
+        # a looping prompt is the greedy output's: a sampled variant (NAME+...) does not follow it
+        return [(n, kind, k) for n in spec for kind, k in kinds if not (kind == "prompt_lookup_loop" and "+" in n)]
     return list(names)
 
 

@@ -102,10 +102,11 @@ def looping_prompt(
     generate, ids: torch.Tensor, new_tokens: int, k: int, max_positions: int | None = None
 ) -> torch.Tensor:
     """A prompt whose greedy continuation repeats it: `ids` (B, P) and each row's greedy tokens (`generate(ids, n)`
-    -> (B, P + n)) into the loop every row has fallen into by then, two periods and at least K + the longest
-    n-gram prompt lookup matches by default (so that its first round can offer K drafts), as far as the search went; the
-    search leaves `new_tokens` of the model's `max_positions` for the call on it. ValueError where a row's greedy
-    output does not loop within the search."""
+    -> (B, P + n)) into the loop every row has fallen into by then: two periods, and at least K + the n-gram prompt
+    lookup matches by default (room for a match and drafts after it), as far as the search went. Prompt lookup's
+    drafts are then the loop's tokens, the model's own greedy choices, unless an earlier match in the run's prompt
+    wins. The search leaves `new_tokens` of the model's `max_positions` for the call on it. ValueError where a
+    row's greedy output does not loop within the search."""
     search = max(LOOP_SEARCH * new_tokens, LOOP_SEARCH_MIN)
     if max_positions is not None:
         search = min(search, max_positions - ids.shape[1] - new_tokens)
@@ -252,7 +253,7 @@ def verify_row(cfg, strategy: str, model, draft, batch: int, vocab: int, device)
     forward on the cache its rounds give it) and `draft_ratio` (that / the model's); `verify_graph`: whether each
     timed forward was the replay of a CUDA graph (the captured presets' on CUDA). The caches are sized as the round
     loop's of the run's longest call and largest K (and T)."""
-    ks = cfg.prompt_lookup + (cfg.num_assistant_tokens if cfg.assistant else ())
+    ks = cfg.prompt_lookup + cfg.prompt_lookup_loop + (cfg.num_assistant_tokens if cfg.assistant else ())
     tokens = tuple(range(1, max(VERIFY_TOKENS[-1], max(ks) + 1) + 1))
     s = od.resolve_strategy(strategy)
     ids = prompt(batch, cfg.prompt_len, vocab, device, cfg.seed)

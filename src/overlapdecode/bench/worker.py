@@ -242,7 +242,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                     without = measure(cfg, name, model, looped, n, [], eos_id, device)
                     spec = speculation_kwargs(spec_kind, k, draft)
                     row = dict(base, **measure(cfg, name, model, looped, n, [], eos_id, device, spec))
-                    row.update(speed_up(without, row), prompt_len=looped.shape[1])
+                    row.update(speed_up(without, row), prompt_len=looped.shape[1], plain_seq_s_all=without["seq_s_all"])
                 elif workload == "speculative":
                     spec = speculation_kwargs(spec_kind, k, draft)
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device, spec))

@@ -133,8 +133,8 @@ def add_commands(sub) -> None:
         default=None,
         metavar="K[,K...]",
         help="speculative rows of prompt lookup on a prompt whose continuation repeats it: the row's own greedy "
-        "tokens, generated until they loop, into the loop (two periods, K + 2 tokens at least: every draft then "
-        "accepted); the "
+        "tokens, generated until they loop, into the loop (two periods, K + 2 tokens at least: the drafts then "
+        "the model's own tokens); the "
         "speed-up over the same strategy on that prompt (default: none)",
     )
     b.add_argument(

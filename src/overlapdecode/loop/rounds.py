@@ -93,12 +93,14 @@ class Round:
     """The buffers a speculative call's rounds read and write, and one round captured over them. Kept (`kept`, the
     fused cache's graphs) where every cache it writes outlives the call, so that a later call of the same shape
     copies its prompt's state in and replays the round: no eager round and no capture per call, each a launch of
-    every kernel of the round from the host."""
+    every kernel of the round from the host. It keeps no reference to a call's plan or request (the draft model a
+    plan names would live as long as the model's cache)."""
 
     def __init__(self, plan, device: torch.device, target, draft):
         req, params, spec = plan.request, plan.sampling, plan.spec
         B = req.input_ids.shape[0]
-        self.plan, self.target, self.draft = plan, target, draft
+        self.k, self.n, self.sampling = spec.k, req.max_new_tokens, params
+        self.target, self.draft = target, draft
         self.eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)
         self.graph = GraphCapture(device, sampled=params.do_sample)
         self.graph.capturable = self.graph.capturable and plan.step != "eager"
@@ -113,8 +115,9 @@ class Round:
         self.state = self.out = None
 
     @staticmethod
-    def key(plan, target, draft) -> tuple:
-        """What the captured round depends on: two calls of one key replay the same round."""
+    def key(plan, draft) -> tuple:
+        """What the captured round depends on, beyond the cache it is kept with: two calls of one key replay the
+        same round."""
         req, spec = plan.request, plan.spec
         return (
             "round",
@@ -123,20 +126,16 @@ class Round:
             tuple(req.eos_ids),
             req.pad_id,
             plan.step,
-            plan.cache_len,
             plan.sampling,
             spec.kind,
             spec.k,
             spec.ngram,
-            id(target.cache),
             None if draft is None else id(draft.cache),
-            torch.is_inference_mode_enabled(),
         )
 
     def start(self, plan, generator) -> None:
         """Step 0 of a call (`plan`: of this round's key): the prompt through the model (and the draft), its first
         token; the rows' state copied into the buffers a kept round reads."""
-        self.plan = plan
         req, params = plan.request, plan.sampling
         positions = position_ids_for_prompt(req.attention_mask)
         logits = self.target.prefill(req.input_ids, req.attention_mask, positions)
@@ -154,20 +153,19 @@ class Round:
         self.out.copy_(out)
 
     def write_report(self, active, offered, accepted) -> None:
-        state, n = self.state, self.plan.request.max_new_tokens
-        stopped = (state.finished | (state.count >= n)).all()
+        state = self.state
+        stopped = (state.finished | (state.count >= self.n)).all()
         rows = [state.count, state.finished.long(), active.long(), offered, accepted]
         self.report.copy_(torch.cat([stopped.long()[None], *rows]))
 
     def play(self, generator) -> None:
         """One round (no host read: what a CUDA graph captures)."""
-        plan, k = self.plan, self.plan.spec.k
-        n = plan.request.max_new_tokens
         active, offered, accepted, kept = play_round(
-            self.state, self.out, self.drafter, self.target, plan.sampling, generator, self.eos_ids, n, self.greedy_end
-        )
-        self.target.settle_rows(kept, k + 1)
-        self.drafter.settle_rows(kept, k + 1)
+            self.state, self.out, self.drafter, self.target, self.sampling, generator, self.eos_ids, self.n,
+            self.greedy_end,
+        )  # fmt: skip
+        self.target.settle_rows(kept, self.k + 1)
+        self.drafter.settle_rows(kept, self.k + 1)
         self.write_report(active, offered, accepted)
 
 
@@ -184,7 +182,7 @@ def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None, k
     N = req.max_new_tokens
     rnd = None
     if kept is not None:
-        key = Round.key(plan, target, draft)
+        key = Round.key(plan, draft)
         rnd = kept.pop(key, None)
     if rnd is None:
         rnd = Round(plan, device, target, draft)

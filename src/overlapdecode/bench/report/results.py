@@ -53,6 +53,7 @@ ROW_IDENTITY = (
     "max_new_tokens",
     "strategy",
     "speculation",
+    "lookup_prompt",
     "assistant",
     "k",
 )
@@ -128,13 +129,21 @@ def rows_files(out_dir: str) -> list[str]:
     return sorted(glob.glob(os.path.join(out_dir, "rows*.jsonl")))
 
 
+def row_identity(r: dict) -> tuple:
+    """A row's configuration (ROW_IDENTITY); a prompt lookup row written before `lookup_prompt` ran on the run's
+    prompt ("random")."""
+    if r.get("speculation") == "prompt_lookup" and r.get("lookup_prompt") is None:
+        r = dict(r, lookup_prompt="random")
+    return tuple(r.get(k) for k in ROW_IDENTITY)
+
+
 def latest_rows(rows: list[dict]) -> list[dict]:
     """One row per configuration: a later row (from an --append run) replaces an earlier one of the same
     configuration, except that a row that could not be measured ("not run", out of memory) never replaces a
     measured one. Keeps the order of first appearance."""
     keep: dict = {}  # key -> (position of first appearance, row)
     for i, r in enumerate(rows):
-        key = tuple(r.get(k) for k in ROW_IDENTITY)
+        key = row_identity(r)
         if key in keep and "error" in r and "error" not in keep[key][1]:
             continue
         keep[key] = (keep[key][0] if key in keep else i, r)
