@@ -441,3 +441,12 @@ def test_the_terminal_shows_the_speculative_rows_at_the_longest_length_within_80
         ["kv", "self", "4", "1.00", "2.00", "12.500", "1.05x !"],  # within its calls' spread
         ["static+sample", "my-draft", "8", "0.00", "2.00", "12.500", "0.50x"],
     ]
+
+
+def test_a_short_call_still_has_room_for_the_largest_verify_step(tmp_path):
+    """4 new tokens and K = 3 size a round loop's cache below the prompt + 9 tokens the verify row also times."""
+    out = str(tmp_path / "out")
+    flags = [*BASE, "--lengths", "4", "--warmup", "0", "--repeats", "1", "--no-profile", "--strategies", "kv"]
+    assert main([*flags, "--prompt-lookup", "3", "--out", out]) == 0
+    (verify,) = [r for r in load(out)["rows"] if r["workload"] == "verify"]
+    assert "error" not in verify and verify["verify_tokens"] == list(range(1, 10))

@@ -263,7 +263,7 @@ def verify_row(cfg, strategy: str, model, draft, batch: int, vocab: int, device)
 
     def timed(m, ts: tuple, tag: str) -> tuple[list, bool]:
         if not captured:
-            length = spec_cache_len(P, N, max(ks), batch)
+            length = max(spec_cache_len(P, N, max(ks), batch), P + tokens[-1])  # room for the largest T too
             return forward_ms(m, s.cache, ids, ts, warmup, repeats, length, cfg.seed), False
         # as decode.py sizes a captured call's caches (the fused: its plan's cache_len), for T tokens at most
         fused_len = static_cache_len(P, max(N, tokens[-1]))
