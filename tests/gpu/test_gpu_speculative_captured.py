@@ -135,6 +135,8 @@ def test_sampling_with_a_seed_gives_the_reference_loops_tokens(pair):
         want = od.generate(model, ids, strategy="kv", **kw, **spec)
         for preset in ("static", *CAPTURED):
             assert torch.equal(od.generate(model, ids, strategy=preset, **kw, **spec), want), (preset, list(spec))
+        # again: `fused` replays the round it kept (prompt lookup), its generator reseeded from the call's
+        assert torch.equal(od.generate(model, ids, strategy="fused", **kw, **spec), want), list(spec)
 
 
 @torch.no_grad()
