@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from .fused.path import KEEP_GRAPHS, FusedPath, spec_rows
+from .fused.path import FusedPath, spec_rows
 from .hf.caches import StaticCaches
 from .hf.graph_experts import graph_safe_experts
 from .inputs import check_model, model_device
@@ -284,8 +284,6 @@ class Decoder:
             else:
                 target, draft, kept = self._spec_rows(plan, device)
                 out, self.last_speculation, late, self._rounds = run_rounds(plan, device, target, draft, put, kept)
-                while kept is not None and len(kept) > KEEP_GRAPHS:  # a dropped round's graph: self._rounds holds
-                    kept.popitem(last=False)  # the last call's until the next call has waited for its late rounds
         finally:
             self._late_steps = late
             if device.type == "cuda":

@@ -13,10 +13,8 @@ import dataclasses
 import torch
 
 from ..inputs import position_ids_for_prompt
+from ..loop.step_graph import kept_graph
 from ..loop.steps import EagerSteps, StepInputs, Steps, new_output
-
-# Captured fused steps kept per fused cache (one per count of EOS ids, pad id and sampling setting).
-KEEP_GRAPHS = 4
 
 
 class FusedPath:
@@ -106,13 +104,7 @@ class FusedPath:
         from .steps import GraphStep
 
         key = (len(inputs.eos_ids), inputs.pad_id, inputs.params)
-        kept = fused_cache.graphs.pop(key, None)
-        if kept is None:
-            kept = GraphStep.make(self.fused, fused_cache, inputs)
-        fused_cache.graphs[key] = kept
-        while len(fused_cache.graphs) > KEEP_GRAPHS:
-            fused_cache.graphs.popitem(last=False)
-        return kept
+        return kept_graph(fused_cache.graphs, key, lambda: GraphStep.make(self.fused, fused_cache, inputs))
 
 
 def spec_rows(fused, batch: int, length: int, tag: str = ""):

@@ -30,7 +30,7 @@ from ..spec.cache import call_model
 from ..spec.candidates import Assistant, PromptLookup, prompt_lookup
 from ..spec.state import SpecStats, begin, end_greedy_round, play_round
 from .compiling import recompile_limits
-from .step_graph import GraphCapture
+from .step_graph import GraphCapture, kept_graph
 
 # device types on which a compiled plan's Hugging Face forwards are compiled in the rounds (a CPU compile of every
 # K and batch would take the CPU tests minutes; the round runs eagerly there)
@@ -134,8 +134,8 @@ class Round:
         )
 
     def start(self, plan, generator) -> None:
-        """Step 0 of a call (`plan`: of this round's key): the prompt through the model (and the draft), its first
-        token; the rows' state copied into the buffers a kept round reads."""
+        """Step 0 of a call (`plan`: one with this object's key): the prompt through the model (and the draft), its
+        first token; the rows' state copied into the buffers a kept graph reads."""
         req, params = plan.request, plan.sampling
         positions = position_ids_for_prompt(req.attention_mask)
         logits = self.target.prefill(req.input_ids, req.attention_mask, positions)
@@ -180,14 +180,10 @@ def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None, k
     req, params = plan.request, plan.sampling
     B, P = req.input_ids.shape
     N = req.max_new_tokens
-    rnd = None
-    if kept is not None:
-        key = Round.key(plan, draft)
-        rnd = kept.pop(key, None)
-    if rnd is None:
+    if kept is None:
         rnd = Round(plan, device, target, draft)
-    if kept is not None:
-        kept[key] = rnd  # the newest last: the kept graphs drop their oldest first
+    else:
+        rnd = kept_graph(kept, Round.key(plan, draft), lambda: Round(plan, device, target, draft))
     graph = rnd.graph
     generator = make_generator(params, plan.seed, device)
     if generator is not None:  # every draw of the call, the prefill's too, from the graph's generator

@@ -22,6 +22,22 @@ import torch
 
 from ..sampling import draw_noise
 
+# Captured graphs kept per fused cache: its steps (one per count of EOS ids, pad id and sampling setting) and its
+# speculative rounds (loop/rounds.py), the oldest dropped first.
+KEEP_GRAPHS = 4
+
+
+def kept_graph(graphs: dict, key, make):
+    """The captured graph kept under `key` in `graphs` (an OrderedDict; `make()` when none is), now the newest; the
+    oldest beyond KEEP_GRAPHS dropped. The caller has waited for whatever a dropped graph may still run."""
+    entry = graphs.pop(key, None)
+    if entry is None:
+        entry = make()
+    graphs[key] = entry
+    while len(graphs) > KEEP_GRAPHS:
+        graphs.popitem(last=False)
+    return entry
+
 
 class GraphCapture:
     """Something the owner runs again and again over buffers of fixed address, captured by hand into a CUDA graph:
