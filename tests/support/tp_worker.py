@@ -6,7 +6,8 @@ read the environment; `errors_after`: once it is), then `jobs`: a model, a tp an
 `fused_options`, through an od.Decoder made with them: the Triton kernels, in Triton's interpreter when the
 environment has TRITON_INTERPRET=1). Each
 rank writes what it saw to OUT_DIR/rank{R}.json: the error messages and every call's tokens. With
-`"raise": true` the first expected error is re-raised after it is written, to show that every rank exits. With
+`"raise": true` the first expected error is re-raised once every rank's record is written, to show that every rank
+exits. With
 `"hang": true` each rank writes its pid to OUT_DIR/pid{R} and rank 0 waits in a barrier rank 1 never joins (the
 test of the launcher's timeout).
 
@@ -95,6 +96,16 @@ def _run_job(job: dict, results: dict) -> None:
         results[f"{job['name']}/{kind}-cache-heads"] = [layer.keys.shape[1] for layer in cache.layers]
 
 
+def _await_records(out_dir: str, limit_s: float = 60.0) -> None:
+    """Wait until every rank has written its record before this one raises: the first rank to exit makes torchrun
+    end the others, which could be killed before they wrote theirs. Cannot hang: every rank writes its record before
+    it waits here (in main's `finally`), and the wait ends after `limit_s` whatever it finds."""
+    paths = [os.path.join(out_dir, f"rank{r}.json") for r in range(int(os.environ["WORLD_SIZE"]))]
+    deadline = time.monotonic() + limit_s
+    while not all(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def main(spec_path: str, out_dir: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
@@ -109,8 +120,10 @@ def main(spec_path: str, out_dir: str) -> None:
     seen = {"errors": [], "results": {}}
 
     def write():
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        path = os.path.join(out_dir, f"rank{rank}.json")
+        with open(path + ".tmp", "w") as f:
             json.dump(seen, f)
+        os.replace(path + ".tmp", path)  # whole or absent: another rank waits for it to exist (_await_records)
 
     try:
         _expect_errors(spec.get("errors_before", []), seen["errors"], spec.get("raise", False))
@@ -119,6 +132,8 @@ def main(spec_path: str, out_dir: str) -> None:
         _expect_errors(spec.get("errors_after", []), seen["errors"], False)
     finally:
         write()
+        if spec.get("raise"):
+            _await_records(out_dir)
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
