@@ -1,8 +1,9 @@
 """The bench's prompt lookup on a looping prompt (`--prompt-lookup-loop`, bench/speculative.py looping_prompt): where
 a greedy output starts to repeat itself and with what period, the prompt cut into every row's loop (two periods,
 and K + lookup's n-gram at least), a row that never loops refused naming it, the search kept inside the model's
-positions, and the rows of a run whose model loops at once (every draft accepted, the speed-up over the same
-strategy on the same prompt)."""
+positions, one token repeated where the output wanders (a fixed point of the model's one-token step, checked by
+generation), and the rows of a run whose model loops at once or wanders (every draft accepted, the speed-up over
+the same strategy on the same prompt)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import overlapdecode as od
 from overlapdecode.bench.report.results import latest_rows
-from overlapdecode.bench.speculative import LOOP_PERIOD, loop_start, looping_prompt
+from overlapdecode.bench.speculative import LOOP_PERIOD, fixed_points, greedy_successor, loop_start, looping_prompt
 from overlapdecode.cli import main
 
 
@@ -51,8 +52,10 @@ def test_the_prompt_is_cut_two_periods_into_every_rows_loop():
         assert torch.equal(x, ids)
         return torch.cat([x, torch.tensor([r + [r[-2]] * (n - len(r)) for r in rows])], dim=1)
 
-    out = looping_prompt(generate, ids, new_tokens=4, k=1, max_positions=2 + 4 + 11)
-    assert calls == [11]  # the search: 4 x 4 new tokens, at least 256, but no more than the positions leave
+    out, how = looping_prompt(generate, ids, new_tokens=4, k=1, max_positions=2 + 4 + 11)
+    assert (
+        calls == [11] and how == "greedy loop, period 2"
+    )  # the search: 4 x 4 new tokens, at least 256, but no more than the positions leave
     assert torch.equal(
         out, torch.cat([ids, torch.tensor([r[:7] for r in rows])], dim=1)
     )  # max(3 + max(4, 1 + 2), 0 + max(2, 1 + 2))
@@ -70,6 +73,73 @@ def test_a_row_that_never_loops_is_named_and_a_model_without_room_refused():
         looping_prompt(generate, ids, new_tokens=16, k=4)
     with pytest.raises(ValueError, match="no room for a looping prompt: the model has 20 positions"):
         looping_prompt(generate, ids, new_tokens=16, k=4, max_positions=20)
+
+
+def _wandering(x, n, holds):
+    """A stand-in generate: a row whose prompt is one token t repeated continues with t if t is in `holds`, every
+    other row counts up (never repeats)."""
+    rows = []
+    for r in x.tolist():
+        t = r[0]
+        constant = all(v == t for v in r)
+        rows.append([t] * n if constant and t in holds else [1000 + i for i in range(n)])
+    return torch.cat([x, torch.tensor(rows, dtype=x.dtype)], dim=1)
+
+
+def test_fixed_points_are_the_tokens_the_one_token_step_keeps():
+    table = torch.tensor([3, 1, 0, 3, 7, 5, 2, 7, 8])  # x -> its successor: fixed at 1, 3, 5, 7, 8
+    seen = []
+
+    def successor(x):
+        seen.append(x.shape)
+        return table[x[:, 0]]
+
+    assert fixed_points(successor, 9, chunk=4) == [1, 3, 5, 7, 8]
+    assert seen == [(4, 1), (4, 1), (1, 1)]
+
+
+def test_a_wandering_output_gets_one_token_repeated_that_continues_itself():
+    """The greedy search finds no loop; the fixed points are tried by generation in groups of the batch's rows,
+    the first group with one that holds gives every row that token; the prompt keeps the call's shape."""
+    ids = torch.tensor([[50, 51, 52], [60, 61, 62]])
+    table = torch.arange(20)  # every token is a fixed point of the one-token step ...
+    calls = []
+
+    def generate(x, n):
+        calls.append(x.tolist())
+        return _wandering(x, n, holds={5})  # ... but only 5 repeated continues itself
+
+    out, how = looping_prompt(generate, ids, 4, 2, successor=lambda x: table[x[:, 0]], vocab=8)
+    assert torch.equal(out, torch.full((2, 3), 5)) and how.startswith("one token repeated") and "5" in how
+    assert calls[1:] == [[[0] * 3, [1] * 3], [[2] * 3, [3] * 3], [[4] * 3, [5] * 3]]
+    with pytest.raises(ValueError, match="row 0: the model's greedy output does not repeat itself within 256"):
+        looping_prompt(generate, ids, 4, 2)  # no successor: no fallback
+
+
+def test_no_token_that_continues_itself_is_refused_naming_both_searches():
+    ids = torch.zeros((1, 3), dtype=torch.long)
+    table = torch.tensor([1, 1, 3, 3, 5, 5])  # fixed at 1, 3, 5
+    with pytest.raises(
+        ValueError, match=r"no token repeated continues itself \(3 fixed points of the one-token step, 3"
+    ):
+        looping_prompt(
+            lambda x, n: _wandering(x, n, holds=set()), ids, 4, 2, successor=lambda x: table[x[:, 0]], vocab=6
+        )
+    with pytest.raises(ValueError, match=r"\(0 fixed points of the one-token step, 0 tried"):
+        looping_prompt(lambda x, n: _wandering(x, n, holds=set()), ids, 4, 2, successor=lambda x: x[:, 0] + 1, vocab=6)
+
+
+def test_greedy_successor_is_the_models_next_token():
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    x = torch.arange(50)[:, None]
+    with torch.no_grad():
+        want = torch.stack([model(input_ids=t[None]).logits[0, -1].argmax() for t in x])
+    assert torch.equal(greedy_successor(model)(x), want)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +178,20 @@ def test_the_looping_prompt_rows_accept_every_draft(looping_model, tmp_path):
     text = open(os.path.join(out, "report.md")).read()
     assert "| static | float32 | 1 | prompt lookup, looping prompt | 3 |" in text
     assert od.load_model(looping_model, device="cpu").lm_head.weight.abs().sum() == 0
+
+
+def test_a_wandering_model_gets_one_token_repeated_and_accepts_every_draft(tmp_path):
+    """tiny-llama's greedy output wanders past the search (its 256 positions leave 208 tokens for it): the row runs
+    on one token repeated, a fixed point of its one-token step, and accepts every draft."""
+    out = str(tmp_path / "out")
+    flags = ["bench", "--model", "tiny-llama", "--device", "cpu", "--peers", "none", "--lengths", "16"]
+    flags += ["--warmup", "0", "--repeats", "1", "--no-profile", "--strategies", "kv", "--dtype-batch", "float32:2"]
+    assert main([*flags, "--prompt-lookup-loop", "3", "--out", out]) == 0
+    rows = json.load(open(os.path.join(out, "results.json")))["rows"]
+    (loop,) = [r for r in rows if r["workload"] == "speculative"]
+    assert "error" not in loop, loop.get("error")
+    assert loop["loop_found"].startswith("one token repeated") and loop["acceptance_rate"] == 1.0
+    assert "| kv | float32 | 2 | prompt lookup, one token repeated | 3 |" in open(os.path.join(out, "report.md")).read()
 
 
 def test_a_looping_prompt_row_not_run_is_kept_beside_the_run_prompts_row():

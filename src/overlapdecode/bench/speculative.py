@@ -4,7 +4,8 @@ rounds, and the cost of the verify step.
 Random weights make an acceptance rate meaningless as a forecast, so the bench measures the mechanism at rates
 set by construction: the model as its own draft (`self`: every draft accepted), a draft of the same shape with
 unrelated random weights (`random`: about none), or a named draft; prompt lookup accepts whatever the model's
-greedy output gives (a random model that falls into a loop repeats itself, and lookup finds it). Each row
+greedy output gives (a random model that falls into a loop repeats itself, and lookup finds it; one whose output
+wanders is given one token repeated that it continues with itself: looping_prompt). Each row
 records what happened (drafts offered and accepted, rounds) beside its times, so that a point's acceptance rate
 is measured, never assumed.
 
@@ -99,14 +100,23 @@ def loop_start(tokens: list, max_period: int = LOOP_PERIOD) -> tuple[int, int] |
 
 
 def looping_prompt(
-    generate, ids: torch.Tensor, new_tokens: int, k: int, max_positions: int | None = None
-) -> torch.Tensor:
-    """A prompt whose greedy continuation repeats it: `ids` (B, P) and each row's greedy tokens (`generate(ids, n)`
-    -> (B, P + n)) into the loop every row has fallen into by then: two periods, and at least K + the n-gram prompt
-    lookup matches by default (room for a match and drafts after it), as far as the search went. Prompt lookup's
-    drafts are then the loop's tokens, the model's own greedy choices, unless an earlier match in the run's prompt
-    wins. The search leaves `new_tokens` of the model's `max_positions` for the call on it. ValueError where a
-    row's greedy output does not loop within the search."""
+    generate,
+    ids: torch.Tensor,
+    new_tokens: int,
+    k: int,
+    max_positions: int | None = None,
+    successor=None,
+    vocab: int | None = None,
+) -> tuple[torch.Tensor, str]:
+    """A prompt whose greedy continuation repeats it, and how it was found. First `ids` (B, P) and each row's greedy
+    tokens (`generate(ids, n)` -> (B, P + n)) into the loop every row has fallen into by then: two periods, and at
+    least K + the n-gram prompt lookup matches by default (room for a match and drafts after it), as far as the
+    search went. Prompt lookup's drafts are then the loop's tokens, the model's own greedy choices, unless an earlier
+    match in the run's prompt wins. The search leaves `new_tokens` of the model's `max_positions` for the call on it.
+
+    A random model's greedy output often wanders for thousands of tokens without a loop; then, given `successor`
+    and `vocab`, a prompt of one token repeated that the model continues with itself for `new_tokens` tokens
+    (fixed_point_prompt). ValueError where neither is found."""
     search = max(LOOP_SEARCH * new_tokens, LOOP_SEARCH_MIN)
     if max_positions is not None:
         search = min(search, max_positions - ids.shape[1] - new_tokens)
@@ -114,17 +124,71 @@ def looping_prompt(
         raise ValueError(f"no room for a looping prompt: the model has {max_positions} positions")
     out = generate(ids, search)
     P = ids.shape[1]
-    cuts = []
+    cuts, periods = [], []
     for r, row in enumerate(out[:, P:].tolist()):
         found = loop_start(row)
         if found is None:
-            raise ValueError(
+            why = (
                 f"row {r}: the model's greedy output does not repeat itself within {search} tokens (periods up to "
-                f"{LOOP_PERIOD}): no looping prompt for prompt lookup"
+                f"{LOOP_PERIOD})"
             )
+            if successor is None:
+                raise ValueError(f"{why}: no looping prompt for prompt lookup")
+            return fixed_point_prompt(generate, successor, vocab, ids, new_tokens, why)
         t, p = found
         cuts.append(min(t + max(2 * p, k + MAX_MATCHING_NGRAM), search))
-    return out[:, : P + max(cuts)].contiguous()
+        periods.append(p)
+    return out[:, : P + max(cuts)].contiguous(), f"greedy loop, period {max(periods)}"
+
+
+# fixed points tried by generation, in groups of the batch's rows, at most this many groups
+FIXED_POINT_GROUPS = 4
+
+
+def fixed_points(successor, vocab: int, chunk: int = 1024) -> list[int]:
+    """The tokens x < `vocab` whose greedy successor after the one-token prompt x is x itself (`successor`: (c, 1)
+    token ids -> (c,) greedy next tokens). Where attention sees one token repeated, every position holds the same
+    keys' values, so a model without position-dependent values (rotary embeddings, no learned positions) continues
+    a prompt of x repeated as it continues x alone; fixed_point_prompt checks it by generation."""
+    found = []
+    for start in range(0, vocab, chunk):
+        x = torch.arange(start, min(start + chunk, vocab))
+        nxt = successor(x[:, None]).cpu()
+        found += x[nxt == x].tolist()
+    return found
+
+
+def fixed_point_prompt(generate, successor, vocab: int, ids, new_tokens: int, why: str) -> tuple[torch.Tensor, str]:
+    """A prompt of `ids`' shape (B, P) and device of one token repeated whose greedy continuation repeats it for `new_tokens` tokens: the
+    fixed points of the model's one-token step (fixed_points), tried by generation in groups of B (the timed call's
+    own shape), the first that holds in every row of its group. ValueError naming both searches where none holds."""
+    B, P = ids.shape
+    candidates = fixed_points(successor, vocab)
+    for g in range(min(FIXED_POINT_GROUPS, -(-len(candidates) // B))):
+        group = candidates[g * B : (g + 1) * B]
+        group = (group * B)[:B]  # a short group repeats its tokens to fill the rows
+        prompt_ids = torch.tensor(group, device=ids.device)[:, None].expand(B, P).contiguous()
+        out = generate(prompt_ids, new_tokens)[:, P:].cpu()
+        held = [x for x, row in zip(group, out) if bool((row == x).all())]
+        if held:
+            prompt_ids = torch.tensor((held * B)[:B], device=ids.device)[:, None].expand(B, P).contiguous()
+            return prompt_ids, f"one token repeated (a fixed point of the greedy step: {held[0]})"
+    tried = min(len(candidates), FIXED_POINT_GROUPS * B)
+    raise ValueError(
+        f"{why}, and no token repeated continues itself ({len(candidates)} fixed points of the one-token step, "
+        f"{tried} tried by generation): no looping prompt for prompt lookup"
+    )
+
+
+def greedy_successor(model):
+    """(c, 1) token ids -> (c,) the model's greedy next token after each one-token prompt (fixed_points)."""
+    device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def successor(x: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=x.to(device), use_cache=False).logits[:, -1].argmax(-1)
+
+    return successor
 
 
 def round_figures(stats) -> dict:

@@ -41,7 +41,7 @@ from .peers import PEERS, peer_compiles, run_peer
 from .report.figures import step_toll
 from .report.results import environment
 from .speculative import generate_kwargs as speculation_kwargs
-from .speculative import load_draft, looping_prompt, round_figures, speed_up, verify_row
+from .speculative import greedy_successor, load_draft, looping_prompt, round_figures, speed_up, verify_row
 from .variants import generate_kwargs, split_variant
 from .workloads import ForcedEOS, eos_steps, prompt
 
@@ -237,12 +237,21 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 elif workload == "speculative" and spec_kind == "prompt_lookup_loop":
                     # the prompt: the row's own greedy tokens into their loop; its time without speculation measured
                     # on the same prompt, since the fixed rows' prompt is another
-                    greedy = _runner(split_variant(name)[0], model, ids, n, [], eos_id, cfg.seed)
-                    looped = looping_prompt(lambda _, m: greedy(m), ids, n, k, model_limits(model)[1])
+                    plain_name = split_variant(name)[0]
+                    looped, how = looping_prompt(
+                        lambda x, m: _runner(plain_name, model, x, m, [], eos_id, cfg.seed)(),
+                        ids,
+                        n,
+                        k,
+                        model_limits(model)[1],
+                        greedy_successor(model),
+                        vocab,
+                    )
                     without = measure(cfg, name, model, looped, n, [], eos_id, device)
                     spec = speculation_kwargs(spec_kind, k, draft)
                     row = dict(base, **measure(cfg, name, model, looped, n, [], eos_id, device, spec))
                     row.update(speed_up(without, row), prompt_len=looped.shape[1], plain_seq_s_all=without["seq_s_all"])
+                    row["loop_found"] = how
                 elif workload == "speculative":
                     spec = speculation_kwargs(spec_kind, k, draft)
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device, spec))

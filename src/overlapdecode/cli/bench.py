@@ -134,7 +134,8 @@ def add_commands(sub) -> None:
         metavar="K[,K...]",
         help="speculative rows of prompt lookup on a prompt whose continuation repeats it: the row's own greedy "
         "tokens, generated until they loop, into the loop (two periods, K + 2 tokens at least: the drafts then "
-        "the model's own tokens); the speed-up over the same strategy on that prompt (default: none)",
+        "the model's own tokens), or where they wander, one token repeated that the model continues with itself; "
+        "the speed-up over the same strategy on that prompt (default: none)",
     )
     b.add_argument(
         "--assistant",

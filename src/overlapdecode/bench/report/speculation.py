@@ -100,11 +100,14 @@ def speedup_text(rows, row: dict) -> str:
 
 
 def draft_label(row: dict) -> str:
-    """How a row drafts: `prompt lookup` (`, looping prompt` on a prompt whose continuation repeats it), or `draft
-    SPEC`."""
+    """How a row drafts: `prompt lookup` (`, looping prompt` on a prompt whose continuation repeats it, `, one
+    token repeated` where that prompt is one token the model continues with itself), or `draft SPEC`."""
     if row.get("speculation") != "prompt_lookup":
         return f"draft {row.get('assistant')}"
-    return "prompt lookup, looping prompt" if row.get("lookup_prompt") == "loop" else "prompt lookup"
+    if row.get("lookup_prompt") != "loop":
+        return "prompt lookup"
+    fixed = str(row.get("loop_found", "")).startswith("one token")
+    return "prompt lookup, one token repeated" if fixed else "prompt lookup, looping prompt"
 
 
 def _rate(v) -> str:
@@ -121,8 +124,9 @@ def section(rows) -> list[str]:
         "Random weights make an acceptance rate no forecast: these rows measure the mechanism at the rates the "
         "drafts give (`draft self`: the model as its own draft, every draft accepted; `draft random`: unrelated "
         "random weights of its shape, about none; prompt lookup: whatever the model's greedy output repeats; on a "
-        "looping prompt, the model's own greedy tokens into the loop they fall into: every draft "
-        "that fits; its speed-up is over the same strategy on that prompt)."
+        "looping prompt, the model's own greedy tokens into the loop they fall into, or where its output wanders, "
+        "one token repeated that the model continues with itself: every draft that fits; its speed-up is over the "
+        "same strategy on that prompt)."
     )
     if verify:
         tokens = sorted({t for v in verify for t in v["verify_tokens"]})
