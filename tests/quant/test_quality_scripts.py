@@ -1,6 +1,7 @@
-"""scripts/train_stdlib.py, scripts/quant_quality.py and scripts/quality_job.sh, run tiny on CPU: a model trained on a
-few hundred KB of the standard library's sources, its held-out perplexity measured through quantized layers, a
-draft sharing its tokenizer, and the refusals that keep an earlier run from being overwritten."""
+"""scripts/train_stdlib.py, scripts/quant_quality.py, scripts/spec_acceptance.py and scripts/quality_job.sh, run tiny
+on CPU: a model trained on a few hundred KB of the standard library's sources, its held-out perplexity measured
+through quantized layers, a draft sharing its tokenizer and the acceptance rates of speculation with it, and the
+refusals that keep an earlier run from being overwritten."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def runs(tmp_path_factory):
         tmp = tmp_path_factory.mktemp("quality")
         train, quality = _script("train_stdlib"), _script("quant_quality")
         target = train.main(["--out", str(tmp / "target"), "--steps", str(STEPS), *TINY])
-        draft_args = [*TINY, "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--steps", "20", "--seed", "1"]
+        draft_args = [*TINY, "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--steps", "150", "--seed", "1"]
         draft_args += ["--vocab", "300"]  # ignored with --tokenizer: the target's 512 come with it
         draft = train.main(["--out", str(tmp / "draft"), "--tokenizer", str(tmp / "target"), *draft_args])
         # groups of 32 and 16: at hidden 64, 128 and 64 would each be one group per row of most layers
@@ -166,6 +167,82 @@ def test_the_scripts_refuse_in_one_line_and_overwrite_nothing(runs, tmp_path, ca
     (moved / "train.json").write_text(json.dumps(record))
     refused(quality.main, [str(moved), "--out", str(tmp_path / "q.json")], "differ from those the model was trained")
     assert not (tmp_path / "q.json").exists()
+
+
+def _costs(path, model: str, one_token_ms: float, ratios: list[float]) -> str:
+    """A bench results.json holding one fused verify row (the fields spec_acceptance.py reads)."""
+    row = dict(workload="verify", strategy="fused", model=model, verify_tokens=list(range(1, len(ratios) + 1)))
+    row.update(verify_ms=[one_token_ms * r for r in ratios], verify_ratio=ratios)
+    path.write_text(json.dumps({"rows": [dict(row, strategy="static"), row]}))
+    return str(path)
+
+
+def test_acceptance_of_lookup_and_the_draft_with_projected_speed_ups(runs, tmp_path, capsys):
+    """Every speculative call gave the plain call's tokens (the script checks); the counts add up; a shape's
+    speed-up is tokens per round / (its verify step at K + 1 + (K + 1) x the draft's step), from its results.json."""
+    tmp, spec = runs["tmp"], _script("spec_acceptance")
+    big = _costs(tmp_path / "big.json", "big", 4.0, [1.0, 1.02, 1.03, 1.05, 1.06])
+    small = _costs(tmp_path / "small.json", "small", 1.0, [1.0, 1.1, 1.2, 1.3, 1.4])
+    argv = [str(tmp / "target"), "--draft", str(tmp / "draft"), "--out", str(tmp_path / "a.json"), "--prompts", "4"]
+    argv += ["--prompt-len", "32", "--new-tokens", "12", "--k", "1,3", "--batch", "2"]
+    result = spec.main([*argv, "--shape", f"big={big},{small}", "--shape", f"small={small}"])
+    assert json.loads((tmp_path / "a.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
+    rows = {(r["drafts by"], r["k"]): r for r in result["rows"]}
+    assert list(rows) == [("prompt lookup", 1), ("draft model", 1), ("prompt lookup", 3), ("draft model", 3)]
+    for (kind, k), r in rows.items():
+        assert 0 <= r["accepted"] <= r["offered"] <= k * r["row rounds"]
+        assert r["row rounds"] >= 4 * 11 // (k + 1)  # 4 prompts, 11 tokens after the first, k + 1 a round at most
+        assert r["tokens per round"] == (r["accepted"] + r["row rounds"]) / r["row rounds"]
+        big_cost = {1: 1.02, 3: 1.05}[k] + ((k + 1) * 0.25 if kind == "draft model" else 0.0)
+        assert r["projections"]["big"]["speed-up"] == pytest.approx(r["tokens per round"] / big_cost)
+        if kind == "draft model":
+            assert "small" not in r["projections"]  # no draft shape named for it
+        else:
+            assert r["projections"]["small"]["speed-up"] == pytest.approx(r["tokens per round"] / {1: 1.1, 3: 1.3}[k])
+    assert rows["draft model", 1]["accepted"] > 0  # a draft trained on the same text agrees with its target at times
+    shapes = {s["name"]: s for s in result["shapes"]}
+    assert shapes["big"]["draft_ratio"] == pytest.approx(0.25) and shapes["small"]["draft_ratio"] is None
+    assert "| draft model | 3 |" in capsys.readouterr().out
+
+
+def test_acceptance_fails_where_speculation_changes_the_tokens(runs, tmp_path, monkeypatch, capsys):
+    tmp, spec = runs["tmp"], _script("spec_acceptance")
+    real = od.generate
+
+    def altered(*args, **kw):  # speculation that returns other tokens than the plain call
+        out = real(*args, **kw)
+        if kw.get("prompt_lookup_num_tokens"):
+            out = out.clone()
+            out[0, -1] = (out[0, -1] + 1) % 512
+        return out
+
+    monkeypatch.setattr(od, "generate", altered)
+    argv = [str(tmp / "target"), "--draft", str(tmp / "draft"), "--out", str(tmp_path / "a.json"), "--prompts", "2"]
+    with pytest.raises(SystemExit):
+        spec.main([*argv, "--prompt-len", "16", "--new-tokens", "4", "--k", "2"])
+    assert "prompt lookup K=2 gave other tokens than kv without it" in capsys.readouterr().err
+    assert not (tmp_path / "a.json").exists()
+
+
+def test_acceptance_refuses_in_one_line(runs, tmp_path, capsys):
+    tmp, spec = runs["tmp"], _script("spec_acceptance")
+
+    def refused(argv, words):
+        with pytest.raises(SystemExit) as exit_:
+            spec.main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and words in err and len(err.splitlines()) == 1, err
+
+    kept = tmp_path / "kept.json"
+    kept.write_text("mine")
+    base = [str(tmp / "target"), "--draft", str(tmp / "draft"), "--out", str(tmp_path / "a.json")]
+    refused([*base[:3], "--out", str(kept)], "exists: choose a new path")
+    refused([str(tmp / "target"), "--draft", str(tmp_path), "--out", str(tmp_path / "a.json")], "has no train.json")
+    refused([*base, "--k", "9"], "--k: expected drafts per round from 1 to 8")
+    refused([*base, "--shape", "big"], "expected NAME=TARGET_JSON[,DRAFT_JSON]")
+    refused([*base, "--shape", f"big={tmp_path / 'none.json'}"], "is not a file")
+    refused([*base, "--shape", f"big={kept}"], "is not a bench results.json")
+    assert kept.read_text() == "mine" and not (tmp_path / "a.json").exists()
 
 
 def test_quality_job_runs_the_three_steps_into_outdir(tmp_path):
