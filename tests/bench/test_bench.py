@@ -257,7 +257,11 @@ def test_claims_are_stated_where_the_figures_carry_them():
 
     rows = _claim_rows()
     rows += [_claim_row("kv", 400, 4.0, "default", 800, 600), _claim_row("kv", 400, 4.0, "expandable", 640, 600)]
+    rows += [_claim_row(name, 400, t) for name, t in (("static", 3.0), ("hf-static", 2.0), ("hf-compiled", 0.8))]
     text = "\n".join(claims({"rows": rows}))
+    assert "static vs dynamic cache, no compile (float32, batch 1, 400 tokens): static/kv time = 0.75 (< 1" in text
+    assert "compile (float32, batch 1, 400 tokens): compiled is 4.29x static" in text
+    assert "Hugging Face auto-compile (float32, batch 1, 400 tokens): hf-compiled is 2.50x hf-static" in text
     assert "- O(N^2) vs O(N) (float32, batch 1): time-vs-N exponent over 100-400 tokens: baseline 2.00" in text
     assert "interleaved (float32, batch 1, 400 tokens, 1.250 ms/token) vs baseline: 32.00x baseline." in text
     assert "vs compiled: 1.40x compiled (sync check)." in text
