@@ -32,6 +32,15 @@ from .bench_flags import (
 )
 
 
+def _out_flag(parser, default: str, holds: str, reused: str) -> None:
+    """--out of a command that writes a directory: what it holds, and the directory it may write again."""
+    parser.add_argument(
+        "--out",
+        default=default,
+        help=f"output directory ({holds}): new, empty, or {reused}; anything else is refused before any work",
+    )
+
+
 def add_commands(sub) -> None:
     b = sub.add_parser(
         "bench",
@@ -153,12 +162,12 @@ def add_commands(sub) -> None:
     )
     add_quantize_flags(b)
     b.add_argument("--append", action="store_true", help="add to the results already in --out")
-    b.add_argument(
-        "--out",
-        default="bench-out",
-        help="output directory (results.json, report.md, plots, worker logs): new, empty, or one an earlier "
-        f"bench wrote, which lists every file it made in {MANIFEST} and is only written again with --append "
-        "(then only the files it lists are replaced); anything else is refused before any work",
+    _out_flag(
+        b,
+        "bench-out",
+        "results.json, report.md, plots, worker logs",
+        f"one an earlier bench wrote, which lists every file it made in {MANIFEST} and is only written again with "
+        "--append (then only the files it lists are replaced)",
     )
 
     p = sub.add_parser("profile", help="profiler trace, timeline and GPU-idle summary per strategy")
@@ -169,12 +178,11 @@ def add_commands(sub) -> None:
     p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (random ids)")
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)}")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
-    p.add_argument(
-        "--out",
-        default="profile-out",
-        help="output directory (traces, timelines, summary): new, empty, or one an earlier profile left "
-        f"without a summary.json (it lists every file it made in {MANIFEST}); anything else is refused "
-        "before any work",
+    _out_flag(
+        p,
+        "profile-out",
+        "traces, timelines, summary",
+        f"one an earlier profile left without a summary.json (it lists every file it made in {MANIFEST})",
     )
 
     r = sub.add_parser("report", help="rebuild report.md and the plots of a bench directory from its JSON")
