@@ -180,6 +180,29 @@ def test_the_looping_prompt_rows_accept_every_draft(looping_model, tmp_path):
     assert od.load_model(looping_model, device="cpu").lm_head.weight.abs().sum() == 0
 
 
+def test_the_draft_models_rows_run_on_the_looping_prompt_too(looping_model, tmp_path):
+    """--assistant with --prompt-lookup-loop: the draft's rows on the run's prompt and on the looping prompt, the
+    latter sharing prompt lookup's looping prompt and its time without speculation (same K: found and timed once)."""
+    out = str(tmp_path / "out")
+    flags = ["bench", "--model", looping_model, "--device", "cpu", "--peers", "none", "--prompt-len", "8"]
+    flags += ["--lengths", "12", "--warmup", "0", "--repeats", "2", "--no-profile", "--strategies", "kv"]
+    flags += ["--prompt-lookup-loop", "3", "--assistant", "self", "--num-assistant-tokens", "3", "--out", out]
+    assert main(flags) == 0
+    rows = [r for r in json.load(open(os.path.join(out, "results.json")))["rows"] if r["workload"] == "speculative"]
+    assert not [r for r in rows if "error" in r]
+    by = {(r["speculation"], r.get("lookup_prompt")): r for r in rows}
+    assert sorted(by, key=str) == sorted(
+        [("prompt_lookup", "loop"), ("assistant", None), ("assistant", "loop")], key=str
+    )
+    lookup, draft = by["prompt_lookup", "loop"], by["assistant", "loop"]
+    assert draft["assistant"] == "self" and draft["k"] == 3 and draft["acceptance_rate"] == 1.0
+    assert draft["prompt_len"] == lookup["prompt_len"] == 8 + 3 + 2
+    assert draft["plain_seq_s_all"] == lookup["plain_seq_s_all"]  # one time without speculation for both
+    assert draft["loop_found"] == lookup["loop_found"] == "greedy loop, period 1"
+    assert by["assistant", None]["prompt_len"] == 8
+    assert "| kv | float32 | 1 | draft self, looping prompt | 3 |" in open(os.path.join(out, "report.md")).read()
+
+
 def test_a_wandering_model_gets_one_token_repeated_and_accepts_every_draft(tmp_path):
     """tiny-llama's greedy output wanders past the search (its 256 positions leave 208 tokens for it): the row runs
     on one token repeated, a fixed point of its one-token step, and accepts every draft."""
@@ -218,5 +241,15 @@ def test_the_flag_makes_looping_rows_of_the_greedy_strategies_alone(tmp_path):
     spec = [r[4] for r in plan(cfg)[1] if r[2] == "speculative" and r[3] == 16]
     loop = [("kv", "prompt_lookup_loop", 2), ("kv", "prompt_lookup_loop", 5)]
     assert spec == [("kv", "prompt_lookup", 3), *loop, ("kv+sample", "prompt_lookup", 3)]
+    cfg = bench_config(build_parser().parse_args([*flags, "--assistant", "self", "--num-assistant-tokens", "4"]))
+    spec = [r[4] for r in plan(cfg)[1] if r[2] == "speculative" and r[3] == 16]
+    draft = [("kv", "assistant", 4), ("kv", "assistant_loop", 4)]
+    assert spec == [
+        ("kv", "prompt_lookup", 3),
+        *loop,
+        *draft,
+        ("kv+sample", "prompt_lookup", 3),
+        ("kv+sample", "assistant", 4),
+    ]
     with pytest.raises(SystemExit):
         bench_config(build_parser().parse_args([*flags[:6], "--prompt-lookup-loop", "0"]))

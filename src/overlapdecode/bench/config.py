@@ -76,7 +76,7 @@ def speculative_names(cfg: BenchConfig, workload: str, names) -> list:
     the speculative workloads: `verify`, the distinct presets among those of `names` that speculate (the verify
     step's cost is the preset's, whatever it samples); `speculative`, a (strategy, kind, K) per strategy that
     speculates and K of prompt lookup ("prompt_lookup"; "prompt_lookup_loop" on a looping prompt) and of the draft
-    model ("assistant")."""
+    model ("assistant"; with a looping prompt asked for, "assistant_loop" on it too)."""
     spec = [n for n in names if n in cfg.speculating]
     if workload == "verify":
         return list(dict.fromkeys(n.split("+")[0] for n in spec))
@@ -84,8 +84,10 @@ def speculative_names(cfg: BenchConfig, workload: str, names) -> list:
         kinds = [("prompt_lookup", k) for k in cfg.prompt_lookup]
         kinds += [("prompt_lookup_loop", k) for k in cfg.prompt_lookup_loop]
         kinds += [("assistant", k) for k in cfg.num_assistant_tokens] if cfg.assistant else []
+        if cfg.assistant and cfg.prompt_lookup_loop:  # the draft model on the looping prompt too
+            kinds += [("assistant_loop", k) for k in cfg.num_assistant_tokens]
         # a looping prompt is the greedy output's: a sampled variant (NAME+...) does not follow it
-        return [(n, kind, k) for n in spec for kind, k in kinds if not (kind == "prompt_lookup_loop" and "+" in n)]
+        return [(n, kind, k) for n in spec for kind, k in kinds if not (kind.endswith("_loop") and "+" in n)]
     return list(names)
 
 

@@ -169,6 +169,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
     print(f"PLAN {len(rows)}", flush=True)
     model = forced = model_dtype = draft = None
     plain = {}  # (dtype, batch, length, strategy) -> the fixed row: what a speculative row's speed-up divides
+    loops = {}  # (dtype, batch, length, strategy, K) -> a looping prompt, how it was found, its row without speculation
     started = time.perf_counter()
     with open(out_path, "a") as sink:
         meta = dict(
@@ -200,10 +201,10 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 group_size=cfg.group_size if cfg.quantize == "int4" else None,
             )
             if spec_kind is not None:
-                kind = "prompt_lookup" if spec_kind.startswith("prompt_lookup") else spec_kind
+                kind = "prompt_lookup" if spec_kind.startswith("prompt_lookup") else "assistant"
                 base.update(speculation=kind, k=k, assistant=cfg.assistant if kind == "assistant" else None)
-                if kind == "prompt_lookup":
-                    base.update(lookup_prompt="loop" if spec_kind == "prompt_lookup_loop" else "random")
+                if kind == "prompt_lookup" or spec_kind == "assistant_loop":  # which prompt (ROW_IDENTITY)
+                    base.update(lookup_prompt="loop" if spec_kind.endswith("_loop") else "random")
             if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
                 row = dict(base, strategy=name, error=f"not run: time budget of {cfg.time_budget_s:.0f} s spent")
                 sink.write(json.dumps(row) + "\n")
@@ -234,20 +235,24 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
             try:
                 if workload == "verify":
                     row = dict(base, **verify_row(cfg, name, model, draft, batch, vocab, device))
-                elif workload == "speculative" and spec_kind == "prompt_lookup_loop":
+                elif workload == "speculative" and spec_kind.endswith("_loop"):
                     # the prompt: the row's own greedy tokens into their loop; its time without speculation measured
-                    # on the same prompt, since the fixed rows' prompt is another
-                    plain_name = split_variant(name)[0]
-                    looped, how = looping_prompt(
-                        lambda x, m: _runner(plain_name, model, x, m, [], eos_id, cfg.seed)(),
-                        ids,
-                        n,
-                        k,
-                        model_limits(model)[1],
-                        greedy_successor(model),
-                        vocab,
-                    )
-                    without = measure(cfg, name, model, looped, n, [], eos_id, device)
+                    # on the same prompt, since the fixed rows' prompt is another; both kept for the rows after it
+                    # of the same configuration (prompt lookup's and the draft model's, at each K)
+                    key = (dtype, batch, n, name, k)
+                    if key not in loops:
+                        plain_name = split_variant(name)[0]
+                        looped, how = looping_prompt(
+                            lambda x, m: _runner(plain_name, model, x, m, [], eos_id, cfg.seed)(),
+                            ids,
+                            n,
+                            k,
+                            model_limits(model)[1],
+                            greedy_successor(model),
+                            vocab,
+                        )
+                        loops[key] = looped, how, measure(cfg, name, model, looped, n, [], eos_id, device)
+                    looped, how, without = loops[key]
                     spec = speculation_kwargs(spec_kind, k, draft)
                     row = dict(base, **measure(cfg, name, model, looped, n, [], eos_id, device, spec))
                     row.update(speed_up(without, row), prompt_len=looped.shape[1], plain_seq_s_all=without["seq_s_all"])

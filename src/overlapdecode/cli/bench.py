@@ -152,7 +152,8 @@ def add_commands(sub) -> None:
         metavar="SPEC",
         help="speculative rows with a draft model: self (the model as its own draft: every draft accepted), "
         "random (the model's shape, unrelated random weights: about none accepted), or a model name or "
-        "directory of the same vocabulary (default: none)",
+        "directory of the same vocabulary; with --prompt-lookup-loop its rows run on the looping prompt too "
+        "(default: none)",
     )
     b.add_argument(
         "--num-assistant-tokens",

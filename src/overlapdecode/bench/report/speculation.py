@@ -100,14 +100,14 @@ def speedup_text(rows, row: dict) -> str:
 
 
 def draft_label(row: dict) -> str:
-    """How a row drafts: `prompt lookup` (`, looping prompt` on a prompt whose continuation repeats it, `, one
-    token repeated` where that prompt is one token the model continues with itself), or `draft SPEC`."""
-    if row.get("speculation") != "prompt_lookup":
-        return f"draft {row.get('assistant')}"
+    """How a row drafts, `prompt lookup` or `draft SPEC`, and on which prompt: `, looping prompt` on one whose
+    continuation repeats it, `, one token repeated` where that prompt is one token the model continues with
+    itself."""
+    kind = "prompt lookup" if row.get("speculation") == "prompt_lookup" else f"draft {row.get('assistant')}"
     if row.get("lookup_prompt") != "loop":
-        return "prompt lookup"
+        return kind
     fixed = str(row.get("loop_found", "")).startswith("one token")
-    return "prompt lookup, one token repeated" if fixed else "prompt lookup, looping prompt"
+    return f"{kind}, one token repeated" if fixed else f"{kind}, looping prompt"
 
 
 def _rate(v) -> str:
