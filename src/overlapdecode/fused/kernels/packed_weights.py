@@ -5,13 +5,14 @@ What a kernel launch takes of its weight (`weight_launch`): a 16-bit (or float32
 (quant/packed.py) as its codes at `w_ptr` and its group numbers at `s_ptr` / `z_ptr`, with two constexprs, QUANT (0
 none, 1 int8, 2 int4, 3 fp8 e4m3 codes read as their bytes) and GROUP (input features per group; int8, fp8: K).
 `load_weights` returns the (rows, BLOCK_K) tile in the model's dtype either way, so the rest of each kernel (norm
-prologue, `tl.dot`, epilogue, split-K, swapped tiles) is unchanged; the arithmetic is quant/schemes.py's, in
-float32, rounded once to the model dtype: w' = (q - z) * s has the same bits as the torch twins'
-dequantize-then-multiply.
+prologue, `tl.dot`, epilogue, split-K, swapped tiles) is unchanged; the arithmetic is quant/schemes.py's,
+rounded once to the model dtype (int4 computes in that dtype where it is 16-bit: the same one rounding of an exact
+product): w' = (q - z) * s has the same bits as the torch twins' dequantize-then-multiply.
 
 int4: the tile's BLOCK_K / 2 bytes of a row are contiguous (16-byte loads of 32 weights), unpacked by a mask and a
-shift into the low and high codes, interleaved back in K order (`tl.join` then `tl.reshape`) and reshaped to (rows,
-groups, group) for the zeros and scales: about 8-10 operations per weight before the product. Where GROUP is a power
+shift into the low and high codes, made floats by their bits (an OR, no integer-to-float conversion: `_int4_tile`),
+in the model's dtype where it is 16-bit (float32 otherwise), interleaved back in K order (`tl.join` then
+`tl.reshape`) and reshaped to (rows, groups, group) for the zeros and scales. Where GROUP is a power
 of two, a K tile (BLOCK_K, a power of two, starting at a multiple of BLOCK_K) holds whole groups or lies in one, so
 each row reads BLOCK_K / GROUP (or 1) scales and zeros per tile; another GROUP reads them per weight (correct, not
 meant to be fast). The dense form (dense.py, cuBLAS's product from 17 rows) has no place to dequantize: quantized
@@ -89,33 +90,62 @@ def load_weights(
         s = tl.load(s_ptr + rows, mask=rows_ok, other=0.0).to(tl.float32)
         w = (q.to(tl.float32) * s[:, None]).to(dtype)
     else:  # int4
-        w = _int4_tile(w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, kk, mask, K, BLOCK_K, GROUP).to(dtype)
+        w = _int4_tile(w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, kk, mask, K, BLOCK_K, GROUP, dtype).to(dtype)
     return w
 
 
 @triton.jit
 def _int4_tile(
-    w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, kk, mask, K: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    rows,
+    rows_ok,
+    k0,
+    kk,
+    mask,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr,
+    dtype: tl.constexpr,
 ):
-    """load_weights's int4 tile in float32: the row's bytes of the tile (those before K; a split's range ends at a
-    multiple of BLOCK_K or at K), unpacked, times the groups' numbers (`mask`: the tile's rows and columns in range,
-    for the per-weight group numbers)."""
+    """load_weights's int4 tile, in `dtype` where it is 16-bit, else in float32: the row's bytes of the tile (those
+    before K; a split's range ends at a multiple of BLOCK_K or at K), unpacked, times the groups' numbers (`mask`:
+    the tile's rows and columns in range, for the per-weight group numbers).
+
+    Each code c becomes a float by its bits, an OR in place of an integer-to-float conversion (a quarter of the
+    FP32 rate): MAGIC + c, MAGIC a power of two whose unit in the last place is 1 (bfloat16 128, float16 1024,
+    float32 2^23); the zero gets MAGIC too, so that the difference is c - z exactly. In a 16-bit dtype the
+    arithmetic stays in it (two weights an instruction, no conversion after): (c - z) * s is one rounding of the
+    exact product either way, the bits of the float32 twin's rounded once."""
     NG: tl.constexpr = (K + GROUP - 1) // GROUP  # groups per row
     R: tl.constexpr = rows.shape[0]
     KP: tl.constexpr = (K + 1) // 2  # bytes per row
     kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     byte = tl.load(w_ptr + rows[:, None] * KP + kb[None, :], mask=rows_ok[:, None] & (kb < KP)[None, :], other=0)
-    q = tl.reshape(tl.join((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32)), (R, BLOCK_K))
+    SIXTEEN: tl.constexpr = dtype == tl.bfloat16 or dtype == tl.float16
+    if SIXTEEN and s_ptr.dtype.element_ty == dtype and z_ptr.dtype.element_ty == dtype:  # numbers in the dtype
+        math: tl.constexpr = dtype
+        BITS: tl.constexpr = 0x4300 if dtype == tl.bfloat16 else 0x6400
+        MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
+        lo = ((byte & 0xF).to(tl.int16) | BITS).to(dtype, bitcast=True)
+        hi = ((byte >> 4).to(tl.int16) | BITS).to(dtype, bitcast=True)
+    else:
+        math: tl.constexpr = tl.float32
+        MAGIC: tl.constexpr = 8388608.0
+        lo = ((byte & 0xF).to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
+        hi = ((byte >> 4).to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
+    q = tl.reshape(tl.join(lo, hi), (R, BLOCK_K))
     if (GROUP & (GROUP - 1)) == 0:  # whole groups in the tile, or the tile inside one group
         SUB: tl.constexpr = GROUP if GROUP < BLOCK_K else BLOCK_K
         g = k0 // GROUP + tl.arange(0, BLOCK_K // SUB)
         gm = rows_ok[:, None] & (g < NG)[None, :]
-        s = tl.load(s_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0).to(math)
+        z = tl.load(z_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0).to(math) + MAGIC
         w = tl.reshape((tl.reshape(q, (R, BLOCK_K // SUB, SUB)) - z[:, :, None]) * s[:, :, None], (R, BLOCK_K))
     else:  # a group per weight
         at = rows[:, None] * NG + (kk // GROUP)[None, :]
-        s = tl.load(s_ptr + at, mask=mask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + at, mask=mask, other=0.0).to(math)
+        z = tl.load(z_ptr + at, mask=mask, other=0.0).to(math) + MAGIC
         w = (q - z) * s
     return w
