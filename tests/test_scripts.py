@@ -281,3 +281,20 @@ def test_dense_pieces_sweep_answers_a_bad_call_in_one_line(tmp_path):
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             sweep.main([str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
+
+
+def test_sass_counts_finds_no_int_to_float_conversion_in_the_int4_loop(tmp_path):
+    """scripts/sass_counts.py on the O projection (a child process: the kernel compiled for sm_90, not interpreted):
+    int4 codes become floats by their bits, so the main loop holds no I2F and dequantizes in bfloat16 (packed
+    HMUL2) beside the tensor cores' HMMA. An --out that exists is refused in one line."""
+    out = tmp_path / "sass.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TRITON_INTERPRET="0")
+    cmd = [sys.executable, os.path.join(SCRIPTS, "sass_counts.py"), "--out", str(out), "--kernels", "o"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loop = json.loads(out.read_text())["kernels"]["o"]["loop opcodes"]
+    assert loop.get("I2F", 0) == 0 and loop.get("HMUL2", 0) > 0 and loop.get("HMMA", 0) > 0
+    assert "| o | 128 |" in done.stdout
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "exists: choose a new path" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

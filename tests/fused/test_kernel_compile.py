@@ -787,5 +787,7 @@ def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
     if rows > 16:
         assert "wgmma.mma_async" in text or "mma.sync.aligned" in text
     assert not re.search(r"ld\.global[.\w]*\.[bu]8\b", text)  # no byte loads: the codes in vectors
+    if scheme == "int4":  # codes made floats by their bits: no integer-to-float conversion (packed_weights.py)
+        assert not re.search(r"cvt\.rn\.(f32|f16|bf16)\.[su](8|16)\b", text)  # of a byte or a half-word
     assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", text)
     assert spill_bytes(text) <= 256
