@@ -126,15 +126,16 @@ def _int4_tile(
     SIXTEEN: tl.constexpr = dtype == tl.bfloat16 or dtype == tl.float16
     if SIXTEEN and s_ptr.dtype.element_ty == dtype and z_ptr.dtype.element_ty == dtype:  # numbers in the dtype
         math: tl.constexpr = dtype
+        INT: tl.constexpr = tl.int16
         BITS: tl.constexpr = 0x4300 if dtype == tl.bfloat16 else 0x6400
         MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
-        lo = ((byte & 0xF).to(tl.int16) | BITS).to(dtype, bitcast=True)
-        hi = ((byte >> 4).to(tl.int16) | BITS).to(dtype, bitcast=True)
     else:
         math: tl.constexpr = tl.float32
+        INT: tl.constexpr = tl.int32
+        BITS: tl.constexpr = 0x4B000000
         MAGIC: tl.constexpr = 8388608.0
-        lo = ((byte & 0xF).to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
-        hi = ((byte >> 4).to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
+    lo = ((byte & 0xF).to(INT) | BITS).to(math, bitcast=True)
+    hi = ((byte >> 4).to(INT) | BITS).to(math, bitcast=True)
     q = tl.reshape(tl.join(lo, hi), (R, BLOCK_K))
     if (GROUP & (GROUP - 1)) == 0:  # whole groups in the tile, or the tile inside one group
         SUB: tl.constexpr = GROUP if GROUP < BLOCK_K else BLOCK_K
