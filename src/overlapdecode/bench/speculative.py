@@ -33,7 +33,7 @@ import overlapdecode as od
 
 from ..fused.path import spec_rows
 from ..hf.graph_experts import graph_safe_experts
-from ..inputs import position_ids_for_prompt
+from ..inputs import model_device, position_ids_for_prompt
 from ..loop.compiling import recompile_limits
 from ..loop.rounds import COMPILED_ON, compiled_call
 from ..loop.step_graph import GraphCapture
@@ -159,20 +159,22 @@ def fixed_points(successor, vocab: int, chunk: int = 1024) -> list[int]:
 
 
 def fixed_point_prompt(generate, successor, vocab: int, ids, new_tokens: int, why: str) -> tuple[torch.Tensor, str]:
-    """A prompt of `ids`' shape (B, P) and device of one token repeated whose greedy continuation repeats it for `new_tokens` tokens: the
-    fixed points of the model's one-token step (fixed_points), tried by generation in groups of B (the timed call's
-    own shape), the first that holds in every row of its group. ValueError naming both searches where none holds."""
+    """A prompt of `ids`' shape (B, P) and device, each row one token repeated whose greedy continuation repeats it
+    for `new_tokens` tokens: the fixed points of the model's one-token step (fixed_points), tried by generation in
+    groups of B (the timed call's own shape), the first that holds in every row of its group. ValueError naming
+    both searches where none holds."""
     B, P = ids.shape
+
+    def repeated(tokens: list[int]) -> torch.Tensor:  # B rows, a short list repeated to fill them
+        return torch.tensor((tokens * B)[:B], device=ids.device)[:, None].expand(B, P).contiguous()
+
     candidates = fixed_points(successor, vocab)
     for g in range(min(FIXED_POINT_GROUPS, -(-len(candidates) // B))):
-        group = candidates[g * B : (g + 1) * B]
-        group = (group * B)[:B]  # a short group repeats its tokens to fill the rows
-        prompt_ids = torch.tensor(group, device=ids.device)[:, None].expand(B, P).contiguous()
+        prompt_ids = repeated(candidates[g * B : (g + 1) * B])
         out = generate(prompt_ids, new_tokens)[:, P:].cpu()
-        held = [x for x, row in zip(group, out) if bool((row == x).all())]
+        held = [x for x, row in zip(prompt_ids[:, 0].tolist(), out) if bool((row == x).all())]
         if held:
-            prompt_ids = torch.tensor((held * B)[:B], device=ids.device)[:, None].expand(B, P).contiguous()
-            return prompt_ids, f"one token repeated (a fixed point of the greedy step: {held[0]})"
+            return repeated(held), f"one token repeated (a fixed point of the greedy step: {held[0]})"
     tried = min(len(candidates), FIXED_POINT_GROUPS * B)
     raise ValueError(
         f"{why}, and no token repeated continues itself ({len(candidates)} fixed points of the one-token step, "
@@ -182,7 +184,7 @@ def fixed_point_prompt(generate, successor, vocab: int, ids, new_tokens: int, wh
 
 def greedy_successor(model):
     """(c, 1) token ids -> (c,) the model's greedy next token after each one-token prompt (fixed_points)."""
-    device = next(model.parameters()).device
+    device = model_device(model)
 
     @torch.no_grad()
     def successor(x: torch.Tensor) -> torch.Tensor:
