@@ -201,6 +201,10 @@ def test_the_draft_models_rows_run_on_the_looping_prompt_too(looping_model, tmp_
     assert draft["loop_found"] == lookup["loop_found"] == "greedy loop, period 1"
     assert by["assistant", None]["prompt_len"] == 8
     assert "| kv | float32 | 1 | draft self, looping prompt | 3 |" in open(os.path.join(out, "report.md")).read()
+    from overlapdecode.cli.bench import speculation_tables
+
+    (table,) = speculation_tables(json.load(open(os.path.join(out, "results.json")))["rows"])
+    assert sorted(table.columns[1]._cells) == ["lookup, loop", "self", "self, loop"]
 
 
 def test_a_wandering_model_gets_one_token_repeated_and_accepts_every_draft(tmp_path):

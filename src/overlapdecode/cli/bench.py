@@ -311,9 +311,9 @@ def speculation_tables(rows) -> list:
         for r in sorted(members, key=lambda r: (r["strategy"], r["speculation"], r["k"])):
             if r["max_new_tokens"] != n:
                 continue
-            drafts = os.path.basename(str(r["assistant"]))
-            if r["speculation"] == "prompt_lookup":
-                drafts = "lookup, loop" if r.get("lookup_prompt") == "loop" else "lookup"
+            drafts = "lookup" if r["speculation"] == "prompt_lookup" else os.path.basename(str(r["assistant"]))
+            if r.get("lookup_prompt") == "loop":  # prompt lookup's or the draft model's row on the looping prompt
+                drafts += ", loop"
             table.add_row(
                 r["strategy"],
                 drafts,
