@@ -113,21 +113,23 @@ def round_counts(stats) -> dict:
     }
 
 
-def expected_tokens(a: float, k: int) -> float:
-    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
-
-
 def projections(row: dict, shapes: list[dict]) -> dict:
-    """Per shape: the speed-up the measured tokens per round give, and the formula's at the acceptance rate."""
+    """Per shape: the speed-up the measured tokens per round give, and the formula's at the acceptance rate (the
+    bench report's model of a round, bench/report/speculation.py)."""
+    from overlapdecode.bench.report.speculation import model_speedup, round_cost
+
     out = {}
     k, drafts_cost = row["k"], row["drafts by"] == "draft model"
     for s in shapes:
         ratio = s["verify_ratio"].get(k + 1)
         if ratio is None or (drafts_cost and s["draft_ratio"] is None):
             continue
-        cost = ratio + ((k + 1) * s["draft_ratio"] if drafts_cost else 0.0)
-        formula = expected_tokens(row["acceptance"], k) / cost if row["acceptance"] is not None else None
-        out[s["name"]] = {"speed-up": row["tokens per round"] / cost, "formula speed-up": formula}
+        draft = s["draft_ratio"] if drafts_cost else 0.0
+        formula = model_speedup(row["acceptance"], k, ratio, draft) if row["acceptance"] is not None else None
+        out[s["name"]] = {
+            "speed-up": row["tokens per round"] / round_cost(k, ratio, draft),
+            "formula speed-up": formula,
+        }
     return out
 
 

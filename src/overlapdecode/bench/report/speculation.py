@@ -30,11 +30,15 @@ def expected_tokens(a: float, k: int) -> float:
     return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
+def round_cost(k: int, verify_ratio: float, draft_ratio: float = 0.0) -> float:
+    """A round's cost in one-token steps of the model: the verify step (`verify_ratio` at K + 1 tokens) and the
+    draft's K + 1 forwards (`draft_ratio` the draft's one-token forward / the model's, 0 for prompt lookup)."""
+    return verify_ratio + (k + 1) * draft_ratio
+
+
 def model_speedup(a: float, k: int, verify_ratio: float, draft_ratio: float = 0.0) -> float:
-    """The model's speed-up over one token a step: E[tokens per round] / (the verify step's cost + the draft's
-    K + 1 forwards), both in one-token steps of the model (`verify_ratio` at K + 1 tokens; `draft_ratio` the
-    draft's one-token forward / the model's, 0 for prompt lookup)."""
-    return expected_tokens(a, k) / (verify_ratio + (k + 1) * draft_ratio)
+    """The model's speed-up over one token a step: E[tokens per round] / the round's cost (round_cost)."""
+    return expected_tokens(a, k) / round_cost(k, verify_ratio, draft_ratio)
 
 
 def spec_rows(rows) -> list:
