@@ -496,12 +496,14 @@ def test_a_failed_worker_is_one_line_and_leaves_the_directory_reusable(tmp_path,
     assert os.path.exists(out / "results.json")
 
 
-@pytest.mark.parametrize("whom", ["process group", "parent only"])
+@pytest.mark.parametrize("whom", ["process group", "parent only", "SIGTERM"])
 def test_ctrl_c_is_one_line_and_keeps_what_was_measured(whom, tmp_path):
     """Ctrl-C (SIGINT to the terminal's process group, or to the bench process alone, whose workers then
     go on unless it stops them) printed a 16-20 frame traceback, and the interrupted report gave "a time
     limit" as its reason. Now: one line, the rows measured so far in results.json and the report, marked
-    interrupted by Ctrl-C, and a directory that takes an --append run."""
+    interrupted by Ctrl-C, and a directory that takes an --append run. SIGTERM to the bench alone (`timeout`, a
+    job scheduler) ended it at once, its measured rows never in results.json: now it ends the run as Ctrl-C does,
+    exit status 143, and no worker outlives it."""
     import signal
     import subprocess
     import sys
@@ -552,17 +554,20 @@ def test_ctrl_c_is_one_line_and_keeps_what_was_measured(whom, tmp_path):
     if whom == "process group":
         os.killpg(proc.pid, signal.SIGINT)
     else:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM if whom == "SIGTERM" else signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     err = stderr.strip()
-    assert proc.returncode == 130, (stdout, stderr)
+    reason, by, status = ("SIGTERM", " by SIGTERM", 143) if whom == "SIGTERM" else ("Ctrl-C", "", 130)
+    assert proc.returncode == status, (stdout, stderr)
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith("overlapdecode bench: interrupted; the ") and "measured rows are kept in" in err, err
+    assert err.startswith(f"overlapdecode bench: interrupted{by}; the ") and "measured rows are kept in" in err, err
     res = json.load(open(out / "results.json"))
-    assert res["interrupted"] is True and res["interrupted_reason"] == "Ctrl-C"
+    assert res["interrupted"] is True and res["interrupted_reason"] == reason
     assert 1 <= len(res["rows"]) < 2 * 8 * 2 and all("error" not in r for r in res["rows"])
     report = (out / "report.md").read_text()
-    assert "stopped before the end (Ctrl-C)" in report and "time limit" not in report
+    assert f"stopped before the end ({reason})" in report and "time limit" not in report
+    with pytest.raises(ProcessLookupError):  # no worker left in the bench's process group
+        os.killpg(proc.pid, 0)
     assert not [f for f in os.listdir(out) if f.startswith("rows") or f.startswith("config-")]
     assert _check_out_dir(config_from_json((out / "config.json").read_text()), str(out), append=True)
 

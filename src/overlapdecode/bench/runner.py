@@ -40,7 +40,18 @@ class BenchError(RuntimeError):
 
 
 class BenchInterrupted(BenchError):
-    """Ctrl-C during a run: the workers were stopped, what they measured kept (the message says where)."""
+    """Ctrl-C (or SIGTERM: Terminated) during a run: the workers were stopped, what they measured kept (the message
+    says where). `reason`: "Ctrl-C" or "SIGTERM"."""
+
+    def __init__(self, message: str, reason: str = "Ctrl-C"):
+        super().__init__(message)
+        self.reason = reason
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a run (a time limit's `timeout`, a job scheduler, `kill`), raised in the main thread by the
+    command line's handler (cli/bench.py) so that it ends a run as Ctrl-C does: workers stopped, rows kept. Without
+    it the bench died at once and its measured rows never reached results.json."""
 
 
 class Workers:
@@ -182,8 +193,9 @@ def run_bench(cfg: BenchConfig, out_dir: str, command: str, progress=True, appen
     outdir.write_text(out_dir, "config.json", config_json(cfg), "bench")
     try:
         _run_units(cfg, out_dir, progress)
-    except KeyboardInterrupt:
-        raise BenchInterrupted(_keep_or_clear(out_dir, command, earlier, "Ctrl-C")) from None
+    except KeyboardInterrupt as stop:
+        reason = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
+        raise BenchInterrupted(_keep_or_clear(out_dir, command, earlier, reason), reason) from None
     except BenchError as err:
         kept = _keep_or_clear(out_dir, command, earlier, f"a worker failed: {err}")
         raise BenchError(f"{err}; {kept}") from None
@@ -319,7 +331,8 @@ def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
         try:
             futures = [pool.submit(run_unit, i, label, unit_cfg) for i, (label, unit_cfg) in enumerate(units)]
             errors = [str(f.exception()) for f in futures if f.exception() is not None]
-        except KeyboardInterrupt:  # the workers had Ctrl-C too (one process group), unless it came from kill
+        except KeyboardInterrupt:  # the workers had Ctrl-C too (one process group), unless it came from kill or
+            # was SIGTERM (Terminated): stop() ends them either way
             workers.stop()
             raise
         finally:

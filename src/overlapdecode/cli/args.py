@@ -37,7 +37,13 @@ class CliError(Exception):
 
 
 class Interrupted(CliError):
-    """Ctrl-C, with what became of the work done so far: one line, exit status 130 (as a shell reports it)."""
+    """Ctrl-C or SIGTERM, with what became of the work done so far: one line, exit status 130 or 143 (as a shell
+    reports each: 128 + the signal's number)."""
+
+    def __init__(self, message: str, reason: str = "Ctrl-C"):
+        super().__init__(message)
+        self.reason = reason
+        self.status = 143 if reason == "SIGTERM" else 130
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):

@@ -7,8 +7,11 @@ alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
+import threading
 
 from ..bench.report.outdir import MANIFEST
 from .args import DTYPE_NAMES, STRATEGY_HELP, CliError, Interrupted, add_quantize_flags, writable_file
@@ -346,14 +349,36 @@ def print_summary(results: dict, out_dir: str, file=None) -> None:
     console.print(f"report: {out_dir}/report.md (results: {out_dir}/results.json)", markup=False, highlight=False)
 
 
+@contextlib.contextmanager
+def sigterm_ends_the_run():
+    """While a run lasts, SIGTERM (a `timeout`, a job scheduler, `kill`) raises runner.Terminated in the main thread,
+    which ends the run as Ctrl-C does: the workers stopped, the rows measured so far in results.json and the report.
+    The handler before it comes back after. Off the main thread (where Python takes no handler) nothing changes."""
+    from ..bench.runner import Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    before = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def cmd_bench(args) -> int:
     from ..bench.runner import BenchError, BenchInterrupted, run_bench  # imported when the command runs, not for --help
 
     cfg = bench_config(args)
     try:
-        results = run_bench(cfg, args.out, _command(args), append=args.append)
+        with sigterm_ends_the_run():
+            results = run_bench(cfg, args.out, _command(args), append=args.append)
     except BenchInterrupted as err:
-        raise Interrupted(str(err)) from None
+        raise Interrupted(str(err), err.reason) from None
     except BenchError as err:
         raise CliError(str(err)) from None
     if results is None:  # a tensor-parallel rank other than 0: it measured in step with rank 0, which reports

@@ -453,8 +453,9 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _one_line_warning(args.command)
             return handlers[args.command](args)
     except Interrupted as err:
-        print(f"overlapdecode {args.command}: interrupted; {err}", file=sys.stderr)
-        return 130
+        by = " by SIGTERM" if err.reason == "SIGTERM" else ""
+        print(f"overlapdecode {args.command}: interrupted{by}; {err}", file=sys.stderr)
+        return err.status
     except KeyboardInterrupt:  # Ctrl-C: one line, never the traceback of wherever it landed
         print(f"overlapdecode {args.command}: interrupted", file=sys.stderr)
         return 130
