@@ -876,6 +876,9 @@ def test_an_empty_out_takes_a_run_and_append_adds_to_it(tmp_path, capsys):
     d = tmp_path / "empty"
     d.mkdir()
     assert main(["bench", "--model", "tiny-gpt2", "--out", str(d)] + QUICK) == 0
+    # stdout is no terminal here, as in a log file: a line per configuration as it starts (the bar is drawn once,
+    # at the end; a long run showed nothing in its log until then)
+    assert re.search(r"^\[default\] 1/1 float32 b1 fixed n4 kv \(\d+ s\)$", capsys.readouterr().out, re.M)
     listed = json.load(open(d / MANIFEST))
     assert listed["written_by"] == "overlapdecode bench"
     assert set(os.listdir(d)) - {MANIFEST} <= set(listed["files"]) and "results.json" in listed["files"]

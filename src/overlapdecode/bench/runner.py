@@ -287,6 +287,9 @@ def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
         transient=False,
     ) as bar:
         tasks = {label: bar.add_task(f"[{label}] waiting", total=None) for label, _ in units}
+        # not a terminal (a log file, a pipe): the bar is drawn once, at the end; a line per configuration as it
+        # starts shows in the log where a long run is
+        plain = progress and not bar.console.is_terminal
         free = queue.Queue()
         gpus = cfg.gpus or (None,)
         for slot in zip(gpus, cpu_shares(len(gpus))):
@@ -308,6 +311,14 @@ def _run_units(cfg: BenchConfig, out_dir: str, progress: bool) -> None:
                     elif line.startswith("STEP "):
                         _, i, *what = line.split()
                         bar.update(task, completed=int(i), description=f"[{label}] {' '.join(what)}")
+                        if plain:
+                            seconds = time.perf_counter() - started
+                            total = bar.tasks[task].total
+                            bar.console.print(
+                                f"[{label}] {int(i) + 1}/{total} {' '.join(what)} ({seconds:.0f} s)",
+                                markup=False,
+                                highlight=False,
+                            )
                     elif line == "DONE":
                         bar.update(task, completed=bar.tasks[task].total, description=f"[{label}] done")
 
