@@ -11,7 +11,9 @@ import json
 import os
 
 import pytest
+import torch
 
+import overlapdecode as od
 from overlapdecode.bench.config import plan
 from overlapdecode.bench.report.results import ResultsError, load
 from overlapdecode.bench.report.speculation import (
@@ -45,7 +47,9 @@ def _config(tmp_path, *flags):
         (["--prompt-lookup", ","], "--prompt-lookup needs at least one value"),
         (["--num-assistant-tokens", "4"], "--num-assistant-tokens is given without --assistant"),
         (["--assistant", "self", "--num-assistant-tokens", "2,-1"], "--num-assistant-tokens values must be >= 1"),
-        (["--assistant", " "], "--assistant takes self, random, or a model name or directory"),
+        (["--assistant", " "], "--assistant takes self, random, oracle[:A], or a model name or directory"),
+        (["--assistant", "oracle:0"], "--assistant oracle:0: oracle:A takes an acceptance rate 0 < A <= 1"),
+        (["--assistant", "oracle:most"], "--assistant oracle:most: oracle:A takes an acceptance rate 0 < A <= 1"),
         (["--assistant", "gpt2-random"], "--assistant gpt2-random scores 50257 token ids and --model tiny-gpt2 1000"),
         (["--assistant", "/nonexistent/draft"], "--assistant"),
         (["--prompt-lookup", "4", "--strategies", "baseline"], "none of the strategies measured (baseline)"),
@@ -110,6 +114,7 @@ def spec_dir(tmp_path_factory):
     flags = [*BASE, *QUICK, "--strategies", "kv", "--out", out]
     assert main([*flags, "--assistant", "self", "--num-assistant-tokens", str(K), "--prompt-lookup", "2"]) == 0
     assert main([*flags, "--append", "--assistant", "random", "--num-assistant-tokens", str(K)]) == 0
+    assert main([*flags, "--append", "--assistant", "oracle", "--num-assistant-tokens", str(K)]) == 0
     return out
 
 
@@ -119,7 +124,12 @@ def _rows(spec_dir, workload):
 
 def test_the_drafts_set_the_acceptance_rate(spec_dir):
     rows = {(r["speculation"], r["assistant"]): r for r in _rows(spec_dir, "speculative")}
-    assert set(rows) == {("assistant", "self"), ("assistant", "random"), ("prompt_lookup", None)}
+    assert set(rows) == {
+        ("assistant", "self"),
+        ("assistant", "random"),
+        ("assistant", "oracle"),
+        ("prompt_lookup", None),
+    }
     for r in rows.values():
         assert "error" not in r, r
         assert r["k"] == (2 if r["speculation"] == "prompt_lookup" else K) and r["new_tokens"] == N
@@ -128,18 +138,20 @@ def test_the_drafts_set_the_acceptance_rate(spec_dir):
         assert r["tokens_per_round"] == pytest.approx((N - 1) / r["rounds"])
         assert r["drafts_accepted"] + r["rounds"] == N - 1
     own, other = rows[("assistant", "self")], rows[("assistant", "random")]
+    oracle = rows[("assistant", "oracle")]  # the model's own tokens by a one-layer draft: every draft accepted
+    assert oracle["acceptance_rate"] == 1.0 and oracle["tokens_per_round"] == own["tokens_per_round"]
     assert own["acceptance_rate"] == 1.0 and own["drafts_accepted"] == own["drafts_offered"]
     assert own["tokens_per_round"] > 3  # K + 1 a round, but for the last one, cut at the last allowed token
     assert other["acceptance_rate"] < 0.2 and other["tokens_per_round"] < 1.3
 
 
 def test_the_speed_up_is_over_the_same_strategy_in_the_same_run(spec_dir):
-    """Each row divides the plain row of its own run: the --append run measured kv again, which replaced the first
-    run's kv row in results.json, and its random draft's row is over that one."""
+    """Each row divides the plain row of its own run: each --append run measured kv again, which replaced the
+    earlier run's kv row in results.json, and the last one's row (the oracle draft's) is over that one."""
     (plain,) = _rows(spec_dir, "fixed")
     for r in _rows(spec_dir, "speculative"):
         assert r["speedup"] == pytest.approx(r["plain_ms_per_token"] * N / 1e3 / r["seq_s"])
-        if r["assistant"] == "random":
+        if r["assistant"] == "oracle":
             assert r["plain_ms_per_token"] == plain["ms_per_token"]
             assert r["speedup"] == pytest.approx(plain["seq_s"] / r["seq_s"])
 
@@ -274,8 +286,9 @@ def test_the_report_shows_the_rows_and_the_plot(spec_dir, capsys):
     assert "## Speculative decoding" in text and "(speculation.png)" in text
     assert os.path.getsize(os.path.join(spec_dir, "speculation.png")) > 0
     table = text[text.index("| strategy | dtype | batch | drafts by |") :]
-    assert table.count("| kv | float32 | 1 |") == 3
+    assert table.count("| kv | float32 | 1 |") == 4
     assert f"| kv | float32 | 1 | draft self | {K} | {N} |" in table and "draft random" in table
+    assert f"| kv | float32 | 1 | draft oracle | {K} | {N} |" in table
     assert "| kv | float32 | 1 | prompt lookup | 2 |" in table
     assert "| strategy | dtype | batch | 1-token ms | K+1=1 |" in text
     os.remove(os.path.join(spec_dir, "speculation.png"))
@@ -450,3 +463,37 @@ def test_a_short_call_still_has_room_for_the_largest_verify_step(tmp_path):
     assert main([*flags, "--prompt-lookup", "3", "--out", out]) == 0
     (verify,) = [r for r in load(out)["rows"] if r["workload"] == "verify"]
     assert "error" not in verify and verify["verify_tokens"] == list(range(1, 10))
+
+
+@pytest.mark.parametrize("strategy", ["kv", "fused"])
+@torch.no_grad()
+def test_the_oracle_draft_proposes_the_models_own_tokens_a_share_of_them_right(strategy):
+    """speculative.oracle_draft: a one-layer draft whose greedy token after each position of the rows' greedy
+    output is the model's next one (a token repeated, rows at one position: each position its own key), so every
+    draft is accepted, at batch 3; with acceptance 0.5 about half its answers are right, and the tokens stay those
+    without speculation either way. Without keys it is one head wide."""
+    from overlapdecode.bench.speculative import ORACLE_HEAD, oracle_draft
+
+    model = od.load_model("tiny-llama", device="cpu")
+    ids = torch.randint(0, 500, (3, 6), generator=torch.Generator().manual_seed(3))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=30, eos_token_id=[], pad_token_id=0)
+    out = od.generate(model, ids, strategy="kv", **kw)
+    followers = {}  # token -> the tokens that follow it in the rows' output: several where a token-keyed map fails
+    for row in out[:, 5:].tolist():
+        for t, nxt in zip(row, row[1:]):
+            followers.setdefault(t, set()).add(nxt)
+    assert max(map(len, followers.values())) > 1
+    for acceptance in (1.0, 0.5):
+        draft = oracle_draft(model, ids, out, acceptance, seed=1)
+        assert draft.config.n_embd == -(-2 * 3 * 30 // ORACLE_HEAD) * ORACLE_HEAD  # twice the 90 keys, in heads
+        right = draft(input_ids=out, use_cache=False).logits.argmax(-1)[:, 5:-1] == out[:, 6:]
+        dec = od.Decoder(model)
+        got = dec.generate(ids, strategy=strategy, assistant_model=draft, num_assistant_tokens=4, **kw)
+        assert torch.equal(got, out)
+        stats = dec.last_speculation
+        if acceptance == 1.0:
+            assert bool(right.all()) and stats.acceptance_rate == 1.0 and stats.rounds <= -(-29 // 5) + 1
+        else:
+            assert 0.3 < right.float().mean() < 0.7 and 0 < stats.acceptance_rate < 0.7
+    assert oracle_draft(model, None, None, 1.0, seed=1).config.n_embd == ORACLE_HEAD
+    assert oracle_draft(model, None, None, 1.0, seed=1, keys=90).config.n_embd == draft.config.n_embd

@@ -33,7 +33,7 @@ import overlapdecode as od
 
 from ..fused.path import spec_rows
 from ..hf.graph_experts import graph_safe_experts
-from ..inputs import model_device, position_ids_for_prompt
+from ..inputs import model_device, model_limits, position_ids_for_prompt
 from ..loop.compiling import recompile_limits
 from ..loop.rounds import COMPILED_ON, compiled_call
 from ..loop.step_graph import GraphCapture
@@ -48,8 +48,88 @@ from .workloads import prompt
 VERIFY_TOKENS = tuple(range(1, 10))
 # forwards per T: at least these many untimed, then timed (one forward is short: more than the calls' repeats)
 VERIFY_WARMUP, VERIFY_REPEATS = 2, 5
-# the drafts built to be accepted (the model itself) and rejected (unrelated random weights of its shape)
-SELF, RANDOM = "self", "random"
+# the drafts built to be accepted (the model itself) and rejected (unrelated random weights of its shape); the
+# oracle's drafts are the model's own greedy tokens, a share of them accepted by construction (oracle_draft)
+SELF, RANDOM, ORACLE = "self", "random", "oracle"
+# the oracle draft's width: twice the positions it maps, rounded up to a multiple of its heads' width (and at least
+# one head), so that its keys are well apart (oracle_draft)
+ORACLE_HEAD = 64
+
+
+def oracle_acceptance(spec: str) -> float | None:
+    """The acceptance an --assistant `spec` of `oracle` (1.0) or `oracle:A` (0 < A <= 1) asks for; None for any other
+    draft. ValueError for an oracle spec with no such A."""
+    if spec != ORACLE and not spec.startswith(f"{ORACLE}:"):
+        return None
+    text = spec[len(ORACLE) + 1 :] if ":" in spec else "1"
+    try:
+        a = float(text)
+    except ValueError:
+        a = None
+    if a is None or not 0 < a <= 1:
+        raise ValueError(f"--assistant {spec}: oracle:A takes an acceptance rate 0 < A <= 1, e.g. oracle:0.7")
+    return a
+
+
+def oracle_draft(
+    model, ids: torch.Tensor | None, out: torch.Tensor | None, acceptance: float, seed: int, keys: int = 0
+):
+    """A draft model that proposes the model's own greedy tokens: a one-layer GPT-2 on the model's device and dtype,
+    of its vocabulary. Its attention writes nothing (its output projection and bias are zero), so what reaches the
+    LM head at a position is a fixed function of the token and the position alone: their random embeddings through
+    a random MLP (so that keys sharing tokens or positions, a token repeated, rows at one position, stay apart)
+    and the final LayerNorm. Each position p of the rows' prompts' last column and continuations (`ids` (B, P),
+    `out` (B, P + n), the model's greedy output from them, unpadded) is a key, the token after it its answer; the
+    LM head is the least-squares solution that scores each key's answer 8 and every other token about 0 (the width,
+    about twice the keys, keeps them independent), so a row fed its own tokens drafts the model's next ones. A
+    seeded share 1 - `acceptance` of the keys answers a wrong token instead: a draft is accepted with probability
+    `acceptance`, one token after another, independently, as the model E[tokens per round] = (1 - a^(K+1)) /
+    (1 - a) assumes. Its step reads a vocabulary x width head (width 320 at batch 1 and 128 tokens): the bench
+    measures it (draft_ratio). `out` None: no keys, as wide as `keys` of them would make it (the verify row times
+    it at the width of its configuration's rows)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    emb = model.get_output_embeddings().weight
+    V, device, dtype = emb.shape[0], emb.device, emb.dtype
+    positions = model_limits(model)[1] or 4096
+    P = ids.shape[1] if ids is not None else 0
+    rows = None if out is None else out[:, : out.shape[1]].cpu()
+    span = 0 if rows is None else rows.shape[1] - P  # keys at positions P - 1 .. P + span - 2
+    n_keys = 0 if rows is None else rows.shape[0] * span
+    D = max(ORACLE_HEAD, -(-2 * (n_keys or keys) // ORACLE_HEAD) * ORACLE_HEAD)
+    config = GPT2Config(
+        vocab_size=V, n_positions=positions, n_embd=D, n_layer=1, n_head=D // ORACLE_HEAD, n_inner=D,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        draft = GPT2LMHeadModel(config)
+    draft = draft.to_empty(device="cpu").float().eval()
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            p.fill_(1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0)
+        if n_keys:
+            mlp = draft.transformer.h[0].mlp
+            mlp.c_fc.weight.copy_(torch.randn(D, D, generator=gen))  # LayerNorm's unit-variance rows in: N(0, D)
+            mlp.c_fc.weight.div_(D**0.5)
+            mlp.c_proj.weight.copy_(torch.randn(D, D, generator=gen) / D**0.5)
+            used = torch.unique(rows[:, P - 1 :])
+            draft.transformer.wte.weight[used] = torch.randn(len(used), D, generator=gen)
+            draft.transformer.wpe.weight[P - 1 : P - 1 + span] = torch.randn(span, D, generator=gen)
+            features = draft.transformer(
+                input_ids=rows[:, P - 1 : P - 1 + span],
+                use_cache=False,
+                position_ids=torch.arange(P - 1, P - 1 + span).expand(rows.shape[0], span),
+            )
+            x = features.last_hidden_state.reshape(n_keys, D).double()  # after the final LayerNorm
+            answers = rows[:, P : P + span].reshape(n_keys)
+            wrong = torch.rand(n_keys, generator=gen) >= acceptance
+            answers = torch.where(wrong, (answers + torch.randint(1, V, (n_keys,), generator=gen)) % V, answers)
+            targets, column = torch.unique(answers, return_inverse=True)
+            onehot = torch.zeros(n_keys, len(targets), dtype=torch.float64)
+            onehot[torch.arange(n_keys), column] = 8.0
+            draft.lm_head.weight[targets] = (torch.linalg.pinv(x) @ onehot).T.float()  # x @ head.T = onehot
+    return draft.to(device=device, dtype=dtype)
 
 
 def load_draft(spec: str, model_name: str, model, dtype: str, device, seed: int, quantize=None, group_size=128):
@@ -58,6 +138,8 @@ def load_draft(spec: str, model_name: str, model, dtype: str, device, seed: int,
     loaded as the model is (dtype, device)."""
     if spec == SELF:
         return model
+    if oracle_acceptance(spec) is not None:  # the map comes per configuration (oracle_draft); this one times a step
+        return oracle_draft(model, None, None, 1.0, seed)
     if spec != RANDOM:
         return od.load_model(spec, dtype=dtype, device=device, seed=seed + 1)
     if model_name in EMBEDDED:
@@ -343,6 +425,8 @@ def verify_row(cfg, strategy: str, model, draft, batch: int, vocab: int, device)
     row = dict(strategy=strategy, verify_tokens=list(tokens), verify_ms=ms, verify_ratio=[t / ms[0] for t in ms])
     row["verify_graph"] = replayed
     if draft is not None:
+        if oracle_acceptance(cfg.assistant) is not None:  # as wide as the oracle of a row of this batch and N
+            draft = oracle_draft(model, None, None, 1.0, cfg.seed + 1, keys=batch * N)
         (draft_ms,), _ = timed(draft, (1,), "draft")
         row.update(draft_step_ms=draft_ms, draft_ratio=draft_ms / ms[0])
     return row

@@ -41,7 +41,16 @@ from .peers import PEERS, peer_compiles, run_peer
 from .report.figures import step_toll
 from .report.results import environment
 from .speculative import generate_kwargs as speculation_kwargs
-from .speculative import greedy_successor, load_draft, looping_prompt, round_figures, speed_up, verify_row
+from .speculative import (
+    greedy_successor,
+    load_draft,
+    looping_prompt,
+    oracle_acceptance,
+    oracle_draft,
+    round_figures,
+    speed_up,
+    verify_row,
+)
 from .variants import generate_kwargs, split_variant
 from .workloads import ForcedEOS, eos_steps, prompt
 
@@ -99,6 +108,17 @@ def _runner(name, model, ids, max_new, eos, pad, seed: int = 0, spec: dict | Non
         **sampling,
         **(spec or {}),
     )
+
+
+def _row_draft(cfg: BenchConfig, name: str, model, draft, ids, n: int, eos_id: int):
+    """The draft of a speculative row on the prompt `ids`: the run's (`draft`), or for `--assistant oracle[:A]` one
+    made for this prompt from the model's own greedy tokens (`name`'s preset without its sampling variant; no EOS,
+    as the row runs), a share A of its drafts accepted by construction (speculative.oracle_draft)."""
+    acceptance = oracle_acceptance(cfg.assistant) if cfg.assistant else None
+    if acceptance is None:
+        return draft
+    out = _runner(split_variant(name)[0], model, ids, n, [], eos_id, cfg.seed)()
+    return oracle_draft(model, ids, out, acceptance, cfg.seed + 1)
 
 
 def _compiles(name: str, device) -> bool:
@@ -253,12 +273,12 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                         )
                         loops[key] = looped, how, measure(cfg, name, model, looped, n, [], eos_id, device)
                     looped, how, without = loops[key]
-                    spec = speculation_kwargs(spec_kind, k, draft)
+                    spec = speculation_kwargs(spec_kind, k, _row_draft(cfg, name, model, draft, looped, n, eos_id))
                     row = dict(base, **measure(cfg, name, model, looped, n, [], eos_id, device, spec))
                     row.update(speed_up(without, row), prompt_len=looped.shape[1], plain_seq_s_all=without["seq_s_all"])
                     row["loop_found"] = how
                 elif workload == "speculative":
-                    spec = speculation_kwargs(spec_kind, k, draft)
+                    spec = speculation_kwargs(spec_kind, k, _row_draft(cfg, name, model, draft, ids, n, eos_id))
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device, spec))
                     row.update(speed_up(plain.get((dtype, batch, n, name)), row))
                 elif workload == "profile":

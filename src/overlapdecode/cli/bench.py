@@ -154,9 +154,10 @@ def add_commands(sub) -> None:
         default=None,
         metavar="SPEC",
         help="speculative rows with a draft model: self (the model as its own draft: every draft accepted), "
-        "random (the model's shape, unrelated random weights: about none accepted), or a model name or "
-        "directory of the same vocabulary; with --prompt-lookup-loop its rows run on the looping prompt too "
-        "(default: none)",
+        "random (the model's shape, unrelated random weights: about none accepted), oracle or oracle:A (a "
+        "one-layer draft that proposes the model's own greedy tokens, a share A of them right, A = 1 by default: "
+        "the acceptance set by construction at almost no draft cost), or a model name or directory of the same "
+        "vocabulary; with --prompt-lookup-loop its rows run on the looping prompt too (default: none)",
     )
     b.add_argument(
         "--num-assistant-tokens",

@@ -258,15 +258,20 @@ def _counts(text: str | None, flag: str, default: tuple) -> tuple[int, ...]:
 
 
 def _check_assistant(spec: str, model: str, config, prompt_len: int, longest: int) -> None:
-    """--assistant: self, random, or a model name or directory that loads, is a causal LM and scores the model's
-    token ids (its vocabulary as wide as the model's), with room for the run's positions."""
-    from ..bench.speculative import RANDOM, SELF  # torch: imported when a command runs, not for --help
+    """--assistant: self, random, oracle[:A], or a model name or directory that loads, is a causal LM and scores the
+    model's token ids (its vocabulary as wide as the model's), with room for the run's positions."""
+    from ..bench.speculative import RANDOM, SELF, oracle_acceptance  # torch: imported when a command runs
     from ..models.loading import embedded_config
 
     if spec in (SELF, RANDOM):
         return
+    try:
+        if oracle_acceptance(spec) is not None:
+            return
+    except ValueError as err:
+        raise CliError(str(err)) from None
     if not spec.strip():
-        raise CliError(f"--assistant takes {SELF}, {RANDOM}, or a model name or directory, got {spec!r}")
+        raise CliError(f"--assistant takes {SELF}, {RANDOM}, oracle[:A], or a model name or directory, got {spec!r}")
     theirs = check_model_flag(spec, "--assistant")
     ours, theirs = (embedded_config(n) if c is None else c for n, c in ((model, config), (spec, theirs)))
     sizes = [c.get_text_config(decoder=True).vocab_size for c in (ours, theirs)]
