@@ -110,15 +110,21 @@ def _runner(name, model, ids, max_new, eos, pad, seed: int = 0, spec: dict | Non
     )
 
 
-def _row_draft(cfg: BenchConfig, name: str, model, draft, ids, n: int, eos_id: int):
+def _row_draft(cfg: BenchConfig, name: str, model, draft, ids, n: int, eos_id: int, made: dict, key: tuple):
     """The draft of a speculative row on the prompt `ids`: the run's (`draft`), or for `--assistant oracle[:A]` one
     made for this prompt from the model's own greedy tokens (`name`'s preset without its sampling variant; no EOS,
-    as the row runs), a share A of its drafts accepted by construction (speculative.oracle_draft)."""
+    as the row runs), a share A of its drafts accepted by construction (speculative.oracle_draft); kept in `made`
+    under `key` (the configuration and which prompt) for the rows of the other K, so that their draft's fused steps
+    are compiled and captured once."""
     acceptance = oracle_acceptance(cfg.assistant) if cfg.assistant else None
     if acceptance is None:
         return draft
-    out = _runner(split_variant(name)[0], model, ids, n, [], eos_id, cfg.seed)()
-    return oracle_draft(model, ids, out, acceptance, cfg.seed + 1)
+    if key not in made:
+        plain = split_variant(name)[0]
+        out = _runner(plain, model, ids, n, [], eos_id, cfg.seed)()
+        made.clear()  # one at a time: an earlier configuration's draft and its fused caches go
+        made[key] = oracle_draft(model, ids, out, acceptance, cfg.seed + 1)
+    return made[key]
 
 
 def _compiles(name: str, device) -> bool:
@@ -190,6 +196,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
     model = forced = model_dtype = draft = None
     plain = {}  # (dtype, batch, length, strategy) -> the fixed row: what a speculative row's speed-up divides
     loops = {}  # (dtype, batch, length, strategy, K) -> a looping prompt, how it was found, its row without speculation
+    oracles = {}  # the oracle draft of the current configuration and prompt (--assistant oracle[:A]: _row_draft)
     started = time.perf_counter()
     with open(out_path, "a") as sink:
         meta = dict(
@@ -273,12 +280,14 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                         )
                         loops[key] = looped, how, measure(cfg, name, model, looped, n, [], eos_id, device)
                     looped, how, without = loops[key]
-                    spec = speculation_kwargs(spec_kind, k, _row_draft(cfg, name, model, draft, looped, n, eos_id))
+                    row_draft = _row_draft(cfg, name, model, draft, looped, n, eos_id, oracles, (*key[:4], "loop"))
+                    spec = speculation_kwargs(spec_kind, k, row_draft)
                     row = dict(base, **measure(cfg, name, model, looped, n, [], eos_id, device, spec))
                     row.update(speed_up(without, row), prompt_len=looped.shape[1], plain_seq_s_all=without["seq_s_all"])
                     row["loop_found"] = how
                 elif workload == "speculative":
-                    spec = speculation_kwargs(spec_kind, k, _row_draft(cfg, name, model, draft, ids, n, eos_id))
+                    row_draft = _row_draft(cfg, name, model, draft, ids, n, eos_id, oracles, (dtype, batch, n, name))
+                    spec = speculation_kwargs(spec_kind, k, row_draft)
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device, spec))
                     row.update(speed_up(plain.get((dtype, batch, n, name)), row))
                 elif workload == "profile":
