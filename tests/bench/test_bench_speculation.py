@@ -139,7 +139,8 @@ def test_the_drafts_set_the_acceptance_rate(spec_dir):
         assert r["drafts_accepted"] + r["rounds"] == N - 1
     own, other = rows[("assistant", "self")], rows[("assistant", "random")]
     oracle = rows[("assistant", "oracle")]  # the model's own tokens by a one-layer draft: every draft accepted
-    assert oracle["acceptance_rate"] == 1.0 and oracle["tokens_per_round"] == own["tokens_per_round"]
+    assert oracle["acceptance_rate"] == oracle["draft_acceptance"] == 1.0
+    assert oracle["tokens_per_round"] == own["tokens_per_round"]
     assert own["acceptance_rate"] == 1.0 and own["drafts_accepted"] == own["drafts_offered"]
     assert own["tokens_per_round"] > 3  # K + 1 a round, but for the last one, cut at the last allowed token
     assert other["acceptance_rate"] < 0.2 and other["tokens_per_round"] < 1.3
@@ -317,12 +318,37 @@ def _verify_row(**kw):
 
 
 def test_the_model_at_a_rows_rate_uses_its_verify_cost_and_draft():
-    rows = [_verify_row(), _spec_row(a=0.5, k=4), _spec_row(speculation="prompt_lookup", a=1.0, k=2)]
+    """The model takes a checked draft's acceptance (draft_acceptance), not accepted / offered (which counts the
+    drafts after a rejection, never checked); a row recorded before that figure was takes accepted / offered."""
+    rows = [
+        _verify_row(),
+        _spec_row(a=0.25, k=4, draft_acceptance=0.5),
+        _spec_row(speculation="prompt_lookup", a=1.0, k=2),
+    ]
     c5, c3 = 1.4, 1.2  # verify_ratio at K + 1 = 5 and 3 tokens
     assert predicted(rows, rows[1]) == pytest.approx(expected_tokens(0.5, 4) / (c5 + 5 * 0.25))
-    assert predicted(rows, rows[2]) == pytest.approx(3 / c3)  # prompt lookup: no draft forwards
+    assert predicted(rows, rows[2]) == pytest.approx(3 / c3)  # prompt lookup: no draft forwards; an older row
     assert predicted(rows[1:], rows[1]) is None  # no verify row: no model figure
-    assert "| kv | float32 | 1 | draft self | 4 | 8 | 8 | 4 | 0.50 | 2.00 |" in "\n".join(section(rows))
+    md = "\n".join(section(rows))
+    assert "| kv | float32 | 1 | draft self | 4 | 8 | 8 | 2 | 0.25 | 0.50 | 2.00 |" in md
+    assert "| kv | float32 | 1 | prompt lookup | 2 | 8 | 8 | 8 | 1.00 | - | 2.00 |" in md
+
+
+def test_a_checked_drafts_acceptance_counts_one_rejection_a_round_that_had_one():
+    """round_figures: two rows accepting 4 of 4 and 2 of 2, then 2 of 4 and 0 of 3, then 0 of 0 (prompt lookup
+    found nothing) beside a row that has stopped: 8 accepted, 2 rejected (the drafts after a rejection are never
+    checked)."""
+    from overlapdecode.bench.speculative import round_figures
+    from overlapdecode.spec.state import SpecStats
+
+    stats = SpecStats(4)
+    stats.add([True, True], [4, 2], [4, 2])
+    stats.add([True, True], [4, 3], [2, 0])
+    stats.add([True, False], [0, 4], [0, 0])
+    fig = round_figures(stats)
+    assert fig["drafts_offered"] == 13 and fig["drafts_accepted"] == 8
+    assert fig["acceptance_rate"] == pytest.approx(8 / 13) and fig["draft_acceptance"] == pytest.approx(8 / 10)
+    assert fig["tokens_per_round"] == pytest.approx((8 + 5) / 5)
 
 
 def test_the_plot_draws_the_model_curve_beside_the_points(tmp_path):

@@ -279,14 +279,21 @@ def round_figures(stats) -> dict:
     """The figures of a speculative call's rounds (spec/rounds.py SpecStats): drafts offered and accepted over all
     rounds and rows, the acceptance rate (accepted / offered), the rounds, and the tokens per round of a row (each
     round of a row still generating emits its accepted drafts and one token more: (accepted + row-rounds) /
-    row-rounds; no EOS stops the rows of these workloads)."""
+    row-rounds; no EOS stops the rows of these workloads).
+
+    `draft_acceptance`: the probability that a draft the model checks is accepted, as the model of the curve has it
+    (report/speculation.py: each draft accepted with probability a until the first rejection): accepted / (accepted
+    + rejected), a round of a row rejecting one draft where it accepted fewer than it offered (the drafts after the
+    first rejection are never checked). Accepted / offered counts those too: at a = 0.7 and K = 4 it is 0.44."""
     offered = sum(map(sum, stats.drafted))
     accepted = sum(map(sum, stats.accepted))
     row_rounds = sum(sum(map(bool, a)) for a in stats.active)
+    rejected = sum(n < d for ds, ns in zip(stats.drafted, stats.accepted) for d, n in zip(ds, ns))
     return dict(
         drafts_offered=offered,
         drafts_accepted=accepted,
         acceptance_rate=accepted / offered if offered else None,
+        draft_acceptance=accepted / (accepted + rejected) if accepted + rejected else None,
         rounds=stats.rounds,
         row_rounds=row_rounds,
         tokens_per_round=(accepted + row_rounds) / row_rounds if row_rounds else None,

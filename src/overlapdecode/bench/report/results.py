@@ -63,6 +63,7 @@ SPECULATIVE_FIGURES = (
     "drafts_offered",
     "drafts_accepted",
     "acceptance_rate",
+    "draft_acceptance",
     "rounds",
     "row_rounds",
     "tokens_per_round",
@@ -249,9 +250,10 @@ def _speculative_faults(r: dict) -> list[str]:
         if not (_number(r.get("k")) and isinstance(r["k"], int) and r["k"] >= 1):
             wrong.append("k")
         wrong += [k for k in SPECULATIVE_FIGURES if r.get(k) is not None and not _number(r[k])]
-        a = r.get("acceptance_rate")
-        if "acceptance_rate" not in wrong and a is not None and not 0 <= a <= 1:
-            wrong.append("acceptance_rate")
+        for name in ("acceptance_rate", "draft_acceptance"):
+            a = r.get(name)
+            if name not in wrong and a is not None and not 0 <= a <= 1:
+                wrong.append(name)
     if r["workload"] == "verify" and "error" not in r:
         tokens = r.get("verify_tokens")
         if not (isinstance(tokens, list) and tokens and all(isinstance(t, int) and t >= 1 for t in tokens)):

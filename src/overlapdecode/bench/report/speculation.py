@@ -72,10 +72,19 @@ def draft_cost(row: dict, verify: dict) -> float | None:
     return 0.0 if row.get("speculation") == "prompt_lookup" else verify.get("draft_ratio")
 
 
+def model_rate(row: dict) -> float | None:
+    """A row's acceptance rate as the model has it: each checked draft's (`draft_acceptance`, bench/speculative.py
+    round_figures), or accepted / offered in rows recorded before that figure was (the same where every draft
+    offered is accepted or none is)."""
+    a = row.get("draft_acceptance")
+    return row.get("acceptance_rate") if a is None and "draft_acceptance" not in row else a
+
+
 def predicted(rows, row: dict) -> float | None:
-    """The model's speed-up at a row's measured acceptance rate, K and verify cost (None without them)."""
+    """The model's speed-up at a row's measured acceptance rate (model_rate), K and verify cost (None without
+    them)."""
     verify = verify_of(rows, row)
-    a = row.get("acceptance_rate")
+    a = model_rate(row)
     if verify is None or a is None:
         return None
     c, d = ratio_at(verify, row["k"] + 1), draft_cost(row, verify)
@@ -155,11 +164,13 @@ def section(rows) -> list[str]:
         md += [
             "",
             "Each speculative row: drafts offered and accepted over all rounds and rows, the acceptance rate "
-            "(accepted / offered), tokens per round of a row ((accepted + rounds) / rounds), ms/token, the same "
-            "strategy's ms/token without speculation in this run, the speed-up (its time / this row's) and the "
-            "model's speed-up at the measured acceptance rate, E[tokens per round] / (verify cost + the draft's "
-            "K + 1 forwards); `!`: a speed-up within the spread of this row's or the plain row's timed calls; "
-            "`-` where a figure is missing (no draft offered, no verify row).",
+            "(accepted / offered), a (a checked draft's: accepted / (accepted + rejected), one rejection in each "
+            "round of a row that accepted fewer than it offered: the model's a), tokens per round of a row "
+            "((accepted + rounds) / rounds), ms/token, the same strategy's ms/token without speculation in this "
+            "run, the speed-up (its time / this row's) and the model's speed-up at a, E[tokens per round] / "
+            "(verify cost + the draft's K + 1 forwards); `!`: a speed-up within the spread of this row's or the "
+            "plain row's timed calls; `-` where a figure is missing (no draft offered, no verify row; a row "
+            "recorded before a was, whose model takes accepted / offered).",
             "",
         ]
         body = [
@@ -173,6 +184,7 @@ def section(rows) -> list[str]:
                 r.get("drafts_offered", "-"),
                 r.get("drafts_accepted", "-"),
                 _rate(r.get("acceptance_rate")),
+                _rate(r.get("draft_acceptance")),
                 _rate(r.get("tokens_per_round")),
                 fmt(r["ms_per_token"], "{:.3f}"),
                 fmt(r.get("plain_ms_per_token"), "{:.3f}"),
@@ -193,6 +205,7 @@ def section(rows) -> list[str]:
                     "offered",
                     "accepted",
                     "acceptance",
+                    "a",
                     "tokens/round",
                     "ms/token",
                     "without ms/token",
@@ -220,7 +233,7 @@ def _draw(ax, key, rows, panel: list) -> None:
         d = draft_cost(members[0], verify) if verify else None
         if c is not None and d is not None:
             ax.plot(grid, [model_speedup(a, k, c, d) for a in grid], color=colour, linestyle=style, linewidth=1)
-        pts = [(r["acceptance_rate"], r["speedup"]) for r in members if r.get("acceptance_rate") is not None]
+        pts = [(model_rate(r), r["speedup"]) for r in members if model_rate(r) is not None]
         pts = [(a, s) for a, s in pts if s is not None]
         if pts:
             ax.scatter(*zip(*pts), color=colour, marker=marker, zorder=3, label=f"{drafts}, K={k}")
@@ -228,7 +241,7 @@ def _draw(ax, key, rows, panel: list) -> None:
         ax.plot([], [], color="grey", linestyle=style, linewidth=1, label=f"model, {drafts}")
     ax.axhline(1, color="grey", linewidth=0.8)
     ax.set_xlim(-0.02, 1.02)
-    ax.set_xlabel("acceptance rate a (measured)")
+    ax.set_xlabel("acceptance rate a of a checked draft (measured)")
     ax.set_ylabel("speed-up over no speculation (x)")
     allocator, dtype, batch, strategy = key
     ax.set_title(f"{strategy}, {dtype}, batch {batch}" + (f", allocator {allocator}" if allocator != "default" else ""))
