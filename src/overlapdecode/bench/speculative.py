@@ -98,9 +98,16 @@ def oracle_draft(
     n_keys = 0 if rows is None else rows.shape[0] * span
     D = max(ORACLE_HEAD, -(-2 * (n_keys or keys) // ORACLE_HEAD) * ORACLE_HEAD)
     config = GPT2Config(
-        vocab_size=V, n_positions=positions, n_embd=D, n_layer=1, n_head=D // ORACLE_HEAD, n_inner=D,
+        vocab_size=V,
+        n_positions=positions,
+        n_embd=D,
+        n_layer=1,
+        n_head=D // ORACLE_HEAD,
+        n_inner=D,
         tie_word_embeddings=False,
-    )  # fmt: skip
+        bos_token_id=None,
+        eos_token_id=None,
+    )  # fmt: skip: no ids of GPT-2's own vocabulary (the model's may be narrower)
     gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
         draft = GPT2LMHeadModel(config)
