@@ -84,7 +84,7 @@ def oracle_draft(
     about twice the keys, keeps them independent), so a row fed its own tokens drafts the model's next ones. A
     seeded share 1 - `acceptance` of the keys answers a wrong token instead: a draft is accepted with probability
     `acceptance`, one token after another, independently, as the model E[tokens per round] = (1 - a^(K+1)) /
-    (1 - a) assumes. Its step reads a vocabulary x width head (width 320 at batch 1 and 128 tokens): the bench
+    (1 - a) assumes. Its step reads a vocabulary x width head (width 256 at batch 1 and 128 tokens): the bench
     measures it (draft_ratio). `out` None: no keys, as wide as `keys` of them would make it (the verify row times
     it at the width of its configuration's rows)."""
     from transformers import GPT2Config, GPT2LMHeadModel
