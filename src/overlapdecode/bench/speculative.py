@@ -56,10 +56,10 @@ SELF, RANDOM, ORACLE = "self", "random", "oracle"
 ORACLE_HEAD = 64
 
 
-def oracle_acceptance(spec: str) -> float | None:
+def oracle_acceptance(spec: str | None) -> float | None:
     """The acceptance an --assistant `spec` of `oracle` (1.0) or `oracle:A` (0 < A <= 1) asks for; None for any other
-    draft. ValueError for an oracle spec with no such A."""
-    if spec != ORACLE and not spec.startswith(f"{ORACLE}:"):
+    draft or none. ValueError for an oracle spec with no such A."""
+    if spec is None or (spec != ORACLE and not spec.startswith(f"{ORACLE}:")):
         return None
     text = spec[len(ORACLE) + 1 :] if ":" in spec else "1"
     try:
@@ -93,7 +93,7 @@ def oracle_draft(
     V, device, dtype = emb.shape[0], emb.device, emb.dtype
     positions = model_limits(model)[1] or 4096
     P = ids.shape[1] if ids is not None else 0
-    rows = None if out is None else out[:, : out.shape[1]].cpu()
+    rows = None if out is None else out.cpu()
     span = 0 if rows is None else rows.shape[1] - P  # keys at positions P - 1 .. P + span - 2
     n_keys = 0 if rows is None else rows.shape[0] * span
     D = max(ORACLE_HEAD, -(-2 * (n_keys or keys) // ORACLE_HEAD) * ORACLE_HEAD)
@@ -105,9 +105,9 @@ def oracle_draft(
         n_head=D // ORACLE_HEAD,
         n_inner=D,
         tie_word_embeddings=False,
-        bos_token_id=None,
+        bos_token_id=None,  # no ids of GPT-2's own vocabulary: the model's may be narrower
         eos_token_id=None,
-    )  # fmt: skip: no ids of GPT-2's own vocabulary (the model's may be narrower)
+    )
     gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
         draft = GPT2LMHeadModel(config)
@@ -117,8 +117,8 @@ def oracle_draft(
             p.fill_(1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0)
         if n_keys:
             mlp = draft.transformer.h[0].mlp
-            mlp.c_fc.weight.copy_(torch.randn(D, D, generator=gen))  # LayerNorm's unit-variance rows in: N(0, D)
-            mlp.c_fc.weight.div_(D**0.5)
+            # LayerNorm's unit-variance rows in, about unit-variance features out
+            mlp.c_fc.weight.copy_(torch.randn(D, D, generator=gen) / D**0.5)
             mlp.c_proj.weight.copy_(torch.randn(D, D, generator=gen) / D**0.5)
             used = torch.unique(rows[:, P - 1 :])
             draft.transformer.wte.weight[used] = torch.randn(len(used), D, generator=gen)
@@ -141,12 +141,13 @@ def oracle_draft(
 
 def load_draft(spec: str, model_name: str, model, dtype: str, device, seed: int, quantize=None, group_size=128):
     """The draft model `spec` names: `self` the model itself; `random` the model's shape with unrelated random
-    weights (another seed for an embedded name; a directory's config drawn anew); else a model name or directory,
+    weights (another seed for an embedded name; a directory's config drawn anew); None for `oracle[:A]`, whose
+    draft each configuration makes (oracle_draft: the worker's rows, verify_row); else a model name or directory,
     loaded as the model is (dtype, device)."""
     if spec == SELF:
         return model
-    if oracle_acceptance(spec) is not None:  # the map comes per configuration (oracle_draft); this one times a step
-        return oracle_draft(model, None, None, 1.0, seed)
+    if oracle_acceptance(spec) is not None:
+        return None
     if spec != RANDOM:
         return od.load_model(spec, dtype=dtype, device=device, seed=seed + 1)
     if model_name in EMBEDDED:
@@ -438,9 +439,9 @@ def verify_row(cfg, strategy: str, model, draft, batch: int, vocab: int, device)
     ms, replayed = timed(model, tokens, "")
     row = dict(strategy=strategy, verify_tokens=list(tokens), verify_ms=ms, verify_ratio=[t / ms[0] for t in ms])
     row["verify_graph"] = replayed
+    if oracle_acceptance(cfg.assistant) is not None:  # as wide as the oracle of a row of this batch and N
+        draft = oracle_draft(model, None, None, 1.0, cfg.seed + 1, keys=batch * N)
     if draft is not None:
-        if oracle_acceptance(cfg.assistant) is not None:  # as wide as the oracle of a row of this batch and N
-            draft = oracle_draft(model, None, None, 1.0, cfg.seed + 1, keys=batch * N)
         (draft_ms,), _ = timed(draft, (1,), "draft")
         row.update(draft_step_ms=draft_ms, draft_ratio=draft_ms / ms[0])
     return row

@@ -116,7 +116,7 @@ def _row_draft(cfg: BenchConfig, name: str, model, draft, ids, n: int, eos_id: i
     as the row runs), a share A of its drafts accepted by construction (speculative.oracle_draft); kept in `made`
     under `key` (the configuration and which prompt) for the rows of the other K, so that their draft's fused steps
     are compiled and captured once."""
-    acceptance = oracle_acceptance(cfg.assistant) if cfg.assistant else None
+    acceptance = oracle_acceptance(cfg.assistant)
     if acceptance is None:
         return draft
     if key not in made:
