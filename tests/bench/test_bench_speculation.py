@@ -140,6 +140,7 @@ def test_the_drafts_set_the_acceptance_rate(spec_dir):
     own, other = rows[("assistant", "self")], rows[("assistant", "random")]
     oracle = rows[("assistant", "oracle")]  # the model's own tokens by a one-layer draft: every draft accepted
     assert oracle["acceptance_rate"] == oracle["draft_acceptance"] == 1.0
+    assert oracle["oracle_fits"] == 1  # float32 on a CPU: the speculative call's tokens are the plain call's
     assert oracle["tokens_per_round"] == own["tokens_per_round"]
     assert own["acceptance_rate"] == 1.0 and own["drafts_accepted"] == own["drafts_offered"]
     assert own["tokens_per_round"] > 3  # K + 1 a round, but for the last one, cut at the last allowed token
@@ -523,3 +524,30 @@ def test_the_oracle_draft_proposes_the_models_own_tokens_a_share_of_them_right(s
             assert 0.3 < right.float().mean() < 0.7 and 0 < stats.acceptance_rate < 0.7
     assert oracle_draft(model, None, None, 1.0, seed=1).config.n_embd == ORACLE_HEAD
     assert oracle_draft(model, None, None, 1.0, seed=1, keys=90).config.n_embd == draft.config.n_embd
+
+
+def test_the_oracle_fit_settles_on_the_speculative_calls_own_tokens():
+    """worker._oracle_fit, against a stand-in of a bfloat16 target whose verify step rounds otherwise than its
+    one-token step: the speculative call keeps the drafted tokens up to the first its own rounding refuses, there
+    takes its own, and after that (other rounds, other rounding) goes its own way. Refitted to each call's tokens,
+    the draft reaches the call's fixed point; a limit too small for that says so (limit + 1); every refitted draft
+    is dropped."""
+    from overlapdecode.bench.worker import _oracle_fit
+
+    settled = torch.arange(100, 120).unsqueeze(0)  # the tokens the call gives once its every draft is accepted
+    plain = settled.clone()
+    plain[0, 3:] += 50  # the call without speculation: its rounding flipped the token at step 3
+
+    def speculate(draft):
+        j = int((draft != settled).nonzero()[0, 1]) if not torch.equal(draft, settled) else settled.shape[1]
+        got = settled.clone()
+        got[0, j + 1 :] += 7  # past the first refused draft the call runs other rounds: other tokens
+        return got
+
+    dropped = []
+    draft, fits = _oracle_fit(speculate, lambda out: out.clone(), plain, drop=dropped.append)
+    assert torch.equal(draft, settled) and 1 < fits <= settled.shape[1] and len(dropped) == fits - 1
+    draft, fits = _oracle_fit(speculate, lambda out: out.clone(), plain, limit=2, drop=dropped.append)
+    assert fits == 3 and not torch.equal(draft, settled)
+    draft, fits = _oracle_fit(speculate, lambda out: out.clone(), settled.clone(), drop=dropped.append)
+    assert fits == 1 and torch.equal(draft, settled)  # already the fixed point: one call says so

@@ -110,21 +110,55 @@ def _runner(name, model, ids, max_new, eos, pad, seed: int = 0, spec: dict | Non
     )
 
 
-def _row_draft(cfg: BenchConfig, name: str, model, draft, ids, n: int, eos_id: int, made: dict, key: tuple):
+def _row_draft(
+    cfg: BenchConfig, name: str, model, draft, ids, n: int, eos_id: int, made: dict, key: tuple, spec_kind: str, k: int
+):
     """The draft of a speculative row on the prompt `ids`: the run's (`draft`), or for `--assistant oracle[:A]` one
     made for this prompt from the model's own greedy tokens (`name`'s preset without its sampling variant; no EOS,
-    as the row runs), a share A of its drafts accepted by construction (speculative.oracle_draft); kept in `made`
-    under `key` (the configuration and which prompt) for the rows of the other K, so that their draft's fused steps
-    are compiled and captured once."""
+    as the row runs), a share A of its drafts accepted by construction (speculative.oracle_draft). The tokens it
+    learns are those of the speculative call itself, fitted to a fixed point (_oracle_fit): in bfloat16 a K + 1-token
+    verify step rounds otherwise than the one-token step, and on random weights, whose top logits lie close, that
+    flips a greedy token within a few steps, after which a draft of the call without speculation predicts nothing.
+    Kept in `made` under `key` (the configuration, which prompt and K) for the rows after it, so that its fused steps
+    are compiled and captured once; its fits in `made["fits"]`."""
     acceptance = oracle_acceptance(cfg.assistant)
     if acceptance is None:
         return draft
     if key not in made:
         plain = split_variant(name)[0]
         out = _runner(plain, model, ids, n, [], eos_id, cfg.seed)()
-        made.clear()  # one at a time: an earlier configuration's draft and its fused caches go
-        made[key] = oracle_draft(model, ids, out, acceptance, cfg.seed + 1)
+        for old in made.values():  # one at a time: an earlier configuration's draft and its fused caches go
+            if isinstance(old, torch.nn.Module):
+                od.decoder_for(old).clear()
+        made.clear()
+        made[key], made["fits"] = _oracle_fit(
+            lambda d: _runner(plain, model, ids, n, [], eos_id, cfg.seed, speculation_kwargs(spec_kind, k, d))(),
+            lambda out: oracle_draft(model, ids, out, acceptance, cfg.seed + 1),
+            out,
+        )
     return made[key]
+
+
+ORACLE_FITS = 24  # at most this many speculative calls to reach the fixed point (a few suffice: tests/bench)
+
+
+def _oracle_fit(speculate, fit, out: torch.Tensor, limit: int = ORACLE_FITS, drop=None) -> tuple:
+    """(draft, fits): the draft `fit` makes from the tokens `out` (the call without speculation), refitted to the
+    tokens the speculative call `speculate` gives with it until they are the tokens it learned, at most `limit`
+    times. Each fit keeps every token before the first that changed, and the call with the new draft then runs the
+    same rounds up to one token further at least (the token the target chose where the old draft was refused), so
+    the tokens that agree grow by a token or more a fit; fits: the speculative calls made, `limit` + 1 if the
+    tokens never settled (the row's measured acceptance then says how far they are). `drop(draft)` frees a draft
+    that is refitted (default: its fused caches)."""
+    drop = drop or (lambda d: od.decoder_for(d).clear())
+    draft = fit(out)
+    for fits in range(1, limit + 1):
+        got = speculate(draft)
+        if torch.equal(got, out):
+            return draft, fits
+        drop(draft)
+        out, draft = got, fit(got)
+    return draft, limit + 1
 
 
 def _compiles(name: str, device) -> bool:
@@ -280,16 +314,24 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                         )
                         loops[key] = looped, how, measure(cfg, name, model, looped, n, [], eos_id, device)
                     looped, how, without = loops[key]
-                    row_draft = _row_draft(cfg, name, model, draft, looped, n, eos_id, oracles, (*key[:4], "loop"))
+                    row_draft = _row_draft(
+                        cfg, name, model, draft, looped, n, eos_id, oracles, (*key, "loop"), spec_kind, k
+                    )
                     spec = speculation_kwargs(spec_kind, k, row_draft)
                     row = dict(base, **measure(cfg, name, model, looped, n, [], eos_id, device, spec))
                     row.update(speed_up(without, row), prompt_len=looped.shape[1], plain_seq_s_all=without["seq_s_all"])
                     row["loop_found"] = how
+                    if "fits" in oracles:  # how many speculative calls the oracle draft took to settle
+                        row["oracle_fits"] = oracles["fits"]
                 elif workload == "speculative":
-                    row_draft = _row_draft(cfg, name, model, draft, ids, n, eos_id, oracles, (dtype, batch, n, name))
+                    row_draft = _row_draft(
+                        cfg, name, model, draft, ids, n, eos_id, oracles, (dtype, batch, n, name, k), spec_kind, k
+                    )
                     spec = speculation_kwargs(spec_kind, k, row_draft)
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device, spec))
                     row.update(speed_up(plain.get((dtype, batch, n, name)), row))
+                    if "fits" in oracles:
+                        row["oracle_fits"] = oracles["fits"]
                 elif workload == "profile":
                     run = _runner(name, model, ids, n, [], eos_id, cfg.seed)
                     run()  # same shape as the sweep's shortest length: compiled already
