@@ -12,8 +12,8 @@ INTERPRETING = not isinstance(tl.cdiv, JITFunction)  # triton was imported with 
 
 
 def patch_interpreter(setattr_=setattr) -> None:
-    """Two fixes to Triton 3.6's interpreter, both in NumPy terms. `setattr_`: how to set them (a monkeypatch's,
-    to undo them after a test; plain setattr in a worker process).
+    """Two fixes to Triton 3.6's interpreter, both in NumPy terms, and one saving. `setattr_`: how to set them (a
+    monkeypatch's, to undo them after a test; plain setattr in a worker process).
 
     - Loop bounds: a runtime loop bound becomes an int through int() of a one-element array, which NumPy >= 2.4
       refuses ("only 0-dimensional arrays can be converted"); take the element instead.
@@ -22,7 +22,12 @@ def patch_interpreter(setattr_=setattr) -> None:
       depends on where the element sits in the tile: two kernels that cover the same output with tiles at other
       offsets got results an ulp apart on such a CPU and equal ones on another. Here every element is the sum of
       its own products, over k in order, then plus the accumulator, the same wherever it sits (as a GPU's
-      FMA chain is), so a dot's roundings depend on its inputs alone."""
+      FMA chain is), so a dot's roundings depend on its inputs alone.
+    - Device functions: each call of a @triton.jit helper from a kernel (tl.sum and tl.zeros among them) patches the
+      language modules again (getmembers over them, a sixth of a kernel test's time), though the launch in progress
+      or an earlier call in it patched those very modules (a helper's patches are never undone). A call whose
+      modules are patched already in the launch keeps those patches; the patching and the ops are the
+      interpreter's own, so what a kernel computes is unchanged."""
     original = triton_interpreter._patch_lang_tensor
 
     def patch(tensor, scope):
@@ -43,6 +48,37 @@ def patch_interpreter(setattr_=setattr) -> None:
         return triton_interpreter.TensorHandle(products.sum(axis=-2) + d.data, d.dtype.scalar)
 
     setattr_(builder, "create_dot", elementwise_dot)
+
+    patch_lang, run = triton_interpreter._patch_lang, triton_interpreter.GridExecutor.__call__
+    launches = []  # per launch in progress: the ids of the language modules it patched (None until it has)
+
+    def langs(fn) -> set:  # the modules _patch_lang patches for `fn`: tl and tl.core, where its module names them
+        return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+
+    def patch_once(fn):
+        if launches and launches[-1] is not None and langs(fn) <= launches[-1]:
+            return _LaunchPatches()
+        scope = patch_lang(fn)
+        if launches:  # the launch's own patching of its kernel, or a helper's of more modules (Triton's own, as
+            launches[-1] = (launches[-1] or set()) | langs(fn)  # tl.sum: tl.core too), which stands as long
+        return scope
+
+    def launch(self, *args, **kwargs):
+        launches.append(None)
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    setattr_(triton_interpreter, "_patch_lang", patch_once)
+    setattr_(triton_interpreter.GridExecutor, "__call__", launch)
+
+
+class _LaunchPatches:
+    """The scope of a device function's call inside a launch: the launch's patches stand, the launch restores them."""
+
+    def restore(self) -> None:
+        pass
 
 
 @pytest.fixture(autouse=True)
