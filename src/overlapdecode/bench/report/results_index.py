@@ -23,7 +23,7 @@ GENERIC_TITLE = "overlapdecode benchmark report"  # report.md's own first line: 
 TOPICS = (
     ("Tensor parallelism (two GPUs)", ("tp2",)),
     ("Quantized weights", ("int4", "int8", "quant", "quality")),
-    ("Speculative decoding", ("spec", "lookup", "draft")),
+    ("Speculative decoding", ("spec", "speculation", "lookup", "draft")),
     ("Designs measured against the step and dropped", ("persistent", "pdl")),
     ("Stop checks", ("stop-check", "stop-checks")),
     ("Presets end to end", ("main-job", "presets")),
