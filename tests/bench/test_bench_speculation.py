@@ -551,3 +551,20 @@ def test_the_oracle_fit_settles_on_the_speculative_calls_own_tokens():
     assert fits == 3 and not torch.equal(draft, settled)
     draft, fits = _oracle_fit(speculate, lambda out: out.clone(), settled.clone(), drop=dropped.append)
     assert fits == 1 and torch.equal(draft, settled)  # already the fixed point: one call says so
+
+
+def test_a_prompt_lookup_row_of_an_oracle_run_makes_no_oracle():
+    """worker._row_draft under --assistant oracle: a draft model's row gets the oracle (made once for its key, with
+    the calls its fit took); a prompt-lookup row of the same run drafts nothing, so none is made or fitted for it."""
+    from overlapdecode.bench.config import BenchConfig
+    from overlapdecode.bench.worker import _row_draft
+
+    model = od.load_model("tiny-llama", device="cpu")
+    ids = torch.randint(0, 500, (1, 5), generator=torch.Generator().manual_seed(4))
+    cfg = BenchConfig(model="tiny-llama", assistant="oracle", num_assistant_tokens=(2,), device="cpu")
+    made = {}
+    assert _row_draft(cfg, "kv", model, None, ids, 6, 0, made, ("lookup",), "prompt_lookup", 2) == (None, None)
+    assert made == {}
+    draft, fits = _row_draft(cfg, "kv", model, None, ids, 6, 0, made, ("draft",), "assistant", 2)
+    assert draft is not None and fits == 1 and list(made) == [("draft",)]
+    assert _row_draft(cfg, "kv", model, None, ids, 6, 0, made, ("draft",), "assistant", 2) == (draft, fits)

@@ -24,7 +24,7 @@ def patch_interpreter(setattr_=setattr) -> None:
       its own products, over k in order, then plus the accumulator, the same wherever it sits (as a GPU's
       FMA chain is), so a dot's roundings depend on its inputs alone.
     - Device functions: each call of a @triton.jit helper from a kernel (tl.sum and tl.zeros among them) patches the
-      language modules again (getmembers over them, a sixth of a kernel test's time), though the launch in progress
+      language modules again (getmembers over them: about a quarter of a whole-call kernel test's time), though the launch in progress
       or an earlier call in it patched those very modules (a helper's patches are never undone). A call whose
       modules are patched already in the launch keeps those patches; the patching and the ops are the
       interpreter's own, so what a kernel computes is unchanged."""
@@ -59,8 +59,8 @@ def patch_interpreter(setattr_=setattr) -> None:
         if launches and launches[-1] is not None and langs(fn) <= launches[-1]:
             return _LaunchPatches()
         scope = patch_lang(fn)
-        if launches:  # the launch's own patching of its kernel, or a helper's of more modules (Triton's own, as
-            launches[-1] = (launches[-1] or set()) | langs(fn)  # tl.sum: tl.core too), which stands as long
+        if launches:  # the launch's own patching of its kernel, or a helper's of more modules (tl.sum's: tl.core
+            launches[-1] = (launches[-1] or set()) | langs(fn)  # too); either stands until the launch ends
         return scope
 
     def launch(self, *args, **kwargs):

@@ -112,26 +112,26 @@ def _runner(name, model, ids, max_new, eos, pad, seed: int = 0, spec: dict | Non
 
 def _row_draft(
     cfg: BenchConfig, name: str, model, draft, ids, n: int, eos_id: int, made: dict, key: tuple, spec_kind: str, k: int
-):
-    """The draft of a speculative row on the prompt `ids`: the run's (`draft`), or for `--assistant oracle[:A]` one
-    made for this prompt from the model's own greedy tokens (`name`'s preset without its sampling variant; no EOS,
-    as the row runs), a share A of its drafts accepted by construction (speculative.oracle_draft). The tokens it
-    learns are those of the speculative call itself, fitted to a fixed point (_oracle_fit): in bfloat16 a K + 1-token
-    verify step rounds otherwise than the one-token step, and on random weights, whose top logits lie close, that
-    flips a greedy token within a few steps, after which a draft of the call without speculation predicts nothing.
-    Kept in `made` under `key` (the configuration, which prompt and K) for the rows after it, so that its fused steps
-    are compiled and captured once; its fits in `made["fits"]`."""
+) -> tuple:
+    """(draft, fits) of a speculative row on the prompt `ids`: the run's (`draft`, fits None), or for a draft model's
+    row under `--assistant oracle[:A]` one made for this prompt from the model's own greedy tokens (`name`'s preset
+    without its sampling variant; no EOS, as the row runs), a share A of its drafts accepted by construction
+    (speculative.oracle_draft). The tokens it learns are those of the speculative call itself, fitted to a fixed
+    point (_oracle_fit; fits: the calls that took): in bfloat16 a K + 1-token verify step rounds otherwise than the
+    one-token step, and on random weights, whose top logits lie close, that flips a greedy token within a few steps,
+    after which a draft of the call without speculation predicts nothing. Kept in `made` under `key` (the
+    configuration, which prompt and K) for the rows after it, so that its fused steps are compiled and captured
+    once. A prompt-lookup row drafts nothing: it gets the run's `draft` as it is."""
     acceptance = oracle_acceptance(cfg.assistant)
-    if acceptance is None:
-        return draft
+    if acceptance is None or not spec_kind.startswith("assistant"):
+        return draft, None
     if key not in made:
         plain = split_variant(name)[0]
         out = _runner(plain, model, ids, n, [], eos_id, cfg.seed)()
-        for old in made.values():  # one at a time: an earlier configuration's draft and its fused caches go
-            if isinstance(old, torch.nn.Module):
-                od.decoder_for(old).clear()
+        for old, _ in made.values():  # one at a time: an earlier configuration's draft and its fused caches go
+            od.decoder_for(old).clear()
         made.clear()
-        made[key], made["fits"] = _oracle_fit(
+        made[key] = _oracle_fit(
             lambda d: _runner(plain, model, ids, n, [], eos_id, cfg.seed, speculation_kwargs(spec_kind, k, d))(),
             lambda out: oracle_draft(model, ids, out, acceptance, cfg.seed + 1),
             out,
@@ -230,7 +230,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
     model = forced = model_dtype = draft = None
     plain = {}  # (dtype, batch, length, strategy) -> the fixed row: what a speculative row's speed-up divides
     loops = {}  # (dtype, batch, length, strategy, K) -> a looping prompt, how it was found, its row without speculation
-    oracles = {}  # the oracle draft of the current configuration and prompt (--assistant oracle[:A]: _row_draft)
+    oracles = {}  # the oracle draft and its fits of the current configuration, prompt and K (_row_draft)
     started = time.perf_counter()
     with open(out_path, "a") as sink:
         meta = dict(
@@ -242,7 +242,7 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
         sink.write(json.dumps(dict(meta=meta)) + "\n")  # kept if interrupted
         bandwidth = device_bandwidth_gbs(device)  # once per worker, before any model is on the device
         for i, (dtype, batch, workload, n, name) in enumerate(rows):
-            spec_kind = k = None
+            spec_kind = k = fits = None
             if workload == "speculative":  # (strategy, kind, K): bench/config.py speculative_names
                 name, spec_kind, k = name
             base = dict(
@@ -314,24 +314,20 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                         )
                         loops[key] = looped, how, measure(cfg, name, model, looped, n, [], eos_id, device)
                     looped, how, without = loops[key]
-                    row_draft = _row_draft(
+                    row_draft, fits = _row_draft(
                         cfg, name, model, draft, looped, n, eos_id, oracles, (*key, "loop"), spec_kind, k
                     )
                     spec = speculation_kwargs(spec_kind, k, row_draft)
                     row = dict(base, **measure(cfg, name, model, looped, n, [], eos_id, device, spec))
                     row.update(speed_up(without, row), prompt_len=looped.shape[1], plain_seq_s_all=without["seq_s_all"])
                     row["loop_found"] = how
-                    if "fits" in oracles:  # how many speculative calls the oracle draft took to settle
-                        row["oracle_fits"] = oracles["fits"]
                 elif workload == "speculative":
-                    row_draft = _row_draft(
+                    row_draft, fits = _row_draft(
                         cfg, name, model, draft, ids, n, eos_id, oracles, (dtype, batch, n, name, k), spec_kind, k
                     )
                     spec = speculation_kwargs(spec_kind, k, row_draft)
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device, spec))
                     row.update(speed_up(plain.get((dtype, batch, n, name)), row))
-                    if "fits" in oracles:
-                        row["oracle_fits"] = oracles["fits"]
                 elif workload == "profile":
                     run = _runner(name, model, ids, n, [], eos_id, cfg.seed)
                     run()  # same shape as the sweep's shortest length: compiled already
@@ -348,6 +344,8 @@ def run_worker(cfg: BenchConfig, out_path: str) -> None:
                 else:
                     row = dict(base, **measure(cfg, name, model, ids, n, [], eos_id, device))
                     plain[(dtype, batch, n, name)] = row
+                if fits is not None:  # the speculative calls the oracle draft took to settle
+                    row["oracle_fits"] = fits
                 row["weight_bytes"] = step_weight_bytes(model, batch)  # the experts this batch can reach
                 if "seq_s" in row:  # a timed row: its decode ms/step and per-layer toll beside MBU
                     row.update(step_toll(row, model_facts(model).layers or None))
