@@ -295,9 +295,9 @@ class Decoder:
 
     def _spec_rows(self, plan: Plan, device: torch.device):
         """The caches of a call's captured rounds: the model's and the draft model's (None for prompt lookup), and
-        where its captured round may be kept for the next call of its shape (the fused cache's graphs, for prompt
-        lookup and the model as its own draft; else None). Fused: the fused model's, and the draft's too where
-        the fused path serves its family; otherwise a static cache each, compiled on CUDA."""
+        where its captured round may be kept for the next call of its shape (the fused cache's graphs where every
+        cache of the round is fused: see _keep_rounds_of_draft; else None). Fused: the fused model's, and the draft's
+        too where the fused path serves its family; otherwise a static cache each, compiled on CUDA."""
         req, spec = plan.request, plan.spec
         B, P = req.input_ids.shape
         N = req.max_new_tokens
@@ -316,9 +316,51 @@ class Decoder:
                 fused = self.fused_model() if drafter is self.model else decoder_for(drafter).fused_model()
             except ValueError:
                 fused = None  # a family the fused path lacks: the draft runs on a static cache
-            if fused is not None:  # a round kept with the model's cache would keep another draft model alive
-                return target, spec_rows(fused, B, plan.cache_len, tag="draft"), kept if drafter is self.model else None
+            if fused is not None:
+                draft = spec_rows(fused, B, plan.cache_len, tag="draft")
+                if drafter is not self.model:
+                    _keep_rounds_of_draft(self.fused_model(), target.cache, drafter, fused)
+                return target, draft, kept
         return target, StaticRows(drafter, req.attention_mask, length, forward), None
+
+
+def _keep_rounds_of_draft(model, cache, drafter, fused) -> None:
+    """A round with a draft model other than the model is kept with the model's fused `cache` like any other (its key
+    holds the draft cache's id: loop/rounds.py Round.key), so that the next call of its shape replays it rather than
+    capturing a round again. Such a round holds the draft's fused model `fused` and its cache, never the draft module
+    itself, and must not keep them alive past their use: the rounds kept with any cache of the fused `model` whose
+    draft cache `fused` no longer keeps are dropped here, and every round of `fused` once `drafter` is collected
+    (its decoder, which holds `fused`, goes with it). The finalizer holds `cache` weakly: a kept round of a draft
+    never keeps the model's cache alive."""
+    live = {id(c) for c in fused.kept_caches()}
+    for mine in model.kept_caches():
+        for key, rows in _draft_rounds(mine, id(fused)):
+            if id(rows.cache) not in live:
+                del mine.graphs[key]
+    if id(fused) not in cache.drafts_watched:
+        cache.drafts_watched.add(id(fused))
+        weakref.finalize(drafter, _drop_rounds_of_draft, weakref.ref(cache), id(fused))
+
+
+def _draft_rounds(cache, fused_id: int) -> list:
+    """(key, the draft's rows) of each round kept with `cache` whose draft runs on the fused model of id `fused_id`."""
+    found = []
+    for key, entry in cache.graphs.items():
+        rows = getattr(entry, "draft", None)
+        if rows is not None and id(getattr(rows, "fused", None)) == fused_id:
+            found.append((key, rows))
+    return found
+
+
+def _drop_rounds_of_draft(cache_ref, fused_id: int) -> None:
+    """A draft module was collected: drop the rounds kept with the model's cache (if it still lives) that hold its
+    fused model (`fused_id`: stable while such a round holds it), and with them that fused model."""
+    cache = cache_ref()
+    if cache is None:
+        return
+    cache.drafts_watched.discard(fused_id)
+    for key, _ in _draft_rounds(cache, fused_id):
+        del cache.graphs[key]
 
 
 class _TokenSink:

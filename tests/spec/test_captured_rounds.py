@@ -225,20 +225,43 @@ def test_a_later_fused_call_of_its_shape_replays_the_kept_round(tiny_llama):
 
 
 def test_a_kept_round_keeps_no_model_alive():
-    """A fused call with the model as its own draft keeps its round with the model's cache; neither that nor a call
-    with another draft model (whose round is not kept) keeps a model alive once the caller drops it."""
+    """A fused call keeps its round with the model's cache, with the model as its own draft and with another draft
+    model, whose round a later call of its shape replays; no kept round keeps a draft model, its fused weights or a
+    cache its fused model dropped alive, nor the model once the caller drops it."""
     import gc
     import weakref
 
     model, draft = (od.load_model("tiny-llama", device="cpu", seed=s) for s in (0, 1))
     ids, mask = make_batch(2, seed=35)
     spec_generate(model, ids, mask, "fused", [], 8, assistant_model=model, num_assistant_tokens=2)
-    assert _kept_rounds(model)
+    own = set(_kept_rounds(model))
+    assert own
+    weights = od.decoder_for(draft).fused_model()
+
+    def draft_rounds(model, fused):
+        return [r for i, r in _kept_rounds(model).items() if i not in own and r.draft.fused is fused]
+
     spec_generate(model, ids, mask, "fused", [], 8, assistant_model=draft, num_assistant_tokens=2)
-    gone, weights = weakref.ref(draft), weakref.ref(od.decoder_for(draft).fused_model())  # its re-laid-out weights
+    (kept,) = draft_rounds(model, weights)
+    ids2, mask2 = make_batch(2, seed=36)
+    ref, _ = spec_generate(model, ids2, mask2, "kv", [], 8)
+    out, _ = spec_generate(model, ids2, mask2, "fused", [], 8, assistant_model=draft, num_assistant_tokens=2)
+    assert torch.equal(out, ref) and draft_rounds(model, weights) == [kept], (
+        "a later call of its shape replays the kept round"
+    )
+    weights.clear_caches()  # the draft's fused model drops the cache that round writes: the next call drops the round
+    dropped = weakref.ref(kept.draft.cache)
+    del kept
+    spec_generate(model, *make_batch(3, seed=37), "fused", [], 8, assistant_model=draft, num_assistant_tokens=2)
+    gc.collect()
+    assert dropped() is None and len(draft_rounds(model, weights)) == 1, (
+        "a round kept a cache its draft's fused model dropped"
+    )
+    gone, weights = weakref.ref(draft), weakref.ref(weights)  # its re-laid-out weights
     del draft
     gc.collect()
     assert gone() is None and weights() is None, "the draft model or its fused weights outlived its caller"
+    assert set(_kept_rounds(model)) == own, "a collected draft's round stayed with the model's cache"
     gone = weakref.ref(model)
     del model
     gc.collect()

@@ -26,6 +26,7 @@ class FusedCache:
     pad: torch.Tensor  # (B,) long: left padding of each row of the current call
     graphs: OrderedDict = field(default_factory=OrderedDict)
     prefilled: set = field(default_factory=set)  # (padded prompt length, inference mode, grad mode)
+    drafts_watched: set = field(default_factory=set)  # ids of draft fused models whose rounds `graphs` keeps
 
     @classmethod
     def empty(cls, n_layers: int, batch: int, n_kv: int, length: int, head_dim: int, dtype, device):

@@ -366,6 +366,10 @@ class FusedModel:
             self._caches.popitem(last=False)[1].graphs.clear()  # see clear_caches
         return cache
 
+    def kept_caches(self) -> list[FusedCache]:
+        """The caches this model keeps now (cache_for drops the oldest beyond KEEP_CACHES)."""
+        return list(self._caches.values())
+
     def clear_caches(self) -> None:
         """Free the kept caches (their CUDA graphs are recorded again for new ones). A cache's captured steps
         (steps.GraphStep) refer back to it and to this model: dropping them first breaks that cycle, so

@@ -93,8 +93,9 @@ class Round:
     """The buffers a speculative call's rounds read and write, and one round captured over them. Kept (`kept`, the
     fused cache's graphs) where every cache it writes outlives the call, so that a later call of the same shape
     copies its prompt's state in and replays the round: no eager round and no capture per call, each a launch of
-    every kernel of the round from the host. It keeps no reference to a call's plan or request (the draft model a
-    plan names would live as long as the model's cache)."""
+    every kernel of the round from the host. It keeps no reference to a call's plan or request (the draft module a
+    plan names would live as long as the model's cache); a draft model's fused model and cache it does keep, and
+    decode.py drops such a round once the draft module is collected or its cache dropped."""
 
     def __init__(self, plan, device: torch.device, target, draft):
         req, params, spec = plan.request, plan.sampling, plan.spec
