@@ -153,6 +153,9 @@ def test_the_speed_up_is_over_the_same_strategy_in_the_same_run(spec_dir):
     (plain,) = _rows(spec_dir, "fixed")
     for r in _rows(spec_dir, "speculative"):
         assert r["speedup"] == pytest.approx(r["plain_ms_per_token"] * N / 1e3 / r["seq_s"])
+        if r["assistant"] == "oracle":  # the decode's: each call less its time to first token
+            decode = (plain["seq_s"] - plain["ttft_ms"] / 1e3) / (r["seq_s"] - r["ttft_ms"] / 1e3)
+            assert r["decode_speedup"] == pytest.approx(decode)
         if r["assistant"] == "oracle":
             assert r["plain_ms_per_token"] == plain["ms_per_token"]
             assert r["speedup"] == pytest.approx(plain["seq_s"] / r["seq_s"])
@@ -293,6 +296,7 @@ def test_the_report_shows_the_rows_and_the_plot(spec_dir, capsys):
     assert f"| kv | float32 | 1 | draft oracle | {K} | {N} |" in table
     assert "| kv | float32 | 1 | prompt lookup | 2 |" in table
     assert "| strategy | dtype | batch | 1-token ms | K+1=1 |" in text
+    assert "| speed-up | decode speed-up | model |" in text
     os.remove(os.path.join(spec_dir, "speculation.png"))
     assert main(["report", spec_dir]) == 0  # rebuilt from results.json alone
     assert os.path.exists(os.path.join(spec_dir, "speculation.png"))
@@ -366,8 +370,15 @@ def test_the_plot_draws_the_model_curve_beside_the_points(tmp_path):
     xs, ys = list(curve.get_xdata()), list(curve.get_ydata())
     assert xs[0] == 0 and xs[-1] == 1
     assert ys[0] == pytest.approx(1 / cost) and ys[-1] == pytest.approx(5 / cost)
-    (points,) = ax.collections
+    (points,) = ax.collections  # a row without the decode's speed-up (recorded before it was): its call's
     assert points.get_offsets().tolist() == [[0.5, 1.5]]
+    plt.close(fig)
+    rows[1]["decode_speedup"] = 1.75
+    fig, ax = plt.subplots()
+    _draw(ax, ("default", "float32", 1, "kv"), rows, rows[1:])
+    decode, call = ax.collections  # the decode's, filled; the whole call's, hollow
+    assert decode.get_offsets().tolist() == [[0.5, 1.75]] and call.get_offsets().tolist() == [[0.5, 1.5]]
+    assert len(call.get_facecolors()) == 0 or call.get_facecolors()[0][3] == 0
     plt.close(fig)
     assert [name for name, _ in plot({"rows": rows}, str(tmp_path))] == ["speculation.png"]
     assert plot({"rows": [_verify_row()]}, str(tmp_path / "none")) == []  # no speculative row: no plot
@@ -387,6 +398,7 @@ def test_a_speed_up_within_the_spread_is_marked():
         (_spec_row(speculation="magic"), "row 0 has speculation of the wrong kind"),
         (_spec_row(a=1.5), "row 0 has acceptance_rate of the wrong kind"),
         (_spec_row(speedup="fast"), "row 0 has speedup of the wrong kind"),
+        (_spec_row(decode_speedup="fast"), "row 0 has decode_speedup of the wrong kind"),
         (_verify_row(verify_ms=[1.0, 2.0]), "row 0 has verify_ms of the wrong kind"),
         (_verify_row(verify_tokens=[0, 1]), "row 0 has verify_tokens of the wrong kind"),
         (_verify_row(draft_ratio=-1), "row 0 has draft_ratio of the wrong kind"),

@@ -310,10 +310,16 @@ def round_figures(stats) -> dict:
 
 def speed_up(plain: dict | None, row: dict) -> dict:
     """The same preset's time without speculation, in the same run at the same configuration (`plain`: its fixed
-    row, None where it was not measured), and the speed-up over it: its time per sequence / this row's."""
+    row, None where it was not measured), and the speed-up over it: its time per sequence / this row's. And the
+    decode's: the same with each call's time to first token taken off (its prefill, which speculation does not
+    shorten; `ttft_ms`: a call of one new token), the rounds' speed-up that the model of the curve describes."""
     if not plain or "seq_s" not in plain:
-        return dict(plain_ms_per_token=None, speedup=None)
-    return dict(plain_ms_per_token=plain["ms_per_token"], speedup=plain["seq_s"] / row["seq_s"])
+        return dict(plain_ms_per_token=None, speedup=None, decode_speedup=None)
+    decode = None
+    if plain.get("ttft_ms") is not None and row.get("ttft_ms") is not None:
+        mine, theirs = row["seq_s"] - row["ttft_ms"] / 1e3, plain["seq_s"] - plain["ttft_ms"] / 1e3
+        decode = theirs / mine if mine > 0 and theirs > 0 else None
+    return dict(plain_ms_per_token=plain["ms_per_token"], speedup=plain["seq_s"] / row["seq_s"], decode_speedup=decode)
 
 
 class _Clock:

@@ -69,6 +69,7 @@ SPECULATIVE_FIGURES = (
     "tokens_per_round",
     "plain_ms_per_token",
     "speedup",
+    "decode_speedup",
 )
 VERIFY_LISTS = ("verify_ms", "verify_ratio")
 SPECULATION_KINDS = ("prompt_lookup", "assistant")

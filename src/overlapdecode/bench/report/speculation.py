@@ -9,7 +9,10 @@ is accepted with probability a (independently, until the first rejection), a rou
 tokens, and costs the verify step, c(K + 1) one-token steps (its measured cost ratio), plus, where a draft
 model runs, its K + 1 one-token forwards (K drafts and the K-th fed back), each d of the model's step. So the
 speed-up over one token a step is E / (c + (K + 1) d). The loop's own work per round (the acceptance, the cache
-cut, a host read) is not in the model: the measured points lie below the curve by that much.
+cut, a host read) is not in the model: the measured points lie below the curve by that much. Nor is a call's prefill,
+which speculation does not shorten: the model's figure is the decode's speed-up, each call's time less its time to
+first token (bench/speculative.py speed_up), which the plot and the table set beside it; the table gives the whole
+call's speed-up too.
 """
 
 from __future__ import annotations
@@ -100,6 +103,12 @@ def plain_of(rows, row: dict) -> dict | None:
     )
 
 
+def decode_speedup(row: dict) -> float | None:
+    """The decode's speed-up of a row (the whole call's, less each call's time to first token), or None where a row
+    recorded before it was lacks it."""
+    return row.get("decode_speedup")
+
+
 def speedup_text(rows, row: dict) -> str:
     """A speculative row's speed-up, `!` marked where the spread of its own or its plain row's timed calls covers
     the difference (as the other tables mark theirs); `-` where the plain row is missing."""
@@ -167,10 +176,11 @@ def section(rows) -> list[str]:
             "(accepted / offered), a (a checked draft's: accepted / (accepted + rejected), one rejection in each "
             "round of a row that accepted fewer than it offered: the model's a), tokens per round of a row "
             "((accepted + rounds) / rounds), ms/token, the same strategy's ms/token without speculation in this "
-            "run, the speed-up (its time / this row's) and the model's speed-up at a, E[tokens per round] / "
-            "(verify cost + the draft's K + 1 forwards); `!`: a speed-up within the spread of this row's or the "
-            "plain row's timed calls; `-` where a figure is missing (no draft offered, no verify row; a row "
-            "recorded before a was, whose model takes accepted / offered).",
+            "run, the speed-up (its time / this row's), the decode's speed-up (each call's time less its time to "
+            "first token: the prefill, which speculation does not shorten) and the model's speed-up of the "
+            "decode at a, E[tokens per round] / (verify cost + the draft's K + 1 forwards); `!`: a speed-up "
+            "within the spread of this row's or the plain row's timed calls; `-` where a figure is missing (no "
+            "draft offered, no verify row; a row recorded before a was, whose model takes accepted / offered).",
             "",
         ]
         body = [
@@ -189,6 +199,7 @@ def section(rows) -> list[str]:
                 fmt(r["ms_per_token"], "{:.3f}"),
                 fmt(r.get("plain_ms_per_token"), "{:.3f}"),
                 speedup_text(rows, r),
+                fmt(decode_speedup(r), "{:.2f}x"),
                 fmt(predicted(rows, r), "{:.2f}x"),
             ]
             for r in sorted(spec, key=lambda r: (_where(r), r["speculation"], r["k"], r["max_new_tokens"]))
@@ -210,6 +221,7 @@ def section(rows) -> list[str]:
                     "ms/token",
                     "without ms/token",
                     "speed-up",
+                    "decode speed-up",
                     "model",
                 ],
                 body,
@@ -219,7 +231,8 @@ def section(rows) -> list[str]:
 
 
 def _draw(ax, key, rows, panel: list) -> None:
-    """One panel: per (draft, K) the model's curve over a in [0, 1] and the measured points at their rates."""
+    """One panel: per (draft, K) the model's curve over a in [0, 1] and the measured points at their rates: the
+    decode's speed-up, and hollow, the whole call's."""
     groups = defaultdict(list)
     for r in panel:
         groups[(draft_label(r), r["k"])].append(r)
@@ -233,16 +246,22 @@ def _draw(ax, key, rows, panel: list) -> None:
         d = draft_cost(members[0], verify) if verify else None
         if c is not None and d is not None:
             ax.plot(grid, [model_speedup(a, k, c, d) for a in grid], color=colour, linestyle=style, linewidth=1)
-        pts = [(model_rate(r), r["speedup"]) for r in members if model_rate(r) is not None]
+        rated = [r for r in members if model_rate(r) is not None]
+        pts = [
+            (model_rate(r), decode_speedup(r) or r["speedup"]) for r in rated
+        ]  # a row before the decode's: its call's
+        calls = [(model_rate(r), r["speedup"]) for r in rated if decode_speedup(r) is not None]
         pts = [(a, s) for a, s in pts if s is not None]
         if pts:
             ax.scatter(*zip(*pts), color=colour, marker=marker, zorder=3, label=f"{drafts}, K={k}")
+        if calls:  # the whole call's speed-up, its prefill included: hollow
+            ax.scatter(*zip(*calls), facecolors="none", edgecolors=colour, marker=marker, zorder=3)
     for drafts, style in (("prompt lookup", "-"), ("a draft model", "--")):  # the lines' key, in the legend
         ax.plot([], [], color="grey", linestyle=style, linewidth=1, label=f"model, {drafts}")
     ax.axhline(1, color="grey", linewidth=0.8)
     ax.set_xlim(-0.02, 1.02)
     ax.set_xlabel("acceptance rate a of a checked draft (measured)")
-    ax.set_ylabel("speed-up over no speculation (x)")
+    ax.set_ylabel("decode speed-up over no speculation (x; hollow: the whole call)")
     allocator, dtype, batch, strategy = key
     ax.set_title(f"{strategy}, {dtype}, batch {batch}" + (f", allocator {allocator}" if allocator != "default" else ""))
 
@@ -266,7 +285,8 @@ def plot(results: dict, out_dir: str) -> list[tuple[str, str]]:
     return [
         (
             "speculation.png",
-            "speculative decoding: measured speed-up against measured acceptance rate (points), and the model "
-            "E[tokens per round] / (verify cost + draft cost) per K (lines; dashed: a draft model)",
+            "speculative decoding: the decode's measured speed-up against the measured acceptance rate (points; "
+            "hollow: the whole call's, its prefill included), and the model E[tokens per round] / (verify cost + "
+            "draft cost) per K (lines; dashed: a draft model)",
         )
     ]
