@@ -63,6 +63,28 @@ def test_the_model_as_its_own_draft_accepts_every_draft(tiny_llama, preset, k, n
     assert stats.active == [[True] * 3] * len(want)  # the rounds run late by the stop check are not counted
 
 
+@pytest.mark.parametrize("preset", ["interleaved", "fused"])
+@pytest.mark.parametrize("k, n", [(4, N), (3, 9), (2, 2)])
+def test_no_round_runs_past_the_last_allowed_token(tiny_llama, unrelated, preset, k, n, monkeypatch):
+    """Rounds read one round late (`interleaved`, `fused`): where the rounds enqueued could stop every row (each K + 1
+    tokens or fewer from its last), their last report is read before another is enqueued. A round emits at most K + 1
+    tokens, so a call that runs to its last allowed token plays no round past it: the rounds played are the rounds
+    counted, whether every draft is accepted (the model as its own draft) or about none (an unrelated draft), and the
+    tokens are those without speculation."""
+    from overlapdecode.loop import rounds
+
+    played = []
+    play = rounds.Round.play
+    monkeypatch.setattr(rounds.Round, "play", lambda self, generator: (played.append(1), play(self, generator)))
+    ids, mask = make_batch(3, seed=26)
+    ref, _ = spec_generate(tiny_llama, ids, mask, "kv", [], n)
+    for draft in (tiny_llama, unrelated["tiny-llama"]):
+        played.clear()
+        out, stats = spec_generate(tiny_llama, ids, mask, preset, [], n, assistant_model=draft, num_assistant_tokens=k)
+        assert torch.equal(out, ref)
+        assert len(played) == stats.rounds, (draft is tiny_llama, len(played), stats.rounds)
+
+
 @pytest.mark.parametrize("preset", CAPTURED)
 def test_a_row_that_accepts_its_eos_stops_there(tiny_gpt2, preset):
     """EOS chosen as the third token of row 0, which with the model as its own draft (K = 4) is the second draft of
