@@ -89,8 +89,11 @@ class Assistant:
         dlen = torch.minimum(dlen, state.cap)
         seen = None if state.seen is None else state.seen.clone()
         token, drafts, qs = state.last, [], []
+        # every forward's positions at once (a few small kernels a round, not a few per draft), (K + 1, B): each
+        # forward's contiguous
+        positions = feed_positions(state, dlen, torch.arange(self.k + 1, device=dlen.device)).T.contiguous()
         for j in range(self.k + 1):
-            logits = self.cache.forward(token[:, None], feed_positions(state, dlen, j)[:, None], 1)  # (B, 1, V)
+            logits = self.cache.forward(token[:, None], positions[j][:, None], 1)  # (B, 1, V)
             if j == self.k:
                 break  # the K-th draft fed: the cache holds the round's K + 1 slots, as the model's
             if params.do_sample:
