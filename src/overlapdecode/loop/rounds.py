@@ -28,7 +28,7 @@ from ..inputs import position_ids_for_prompt
 from ..sampling import draw_noise, make_generator, seen_tokens
 from ..spec.cache import call_model
 from ..spec.candidates import Assistant, PromptLookup, prompt_lookup
-from ..spec.state import SpecStats, begin, end_greedy_round, play_round
+from ..spec.state import EAGER_ROUND, RoundOps, SpecStats, begin, end_greedy_round, play_round, round_start, verify_feed
 from .compiling import recompile_limits
 from .step_graph import GraphCapture, kept_graph
 
@@ -47,11 +47,21 @@ def compiled_call():
 @functools.cache
 def compiled_bookkeeping():
     """A round's work around its forwards, compiled once per process (specialised per shape by dynamo): prompt
-    lookup and the end of a greedy round, each about a hundred small torch operations, a kernel each when eager,
-    fused by inductor into a few. Sampling's end stays eager: the same draws and probabilities as the reference
-    loop, bit for bit."""
+    lookup, the round's start (the rows still generating, the drafts each may offer), what the verify forward is
+    fed, the end of a greedy round and the round's report, from a few to about a hundred small torch operations
+    each, a kernel each when eager, fused by inductor into a few -> (prompt lookup, spec/state.py RoundOps, the
+    report). Sampling's end stays eager: the same draws and probabilities as the reference loop, bit for bit."""
     compile_ = functools.partial(torch.compile, fullgraph=True, dynamic=False)
-    return compile_(prompt_lookup), compile_(end_greedy_round)
+    ops = RoundOps(compile_(round_start), compile_(verify_feed), compile_(end_greedy_round))
+    return compile_(prompt_lookup), ops, compile_(report_values)
+
+
+def report_values(report, finished, count, n_max: int, active, offered, accepted) -> None:
+    """A round's report into `report` (1 + 5B,) long, in place: whether every row has stopped, then each row's
+    count, finished flag, activity, drafts offered and drafts accepted."""
+    stopped = (finished | (count >= n_max)).all()
+    rows = [count, finished.long(), active.long(), offered, accepted]
+    report.copy_(torch.cat([stopped.long()[None], *rows]))
 
 
 def forward_for(plan, device: torch.device):
@@ -105,9 +115,9 @@ class Round:
         self.eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)
         self.graph = GraphCapture(device, sampled=params.do_sample)
         self.graph.capturable = self.graph.capturable and plan.step != "eager"
-        lookup, self.greedy_end = prompt_lookup, None
+        lookup, self.ops, self.report_values = prompt_lookup, EAGER_ROUND, report_values
         if plan.step != "eager" and device.type in COMPILED_ON:
-            lookup, self.greedy_end = compiled_bookkeeping()
+            lookup, self.ops, self.report_values = compiled_bookkeeping()
         self.drafter = (
             PromptLookup(spec.k, spec.ngram, self.eos_ids, lookup) if draft is None else Assistant(draft, spec.k)
         )
@@ -154,16 +164,12 @@ class Round:
         self.out.copy_(out)
 
     def write_report(self, active, offered, accepted) -> None:
-        state = self.state
-        stopped = (state.finished | (state.count >= self.n)).all()
-        rows = [state.count, state.finished.long(), active.long(), offered, accepted]
-        self.report.copy_(torch.cat([stopped.long()[None], *rows]))
+        self.report_values(self.report, self.state.finished, self.state.count, self.n, active, offered, accepted)
 
     def play(self, generator) -> None:
         """One round (no host read: what a CUDA graph captures)."""
         active, offered, accepted, kept = play_round(
-            self.state, self.out, self.drafter, self.target, self.sampling, generator, self.eos_ids, self.n,
-            self.greedy_end,
+            self.state, self.out, self.drafter, self.target, self.sampling, generator, self.eos_ids, self.n, self.ops
         )  # fmt: skip
         self.target.settle_rows(kept, self.k + 1)
         self.drafter.settle_rows(kept, self.k + 1)
@@ -225,7 +231,8 @@ def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None, k
         return False
 
     out = rnd.out
-    rnd.write_report(rnd.zeros, rnd.zeros, rnd.zeros)
+    with recompile_limits():  # compiled per shape, as the round is (report_values)
+        rnd.write_report(rnd.zeros, rnd.zeros, rnd.zeros)
     reports.publish(0, rnd.report, out[:, P : P + N])
     published = 0
     for s in range(N):  # report s follows round s - 1

@@ -8,7 +8,9 @@ its results where the next replay reads them. Nothing here reads a device value 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -83,10 +85,41 @@ def feed_positions(state: RowState, dlen: torch.Tensor, j) -> torch.Tensor:
     range): its own up to the row's last draft, then one past it for every token beyond, which no row keeps (so
     that where the slot is the position, as in the fused cache, they never overwrite a kept slot), and the row's
     last position alone on a row that has stopped (never past the model's positions)."""
-    limit = dlen + state.active.long()
+    return positions_fed(state.pos, state.active, dlen, j)
+
+
+def positions_fed(pos: torch.Tensor, active: torch.Tensor, dlen: torch.Tensor, j) -> torch.Tensor:
+    """feed_positions on the rows' positions and activity."""
+    limit = dlen + active.long()
     if isinstance(j, int):
-        return state.pos + torch.clamp(limit, max=j)
-    return state.pos[:, None] + torch.minimum(j[None, :], limit[:, None])
+        return pos + torch.clamp(limit, max=j)
+    return pos[:, None] + torch.minimum(j[None, :], limit[:, None])
+
+
+def round_start(finished: torch.Tensor, count: torch.Tensor, n_max: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A round's first work -> ((B,) the rows still generating, (B,) the drafts each may offer: its tokens left but
+    the one the round adds, at most k). Tensors in, tensors out (torch.compile fuses it: loop/rounds.py)."""
+    active = ~finished & (count < n_max)
+    return active, torch.where(active, (n_max - 1 - count).clamp(max=k), 0)
+
+
+def verify_feed(last, pos, active, drafts, dlen, cap) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the verify forward is fed -> ((B, K + 1) the rows' last tokens and drafts, their positions
+    (feed_positions), (B,) the drafts offered: `dlen` capped at `cap`). Tensors in, tensors out."""
+    dlen = torch.minimum(dlen, cap)
+    steps = torch.arange(drafts.shape[1] + 1, device=drafts.device)
+    return torch.cat([last[:, None], drafts], dim=1), positions_fed(pos, active, dlen, steps), dlen
+
+
+class RoundOps(NamedTuple):
+    """The work of a round around its forwards: these functions, or them compiled (loop/rounds.py)."""
+
+    start: Callable = round_start
+    feed: Callable = verify_feed
+    greedy_end: Callable | None = None  # end_greedy_round (None: the eager one)
+
+
+EAGER_ROUND = RoundOps()
 
 
 def begin(req, logits, noise, params, eos_ids, positions, seen, lookup: bool):
@@ -113,23 +146,23 @@ def begin(req, logits, noise, params, eos_ids, positions, seen, lookup: bool):
     return RowState(first, positions[:, -1] + 1, count, finished, hist, hlen, seen), out
 
 
-def play_round(state: RowState, out, drafter, target, params, generator, eos_ids, n_max: int, greedy_end=None):
+def play_round(
+    state: RowState, out, drafter, target, params, generator, eos_ids, n_max: int, ops: RoundOps = EAGER_ROUND
+):
     """One round for every row at once, on the device: draft, verify the last token and the drafts in one forward of
     `target` (over K + 1 positions), accept, write the tokens into `out` (and `hist`), advance the state in place ->
     ((B,) bool active, (B,) drafts offered, (B,) accepted, (B,) slots each row keeps of the K + 1 written).
     Draws, in order: the draft model's noise (B, V) per draft when it samples, a uniform (B, K), an exponential
-    (B, V). `greedy_end`: what runs `end_greedy_round` (the captured rounds pass it compiled: loop/rounds.py)."""
+    (B, V). `ops`: the work around the forwards (the captured rounds pass it compiled: loop/rounds.py)."""
     P = out.shape[1] - 1 - n_max
     B, device = state.last.shape[0], state.last.device
-    state.active = active = ~state.finished & (state.count < n_max)
-    state.cap = torch.where(active, (n_max - 1 - state.count).clamp(max=drafter.k), 0)
+    state.active, state.cap = active, cap = ops.start(state.finished, state.count, n_max, drafter.k)
     drafts, dlen, q = drafter.propose(state, params, generator)
     K = drafts.shape[1]
-    dlen = torch.minimum(dlen, state.cap)
-    tokens = torch.cat([state.last[:, None], drafts], dim=1)
-    logits = target.forward(tokens, feed_positions(state, dlen, torch.arange(K + 1, device=device)), K + 1)
+    tokens, positions, dlen = ops.feed(state.last, state.pos, active, drafts, dlen, cap)
+    logits = target.forward(tokens, positions, K + 1)
     if not params.do_sample:
-        n, kept = (greedy_end or end_greedy_round)(state, out, drafts, dlen, logits, params, eos_ids, P)
+        n, kept = (ops.greedy_end or end_greedy_round)(state, out, drafts, dlen, logits, params, eos_ids, P)
         return active, dlen, n, kept
     steps_seen = None if state.seen is None else seen_after(state.seen, drafts)
     p = warped_probs(logits, params, steps_seen)
