@@ -128,25 +128,11 @@ class Decoder:
         `assistant_model` (with `num_assistant_tokens`): speculative decoding, the same tokens (greedy) or the same
         distribution (sampling); docs/SPECULATIVE.md. `last_speculation` then holds its rounds' counts.
         """
-        plan = make_plan(
-            self.model,
-            input_ids,
-            attention_mask,
-            max_new_tokens,
-            strategy,
-            eos_token_id,
-            pad_token_id,
-            do_sample=do_sample,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            repetition_penalty=repetition_penalty,
-            seed=seed,
-            prompt_lookup_num_tokens=prompt_lookup_num_tokens,
-            assistant_model=assistant_model,
-            num_assistant_tokens=num_assistant_tokens,
-        )
+        request = (input_ids, attention_mask, max_new_tokens, strategy, eos_token_id, pad_token_id)
+        sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        sampling.update(repetition_penalty=repetition_penalty, seed=seed)
+        speculation = dict(prompt_lookup_num_tokens=prompt_lookup_num_tokens, assistant_model=assistant_model)
+        plan = make_plan(self.model, *request, **sampling, **speculation, num_assistant_tokens=num_assistant_tokens)
         sink = _token_sink(streamer)
         # a compiled call's captured step cannot run experts that copy to the host: hf/graph_experts.py
         experts = graph_safe_experts(self.model, plan.step == "compiled", model_device(self.model).type)
