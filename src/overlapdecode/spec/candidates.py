@@ -84,9 +84,7 @@ class Assistant:
         """K drafts for every row from its last token at its position -> ((B, K) drafts, (B,) K each, (B, K, V) the
         draft distributions they were drawn from, or None when greedy). A sampled draft draws one (B, V)
         exponential noise per token from `generator`."""
-        B = state.last.shape[0]
-        dlen = torch.full((B,), self.k, dtype=torch.long, device=state.last.device)
-        dlen = torch.minimum(dlen, state.cap)
+        dlen = state.cap  # K, or the row's tokens left but one where fewer (spec/state.py round_start: at most K)
         seen = None if state.seen is None else state.seen.clone()
         token, drafts, qs = state.last, [], []
         # every forward's positions at once (a few small kernels a round, not a few per draft), (K + 1, B): each
