@@ -314,26 +314,27 @@ def _keep_rounds_of_draft(model, cache, drafter, fused) -> None:
     """A round with a draft model other than the model is kept with the model's fused `cache` like any other (its key
     holds the draft cache's id: loop/rounds.py Round.key), so that the next call of its shape replays it rather than
     capturing a round again. Such a round holds the draft's fused model `fused` and its cache, never the draft module
-    itself, and must not keep them alive past their use: the rounds kept with any cache of the fused `model` whose
-    draft cache `fused` no longer keeps are dropped here, and every round of `fused` once `drafter` is collected
-    (its decoder, which holds `fused`, goes with it). The finalizer holds `cache` weakly: a kept round of a draft
-    never keeps the model's cache alive."""
-    live = {id(c) for c in fused.kept_caches()}
+    itself, and must not keep them alive past their use: every round kept with a cache of the fused `model` whose
+    draft cache its own fused model no longer keeps is dropped here, and every round of `fused` once `drafter` is
+    collected (its decoder, which holds `fused`, goes with it). The finalizer holds `cache` weakly: a kept round of a
+    draft never keeps the model's cache alive."""
     for mine in model.kept_caches():
-        for key, rows in _draft_rounds(mine, id(fused)):
-            if id(rows.cache) not in live:
+        for key, rows in _draft_rounds(mine):
+            if not any(c is rows.cache for c in rows.fused.kept_caches()):
                 del mine.graphs[key]
     if id(fused) not in cache.drafts_watched:
         cache.drafts_watched.add(id(fused))
         weakref.finalize(drafter, _drop_rounds_of_draft, weakref.ref(cache), id(fused))
 
 
-def _draft_rounds(cache, fused_id: int) -> list:
-    """(key, the draft's rows) of each round kept with `cache` whose draft runs on the fused model of id `fused_id`."""
+def _draft_rounds(cache, fused_id: int | None = None) -> list:
+    """(key, the draft's rows) of each round kept with `cache` whose draft runs on a fused model (of id `fused_id`,
+    where given)."""
     found = []
     for key, entry in cache.graphs.items():
         rows = getattr(entry, "draft", None)
-        if rows is not None and id(getattr(rows, "fused", None)) == fused_id:
+        fused = getattr(rows, "fused", None)
+        if fused is not None and fused_id in (None, id(fused)):
             found.append((key, rows))
     return found
 
