@@ -205,7 +205,7 @@ def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None, k
 
     def stopped_at(k: int) -> bool:
         """Read report k (after round k - 1): its round's counts, a streamer's tokens; whether every row stopped.
-        Sets `may_end`: the next round could stop every row (each row stopped or K + 1 tokens from its last)."""
+        Sets `may_end`: the next round could stop every row (each row stopped or K + 1 tokens or fewer from its last)."""
         nonlocal streamed, steps, may_end
         done, counts, finished, active, offered, accepted, tokens = reports.read(k)
         if k > 0:
@@ -239,8 +239,8 @@ def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None, k
         if s > 0:
             # host sync, at the end of a call only: where the rounds already enqueued could have stopped every row
             # (may_end, from the last report read), their last report is read before another round is enqueued, so
-            # that a call whose every row stops where it could runs no round past its stop (a whole verify step:
-            # 1 in 27 rounds at 128 tokens and K = 4); a row that rejects a draft there costs the GPU one idle gap
+            # that a call whose every row stops where it could runs no round past its stop (a whole verify step); a
+            # row that rejects a draft there costs the GPU one idle gap
             if may_end and read < s - 1 and read_to(s - 1):
                 break
             graph.run(functools.partial(rnd.play, generator), recompile_limits)
