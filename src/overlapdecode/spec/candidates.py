@@ -89,7 +89,8 @@ class Assistant:
         token, drafts, qs = state.last, [], []
         # every forward's positions at once (a few small kernels a round, not a few per draft), (K + 1, B): each
         # forward's contiguous
-        positions = feed_positions(state, dlen, torch.arange(self.k + 1, device=dlen.device)).T.contiguous()
+        steps = torch.arange(self.k + 1, device=dlen.device)
+        positions = feed_positions(state.pos, state.active, dlen, steps).T.contiguous()
         for j in range(self.k + 1):
             logits = self.cache.forward(token[:, None], positions[j][:, None], 1)  # (B, 1, V)
             if j == self.k:

@@ -80,20 +80,14 @@ def seen_after(seen: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
     return torch.stack(steps, dim=1)
 
 
-def feed_positions(state: RowState, dlen: torch.Tensor, j) -> torch.Tensor:
-    """The position of the j-th token a round feeds a row (its last token, then its drafts; j an int or a (T,)
-    range): its own up to the row's last draft, then one past it for every token beyond, which no row keeps (so
-    that where the slot is the position, as in the fused cache, they never overwrite a kept slot), and the row's
-    last position alone on a row that has stopped (never past the model's positions)."""
-    return positions_fed(state.pos, state.active, dlen, j)
-
-
-def positions_fed(pos: torch.Tensor, active: torch.Tensor, dlen: torch.Tensor, j) -> torch.Tensor:
-    """feed_positions on the rows' positions and activity."""
+def feed_positions(pos: torch.Tensor, active: torch.Tensor, dlen: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """(B, T) the position of each token a round feeds a row (`steps` the (T,) range 0..T-1: its last token, then its
+    drafts), from the rows' (B,) positions, activity and drafts offered: its own up to the row's last draft, then one
+    past it for every token beyond, which no row keeps (so that where the slot is the position, as in the fused
+    cache, they never overwrite a kept slot), and the row's last position alone on a row that has stopped (never
+    past the model's positions)."""
     limit = dlen + active.long()
-    if isinstance(j, int):
-        return pos + torch.clamp(limit, max=j)
-    return pos[:, None] + torch.minimum(j[None, :], limit[:, None])
+    return pos[:, None] + torch.minimum(steps[None, :], limit[:, None])
 
 
 def round_start(finished: torch.Tensor, count: torch.Tensor, n_max: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +102,7 @@ def verify_feed(last, pos, active, drafts, dlen, cap) -> tuple[torch.Tensor, tor
     (feed_positions), (B,) the drafts offered: `dlen` capped at `cap`). Tensors in, tensors out."""
     dlen = torch.minimum(dlen, cap)
     steps = torch.arange(drafts.shape[1] + 1, device=drafts.device)
-    return torch.cat([last[:, None], drafts], dim=1), positions_fed(pos, active, dlen, steps), dlen
+    return torch.cat([last[:, None], drafts], dim=1), feed_positions(pos, active, dlen, steps), dlen
 
 
 class RoundOps(NamedTuple):
