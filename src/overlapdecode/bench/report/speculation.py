@@ -103,12 +103,6 @@ def plain_of(rows, row: dict) -> dict | None:
     )
 
 
-def decode_speedup(row: dict) -> float | None:
-    """The decode's speed-up of a row (the whole call's, less each call's time to first token), or None where a row
-    recorded before it was lacks it."""
-    return row.get("decode_speedup")
-
-
 def speedup_text(rows, row: dict) -> str:
     """A speculative row's speed-up, `!` marked where the spread of its own or its plain row's timed calls covers
     the difference (as the other tables mark theirs); `-` where the plain row is missing."""
@@ -199,7 +193,7 @@ def section(rows) -> list[str]:
                 fmt(r["ms_per_token"], "{:.3f}"),
                 fmt(r.get("plain_ms_per_token"), "{:.3f}"),
                 speedup_text(rows, r),
-                fmt(decode_speedup(r), "{:.2f}x"),
+                fmt(r.get("decode_speedup"), "{:.2f}x"),
                 fmt(predicted(rows, r), "{:.2f}x"),
             ]
             for r in sorted(spec, key=lambda r: (_where(r), r["speculation"], r["k"], r["max_new_tokens"]))
@@ -247,14 +241,13 @@ def _draw(ax, key, rows, panel: list) -> None:
         if c is not None and d is not None:
             ax.plot(grid, [model_speedup(a, k, c, d) for a in grid], color=colour, linestyle=style, linewidth=1)
         rated = [r for r in members if model_rate(r) is not None]
-        pts = [
-            (model_rate(r), decode_speedup(r) or r["speedup"]) for r in rated
-        ]  # a row before the decode's: its call's
-        calls = [(model_rate(r), r["speedup"]) for r in rated if decode_speedup(r) is not None]
+        # filled: the decode's speed-up (a row recorded before it was: its call's); hollow: the whole call's
+        pts = [(model_rate(r), r.get("decode_speedup") or r["speedup"]) for r in rated]
+        calls = [(model_rate(r), r["speedup"]) for r in rated if r.get("decode_speedup") is not None]
         pts = [(a, s) for a, s in pts if s is not None]
         if pts:
             ax.scatter(*zip(*pts), color=colour, marker=marker, zorder=3, label=f"{drafts}, K={k}")
-        if calls:  # the whole call's speed-up, its prefill included: hollow
+        if calls:
             ax.scatter(*zip(*calls), facecolors="none", edgecolors=colour, marker=marker, zorder=3)
     for drafts, style in (("prompt lookup", "-"), ("a draft model", "--")):  # the lines' key, in the legend
         ax.plot([], [], color="grey", linestyle=style, linewidth=1, label=f"model, {drafts}")
