@@ -305,7 +305,7 @@ class Decoder:
             if fused is not None:
                 draft = spec_rows(fused, B, plan.cache_len, tag="draft")
                 if drafter is not self.model:
-                    _keep_rounds_of_draft(self.fused_model(), target.cache, drafter, fused)
+                    _keep_rounds_of_draft(target.fused, target.cache, drafter, fused)
                 return target, draft, kept
         return target, StaticRows(drafter, req.attention_mask, length, forward), None
 

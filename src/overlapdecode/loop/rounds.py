@@ -205,7 +205,8 @@ def run_rounds(plan, device: torch.device, target, draft=None, on_tokens=None, k
 
     def stopped_at(k: int) -> bool:
         """Read report k (after round k - 1): its round's counts, a streamer's tokens; whether every row stopped.
-        Sets `may_end`: the next round could stop every row (each row stopped or K + 1 tokens or fewer from its last)."""
+        Sets `may_end`: whether the verify step enqueued next could stop every row (each row stopped or K + 1 tokens or
+        fewer from its last)."""
         nonlocal streamed, steps, may_end
         done, counts, finished, active, offered, accepted, tokens = reports.read(k)
         if k > 0:
