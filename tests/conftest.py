@@ -19,8 +19,14 @@ import pytest  # noqa: E402
 
 import overlapdecode as od  # noqa: E402
 
+# Tests that hold a worker longest, each one process group or child process of 15-110 s on 2 cores (tensor
+# parallelism's torchrun launches, every kernel's sm_90 compile): dispatched first, so that under pytest-xdist the
+# workers end together on short tests instead of one of them waiting out a long one alone.
+FIRST = ("tests/tp/", "tests/fused/test_kernel_compile_child.py")
+
 
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not any(part in item.nodeid for part in FIRST))  # stable: the rest keep their order
     for item in items:
         if "/tests/gpu/" in str(item.fspath):
             item.add_marker(pytest.mark.cuda)

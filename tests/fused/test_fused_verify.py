@@ -113,7 +113,7 @@ def test_speculation_on_the_triton_kernels_gives_the_tokens_without_it(tiny_llam
     verified token counts) are those without speculation, at batch 3 with left padding."""
     ids, mask = make_batch(3, seed=24)
     dec = od.Decoder(tiny_llama, fused_options=dict(kernels="triton", compile_prefill=False))
-    kw = dict(attention_mask=mask, max_new_tokens=10, strategy="fused", eos_token_id=[], pad_token_id=0)
+    kw = dict(attention_mask=mask, max_new_tokens=7, strategy="fused", eos_token_id=[], pad_token_id=0)
     ref = dec.generate(ids, **kw)
     for spec in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=tiny_llama, num_assistant_tokens=3)):
         assert torch.equal(dec.generate(ids, **kw, **spec), ref), list(spec)

@@ -164,9 +164,9 @@ def test_generate_with_the_kernels_gives_hugging_faces_tokens(name, scheme, grou
     Hugging Face generate()'s tokens on the same model."""
     model = od.load_model(name, device=DEV, quantize=scheme, group_size=group_size)
     ids, mask = make_batch(4, seed=4, device=DEV)
-    ref = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=[], pad_token_id=0)
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, eos_token_id=[], pad_token_id=0)
     dec = od.Decoder(model, fused_options=dict(kernels="triton", compile_prefill=False))
-    out = dec.generate(ids, attention_mask=mask, max_new_tokens=10, eos_token_id=[], strategy="fused")
+    out = dec.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=[], strategy="fused")
     assert torch.equal(out, ref)
 
 
@@ -186,7 +186,7 @@ def test_generate_of_decoder_families_with_the_kernels_equals_the_references(nam
     outs, kv = [], []
     for kernels in ("torch", "triton"):
         dec = od.Decoder(model, fused_options=dict(kernels=kernels, compile_prefill=False))
-        outs.append(dec.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[], strategy="fused"))
+        outs.append(dec.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=[], strategy="fused"))
         (cache,) = dec.fused_model()._caches.values()
         kv.append(torch.stack(cache.k + cache.v))
     assert torch.equal(outs[1], outs[0])
