@@ -103,6 +103,8 @@ def test_the_model_curve(k):
     assert expected_tokens(0.5, k) == pytest.approx(sum(0.5**j for j in range(k + 1)))
     assert model_speedup(1.0, k, 1.25) == pytest.approx((k + 1) / 1.25)
     assert model_speedup(0.0, k, 1.0, 0.5) == pytest.approx(1 / (1 + (k + 1) * 0.5))  # the draft's K + 1 forwards
+    # the K-th draft fed at a measured cost (fused: no LM head) instead of a whole forward
+    assert model_speedup(0.0, k, 1.0, 0.5, 0.1) == pytest.approx(1 / (1 + k * 0.5 + 0.1))
     with pytest.raises(ValueError, match="a must be an acceptance probability"):
         expected_tokens(1.5, k)
 
@@ -185,6 +187,7 @@ def test_the_verify_step_is_timed_for_every_token_count(spec_dir):
     assert verify["draft_step_ms"] > 0 and verify["draft_ratio"] == pytest.approx(
         verify["draft_step_ms"] / verify["verify_ms"][0]
     )
+    assert "draft_feed_ms" not in verify  # a Hugging Face cache feeds with a whole forward: draft_ratio covers it
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +207,10 @@ def test_the_fused_verify_step_is_timed_for_every_token_count(fused_dir):
     assert verify["verify_ratio"] == pytest.approx([t / verify["verify_ms"][0] for t in verify["verify_ms"]])
     assert verify["verify_graph"] is False  # on CPU the forwards run eagerly: no graph is captured
     assert verify["draft_step_ms"] > 0
+    # the draft's last token of a round fed without its LM head, timed apart (the model's round cost takes it)
+    assert verify["draft_feed_ms"] > 0 and verify["draft_feed_ratio"] == pytest.approx(
+        verify["draft_feed_ms"] / verify["verify_ms"][0]
+    )
     text = open(os.path.join(fused_dir, "report.md")).read()
     verify_table = text[text.index("| strategy | dtype | batch | 1-token ms |") :].split("\n\n")[0]
     assert "| fused | float32 | 1 |" in verify_table and verify_table.rstrip().endswith("| eager |")
@@ -212,8 +219,8 @@ def test_the_fused_verify_step_is_timed_for_every_token_count(fused_dir):
 
 
 def _spy_fused_forwards(monkeypatch):
-    """Record each call of forward.decode_step (its rows, cache_group, positions, first K cache, and whether
-    forward.verify_step made it) and the T of each forward.verify_step."""
+    """Record each call of forward.decode_step (its rows, cache_group, positions, first K cache, whether
+    forward.verify_step made it, whether it read the LM head) and the T of each forward.verify_step."""
     import inspect
 
     from overlapdecode.fused import forward
@@ -225,7 +232,14 @@ def _spy_fused_forwards(monkeypatch):
     def decode_spy(*args, **kwargs):
         a = params.bind(*args, **kwargs).arguments
         calls.append(
-            (a["ids"].shape[0], a.get("cache_group", 1), a["pos"].tolist(), id(a["k_caches"][0]), bool(inside))
+            (
+                a["ids"].shape[0],
+                a.get("cache_group", 1),
+                a["pos"].tolist(),
+                id(a["k_caches"][0]),
+                bool(inside),
+                a.get("head", True),
+            )
         )
         return decode(*args, **kwargs)
 
@@ -245,7 +259,8 @@ def _spy_fused_forwards(monkeypatch):
 def test_the_fused_verify_forward_at_one_token_is_the_decode_step(tmp_path, monkeypatch):
     """The worker's verify row of `fused`: at T = 1 each forward is the fused decode step itself (decode_step over
     the B rows, cache_group 1, not through verify_step), at T > 1 forward.verify_step over the B * T tokens at
-    positions P..P + T - 1 of the fused cache holding the prompt; the draft's one-token forward on its own cache."""
+    positions P..P + T - 1 of the fused cache holding the prompt; the draft's one-token forward on its own cache, then
+    its feed of one token (the decode step without the LM head)."""
     import torch
 
     import overlapdecode as od
@@ -259,12 +274,13 @@ def test_the_fused_verify_forward_at_one_token_is_the_decode_step(tmp_path, monk
     assert row["verify_tokens"] == list(range(1, 10)) and len(row["verify_ms"]) == 9
     assert verifies == [T for T in range(2, 10) for _ in range(runs)]  # T = 1 never through verify_step
     model_cache = calls[0][3]
-    expected = [(B, 1, [P] * B, model_cache, False)] * runs  # T = 1: the one-token decode step
+    expected = [(B, 1, [P] * B, model_cache, False, True)] * runs  # T = 1: the one-token decode step
     for T in range(2, 10):
-        expected += [(B * T, T, list(range(P, P + T)) * B, model_cache, True)] * runs
+        expected += [(B * T, T, list(range(P, P + T)) * B, model_cache, True, True)] * runs
     assert calls[: len(expected)] == expected
     draft = calls[len(expected) :]  # the draft's one-token forward, on the cache its rounds give it (tag "draft")
-    assert len(draft) == runs and all(c[:3] == (B, 1, [P] * B) and not c[4] for c in draft)
+    assert len(draft) == 2 * runs and all(c[:3] == (B, 1, [P] * B) and not c[4] for c in draft)
+    assert [c[5] for c in draft] == [True] * runs + [False] * runs  # the forward, then the feed
     assert {c[3] for c in draft} != {model_cache} and len({c[3] for c in draft}) == 1
 
 

@@ -118,3 +118,33 @@ def test_speculation_on_the_triton_kernels_gives_the_tokens_without_it(tiny_llam
     for spec in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=tiny_llama, num_assistant_tokens=3)):
         assert torch.equal(dec.generate(ids, **kw, **spec), ref), list(spec)
     assert dec.last_speculation.accepted == dec.last_speculation.drafted
+
+
+@torch.no_grad()
+def test_a_drafts_last_token_of_a_round_is_fed_without_the_lm_head(tiny_llama, monkeypatch):
+    """A fused draft model feeds its K-th draft (its cache then holds the round's K + 1 slots, as the model's) with
+    the decode step's K/V writes alone: no LM head read, the same cache as a whole step writes, and the same tokens
+    as without speculation."""
+    fm = FusedModel(tiny_llama, compile_prefill=False)
+    ids, mask = make_batch(3, seed=5)
+    caches = [fm.cache_for(3, 32, tag) for tag in ("whole", "fed")]
+    for cache in caches:
+        fm.prefill(cache, ids, mask, position_ids_for_prompt(mask))
+    tok, pos = torch.tensor([7, 8, 9]), mask.sum(1)
+    W, (a, b) = fm.weights, caches
+    assert forward.decode_step(W, a.k, a.v, a.pad, tok, pos, fm.ops).shape == (3, tiny_llama.config.vocab_size)
+    assert forward.decode_step(W, b.k, b.v, b.pad, tok, pos, fm.ops, head=False) is None
+    for x, y in zip(a.k + a.v, b.k + b.v):
+        assert torch.equal(x, y)
+    heads = []  # per decode step of a call (the verify step is one too, its tokens as rows): whether it read the head
+    step = forward.decode_step
+    monkeypatch.setattr(
+        forward, "decode_step", lambda *a, head=True, **k: heads.append(head) or step(*a, head=head, **k)
+    )
+    dec = od.Decoder(tiny_llama)
+    kw = dict(attention_mask=mask, max_new_tokens=9, strategy="fused", eos_token_id=[], pad_token_id=0)
+    ref = dec.generate(ids, **kw)
+    heads.clear()
+    assert torch.equal(dec.generate(ids, **kw, assistant_model=tiny_llama, num_assistant_tokens=3), ref)
+    rounds = dec.last_speculation.rounds
+    assert rounds >= 2 and heads.count(False) == rounds and heads.count(True) == 4 * rounds  # 3 drafts, the verify

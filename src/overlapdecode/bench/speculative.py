@@ -383,14 +383,17 @@ def captured_rows(model, strategy, mask: torch.Tensor, length: int, tag: str = "
     return StaticRows(model, mask, length, forward)
 
 
-def captured_ms(rows, ids, tokens: tuple, warmup: int, repeats: int, vocab: int, seed: int) -> tuple[list, bool]:
+def captured_ms(
+    rows, ids, tokens: tuple, warmup: int, repeats: int, vocab: int, seed: int, feed: bool = False
+) -> tuple[list, bool]:
     """A forward of T tokens (each T of `tokens`) as a captured round runs it on `rows` (captured_rows's: FusedRows
     or StaticRows), which first takes the prompt `ids` (B, P): T random ids at positions P..P + T - 1, logits over
     all T -> (the median ms per T, whether every timed run was a CUDA graph's replay). Per T one GraphCapture: its
     first run eager (it compiles and warms up what the forward launches) and captured where CUDA is, then `warmup`
     untimed and `repeats` timed runs, each a replay of that one graph on CUDA (an eager forward elsewhere). After
     each run the rows are cut back to the prompt on the device (settle_rows keeping no slot: a StaticRows' counter
-    and mask; nothing for FusedRows, whose next run writes the same slots again)."""
+    and mask; nothing for FusedRows, whose next run writes the same slots again). `feed`: `rows.feed` timed instead
+    (the tokens written, no logits: a draft's last token of a round)."""
     B, P = ids.shape
     mask = torch.ones_like(ids)
     clock = _Clock(ids.device)
@@ -401,7 +404,11 @@ def captured_ms(rows, ids, tokens: tuple, warmup: int, repeats: int, vocab: int,
         draft = prompt(B, T, vocab, ids.device, seed + T)
         positions = (P + torch.arange(T, device=ids.device)).expand(B, T)
         graph = GraphCapture(ids.device)
-        forward = functools.partial(rows.forward, draft, positions, T)
+        forward = (
+            functools.partial(rows.feed, draft, positions)
+            if feed
+            else functools.partial(rows.forward, draft, positions, T)
+        )
         graph.run(forward, recompile_limits)  # eager (compiles, warms up), then captured where CUDA is
         rows.settle_rows(none_kept, T)
         times = []
@@ -419,7 +426,8 @@ def captured_ms(rows, ids, tokens: tuple, warmup: int, repeats: int, vocab: int,
 def verify_row(cfg, strategy: str, model, draft, batch: int, vocab: int, device) -> dict:
     """A preset's verify-step costs: `verify_ms` for each T of `verify_tokens` (K + 1 = 1..max(9, the largest K
     + 1)) and `verify_ratio` = that / the one-token forward's; with a draft model, `draft_step_ms` (its one-token
-    forward on the cache its rounds give it) and `draft_ratio` (that / the model's); `verify_graph`: whether each
+    forward on the cache its rounds give it) and `draft_ratio` (that / the model's), on `fused` also
+    `draft_feed_ms` and `draft_feed_ratio` (its last draft of a round fed, no LM head); `verify_graph`: whether each
     timed forward was the replay of a CUDA graph (the captured presets' on CUDA). The caches are sized as the round
     loop's of the run's longest call and largest K (and T)."""
     ks = cfg.prompt_lookup + cfg.prompt_lookup_loop + (cfg.num_assistant_tokens if cfg.assistant else ())
@@ -430,7 +438,7 @@ def verify_row(cfg, strategy: str, model, draft, batch: int, vocab: int, device)
     P, N = cfg.prompt_len, max(cfg.lengths)
     captured = captured_rounds(s)
 
-    def timed(m, ts: tuple, tag: str) -> tuple[list, bool]:
+    def timed(m, ts: tuple, tag: str, feed: bool = False) -> tuple[list, bool]:
         if not captured:
             length = max(spec_cache_len(P, N, max(ks), batch), P + tokens[-1])  # room for the largest T too
             return forward_ms(m, s.cache, ids, ts, warmup, repeats, length, cfg.seed), False
@@ -440,7 +448,8 @@ def verify_row(cfg, strategy: str, model, draft, batch: int, vocab: int, device)
         rows = captured_rows(m, s, torch.ones_like(ids), fused_len if s.cache == "fused" else static_len, tag)
         safe = graph_safe_experts(m, isinstance(rows, StaticRows), device.type)  # as decode.py runs the rounds
         with torch.no_grad(), safe:
-            return captured_ms(rows, ids, ts, warmup, repeats, m.get_output_embeddings().weight.shape[0], cfg.seed)
+            vocab_m = m.get_output_embeddings().weight.shape[0]
+            return captured_ms(rows, ids, ts, warmup, repeats, vocab_m, cfg.seed, feed)
 
     ms, replayed = timed(model, tokens, "")
     row = dict(strategy=strategy, verify_tokens=list(tokens), verify_ms=ms, verify_ratio=[t / ms[0] for t in ms])
@@ -450,4 +459,7 @@ def verify_row(cfg, strategy: str, model, draft, batch: int, vocab: int, device)
     if draft is not None:
         (draft_ms,), _ = timed(draft, (1,), "draft")
         row.update(draft_step_ms=draft_ms, draft_ratio=draft_ms / ms[0])
+        if captured and s.cache == "fused":  # its last draft of a round fed without the LM head (FusedRows.feed)
+            (feed_ms,), _ = timed(draft, (1,), "draft", feed=True)
+            row.update(draft_feed_ms=feed_ms, draft_feed_ratio=feed_ms / ms[0])
     return row

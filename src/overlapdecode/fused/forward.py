@@ -98,8 +98,11 @@ def window_start(start, length, window: int | None):
     return start if window is None else torch.maximum(start, length - window)
 
 
-def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=None, cache_group: int = 1):
-    """One token per row: ids, pos (B,) long -> float32 logits (B, V); writes K/V at slot pos + pad.
+def decode_step(
+    W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=None, cache_group: int = 1, head: bool = True
+):
+    """One token per row: ids, pos (B,) long -> float32 logits (B, V); writes K/V at slot pos + pad. `head=False`:
+    the K/V writes alone, no LM head read and None returned (a draft model's last token of a round).
     `ops` (model.StepOps): the operations, Triton kernels or their `*_ref` twins. `finish`
     (kernels/greedy.py GreedyFinish): also choose the greedy tokens and advance its state and flag in place
     (ops.greedy, after the head); ids and pos may be views of that state: they are read before it is written.
@@ -116,6 +119,8 @@ def decode_step(W: FusedWeights, k_caches, v_caches, pad, ids, pos, ops, finish=
     for layer, kc, vc, read in zip(W.layers, k_caches, v_caches, reads):
         after = then_norm(W, *read)
         h = decode_layer(W, layer, h, kc, vc, pos, slot, pad, length, ops, ropes, tables, after, cache_group)
+    if not head:
+        return None
     logits = ops.norm_linear(h, W.norm_w, W.norm_b, W.eps, W.lm_head, None, "none", torch.float32, **W.head_options())
     if W.vocab is not None:
         logits = W.vocab.gather_logits(logits)  # under tp: this rank's vocabulary rows

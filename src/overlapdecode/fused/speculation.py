@@ -23,7 +23,7 @@ from .model import FusedModel
 
 class FusedRows:
     """A FusedModel and a cache of `length` slots for `batch` rows, kept by the model (`tag` keeps a draft's apart
-    when a model drafts for itself): the interface of spec/cache.py's caches (prefill, forward, settle_rows)."""
+    when a model drafts for itself): the interface of spec/cache.py's caches (prefill, forward, feed, settle_rows)."""
 
     def __init__(self, fused: FusedModel, batch: int, length: int, tag: str = ""):
         limit = fused.max_positions  # the slots never pass the model's positions (spec/state.py feed_positions)
@@ -43,6 +43,12 @@ class FusedRows:
         else:
             logits = forward.verify_step(W, c.k, c.v, c.pad, tokens, positions, self.fused.ops)
         return logits[:, logits.shape[1] - keep :]
+
+    def feed(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """(B, 1) tokens at (B, 1) positions written at their slots, no logits: the decode step without its LM head
+        (a draft's last token of a round, whose logits nothing reads)."""
+        W, c = self.fused.weights, self.cache
+        forward.decode_step(W, c.k, c.v, c.pad, tokens[:, 0], positions[:, 0], self.fused.ops, head=False)
 
     def settle_rows(self, kept: torch.Tensor, width: int) -> None:
         """Nothing to cut: a rejected slot is written again before it is read."""

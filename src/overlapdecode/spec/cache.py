@@ -65,6 +65,10 @@ class RowCache:
         self.used = end
         return logits
 
+    def feed(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """The tokens written, their logits unread (a Hugging Face model computes its head on the last one)."""
+        self.forward(tokens, positions, 1)
+
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The prompt (its mask is already this cache's) -> (B, V) logits of its last token."""
         return self.forward(input_ids, positions, 1)[:, -1]
@@ -103,6 +107,10 @@ class StaticRows:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
         """(B, T) tokens at (B, T) positions into the next T slots -> (B, keep, V) logits of the last `keep`."""
         return self.call(self.model, tokens, positions, self.mask, self.cache, self.keyword, keep)
+
+    def feed(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """The tokens written, their logits unread (the forward of `keep` 1: the graph the drafts already compiled)."""
+        self.forward(tokens, positions, 1)
 
     def settle_rows(self, kept: torch.Tensor, width: int) -> None:
         """After a round that wrote the last `width` slots: each row keeps its first kept[i] of them (the others

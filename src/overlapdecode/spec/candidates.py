@@ -91,10 +91,8 @@ class Assistant:
         # forward's contiguous
         steps = torch.arange(self.k + 1, device=dlen.device)
         positions = feed_positions(state.pos, state.active, dlen, steps).T.contiguous()
-        for j in range(self.k + 1):
+        for j in range(self.k):
             logits = self.cache.forward(token[:, None], positions[j][:, None], 1)  # (B, 1, V)
-            if j == self.k:
-                break  # the K-th draft fed: the cache holds the round's K + 1 slots, as the model's
             if params.do_sample:
                 q = warped_probs(logits[:, 0], params, seen)
                 token = race(q, draw_noise(q.shape, q.device, generator))
@@ -104,6 +102,9 @@ class Assistant:
             if seen is not None:
                 mark_seen(seen, token)
             drafts.append(token)
+        # the K-th draft fed without logits (the fused draft reads no LM head): the cache holds the round's K + 1
+        # slots, as the model's
+        self.cache.feed(token[:, None], positions[self.k][:, None])
         return torch.stack(drafts, dim=1), dlen, torch.stack(qs, dim=1) if qs else None
 
     def settle(self, start: int, kept: torch.Tensor, keep: int) -> None:

@@ -264,7 +264,11 @@ def _speculative_faults(r: dict) -> list[str]:
                 v = r.get(k)
                 if not (isinstance(v, list) and len(v) == len(tokens) and all(_time(x) for x in v)):
                     wrong.append(k)
-        wrong += [k for k in ("draft_step_ms", "draft_ratio") if r.get(k) is not None and not _time(r[k])]
+        wrong += [
+            k
+            for k in ("draft_step_ms", "draft_ratio", "draft_feed_ms", "draft_feed_ratio")
+            if r.get(k) is not None and not _time(r[k])
+        ]
         if not isinstance(r.get("verify_graph", False), bool):
             wrong.append("verify_graph")
     return wrong

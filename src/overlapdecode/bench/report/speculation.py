@@ -33,15 +33,18 @@ def expected_tokens(a: float, k: int) -> float:
     return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
-def round_cost(k: int, verify_ratio: float, draft_ratio: float = 0.0) -> float:
+def round_cost(k: int, verify_ratio: float, draft_ratio: float = 0.0, feed_ratio: float | None = None) -> float:
     """A round's cost in one-token steps of the model: the verify step (`verify_ratio` at K + 1 tokens) and the
-    draft's K + 1 forwards (`draft_ratio` the draft's one-token forward / the model's, 0 for prompt lookup)."""
-    return verify_ratio + (k + 1) * draft_ratio
+    draft's K forwards (`draft_ratio` the draft's one-token forward / the model's, 0 for prompt lookup), then its
+    K-th draft fed with no logits read (`feed_ratio`; None: a whole forward, as the Hugging Face caches feed it)."""
+    return verify_ratio + k * draft_ratio + (draft_ratio if feed_ratio is None else feed_ratio)
 
 
-def model_speedup(a: float, k: int, verify_ratio: float, draft_ratio: float = 0.0) -> float:
+def model_speedup(
+    a: float, k: int, verify_ratio: float, draft_ratio: float = 0.0, feed_ratio: float | None = None
+) -> float:
     """The model's speed-up over one token a step: E[tokens per round] / the round's cost (round_cost)."""
-    return expected_tokens(a, k) / round_cost(k, verify_ratio, draft_ratio)
+    return expected_tokens(a, k) / round_cost(k, verify_ratio, draft_ratio, feed_ratio)
 
 
 def spec_rows(rows) -> list:
@@ -69,10 +72,13 @@ def ratio_at(verify: dict, tokens: int) -> float | None:
     return verify["verify_ratio"][have.index(tokens)] if tokens in have else None
 
 
-def draft_cost(row: dict, verify: dict) -> float | None:
-    """A row's draft cost per one-token step of the model: 0 for prompt lookup, the draft's one-token forward / the
-    model's for a draft model (None where the verify row lacks it)."""
-    return 0.0 if row.get("speculation") == "prompt_lookup" else verify.get("draft_ratio")
+def draft_cost(row: dict, verify: dict) -> tuple[float | None, float | None]:
+    """A row's draft costs per one-token step of the model -> (a forward's, the last draft's feed's): 0 for prompt
+    lookup; for a draft model its one-token forward / the model's (None where the verify row lacks it) and its
+    feed without logits / the model's (None where not measured: a whole forward)."""
+    if row.get("speculation") == "prompt_lookup":
+        return 0.0, 0.0
+    return verify.get("draft_ratio"), verify.get("draft_feed_ratio")
 
 
 def model_rate(row: dict) -> float | None:
@@ -90,8 +96,8 @@ def predicted(rows, row: dict) -> float | None:
     a = model_rate(row)
     if verify is None or a is None:
         return None
-    c, d = ratio_at(verify, row["k"] + 1), draft_cost(row, verify)
-    return None if c is None or d is None else model_speedup(a, row["k"], c, d)
+    c, (d, f) = ratio_at(verify, row["k"] + 1), draft_cost(row, verify)
+    return None if c is None or d is None else model_speedup(a, row["k"], c, d, f)
 
 
 def plain_of(rows, row: dict) -> dict | None:
@@ -172,9 +178,10 @@ def section(rows) -> list[str]:
             "((accepted + rounds) / rounds), ms/token, the same strategy's ms/token without speculation in this "
             "run, the speed-up (its time / this row's), the decode's speed-up (each call's time less its time to "
             "first token: the prefill, which speculation does not shorten) and the model's speed-up of the "
-            "decode at a, E[tokens per round] / (verify cost + the draft's K + 1 forwards); `!`: a speed-up "
-            "within the spread of this row's or the plain row's timed calls; `-` where a figure is missing (no "
-            "draft offered, no verify row; a row recorded before a was, whose model takes accepted / offered).",
+            "decode at a, E[tokens per round] / (verify cost + the draft's K forwards + the feed of its last "
+            "draft, a forward without its LM head on `fused`); `!`: a speed-up within the spread of this row's or "
+            "the plain row's timed calls; `-` where a figure is missing (no draft offered, no verify row; a row "
+            "recorded before a was, whose model takes accepted / offered).",
             "",
         ]
         body = [
@@ -237,9 +244,9 @@ def _draw(ax, key, rows, panel: list) -> None:
         style, marker = ("-", "o") if drafts.startswith("prompt lookup") else ("--", "^")
         verify = verify_of(rows, members[0])
         c = ratio_at(verify, k + 1) if verify else None
-        d = draft_cost(members[0], verify) if verify else None
+        d, f = draft_cost(members[0], verify) if verify else (None, None)
         if c is not None and d is not None:
-            ax.plot(grid, [model_speedup(a, k, c, d) for a in grid], color=colour, linestyle=style, linewidth=1)
+            ax.plot(grid, [model_speedup(a, k, c, d, f) for a in grid], color=colour, linestyle=style, linewidth=1)
         rated = [r for r in members if model_rate(r) is not None]
         # filled: the decode's speed-up (a row recorded before it was: its call's); hollow: the whole call's
         pts = [(model_rate(r), r.get("decode_speedup") or r["speedup"]) for r in rated]
