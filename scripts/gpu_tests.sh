@@ -4,7 +4,8 @@
 # 1. python3 -m pytest -v -m cuda on each test file of tests/gpu (or of --tests, space-separated paths) in turn, one
 #    process a file (a file's failure or hang cannot take the next file's GPU state with it), each under a time limit
 #    of --file-limit seconds (default 600) -> DIR/gpu-tests.log, appended as each test ends (a run cut short keeps
-#    what finished), each file's exit status and seconds on a line `== FILE rc=N Ns`, then the totals
+#    what finished), each test's seconds (pytest's durations, for splitting a file across runs by node id), each
+#    file's exit status and seconds on a line `== FILE rc=N Ns`, then the totals
 # 2. the eager stream paths under PyTorch's CUDA sanitizer (TORCH_CUDA_SANITIZER=1), which raises on any
 #    cross-stream access without an ordering event; it includes a planted race that must be reported, so the
 #    run shows the sanitizer was active -> DIR/sanitizer.log
@@ -47,7 +48,7 @@ if [ "$only" != sanitizer ]; then
   : > "$out/gpu-tests.log"
   for file in "${files[@]}"; do
     t=$SECONDS
-    timeout -k 10 "$file_limit" python3 -m pytest -v -m cuda "$file" -p no:cacheprovider -rA --tb=short \
+    timeout -k 10 "$file_limit" python3 -m pytest -v -m cuda "$file" -p no:cacheprovider -rA --tb=short --durations=0 \
       >> "$out/gpu-tests.log" 2>&1
     rc=$?
     echo "== $file rc=$rc $((SECONDS - t))s" | tee -a "$out/gpu-tests.log"
