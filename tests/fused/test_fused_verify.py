@@ -148,3 +148,42 @@ def test_a_drafts_last_token_of_a_round_is_fed_without_the_lm_head(tiny_llama, m
     assert torch.equal(dec.generate(ids, **kw, assistant_model=tiny_llama, num_assistant_tokens=3), ref)
     rounds = dec.last_speculation.rounds
     assert rounds >= 2 and heads.count(False) == rounds and heads.count(True) == 4 * rounds  # 3 drafts, the verify
+
+
+@torch.no_grad()
+def test_a_greedy_fused_draft_chooses_its_tokens_in_its_step(tiny_llama, monkeypatch):
+    """A fused draft model's greedy drafts (no repetition penalty) come from its step's own greedy choice
+    (FusedRows.choose: ops.greedy after the head, not a chunked argmax over returned logits): the logits' argmax,
+    the same K/V as the step that returns logits, each draft's token apart from the next draft's; a call gives the
+    tokens it gives without speculation, and a repetition penalty keeps the logits path."""
+    from overlapdecode.fused.speculation import FusedRows
+
+    fm = FusedModel(tiny_llama, compile_prefill=False)
+    ids, mask = make_batch(3, seed=6)
+    rows = [FusedRows(fm, 3, 32, tag) for tag in ("logits", "chosen")]
+    for r in rows:
+        r.prefill(ids, mask, position_ids_for_prompt(mask))
+    tok, pos = torch.tensor([[7], [8], [9]]), mask.sum(1)[:, None]
+    logits = rows[0].forward(tok, pos, 1)[:, 0]
+    first = rows[1].choose(tok, pos, 0)
+    assert torch.equal(first, logits.argmax(-1))
+    for x, y in zip(rows[0].cache.k + rows[0].cache.v, rows[1].cache.k + rows[1].cache.v):
+        assert torch.equal(x, y)
+    kept = first.clone()
+    second = rows[1].choose(first[:, None], pos + 1, 1)
+    assert torch.equal(second, rows[0].forward(first[:, None], pos + 1, 1)[:, 0].argmax(-1))
+    assert torch.equal(first, kept)  # the second draft wrote its own state
+
+    chosen = []  # per draft forward of a call: whether the step chose the token (a greedy-finish argument)
+    step = forward.decode_step
+    monkeypatch.setattr(
+        forward, "decode_step", lambda *a, **k: chosen.append(len(a) > 7 and a[7] is not None) or step(*a, **k)
+    )
+    dec = od.Decoder(tiny_llama)
+    kw = dict(attention_mask=mask, max_new_tokens=9, strategy="fused", eos_token_id=[], pad_token_id=0)
+    for extra in ({}, dict(repetition_penalty=1.3)):
+        ref = dec.generate(ids, **kw, **extra)
+        chosen.clear()
+        assert torch.equal(dec.generate(ids, **kw, **extra, assistant_model=tiny_llama, num_assistant_tokens=3), ref)
+        rounds = dec.last_speculation.rounds
+        assert chosen.count(True) == (0 if extra else 3 * rounds), extra

@@ -18,6 +18,7 @@ import torch
 
 from . import forward
 from .cache import FusedCache
+from .kernels.greedy import GreedyFinish
 from .model import FusedModel
 
 
@@ -29,6 +30,7 @@ class FusedRows:
         limit = fused.max_positions  # the slots never pass the model's positions (spec/state.py feed_positions)
         self.fused = fused
         self.cache: FusedCache = fused.cache_for(batch, length if limit is None else min(length, limit), tag)
+        self._choices = {}  # draft index -> the GreedyFinish that `choose` writes its tokens into (one per draft)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The prompt (FusedModel.prefill: compiled per bucket on CUDA; it writes the rows' padding) -> (B, V)."""
@@ -43,6 +45,24 @@ class FusedRows:
         else:
             logits = forward.verify_step(W, c.k, c.v, c.pad, tokens, positions, self.fused.ops)
         return logits[:, logits.shape[1] - keep :]
+
+    def choose(self, tokens: torch.Tensor, positions: torch.Tensor, j: int) -> torch.Tensor:
+        """(B, 1) tokens at (B, 1) positions written at their slots -> (B,) the greedy token after each (the
+        first index of its logits' maximum, as sampling.pick_next greedy with no repetition penalty): the decode
+        step with the step's own greedy choice (ops.greedy, one launch on CUDA) in place of a chunked argmax's
+        six torch kernels. The token is a view of draft `j`'s own state (B, 3), which no other draft writes, so
+        the K tokens of a round stay apart without a copy; its position and finished columns are scratch (no
+        EOS: no row finishes)."""
+        B = tokens.shape[0]
+        finish = self._choices.get(j)
+        if finish is None or finish.state.shape[0] != B:
+            state = torch.zeros((B, 3), dtype=torch.long, device=tokens.device)
+            no_eos = torch.zeros(0, dtype=torch.long, device=tokens.device)
+            finish = GreedyFinish(state, no_eos, 0, torch.zeros((), dtype=torch.bool, device=tokens.device))
+            self._choices[j] = finish
+        W, c = self.fused.weights, self.cache
+        forward.decode_step(W, c.k, c.v, c.pad, tokens[:, 0], positions[:, 0], self.fused.ops, finish)
+        return finish.state[:, 0]
 
     def feed(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """(B, 1) tokens at (B, 1) positions written at their slots, no logits: the decode step without its LM head

@@ -91,7 +91,13 @@ class Assistant:
         # forward's contiguous
         steps = torch.arange(self.k + 1, device=dlen.device)
         positions = feed_positions(state.pos, state.active, dlen, steps).T.contiguous()
+        # greedy with no penalty on the fused draft: its step chooses the token itself (FusedRows.choose)
+        choose = None if params.do_sample or seen is not None else getattr(self.cache, "choose", None)
         for j in range(self.k):
+            if choose is not None:
+                token = choose(token[:, None], positions[j][:, None], j)
+                drafts.append(token)
+                continue
             logits = self.cache.forward(token[:, None], positions[j][:, None], 1)  # (B, 1, V)
             if params.do_sample:
                 q = warped_probs(logits[:, 0], params, seen)
