@@ -39,6 +39,44 @@ def _config(tmp_path, *flags):
     return bench_config(args)
 
 
+@torch.no_grad()
+def test_an_oracle_of_a_given_shape_is_made_from_the_draft_the_run_loads(tmp_path):
+    """--assistant oracle:A@DIR: the run loads DIR as its draft (load_draft), the verify row times that draft's step,
+    and a draft model's row gets an oracle whose decoder is that draft's (worker._row_draft)."""
+    from overlapdecode.bench.config import BenchConfig
+    from overlapdecode.bench.speculative import load_draft, verify_row
+    from overlapdecode.bench.worker import _row_draft
+
+    _tiny_body(tied=False).save_pretrained(tmp_path)
+    spec = f"oracle:0.5@{tmp_path}"
+    model = od.load_model("tiny-llama", device="cpu")
+    body = load_draft(spec, "tiny-llama", model, "float32", torch.device("cpu"), seed=0)
+    assert body.config.hidden_size == 256 and load_draft("oracle:0.5", "tiny-llama", model, "float32", "cpu", 0) is None
+    cfg = BenchConfig(model="tiny-llama", assistant=spec, num_assistant_tokens=(2,), device="cpu", lengths=(6,))
+    ids = torch.randint(0, 500, (1, 5), generator=torch.Generator().manual_seed(4))
+    draft, fits = _row_draft(cfg, "kv", model, body, ids, 6, 0, {}, ("draft",), "assistant", 2)
+    assert draft.model is body.model and fits == 1
+    timed = []
+    verify_row(cfg, "kv", model, _Timed(body, timed), 1, 1000, torch.device("cpu"))
+    assert timed  # the draft's step timed: the loaded draft itself
+
+
+class _Timed(torch.nn.Module):
+    """A draft whose forwards are counted."""
+
+    def __init__(self, inner, calls: list):
+        super().__init__()
+        self.inner, self.calls = inner, calls
+        self.config = inner.config
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def forward(self, *args, **kwargs):
+        self.calls.append(1)
+        return self.inner(*args, **kwargs)
+
+
 @pytest.mark.parametrize(
     "flags, words",
     [
@@ -47,7 +85,9 @@ def _config(tmp_path, *flags):
         (["--prompt-lookup", ","], "--prompt-lookup needs at least one value"),
         (["--num-assistant-tokens", "4"], "--num-assistant-tokens is given without --assistant"),
         (["--assistant", "self", "--num-assistant-tokens", "2,-1"], "--num-assistant-tokens values must be >= 1"),
-        (["--assistant", " "], "--assistant takes self, random, oracle[:A], or a model name or directory"),
+        (["--assistant", " "], "--assistant takes self, random, oracle[:A][@MODEL], or a model name or directory"),
+        (["--assistant", "oracle:0.7@"], "--assistant oracle:0.7@: oracle@MODEL names the draft's shape"),
+        (["--assistant", "oracle@gpt2-random"], "--assistant oracle@gpt2-random scores 50257 token ids and --model"),
         (["--assistant", "oracle:0"], "--assistant oracle:0: oracle:A takes an acceptance rate 0 < A <= 1"),
         (["--assistant", "oracle:most"], "--assistant oracle:most: oracle:A takes an acceptance rate 0 < A <= 1"),
         (["--assistant", "gpt2-random"], "--assistant gpt2-random scores 50257 token ids and --model tiny-gpt2 1000"),
@@ -568,6 +608,65 @@ def test_the_oracle_draft_proposes_the_models_own_tokens_a_share_of_them_right(s
             assert 0.3 < right.float().mean() < 0.7 and 0 < stats.acceptance_rate < 0.7
     assert oracle_draft(model, None, None, 1.0, seed=1).config.n_embd == ORACLE_HEAD
     assert oracle_draft(model, None, None, 1.0, seed=1, keys=90).config.n_embd == draft.config.n_embd
+
+
+def _tiny_body(tied: bool):
+    """A draft body of another shape than tiny-llama's (wider, one layer) and its vocabulary, random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(5)
+    config = LlamaConfig(
+        vocab_size=1000, hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tied,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def test_oracle_specs_name_an_acceptance_and_a_shape():
+    from overlapdecode.bench.speculative import oracle_acceptance, oracle_spec
+
+    assert oracle_spec("oracle") == (1.0, None) and oracle_spec("oracle:0.7") == (0.7, None)
+    assert oracle_spec("oracle@llama-1b-random") == (1.0, "llama-1b-random")
+    assert oracle_spec("oracle:0.7@/models/draft") == (0.7, "/models/draft")
+    assert oracle_spec(None) is None and oracle_spec("self") is None and oracle_spec("team@oracle") is None
+    assert oracle_acceptance("oracle:0.5@x") == 0.5
+    for bad in ("oracle:0.7@", "oracle@ ", "oracle:0@x", "oracle:x@y"):
+        with pytest.raises(ValueError, match=f"--assistant {bad}"):
+            oracle_spec(bad)
+
+
+@pytest.mark.parametrize("strategy", ["kv", "fused"])
+@torch.no_grad()
+def test_an_oracle_of_a_given_shape_proposes_the_models_own_tokens_a_share_of_them_right(strategy):
+    """speculative.oracle_draft with `body` (`--assistant oracle[:A]@MODEL`): a draft of the body's shape (its
+    decoder shared, its tied head untied and fitted on the decoder's hidden states) whose greedy token after each
+    position of the rows' greedy output is the model's next one at acceptance 1, about half of them at 0.5; the
+    tokens stay those without speculation; the body keeps its own embeddings; a body of another vocabulary is
+    refused."""
+    from overlapdecode.bench.speculative import oracle_draft
+
+    model = od.load_model("tiny-llama", device="cpu")
+    body = _tiny_body(tied=True)
+    embed = body.get_input_embeddings().weight.clone()
+    ids = torch.randint(0, 500, (3, 6), generator=torch.Generator().manual_seed(3))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=30, eos_token_id=[], pad_token_id=0)
+    out = od.generate(model, ids, strategy="kv", **kw)
+    for acceptance in (1.0, 0.5):
+        draft = oracle_draft(model, ids, out, acceptance, seed=1, body=body)
+        assert draft.model is body.model and draft.get_output_embeddings() is not body.get_output_embeddings()
+        assert torch.equal(body.get_input_embeddings().weight, embed)
+        right = draft(input_ids=out, use_cache=False).logits.argmax(-1)[:, 5:-1] == out[:, 6:]
+        dec = od.Decoder(model)
+        got = dec.generate(ids, strategy=strategy, assistant_model=draft, num_assistant_tokens=4, **kw)
+        assert torch.equal(got, out)
+        stats = dec.last_speculation
+        if acceptance == 1.0:
+            assert bool(right.all()) and stats.acceptance_rate == 1.0
+        else:
+            assert 0.3 < right.float().mean() < 0.7 and 0 < stats.acceptance_rate < 0.7
+    assert oracle_draft(model, None, None, 1.0, seed=1, body=body) is body  # the verify row times its step
+    with pytest.raises(ValueError, match="the draft scores 50257 token ids, the model 1000"):
+        oracle_draft(model, ids, out, 1.0, seed=1, body=od.load_model("gpt2-random", device="cpu"))
 
 
 def test_the_oracle_fit_settles_on_the_speculative_calls_own_tokens():

@@ -133,7 +133,7 @@ def _row_draft(
         made.clear()
         made[key] = _oracle_fit(
             lambda d: _runner(plain, model, ids, n, [], eos_id, cfg.seed, speculation_kwargs(spec_kind, k, d))(),
-            lambda out: oracle_draft(model, ids, out, acceptance, cfg.seed + 1),
+            lambda out: oracle_draft(model, ids, out, acceptance, cfg.seed + 1, body=draft),
             out,
         )
     return made[key]

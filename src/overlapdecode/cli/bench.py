@@ -156,8 +156,10 @@ def add_commands(sub) -> None:
         help="speculative rows with a draft model: self (the model as its own draft: every draft accepted), "
         "random (the model's shape, unrelated random weights: about none accepted), oracle or oracle:A (a "
         "one-layer draft that proposes the model's own greedy tokens, a share A of them right, A = 1 by default: "
-        "the acceptance set by construction at almost no draft cost), or a model name or directory of the same "
-        "vocabulary; with --prompt-lookup-loop its rows run on the looping prompt too (default: none)",
+        "the acceptance set by construction at almost no draft cost; oracle[:A]@MODEL: a draft of MODEL's shape, "
+        "a name or directory of the same vocabulary, its LM head fitted so: the acceptance set, the draft cost "
+        "MODEL's), or a model name or directory of the same vocabulary; with --prompt-lookup-loop its rows run on "
+        "the looping prompt too (default: none)",
     )
     b.add_argument(
         "--num-assistant-tokens",

@@ -258,26 +258,33 @@ def _counts(text: str | None, flag: str, default: tuple) -> tuple[int, ...]:
 
 
 def _check_assistant(spec: str, model: str, config, prompt_len: int, longest: int) -> None:
-    """--assistant: self, random, oracle[:A], or a model name or directory that loads, is a causal LM and scores the
-    model's token ids (its vocabulary as wide as the model's), with room for the run's positions."""
-    from ..bench.speculative import RANDOM, SELF, oracle_acceptance  # torch: imported when a command runs
+    """--assistant: self, random, oracle[:A][@MODEL], or a model name or directory that loads, is a causal LM and
+    scores the model's token ids (its vocabulary as wide as the model's), with room for the run's positions (MODEL
+    of an oracle too)."""
+    from ..bench.speculative import RANDOM, SELF, oracle_spec  # torch: imported when a command runs
     from ..models.loading import embedded_config
 
     if spec in (SELF, RANDOM):
         return
     try:
-        if oracle_acceptance(spec) is not None:
-            return
+        oracle = oracle_spec(spec)
     except ValueError as err:
         raise CliError(str(err)) from None
+    asked = spec
+    if oracle is not None:
+        if oracle[1] is None:
+            return
+        spec = oracle[1]  # the draft's shape: checked as a named draft is
     if not spec.strip():
-        raise CliError(f"--assistant takes {SELF}, {RANDOM}, oracle[:A], or a model name or directory, got {spec!r}")
+        raise CliError(
+            f"--assistant takes {SELF}, {RANDOM}, oracle[:A][@MODEL], or a model name or directory, got {spec!r}"
+        )
     theirs = check_model_flag(spec, "--assistant")
     ours, theirs = (embedded_config(n) if c is None else c for n, c in ((model, config), (spec, theirs)))
     sizes = [c.get_text_config(decoder=True).vocab_size for c in (ours, theirs)]
     if sizes[0] != sizes[1]:
         raise CliError(
-            f"--assistant {spec} scores {sizes[1]} token ids and --model {model} {sizes[0]}: the draft must share "
+            f"--assistant {asked} scores {sizes[1]} token ids and --model {model} {sizes[0]}: the draft must share "
             f"the model's vocabulary (the same tokenizer)"
         )
     check_positions(spec, prompt_len, longest)
