@@ -579,11 +579,11 @@ def test_a_short_call_still_has_room_for_the_largest_verify_step(tmp_path):
 @pytest.mark.parametrize("strategy", ["kv", "fused"])
 @torch.no_grad()
 def test_the_oracle_draft_proposes_the_models_own_tokens_a_share_of_them_right(strategy):
-    """speculative.oracle_draft: a one-layer draft whose greedy token after each position of the rows' greedy
+    """oracle.oracle_draft: a one-layer draft whose greedy token after each position of the rows' greedy
     output is the model's next one (a token repeated, rows at one position: each position its own key), so every
     draft is accepted, at batch 3; with acceptance 0.5 about half its answers are right, and the tokens stay those
     without speculation either way. Without keys it is one head wide."""
-    from overlapdecode.bench.speculative import ORACLE_HEAD, oracle_draft
+    from overlapdecode.bench.oracle import ORACLE_HEAD, oracle_draft
 
     model = od.load_model("tiny-llama", device="cpu")
     ids = torch.randint(0, 500, (3, 6), generator=torch.Generator().manual_seed(3))
@@ -623,7 +623,7 @@ def _tiny_body(tied: bool):
 
 
 def test_oracle_specs_name_an_acceptance_and_a_shape():
-    from overlapdecode.bench.speculative import oracle_acceptance, oracle_spec
+    from overlapdecode.bench.oracle import oracle_acceptance, oracle_spec
 
     assert oracle_spec("oracle") == (1.0, None) and oracle_spec("oracle:0.7") == (0.7, None)
     assert oracle_spec("oracle@llama-1b-random") == (1.0, "llama-1b-random")
@@ -638,12 +638,12 @@ def test_oracle_specs_name_an_acceptance_and_a_shape():
 @pytest.mark.parametrize("strategy", ["kv", "fused"])
 @torch.no_grad()
 def test_an_oracle_of_a_given_shape_proposes_the_models_own_tokens_a_share_of_them_right(strategy):
-    """speculative.oracle_draft with `body` (`--assistant oracle[:A]@MODEL`): a draft of the body's shape (its
+    """oracle.oracle_draft with `body` (`--assistant oracle[:A]@MODEL`): a draft of the body's shape (its
     decoder shared, its tied head untied and fitted on the decoder's hidden states) whose greedy token after each
     position of the rows' greedy output is the model's next one at acceptance 1, about half of them at 0.5; the
     tokens stay those without speculation; the body keeps its own embeddings; a body of another vocabulary is
     refused."""
-    from overlapdecode.bench.speculative import oracle_draft
+    from overlapdecode.bench.oracle import oracle_draft
 
     model = od.load_model("tiny-llama", device="cpu")
     body = _tiny_body(tied=True)

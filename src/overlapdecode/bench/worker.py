@@ -37,6 +37,7 @@ from ..facts import model_facts, step_weight_bytes
 from ..inputs import model_limits
 from . import memory, timeline
 from .config import BenchConfig, config_from_json, plan
+from .oracle import oracle_acceptance, oracle_draft
 from .peers import PEERS, peer_compiles, run_peer
 from .report.figures import step_toll
 from .report.results import environment
@@ -45,8 +46,6 @@ from .speculative import (
     greedy_successor,
     load_draft,
     looping_prompt,
-    oracle_acceptance,
-    oracle_draft,
     round_figures,
     speed_up,
     verify_row,
@@ -116,7 +115,7 @@ def _row_draft(
     """(draft, fits) of a speculative row on the prompt `ids`: the run's (`draft`, fits None), or for a draft model's
     row under `--assistant oracle[:A]` one made for this prompt from the model's own greedy tokens (`name`'s preset
     without its sampling variant; no EOS, as the row runs), a share A of its drafts accepted by construction
-    (speculative.oracle_draft). The tokens it learns are those of the speculative call itself, fitted to a fixed
+    (oracle.oracle_draft). The tokens it learns are those of the speculative call itself, fitted to a fixed
     point (_oracle_fit; fits: the calls that took): in bfloat16 a K + 1-token verify step rounds otherwise than the
     one-token step, and on random weights, whose top logits lie close, that flips a greedy token within a few steps,
     after which a draft of the call without speculation predicts nothing. Kept in `made` under `key` (the

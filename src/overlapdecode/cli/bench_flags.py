@@ -261,7 +261,8 @@ def _check_assistant(spec: str, model: str, config, prompt_len: int, longest: in
     """--assistant: self, random, oracle[:A][@MODEL], or a model name or directory that loads, is a causal LM and
     scores the model's token ids (its vocabulary as wide as the model's), with room for the run's positions (MODEL
     of an oracle too)."""
-    from ..bench.speculative import RANDOM, SELF, oracle_spec  # torch: imported when a command runs
+    from ..bench.oracle import oracle_spec  # torch: imported when a command runs
+    from ..bench.speculative import RANDOM, SELF
     from ..models.loading import embedded_config
 
     if spec in (SELF, RANDOM):
