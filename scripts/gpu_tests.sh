@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The GPU tests, on a CUDA machine, from the repository root:
 #   bash scripts/gpu_tests.sh --out DIR [--only tests|sanitizer] [--tests PATHS] [--sanitizer-k EXPR] [--file-limit S]
+#                             [--workers N]
 # 1. python3 -m pytest -v -m cuda on each test file of tests/gpu (or of --tests, space-separated paths) in turn, one
 #    process a file (a file's failure or hang cannot take the next file's GPU state with it), each under a time limit
 #    of --file-limit seconds (default 600) -> DIR/gpu-tests.log, appended as each test ends (a run cut short keeps
 #    what finished), each test's seconds (pytest's durations, for splitting a file across runs by node id), each
-#    file's exit status and seconds on a line `== FILE rc=N Ns`, then the totals
+#    file's exit status and seconds on a line `== FILE rc=N Ns`, then the totals. --workers N (N > 1, needs
+#    pytest-xdist): a file's tests in N processes on the one GPU, for the tests' compiles (CPU work: Triton, ptxas,
+#    inductor) to run side by side; no test times anything, and each process owns its own CUDA state
 # 2. the eager stream paths under PyTorch's CUDA sanitizer (TORCH_CUDA_SANITIZER=1), which raises on any
 #    cross-stream access without an ordering event; it includes a planted race that must be reported, so the
 #    run shows the sanitizer was active -> DIR/sanitizer.log
 # DIR/gpu.txt records the GPU, the driver and the versions. The exit status is non-zero if either run failed.
 set -uo pipefail
-out="" only="" tests="tests/gpu" file_limit=600
+out="" only="" tests="tests/gpu" file_limit=600 workers=1
 sanitizer_k="eager-pingpong or eager-deferred or eager-kv or sanitizer"
-usage="usage: bash scripts/gpu_tests.sh --out DIR [--only tests|sanitizer] [--tests PATHS] [--sanitizer-k EXPR] [--file-limit S]"
+usage="usage: bash scripts/gpu_tests.sh --out DIR [--only tests|sanitizer] [--tests PATHS] [--sanitizer-k EXPR] [--file-limit S] [--workers N]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=${2:-}; shift 2 || { echo "gpu_tests.sh: --out needs a directory; $usage" >&2; exit 2; } ;;
@@ -21,6 +24,7 @@ while [ $# -gt 0 ]; do
     --tests) tests=${2:-}; shift 2 || { echo "gpu_tests.sh: --tests needs paths" >&2; exit 2; } ;;
     --sanitizer-k) sanitizer_k=${2:-}; shift 2 || { echo "gpu_tests.sh: --sanitizer-k needs an expression" >&2; exit 2; } ;;
     --file-limit) file_limit=${2:-}; shift 2 || { echo "gpu_tests.sh: --file-limit needs seconds" >&2; exit 2; } ;;
+    --workers) workers=${2:-}; shift 2 || { echo "gpu_tests.sh: --workers needs a count" >&2; exit 2; } ;;
     -h|--help) echo "$usage"; exit 0 ;;
     *) echo "gpu_tests.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
   esac
@@ -28,6 +32,13 @@ done
 [ -n "$out" ] || { echo "gpu_tests.sh: --out DIR is required; $usage" >&2; exit 2; }
 case "$only" in ""|tests|sanitizer) ;; *) echo "gpu_tests.sh: --only takes tests or sanitizer, got '$only'" >&2; exit 2 ;; esac
 case "$file_limit" in ''|*[!0-9]*) echo "gpu_tests.sh: --file-limit takes whole seconds, got '$file_limit'" >&2; exit 2 ;; esac
+case "$workers" in ''|*[!0-9]*|0) echo "gpu_tests.sh: --workers takes a count >= 1, got '$workers'" >&2; exit 2 ;; esac
+parallel=()
+if [ "$workers" -gt 1 ]; then
+  python3 -c "import xdist" 2>/dev/null || { echo "gpu_tests.sh: --workers $workers needs pytest-xdist" \
+    "(pip install pytest-xdist)" >&2; exit 2; }
+  parallel=(-n "$workers")
+fi
 [ ! -e "$out" ] || [ -d "$out" ] || { echo "gpu_tests.sh: --out $out is a file, not a directory" >&2; exit 2; }
 for log in gpu-tests.log sanitizer.log; do
   [ ! -e "$out/$log" ] || { echo "gpu_tests.sh: $out/$log exists: choose a new --out" >&2; exit 2; }
@@ -48,7 +59,8 @@ if [ "$only" != sanitizer ]; then
   : > "$out/gpu-tests.log"
   for file in "${files[@]}"; do
     t=$SECONDS
-    timeout -k 10 "$file_limit" python3 -m pytest -v -m cuda "$file" -p no:cacheprovider -rA --tb=short --durations=0 \
+    timeout -k 10 "$file_limit" python3 -m pytest -v -m cuda "$file" "${parallel[@]}" -p no:cacheprovider -rA \
+      --tb=short --durations=0 \
       >> "$out/gpu-tests.log" 2>&1
     rc=$?
     echo "== $file rc=$rc $((SECONDS - t))s" | tee -a "$out/gpu-tests.log"

@@ -191,6 +191,8 @@ def test_gpu_tests_sh_needs_out_and_writes_its_logs_there(tmp_path):
             "tests/gpu/test_gpu_tp_symmetric.py",
             "--sanitizer-k",
             "planted_race",
+            "--workers",
+            "2",
         ],
         capture_output=True,
         text=True,
@@ -201,8 +203,13 @@ def test_gpu_tests_sh_needs_out_and_writes_its_logs_there(tmp_path):
     assert {p.name for p in out.iterdir()} == {"gpu.txt", "gpu-tests.log", "sanitizer.log"}
     assert "torch" in (out / "gpu.txt").read_text()
     assert "skipped" in (out / "gpu-tests.log").read_text() and "skipped" in (out / "sanitizer.log").read_text()
+    assert "[gw1]" in (out / "gpu-tests.log").read_text()  # --workers 2: the file's tests in two processes
     done = subprocess.run(["bash", script, "--out", str(out)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and "gpu-tests.log exists" in done.stderr
+    done = subprocess.run(
+        ["bash", script, "--out", str(tmp_path / "w"), "--workers", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "--workers takes a count >= 1" in done.stderr and not (tmp_path / "w").exists()
 
 
 def test_scale_sweep_sh_takes_out_and_refuses_an_earlier_run(tmp_path):
