@@ -116,18 +116,26 @@ def test_custom_strategy_object(tiny_llama):
 
 def test_compiled_step_compiles_once_per_shape():
     """The first compiled call of a model compiles (the count rises: a step that silently ran eagerly would not),
-    and later calls of the same shape, by either compiled preset, compile nothing more. A model of its own, so
-    that no other test has compiled its shape before, and a shape no other test uses (5 rows of 13 tokens, N + 3
-    new ones: a worker process of `-n` runs other tests first, and dynamo's cache serves any model of a shape it
-    has compiled)."""
+    and later calls of the same shape, by either compiled preset and with 0, 1 or 2 EOS ids (the EOS tensor has one
+    width for up to 4: sampling.eos_tensor), compile nothing more and give Hugging Face's tokens. A model of its
+    own, so that no other test has compiled its shape before, and a shape no other test uses (5 rows of 13 tokens,
+    N + 3 new ones: a worker process of `-n` runs other tests first, and dynamo's cache serves any model of a shape
+    it has compiled)."""
     model = od.load_model("tiny-gpt2", device="cpu")
     ids, mask = make_batch(5, seed=4, prompt_len=13)
     start = od.compile_count()
     od.generate(model, ids, attention_mask=mask, max_new_tokens=N + 3, strategy="compiled", eos_token_id=[])
     before = od.compile_count()
     assert before > start
-    for preset in ("compiled", "interleaved", "compiled"):
-        od.generate(model, ids, attention_mask=mask, max_new_tokens=N + 3, strategy=preset, eos_token_id=[])
+    two = eos_hit_midway(model, ids, mask, N + 3, [0, 3])  # rows 0 and 3 stop mid-way, each at its own id
+    assert two is not None and len(set(two)) == 2, "no usable EOS ids for this batch; change the seed"
+    for eos in ([], two[:1], two):
+        ref = hf_generate(model, ids, mask, N + 3, eos, 0)
+        for preset in ("compiled", "interleaved", "compiled"):
+            out = od.generate(
+                model, ids, attention_mask=mask, max_new_tokens=N + 3, strategy=preset, eos_token_id=eos, pad_token_id=0
+            )
+            assert torch.equal(out, ref), (preset, eos)
     assert od.compile_count() == before
 
 

@@ -31,7 +31,7 @@ from .loop.rounds import forward_for, run_rounds
 from .loop.steps import StepInputs, hf_steps
 from .loop.stopping import Slots, make_check
 from .plan import STATIC_ROUND, Plan, make_plan
-from .sampling import make_generator, seen_tokens
+from .sampling import eos_tensor, make_generator, seen_tokens
 from .spec.cache import StaticRows, spec_cache_len
 from .spec.rounds import speculate
 
@@ -197,7 +197,7 @@ class Decoder:
         make_steps = self._steps_maker(plan)  # an unsupported family is refused here, before any device buffer
 
         # 1) buffers made once on the caller's stream, before the loop
-        eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)  # (E,), E = 0: never stop
+        eos_ids = eos_tensor(req.eos_ids, device)  # (W,), padded with -1: no EOS id, never stop
         generator = make_generator(params, plan.seed, device)
         vocab_out = model.get_output_embeddings().weight.shape[0]
         # the repetition penalty's (B, V) mask of the tokens each row has seen: the prompt's, then each step's
@@ -217,7 +217,7 @@ class Decoder:
             side,
             slots,
             out[:, P:],
-            eos_ids,
+            eos_ids if req.eos_ids else None,
             sink.put if sink is not None else None,
         )
 

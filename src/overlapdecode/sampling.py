@@ -269,6 +269,24 @@ def pick_next(
     return argmax_rows(race)
 
 
+# the stop ids a call's EOS tensor has room for, at least (Llama 3's generation config names 3)
+EOS_WIDTH = 4
+
+
+def eos_width(count: int) -> int:
+    """The width of the EOS tensor of `count` stop ids: EOS_WIDTH, or the next power of two for more."""
+    return max(EOS_WIDTH, 1 << max(count - 1, 0).bit_length())
+
+
+def eos_tensor(ids, device) -> torch.Tensor:
+    """A call's stop ids (token ids, checked to lie in the vocabulary) as the (W,) long tensor that its steps compare
+    each token with, W = eos_width(len(ids)), the rest -1: no token is -1, so it never matches. A compiled step
+    specialises on its inputs' shapes: at one width, calls of 0 to W stop ids share one graph (and one captured step)
+    instead of compiling one per count."""
+    ids = list(ids)
+    return torch.tensor(ids + [-1] * (eos_width(len(ids)) - len(ids)), dtype=torch.long, device=device)
+
+
 def mark_finished(tokens: torch.Tensor, finished: torch.Tensor, eos_ids: torch.Tensor, pad_id: int):
     """(B,) tokens, (B,) finished -> tokens with pad on finished rows, updated finished, 0-d "all done"."""
     tokens = torch.where(finished, pad_id, tokens)

@@ -215,8 +215,9 @@ def test_compiled_presets_on_one_model_per_feature_set():
         before = od.compile_count()
         for strategy in COMPILED:
             assert c.outcome(strategy) == "ok", (model_type, strategy)
-        # the prefill is eager: one decode-step graph per shape, and the EOS run's (one EOS id) is another
-        assert od.compile_count() - before <= 2, model_type
+        # the prefill is eager: one decode-step graph per shape, whatever the EOS ids (none before: another test
+        # may have compiled the shape for this model's class)
+        assert od.compile_count() - before <= 1, model_type
 
 
 def test_models_whose_own_paths_disagree():

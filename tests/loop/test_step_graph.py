@@ -8,7 +8,7 @@ import torch
 
 import overlapdecode as od
 from overlapdecode.loop.step_graph import StepGraph
-from overlapdecode.sampling import SamplingParams
+from overlapdecode.sampling import EOS_WIDTH, SamplingParams
 from support.helpers import hf_generate, make_batch
 
 
@@ -73,7 +73,7 @@ def test_the_fused_greedy_output_and_stop_are_read_from_the_steps_own_log():
     out = dec.generate(ids, attention_mask=mask, max_new_tokens=12, strategy="fused", eos_token_id=eos, pad_token_id=0)
     assert torch.equal(out, ref) and out.shape[1] < P + 12
     (cache,) = dec.fused_model()._caches.values()
-    graph = cache.graphs[(2, 0, SamplingParams())].graph
+    graph = cache.graphs[(EOS_WIDTH, 0, SamplingParams())].graph  # 2 EOS ids, in a tensor of EOS_WIDTH
     n = out.shape[1] - P
     # steps 1 .. n (the last one run late by the ping-pong's lag of 1) wrote columns P + 1 .. P + n
     assert graph.log.count.tolist() == [P + n + 1]
@@ -115,11 +115,15 @@ def test_fused_keeps_one_graph_per_setting_and_matches_hf():
         )
         assert torch.equal(out, ref)
     (cache,) = dec.fused_model()._caches.values()
-    assert list(cache.graphs) == [(0, 0, SamplingParams())]
+    assert list(cache.graphs) == [(EOS_WIDTH, 0, SamplingParams())]  # no EOS id: a tensor of EOS_WIDTH all the same
     graph = next(iter(cache.graphs.values())).graph
     assert graph.eager_runs == 2 * (n - 1)  # CPU: every decode step eager, over the same buffers
-    dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[1, 2], pad_token_id=0)
-    assert len(cache.graphs) == 2  # another EOS count: another step
+    # other EOS ids, as many as the EOS tensor holds: the same step, their ids copied into its buffer
+    eos = [int(ref[0, ids.shape[1] + 3]), int(ref[1, ids.shape[1] + 5])]
+    out = dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(out, hf_generate(model, ids, mask, n, eos, 0)) and len(cache.graphs) == 1
+    dec.generate(ids, attention_mask=mask, max_new_tokens=n, strategy="fused", eos_token_id=[], pad_token_id=5)
+    assert len(cache.graphs) == 2  # another pad id: another step
 
 
 def test_clearing_caches_frees_them_without_the_cycle_collector():

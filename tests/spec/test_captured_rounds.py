@@ -246,6 +246,23 @@ def test_a_later_fused_call_of_its_shape_replays_the_kept_round(tiny_llama):
         assert torch.equal(once, twice), spec
 
 
+def test_a_kept_round_serves_calls_with_other_eos_ids(tiny_llama):
+    """The round kept with the fused cache reads the EOS ids from a buffer of one width (sampling.eos_tensor) that
+    each call writes: later calls of its shape with no, one or two EOS ids replay it, and stop where their ids say."""
+    _drop_kept_rounds(tiny_llama)
+    ids, mask = make_batch(3, seed=30)
+    two = eos_hit_midway(tiny_llama, ids, mask, N, [0, 2])
+    assert two is not None and len(set(two)) == 2, "no usable EOS ids for this batch; change the seed"
+    kept = None
+    for eos in ([], two[:1], two):
+        ref, _ = spec_generate(tiny_llama, ids, mask, "kv", eos, N)
+        out, _ = spec_generate(tiny_llama, ids, mask, "fused", eos, N, prompt_lookup_num_tokens=3)
+        assert torch.equal(out, ref), eos
+        kept = kept or set(_kept_rounds(tiny_llama))
+        assert len(kept) == 1 and set(_kept_rounds(tiny_llama)) == kept, eos  # the first call's round, replayed
+    _drop_kept_rounds(tiny_llama)
+
+
 def test_a_kept_round_keeps_no_model_alive():
     """A fused call keeps its round with the model's cache, with the model as its own draft and with another draft
     model, whose round a later call of its shape replays; no kept round keeps a draft model, its fused weights or a

@@ -118,13 +118,15 @@ def assert_inside_hf_kept_sets(model, out, mask, prompt_len, setting, model_devi
         assert kept.gather(1, out[:, t : t + 1]).all(), (setting, t)
 
 
-def assert_compiled_once(dec, ids, mask, n, eos_ids, ref):
-    """`compiled`, `interleaved`, then `compiled` again on one Decoder give `ref`, from one graph for the shape (a
-    count of EOS ids is another shape): none per step, none per call."""
+def assert_compiled_once(dec, ids, mask, n, runs):
+    """For each (EOS ids, tokens) of `runs`, `compiled`, `interleaved`, then `compiled` again on one Decoder give
+    those tokens, all from one graph for the shape: none per step, none per call, none per count of EOS ids (the
+    EOS tensor has one width for up to 4: sampling.eos_tensor)."""
     before = od.compile_count()
-    for strategy in ("compiled", "interleaved", "compiled"):
-        out = dec.generate(
-            ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=eos_ids, pad_token_id=0
-        )
-        assert torch.equal(out, ref), (strategy, eos_ids)
+    for eos_ids, ref in runs:
+        for strategy in ("compiled", "interleaved", "compiled"):
+            out = dec.generate(
+                ids, attention_mask=mask, max_new_tokens=n, strategy=strategy, eos_token_id=eos_ids, pad_token_id=0
+            )
+            assert torch.equal(out, ref), (strategy, eos_ids)
     assert od.compile_count() - before == 1

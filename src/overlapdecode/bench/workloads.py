@@ -29,9 +29,12 @@ def eos_steps(batch: int, max_new_tokens: int) -> list[int]:
 class ForcedEOS:
     """Context manager: while active, row r of `model` emits `eos_id` as generated token `steps[r]`.
 
-    Registering a hook changes what a compiled step must do (and dynamo guards on it), so register one
-    instance once, for batches up to `capacity`, and move the stops with `set_steps`: in place, so a
-    compiled graph keeps reading the same buffer.
+    Registering a hook changes what a compiled step must do, so register one instance once, for batches up to
+    `capacity`, and move the stops with `set_steps`: in place, so a compiled graph keeps reading the same buffer.
+    Dynamo does not guard on module hooks (torch._dynamo.config.skip_nnmodule_hook_guards): a step compiled
+    before the hook was registered would run without it, and one compiled with it would go on running it after
+    its removal. So registering and removing it drop the compiled code (dynamo's reset), and the next compiled
+    call traces the model as it is then.
     """
 
     def __init__(self, model, eos_id: int, capacity: int, device):
@@ -57,8 +60,10 @@ class ForcedEOS:
 
     def __enter__(self):
         self.handle = self.model.register_forward_hook(self._hook, with_kwargs=True)
+        torch._dynamo.reset()
         return self
 
     def __exit__(self, *exc):
         self.handle.remove()
+        torch._dynamo.reset()
         return False

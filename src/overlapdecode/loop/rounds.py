@@ -25,7 +25,7 @@ import functools
 import torch
 
 from ..inputs import position_ids_for_prompt
-from ..sampling import draw_noise, make_generator, seen_tokens
+from ..sampling import draw_noise, eos_tensor, eos_width, make_generator, seen_tokens
 from ..spec.cache import call_model
 from ..spec.candidates import Assistant, PromptLookup, prompt_lookup
 from ..spec.state import EAGER_ROUND, RoundOps, SpecStats, begin, end_greedy_round, play_round, round_start, verify_feed
@@ -112,7 +112,7 @@ class Round:
         B = req.input_ids.shape[0]
         self.k, self.n, self.sampling = spec.k, req.max_new_tokens, params
         self.target, self.draft = target, draft
-        self.eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)
+        self.eos_ids = eos_tensor(req.eos_ids, device)  # each call's ids copied in by start(): one width, one round
         self.graph = GraphCapture(device, sampled=params.do_sample)
         self.graph.capturable = self.graph.capturable and plan.step != "eager"
         lookup, self.ops, self.report_values = prompt_lookup, EAGER_ROUND, report_values
@@ -134,7 +134,7 @@ class Round:
             "round",
             *req.input_ids.shape,
             req.max_new_tokens,
-            tuple(req.eos_ids),
+            eos_width(len(req.eos_ids)),
             req.pad_id,
             plan.step,
             plan.sampling,
@@ -148,6 +148,7 @@ class Round:
         """Step 0 of a call (`plan`: one with this object's key): the prompt through the model (and the draft), its
         first token; the rows' state copied into the buffers a kept graph reads."""
         req, params = plan.request, plan.sampling
+        self.eos_ids.copy_(eos_tensor(req.eos_ids, self.eos_ids.device))
         positions = position_ids_for_prompt(req.attention_mask)
         logits = self.target.prefill(req.input_ids, req.attention_mask, positions)
         seen = seen_tokens(req.input_ids, logits.shape[-1]) if params.uses_seen else None

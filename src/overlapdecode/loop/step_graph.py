@@ -22,8 +22,8 @@ import torch
 
 from ..sampling import draw_noise
 
-# Captured graphs kept per fused cache: its steps (one per count of EOS ids, pad id and sampling setting) and its
-# speculative rounds (loop/rounds.py), the oldest dropped first.
+# Captured graphs kept per fused cache: its steps (one per width of the EOS tensor, pad id and sampling setting) and
+# its speculative rounds (loop/rounds.py), the oldest dropped first.
 KEEP_GRAPHS = 4
 
 
@@ -99,11 +99,11 @@ class GraphCapture:
 
 class StepGraph(GraphCapture):
     """The buffers of a step of one shape: `state` (B, 3) long (last token, its position, finished), `eos` (E,)
-    long, `noise` (B, V) float32 when sampling (else None; `draw_noise` fills it from `generator`), `done` 0-d
-    bool, `log` (the owner's step log, or None) and with `seen_vocab` > 0 a (B, V) bool `seen` (the repetition
-    penalty's mask of seen tokens). The owner's step advances them in place; `capture()` records what runs
-    inside it, `replay()` runs the recording. On a CPU device nothing is captured (`capturable` is False): the
-    step runs eagerly every time over the same buffers."""
+    long (each call's EOS ids copied in: sampling.eos_tensor), `noise` (B, V) float32 when sampling (else None;
+    `draw_noise` fills it from `generator`), `done` 0-d bool, `log` (the owner's step log, or None) and with
+    `seen_vocab` > 0 a (B, V) bool `seen` (the repetition penalty's mask of seen tokens). The owner's step
+    advances them in place; `capture()` records what runs inside it, `replay()` runs the recording. On a CPU device
+    nothing is captured (`capturable` is False): the step runs eagerly every time over the same buffers."""
 
     def __init__(
         self,

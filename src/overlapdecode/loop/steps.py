@@ -62,10 +62,10 @@ def compiled_decode_step():
 
 @dataclass(frozen=True)
 class StepInputs:
-    """What every step of one call reads besides its state: the prompt length P, the stop ids (E,) long on the
-    device, the pad id, the sampling setting, the noise generator (None for greedy), the (B, V) shape of
-    each step's noise, and for the repetition penalty the (B, V) bool mask of the tokens each row has seen
-    (else None), which every step updates in place."""
+    """What every step of one call reads besides its state: the prompt length P, the stop ids (W,) long on the
+    device (padded with -1: sampling.eos_tensor), the pad id, the sampling setting, the noise generator (None for
+    greedy), the (B, V) shape of each step's noise, and for the repetition penalty the (B, V) bool mask of the
+    tokens each row has seen (else None), which every step updates in place."""
 
     prompt_len: int
     eos_ids: torch.Tensor

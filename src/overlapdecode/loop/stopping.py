@@ -201,11 +201,11 @@ class EndCheck(StopCheck):
     name = "end"
 
     def __init__(
-        self, max_steps: int, main, generated: torch.Tensor, eos_ids: torch.Tensor, on_tokens: OnTokens | None
+        self, max_steps: int, main, generated: torch.Tensor, eos_ids: torch.Tensor | None, on_tokens: OnTokens | None
     ):
         super().__init__(max_steps, max_steps, main, [main], None, on_tokens)
         self.generated = generated  # (B, N) view of the output, filled by the loop
-        self.eos_ids = eos_ids  # (E,)
+        self.eos_ids = eos_ids  # (E,), or None: no row stops early
 
     def publish(self, j, done, tokens, host_flag=None):
         self.last = j
@@ -214,7 +214,7 @@ class EndCheck(StopCheck):
         return None
 
     def drain(self):
-        n = steps_until_all_finished(self.generated, self.eos_ids) if len(self.eos_ids) else self.max_steps
+        n = self.max_steps if self.eos_ids is None else steps_until_all_finished(self.generated, self.eos_ids)
         if self.on_tokens is not None:
             for row in self.generated[:, :n].T.cpu():  # host sync (once, after the loop)
                 self.on_tokens(row.clone())
@@ -229,7 +229,7 @@ def make_check(
     side_streams: list | None,
     slots: Slots | None,
     generated: torch.Tensor,
-    eos_ids: torch.Tensor,
+    eos_ids: torch.Tensor | None,
     on_tokens: OnTokens | None,
 ) -> StopCheck:
     """The check of one call. `side_streams` (two, CUDA only) serve the ping-pong; `slots` hold lag + 1."""

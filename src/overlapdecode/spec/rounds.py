@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..inputs import position_ids_for_prompt
-from ..sampling import draw_noise, make_generator, seen_tokens
+from ..sampling import draw_noise, eos_tensor, make_generator, seen_tokens
 from .cache import RowCache, spec_cache_len
 from .candidates import Assistant, PromptLookup
 from .state import SpecStats, begin, play_round
@@ -30,7 +30,7 @@ def speculate(model, plan, device: torch.device, on_tokens=None) -> tuple[torch.
     req, params, spec = plan.request, plan.sampling, plan.spec
     B, P = req.input_ids.shape
     N, K = req.max_new_tokens, spec.k
-    eos_ids = torch.tensor(req.eos_ids, dtype=torch.long, device=device)
+    eos_ids = eos_tensor(req.eos_ids, device)
     generator = make_generator(params, plan.seed, device)
     V = model.get_output_embeddings().weight.shape[0]
     length = spec_cache_len(P, N, K, B)
