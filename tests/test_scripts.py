@@ -203,7 +203,7 @@ def test_gpu_tests_sh_needs_out_and_writes_its_logs_there(tmp_path):
     assert {p.name for p in out.iterdir()} == {"gpu.txt", "gpu-tests.log", "sanitizer.log"}
     assert "torch" in (out / "gpu.txt").read_text()
     assert "skipped" in (out / "gpu-tests.log").read_text() and "skipped" in (out / "sanitizer.log").read_text()
-    assert "[gw1]" in (out / "gpu-tests.log").read_text()  # --workers 2: the file's tests in two processes
+    assert "created: 2/2 workers" in (out / "gpu-tests.log").read_text()  # --workers 2: two test processes
     done = subprocess.run(["bash", script, "--out", str(out)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and "gpu-tests.log exists" in done.stderr
     done = subprocess.run(
