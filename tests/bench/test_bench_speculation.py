@@ -40,9 +40,10 @@ def _config(tmp_path, *flags):
 
 
 @torch.no_grad()
-def test_an_oracle_of_a_given_shape_is_made_from_the_draft_the_run_loads(tmp_path):
+def test_an_oracle_of_a_given_shape_is_made_from_the_draft_the_run_loads(tmp_path, monkeypatch):
     """--assistant oracle:A@DIR: the run loads DIR as its draft (load_draft), the verify row times that draft's step,
     and a draft model's row gets an oracle whose decoder is that draft's (worker._row_draft)."""
+    from overlapdecode.bench import speculative
     from overlapdecode.bench.config import BenchConfig
     from overlapdecode.bench.speculative import load_draft, verify_row
     from overlapdecode.bench.worker import _row_draft
@@ -56,25 +57,10 @@ def test_an_oracle_of_a_given_shape_is_made_from_the_draft_the_run_loads(tmp_pat
     ids = torch.randint(0, 500, (1, 5), generator=torch.Generator().manual_seed(4))
     draft, fits = _row_draft(cfg, "kv", model, body, ids, 6, 0, {}, ("draft",), "assistant", 2)
     assert draft.model is body.model and fits == 1
-    timed = []
-    verify_row(cfg, "kv", model, _Timed(body, timed), 1, 1000, torch.device("cpu"))
-    assert timed  # the draft's step timed: the loaded draft itself
-
-
-class _Timed(torch.nn.Module):
-    """A draft whose forwards are counted."""
-
-    def __init__(self, inner, calls: list):
-        super().__init__()
-        self.inner, self.calls = inner, calls
-        self.config = inner.config
-
-    def get_output_embeddings(self):
-        return self.inner.get_output_embeddings()
-
-    def forward(self, *args, **kwargs):
-        self.calls.append(1)
-        return self.inner(*args, **kwargs)
+    timed = []  # the models whose forwards the verify row times, in order: the model's, then the draft's
+    monkeypatch.setattr(speculative, "forward_ms", lambda m, kind, ids, ts, *a: timed.append(m) or [1.0] * len(ts))
+    verify_row(cfg, "kv", model, body, 1, 1000, torch.device("cpu"))
+    assert timed == [model, body]  # the draft's step timed: the loaded draft itself
 
 
 @pytest.mark.parametrize(
@@ -597,17 +583,24 @@ def test_the_oracle_draft_proposes_the_models_own_tokens_a_share_of_them_right(s
     for acceptance in (1.0, 0.5):
         draft = oracle_draft(model, ids, out, acceptance, seed=1)
         assert draft.config.n_embd == -(-2 * 3 * 30 // ORACLE_HEAD) * ORACLE_HEAD  # twice the 90 keys, in heads
-        right = draft(input_ids=out, use_cache=False).logits.argmax(-1)[:, 5:-1] == out[:, 6:]
-        dec = od.Decoder(model)
-        got = dec.generate(ids, strategy=strategy, assistant_model=draft, num_assistant_tokens=4, **kw)
-        assert torch.equal(got, out)
-        stats = dec.last_speculation
+        right, stats = _speculate_with(model, draft, ids, out, strategy, kw)
         if acceptance == 1.0:
             assert bool(right.all()) and stats.acceptance_rate == 1.0 and stats.rounds <= -(-29 // 5) + 1
         else:
             assert 0.3 < right.float().mean() < 0.7 and 0 < stats.acceptance_rate < 0.7
     assert oracle_draft(model, None, None, 1.0, seed=1).config.n_embd == ORACLE_HEAD
     assert oracle_draft(model, None, None, 1.0, seed=1, keys=90).config.n_embd == draft.config.n_embd
+
+
+def _speculate_with(model, draft, ids, out, strategy: str, kw: dict):
+    """The oracle `draft` against the model's greedy output `out` (B, 6 + 30) from `ids` (B, 6): (B, 29) whether its
+    greedy token after each generated position is the model's next one, and the SpecStats of a speculative call
+    with it, whose tokens must be `out`."""
+    right = draft(input_ids=out, use_cache=False).logits.argmax(-1)[:, 5:-1] == out[:, 6:]
+    dec = od.Decoder(model)
+    got = dec.generate(ids, strategy=strategy, assistant_model=draft, num_assistant_tokens=4, **kw)
+    assert torch.equal(got, out)
+    return right, dec.last_speculation
 
 
 def _tiny_body(tied: bool):
@@ -655,11 +648,7 @@ def test_an_oracle_of_a_given_shape_proposes_the_models_own_tokens_a_share_of_th
         draft = oracle_draft(model, ids, out, acceptance, seed=1, body=body)
         assert draft.model is body.model and draft.get_output_embeddings() is not body.get_output_embeddings()
         assert torch.equal(body.get_input_embeddings().weight, embed)
-        right = draft(input_ids=out, use_cache=False).logits.argmax(-1)[:, 5:-1] == out[:, 6:]
-        dec = od.Decoder(model)
-        got = dec.generate(ids, strategy=strategy, assistant_model=draft, num_assistant_tokens=4, **kw)
-        assert torch.equal(got, out)
-        stats = dec.last_speculation
+        right, stats = _speculate_with(model, draft, ids, out, strategy, kw)
         if acceptance == 1.0:
             assert bool(right.all()) and stats.acceptance_rate == 1.0
         else:

@@ -161,19 +161,19 @@ def fitted_head_draft(model, body, ids: torch.Tensor | None, out: torch.Tensor |
     prefix = body.base_model_prefix
     decoder = getattr(body, prefix)
     config = copy.deepcopy(body.config)
-    for c in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
-        c.tie_word_embeddings = False
+    config.tie_word_embeddings = False
+    config.get_text_config().tie_word_embeddings = False  # the same object, or a multimodal model's text config
     with torch.device("meta"):
         draft = type(body)(config)
     setattr(draft, prefix, decoder)
     draft.set_output_embeddings(torch.nn.Linear(head.shape[1], V, bias=False, device=device, dtype=dtype))
+    left = [n for n, t in [*draft.named_parameters(), *draft.named_buffers()] if t.is_meta]
+    if left:  # a class with weights outside its decoder and head: no draft of it to make (checked before the fit)
+        raise ValueError(f"--assistant oracle@MODEL: {type(body).__name__} has weights beside its decoder: {left[:3]}")
     P = ids.shape[1]
     rows = out.to(device)
     states = decoder(input_ids=rows[:, :-1], attention_mask=torch.ones_like(rows[:, :-1]), use_cache=False)
     x = states.last_hidden_state[:, P - 1 :].reshape(-1, head.shape[1]).cpu()  # after the final norm
     answers = _answers(rows.cpu(), P, acceptance, V, torch.Generator().manual_seed(seed))
     draft.get_output_embeddings().weight.copy_(_fitted_head(x, answers, V).to(device=device, dtype=dtype))
-    left = [n for n, t in [*draft.named_parameters(), *draft.named_buffers()] if t.is_meta]
-    if left:  # a class with weights outside its decoder and head: no draft of it to make
-        raise ValueError(f"--assistant oracle@MODEL: {type(body).__name__} has weights beside its decoder: {left[:3]}")
     return draft.eval()

@@ -96,17 +96,16 @@ class Assistant:
         for j in range(self.k):
             if choose is not None:
                 token = choose(token[:, None], positions[j][:, None], j)
-                drafts.append(token)
-                continue
-            logits = self.cache.forward(token[:, None], positions[j][:, None], 1)  # (B, 1, V)
-            if params.do_sample:
-                q = warped_probs(logits[:, 0], params, seen)
-                token = race(q, draw_noise(q.shape, q.device, generator))
-                qs.append(q)
             else:
-                token = greedy_choices(logits, params, None if seen is None else seen[:, None])[:, 0]
-            if seen is not None:
-                mark_seen(seen, token)
+                logits = self.cache.forward(token[:, None], positions[j][:, None], 1)  # (B, 1, V)
+                if params.do_sample:
+                    q = warped_probs(logits[:, 0], params, seen)
+                    token = race(q, draw_noise(q.shape, q.device, generator))
+                    qs.append(q)
+                else:
+                    token = greedy_choices(logits, params, None if seen is None else seen[:, None])[:, 0]
+                if seen is not None:
+                    mark_seen(seen, token)
             drafts.append(token)
         # the K-th draft fed without logits (the fused draft reads no LM head): the cache holds the round's K + 1
         # slots, as the model's
