@@ -111,15 +111,27 @@ def _attention(g: int, starts=(0, 4)):
 
 @pytest.mark.parametrize("g", [2, 3])
 @pytest.mark.parametrize("block_n,num_splits", [(None, None), (16, 1), (16, 3)])
-def test_attention_reads_each_rows_cache_row(g, block_n, num_splits):
-    """The kernel (one piece per query row and kv head, or three, a row's live range starting past slot 0) against
-    the reference, which equals the rows against their own copies of their cache rows, and the torch twin; the
-    split's ticket counters back to zero."""
+@pytest.mark.parametrize("many", [None, False])
+def test_attention_reads_each_rows_cache_row(g, block_n, num_splits, many):
+    """The kernel (one piece per query row and kv head, or three, a row's live range starting past slot 0; a program
+    per cache row taking its g query rows together, or one per query row) against the reference, which equals the
+    rows against their own copies of their cache rows, and the torch twin; the split's ticket counters back to
+    zero."""
     q, k, v, start, length = _attention(g)
     ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g)
     tickets = Tickets(DEV)
     got = decode_attention(
-        q, k, v, start, length, 0.3, block_n=block_n, num_splits=num_splits, tickets=tickets, cache_group=g
+        q,
+        k,
+        v,
+        start,
+        length,
+        0.3,
+        block_n=block_n,
+        num_splits=num_splits,
+        tickets=tickets,
+        cache_group=g,
+        many_queries=many,
     )
     torch.testing.assert_close(got, ref, **TOL)
     assert not tickets.counters.any()
@@ -132,15 +144,82 @@ def test_attention_reads_each_rows_cache_row(g, block_n, num_splits):
 
 
 @pytest.mark.parametrize("g", [2, 3])
-def test_attention_with_sinks_and_soft_capping_reads_each_rows_cache_row(g):
+@pytest.mark.parametrize("many", [None, False])
+def test_attention_with_sinks_and_soft_capping_reads_each_rows_cache_row(g, many):
     """gpt-oss's sinks and Gemma 2's soft-capping in the split's combine, with cache_group."""
     q, k, v, start, length = _attention(g)
     sinks = rnd(HQ)
     for extra in (dict(sinks=sinks), dict(softcap=2.0)):
         ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g, **extra)
-        got = decode_attention(q, k, v, start, length, 0.3, block_n=16, num_splits=2, cache_group=g, **extra)
+        got = decode_attention(
+            q, k, v, start, length, 0.3, block_n=16, num_splits=2, cache_group=g, many_queries=many, **extra
+        )
         torch.testing.assert_close(got, ref, **TOL)
         assert torch.equal(ref, decode_attention_ref(q, spread(k, g), spread(v, g), start, length, 0.3, **extra))
+
+
+@pytest.mark.parametrize("block_n,num_splits", [(16, 1), (16, 4), (None, None)])
+def test_many_queries_read_a_cache_row_once_each_query_within_its_own_window(block_n, num_splits, monkeypatch):
+    """A sliding window of 16: each token of a row starts where its own window does (the later of its padding and
+    length - 16), so the tokens' ranges differ and a piece of 16 keys (the second of row 0) may hold no slot of a
+    query (its first token's): that query's max stays -inf there. One program per (cache row, kv head) with every query row of it (the grid counted), against the
+    reference and the form with a program per query row; sinks with a window too."""
+    from overlapdecode.fused.kernels import decode_attention as module
+
+    g = 4
+    q, k, v, pad, length = _attention(g)
+    start = torch.maximum(pad, length - 16)
+    grids = []
+    kernel = module._split_kernel
+    monkeypatch.setattr(module, "_split_kernel", GridSpy(kernel, grids))
+    ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g)
+    for many in (None, False):
+        tickets = Tickets(DEV)
+        got = decode_attention(
+            q,
+            k,
+            v,
+            start,
+            length,
+            0.3,
+            block_n=block_n,
+            num_splits=num_splits,
+            tickets=tickets,
+            cache_group=g,
+            many_queries=many,
+        )
+        torch.testing.assert_close(got, ref, **TOL)
+        assert not tickets.counters.any()
+    assert [grid[0] for grid in grids] == [ROWS * HKV, ROWS * g * HKV]
+    sinks = rnd(HQ)
+    ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g, sinks=sinks)
+    got = decode_attention(q, k, v, start, length, 0.3, block_n=16, num_splits=3, cache_group=g, sinks=sinks)
+    torch.testing.assert_close(got, ref, **TOL)
+
+
+class GridSpy:
+    """A kernel whose launches' grids are recorded before it runs."""
+
+    def __init__(self, kernel, grids: list):
+        self.kernel, self.grids = kernel, grids
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+def test_many_queries_asked_for_where_they_cannot_serve_name_the_option():
+    """The form serves where a cache row's queries x the head's tile fit MANY_QUERY_VALUES (heads of 24 dims: a
+    tile of 32), and asked for elsewhere is a ValueError naming it."""
+    q, k, v, start, length = _attention(2)
+    with pytest.raises(ValueError, match="^many_queries: needs cache_group > 1"):
+        decode_attention(q[:ROWS], k, v, start[:ROWS], length[:ROWS], 0.3, many_queries=True)
+    ref = decode_attention_ref(q.repeat(1, 16, 1), k, v, start, length, 0.3, cache_group=2)
+    got = decode_attention(q.repeat(1, 16, 1), k, v, start, length, 0.3, cache_group=2, many_queries=True)
+    torch.testing.assert_close(got, ref, **TOL)  # 96 query heads, 48 a kv head: 2 x 48 queries in 128 x 32
+    q3, k3, v3, start3, length3 = _attention(3)
+    with pytest.raises(ValueError, match=r"^many_queries: needs .* got 3 x 48 queries of 32"):
+        decode_attention(q3.repeat(1, 16, 1), k3, v3, start3, length3, 0.3, cache_group=3, many_queries=True)
 
 
 # --- the bad arguments: one ValueError naming cache_group, before any kernel work -------------------------------

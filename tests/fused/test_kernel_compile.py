@@ -149,6 +149,7 @@ CASES = {
             SOFTCAP=None,
             sinks_ptr=None,
             CACHE_GROUP=1,
+            T=1,
         ),
     ),
     "linear_residual": (
@@ -417,8 +418,13 @@ FAMILY_FLAGS = {
     # speculative decoding's verify step: the K + 1 = 5 tokens of a row read and write one cache row
     "verify rows' cache row": ("norm_qkv", dict(CACHE_GROUP=5), {}),
     "verify rows' cache row, dense": ("norm_qkv", dict(CACHE_GROUP=5, PRODUCT=2, SPLIT=1, K_CHUNK=2048), {}),
-    "verify rows' attention": ("attention", dict(CACHE_GROUP=5), {}),
-    "verify rows' attention, direct": ("attention", dict(CACHE_GROUP=5, NUM_SPLITS=1, SPLIT_PAD=1, DIRECT=True), {}),
+    "verify rows' attention": ("attention", dict(CACHE_GROUP=5, T=5, GROUP_PAD=32), {}),
+    "verify rows' attention, direct": (
+        "attention",
+        dict(CACHE_GROUP=5, T=5, GROUP_PAD=32, NUM_SPLITS=1, SPLIT_PAD=1, DIRECT=True),
+        {},
+    ),
+    "verify rows' attention, a program a row": ("attention", dict(CACHE_GROUP=5), {}),
 }
 
 

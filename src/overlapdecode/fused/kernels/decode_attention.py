@@ -8,7 +8,10 @@ What it computes: for row b and query head h (kv head hk = h // G, G = Hq // Hkv
 with the softmax in float32 and the output in q's dtype. Slots outside [start, length) are never read:
 `start` is the left padding of the row, `length` the current slot + 1, both read from device memory. With
 `cache_group` g, query row b reads K and V of cache row b // g: speculative decoding's verify step runs T tokens
-of each cache row as T query rows, each with its own start and length (fused/forward.py verify_step).
+of each cache row as T query rows, each with its own start and length (fused/forward.py verify_step). There one
+program takes a cache row's g query rows together (the many-query form, `many_queries_tile`): its g x G queries
+share each K and V block it loads, so the verify step reads a row's cache once, not once per token; a query masks
+the slots outside its own [start, length), and a piece holding none of them leaves its max at -inf.
 
 Why split-K: at decode a (row, kv head) pair is one tiny matrix-vector product over a long cache, so one
 program per pair leaves most of the 132 SMs of an H200 idle at small batch. The live range [start, length)
@@ -81,6 +84,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 TARGET_PROGRAMS = 2 * 132  # about two split programs per SM of an H200
 MAX_SPLITS = 64  # bounds the combining program's loop over the pieces
+MANY_QUERY_VALUES = 4096  # most (queries, padded to a power of two, at least 16) x BLOCK_D of one program's tile
 LOG2E = 1.4426950408889634
 
 
@@ -113,16 +117,28 @@ def _split_kernel(
     PDL: tl.constexpr,
     SOFTCAP: tl.constexpr,
     CACHE_GROUP: tl.constexpr,
+    T: tl.constexpr,
 ):
     pdl_start(PDL)
     # sinks_ptr (gpt-oss): a logit per query head that enters each head's max and denominator and no value; None
     # (a constexpr) where the model has none
-    pid_bh = tl.program_id(0)  # b * HKV + kv head, b the query row
+    # T == 1: a program per (query row b, kv head); T == CACHE_GROUP (the many-query form): a program per (cache row
+    # r, kv head) takes the T query rows r * T .. r * T + T - 1 together, so that it reads their cache once
+    pid_bh = tl.program_id(0)  # b * HKV + kv head (T == 1), else r * HKV + kv head
     pid_s = tl.program_id(1)
     b = pid_bh // HKV
     hk = pid_bh % HKV
-    row_start = tl.load(start_ptr + b).to(tl.int32)
-    row_len = tl.load(length_ptr + b).to(tl.int32)
+    offs_g = tl.arange(0, GROUP_PAD)  # the program's queries: query row b * T + i // G, head hk * G + i % G
+    mask_g = offs_g < T * G
+    qrow = b * T + offs_g // G
+    if T == 1:
+        row_start = tl.load(start_ptr + b).to(tl.int32)
+        row_len = tl.load(length_ptr + b).to(tl.int32)
+    else:  # each query's own range; the program streams the union of them
+        q_start = tl.load(start_ptr + qrow, mask=mask_g, other=2**30).to(tl.int32)
+        q_len = tl.load(length_ptr + qrow, mask=mask_g, other=0).to(tl.int32)
+        row_start = tl.min(q_start, 0)
+        row_len = tl.max(q_len, 0)
 
     # This split's blocks of the live range (n_live below counts the non-empty pieces the same way).
     n_blocks = tl.cdiv(row_len - row_start, BLOCK_N)
@@ -132,20 +148,19 @@ def _split_kernel(
     if blk_lo >= blk_hi:
         return  # past the row's length: nothing to read, no ticket (n_live below does not count it)
 
-    offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    mask_g = offs_g < G
     mask_d = offs_d < D  # all true when BLOCK_D == D (a constexpr compare the compiler folds)
 
     head0 = hk * G  # first query head of this kv head's group
-    q_blk = q_ptr + (b * HQ + head0).to(tl.int64) * D
-    q = tl.load(q_blk + offs_g[:, None] * D + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    heads = qrow * HQ + head0 + offs_g % G  # flat (query row, head) index of each query
+    q_offs = heads.to(tl.int64)[:, None] * D + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
 
     # The (cache row, hk) slab of the (B / CACHE_GROUP, HKV, S, D) caches: a 64-bit base once, 32-bit offsets
     # inside it (S * D < 2**31, checked by the caller), so the per-element address math stays small. Query row b
     # reads cache row b // CACHE_GROUP (the verify step's tokens of one row); 1: its own, the slab pid_bh.
-    if CACHE_GROUP == 1:
+    if CACHE_GROUP == 1 or T > 1:
         kv_pair = pid_bh
     else:
         kv_pair = (b // CACHE_GROUP) * HKV + hk
@@ -167,16 +182,22 @@ def _split_kernel(
             s = tl.dot(q, tl.trans(k))
         # float32 whatever type the scale arrives as (torch.compile passes Python floats to user kernels as
         # fp64, which would make the loop-carried max fp64)
+        if T == 1:
+            seen = live[None, :]
+        else:  # a query sees the slots of its own range
+            seen = (slots[None, :] >= q_start[:, None]) & (slots[None, :] < q_len[:, None])
         if SOFTCAP is not None:  # Gemma 2: cap * tanh(scale * q.k / cap), qk_scale = scale / cap here
             s = (s * qk_scale).to(tl.float32)
             s = (1.0 - 2.0 / (tl.exp(2.0 * s) + 1.0)) * (SOFTCAP * 1.4426950408889634)
-            s = tl.where(live[None, :], s, float("-inf")).to(tl.float32)
+            s = tl.where(seen, s, float("-inf")).to(tl.float32)
         else:
-            s = tl.where(live[None, :], s * qk_scale, float("-inf")).to(tl.float32)
-        # Every block has a live slot, so m_new is finite and no -inf - -inf appears.
+            s = tl.where(seen, s * qk_scale, float("-inf")).to(tl.float32)
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
+        # T == 1: every block has a live slot, so m_new is finite and no -inf - -inf appears. T > 1: a query may
+        # have seen no slot yet (this piece starts past its range): its max stays -inf, its p and alpha 0, not NaN
+        m_use = m_new if T == 1 else tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_slab + kv_offs, mask=kv_mask, other=0.0)  # masked too: 0 * NaN would poison acc
         if IEEE:
@@ -187,18 +208,16 @@ def _split_kernel(
         m_i = m_new
 
     pdl_release(PDL)
-    heads = b * HQ + head0 + offs_g  # flat (b, h) index of each group row
     store_mask = mask_g[:, None] & mask_d[None, :]
     if sinks_ptr is not None:  # in the scores' log2 units
-        sink = tl.load(sinks_ptr + head0 + offs_g, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
+        sink = tl.load(sinks_ptr + head0 + offs_g % G, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
     if DIRECT:
         if sinks_ptr is not None:
             m_sink = tl.maximum(m_i, sink)
             acc = acc * tl.math.exp2(m_i - m_sink)[:, None]
             l_i = l_i * tl.math.exp2(m_i - m_sink) + tl.math.exp2(sink - m_sink)
         o = acc / l_i[:, None]
-        o_offs = heads.to(tl.int64)[:, None] * D + offs_d[None, :]
-        tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=store_mask)
+        tl.store(out_ptr + q_offs, o.to(out_ptr.dtype.element_ty), mask=store_mask)
     else:
         part = heads.to(tl.int64) * NUM_SPLITS + pid_s  # (b, h, split) index
         tl.store(part_m_ptr + part, m_i, mask=mask_g)
@@ -225,19 +244,70 @@ def _split_kernel(
             den = tl.sum(w * l_s, 1)
             if sinks_ptr is not None:
                 den += tl.math.exp2(sink - m_max)
-            for g in tl.static_range(G):  # sums in a fixed order: deterministic, whichever program came last
-                head = b * HQ + head0 + g
-                a_s = tl.load(
-                    part_acc_ptr + (head.to(tl.int64) * NUM_SPLITS + sp)[:, None] * D + offs_d[None, :],
-                    mask=sp_ok[:, None] & mask_d[None, :],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                w_g = tl.sum(tl.where(offs_g[:, None] == g, w, 0.0), 0)  # (SPLIT_PAD,): row g of w
-                den_g = tl.sum(tl.where(offs_g == g, den, 0.0), 0)
-                o = tl.sum(w_g[:, None] * a_s, 0) / den_g
-                tl.store(out_ptr + head.to(tl.int64) * D + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
+            # sums in a fixed order: deterministic, whichever program came last; the many-query form's queries in
+            # a loop (unrolled, its combine spilled at 20 queries of 64 dims; sm_90 ptxas)
+            if T == 1:
+                for g in tl.static_range(G):
+                    _combine_query(
+                        part_acc_ptr,
+                        out_ptr,
+                        w,
+                        den,
+                        offs_g,
+                        offs_d,
+                        sp,
+                        sp_ok,
+                        mask_d,
+                        b,
+                        head0,
+                        g,
+                        HQ,
+                        G,
+                        T,
+                        D,
+                        NUM_SPLITS,
+                    )
+            else:
+                for g in range(T * G):
+                    _combine_query(
+                        part_acc_ptr,
+                        out_ptr,
+                        w,
+                        den,
+                        offs_g,
+                        offs_d,
+                        sp,
+                        sp_ok,
+                        mask_d,
+                        b,
+                        head0,
+                        g,
+                        HQ,
+                        G,
+                        T,
+                        D,
+                        NUM_SPLITS,
+                    )
             tl.store(ticket_ptr + pid_bh, 0)  # back to zero for the next launch
+
+
+@triton.jit
+def _combine_query(
+    part_acc_ptr, out_ptr, w, den, offs_g, offs_d, sp, sp_ok, mask_d, b, head0, g, HQ, G, T, D, NUM_SPLITS
+):
+    """The split's combine of query g of a program (query row b * T + g // G, head head0 + g % G): its pieces'
+    accumulators weighted by row g of w (the pieces' rescaled sums), over its denominator, stored."""
+    head = (b * T + g // G) * HQ + head0 + g % G
+    a_s = tl.load(
+        part_acc_ptr + (head.to(tl.int64) * NUM_SPLITS + sp)[:, None] * D + offs_d[None, :],
+        mask=sp_ok[:, None] & mask_d[None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    w_g = tl.sum(tl.where(offs_g[:, None] == g, w, 0.0), 0)  # (SPLIT_PAD,): row g of w
+    den_g = tl.sum(tl.where(offs_g == g, den, 0.0), 0)
+    o = tl.sum(w_g[:, None] * a_s, 0) / den_g
+    tl.store(out_ptr + head.to(tl.int64) * D + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
 
 
 # Compiled kernels need CUDA tensors; Triton's interpreter (slow, for tests) runs CPU tensors. Which one
@@ -368,12 +438,29 @@ def default_programs(device) -> int:
     return 2 * sm_count(device) if torch.device(device).type == "cuda" else TARGET_PROGRAMS
 
 
-def make_workspace(q: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
-    """The float32 workspace `decode_attention(q, k_cache, ...)` uses with its default plan, for a caller
-    (a CUDA graph) that keeps it across calls."""
+def many_queries_tile(cache_group: int, G: int, block_d: int, many_queries: bool | None = None) -> int:
+    """T, the query rows a program takes together: `cache_group` (the many-query form: their cache row read once, not
+    once per token) where more than one query row shares a cache row and its cache_group x G queries, padded to a
+    power of two of at least 16, times the head's BLOCK_D stay within MANY_QUERY_VALUES (the accumulator of 32 x 128
+    or 64 x 64 compiles for sm_90 without spills; 64 x 128 spilled), else 1 (a program per query row).
+    `many_queries`: False forces 1; True asks for the form and is a ValueError where it cannot serve."""
+    rows = max(16, triton.next_power_of_2(cache_group * G))
+    fits = cache_group > 1 and rows * block_d <= MANY_QUERY_VALUES
+    if many_queries and not fits:
+        raise ValueError(
+            f"many_queries: needs cache_group > 1 and (cache_group x query heads per kv head, padded) x head tile <= "
+            f"{MANY_QUERY_VALUES}, got {cache_group} x {G} queries of {block_d}"
+        )
+    return cache_group if fits and many_queries is not False else 1
+
+
+def make_workspace(q: torch.Tensor, k_cache: torch.Tensor, cache_group: int = 1) -> torch.Tensor:
+    """The float32 workspace `decode_attention(q, k_cache, ..., cache_group=cache_group)` uses with its default
+    plan, for a caller (a CUDA graph) that keeps it across calls."""
     B, Hq, D = q.shape
     _, Hkv, S, _ = k_cache.shape
-    splits = choose_num_splits(B, Hkv, S, block_sizes(D, q.dtype)[0], default_programs(q.device))
+    T = many_queries_tile(cache_group, Hq // Hkv, block_sizes(D, q.dtype)[1])
+    splits = choose_num_splits(B // T, Hkv, S, block_sizes(D, q.dtype)[0], default_programs(q.device))
     return torch.empty(workspace_numel(B, Hq, D, splits), dtype=torch.float32, device=q.device)
 
 
@@ -396,6 +483,7 @@ def decode_attention(
     softcap: float | None = None,
     sinks=None,
     cache_group: int = 1,
+    many_queries: bool | None = None,
 ):
     """Decode attention, (B, Hq, D) in q's dtype; see the module docstring.
 
@@ -414,7 +502,9 @@ def decode_attention(
     tickets: the ticket counters of the split (linear_residual.Tickets; default: fresh zeros, a fill per call).
     cache_group: query rows per cache row: query row b reads cache row b // cache_group (k_cache holds B /
       cache_group rows; the verify step's T tokens of a row, each with its own start and length); a constexpr. The
-      split's workspace and ticket counters stay per (query row, kv head).
+      split's workspace stays per (query row, head).
+    many_queries: whether a program takes a cache row's cache_group query rows together (many_queries_tile; None:
+      wherever they fit), reading the cache row once for all of them; the tickets are then per (cache row, kv head).
     """
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale, cache_group)
     if D > MAX_HEAD_DIM:
@@ -429,13 +519,16 @@ def decode_attention(
     elif not isinstance(block_n, int) or block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
     programs = default_programs(q.device)
+    G = Hq // Hkv
+    T = many_queries_tile(cache_group, G, block_d, many_queries)
+    pairs = B // T * Hkv  # the programs of one piece each
     if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, S, block_n, programs)
+        num_splits = choose_num_splits(B // T, Hkv, S, block_n, programs)
     elif not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
     if num_stages is None:
         num_stages = pipeline_stages(S, block_n, num_splits)
-    direct_plan = direct_tiles(block_d, num_splits, B * Hkv, programs) if chosen else None
+    direct_plan = direct_tiles(block_d, num_splits, pairs, programs) if chosen else None
     if direct_plan is not None:
         block_n = direct_plan[0]
         num_warps = num_warps or direct_plan[1]
@@ -479,10 +572,9 @@ def decode_attention(
     ws = workspace.view(-1)
     part_acc, part_m, part_l = ws[: n_part * D], ws[n_part * D : n_part * (D + 1)], ws[n_part * (D + 1) :]
 
-    G = Hq // Hkv
     direct = num_splits == 1
-    counters = out if direct else take_tickets(tickets, B * Hkv, q.device)  # never touched when direct
-    _split_kernel[(B * Hkv, num_splits)](
+    counters = out if direct else take_tickets(tickets, pairs, q.device)  # never touched when direct
+    _split_kernel[(pairs, num_splits)](
         q,
         k_cache,
         v_cache,
@@ -499,7 +591,7 @@ def decode_attention(
         HQ=Hq,
         HKV=Hkv,
         G=G,
-        GROUP_PAD=max(16, triton.next_power_of_2(G)),
+        GROUP_PAD=max(16, triton.next_power_of_2(T * G)),
         D=D,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
@@ -510,6 +602,7 @@ def decode_attention(
         PDL=bool(pdl),
         SOFTCAP=None if softcap is None else float(softcap),
         CACHE_GROUP=cache_group,
+        T=T,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(pdl),
