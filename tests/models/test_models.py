@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -224,6 +226,50 @@ def test_small_shapes_run_fused_at_one_layer(name):
     ref = hf_generate(model, ids, mask, 4, [], 0)
     out = od.generate(model, ids, attention_mask=mask, max_new_tokens=4, strategy="fused", eos_token_id=[])
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_quantized_random_model_is_drawn_one_matrix_at_a_time(tied, monkeypatch):
+    """random_model(quantize=...): each linear layer quantized as soon as its matrix is drawn, so that at no draw
+    is an earlier layer's full-precision matrix alive (a 70B shape in int4 never exists whole); the packed weights
+    and the rest equal those of the whole draw quantized after (a tied LM head quantized, its table kept)."""
+    import gc
+
+    from overlapdecode.quant import model as quant_model
+
+    config = loading.embedded_config("smollm2-360m-random")
+    config.num_hidden_layers, config.vocab_size, config.hidden_size = 2, 96, 64
+    config.intermediate_size, config.num_attention_heads, config.num_key_value_heads = 128, 4, 2
+    config.head_dim, config.tie_word_embeddings = 16, tied
+    config.bos_token_id = config.eos_token_id = 95
+    place = tensor_parallel.Placement(0, 1, torch.device("cpu"))
+    cls = loading._CAUSAL_LM[config.model_type]
+    whole = random_init.random_model(cls, copy.deepcopy(config), place, torch.float32, seed=1)  # quantize unties it
+    quant_model.quantize_layers(whole, quant_model.linear_layers(whole), "int4", 16)
+    drawn, alive_at_draws = [], []
+    draw = random_init.draw_matrix
+
+    def spy(name, *args, **kwargs):  # the float32 matrices alive now, by storage and shape, of those drawn before
+        gc.collect()
+        tensors = [t for t in gc.get_objects() if issubclass(type(t), torch.Tensor)]  # type(): no proxy's __class__
+        live = {(t.data_ptr(), t.shape) for t in tensors if t.dim() == 2}
+        alive_at_draws.append([n for n, at in drawn if at in live and "embed" not in n])
+        out = draw(name, *args, **kwargs)
+        drawn.append((name, (out.data_ptr(), out.shape)))
+        return out
+
+    monkeypatch.setattr(random_init, "draw_matrix", spy)
+    parts = random_init.random_model(
+        cls, copy.deepcopy(config), place, torch.float32, seed=1, quantize="int4", group_size=16
+    )
+    assert len(drawn) == 2 * 7 + 1 + (not tied)  # q, k, v, o, gate, up, down a layer; the table; an untied head
+    assert all(not alive for alive in alive_at_draws), [a for a in alive_at_draws if a]
+    want, got = whole.state_dict(), parts.state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert isinstance(parts.lm_head, quant_model.Int4Linear) and not parts.config.tie_word_embeddings
+    ids, mask = make_batch(2, seed=4)
+    ids = ids % 95
+    torch.testing.assert_close(parts(ids, attention_mask=mask).logits, whole(ids, attention_mask=mask).logits)
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])

@@ -288,8 +288,10 @@ def load_model(
 
     `quantize` ("int4", "int8" or "fp8"; None: full precision): the decoder's linear layers and the LM head quantized as
     `od.quantize(model, quantize, group_size)` does (quant/), never two full-precision copies on the device: an
-    embedded model is made on the device, then quantized matrix by matrix in place; a directory or hub model is read
-    on the host and each matrix quantized as it moves to the device. Not with tp > 1 nor for mixtures of experts.
+    embedded model is made on the device, then quantized matrix by matrix in place (the Llama shapes and the small
+    ones: each matrix quantized as it is drawn, so that a 70B shape never exists whole); a directory or hub model
+    is read on the host and each matrix quantized as it moves to the device. Not with tp > 1 nor for mixtures of
+    experts.
 
     A directory holding an AWQ (GEMM) or GPTQ int4 checkpoint (its config's quantization_config) is read as one
     (prequantized.py): its quantized layers become Int4Linear layers of the same weights, without quantize=. A
@@ -317,8 +319,9 @@ def load_model(
             place, name_or_path=name_or_path, dtype=str(torch_dtype), seed=seed, attn_implementation=attn_implementation
         )
         device = place.device
-        if name_or_path in LLAMA_SHAPES or name_or_path in SMALL_SHAPES:  # drawn as shards: a 70B never exists whole
-            model = random_init.random_model(cls, config, place, torch_dtype, seed)
+        drawn = name_or_path in LLAMA_SHAPES or name_or_path in SMALL_SHAPES
+        if drawn:  # drawn as shards, or quantized as drawn: a 70B never exists whole in full precision
+            model = random_init.random_model(cls, config, place, torch_dtype, seed, quantize, group_size)
         else:
             # Made directly on the device in the asked dtype, then cut (small shapes; the other families' shapes,
             # which tensor parallelism has no plan for: prepare() refuses tp > 1 for them). The seed fixes the
@@ -330,7 +333,7 @@ def load_model(
             model = tensor_parallel.shard_(model.to(device=device, dtype=torch_dtype), place)
         model.generation_config.eos_token_id = config.eos_token_id
         model.generation_config.bos_token_id = config.bos_token_id
-        if quantize is not None:  # in place, on the device: each matrix's full-precision storage freed as it goes
+        if quantize is not None and not drawn:  # in place, on the device: each matrix's storage freed as it goes
             quant_model.quantize_layers(model, quant_model.linear_layers(model), quantize, group_size)
         return model.eval()
 

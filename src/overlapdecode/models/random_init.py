@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .. import tp as tensor_parallel
+from ..quant import model as quant_model
 
 TILE = 256  # rows (or columns) per generator: few generators for a 70B shape, small float32 temporaries
 
@@ -74,9 +75,13 @@ def draw_matrix(
     return out
 
 
-def materialize_(model, place: tensor_parallel.Placement, dtype: torch.dtype, seed: int, std: float) -> None:
+def materialize_(
+    model, place: tensor_parallel.Placement, dtype: torch.dtype, seed: int, std: float, only: set | None = None
+) -> None:
     """Replace every meta parameter of a full-shaped model by this rank's part of its random value, and
-    rebuild the rotary embeddings (their buffers are computed, not drawn) on the device."""
+    rebuild the rotary embeddings (their buffers are computed, not drawn) on the device. `only`: the ids of the
+    parameters to draw now (the others stay meta); parameters drawn already are kept. A parameter's value depends
+    on its name and the seed alone, so drawing in parts gives the weights of one draw."""
     splits = tensor_parallel.param_splits(model)  # also at tp=1: the tiles follow the plan, not the tp
     limit = tensor_parallel.max_tp(model.config)
     owners: dict[int, list[tuple[nn.Module, str]]] = {}
@@ -88,6 +93,8 @@ def materialize_(model, place: tensor_parallel.Placement, dtype: torch.dtype, se
     for key, name in first_name.items():
         module, pname = owners[key][0]
         meta = getattr(module, pname)
+        if not meta.is_meta or (only is not None and key not in only):
+            continue
         if meta.dim() >= 2:
             value = draw_matrix(
                 name, meta.shape, splits.get(name), place.rank, place.tp, limit, std, seed, place.device, dtype
@@ -104,7 +111,7 @@ def materialize_(model, place: tensor_parallel.Placement, dtype: torch.dtype, se
         for owner, attr in owners[key]:
             setattr(owner, attr, param)
 
-    for name, module in list(model.named_modules()):
+    for name, module in list(model.named_modules()) if only is None else []:
         if any(b.is_meta for b in module.buffers(recurse=False)):
             if not name.endswith("rotary_emb"):
                 raise ValueError(f"random init: no rule for the buffers of {name} ({type(module).__name__})")
@@ -113,11 +120,39 @@ def materialize_(model, place: tensor_parallel.Placement, dtype: torch.dtype, se
                 setattr(model.get_submodule(parent), child, type(module)(config=model.config))
 
 
-def random_model(cls, config, place: tensor_parallel.Placement, dtype: torch.dtype, seed: int):
-    """`cls(config)` with random weights, made directly as this rank's shard on `place.device`."""
+def random_model(
+    cls,
+    config,
+    place: tensor_parallel.Placement,
+    dtype: torch.dtype,
+    seed: int,
+    quantize: str | None = None,
+    group_size: int = 128,
+):
+    """`cls(config)` with random weights, made directly as this rank's shard on `place.device`. `quantize` (tp=1):
+    each linear layer's weights drawn and quantized at once (quant.model.quantized_layer), one layer after the
+    other, so that no more than one full-precision matrix exists beside the token table: a 70B shape in int4 is
+    made in its packed size (the weights equal those quantized after a whole draw)."""
     with torch.device("meta"):
         model = cls(config)
+    if quantize is not None:
+        _quantize_as_drawn(model, place, dtype, seed, config.initializer_range, quantize, group_size)
     materialize_(model, place, dtype, seed, std=config.initializer_range)
     if place.tp > 1:
         tensor_parallel.localise_(model, place)
     return model
+
+
+def _quantize_as_drawn(model, place, dtype, seed: int, std: float, scheme: str, group_size: int) -> None:
+    """Each linear layer of a meta model drawn and replaced by its quantized layer before the next is drawn (a
+    function of its own: no local keeps the last full-precision layer alive after it)."""
+    made: dict[int, nn.Module] = {}  # a layer shared by two parents is quantized once
+    layers = quant_model.linear_layers(model, meta=True)
+    while layers:  # popped, so that a full-precision layer is freed once its last parent holds its packed one
+        parent, attr, layer = layers.pop(0)
+        if id(layer) not in made:
+            materialize_(model, place, dtype, seed, std, {id(p) for p in layer.parameters()})
+            made[id(layer)] = quant_model.quantized_layer(layer, scheme, group_size)
+        setattr(parent, attr, made[id(layer)])
+        del parent, layer
+    quant_model.untie(model)

@@ -47,9 +47,10 @@ def _conv1d_class():
     return Conv1D
 
 
-def linear_layers(model) -> list[tuple[nn.Module, str, nn.Module]]:
+def linear_layers(model, meta: bool = False) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, layer) for every nn.Linear and Conv1D of `model`, checked to be a causal LM quantize
-    takes (ValueError naming `model` otherwise)."""
+    takes (ValueError naming `model` otherwise). `meta`: the model may still be on the meta device (its weights
+    drawn and quantized one layer at a time, models/random_init.py)."""
     if not isinstance(model, nn.Module) or not hasattr(getattr(model, "config", None), "get_text_config"):
         raise ValueError(
             f"model must be a Hugging Face causal LM (e.g. from overlapdecode.load_model), got {type(model).__name__}"
@@ -64,7 +65,7 @@ def linear_layers(model) -> list[tuple[nn.Module, str, nn.Module]]:
     done = {m.scheme for m in model.modules() if isinstance(m, QUANTIZED)}
     if done:
         raise ValueError(f"model is already quantized ({', '.join(sorted(done))}); load it again to quantize it anew")
-    if any(p.is_meta for p in model.parameters()):
+    if not meta and any(p.is_meta for p in model.parameters()):
         raise ValueError("model has weights on the meta device (never loaded); load it first")
     kinds = (nn.Linear, _conv1d_class())
     found = [
@@ -93,21 +94,25 @@ def quantize_layers(model, layers, scheme: str, group_size: int, device: torch.d
     """Replace each (parent, attribute, layer) of `layers` by its quantized layer. `device`: move each weight there
     before quantizing it, then the rest of the model (load_model: a model read on the host reaches the device
     packed, one full-precision matrix at a time)."""
-    conv1d = _conv1d_class()
     made: dict[int, nn.Module] = {}  # a layer shared by two parents is quantized once
     for parent, attr, layer in layers:
         if id(layer) not in made:
-            weight = layer.weight.t() if isinstance(layer, conv1d) else layer.weight  # Conv1D: (in, out)
-            bias = layer.bias
-            if device is not None:
-                weight, bias = weight.to(device), None if bias is None else bias.to(device)
-            if scheme == "int4":
-                made[id(layer)] = Int4Linear(weight, bias, group_size)
-            else:
-                made[id(layer)] = (Int8Linear if scheme == "int8" else Fp8Linear)(weight, bias)
+            made[id(layer)] = quantized_layer(layer, scheme, group_size, device)
         setattr(parent, attr, made[id(layer)])
     untie(model)
     return model if device is None else model.to(device)
+
+
+@torch.no_grad()
+def quantized_layer(layer: nn.Module, scheme: str, group_size: int, device: torch.device | None = None) -> nn.Module:
+    """The quantized layer of one nn.Linear or Conv1D (its weight moved to `device` first, if given)."""
+    weight = layer.weight.t() if isinstance(layer, _conv1d_class()) else layer.weight  # Conv1D: (in, out)
+    bias = layer.bias
+    if device is not None:
+        weight, bias = weight.to(device), None if bias is None else bias.to(device)
+    if scheme == "int4":
+        return Int4Linear(weight, bias, group_size)
+    return (Int8Linear if scheme == "int8" else Fp8Linear)(weight, bias)
 
 
 def untie(model) -> None:
