@@ -350,12 +350,17 @@ KERNEL_OF = {
 def best_tiles(rows: list[dict]) -> dict:
     """The fastest configuration of each swept kernel and weight shape as a FusedModel `tiles` table:
     {(kernel function, N, K): keywords} (norm_qkv's block_n is its `half`; `programs`, an absolute split-K
-    target of the GPU swept, applies to the split-K kernels only; `block_m`, the rows of the sweep's batch, is
-    not carried: the table serves steps of other row counts)."""
+    target of the GPU swept, applies to the split-K kernels only; rows timed with a `block_m`, the rows of the
+    sweep's batch, are not candidates: the table serves steps of other row counts, on the default row tile)."""
     table = {}
     for name, N, K in {(r["kernel"], r["N"], r["K"]) for r in rows}:
         best = min(
-            (r for r in rows if (r["kernel"], r["N"], r["K"]) == (name, N, K) and "us" in r), key=lambda r: r["us"]
+            (
+                r
+                for r in rows
+                if (r["kernel"], r["N"], r["K"]) == (name, N, K) and "us" in r and r.get("block_m") is None
+            ),
+            key=lambda r: r["us"],
         )
         fn = KERNEL_OF[name]
         cfg = dict(block_k=best["block_k"], num_warps=best["num_warps"], num_stages=best["num_stages"])

@@ -197,6 +197,29 @@ def test_many_queries_read_a_cache_row_once_each_query_within_its_own_window(blo
     torch.testing.assert_close(got, ref, **TOL)
 
 
+def test_many_queries_read_no_value_of_a_slot_that_none_of_them_sees():
+    """Two tokens of a row whose ranges leave a gap (slots 10-39): NaN keys and values there reach no output, as in
+    the reference and the program-per-token form; and a workspace made for the call (make_workspace with its
+    cache_group, whose split follows the cache rows) serves it."""
+    from overlapdecode.fused.kernels.decode_attention import make_workspace
+
+    torch.manual_seed(3)
+    q, k, v = rnd(2, 2, 16), rnd(1, 1, 64, 16), rnd(1, 1, 64, 16)
+    k[:, :, 10:40] = v[:, :, 10:40] = float("nan")
+    start, length = torch.tensor([0, 40], device=DEV), torch.tensor([10, 50], device=DEV)
+    ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=2)
+    assert ref.isfinite().all()
+    for many in (None, False):
+        got = decode_attention(q, k, v, start, length, 0.3, block_n=16, num_splits=1, cache_group=2, many_queries=many)
+        torch.testing.assert_close(got, ref, **TOL)
+    q, k, v = rnd(40, 1, 16), rnd(8, 1, 2048, 16), rnd(8, 1, 2048, 16)
+    start, length = torch.zeros(40, dtype=torch.long, device=DEV), torch.arange(40, device=DEV) % 5 + 20
+    ws = make_workspace(q, k, cache_group=5)
+    assert ws.numel() > make_workspace(q, k).numel()  # 8 cache rows split further than 40 query rows
+    got = decode_attention(q, k, v, start, length, 0.3, workspace=ws, cache_group=5)
+    torch.testing.assert_close(got, decode_attention_ref(q, k, v, start, length, 0.3, cache_group=5), **TOL)
+
+
 class GridSpy:
     """A kernel whose launches' grids are recorded before it runs."""
 
@@ -214,6 +237,9 @@ def test_many_queries_asked_for_where_they_cannot_serve_name_the_option():
     q, k, v, start, length = _attention(2)
     with pytest.raises(ValueError, match="^many_queries: needs cache_group > 1"):
         decode_attention(q[:ROWS], k, v, start[:ROWS], length[:ROWS], 0.3, many_queries=True)
+    for bad in (0, "no"):
+        with pytest.raises(ValueError, match="^many_queries must be None, True or False"):
+            decode_attention(q, k, v, start, length, 0.3, cache_group=2, many_queries=bad)
     ref = decode_attention_ref(q.repeat(1, 16, 1), k, v, start, length, 0.3, cache_group=2)
     got = decode_attention(q.repeat(1, 16, 1), k, v, start, length, 0.3, cache_group=2, many_queries=True)
     torch.testing.assert_close(got, ref, **TOL)  # 96 query heads, 48 a kv head: 2 x 48 queries in 128 x 32

@@ -11,7 +11,9 @@ with the softmax in float32 and the output in q's dtype. Slots outside [start, l
 of each cache row as T query rows, each with its own start and length (fused/forward.py verify_step). There one
 program takes a cache row's g query rows together (the many-query form, `many_queries_tile`): its g x G queries
 share each K and V block it loads, so the verify step reads a row's cache once, not once per token; a query masks
-the slots outside its own [start, length), and a piece holding none of them leaves its max at -inf.
+the slots outside its own [start, length), and a piece holding none of them leaves its max at -inf. Slots that no
+query of the program sees may hold anything, as above; a slot one query sees is multiplied by the others' zero
+weights, so a NaN there (which makes that query's output NaN in any form) reaches the program's other queries.
 
 Why split-K: at decode a (row, kv head) pair is one tiny matrix-vector product over a long cache, so one
 program per pair leaves most of the 132 SMs of an H200 idle at small batch. The live range [start, length)
@@ -199,6 +201,8 @@ def _split_kernel(
         alpha = tl.math.exp2(m_i - m_use)
         p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
+        if T > 1:  # only the slots some query sees: a gap between the queries' ranges may hold anything
+            kv_mask = (tl.max(seen.to(tl.int32), 0) > 0)[:, None] & mask_d[None, :]
         v = tl.load(v_slab + kv_offs, mask=kv_mask, other=0.0)  # masked too: 0 * NaN would poison acc
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
@@ -444,6 +448,8 @@ def many_queries_tile(cache_group: int, G: int, block_d: int, many_queries: bool
     power of two of at least 16, times the head's BLOCK_D stay within MANY_QUERY_VALUES (the accumulator of 32 x 128
     or 64 x 64 compiles for sm_90 without spills; 64 x 128 spilled), else 1 (a program per query row).
     `many_queries`: False forces 1; True asks for the form and is a ValueError where it cannot serve."""
+    if many_queries is not None and not isinstance(many_queries, bool):
+        raise ValueError(f"many_queries must be None, True or False, got {many_queries!r}")
     rows = max(16, triton.next_power_of_2(cache_group * G))
     fits = cache_group > 1 and rows * block_d <= MANY_QUERY_VALUES
     if many_queries and not fits:
