@@ -233,7 +233,7 @@ def test_a_quantized_random_model_is_drawn_one_matrix_at_a_time(tied, monkeypatc
     """random_model(quantize=...): each linear layer quantized as soon as its matrix is drawn, so that at no draw
     is an earlier layer's full-precision matrix alive (a 70B shape in int4 never exists whole); the packed weights
     and the rest equal those of the whole draw quantized after (a tied LM head quantized, its table kept)."""
-    import gc
+    import gc  # its list of the objects alive
 
     from overlapdecode.quant import model as quant_model
 
@@ -249,8 +249,7 @@ def test_a_quantized_random_model_is_drawn_one_matrix_at_a_time(tied, monkeypatc
     drawn, alive_at_draws = [], []
     draw = random_init.draw_matrix
 
-    def spy(name, *args, **kwargs):  # the float32 matrices alive now, by storage and shape, of those drawn before
-        gc.collect()
+    def spy(name, *args, **kwargs):  # the matrices alive now (freed by reference counts), of those drawn before
         tensors = [t for t in gc.get_objects() if issubclass(type(t), torch.Tensor)]  # type(): no proxy's __class__
         live = {(t.data_ptr(), t.shape) for t in tensors if t.dim() == 2}
         alive_at_draws.append([n for n, at in drawn if at in live and "embed" not in n])
