@@ -271,6 +271,24 @@ def test_a_quantized_random_model_is_drawn_one_matrix_at_a_time(tied, monkeypatc
     torch.testing.assert_close(parts(ids, attention_mask=mask).logits, whole(ids, attention_mask=mask).logits)
 
 
+def test_load_model_quantizes_a_drawn_shape_as_it_draws_it(monkeypatch):
+    """load_model(NAME, quantize=...) of a drawn shape (here llama-70b-random's name over a small config) takes the
+    drawing path with its quantization (no quantization after it), and gives od.quantize's weights of the model."""
+    small = loading.embedded_config("llama-1b-random")
+    small.num_hidden_layers, small.vocab_size, small.hidden_size, small.intermediate_size = 1, 96, 64, 128
+    small.num_attention_heads, small.num_key_value_heads, small.head_dim = 4, 2, 16
+    small.bos_token_id = small.eos_token_id = 95
+    monkeypatch.setattr(loading, "embedded_config", lambda name: copy.deepcopy(small))
+    calls = []
+    draw = random_init.random_model
+    monkeypatch.setattr(random_init, "random_model", lambda *a, **k: calls.append(a[5:]) or draw(*a, **k))
+    got = od.load_model("llama-70b-random", device="cpu", quantize="int4", group_size=32)
+    want = od.quantize(od.load_model("llama-70b-random", device="cpu"), "int4", 32)
+    assert calls == [("int4", 32), (None, 128)]
+    assert all(torch.equal(a, b) for a, b in zip(got.state_dict().values(), want.state_dict().values()))
+    assert got.state_dict().keys() == want.state_dict().keys()
+
+
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
 def test_the_cache_goes_under_the_forwards_own_keyword(name):
     """transformers 5.24 renamed the forward's `past_key_values` to `cache` and warns (FutureWarning) at every
