@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from overlapdecode.fused import forward
-from overlapdecode.fused.kernels.decode_attention import decode_attention, decode_attention_ref
+from overlapdecode.fused.kernels.decode_attention import (
+    MANY_QUERIES_BY_DEFAULT,
+    decode_attention,
+    decode_attention_ref,
+)
 from overlapdecode.fused.kernels.linear_residual import Tickets
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_ref
@@ -111,7 +115,7 @@ def _attention(g: int, starts=(0, 4)):
 
 @pytest.mark.parametrize("g", [2, 3])
 @pytest.mark.parametrize("block_n,num_splits", [(None, None), (16, 1), (16, 3)])
-@pytest.mark.parametrize("many", [None, False])
+@pytest.mark.parametrize("many", [True, False])
 def test_attention_reads_each_rows_cache_row(g, block_n, num_splits, many):
     """The kernel (one piece per query row and kv head, or three, a row's live range starting past slot 0; a program
     per cache row taking its g query rows together, or one per query row) against the reference, which equals the
@@ -144,7 +148,7 @@ def test_attention_reads_each_rows_cache_row(g, block_n, num_splits, many):
 
 
 @pytest.mark.parametrize("g", [2, 3])
-@pytest.mark.parametrize("many", [None, False])
+@pytest.mark.parametrize("many", [True, False])
 def test_attention_with_sinks_and_soft_capping_reads_each_rows_cache_row(g, many):
     """gpt-oss's sinks and Gemma 2's soft-capping in the split's combine, with cache_group."""
     q, k, v, start, length = _attention(g)
@@ -173,7 +177,7 @@ def test_many_queries_read_a_cache_row_once_each_query_within_its_own_window(blo
     kernel = module._split_kernel
     monkeypatch.setattr(module, "_split_kernel", GridSpy(kernel, grids))
     ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g)
-    for many in (None, False):
+    for many in (True, False, None):  # None: MANY_QUERIES_BY_DEFAULT's form
         tickets = Tickets(DEV)
         got = decode_attention(
             q,
@@ -190,10 +194,13 @@ def test_many_queries_read_a_cache_row_once_each_query_within_its_own_window(blo
         )
         torch.testing.assert_close(got, ref, **TOL)
         assert not tickets.counters.any()
-    assert [grid[0] for grid in grids] == [ROWS * HKV, ROWS * g * HKV]
+    default = ROWS * HKV if MANY_QUERIES_BY_DEFAULT else ROWS * g * HKV
+    assert [grid[0] for grid in grids] == [ROWS * HKV, ROWS * g * HKV, default]
     sinks = rnd(HQ)
     ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g, sinks=sinks)
-    got = decode_attention(q, k, v, start, length, 0.3, block_n=16, num_splits=3, cache_group=g, sinks=sinks)
+    got = decode_attention(
+        q, k, v, start, length, 0.3, block_n=16, num_splits=3, cache_group=g, sinks=sinks, many_queries=True
+    )
     torch.testing.assert_close(got, ref, **TOL)
 
 
@@ -209,14 +216,14 @@ def test_many_queries_read_no_value_of_a_slot_that_none_of_them_sees():
     start, length = torch.tensor([0, 40], device=DEV), torch.tensor([10, 50], device=DEV)
     ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=2)
     assert ref.isfinite().all()
-    for many in (None, False):
+    for many in (True, False):
         got = decode_attention(q, k, v, start, length, 0.3, block_n=16, num_splits=1, cache_group=2, many_queries=many)
         torch.testing.assert_close(got, ref, **TOL)
     q, k, v = rnd(40, 1, 16), rnd(8, 1, 2048, 16), rnd(8, 1, 2048, 16)
     start, length = torch.zeros(40, dtype=torch.long, device=DEV), torch.arange(40, device=DEV) % 5 + 20
-    ws = make_workspace(q, k, cache_group=5)
+    ws = make_workspace(q, k, cache_group=5, many_queries=True)
     assert ws.numel() > make_workspace(q, k).numel()  # 8 cache rows split further than 40 query rows
-    got = decode_attention(q, k, v, start, length, 0.3, workspace=ws, cache_group=5)
+    got = decode_attention(q, k, v, start, length, 0.3, workspace=ws, cache_group=5, many_queries=True)
     torch.testing.assert_close(got, decode_attention_ref(q, k, v, start, length, 0.3, cache_group=5), **TOL)
 
 

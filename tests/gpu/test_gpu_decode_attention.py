@@ -117,7 +117,7 @@ def test_cuda_graph_replay_follows_new_positions(buffers):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("model", list(SHAPES))
 def test_verify_rows_read_their_cache_row_once_as_the_reference(model, dtype, rows, S):
-    """The verify step's K + 1 = 5 tokens of each cache row (cache_group 5: the many-query form where its tile fits,
+    """The verify step's K + 1 = 5 tokens of each cache row (cache_group 5: the many-query form, asked for,
     decode_attention.many_queries_tile) against the reference and the program-per-token form, each token's length
     one past the one before, rows left-padded; then replayed from a CUDA graph with make_workspace's buffer."""
     T = 5
@@ -129,13 +129,13 @@ def test_verify_rows_read_their_cache_row_once_as_the_reference(model, dtype, ro
     length = (base[:, None] + torch.arange(1, T + 1, device=DEV)).flatten()
     start = torch.randint(0, 9, (rows,), device=DEV, generator=g).repeat_interleave(T)
     ref = decode_attention_ref(q, k, v, start, length, D**-0.5, cache_group=T)
-    many = decode_attention(q, k, v, start, length, D**-0.5, cache_group=T)
+    many = decode_attention(q, k, v, start, length, D**-0.5, cache_group=T, many_queries=True)
     assert_matches(many, ref)
     assert_matches(decode_attention(q, k, v, start, length, D**-0.5, cache_group=T, many_queries=False), ref)
-    out, ws = torch.empty_like(q), make_workspace(q, k, cache_group=T)
+    out, ws = torch.empty_like(q), make_workspace(q, k, cache_group=T, many_queries=True)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        decode_attention(q, k, v, start, length, D**-0.5, out=out, workspace=ws, cache_group=T)
+        decode_attention(q, k, v, start, length, D**-0.5, out=out, workspace=ws, cache_group=T, many_queries=True)
     length -= 3  # new positions, read by the replay
     graph.replay()
     assert_matches(out, decode_attention_ref(q, k, v, start, length, D**-0.5, cache_group=T))

@@ -7,8 +7,8 @@ fills the cache at slots 0 .. P-1 (slot = position + the row's left padding). `v
 verify step of T tokens per row, is decode_step itself over the B * T tokens as rows (the Triton kernels on CUDA),
 each token writing its K/V at its own slot of its row's cache and attending to that row's slots up to its own
 (`cache_group` T: row r's cache row is r // T). Its cost: the weights are read once for all B * T rows, as by one
-step of B * T rows; a row's cache once for its T tokens (the attention's many-query form, kernels/decode_attention.py
-many_queries_tile), or once per token where their queries do not fit one program.
+step of B * T rows; a row's cache once per token, T times (the attention's many-query form,
+kernels/decode_attention.py many_queries_tile, reads it once for the T: built, off until timed).
 """
 
 from __future__ import annotations

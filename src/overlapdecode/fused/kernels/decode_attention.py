@@ -9,7 +9,8 @@ with the softmax in float32 and the output in q's dtype. Slots outside [start, l
 `start` is the left padding of the row, `length` the current slot + 1, both read from device memory. With
 `cache_group` g, query row b reads K and V of cache row b // g: speculative decoding's verify step runs T tokens
 of each cache row as T query rows, each with its own start and length (fused/forward.py verify_step). There one
-program takes a cache row's g query rows together (the many-query form, `many_queries_tile`): its g x G queries
+program may take a cache row's g query rows together (the many-query form, `many_queries_tile`; asked for by
+`many_queries=True` until a GPU has timed it, MANY_QUERIES_BY_DEFAULT): its g x G queries
 share each K and V block it loads, so the verify step reads a row's cache once, not once per token; a query masks
 the slots outside its own [start, length), and a piece holding none of them leaves its max at -inf. Slots that no
 query of the program sees may hold anything, as above; a slot one query sees is multiplied by the others' zero
@@ -87,6 +88,7 @@ MAX_HEAD_DIM = 256
 TARGET_PROGRAMS = 2 * 132  # about two split programs per SM of an H200
 MAX_SPLITS = 64  # bounds the combining program's loop over the pieces
 MANY_QUERY_VALUES = 4096  # most (queries, padded to a power of two, at least 16) x BLOCK_D of one program's tile
+MANY_QUERIES_BY_DEFAULT = False  # the many-query form where none is asked for: not until timed against the other
 LOG2E = 1.4426950408889634
 
 
@@ -447,7 +449,8 @@ def many_queries_tile(cache_group: int, G: int, block_d: int, many_queries: bool
     once per token) where more than one query row shares a cache row and its cache_group x G queries, padded to a
     power of two of at least 16, times the head's BLOCK_D stay within MANY_QUERY_VALUES (the accumulator of 32 x 128
     or 64 x 64 compiles for sm_90 without spills; 64 x 128 spilled), else 1 (a program per query row).
-    `many_queries`: False forces 1; True asks for the form and is a ValueError where it cannot serve."""
+    `many_queries`: False forces 1; True asks for the form and is a ValueError where it cannot serve; None: the form
+    where it serves if MANY_QUERIES_BY_DEFAULT (False: no GPU has timed it against the program per query row yet)."""
     if many_queries is not None and not isinstance(many_queries, bool):
         raise ValueError(f"many_queries must be None, True or False, got {many_queries!r}")
     rows = max(16, triton.next_power_of_2(cache_group * G))
@@ -457,15 +460,18 @@ def many_queries_tile(cache_group: int, G: int, block_d: int, many_queries: bool
             f"many_queries: needs cache_group > 1 and (cache_group x query heads per kv head, padded) x head tile <= "
             f"{MANY_QUERY_VALUES}, got {cache_group} x {G} queries of {block_d}"
         )
-    return cache_group if fits and many_queries is not False else 1
+    wanted = MANY_QUERIES_BY_DEFAULT if many_queries is None else many_queries
+    return cache_group if fits and wanted else 1
 
 
-def make_workspace(q: torch.Tensor, k_cache: torch.Tensor, cache_group: int = 1) -> torch.Tensor:
-    """The float32 workspace `decode_attention(q, k_cache, ..., cache_group=cache_group)` uses with its default
-    plan, for a caller (a CUDA graph) that keeps it across calls."""
+def make_workspace(
+    q: torch.Tensor, k_cache: torch.Tensor, cache_group: int = 1, many_queries: bool | None = None
+) -> torch.Tensor:
+    """The float32 workspace `decode_attention(q, k_cache, ..., cache_group=cache_group, many_queries=many_queries)`
+    uses with its default plan, for a caller (a CUDA graph) that keeps it across calls."""
     B, Hq, D = q.shape
     _, Hkv, S, _ = k_cache.shape
-    T = many_queries_tile(cache_group, Hq // Hkv, block_sizes(D, q.dtype)[1])
+    T = many_queries_tile(cache_group, Hq // Hkv, block_sizes(D, q.dtype)[1], many_queries)
     splits = choose_num_splits(B // T, Hkv, S, block_sizes(D, q.dtype)[0], default_programs(q.device))
     return torch.empty(workspace_numel(B, Hq, D, splits), dtype=torch.float32, device=q.device)
 
@@ -509,8 +515,9 @@ def decode_attention(
     cache_group: query rows per cache row: query row b reads cache row b // cache_group (k_cache holds B /
       cache_group rows; the verify step's T tokens of a row, each with its own start and length); a constexpr. The
       split's workspace stays per (query row, head).
-    many_queries: whether a program takes a cache row's cache_group query rows together (many_queries_tile; None:
-      wherever they fit), reading the cache row once for all of them; the tickets are then per (cache row, kv head).
+    many_queries: whether a program takes a cache row's cache_group query rows together, reading the cache row once
+      for all of them (many_queries_tile; None: MANY_QUERIES_BY_DEFAULT); the tickets are then per (cache row, kv
+      head).
     """
     B, Hq, Hkv, S, D = _check(q, k_cache, v_cache, start, length, scale, cache_group)
     if D > MAX_HEAD_DIM:
