@@ -132,15 +132,14 @@ def _split_kernel(
     pid_s = tl.program_id(1)
     b = pid_bh // HKV
     hk = pid_bh % HKV
-    offs_g = tl.arange(0, GROUP_PAD)  # the program's queries: query row b * T + i // G, head hk * G + i % G
-    mask_g = offs_g < T * G
-    qrow = b * T + offs_g // G
     if T == 1:
         row_start = tl.load(start_ptr + b).to(tl.int32)
         row_len = tl.load(length_ptr + b).to(tl.int32)
-    else:  # each query's own range; the program streams the union of them
-        q_start = tl.load(start_ptr + qrow, mask=mask_g, other=2**30).to(tl.int32)
-        q_len = tl.load(length_ptr + qrow, mask=mask_g, other=0).to(tl.int32)
+    else:  # each query's own range (query i: row b * T + i // G, head hk * G + i % G); the program streams their union
+        offs_q = tl.arange(0, GROUP_PAD)
+        qrow = b * T + offs_q // G
+        q_start = tl.load(start_ptr + qrow, mask=offs_q < T * G, other=2**30).to(tl.int32)
+        q_len = tl.load(length_ptr + qrow, mask=offs_q < T * G, other=0).to(tl.int32)
         row_start = tl.min(q_start, 0)
         row_len = tl.max(q_len, 0)
 
@@ -152,14 +151,20 @@ def _split_kernel(
     if blk_lo >= blk_hi:
         return  # past the row's length: nothing to read, no ticket (n_live below does not count it)
 
+    offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
+    mask_g = offs_g < T * G
     mask_d = offs_d < D  # all true when BLOCK_D == D (a constexpr compare the compiler folds)
 
     head0 = hk * G  # first query head of this kv head's group
-    heads = qrow * HQ + head0 + offs_g % G  # flat (query row, head) index of each query
-    q_offs = heads.to(tl.int64)[:, None] * D + offs_d[None, :]
-    q = tl.load(q_ptr + q_offs, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    if T == 1:  # the G heads of row b, side by side
+        q_blk = q_ptr + (b * HQ + head0).to(tl.int64) * D
+        q = tl.load(q_blk + offs_g[:, None] * D + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    else:
+        heads = qrow * HQ + head0 + offs_g % G  # flat (query row, head) index of each query
+        q_offs = heads.to(tl.int64)[:, None] * D + offs_d[None, :]
+        q = tl.load(q_ptr + q_offs, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
 
     # The (cache row, hk) slab of the (B / CACHE_GROUP, HKV, S, D) caches: a 64-bit base once, 32-bit offsets
     # inside it (S * D < 2**31, checked by the caller), so the per-element address math stays small. Query row b
@@ -199,9 +204,13 @@ def _split_kernel(
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # T == 1: every block has a live slot, so m_new is finite and no -inf - -inf appears. T > 1: a query may
         # have seen no slot yet (this piece starts past its range): its max stays -inf, its p and alpha 0, not NaN
-        m_use = m_new if T == 1 else tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(s - m_use[:, None])
+        if T == 1:
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+        else:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_use)
+            p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if T > 1:  # only the slots some query sees: a gap between the queries' ranges may hold anything
             kv_mask = (tl.max(seen.to(tl.int32), 0) > 0)[:, None] & mask_d[None, :]
@@ -214,16 +223,22 @@ def _split_kernel(
         m_i = m_new
 
     pdl_release(PDL)
+    if T == 1:
+        heads = b * HQ + head0 + offs_g  # flat (b, h) index of each group row
     store_mask = mask_g[:, None] & mask_d[None, :]
     if sinks_ptr is not None:  # in the scores' log2 units
-        sink = tl.load(sinks_ptr + head0 + offs_g % G, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
+        if T == 1:
+            sink = tl.load(sinks_ptr + head0 + offs_g, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
+        else:
+            sink = tl.load(sinks_ptr + head0 + offs_g % G, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
     if DIRECT:
         if sinks_ptr is not None:
             m_sink = tl.maximum(m_i, sink)
             acc = acc * tl.math.exp2(m_i - m_sink)[:, None]
             l_i = l_i * tl.math.exp2(m_i - m_sink) + tl.math.exp2(sink - m_sink)
         o = acc / l_i[:, None]
-        tl.store(out_ptr + q_offs, o.to(out_ptr.dtype.element_ty), mask=store_mask)
+        o_offs = heads.to(tl.int64)[:, None] * D + offs_d[None, :]
+        tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=store_mask)
     else:
         part = heads.to(tl.int64) * NUM_SPLITS + pid_s  # (b, h, split) index
         tl.store(part_m_ptr + part, m_i, mask=mask_g)
@@ -254,25 +269,17 @@ def _split_kernel(
             # a loop (unrolled, its combine spilled at 20 queries of 64 dims; sm_90 ptxas)
             if T == 1:
                 for g in tl.static_range(G):
-                    _combine_query(
-                        part_acc_ptr,
-                        out_ptr,
-                        w,
-                        den,
-                        offs_g,
-                        offs_d,
-                        sp,
-                        sp_ok,
-                        mask_d,
-                        b,
-                        head0,
-                        g,
-                        HQ,
-                        G,
-                        T,
-                        D,
-                        NUM_SPLITS,
+                    head = b * HQ + head0 + g
+                    a_s = tl.load(
+                        part_acc_ptr + (head.to(tl.int64) * NUM_SPLITS + sp)[:, None] * D + offs_d[None, :],
+                        mask=sp_ok[:, None] & mask_d[None, :],
+                        other=0.0,
+                        cache_modifier=".cg",
                     )
+                    w_g = tl.sum(tl.where(offs_g[:, None] == g, w, 0.0), 0)  # (SPLIT_PAD,): row g of w
+                    den_g = tl.sum(tl.where(offs_g == g, den, 0.0), 0)
+                    o = tl.sum(w_g[:, None] * a_s, 0) / den_g
+                    tl.store(out_ptr + head.to(tl.int64) * D + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
             else:
                 for g in range(T * G):
                     _combine_query(
