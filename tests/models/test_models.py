@@ -233,7 +233,7 @@ def test_a_quantized_random_model_is_drawn_one_matrix_at_a_time(tied, monkeypatc
     """random_model(quantize=...): each linear layer quantized as soon as its matrix is drawn, so that at no draw
     is an earlier layer's full-precision matrix alive (a 70B shape in int4 never exists whole); the packed weights
     and the rest equal those of the whole draw quantized after (a tied LM head quantized, its table kept)."""
-    import gc  # its list of the objects alive
+    import weakref
 
     from overlapdecode.quant import model as quant_model
 
@@ -246,21 +246,24 @@ def test_a_quantized_random_model_is_drawn_one_matrix_at_a_time(tied, monkeypatc
     cls = loading._CAUSAL_LM[config.model_type]
     whole = random_init.random_model(cls, copy.deepcopy(config), place, torch.float32, seed=1)  # quantize unties it
     quant_model.quantize_layers(whole, quant_model.linear_layers(whole), "int4", 16)
-    drawn, alive_at_draws = [], []
-    draw = random_init.draw_matrix
+    drawn, packed, alive_at_draws = [], [], []  # the matrices drawn; weak references to the layers packed
+    draw, pack = random_init.draw_matrix, quant_model.quantized_layer
 
-    def spy(name, *args, **kwargs):  # the matrices alive now (freed by reference counts), of those drawn before
-        tensors = [t for t in gc.get_objects() if issubclass(type(t), torch.Tensor)]  # type(): no proxy's __class__
-        live = {(t.data_ptr(), t.shape) for t in tensors if t.dim() == 2}
-        alive_at_draws.append([n for n, at in drawn if at in live and "embed" not in n])
-        out = draw(name, *args, **kwargs)
-        drawn.append((name, (out.data_ptr(), out.shape)))
-        return out
+    def spy_draw(name, *args, **kwargs):  # the full-precision layers packed before and still alive
+        alive_at_draws.append([layer for layer in packed if layer() is not None])
+        drawn.append(name)
+        return draw(name, *args, **kwargs)
 
-    monkeypatch.setattr(random_init, "draw_matrix", spy)
+    def spy_pack(layer, *args, **kwargs):
+        packed.append(weakref.ref(layer))
+        return pack(layer, *args, **kwargs)
+
+    monkeypatch.setattr(random_init, "draw_matrix", spy_draw)
+    monkeypatch.setattr(quant_model, "quantized_layer", spy_pack)
     parts = random_init.random_model(
         cls, copy.deepcopy(config), place, torch.float32, seed=1, quantize="int4", group_size=16
     )
+    alive_at_draws.append([layer for layer in packed if layer() is not None])  # and once it is made
     assert len(drawn) == 2 * 7 + 1 + (not tied)  # q, k, v, o, gate, up, down a layer; the table; an untied head
     assert all(not alive for alive in alive_at_draws), [a for a in alive_at_draws if a]
     want, got = whole.state_dict(), parts.state_dict()

@@ -154,5 +154,4 @@ def _quantize_as_drawn(model, place, dtype, seed: int, std: float, scheme: str, 
             materialize_(model, place, dtype, seed, std, {id(p) for p in layer.parameters()})
             made[id(layer)] = quant_model.quantized_layer(layer, scheme, group_size)
         setattr(parent, attr, made[id(layer)])
-        del parent, layer
     quant_model.untie(model)
