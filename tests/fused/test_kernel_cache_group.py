@@ -113,6 +113,14 @@ def _attention(g: int, starts=(0, 4)):
     return q, k, v, start, length
 
 
+def _attend(q, k, v, start, length, g: int, **options):
+    """decode_attention with cache_group g, scale 0.3 and fresh ticket counters, which the launch leaves at zero."""
+    tickets = Tickets(DEV)
+    out = decode_attention(q, k, v, start, length, 0.3, tickets=tickets, cache_group=g, **options)
+    assert not tickets.counters.any()
+    return out
+
+
 @pytest.mark.parametrize("g", [2, 3])
 @pytest.mark.parametrize("block_n,num_splits", [(None, None), (16, 1), (16, 3)])
 @pytest.mark.parametrize("many", [True, False])
@@ -123,22 +131,8 @@ def test_attention_reads_each_rows_cache_row(g, block_n, num_splits, many):
     zero."""
     q, k, v, start, length = _attention(g)
     ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g)
-    tickets = Tickets(DEV)
-    got = decode_attention(
-        q,
-        k,
-        v,
-        start,
-        length,
-        0.3,
-        block_n=block_n,
-        num_splits=num_splits,
-        tickets=tickets,
-        cache_group=g,
-        many_queries=many,
-    )
+    got = _attend(q, k, v, start, length, g, block_n=block_n, num_splits=num_splits, many_queries=many)
     torch.testing.assert_close(got, ref, **TOL)
-    assert not tickets.counters.any()
     assert torch.equal(ref, decode_attention_ref(q, spread(k, g), spread(v, g), start, length, 0.3))
     torch.testing.assert_close(forward.decode_attention_torch(q, k, v, start, length, 0.3, cache_group=g), ref)
     # cache row 1 differs from cache row 0: a row that read another's would differ
@@ -166,8 +160,9 @@ def test_attention_with_sinks_and_soft_capping_reads_each_rows_cache_row(g, many
 def test_many_queries_read_a_cache_row_once_each_query_within_its_own_window(block_n, num_splits, monkeypatch):
     """A sliding window of 16: each token of a row starts where its own window does (the later of its padding and
     length - 16), so the tokens' ranges differ and a piece of 16 keys (the second of row 0) may hold no slot of a
-    query (its first token's): that query's max stays -inf there. One program per (cache row, kv head) with every query row of it (the grid counted), against the
-    reference and the form with a program per query row; sinks with a window too."""
+    query (its first token's): that query's max stays -inf there. One program per (cache row, kv head) with every
+    query row of it (the grid counted), against the reference and the form with a program per query row; sinks
+    with a window too."""
     from overlapdecode.fused.kernels import decode_attention as module
 
     g = 4
@@ -178,22 +173,8 @@ def test_many_queries_read_a_cache_row_once_each_query_within_its_own_window(blo
     monkeypatch.setattr(module, "_split_kernel", GridSpy(kernel, grids))
     ref = decode_attention_ref(q, k, v, start, length, 0.3, cache_group=g)
     for many in (True, False, None):  # None: MANY_QUERIES_BY_DEFAULT's form
-        tickets = Tickets(DEV)
-        got = decode_attention(
-            q,
-            k,
-            v,
-            start,
-            length,
-            0.3,
-            block_n=block_n,
-            num_splits=num_splits,
-            tickets=tickets,
-            cache_group=g,
-            many_queries=many,
-        )
+        got = _attend(q, k, v, start, length, g, block_n=block_n, num_splits=num_splits, many_queries=many)
         torch.testing.assert_close(got, ref, **TOL)
-        assert not tickets.counters.any()
     default = ROWS * HKV if MANY_QUERIES_BY_DEFAULT else ROWS * g * HKV
     assert [grid[0] for grid in grids] == [ROWS * HKV, ROWS * g * HKV, default]
     sinks = rnd(HQ)

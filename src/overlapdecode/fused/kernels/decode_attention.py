@@ -270,47 +270,22 @@ def _split_kernel(
             if T == 1:
                 for g in tl.static_range(G):
                     head = b * HQ + head0 + g
-                    a_s = tl.load(
-                        part_acc_ptr + (head.to(tl.int64) * NUM_SPLITS + sp)[:, None] * D + offs_d[None, :],
-                        mask=sp_ok[:, None] & mask_d[None, :],
-                        other=0.0,
-                        cache_modifier=".cg",
+                    _combine_query(
+                        part_acc_ptr, out_ptr, w, den, offs_g, offs_d, sp, sp_ok, mask_d, g, head, D, NUM_SPLITS
                     )
-                    w_g = tl.sum(tl.where(offs_g[:, None] == g, w, 0.0), 0)  # (SPLIT_PAD,): row g of w
-                    den_g = tl.sum(tl.where(offs_g == g, den, 0.0), 0)
-                    o = tl.sum(w_g[:, None] * a_s, 0) / den_g
-                    tl.store(out_ptr + head.to(tl.int64) * D + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
             else:
                 for g in range(T * G):
+                    head = (b * T + g // G) * HQ + head0 + g % G  # query g's row and head
                     _combine_query(
-                        part_acc_ptr,
-                        out_ptr,
-                        w,
-                        den,
-                        offs_g,
-                        offs_d,
-                        sp,
-                        sp_ok,
-                        mask_d,
-                        b,
-                        head0,
-                        g,
-                        HQ,
-                        G,
-                        T,
-                        D,
-                        NUM_SPLITS,
+                        part_acc_ptr, out_ptr, w, den, offs_g, offs_d, sp, sp_ok, mask_d, g, head, D, NUM_SPLITS
                     )
             tl.store(ticket_ptr + pid_bh, 0)  # back to zero for the next launch
 
 
 @triton.jit
-def _combine_query(
-    part_acc_ptr, out_ptr, w, den, offs_g, offs_d, sp, sp_ok, mask_d, b, head0, g, HQ, G, T, D, NUM_SPLITS
-):
-    """The split's combine of query g of a program (query row b * T + g // G, head head0 + g % G): its pieces'
-    accumulators weighted by row g of w (the pieces' rescaled sums), over its denominator, stored."""
-    head = (b * T + g // G) * HQ + head0 + g % G
+def _combine_query(part_acc_ptr, out_ptr, w, den, offs_g, offs_d, sp, sp_ok, mask_d, g, head, D, NUM_SPLITS):
+    """The split's combine of query g of a program, flat (row, head) index `head`: its pieces' accumulators
+    weighted by row g of w (the pieces' rescaled sums), over its denominator, stored."""
     a_s = tl.load(
         part_acc_ptr + (head.to(tl.int64) * NUM_SPLITS + sp)[:, None] * D + offs_d[None, :],
         mask=sp_ok[:, None] & mask_d[None, :],
