@@ -111,7 +111,9 @@ def materialize_(
         for owner, attr in owners[key]:
             setattr(owner, attr, param)
 
-    for name, module in list(model.named_modules()) if only is None else []:
+    if only is not None:  # a part: the rotary buffers wait for the whole
+        return
+    for name, module in list(model.named_modules()):
         if any(b.is_meta for b in module.buffers(recurse=False)):
             if not name.endswith("rotary_emb"):
                 raise ValueError(f"random init: no rule for the buffers of {name} ({type(module).__name__})")

@@ -69,10 +69,9 @@ def row_tile(rows: int, elt_bytes: int, block_m: int | None = None) -> int:
     the product is a broadcast multiply summed over K (acc_dot). `block_m`, a launch's own tile keyword (a power of
     two up to ROW_TILE; under it the broadcast product whatever the weights), is checked and taken as given."""
     if block_m is not None:
-        if isinstance(block_m, bool) or not isinstance(block_m, int) or not 1 <= block_m <= ROW_TILE:
+        integer = isinstance(block_m, int) and not isinstance(block_m, bool)
+        if not integer or not 1 <= block_m <= ROW_TILE or block_m & (block_m - 1):
             raise ValueError(f"block_m: a power of two from 1 to {ROW_TILE} (the row-block tile), got {block_m!r}")
-        if block_m & (block_m - 1):
-            raise ValueError(f"block_m: a power of two from 1 to {ROW_TILE} (the row-block tile), got {block_m}")
         return block_m
     if elt_bytes >= 4:
         return min(ROW_TILE, triton.next_power_of_2(max(rows, 1)))
