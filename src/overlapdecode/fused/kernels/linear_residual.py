@@ -20,13 +20,11 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from . import dense as dense_gemm
-from .packed_weights import load_weights, refuse_dense, weight_launch
+from .packed_gemv import product_rows, product_tile, product_zeros
+from .packed_weights import refuse_dense, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
-    acc_dot,
-    acc_rows,
-    acc_zeros,
     fit_k,
     refuse_block_m,
     row_tile,
@@ -197,16 +195,17 @@ def _linear_split_kernel(
         ks = tl.arange(0, BLOCK_K)
         k_lo = pid_k * K_CHUNK
         k_hi = tl.minimum(k_lo + K_CHUNK, K)
-        acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
+        acc = product_zeros(BLOCK_M, BLOCK_N, BLOCK_K, SWAP, QUANT, K, GROUP)
         dtype = x_ptr.dtype.element_ty  # a packed weight's tile is dequantized to it (packed_weights.py)
         for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
             kk = k_lo + k0 + ks
             k_ok = kk < k_hi
             xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
-            acc = acc_dot(acc, xv, wt, SWAP)
+            acc = product_tile(
+                acc, xv, w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+            )
         pdl_release(PDL)
-        acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
+        acc = product_rows(acc, SWAP, QUANT, BLOCK_K, K, GROUP)  # (BLOCK_M, BLOCK_N) from here on
     finish = True
     if SPLIT > 1:
         tl.store(part_ptr + (pid_k * B + rows[:, None]) * N + cols[None, :], acc, mask=out_ok)

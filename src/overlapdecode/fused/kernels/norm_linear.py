@@ -23,12 +23,11 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
+from .packed_gemv import product_rows, product_tile, product_zeros
 from .packed_weights import load_weights, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     acc_dot,
-    acc_rows,
-    acc_zeros,
     fit_k,
     pair_rows,
     refuse_block_m,
@@ -464,8 +463,8 @@ def _norm_linear_kernel(
         w_ok = pair_rows(col_ok, col_ok, BLOCK_N)
         accp = tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
-        acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
-        acc2 = acc_zeros(BLOCK_M, BLOCK_N, SWAP)  # the up rows of gate/up
+        acc = product_zeros(BLOCK_M, BLOCK_N, BLOCK_K, SWAP, QUANT, K, GROUP)
+        acc2 = product_zeros(BLOCK_M, BLOCK_N, BLOCK_K, SWAP, QUANT, K, GROUP)  # the up rows of gate/up
     for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
@@ -475,19 +474,21 @@ def _norm_linear_kernel(
             wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
             accp = acc_dot(accp, xn, wp, SWAP)
         else:
-            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
-            acc = acc_dot(acc, xn, wt, SWAP)
+            k_at = k_lo + k0
+            acc = product_tile(
+                acc, xn, w_ptr, s_ptr, z_ptr, cols, col_ok, k_at, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+            )
             if ACT >= 2:  # gate/up: the up rows too
-                wu = load_weights(
-                    w_ptr, s_ptr, z_ptr, cols + N, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype
+                up = cols + N
+                acc2 = product_tile(
+                    acc2, xn, w_ptr, s_ptr, z_ptr, up, col_ok, k_at, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
                 )
-                acc2 = acc_dot(acc2, xn, wu, SWAP)
 
     pdl_release(PDL)
     if PAIRED:
         acc, acc2 = unpair(accp, BLOCK_N, BLOCK_M)
-    acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
-    acc2 = acc_rows(acc2, SWAP)
+    acc = product_rows(acc, SWAP, QUANT, BLOCK_K, K, GROUP)  # (BLOCK_M, BLOCK_N) from here on
+    acc2 = product_rows(acc2, SWAP, QUANT, BLOCK_K, K, GROUP)
     if SPLIT > 1:  # partial sums (SPLIT, B, N or 2N) float32; the last program of the tile finishes it
         n_part = 2 * N if ACT >= 2 else N
         ok = row_ok[:, None] & col_ok[None, :]
