@@ -28,11 +28,19 @@ def int4_weight(N: int, K: int, group_size: int, dtype, seed: int):
     w = torch.randn(N, K, generator=g) * K**-0.5
     w[1, :group_size] = 0.03  # a group of equal weights
     p = Int4Linear(w, None, group_size).packed()
-    return p._replace(q=p.q.to(DEV), scales=p.scales.to(DEV, dtype), zeros=p.zeros.to(DEV, dtype))
+    return p._replace(q=p.q.to(DEV), scales=nan_after(p.scales.to(DEV, dtype)), zeros=nan_after(p.zeros.to(DEV, dtype)))
+
+
+def nan_after(t: torch.Tensor) -> torch.Tensor:
+    """t, stored with NaN after its end: a read past its last group (a split's last tile) shows in the output."""
+    buf = torch.full((t.numel() + 64,), float("nan"), dtype=t.dtype, device=t.device)
+    buf[: t.numel()] = t.flatten()
+    return buf[: t.numel()].view(t.shape)
 
 
 class FormSpy:
-    """Each launch's form (True: the GEMV), from its constexprs, recorded before the kernel runs."""
+    """Each launch's form (True: the GEMV), from its constexprs, recorded before the kernel runs (and its tiles in
+    `forms.tiles`)."""
 
     def __init__(self, kernel, forms: list):
         self.kernel, self.forms = kernel, forms
@@ -41,14 +49,20 @@ class FormSpy:
         def launch(*args, **kw):
             K = kw["K"] if "K" in kw else args[self.kernel.arg_names.index("K")]
             self.forms.append(gemv_form(kw["QUANT"], kw["SWAP"], kw["BLOCK_M"], kw["BLOCK_K"], K, kw["GROUP"]))
+            self.forms.tiles.append((kw.get("BLOCK_N", kw.get("HALF")), kw["BLOCK_K"]))
             return self.kernel[grid](*args, **kw)
 
         return launch
 
 
+class Forms(list):
+    tiles: list
+
+
 @pytest.fixture
 def forms(monkeypatch):
-    seen = []
+    seen = Forms()
+    seen.tiles = []
     for module, name in (
         (lr_module, "_linear_split_kernel"),
         (nl_module, "_norm_linear_kernel"),
@@ -134,3 +148,35 @@ def test_the_other_launches_take_the_dequantized_tile(forms, K, group, block_k):
     got = linear_residual(x, w, None, None, block_k=block_k, block_m=1)
     torch.testing.assert_close(got, linear_residual_ref(x, w, None, None), atol=1e-4, rtol=1e-4)
     assert forms == [False]
+
+
+@pytest.mark.parametrize(
+    "group,K,tiles,form",
+    [(128, 256, (128, 128), True), (64, 200, (128, 64), True), (32, 96, (128, 32), True), (24, 96, None, False)],
+)
+def test_the_default_tiles_of_the_form(forms, group, K, tiles, form):
+    """A row tile under 16 rows asked for without tiles: the GEMV form's (packed_gemv.row_block_tiles) where a K
+    tile of 32-128 lies in a group, 128 weight rows a program (norm_qkv: 64 rotary pairs at most, a head's);
+    elsewhere the launch's own tiles and the dequantized tile's product."""
+    x = activations(2, K, torch.float32, seed=group)
+    w = int4_weight(20, K, group, torch.float32, seed=2)
+    got = linear_residual(x, w, None, None, block_m=2)
+    torch.testing.assert_close(got, linear_residual_ref(x, w, None, None), **tolerance(x, w, torch.float32))
+    head = int4_weight(24, K, group, torch.float32, seed=3)
+    got = norm_linear(x, None, None, 1e-5, head, None, "none", None, block_m=2)  # no norm: x as it is
+    want = norm_linear_ref(x, None, None, 1e-5, head, None, "none")
+    torch.testing.assert_close(got, want, **tolerance(x, head, torch.float32))
+    Hq, Hkv, D = 2, 1, 16
+    qkv = int4_weight((Hq + 2 * Hkv) * D, K, group, torch.float32, seed=4)
+    inv_freq = 1.0 / (500.0 ** (torch.arange(0, D, 2, device=DEV).float() / D))
+    pos = torch.arange(2, device=DEV)
+    caches = [torch.zeros(2, Hkv, 4, D, device=DEV) for _ in range(4)]
+    ones = torch.ones(K, device=DEV)
+    q_ref = norm_qkv_ref(x, ones, None, 1e-5, qkv, None, inv_freq, 1.0, pos, pos, caches[0], caches[1], Hq, Hkv, D)
+    q = norm_qkv(x, ones, None, 1e-5, qkv, None, inv_freq, 1.0, pos, pos, caches[2], caches[3], Hq, Hkv, D, block_m=2)
+    torch.testing.assert_close(q, q_ref, atol=1e-4, rtol=1e-4)
+    assert forms == [form] * 3, forms.tiles
+    if form:
+        assert forms.tiles == [tiles, tiles, (D // 2, tiles[1])]
+    else:
+        assert all(t[1] != 0 and group % t[1] for t in forms.tiles), forms.tiles

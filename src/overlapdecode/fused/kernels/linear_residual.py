@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from . import dense as dense_gemm
-from .packed_gemv import product_rows, product_tile, product_zeros
+from .packed_gemv import product_rows, product_tile, product_zeros, row_block_tiles
 from .packed_weights import refuse_dense, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
@@ -286,8 +286,7 @@ def linear_residual(
         block_m = row_tile(B, w.element_size(), block_m)
         tiles = dict(
             block_m=block_m,
-            block_n=32,
-            block_k=fit_k(block_m, 32, 128),
+            **row_block_tiles(packed, K, block_m, 32, fit_k(block_m, 32, 128)),
             num_warps=4,
             num_stages=3,
             programs=2 * sm_count(x.device),

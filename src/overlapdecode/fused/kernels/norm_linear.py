@@ -1,15 +1,14 @@
 """Norm in the prologue, a GEMV over all B rows, an activation in the epilogue: the MLP up-projection
 (gate/up with SiLU(gate)*up, or GPT-2's fc with tanh GELU) and the final norm + LM head (float32 logits).
 
-Why fused: at decode the activations are a few KB and the weights are megabytes; each kernel must read its
-weight bytes exactly once, for every row of the batch, and nothing else of note. Normalising in the prologue
-saves a launch and a round trip of the normalised activations; the activation in the epilogue saves one of
-the (B, 2I) gate/up output. Each program owns BLOCK_N output columns and all of K (K is the hidden size,
-short enough that the grid of N / BLOCK_N programs fills the GPU); rows of the batch are padded to 16 so
-that the product is one `tl.dot` per K tile. From 17 rows on the tile is swapped (swap_ab.py: the weight rows
-as the MMA's M, all rows of the batch as its N, the weights read once for up to 128 rows); its wider weight
-tiles make fewer programs, so there K is split as in linear_residual where the grid would leave the GPU short
-(float32 partials, the last program of a tile reduces them in a fixed order and runs the epilogue).
+Why fused: at decode the activations are a few KB and the weights are megabytes; each kernel must read its weight
+bytes exactly once, for every row of the batch, and nothing else of note. Normalising in the prologue saves a launch
+and a round trip of the normalised activations; the activation in the epilogue saves one of the (B, 2I) gate/up
+output. Each program owns BLOCK_N output columns and all of K (the hidden size); rows of the batch are padded to 16 so
+that the product is one `tl.dot` per K tile. From 17 rows on the tile is swapped (swap_ab.py: the weight rows as the
+MMA's M, all rows of the batch as its N, the weights read once for up to 128 rows); its wider weight tiles make fewer
+programs, so there K is split as in linear_residual where the grid would leave the GPU short (float32 partials, the
+last program of a tile reduces them in a fixed order and runs the epilogue).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
-from .packed_gemv import product_rows, product_tile, product_zeros
+from .packed_gemv import product_rows, product_tile, product_zeros, row_block_tiles
 from .packed_weights import load_weights, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
@@ -646,7 +645,8 @@ def norm_linear(
         tiles = swap_tiles(B, n_out, K, x.element_size(), accs, sm_count(x.device))
     else:
         block_m = row_tile(B, w.element_size(), block_m)
-        tiles = dict(block_m=block_m, block_n=32, block_k=fit_k(block_m, 32, 256), num_warps=4, num_stages=3)
+        tiles = dict(block_m=block_m, num_warps=4, num_stages=3)
+        tiles.update(row_block_tiles(packed, K, block_m, 32, fit_k(block_m, 32, 256)))
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]

@@ -31,7 +31,7 @@ from .linear_residual import (
     take_tickets,
 )
 from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
-from .packed_gemv import product_rows, product_tile, product_zeros
+from .packed_gemv import product_rows, product_tile, product_zeros, row_block_tiles
 from .packed_weights import load_weights, refuse_dense, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .rope import apply_rope, rope_cos_sin, rope_cos_sin_tile
@@ -521,10 +521,10 @@ def norm_qkv(
     else:
         block_m = row_tile(B, w.element_size(), block_m)
         block_n = min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
+        pairs = triton.next_power_of_2(max(head_dim // 2, 1))
         plan = dict(
             block_m=block_m,
-            block_n=block_n,
-            block_k=fit_k(block_m, block_n, 256),
+            **row_block_tiles(packed, K, block_m, block_n, fit_k(block_m, block_n, 256), pairs),
             num_warps=4,
             num_stages=3,
         )

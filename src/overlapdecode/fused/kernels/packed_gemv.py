@@ -29,8 +29,29 @@ import triton.language as tl
 from .packed_weights import load_weights
 from .swap_ab import acc_dot, acc_rows, acc_zeros
 
+GEMV_ROWS = 128  # weight rows a program of the GEMV form multiplies (row_block_tiles)
+GEMV_K = 128  # its longest K tile
+
 X_SCALE = tl.constexpr(2.0**53)  # 2^53: x_j 2^(53 - 4j) times the code's c 16^j 2^-149 is c x_j 2^-96
 OUT_SCALE = tl.constexpr(2.0**96)  # 2^96, back to c x_j on the scale
+
+
+def row_block_tiles(packed: dict, K: int, block_m: int, block_n: int, block_k: int, pairs: int | None = None) -> dict:
+    """The default block_n and block_k of a row-block launch of `block_m` rows over K inputs, its weight's launch
+    keywords `packed` (packed_weights.weight_launch): `block_n` and `block_k` as the
+    launch would take them, unless the launch takes the GEMV form with the largest power-of-two K tile from 32 to
+    GEMV_K that its group holds: then GEMV_ROWS weight rows (a program's thread then holds 8 rows of 4 words, over which
+    the x tile's pass through shared memory is shared: 4.2-4.4 sm_90 instructions a weight at 128 rows, 6.8-7.0
+    at 64; results/cpu/llama-1b-int4-sass-counts) and that K tile. For norm_qkv, whose block_n counts rotary
+    pairs (two weight rows each) of one head, `pairs` is the head's: GEMV_ROWS // 2, at most `pairs`."""
+    if packed["QUANT"] != 2 or block_m >= 16 or K % 8:
+        return dict(block_n=block_n, block_k=block_k)
+    k_tile = GEMV_K
+    while k_tile >= 32 and packed["GROUP"] % k_tile:
+        k_tile //= 2
+    if k_tile < 32:  # under 16 bytes of a row a K tile, a thread's loads are narrower than one 16-byte copy
+        return dict(block_n=block_n, block_k=block_k)
+    return dict(block_n=GEMV_ROWS if pairs is None else min(GEMV_ROWS // 2, pairs), block_k=k_tile)
 
 
 @triton.constexpr_function
@@ -111,9 +132,9 @@ def _gemv_tile(acc, x, w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, k_end, K: tl.cons
     # words to K, not k_end: a split's range ends at a multiple of BLOCK_K or at K, and past it the caller's x is
     # zero (as in load_weights); a bound known at compile time keeps the loads 16 bytes wide
     word = tl.load(words + rows[:, None] * KW + kw[None, :], mask=rows_ok[:, None] & (kw < KW)[None, :], other=0)
-    g = k0 // GROUP
-    s = tl.load(s_ptr + rows * NG + g, mask=rows_ok, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + rows * NG + g, mask=rows_ok, other=0.0).to(tl.float32)
+    g = k0 // GROUP  # past the row's last group where a split's last tile starts at K: read as 0, x is 0 there
+    s = tl.load(s_ptr + rows * NG + g, mask=rows_ok & (g < NG), other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + rows * NG + g, mask=rows_ok & (g < NG), other=0.0).to(tl.float32)
     # x's columns by their place in a word: j = 4a + 2b + c (c the fastest), each (BLOCK_M, W)
     xa, xb = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_M, W, 2, 2, 2)))
     x0, x4 = tl.split(tl.split(xa)[0])
