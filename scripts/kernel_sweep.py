@@ -9,9 +9,7 @@
 With --quantize int4|int8|fp8 both parts run on packed weights (quant/packed.py; GB/s of the bytes a launch reads:
 codes and group numbers); under 16 rows part 1 also sweeps the row tile (`block_m`): the default 16-row tile,
 whose tl.dot multiplies the dequantized tile on tensor cores, and the batch's own power of two, whose product is
-a broadcast multiply summed over K in registers (swap_ab.acc_dot), or for int4 the GEMV form
-(fused/kernels/packed_gemv.py), whose own wide tiles (32-256 weight rows, K tiles in one group) alternate with the
-others under the time budget.
+a broadcast multiply summed over K in registers (swap_ab.acc_dot).
 
     python3 scripts/kernel_sweep.py --out DIR [--quick] [--shapes llama-1b,llama-8b,gpt2] [--budget S] [--batch B]
                                     [--no-steps] [--quantize int4|int8|fp8] [--group-size G] [--step-models M,...]
@@ -146,27 +144,14 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
         t_kernel = time.time()
         splits = (1, 2, 4) if name in ("qkv", "o_proj", "down") else (1,)
         configs = [(*t, m, bm) for t in tiles for m in splits for bm in block_ms]
-        if quantize == "int4" and B < 16:  # the GEMV form's own tiles (packed_gemv.py): wide, K tiles in one group
-            wide = [
-                (bn, bk, w, st) for bn in (32, 64, 128, 256) for bk in (64, 128) for w in (4, 8) for st in (2, 3, 4)
-            ]
-            gemv = [t for t in wide if t[1] <= group_size and group_size % t[1] == 0]
-            gemv = [(*t, m, triton.next_power_of_2(B)) for t in gemv for m in splits]
-            random.Random(1).shuffle(gemv)
-        else:
-            gemv = []
         random.Random(0).shuffle(configs)  # under the time budget, a spread of the grid, not one corner
-        configs = [c for pair in zip(gemv, configs) for c in pair] + configs[len(gemv) :] if gemv else configs
         for bn, bk, nw_, ns, mult, bm in [(32, 128, 4, 3, 2, None), (32, 256, 4, 3, 4, None)] + configs:
             if name == "qkv" and bn > D // 2:
                 continue  # norm_qkv's tile is HALF = block_n dimensions of each half of a head
-            if name in ("gate_up", "fc", "lm_head") and bk * bn > 32 * 256 and bm is None:
+            if name in ("gate_up", "fc", "lm_head") and bk * bn > 32 * 256:
                 continue  # too many registers for the silu_mul pair / little to learn
-            gemv_tile = quantize == "int4" and bm is not None and group_size % bk == 0 and K % 8 == 0
-            if bm is not None and not gemv_tile and bm * bn * bk * (2 if name == "gate_up" else 1) > PRODUCT_ELEMENTS:
+            if bm is not None and bm * bn * bk * (2 if name == "gate_up" else 1) > PRODUCT_ELEMENTS:
                 continue  # a broadcast product's float32 values, swap_ab.fit_k's limit
-            if gemv_tile and bm * bn * bk // 8 * (2 if name == "gate_up" else 1) > 8 * PRODUCT_ELEMENTS // 2:
-                continue  # the GEMV's accumulator: a column a word, 128 registers a thread at 4 warps at most
             cfg = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=nw_, num_stages=ns, programs=mult * sms)
             if name == "qkv":
                 fn = lambda w, c=cfg: norm_qkv(

@@ -2,15 +2,14 @@
 kernel's main loop spends per K tile, before a GPU times it.
 
     python3 scripts/sass_counts.py --out F.json [--quantize int4|int8|fp8|none] [--group-size G]
-                                   [--kernels qkv,o,gate/up,down,head] [--gemv]
+                                   [--kernels qkv,o,gate/up,down,head]
 
 Each kernel is compiled by Triton for sm_90 (H100/H200) at the Llama-1B shape, one row (the row-block tiles, the
 launch configuration tests/fused/test_kernel_compile.py checks there, whose case table this reads), and
 disassembled with the nvdisasm that Triton's wheel ships. Per kernel: the opcodes of the whole kernel and of its
 main loop (the longest block that a backward branch closes), by count. Static counts, one K tile's instructions:
 not a time (the GPU's issue rate, pipes and memory decide that), but what a change to the loop removes or adds.
-`--gemv`: int4's GEMV form instead (fused/kernels/packed_gemv.py: BLOCK_M 1, K tiles of min(128, group), 128
-weight rows a program, 64 rotary pairs for QKV). The JSON goes to --out (a new file: an earlier result is never overwritten) and a table to stdout.
+The JSON goes to --out (a new file: an earlier result is never overwritten) and a table to stdout.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ def parse_args(argv=None):
     ap.add_argument("--quantize", default="int4", choices=["int4", "int8", "fp8", "none"], help="default: int4")
     ap.add_argument("--group-size", type=int, default=128, help="int4 group (default: 128)")
     ap.add_argument("--kernels", default="qkv,o,gate/up,down,head", help="default: %(default)s")
-    ap.add_argument("--gemv", action="store_true", help="int4's GEMV form (one row)")
     return ap.parse_args(argv)
 
 
@@ -78,19 +76,10 @@ def main_loop(lines: list[str]) -> list[str]:
     return best
 
 
-def tile_rows(fn: str, constants: dict, accs: int) -> int:
-    """The weight rows one program multiplies a K tile: QKV's two halves of HALF pairs, gate/up's two of BLOCK_N."""
-    if fn == "norm_qkv":
-        return 2 * constants["HALF"]
-    return constants["BLOCK_N"] * (2 if constants.get("ACT", 0) >= 2 else 1)
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if os.path.exists(args.out):
         fail(f"sass_counts.py: --out {args.out} exists: choose a new path (no run overwrites an earlier one)")
-    if args.gemv and args.quantize != "int4":
-        fail("sass_counts.py: --gemv is int4's form: give --quantize int4")
     cases = _compile_cases()
     import triton
     from triton.compiler import ASTSource
@@ -118,9 +107,6 @@ def main(argv=None) -> dict:
             group = args.group_size if args.quantize == "int4" else K
             constants.update(QUANT=QUANT_CODES[args.quantize], GROUP=group)
         constants = dict(constants, **extra, PDL=3, K=K)
-        if args.gemv:
-            constants.update(BLOCK_M=1, BLOCK_K=min(128, args.group_size))
-            constants["HALF" if fn == "norm_qkv" else "BLOCK_N"] = 64 if fn == "norm_qkv" else 128
         if "K_CHUNK" in constants:
             constants.update(K_CHUNK=K, SPLIT=1)
         signature = {n: types.get(n, "constexpr") for n in kernel.arg_names}
@@ -138,19 +124,14 @@ def main(argv=None) -> dict:
             "block_n": constants.get("BLOCK_N", constants.get("HALF")),
             "total": sum(whole.values()),
             "loop": sum(loop.values()),
-            # thread instructions a weight: the loop's instructions x the threads / the weights of one K tile
-            "per weight": sum(loop.values()) * 32 * 4 / (constants["BLOCK_K"] * tile_rows(fn, constants, accs)),
             "loop opcodes": dict(loop.most_common()),
             "opcodes": dict(whole.most_common()),
         }
-    print("| kernel | BLOCK_N | BLOCK_K | total | loop | per weight | " + " | ".join(OPS_SHOWN) + " |")
-    print("|---|---|---|---|---|---|" + "---|" * len(OPS_SHOWN))
+    print("| kernel | BLOCK_K | total | loop | " + " | ".join(OPS_SHOWN) + " |")
+    print("|---|---|---|---|" + "---|" * len(OPS_SHOWN))
     for name, k in result["kernels"].items():
         ops = " | ".join(str(k["loop opcodes"].get(op, 0)) for op in OPS_SHOWN)
-        row = (
-            f"| {name} | {k['block_n']} | {k['block_k']} | {k['total']} | {k['loop']} | {k['per weight']:.2f} | {ops} |"
-        )
-        print(row)
+        print(f"| {name} | {k['block_k']} | {k['total']} | {k['loop']} | {ops} |")
     with open(args.out, "x") as f:
         json.dump(result, f, indent=1)
     return result

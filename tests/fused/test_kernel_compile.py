@@ -797,28 +797,3 @@ def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
         assert not re.search(r"cvt\.rn\.(f32|f16|bf16)\.[su](8|16)\b", text)  # of a byte or a half-word
     assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", text)
     assert spill_bytes(text) <= 256
-
-
-@pytest.mark.parametrize("name", sorted(PROJECTIONS))
-def test_int4_gemv_form_compiles_for_sm90(name):
-    """Each projection's int4 GEMV form (packed_gemv.py: one row, BLOCK_M 1, K tiles of one group, 128 weight rows
-    a program) compiles for sm_90: codes made floats by an AND (no integer-to-float conversion), read 16 bytes at
-    a time, nothing read before the PDL wait, no spills."""
-    from overlapdecode.fused.kernels.packed_weights import QUANT_CODES
-
-    fn, N, K, accs, extra = PROJECTIONS[name]
-    kernel, types, constants = CASES[fn]
-    types = dict(types, w_ptr="*u8", s_ptr="*bf16", z_ptr="*bf16")
-    constants = {k: v for k, v in constants.items() if k not in ("s_ptr", "z_ptr", "QUANT", "GROUP")}
-    constants = dict(constants, **extra, QUANT=QUANT_CODES["int4"], GROUP=128, PDL=3, K=K, BLOCK_M=1, BLOCK_K=128)
-    constants["HALF" if fn == "norm_qkv" else "BLOCK_N"] = 32 if fn == "norm_qkv" else 128
-    if "K_CHUNK" in constants:
-        constants.update(K_CHUNK=K, SPLIT=1)
-    text = ptx(kernel, types, constants, aligned=True, num_warps=4, num_stages=3)
-    lines = text.splitlines()
-    wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
-    assert not [line for line in lines[:wait] if "ld.global" in line]
-    assert "mma" not in text  # the GEMV form: fused multiply-adds, no tensor cores
-    assert not re.search(r"cvt\.rn\.f32\.[su](8|16)\b", text)  # (RoPE converts the 32-bit positions)
-    assert re.search(r"(ld\.global[.\w]*\.v4\.b32|cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10)", text)
-    assert spill_bytes(text) == 0

@@ -20,11 +20,13 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from . import dense as dense_gemm
-from .packed_gemv import product_rows, product_tile, product_zeros, row_block_tiles
-from .packed_weights import refuse_dense, weight_launch
+from .packed_weights import load_weights, refuse_dense, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
+    acc_dot,
+    acc_rows,
+    acc_zeros,
     fit_k,
     refuse_block_m,
     row_tile,
@@ -195,17 +197,16 @@ def _linear_split_kernel(
         ks = tl.arange(0, BLOCK_K)
         k_lo = pid_k * K_CHUNK
         k_hi = tl.minimum(k_lo + K_CHUNK, K)
-        acc = product_zeros(BLOCK_M, BLOCK_N, BLOCK_K, SWAP, QUANT, K, GROUP)
+        acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
         dtype = x_ptr.dtype.element_ty  # a packed weight's tile is dequantized to it (packed_weights.py)
         for k0 in range(0, K_CHUNK, BLOCK_K):  # constant trip count (K is a compile-time constant per matrix)
             kk = k_lo + k0 + ks
             k_ok = kk < k_hi
             xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            acc = product_tile(
-                acc, xv, w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
-            )
+            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+            acc = acc_dot(acc, xv, wt, SWAP)
         pdl_release(PDL)
-        acc = product_rows(acc, SWAP, QUANT, BLOCK_K, K, GROUP)  # (BLOCK_M, BLOCK_N) from here on
+        acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
     finish = True
     if SPLIT > 1:
         tl.store(part_ptr + (pid_k * B + rows[:, None]) * N + cols[None, :], acc, mask=out_ok)
@@ -286,7 +287,8 @@ def linear_residual(
         block_m = row_tile(B, w.element_size(), block_m)
         tiles = dict(
             block_m=block_m,
-            **row_block_tiles(packed, K, block_m, 32, fit_k(block_m, 32, 128)),
+            block_n=32,
+            block_k=fit_k(block_m, 32, 128),
             num_warps=4,
             num_stages=3,
             programs=2 * sm_count(x.device),

@@ -1,14 +1,15 @@
 """Norm in the prologue, a GEMV over all B rows, an activation in the epilogue: the MLP up-projection
 (gate/up with SiLU(gate)*up, or GPT-2's fc with tanh GELU) and the final norm + LM head (float32 logits).
 
-Why fused: at decode the activations are a few KB and the weights are megabytes; each kernel must read its weight
-bytes exactly once, for every row of the batch, and nothing else of note. Normalising in the prologue saves a launch
-and a round trip of the normalised activations; the activation in the epilogue saves one of the (B, 2I) gate/up
-output. Each program owns BLOCK_N output columns and all of K (the hidden size); rows of the batch are padded to 16 so
-that the product is one `tl.dot` per K tile. From 17 rows on the tile is swapped (swap_ab.py: the weight rows as the
-MMA's M, all rows of the batch as its N, the weights read once for up to 128 rows); its wider weight tiles make fewer
-programs, so there K is split as in linear_residual where the grid would leave the GPU short (float32 partials, the
-last program of a tile reduces them in a fixed order and runs the epilogue).
+Why fused: at decode the activations are a few KB and the weights are megabytes; each kernel must read its
+weight bytes exactly once, for every row of the batch, and nothing else of note. Normalising in the prologue
+saves a launch and a round trip of the normalised activations; the activation in the epilogue saves one of
+the (B, 2I) gate/up output. Each program owns BLOCK_N output columns and all of K (K is the hidden size,
+short enough that the grid of N / BLOCK_N programs fills the GPU); rows of the batch are padded to 16 so
+that the product is one `tl.dot` per K tile. From 17 rows on the tile is swapped (swap_ab.py: the weight rows
+as the MMA's M, all rows of the batch as its N, the weights read once for up to 128 rows); its wider weight
+tiles make fewer programs, so there K is split as in linear_residual where the grid would leave the GPU short
+(float32 partials, the last program of a tile reduces them in a fixed order and runs the epilogue).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
-from .packed_gemv import product_rows, product_tile, product_zeros, row_block_tiles
 from .packed_weights import load_weights, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     acc_dot,
+    acc_rows,
+    acc_zeros,
     fit_k,
     pair_rows,
     refuse_block_m,
@@ -462,8 +464,8 @@ def _norm_linear_kernel(
         w_ok = pair_rows(col_ok, col_ok, BLOCK_N)
         accp = tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
-        acc = product_zeros(BLOCK_M, BLOCK_N, BLOCK_K, SWAP, QUANT, K, GROUP)
-        acc2 = product_zeros(BLOCK_M, BLOCK_N, BLOCK_K, SWAP, QUANT, K, GROUP)  # the up rows of gate/up
+        acc = acc_zeros(BLOCK_M, BLOCK_N, SWAP)
+        acc2 = acc_zeros(BLOCK_M, BLOCK_N, SWAP)  # the up rows of gate/up
     for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
@@ -473,21 +475,19 @@ def _norm_linear_kernel(
             wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
             accp = acc_dot(accp, xn, wp, SWAP)
         else:
-            k_at = k_lo + k0
-            acc = product_tile(
-                acc, xn, w_ptr, s_ptr, z_ptr, cols, col_ok, k_at, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
-            )
+            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+            acc = acc_dot(acc, xn, wt, SWAP)
             if ACT >= 2:  # gate/up: the up rows too
-                up = cols + N
-                acc2 = product_tile(
-                    acc2, xn, w_ptr, s_ptr, z_ptr, up, col_ok, k_at, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+                wu = load_weights(
+                    w_ptr, s_ptr, z_ptr, cols + N, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype
                 )
+                acc2 = acc_dot(acc2, xn, wu, SWAP)
 
     pdl_release(PDL)
     if PAIRED:
         acc, acc2 = unpair(accp, BLOCK_N, BLOCK_M)
-    acc = product_rows(acc, SWAP, QUANT, BLOCK_K, K, GROUP)  # (BLOCK_M, BLOCK_N) from here on
-    acc2 = product_rows(acc2, SWAP, QUANT, BLOCK_K, K, GROUP)
+    acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
+    acc2 = acc_rows(acc2, SWAP)
     if SPLIT > 1:  # partial sums (SPLIT, B, N or 2N) float32; the last program of the tile finishes it
         n_part = 2 * N if ACT >= 2 else N
         ok = row_ok[:, None] & col_ok[None, :]
@@ -645,8 +645,7 @@ def norm_linear(
         tiles = swap_tiles(B, n_out, K, x.element_size(), accs, sm_count(x.device))
     else:
         block_m = row_tile(B, w.element_size(), block_m)
-        tiles = dict(block_m=block_m, num_warps=4, num_stages=3)
-        tiles.update(row_block_tiles(packed, K, block_m, 32, fit_k(block_m, 32, 256)))
+        tiles = dict(block_m=block_m, block_n=32, block_k=fit_k(block_m, 32, 256), num_warps=4, num_stages=3)
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]

@@ -31,12 +31,13 @@ from .linear_residual import (
     take_tickets,
 )
 from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
-from .packed_gemv import product_rows, product_tile, product_zeros, row_block_tiles
 from .packed_weights import load_weights, refuse_dense, weight_launch
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .rope import apply_rope, rope_cos_sin, rope_cos_sin_tile
 from .swap_ab import (
     acc_dot,
+    acc_rows,
+    acc_zeros,
     fit_k,
     pair_rows,
     refuse_block_m,
@@ -330,8 +331,8 @@ def _norm_qkv_kernel(
             w_ok = pair_rows(dim_ok, dim_ok, HALF)
             accp = tl.zeros((2 * HALF, BLOCK_M), dtype=tl.float32)
         else:
-            acc1 = product_zeros(BLOCK_M, HALF, BLOCK_K, SWAP, QUANT, K, GROUP)
-            acc2 = product_zeros(BLOCK_M, HALF, BLOCK_K, SWAP, QUANT, K, GROUP)
+            acc1 = acc_zeros(BLOCK_M, HALF, SWAP)
+            acc2 = acc_zeros(BLOCK_M, HALF, SWAP)
         for k0 in range(0, K_CHUNK, BLOCK_K):
             kk = k_lo + k0 + ks
             k_ok = kk < k_hi
@@ -341,19 +342,16 @@ def _norm_qkv_kernel(
                 wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
                 accp = acc_dot(accp, xn, wp, SWAP)
             else:
-                k_at = k_lo + k0
-                acc1 = product_tile(
-                    acc1, xn, w_ptr, s_ptr, z_ptr, w1, dim_ok, k_at, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
-                )
-                acc2 = product_tile(
-                    acc2, xn, w_ptr, s_ptr, z_ptr, w2, dim_ok, k_at, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
-                )
+                wa = load_weights(w_ptr, s_ptr, z_ptr, w1, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+                wb = load_weights(w_ptr, s_ptr, z_ptr, w2, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+                acc1 = acc_dot(acc1, xn, wa, SWAP)
+                acc2 = acc_dot(acc2, xn, wb, SWAP)
 
         pdl_release(PDL)
         if SWAP:
             acc1, acc2 = unpair(accp, HALF, BLOCK_M)
-        acc1 = product_rows(acc1, SWAP, QUANT, BLOCK_K, K, GROUP)  # (BLOCK_M, HALF) from here on
-        acc2 = product_rows(acc2, SWAP, QUANT, BLOCK_K, K, GROUP)
+        acc1 = acc_rows(acc1, SWAP)  # (BLOCK_M, HALF) from here on
+        acc2 = acc_rows(acc2, SWAP)
         if SPLIT > 1:  # partial sums (SPLIT, B, N) float32; the last program of the tile finishes it
             base = part_ptr + (pid_k * B + rows[:, None]) * n_rows
             tl.store(base + w1[None, :], acc1, mask=ok)
@@ -521,10 +519,10 @@ def norm_qkv(
     else:
         block_m = row_tile(B, w.element_size(), block_m)
         block_n = min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
-        pairs = triton.next_power_of_2(max(head_dim // 2, 1))
         plan = dict(
             block_m=block_m,
-            **row_block_tiles(packed, K, block_m, block_n, fit_k(block_m, block_n, 256), pairs),
+            block_n=block_n,
+            block_k=fit_k(block_m, block_n, 256),
             num_warps=4,
             num_stages=3,
         )
