@@ -8,7 +8,8 @@ verify step of T tokens per row, is decode_step itself over the B * T tokens as 
 each token writing its K/V at its own slot of its row's cache and attending to that row's slots up to its own
 (`cache_group` T: row r's cache row is r // T). Its cost: the weights are read once for all B * T rows, as by one
 step of B * T rows; a row's cache once per token, T times (the attention's many-query form,
-kernels/decode_attention.py many_queries_tile, reads it once for the T: built, off until timed).
+kernels/decode_attention.py many_queries_tile, reads it once for the T: off by default, as it wins only where the
+cache reads dominate: results/h100/llama-1b-verify-many-query).
 """
 
 from __future__ import annotations

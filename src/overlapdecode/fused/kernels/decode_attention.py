@@ -10,7 +10,7 @@ with the softmax in float32 and the output in q's dtype. Slots outside [start, l
 `cache_group` g, query row b reads K and V of cache row b // g: speculative decoding's verify step runs T tokens
 of each cache row as T query rows, each with its own start and length (fused/forward.py verify_step). There one
 program may take a cache row's g query rows together (the many-query form, `many_queries_tile`; asked for by
-`many_queries=True` until a GPU has timed it, MANY_QUERIES_BY_DEFAULT): its g x G queries
+`many_queries=True`, MANY_QUERIES_BY_DEFAULT; timed in results/h100/llama-1b-verify-many-query): its g x G queries
 share each K and V block it loads, so the verify step reads a row's cache once, not once per token; a query masks
 the slots outside its own [start, length), and a piece holding none of them leaves its max at -inf. Slots that no
 query of the program sees may hold anything, as above; a slot one query sees is multiplied by the others' zero
@@ -88,7 +88,7 @@ MAX_HEAD_DIM = 256
 TARGET_PROGRAMS = 2 * 132  # about two split programs per SM of an H200
 MAX_SPLITS = 64  # bounds the combining program's loop over the pieces
 MANY_QUERY_VALUES = 4096  # most (queries, padded to a power of two, at least 16) x BLOCK_D of one program's tile
-MANY_QUERIES_BY_DEFAULT = False  # the many-query form where none is asked for: not until timed against the other
+MANY_QUERIES_BY_DEFAULT = False  # the many-query form where none is asked: slower at short caches (docs/KERNELS.md)
 LOG2E = 1.4426950408889634
 
 
@@ -432,7 +432,8 @@ def many_queries_tile(cache_group: int, G: int, block_d: int, many_queries: bool
     power of two of at least 16, times the head's BLOCK_D stay within MANY_QUERY_VALUES (the accumulator of 32 x 128
     or 64 x 64 compiles for sm_90 without spills; 64 x 128 spilled), else 1 (a program per query row).
     `many_queries`: False forces 1; True asks for the form and is a ValueError where it cannot serve; None: the form
-    where it serves if MANY_QUERIES_BY_DEFAULT (False: no GPU has timed it against the program per query row yet)."""
+    where it serves if MANY_QUERIES_BY_DEFAULT (False: faster at 8 rows of 8K keys, slower at one row of 160;
+    results/h100/llama-1b-verify-many-query)."""
     if many_queries is not None and not isinstance(many_queries, bool):
         raise ValueError(f"many_queries must be None, True or False, got {many_queries!r}")
     rows = max(16, triton.next_power_of_2(cache_group * G))
