@@ -7,9 +7,7 @@
 2. The whole fused step of llama-1b-random (or --step-models; bfloat16, batch 1 and 8), captured in one CUDA graph,
    under the torch profiler: kernels per step and the time of each kind of kernel.
 With --quantize int4|int8|fp8 both parts run on packed weights (quant/packed.py; GB/s of the bytes a launch reads:
-codes and group numbers); under 16 rows part 1 also sweeps the row tile (`block_m`): the default 16-row tile,
-whose tl.dot multiplies the dequantized tile on tensor cores, and the batch's own power of two, whose product is
-a broadcast multiply summed over K in registers (swap_ab.acc_dot).
+codes and group numbers).
 
     python3 scripts/kernel_sweep.py --out DIR [--quick] [--shapes llama-1b,llama-8b,gpt2] [--budget S] [--batch B]
                                     [--no-steps] [--quantize int4|int8|fp8] [--group-size G] [--step-models M,...]
@@ -32,7 +30,6 @@ import random
 import time
 
 import torch
-import triton
 import triton.testing
 
 DEV = "cuda"
@@ -103,7 +100,6 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
     from overlapdecode.fused.kernels.norm_linear import norm_linear
     from overlapdecode.fused.kernels.norm_qkv import norm_qkv
-    from overlapdecode.fused.kernels.swap_ab import PRODUCT_ELEMENTS
 
     H, Hq, Hkv, D, I, V = SHAPES[shape]
     dt = torch.bfloat16
@@ -135,24 +131,18 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
         kernels.pop("lm_head")
     if quick:
         tiles = [(32, 128, 4, 3), (32, 256, 4, 3)]
-    # packed weights under 16 rows: the default row tile (None: 16 rows, tl.dot on the dequantized tile) and the
-    # rows' own power of two (a broadcast product summed over K in registers, swap_ab.acc_dot), side by side
-    block_ms = (None, triton.next_power_of_2(B)) if quantize and B < 16 else (None,)
     for name, (N, K) in kernels.items():
         nbytes = weight_bytes(packed(r(N, K), quantize, group_size))
         sets = rotated(lambda: (packed(r(N, K), quantize, group_size),), nbytes)
         t_kernel = time.time()
-        splits = (1, 2, 4) if name in ("qkv", "o_proj", "down") else (1,)
-        configs = [(*t, m, bm) for t in tiles for m in splits for bm in block_ms]
+        configs = [(*t, m) for t in tiles for m in ((1, 2, 4) if name in ("qkv", "o_proj", "down") else (1,))]
         random.Random(0).shuffle(configs)  # under the time budget, a spread of the grid, not one corner
-        for bn, bk, nw_, ns, mult, bm in [(32, 128, 4, 3, 2, None), (32, 256, 4, 3, 4, None)] + configs:
+        for bn, bk, nw_, ns, mult in [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)] + configs:
             if name == "qkv" and bn > D // 2:
                 continue  # norm_qkv's tile is HALF = block_n dimensions of each half of a head
             if name in ("gate_up", "fc", "lm_head") and bk * bn > 32 * 256:
                 continue  # too many registers for the silu_mul pair / little to learn
-            if bm is not None and bm * bn * bk * (2 if name == "gate_up" else 1) > PRODUCT_ELEMENTS:
-                continue  # a broadcast product's float32 values, swap_ab.fit_k's limit
-            cfg = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=nw_, num_stages=ns, programs=mult * sms)
+            cfg = dict(block_n=bn, block_k=bk, num_warps=nw_, num_stages=ns, programs=mult * sms)
             if name == "qkv":
                 fn = lambda w, c=cfg: norm_qkv(
                     x,
@@ -171,7 +161,6 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
                     Hkv,
                     D,  # noqa: E731
                     half=c["block_n"],
-                    block_m=c["block_m"],
                     block_k=c["block_k"],
                     programs=c["programs"],
                     num_warps=c["num_warps"],
@@ -187,7 +176,6 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
                     None,
                     x,
                     block_n=c["block_n"],  # noqa: E731
-                    block_m=c["block_m"],
                     block_k=c["block_k"],
                     programs=c["programs"],
                     num_warps=c["num_warps"],
@@ -207,7 +195,6 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
                     act,
                     od,  # noqa: E731
                     block_n=c["block_n"],
-                    block_m=c["block_m"],
                     block_k=c["block_k"],
                     num_warps=c["num_warps"],
                     num_stages=c["num_stages"],
@@ -350,16 +337,11 @@ KERNEL_OF = {
 def best_tiles(rows: list[dict]) -> dict:
     """The fastest configuration of each swept kernel and weight shape as a FusedModel `tiles` table:
     {(kernel function, N, K): keywords} (norm_qkv's block_n is its `half`; `programs`, an absolute split-K
-    target of the GPU swept, applies to the split-K kernels only; rows timed with a `block_m`, the rows of the
-    sweep's batch, are not candidates: the table serves steps of other row counts, on the default row tile)."""
+    target of the GPU swept, applies to the split-K kernels only)."""
     table = {}
     for name, N, K in {(r["kernel"], r["N"], r["K"]) for r in rows}:
         best = min(
-            (
-                r
-                for r in rows
-                if (r["kernel"], r["N"], r["K"]) == (name, N, K) and "us" in r and r.get("block_m") is None
-            ),
+            (r for r in rows if (r["kernel"], r["N"], r["K"]) == (name, N, K) and "us" in r),
             key=lambda r: r["us"],
         )
         fn = KERNEL_OF[name]

@@ -12,9 +12,6 @@ import torch
 
 import overlapdecode as od
 from overlapdecode.fused import forward
-from overlapdecode.fused.kernels import linear_residual as lr_module
-from overlapdecode.fused.kernels import norm_linear as nl_module
-from overlapdecode.fused.kernels import norm_qkv as qkv_module
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref
 from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
@@ -121,81 +118,6 @@ def test_the_kernels_dequantize_to_the_twins_bits_in_16_bit(dtype, scheme, group
     x = torch.eye(K, device=DEV, dtype=dtype)[:16]  # 16 rows: x picks weight column k at row k
     got = linear_residual(x, w, None, None, block_k=16)
     assert torch.equal(got, dequantize(w)[:, :16].t().contiguous())
-
-
-class LaunchSpy:
-    """A kernel's launches, each BLOCK_M recorded in `tiles` before the kernel runs."""
-
-    def __init__(self, kernel, tiles: list):
-        self.kernel, self.tiles = kernel, tiles
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.tiles.append(kwargs["BLOCK_M"])
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
-@pytest.mark.parametrize("scheme,group_size", [("int4", 32), ("int4", 24), ("int8", None)])
-@pytest.mark.parametrize("block_m", [1, 4, 8])
-def test_a_row_tile_under_16_rows_multiplies_the_twins_weights(dtype, scheme, group_size, block_m, monkeypatch):
-    """A 16-bit launch given a row tile under 16 rows (`block_m`: the broadcast product summed over K in registers,
-    swap_ab.acc_dot, in place of tl.dot on the dequantized tile) in each of the three projections: x = rows of the
-    identity, so each output is one dequantized weight, equal bit for bit to the twins' (5 rows: several row blocks
-    and a part-filled last one), and random rows within the 16-row tile's own rounding of the same product."""
-    K, N, B, D = 72, 20, 5, 4
-    tiles = []  # each launch's BLOCK_M, as the kernel was given it
-    for module, kernel in (
-        (lr_module, "_linear_split_kernel"),
-        (nl_module, "_norm_linear_kernel"),
-        (qkv_module, "_norm_qkv_kernel"),
-    ):
-        launch = getattr(module, kernel)
-        monkeypatch.setattr(module, kernel, LaunchSpy(launch, tiles))
-    w = packed_weight(N, K, scheme, group_size, seed=5)
-    w = w._replace(scales=w.scales.to(dtype), zeros=None if w.zeros is None else w.zeros.to(dtype))
-    eye = torch.eye(K, device=DEV, dtype=dtype)[3 : 3 + B]  # row i picks weight column 3 + i
-    want = dequantize(w)[:, 3 : 3 + B].t()
-    assert torch.equal(linear_residual(eye, w, None, None, block_k=16, block_m=block_m), want)
-    ones = torch.ones(K, device=DEV, dtype=dtype)
-    got = norm_linear(eye, None, None, 1e-5, w, None, "none", torch.float32, block_k=16, block_m=block_m)
-    assert torch.equal(got, want.float())
-    x, res = rnd(B, K).to(dtype), rnd(B, N).to(dtype)
-    for kw in (dict(block_m=block_m), {}):  # the row tile asked for, then the default 16-row tile
-        kw.update(block_k=32)
-        got = linear_residual(x, w, None, res, **kw)
-        torch.testing.assert_close(got, linear_residual_ref(x, w, None, res), atol=2e-3, rtol=2e-3)
-        gu = packed_weight(2 * N, K, scheme, group_size, seed=6)
-        gu = gu._replace(scales=gu.scales.to(dtype), zeros=None if gu.zeros is None else gu.zeros.to(dtype))
-        got = norm_linear(x, ones, None, 1e-5, gu, None, "silu_mul", None, **kw)
-        torch.testing.assert_close(
-            got, norm_linear_ref(x, ones, None, 1e-5, gu, None, "silu_mul"), atol=2e-3, rtol=2e-3
-        )
-    qkv = packed_weight((2 + 2) * D, K, scheme, group_size, seed=7)  # 2 query heads, 1 KV head of 4
-    qkv = qkv._replace(scales=qkv.scales.to(dtype), zeros=None if qkv.zeros is None else qkv.zeros.to(dtype))
-    inv_freq = 1.0 / (500.0 ** (torch.arange(0, D, 2, device=DEV).float() / D))
-    pos = torch.arange(B, device=DEV)
-    caches = [torch.zeros(B, 1, 6, D, device=DEV, dtype=dtype) for _ in range(4)]
-    q_ref = norm_qkv_ref(x, ones, None, 1e-5, qkv, None, inv_freq, 1.0, pos, pos, caches[0], caches[1], 2, 1, D)
-    args = (x, ones, None, 1e-5, qkv, None, inv_freq, 1.0, pos, pos, caches[2], caches[3], 2, 1, D)
-    q = norm_qkv(*args, block_k=32, block_m=block_m)
-    torch.testing.assert_close(q, q_ref, atol=2e-3, rtol=2e-3)
-    torch.testing.assert_close(caches[2], caches[0], atol=2e-3, rtol=2e-3)
-    assert tiles == [block_m] * 4 + [16, 16, block_m], tiles  # eye x 2, random x 2, the default x 2, QKV
-
-
-def test_a_row_tile_is_checked_and_refused_where_the_launch_swaps():
-    w = packed_weight(24, 40, "int4", 16)
-    x, res = rnd(4, 40), rnd(4, 24)
-    for bad in (0, 3, 32, True, 2.0):
-        with pytest.raises(ValueError, match="^block_m: a power of two from 1 to 16"):
-            linear_residual(x, w, None, res, block_m=bad)
-    with pytest.raises(ValueError, match="^block_m: the row-block tile's rows; this launch runs swapped"):
-        linear_residual(rnd(17, 40), w, None, rnd(17, 24), block_m=4)
-    with pytest.raises(ValueError, match="^block_m: the row-block tile's rows; this launch runs swapped"):
-        norm_linear(x, None, None, 1e-5, w, None, "none", None, swap=True, block_m=4)
 
 
 def test_dense_is_refused_naming_the_option():

@@ -28,7 +28,6 @@ from .swap_ab import (
     acc_rows,
     acc_zeros,
     fit_k,
-    refuse_block_m,
     row_tile,
     sm_count,
     split_k,
@@ -247,7 +246,6 @@ def linear_residual(
     res_scale: float | None = None,
     dense: bool | None = None,
     then_norm: tuple | None = None,
-    block_m: int | None = None,
 ):
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N) or None (the
     branch alone, which records no norm sums); `res_scale`: as there, a constexpr of the launch.
@@ -262,8 +260,7 @@ def linear_residual(
     that reads the output next, as for linear_residual_ref: not applied here (residual_norm.linear_residual_norm, the
     step's launch, applies it in the same launch where it can). `w` may be a PackedWeight (quant/packed.py:
     dequantized in registers after each load, packed_weights.py), which never takes the dense form: from 17 rows
-    it runs swapped tiles. `block_m`: the row-block tile's rows (swap_ab.row_tile; not for swapped or dense
-    launches)."""
+    it runs swapped tiles."""
     w, packed = weight_launch(w)
     require_32bit(x=x, w=w, b=b, residual=residual)
     B, K = x.shape
@@ -276,7 +273,6 @@ def linear_residual(
     if packed["QUANT"]:
         refuse_dense(dense)
         product = False
-    refuse_block_m(block_m, swapped or product)
     if product:  # the epilogue over the product's (16 x 64) tiles: no K loop, no split
         tiles = dict(block_m=ROW_TILE, block_n=64, block_k=16, num_warps=4, num_stages=1, programs=1)
         swapped = False
@@ -284,7 +280,7 @@ def linear_residual(
     elif swapped:
         tiles = swap_tiles(B, N, K, x.element_size(), 1, sm_count(x.device))
     else:
-        block_m = row_tile(B, w.element_size(), block_m)
+        block_m = row_tile(B, w.element_size())
         tiles = dict(
             block_m=block_m,
             block_n=32,

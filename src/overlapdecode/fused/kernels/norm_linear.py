@@ -31,7 +31,6 @@ from .swap_ab import (
     acc_zeros,
     fit_k,
     pair_rows,
-    refuse_block_m,
     row_tile,
     sm_count,
     split_limit,
@@ -588,7 +587,10 @@ def _norm_linear_finish(
             acc = (acc / SOFTCAP).to(dtype).to(tl.float32)
             acc = tanh_f32(acc).to(dtype).to(tl.float32)
             acc = (acc * SOFTCAP).to(dtype).to(tl.float32)
-    out = acc.to(out_ptr.dtype.element_ty) if ROUND_OUT else acc
+    if ROUND_OUT:
+        out = acc.to(out_ptr.dtype.element_ty)
+    else:
+        out = acc
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
 
 
@@ -615,7 +617,6 @@ def norm_linear(
     softcap: float | None = None,
     prenorm: bool | None = None,
     normed_rows: NormedRows | None = None,
-    block_m: int | None = None,
 ):
     """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
     there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
@@ -627,7 +628,7 @@ def norm_linear(
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums). `prenorm`: whether
     a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm); `normed_rows`: where its
     writer may have recorded them (NormedRows). `w` may be a PackedWeight (quant/packed.py: int4, int8 or fp8,
-    dequantized in registers after each load, packed_weights.py). `block_m`: the row-block tile's rows (row_tile)."""
+    dequantized in registers after each load, packed_weights.py)."""
     w, packed = weight_launch(w)
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b)
     sums, nb, nb_pad = sums_args(norm_sums if norm_w is not None else None, x, norm_b is not None)
@@ -640,11 +641,10 @@ def norm_linear(
         x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm, normed_rows
     )
     accs = 2 if gated else 1
-    refuse_block_m(block_m, swapped)
     if swapped:
         tiles = swap_tiles(B, n_out, K, x.element_size(), accs, sm_count(x.device))
     else:
-        block_m = row_tile(B, w.element_size(), block_m)
+        block_m = row_tile(B, w.element_size())
         tiles = dict(block_m=block_m, block_n=32, block_k=fit_k(block_m, 32, 256), num_warps=4, num_stages=3)
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]

@@ -40,7 +40,6 @@ from .swap_ab import (
     acc_zeros,
     fit_k,
     pair_rows,
-    refuse_block_m,
     row_tile,
     sm_count,
     split_limit,
@@ -448,7 +447,6 @@ def norm_qkv(
     dense: bool | None = None,
     normed_rows: NormedRows | None = None,
     cache_group: int = 1,
-    block_m: int | None = None,
 ):
     """The Triton kernel of `norm_qkv_ref`; k_cache/v_cache (B / cache_group, Hkv, S, D) contiguous, row b's K and V
     written to cache row b // cache_group (a constexpr: 1 is the one-token step's, row b's own); pos and slot (B,) of any
@@ -467,8 +465,7 @@ def norm_qkv(
     rows and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `normed_rows`: where x's writer
     may have recorded x normalised by this norm (NormedRows), taken instead of normalising it again. `w` may be a
     PackedWeight (quant/packed.py: dequantized in registers after each load, packed_weights.py), which never takes
-    the dense form: from 17 rows it runs swapped tiles. `block_m`: the row-block tile's rows (swap_ab.row_tile; not
-    for swapped or dense launches)."""
+    the dense form: from 17 rows it runs swapped tiles."""
     w, packed = weight_launch(w)
     require_32bit(x=x, norm_w=norm_w, norm_b=norm_b, w=w, b=b, inv_freq=inv_freq, q_norm=q_norm, k_norm=k_norm)
     require_contiguous(k_cache=k_cache, v_cache=v_cache)  # 64-bit offsets there
@@ -507,7 +504,6 @@ def norm_qkv(
     if packed["QUANT"]:
         refuse_dense(dense)
         product = False
-    refuse_block_m(block_m, swapped or product)
     if product:  # cuBLAS multiplies normalised rows; the kernel runs the epilogue over (16-row) tiles of the product
         swapped, prenorm = False, True
         half = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
@@ -517,8 +513,7 @@ def norm_qkv(
     if swapped:
         plan = swapped_qkv_tiles(B, halves, K, x.element_size(), sm_count(x.device))
     else:
-        block_m = row_tile(B, w.element_size(), block_m)
-        block_n = min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
+        block_m, block_n = row_tile(B, w.element_size()), min(32, triton.next_power_of_2(max(head_dim // 2, 1)))
         plan = dict(
             block_m=block_m,
             block_n=block_n,

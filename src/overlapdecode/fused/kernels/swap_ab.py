@@ -61,28 +61,15 @@ def use_prenorm(rows: int) -> bool:
     return rows > ROW_TILE
 
 
-def row_tile(rows: int, elt_bytes: int, block_m: int | None = None) -> int:
+def row_tile(rows: int, elt_bytes: int) -> int:
     """BLOCK_M of a row-block launch over `rows` rows of weights of `elt_bytes` bytes: ROW_TILE for 16-bit
     weights, whose tl.dot runs on tensor cores, where padding the rows to 16 costs nothing in a memory-bound step;
     for 4-byte weights the rows rounded up to a power of two, since a float32 product runs on the CUDA cores
     (input_precision "ieee": no tensor cores), where each padded row is a row of multiply-adds, and under 16 rows
-    the product is a broadcast multiply summed over K (acc_dot). `block_m`, a launch's own tile keyword (a power of
-    two up to ROW_TILE; under it the broadcast product whatever the weights), is checked and taken as given."""
-    if block_m is not None:
-        integer = isinstance(block_m, int) and not isinstance(block_m, bool)
-        if not integer or not 1 <= block_m <= ROW_TILE or block_m & (block_m - 1):
-            raise ValueError(f"block_m: a power of two from 1 to {ROW_TILE} (the row-block tile), got {block_m!r}")
-        return block_m
+    the product is a broadcast multiply summed over K (acc_dot)."""
     if elt_bytes >= 4:
         return min(ROW_TILE, triton.next_power_of_2(max(rows, 1)))
     return ROW_TILE
-
-
-def refuse_block_m(block_m: int | None, other_form: bool) -> None:
-    """A launch that runs swapped or dense tiles takes no `block_m` (their row tiles are batch_tile's, or the
-    product's): a ValueError naming it, before the launch."""
-    if block_m is not None and other_form:
-        raise ValueError(f"block_m: the row-block tile's rows; this launch runs swapped or dense tiles, got {block_m}")
 
 
 def fit_k(block_m: int, block_n: int, block_k: int) -> int:
