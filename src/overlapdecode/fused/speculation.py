@@ -8,9 +8,9 @@ hole and no host read. One token per row runs the fused decode step (the Triton 
 twins elsewhere); several, the verify step (forward.verify_step), runs the same step's operations over the B * T
 tokens as rows, each token writing its K/V at its slot of its row's cache and reading that row's cache up to it: the
 weights are read once for all the tokens, a row's cache once per token (the attention's many-query form,
-kernels/decode_attention.py, reads it once for all of them: built, off until timed). Within each layer the tokens'
-K/V are written (one norm_qkv launch) before the attention launch reads them, so a token sees its row's earlier
-tokens of the same verify.
+kernels/decode_attention.py, reads it once for all of them: off by default, faster only where the cache reads
+dominate, results/h100/llama-1b-verify-many-query). Within each layer the tokens' K/V are written (one norm_qkv
+launch) before the attention launch reads them, so a token sees its row's earlier tokens of the same verify.
 """
 
 from __future__ import annotations
