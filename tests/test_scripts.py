@@ -200,7 +200,7 @@ def test_gpu_tests_sh_needs_out_and_writes_its_logs_there(tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert {p.name for p in out.iterdir()} == {"gpu.txt", "gpu-tests.log", "sanitizer.log"}
+    assert {p.name for p in out.iterdir()} == {"gpu.txt", "gpu-tests.log", "sanitizer.log", "junit-1.xml"}
     assert "torch" in (out / "gpu.txt").read_text()
     assert "skipped" in (out / "gpu-tests.log").read_text() and "skipped" in (out / "sanitizer.log").read_text()
     assert "created: 2/2 workers" in (out / "gpu-tests.log").read_text()  # --workers 2: two test processes
@@ -210,6 +210,62 @@ def test_gpu_tests_sh_needs_out_and_writes_its_logs_there(tmp_path):
         ["bash", script, "--out", str(tmp_path / "w"), "--workers", "0"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2 and "--workers takes a count >= 1" in done.stderr and not (tmp_path / "w").exists()
+
+
+FAKE_GPU_TESTS = """
+import os
+
+import pytest
+
+BESIDE_OTHERS = bool(os.environ.get("PYTEST_XDIST_WORKER"))  # one of gpu_tests.sh's --workers, not alone
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 35.00 GiB"
+
+
+@pytest.mark.cuda
+def test_big_alloc():
+    if BESIDE_OTHERS:
+        raise RuntimeError(OOM)
+
+
+@pytest.mark.cuda
+class TestGroup:
+    @pytest.mark.parametrize("n", [1, 2])
+    def test_big_in_a_class(self, n):
+        if BESIDE_OTHERS:
+            raise RuntimeError(OOM)
+
+
+@pytest.mark.cuda
+def test_small():
+    pass
+"""
+
+
+def test_gpu_tests_sh_runs_the_tests_out_of_gpu_memory_again_alone(tmp_path):
+    """With --workers, a test that ran out of GPU memory beside the other processes runs again alone and its outcome
+    there counts; a file with another failure still fails, and the totals count each test's last outcome. The
+    fake tests here raise the out-of-memory error only in an xdist worker (on this machine no GPU test runs)."""
+    script = os.path.join(SCRIPTS, "gpu_tests.sh")
+    fine = tmp_path / "test_fake_oom.py"
+    fine.write_text(FAKE_GPU_TESTS)
+    broken = tmp_path / "test_fake_broken.py"
+    broken.write_text(FAKE_GPU_TESTS + "\n\n@pytest.mark.cuda\ndef test_wrong():\n    assert False\n")
+    # pytest with xdist alone: the fake tests need no other plugin a machine may have installed
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(sys.path),
+        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+        PYTEST_ADDOPTS="-p xdist.plugin",
+    )
+    out = tmp_path / "gpu"
+    args = ["bash", script, "--out", str(out), "--only", "tests", "--workers", "2", "--tests", f"{fine} {broken}"]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    log = (out / "gpu-tests.log").read_text()
+    assert done.returncode == 1, done.stdout + done.stderr  # test_wrong
+    assert f"== {fine}: 3 test(s) out of GPU memory beside other workers, run again alone" in log, log[-3000:]
+    assert f"== {fine} rc=0 " in log and f"== {broken} rc=1 " in log, log[-3000:]
+    assert "TestGroup::test_big_in_a_class[2] PASSED" in log  # the node id of a class's test, run alone
+    assert "== totals: 8 passed, 1 failed, 0 skipped, 0 errors" in log, log[-3000:]
 
 
 def test_scale_sweep_sh_takes_out_and_refuses_an_earlier_run(tmp_path):
