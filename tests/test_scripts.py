@@ -250,12 +250,11 @@ def test_gpu_tests_sh_runs_the_tests_out_of_gpu_memory_again_alone(tmp_path):
     fine.write_text(FAKE_GPU_TESTS)
     broken = tmp_path / "test_fake_broken.py"
     broken.write_text(FAKE_GPU_TESTS + "\n\n@pytest.mark.cuda\ndef test_wrong():\n    assert False\n")
-    # pytest with xdist alone: the fake tests need no other plugin a machine may have installed
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(sys.path),
-        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-        PYTEST_ADDOPTS="-p xdist.plugin",
+    # pytest with xdist alone: the fake tests need no other plugin a machine may have installed; and not as one of
+    # this suite's own xdist workers (-n auto), whose variables the fake tests would read as the script's
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(
+        PYTHONPATH=os.pathsep.join(sys.path), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTEST_ADDOPTS="-p xdist.plugin"
     )
     out = tmp_path / "gpu"
     args = ["bash", script, "--out", str(out), "--only", "tests", "--workers", "2", "--tests", f"{fine} {broken}"]
