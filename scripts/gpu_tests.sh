@@ -69,7 +69,7 @@ if [ "$only" != sanitizer ]; then
       >> "$out/gpu-tests.log" 2>&1
     rc=$?
     if [ "$rc" -eq 1 ] && [ "$workers" -gt 1 ] && [ -f "$junit" ]; then
-      # the failures that ran out of GPU memory beside the other workers, if they are the only ones: run alone
+      # the failures that ran out of GPU memory beside the other workers run again, alone in one process
       mapfile -t oom < <(python3 scripts/junit_outcomes.py --out-of-memory "${file%%::*}" "$junit")
       if [ "${#oom[@]}" -gt 0 ]; then
         echo "== $file: ${#oom[@]} test(s) out of GPU memory beside other workers, run again alone" \
