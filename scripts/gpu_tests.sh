@@ -60,10 +60,11 @@ if [ "$only" != sanitizer ]; then
     if [ -d "$path" ]; then files+=("$path"/test_*.py); else files+=("$path"); fi
   done
   : > "$out/gpu-tests.log"
-  n=0
+  n=0 reports=()  # each run's junit report, present or not (a run its time limit cut writes none)
   for file in "${files[@]}"; do
     t=$SECONDS n=$((n + 1))
     junit="$out/junit-$n.xml"
+    reports+=("$junit")
     timeout -k 10 "$file_limit" python3 -m pytest -v -m cuda "$file" "${parallel[@]}" -p no:cacheprovider -rA \
       --tb=short --durations=0 --junitxml="$junit" \
       >> "$out/gpu-tests.log" 2>&1
@@ -76,8 +77,9 @@ if [ "$only" != sanitizer ]; then
           | tee -a "$out/gpu-tests.log"
         left=$((file_limit - (SECONDS - t)))
         [ "$left" -gt 10 ] || left=10
+        reports+=("$out/junit-$n-alone.xml")
         timeout -k 10 "$left" python3 -m pytest -v -m cuda "${oom[@]}" -p no:cacheprovider -rA --tb=short \
-          --durations=0 --junitxml="$out/junit-$n-alone.xml" >> "$out/gpu-tests.log" 2>&1
+          --durations=0 --junitxml="${reports[-1]}" >> "$out/gpu-tests.log" 2>&1
         alone=$?
         # the file passes if the tests run alone were its only failures and pass alone
         python3 scripts/junit_outcomes.py --only-out-of-memory "$junit" && rc=$alone
@@ -86,7 +88,7 @@ if [ "$only" != sanitizer ]; then
     echo "== $file rc=$rc $((SECONDS - t))s" | tee -a "$out/gpu-tests.log"
     [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || status=1  # 5: no test collected (all deselected)
   done
-  echo "== totals: $(python3 scripts/junit_outcomes.py --totals "$out"/junit-*.xml)" | tee -a "$out/gpu-tests.log"
+  echo "== totals: $(python3 scripts/junit_outcomes.py --totals "${reports[@]}")" | tee -a "$out/gpu-tests.log"
 fi
 if [ "$only" != tests ]; then
   TORCH_CUDA_SANITIZER=1 python3 -m pytest -q -m cuda tests/gpu -p no:cacheprovider -rA -k "$sanitizer_k" \

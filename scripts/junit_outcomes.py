@@ -8,7 +8,8 @@ tool tells them apart from real failures.
     python3 scripts/junit_outcomes.py --totals JUNIT...             # "N passed, N failed, N skipped, N errors"
 
 --totals counts each test once, by its last outcome: the reports of tests run again alone (named *-alone.xml)
-are read after the others.
+are read after the others. A report that is missing (pytest killed by the file's time limit writes none) is
+counted as such, so that the tests it held do not leave the totals unsaid.
 """
 
 from __future__ import annotations
@@ -55,15 +56,18 @@ def only_out_of_memory(report: str) -> bool:
 
 def totals(reports: list[str]) -> str:
     last: dict[tuple[str, str], str] = {}
+    missing = 0
     for report in sorted(reports, key=lambda r: r.endswith("-alone.xml")):  # stable: the alone runs last
         try:
             cases = list(_cases(report))
-        except (OSError, ET.ParseError):  # a file cut by its time limit writes no report
+        except (OSError, ET.ParseError):  # a run cut by its time limit writes no report, or half of one
+            missing += 1
             continue
         for classname, name, outcome, _ in cases:
             last[(classname, name)] = outcome
     counts = {k: sum(v == k for v in last.values()) for k in ("passed", "failed", "skipped", "errors")}
-    return ", ".join(f"{n} {k}" for k, n in counts.items())
+    line = ", ".join(f"{n} {k}" for k, n in counts.items())
+    return line + (f"; {missing} run(s) with no report (cut by their time limit: see the log)" if missing else "")
 
 
 def main(argv: list[str]) -> int:

@@ -265,6 +265,14 @@ def test_gpu_tests_sh_runs_the_tests_out_of_gpu_memory_again_alone(tmp_path):
     assert f"== {fine} rc=0 " in log and f"== {broken} rc=1 " in log, log[-3000:]
     assert "TestGroup::test_big_in_a_class[2] PASSED" in log  # the node id of a class's test, run alone
     assert "== totals: 8 passed, 1 failed, 0 skipped, 0 errors" in log, log[-3000:]
+    # a run cut by its time limit writes no report: the totals say so rather than leave its tests out unsaid
+    totals = _script("junit_outcomes").totals(
+        [str(out / n) for n in ("junit-1.xml", "junit-1-alone.xml", "junit-9.xml")]
+    )
+    assert (
+        totals
+        == "4 passed, 0 failed, 0 skipped, 0 errors; 1 run(s) with no report (cut by their time limit: see the log)"
+    )
 
 
 def test_scale_sweep_sh_takes_out_and_refuses_an_earlier_run(tmp_path):
