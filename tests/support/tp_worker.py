@@ -9,7 +9,9 @@ rank writes what it saw to OUT_DIR/rank{R}.json: the error messages and every ca
 `"raise": true` the first expected error is re-raised once every rank's record is written, to show that every rank
 exits. With
 `"hang": true` each rank writes its pid to OUT_DIR/pid{R} and rank 0 waits in a barrier rank 1 never joins (the
-test of the launcher's timeout).
+test of the launcher's timeout). With `"crash": "once"` rank 1 dies of SIGSEGV unless OUT_DIR's parent holds
+the file `crashed` (which it writes first), with `"crash": "always"` in every launch (the test of the rerun
+after a crash).
 
 Exit: a barrier, so that no rank tears the group down while another still needs it, then
 destroy_process_group() (gloo: prompt; on NCCL it has hung at exit, so scripts/tp_probe.py skips it).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -117,6 +120,11 @@ def main(spec_path: str, out_dir: str) -> None:
         if rank == 0:
             dist.barrier()
         time.sleep(3600)
+    if spec.get("crash") and rank == 1:  # for the harness's own test: a rank that dies of a crash signal
+        marker = os.path.join(os.path.dirname(out_dir), "crashed")
+        if spec["crash"] == "always" or not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGSEGV)
     seen = {"errors": [], "results": {}}
 
     def write():

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -36,12 +38,54 @@ def torchrun(
     spec: dict, tmp_path: Path, timeout: float, env: dict | None = None
 ) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run the worker on 2 gloo ranks; (the process, each rank's record). Raises on timeout (a hang). `env`: more
-    environment variables for the ranks."""
+    environment variables for the ranks.
+
+    A launch in which a rank died of a crash signal (SIGSEGV and the like: never an outcome the worker chooses)
+    runs once more, and the crash is reported as a warning with the dying rank's Python stack (faulthandler is
+    on in every rank); a second crash fails the test with it. Why: one such crash, in a CPU launch that passed
+    alone every time it was rerun, failed a whole suite run without saying where the rank was."""
+    proc, records = _launch(spec, tmp_path, timeout, env)
+    crash = crashed_rank(proc)
+    if crash:
+        warnings.warn(
+            f"a tensor-parallel rank crashed ({crash}); the launch ran again:\n{fault_report(proc)}", stacklevel=2
+        )
+        proc, records = _launch(spec, tmp_path, timeout, env)
+    return proc, records
+
+
+CRASH_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
+
+
+def crashed_rank(proc: subprocess.CompletedProcess) -> str | None:
+    """'rank R: SIGNAL' where torchrun's summary says a rank exited by a crash signal; None otherwise."""
+    if proc.returncode == 0:
+        return None
+    for rank, code in re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*-(\d+)", proc.stderr):
+        if int(code) in CRASH_SIGNALS:
+            return f"rank {rank}: {CRASH_SIGNALS[int(code)]}"
+    return None
+
+
+def fault_report(proc: subprocess.CompletedProcess) -> str:
+    """The output from faulthandler's 'Fatal Python error' on (the crashing rank's stack), else the output's end."""
+    text = proc.stdout + proc.stderr
+    at = text.find("Fatal Python error")
+    return text[at : at + 6000] if at >= 0 else text[-6000:]
+
+
+def _launch(spec: dict, tmp_path: Path, timeout: float, env: dict | None) -> tuple[subprocess.CompletedProcess, list]:
     out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
-    out.mkdir()
+    out.mkdir(parents=True)
     spec_file = out / "spec.json"
     spec_file.write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(TESTS)]), OMP_NUM_THREADS="1", **(env or {}))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(SRC), str(TESTS)]),
+        OMP_NUM_THREADS="1",
+        PYTHONFAULTHANDLER="1",  # a rank that crashes prints its Python stack
+        **(env or {}),
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -152,7 +196,7 @@ def cases_for(model, strategies: list[str], batches: tuple[int, ...], sampling: 
 
 
 def check_records(proc, records: list[dict], jobs: list[dict]) -> None:
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, fault_report(proc) if crashed_rank(proc) else proc.stdout[-3000:] + proc.stderr[-6000:]
     assert len(records) == 2
     for job in jobs:
         for case in job["cases"]:
@@ -613,3 +657,16 @@ def test_symmetric_all_reduce_needs_a_sharded_model(tiny_llama):
 
     with pytest.raises(ValueError, match="symmetric_all_reduce needs a tensor-parallel shard"):
         FusedModel(tiny_llama, symmetric_all_reduce=True)
+
+
+def test_a_crashed_rank_runs_the_launch_again_and_a_second_crash_fails(tmp_path):
+    """Rank 1 dies of SIGSEGV in the first launch only: the rerun passes and a warning holds the crash's stack.
+    In every launch: the test fails with the stack."""
+    with pytest.warns(UserWarning, match=r"(?s)rank 1: SIGSEGV.*Fatal Python error: Segmentation fault"):
+        proc, records = torchrun({"crash": "once"}, tmp_path / "once", timeout=120)
+    assert proc.returncode == 0 and len(records) == 2
+    with pytest.warns(UserWarning, match="rank 1: SIGSEGV"):
+        proc, _ = torchrun({"crash": "always"}, tmp_path / "always", timeout=120)
+    assert crashed_rank(proc) == "rank 1: SIGSEGV"
+    with pytest.raises(AssertionError, match="Fatal Python error: Segmentation fault"):
+        check_records(proc, [], [])
