@@ -197,7 +197,7 @@ NAMES = list(CONFIGS)
 
 def _meta_model(config):
     with torch.device("meta"):
-        return loading._CAUSAL_LM[config.model_type](config)
+        return loading.causal_lm_class(config.model_type)(config)
 
 
 def _at_depth(name: str, layers: int):
@@ -300,7 +300,7 @@ def test_the_fused_path_takes_each_shape(name):
     """A decoder of layout.DECODERS, fused at real size on the meta device with the attention load_model builds it
     with (fuse_weights refuses what the step does not run), with its family's changes."""
     config = loading.embedded_config(name)
-    cls = loading._CAUSAL_LM[config.model_type]
+    cls = loading.causal_lm_class(config.model_type)
     config._attn_implementation = loading._embedded_attention(cls, config, "sdpa")
     assert config.model_type in DECODERS
     W = fuse_weights(_meta_model(config))
@@ -311,7 +311,7 @@ def test_the_fused_path_takes_each_shape(name):
 def test_the_fused_weights_of_each_family_are_its_own():
     def fused(name):
         config = loading.embedded_config(name)
-        cls = loading._CAUSAL_LM[config.model_type]
+        cls = loading.causal_lm_class(config.model_type)
         config._attn_implementation = loading._embedded_attention(cls, config, "sdpa")
         return fuse_weights(_meta_model(config))
 
@@ -343,7 +343,7 @@ def test_load_model_builds_gpt_oss_and_gemma2_with_eager_attention():
     attention soft-cap. The others keep what was asked."""
     for name in NAMES:
         config = loading.embedded_config(name)
-        cls = loading._CAUSAL_LM[config.model_type]
+        cls = loading.causal_lm_class(config.model_type)
         want = "eager" if name in ("gpt-oss-random", "gemma2-2b-random") else "sdpa"
         assert loading._embedded_attention(cls, config, "sdpa") == want, name
         assert loading._embedded_attention(cls, config, "eager") == "eager"

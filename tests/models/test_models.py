@@ -181,7 +181,7 @@ def _meta_model(name: str, **overrides):
     for key, value in overrides.items():
         setattr(config, key, value)
     with torch.device("meta"):
-        return loading._CAUSAL_LM[config.model_type](config)
+        return loading.causal_lm_class(config.model_type)(config)
 
 
 @pytest.mark.parametrize("name", list(SMALL_SHAPES))
@@ -215,7 +215,7 @@ def test_small_shapes_run_fused_at_one_layer(name):
     config.num_hidden_layers, config.vocab_size = 1, 1000
     config.bos_token_id = config.eos_token_id = 999
     model = random_init.random_model(
-        loading._CAUSAL_LM[config.model_type],
+        loading.causal_lm_class(config.model_type),
         config,
         tensor_parallel.Placement(0, 1, torch.device("cpu")),
         torch.float32,
@@ -243,7 +243,7 @@ def test_a_quantized_random_model_is_drawn_one_matrix_at_a_time(tied, monkeypatc
     config.head_dim, config.tie_word_embeddings = 16, tied
     config.bos_token_id = config.eos_token_id = 95
     place = tensor_parallel.Placement(0, 1, torch.device("cpu"))
-    cls = loading._CAUSAL_LM[config.model_type]
+    cls = loading.causal_lm_class(config.model_type)
     whole = random_init.random_model(cls, copy.deepcopy(config), place, torch.float32, seed=1)  # quantize unties it
     quant_model.quantize_layers(whole, quant_model.linear_layers(whole), "int4", 16)
     drawn, packed, alive_at_draws = [], [], []  # the matrices drawn; weak references to the layers packed
