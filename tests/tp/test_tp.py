@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import warnings
@@ -54,7 +55,7 @@ def torchrun(
     return proc, records
 
 
-CRASH_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
+CRASH_SIGNALS = {signal.SIGILL, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGSEGV}
 
 
 def crashed_rank(proc: subprocess.CompletedProcess) -> str | None:
@@ -63,7 +64,7 @@ def crashed_rank(proc: subprocess.CompletedProcess) -> str | None:
         return None
     for rank, code in re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*-(\d+)", proc.stderr):
         if int(code) in CRASH_SIGNALS:
-            return f"rank {rank}: {CRASH_SIGNALS[int(code)]}"
+            return f"rank {rank}: {signal.Signals(int(code)).name}"
     return None
 
 
@@ -76,16 +77,10 @@ def fault_report(proc: subprocess.CompletedProcess) -> str:
 
 def _launch(spec: dict, tmp_path: Path, timeout: float, env: dict | None) -> tuple[subprocess.CompletedProcess, list]:
     out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
-    out.mkdir(parents=True)
+    out.mkdir()
     spec_file = out / "spec.json"
     spec_file.write_text(json.dumps(spec))
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(SRC), str(TESTS)]),
-        OMP_NUM_THREADS="1",
-        PYTHONFAULTHANDLER="1",  # a rank that crashes prints its Python stack
-        **(env or {}),
-    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(TESTS)]), OMP_NUM_THREADS="1", **(env or {}))
     cmd = [
         sys.executable,
         "-m",
@@ -105,7 +100,9 @@ def _launch(spec: dict, tmp_path: Path, timeout: float, env: dict | None) -> tup
 def run_torchrun(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
     """subprocess.run for torchrun, failing the test on a timeout (a hang) with the end of its output. torchrun
     starts each rank detached (setsid): subprocess.run's SIGKILL on timeout would leave the ranks running,
-    orphaned, one of them waiting in its collective; SIGTERM makes torchrun end them first."""
+    orphaned, one of them waiting in its collective; SIGTERM makes torchrun end them first. Every rank runs with
+    faulthandler on: one that crashes prints its Python stack."""
+    env = dict(env, PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
