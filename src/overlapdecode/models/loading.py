@@ -49,8 +49,8 @@ from .embedded import EMBEDDED, embedded_list
 from .shapes import FAMILY_SHAPES, LLAMA_SHAPES, SMALL_SHAPES, TINY_SHAPES
 from .tokenizer import ByteTokenizer
 
-# the embedded models' classes by model type, by name: a modeling module is imported when its model is loaded
-# (importing all of them cost every process that loads a model about 0.3 s)
+# the embedded models' classes by model type, by name: a modeling module is imported when its model is loaded,
+# not by every process that imports this one
 _CAUSAL_LM = {
     "gpt2": "GPT2LMHeadModel",
     "llama": "LlamaForCausalLM",
