@@ -23,10 +23,9 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from .linear_residual import Tickets, last_of_split, require_32bit, split_k, take_tickets
-from .packed_weights import load_weights, weight_launch
+from .packed_weights import weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
-    acc_dot,
     acc_rows,
     acc_zeros,
     fit_k,
@@ -470,17 +469,19 @@ def _norm_linear_kernel(
         k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
         xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
+        kt = k_lo + k0
         if PAIRED:
-            wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
-            accp = acc_dot(accp, xn, wp, SWAP)
+            accp = weights_dot(
+                accp, xn, w_ptr, s_ptr, z_ptr, w_rows, w_ok, kt, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+            )
         else:
-            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
-            acc = acc_dot(acc, xn, wt, SWAP)
+            acc = weights_dot(
+                acc, xn, w_ptr, s_ptr, z_ptr, cols, col_ok, kt, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+            )
             if ACT >= 2:  # gate/up: the up rows too
-                wu = load_weights(
-                    w_ptr, s_ptr, z_ptr, cols + N, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype
+                acc2 = weights_dot(
+                    acc2, xn, w_ptr, s_ptr, z_ptr, cols + N, col_ok, kt, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
                 )
-                acc2 = acc_dot(acc2, xn, wu, SWAP)
 
     pdl_release(PDL)
     if PAIRED:

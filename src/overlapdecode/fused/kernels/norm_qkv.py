@@ -31,11 +31,10 @@ from .linear_residual import (
     take_tickets,
 )
 from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
-from .packed_weights import load_weights, refuse_dense, weight_launch
+from .packed_weights import refuse_dense, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .rope import apply_rope, rope_cos_sin, rope_cos_sin_tile
 from .swap_ab import (
-    acc_dot,
     acc_rows,
     acc_zeros,
     fit_k,
@@ -338,13 +337,16 @@ def _norm_qkv_kernel(
             m = row_ok[:, None] & k_ok[None, :]
             xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
             if SWAP:
-                wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
-                accp = acc_dot(accp, xn, wp, SWAP)
+                accp = weights_dot(
+                    accp, xn, w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+                )
             else:
-                wa = load_weights(w_ptr, s_ptr, z_ptr, w1, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
-                wb = load_weights(w_ptr, s_ptr, z_ptr, w2, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
-                acc1 = acc_dot(acc1, xn, wa, SWAP)
-                acc2 = acc_dot(acc2, xn, wb, SWAP)
+                acc1 = weights_dot(
+                    acc1, xn, w_ptr, s_ptr, z_ptr, w1, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+                )
+                acc2 = weights_dot(
+                    acc2, xn, w_ptr, s_ptr, z_ptr, w2, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+                )
 
         pdl_release(PDL)
         if SWAP:
