@@ -266,12 +266,32 @@ def norm_stats(
 
 @triton.jit
 def norm_tile(
-    x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K: tl.constexpr, LAYER: tl.constexpr, dtype: tl.constexpr
+    x_ptr,
+    nw_ptr,
+    nb_ptr,
+    rows,
+    kk,
+    k_ok,
+    m,
+    mean,
+    rstd,
+    K: tl.constexpr,
+    LAYER: tl.constexpr,
+    dtype: tl.constexpr,
+    ONE_ROW: tl.constexpr = False,
 ):
     """The normalised (BLOCK_M, BLOCK_K) tile of x at columns `kk`, in the model dtype, rounded as Hugging
     Face's norms round (0 where `m` is false): the per-tile half of the norm prologue (`norm_stats`). LAYER: 0
     RMSNorm, 1 LayerNorm, 2 Gemma's RMSNorm ((1 + weight) in float32, one rounding), 3 none (x as it is), 4 OLMo2's
     RMSNorm (weight times the float32 normalised x, one rounding)."""
+    if ONE_ROW and LAYER != 3:  # one row of the batch (row 0): normalised alone, the tile's other rows 0
+        first = tl.arange(0, rows.shape[0]) == 0
+        mean1 = tl.zeros((1,), tl.float32) + tl.sum(tl.where(first, mean, 0.0), 0)
+        rstd1 = tl.zeros((1,), tl.float32) + tl.sum(tl.where(first, rstd, 0.0), 0)
+        r1 = tl.arange(0, 1)
+        x1 = tl.load(x_ptr + r1[:, None] * K + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+        xn1 = norm_values(x1, nw_ptr, nb_ptr, kk, k_ok, k_ok[None, :], mean1, rstd1, LAYER, dtype)
+        return tl.where(first[:, None], xn1, 0.0).to(dtype)
     if LAYER == 3:  # masked to 0 by the load alone: no register pass, so the tile can reach shared memory directly
         xn = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(dtype)
     else:
@@ -437,6 +457,7 @@ def _norm_linear_kernel(
     z_ptr=None,
     QUANT: tl.constexpr = 0,
     GROUP: tl.constexpr = 0,
+    ONE_ROW: tl.constexpr = False,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -468,7 +489,7 @@ def _norm_linear_kernel(
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
-        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
+        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype, ONE_ROW)
         kt = k_lo + k0
         if PAIRED:
             accp = weights_dot(
@@ -690,6 +711,7 @@ def norm_linear(
         NB_PAD=nb_pad,
         PDL=bool(pdl),
         SWAP=swapped,
+        ONE_ROW=B == 1 and not swapped,
         LOGIT_DIV=None if logit_div is None else float(logit_div),
         SOFTCAP=None if softcap is None else float(softcap),
         num_warps=num_warps or tiles["num_warps"],

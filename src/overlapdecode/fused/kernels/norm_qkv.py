@@ -278,6 +278,7 @@ def _norm_qkv_kernel(
     z_ptr=None,
     QUANT: tl.constexpr = 0,
     GROUP: tl.constexpr = 0,
+    ONE_ROW: tl.constexpr = False,
     CACHE_GROUP: tl.constexpr = 1,
 ):
     pdl_start(PDL)
@@ -335,7 +336,7 @@ def _norm_qkv_kernel(
             kk = k_lo + k0 + ks
             k_ok = kk < k_hi
             m = row_ok[:, None] & k_ok[None, :]
-            xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
+            xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype, ONE_ROW)
             if SWAP:
                 accp = weights_dot(
                     accp, xn, w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
@@ -594,6 +595,7 @@ def norm_qkv(
         NB_PAD=nb_pad,
         PDL=bool(pdl),
         SWAP=swapped,
+        ONE_ROW=B == 1 and not swapped,
         qn_ptr=q_norm,  # None without (a constexpr None: no parameter)
         kn_ptr=k_norm,
         QK_NORM=qk_norm,
