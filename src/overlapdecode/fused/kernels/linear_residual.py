@@ -254,7 +254,7 @@ def linear_residual(
     `programs`: the grid size split-K aims at (default 2 x the SMs, or swapped swap_tiles's: one per SM); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: programmatic
     dependent launch (pdl.py; sm_90+); `out`: a contiguous tensor like `residual` to write the
-    result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_linear.NormSums): record the
+    result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_prologue.NormSums): record the
     output rows' sums of squares per column block there, for the RMSNorm that reads the output next. `dense`: the
     product by cuBLAS and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `then_norm`: the norm
     that reads the output next, as for linear_residual_ref: not applied here (residual_norm.linear_residual_norm, the
