@@ -12,8 +12,9 @@ import dataclasses
 import warnings
 
 import torch
-import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from overlapdecode.models import loading
 
 VOCAB = 512
 MAX_PARAMS = 3_000_000  # a tiny model has well under this; more means a size the rules did not reach
@@ -207,7 +208,7 @@ def _small_kwargs(cls, model_type: str | None = None) -> dict:
 
 def tiny_config(model_type: str):
     """The tiny config of `model_type` (the config class its causal LM class takes)."""
-    model_cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    model_cls = loading.causal_lm_class(model_type)
     cls = model_cls.config_class
     kwargs = _small_kwargs(cls)
     kwargs.update(OVERRIDES.get(model_type, {}))

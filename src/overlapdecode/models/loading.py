@@ -38,6 +38,7 @@ import urllib.parse
 import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .. import tp as tensor_parallel
 from ..inputs import check_causal_config
@@ -49,28 +50,11 @@ from .embedded import EMBEDDED, embedded_list
 from .shapes import FAMILY_SHAPES, LLAMA_SHAPES, SMALL_SHAPES, TINY_SHAPES
 from .tokenizer import ByteTokenizer
 
-# the embedded models' classes by model type, by name: a modeling module is imported when its model is loaded,
-# not by every process that imports this one
-_CAUSAL_LM = {
-    "gpt2": "GPT2LMHeadModel",
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "olmo2": "Olmo2ForCausalLM",
-    "smollm3": "SmolLM3ForCausalLM",
-    "granite": "GraniteForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "gpt_oss": "GptOssForCausalLM",
-}
-
 
 def causal_lm_class(model_type: str) -> type:
-    """The Hugging Face causal-LM class of an embedded model's `model_type`."""
-    return getattr(transformers, _CAUSAL_LM[model_type])
+    """The Hugging Face causal-LM class of `model_type`, by the name transformers' own table gives it: its modeling
+    module is imported when a model of that type is loaded, not by every process that imports this one."""
+    return getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
 
 
 _DTYPES = {
