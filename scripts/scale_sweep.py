@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     if os.path.exists(os.path.join(args.out, "scale.json")):
         ap.error(f"--out {args.out} already holds a sweep (scale.json); choose another directory")
     strategies = [s for s in args.strategies.split(",") if s]
-    if args.prenorm != "rule":  # the one place that decides it (norm_linear.swapped_operand) reads this name
+    if args.prenorm != "rule":  # the one place that decides it (norm_prologue.swapped_operand) reads this name
         from overlapdecode.fused.kernels import norm_linear
 
         norm_linear.use_prenorm = lambda rows: args.prenorm == "always"

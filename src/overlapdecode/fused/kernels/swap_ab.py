@@ -53,7 +53,7 @@ def use_swap(rows: int, swap: bool | None = None) -> bool:
 
 
 def use_prenorm(rows: int) -> bool:
-    """Whether a swapped launch over `rows` rows multiplies rows normalised beforehand (norm_linear.normalized_rows,
+    """Whether a swapped launch over `rows` rows multiplies rows normalised beforehand (norm_prologue.normalized_rows,
     one launch more) instead of normalising each K tile in registers: wherever the launch would swap by default
     (from ROW_TILE + 1 rows), since then x reaches shared memory by asynchronous copies like the weights, where the
     register-normalised tile is stored there by the program in every K step (results/h200/llama-1b-prenorm-rows;
