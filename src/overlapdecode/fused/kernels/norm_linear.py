@@ -325,7 +325,7 @@ def norm_linear(
     swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default swap_tiles's, one program
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
     `norm_sums`: where x's RMSNorm sums of squares may have been recorded by its writer (NormSums). `prenorm`: whether
-    a swapped launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm); `normed_rows`: where its
+    a swapped or quantized launch multiplies rows normalised beforehand (None: swap_ab.use_prenorm); `normed_rows`: where its
     writer may have recorded them (NormedRows). `w` may be a PackedWeight (quant/packed.py: int4, int8 or fp8,
     dequantized in registers after each load, packed_weights.py)."""
     w, packed = weight_launch(w)
@@ -337,7 +337,7 @@ def norm_linear(
     out = torch.empty((B, n_out), dtype=out_dtype or x.dtype, device=x.device)
     swapped = use_swap(B, swap)
     x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
-        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm, normed_rows
+        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped, prenorm, normed_rows, packed["QUANT"] > 0
     )
     accs = 2 if gated else 1
     if swapped:

@@ -335,13 +335,15 @@ def swapped_operand(
     swapped: bool,
     prenorm: bool | None,
     normed_rows: NormedRows | None = None,
+    packed: bool = False,
 ):
     """What a launch multiplies and how it normalises it: (x, norm_w, norm_b, sums_arg) as given, or, for a swapped
-    launch where `prenorm` (None: swap_ab.use_prenorm) says, the rows normalised beforehand with no norm left to the
-    kernel: those x's writer recorded in `normed_rows` for this norm, else normalized_rows's (one launch)."""
+    launch or one of `packed` (quantized) weights, where `prenorm` (None: swap_ab.use_prenorm) says, the rows
+    normalised beforehand with no norm left to the kernel: those x's writer recorded in `normed_rows` for this
+    norm, else normalized_rows's (one launch)."""
     if prenorm is None:
-        prenorm = use_prenorm(x.shape[0])
-    if not (swapped and norm_w is not None and prenorm):
+        prenorm = use_prenorm(x.shape[0], packed)
+    if not ((swapped or packed) and norm_w is not None and prenorm):
         return x, norm_w, norm_b, sums_arg
     xn = None
     if normed_rows is not None:

@@ -461,7 +461,7 @@ def norm_qkv(
     the row-block kernel's (K tiles of 256, 4 warps, 3 stages) or swap_ab.swap_tiles's. `norm_sums`: where x's RMSNorm sums of
     squares may have been recorded by its writer (NormSums). `norm_w` None (no norm), `q_norm`, `k_norm`,
     `norm_style` and a partial rotary inv_freq: as in norm_qkv_ref; with `q_norm` a program owns one whole head
-    (`half` at least D/2). `prenorm`: whether a swapped launch multiplies rows normalised beforehand (None:
+    (`half` at least D/2). `prenorm`: whether a swapped or quantized launch multiplies rows normalised beforehand (None:
     swap_ab.use_prenorm). `rope_table`: rope_table's (B, rotary dims) cos and sin for these rows' positions, read
     instead of computed (None: computed in the epilogue from inv_freq, rope_scale and pos, which a table replaces:
     it must have been made from the same ones, in x's dtype). `dense`: the product by cuBLAS on the normalised
@@ -511,7 +511,17 @@ def norm_qkv(
         swapped, prenorm = False, True
         half = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
     x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
-        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped or product, prenorm, normed_rows
+        x,
+        norm_w,
+        norm_b,
+        eps,
+        norm_style,
+        (sums, nb, nb_pad),
+        pdl,
+        swapped or product,
+        prenorm,
+        normed_rows,
+        packed["QUANT"] > 0,
     )
     if swapped:
         plan = swapped_qkv_tiles(B, halves, K, x.element_size(), sm_count(x.device))
