@@ -107,7 +107,6 @@ CASES = {
             TABLE=False,
             PRODUCT=0,
             CACHE_GROUP=1,
-            ONE_ROW=True,  # one row of the batch, as the launch sets it (ignored by the swapped tiles)
             **PLAIN,
         ),
     ),
@@ -219,7 +218,6 @@ CASES = {
             SWAP=False,
             LOGIT_DIV=None,
             SOFTCAP=None,
-            ONE_ROW=True,  # one row of the batch, as the launch sets it (ignored by the swapped tiles)
             **PLAIN,
         ),
     ),

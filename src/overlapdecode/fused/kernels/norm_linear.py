@@ -134,7 +134,6 @@ def _norm_linear_kernel(
     z_ptr=None,
     QUANT: tl.constexpr = 0,
     GROUP: tl.constexpr = 0,
-    ONE_ROW: tl.constexpr = False,
 ):
     pdl_start(PDL)
     pid_n = tl.program_id(0)
@@ -166,7 +165,7 @@ def _norm_linear_kernel(
         kk = k_lo + k0 + ks
         k_ok = kk < k_hi
         m = row_ok[:, None] & k_ok[None, :]
-        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype, ONE_ROW and not SWAP)
+        xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
         kt = k_lo + k0
         if PAIRED:
             accp = weights_dot(
@@ -388,7 +387,6 @@ def norm_linear(
         NB_PAD=nb_pad,
         PDL=bool(pdl),
         SWAP=swapped,
-        ONE_ROW=B == 1 and not swapped,
         LOGIT_DIV=None if logit_div is None else float(logit_div),
         SOFTCAP=None if softcap is None else float(softcap),
         num_warps=num_warps or tiles["num_warps"],

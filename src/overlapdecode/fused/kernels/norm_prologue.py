@@ -219,20 +219,11 @@ def norm_tile(
     K: tl.constexpr,
     LAYER: tl.constexpr,
     dtype: tl.constexpr,
-    ONE_ROW: tl.constexpr = False,
 ):
     """The normalised (BLOCK_M, BLOCK_K) tile of x at columns `kk`, in the model dtype, rounded as Hugging
     Face's norms round (0 where `m` is false): the per-tile half of the norm prologue (`norm_stats`). LAYER: 0
     RMSNorm, 1 LayerNorm, 2 Gemma's RMSNorm ((1 + weight) in float32, one rounding), 3 none (x as it is), 4 OLMo2's
     RMSNorm (weight times the float32 normalised x, one rounding)."""
-    if ONE_ROW and LAYER != 3:  # one row of the batch (row 0): normalised alone, the tile's other rows 0
-        first = tl.arange(0, rows.shape[0]) == 0
-        mean1 = tl.zeros((1,), tl.float32) + tl.sum(tl.where(first, mean, 0.0), 0)
-        rstd1 = tl.zeros((1,), tl.float32) + tl.sum(tl.where(first, rstd, 0.0), 0)
-        r1 = tl.arange(0, 1)
-        x1 = tl.load(x_ptr + r1[:, None] * K + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
-        xn1 = norm_values(x1, nw_ptr, nb_ptr, kk, k_ok, k_ok[None, :], mean1, rstd1, LAYER, dtype)
-        return tl.where(first[:, None], xn1, 0.0).to(dtype)
     if LAYER == 3:  # masked to 0 by the load alone: no register pass, so the tile can reach shared memory directly
         xn = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0.0).to(dtype)
     else:

@@ -31,10 +31,11 @@ from .linear_residual import (
     take_tickets,
 )
 from .norm_prologue import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
-from .packed_weights import refuse_dense, weight_launch, weights_dot
+from .packed_weights import load_weights, refuse_dense, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .rope import apply_rope, rope_cos_sin, rope_cos_sin_tile
 from .swap_ab import (
+    acc_dot,
     acc_rows,
     acc_zeros,
     fit_k,
@@ -278,7 +279,6 @@ def _norm_qkv_kernel(
     z_ptr=None,
     QUANT: tl.constexpr = 0,
     GROUP: tl.constexpr = 0,
-    ONE_ROW: tl.constexpr = False,
     CACHE_GROUP: tl.constexpr = 1,
 ):
     pdl_start(PDL)
@@ -336,18 +336,23 @@ def _norm_qkv_kernel(
             kk = k_lo + k0 + ks
             k_ok = kk < k_hi
             m = row_ok[:, None] & k_ok[None, :]
-            xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype, ONE_ROW and not SWAP)
+            xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
             if SWAP:
                 accp = weights_dot(
                     accp, xn, w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
                 )
-            else:
+            elif QUANT == 2:  # int4: each half by weights_dot (as two planes of codes where it takes them)
                 acc1 = weights_dot(
                     acc1, xn, w_ptr, s_ptr, z_ptr, w1, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
                 )
                 acc2 = weights_dot(
                     acc2, xn, w_ptr, s_ptr, z_ptr, w2, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
                 )
+            else:  # both halves' tiles loaded before either product
+                wa = load_weights(w_ptr, s_ptr, z_ptr, w1, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+                wb = load_weights(w_ptr, s_ptr, z_ptr, w2, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
+                acc1 = acc_dot(acc1, xn, wa, SWAP)
+                acc2 = acc_dot(acc2, xn, wb, SWAP)
 
         pdl_release(PDL)
         if SWAP:
@@ -605,7 +610,6 @@ def norm_qkv(
         NB_PAD=nb_pad,
         PDL=bool(pdl),
         SWAP=swapped,
-        ONE_ROW=B == 1 and not swapped,
         qn_ptr=q_norm,  # None without (a constexpr None: no parameter)
         kn_ptr=k_norm,
         QK_NORM=qk_norm,
