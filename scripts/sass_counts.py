@@ -2,11 +2,13 @@
 kernel's main loop spends per K tile, before a GPU times it.
 
     python3 scripts/sass_counts.py --out F.json [--quantize int4|int8|fp8|none] [--group-size G]
-                                   [--kernels qkv,o,gate/up,down,head]
+                                   [--kernels qkv,o,gate/up,down,head] [--prenorm]
 
 Each kernel is compiled by Triton for sm_90 (H100/H200) at the Llama-1B shape, one row (the row-block tiles, the
 launch configuration tests/fused/test_kernel_compile.py checks there, whose case table this reads), and
-disassembled with the nvdisasm that Triton's wheel ships. Per kernel: the opcodes of the whole kernel and of its
+disassembled with the nvdisasm that Triton's wheel ships. --prenorm: the norm kernels (QKV, gate/up, the head) as a
+launch over rows normalised beforehand compiles them (no norm left to the kernel: norm_prologue.normalized_rows),
+as quantized launches take them (swap_ab.use_prenorm). Per kernel: the opcodes of the whole kernel and of its
 main loop (the longest block that a backward branch closes), by count. Static counts, one K tile's instructions:
 not a time (the GPU's issue rate, pipes and memory decide that), but what a change to the loop removes or adds.
 The JSON goes to --out (a new file: an earlier result is never overwritten) and a table to stdout.
@@ -39,6 +41,7 @@ def parse_args(argv=None):
     ap.add_argument("--quantize", default="int4", choices=["int4", "int8", "fp8", "none"], help="default: int4")
     ap.add_argument("--group-size", type=int, default=128, help="int4 group (default: 128)")
     ap.add_argument("--kernels", default="qkv,o,gate/up,down,head", help="default: %(default)s")
+    ap.add_argument("--prenorm", action="store_true", help="the norm kernels over rows normalised beforehand")
     return ap.parse_args(argv)
 
 
@@ -84,6 +87,7 @@ def main(argv=None) -> dict:
     import triton
     from triton.compiler import ASTSource
 
+    from overlapdecode.fused.kernels.norm_prologue import NORM_NONE
     from overlapdecode.fused.kernels.packed_weights import QUANT_CODES
 
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
@@ -107,6 +111,8 @@ def main(argv=None) -> dict:
             group = args.group_size if args.quantize == "int4" else K
             constants.update(QUANT=QUANT_CODES[args.quantize], GROUP=group)
         constants = dict(constants, **extra, PDL=3, K=K)
+        if args.prenorm and fn != "linear_residual":
+            constants.update(LAYER=NORM_NONE, NB_PAD=0)
         if "K_CHUNK" in constants:
             constants.update(K_CHUNK=K, SPLIT=1)
         signature = {n: types.get(n, "constexpr") for n in kernel.arg_names}

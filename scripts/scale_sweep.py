@@ -105,7 +105,7 @@ def _dense_shapes(model, kinds) -> set:
 def _patched(variant: str | None, model):
     """The rule a variant replaces, replaced where the step reads it, for the duration (None or rule: nothing)."""
     from overlapdecode.fused import forward
-    from overlapdecode.fused.kernels import decode_attention, dense, norm_linear, residual_norm, swap_ab
+    from overlapdecode.fused.kernels import decode_attention, dense, norm_prologue, residual_norm, swap_ab
 
     key, _, value = (variant or "rule").partition(":")
     if key == "dense":
@@ -120,7 +120,7 @@ def _patched(variant: str | None, model):
     elif key == "rope-table":
         target, name, new = forward, "step_rope_tables", lambda *a, **k: {}
     elif key == "prenorm":
-        target, name, new = norm_linear, "use_prenorm", lambda rows: value == "always"
+        target, name, new = norm_prologue, "use_prenorm", lambda rows, packed=False: value == "always"
     elif key == "two-per-sm":
         target, name, new = swap_ab, "TWO_PER_SM", False
     elif key == "residual-norm":  # every launch is linear_residual's
@@ -169,10 +169,10 @@ def main(argv=None) -> int:
     if os.path.exists(os.path.join(args.out, "scale.json")):
         ap.error(f"--out {args.out} already holds a sweep (scale.json); choose another directory")
     strategies = [s for s in args.strategies.split(",") if s]
-    if args.prenorm != "rule":  # the one place that decides it (norm_linear.swapped_operand) reads this name
-        from overlapdecode.fused.kernels import norm_linear
+    if args.prenorm != "rule":  # the one place that decides it (norm_prologue.swapped_operand) reads this name
+        from overlapdecode.fused.kernels import norm_prologue
 
-        norm_linear.use_prenorm = lambda rows: args.prenorm == "always"
+        norm_prologue.use_prenorm = lambda rows, packed=False: args.prenorm == "always"
     if args.rope_table == "never":  # the one place that decides it (forward.decode_step) reads this name
         from overlapdecode.fused import forward
 

@@ -5,7 +5,7 @@ launch beforehand where swap_ab.use_prenorm says; `ours-registers`, the norm ker
 beside cuBLAS (`x @ w.T`) and two plain Triton GEMMs of the same orientation with no prologue or epilogue (x read
 transposed from memory, or read row-major and transposed in registers as the fused kernels do), so that what the
 fused kernels lose to the GEMM itself, to their orientation and to their prologue and epilogue shows apart; and
-`norm_rows`, the normalising launch alone (norm_linear.normalized_rows: the part of `ours` that is not the GEMM);
+`norm_rows`, the normalising launch alone (norm_prologue.normalized_rows: the part of `ours` that is not the GEMM);
 `ours-norope`, QKV without its RoPE epilogue (the part of its gap that is the rotation); `ours-table`, QKV reading
 the step's rotary table (kernels/rope.py rope_table) as the step does from 17 rows, not computing sin and cos.
 Timed as CUDA-graph replays over weight copies 4x the L2 (kernel_sweep.rotated), median; writes
@@ -120,7 +120,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("swap_sweep.py: needs a CUDA GPU")
     from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual
-    from overlapdecode.fused.kernels.norm_linear import norm_linear, normalized_rows, sums_args
+    from overlapdecode.fused.kernels.norm_linear import norm_linear
+    from overlapdecode.fused.kernels.norm_prologue import normalized_rows, sums_args
     from overlapdecode.fused.kernels.norm_qkv import norm_qkv
     from overlapdecode.fused.kernels.rope import rope_table
 

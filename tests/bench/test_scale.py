@@ -121,16 +121,16 @@ def test_the_sweep_replaces_the_rules_it_is_told_to(tmp_path, monkeypatch):
     """--rope-table never and --prenorm never/always replace the rule where the step reads it (for the run's
     process; the monkeypatch puts the originals back after the test)."""
     from overlapdecode.fused import forward
-    from overlapdecode.fused.kernels import norm_linear
+    from overlapdecode.fused.kernels import norm_prologue
 
     monkeypatch.setattr(forward, "step_rope_tables", forward.step_rope_tables)
-    monkeypatch.setattr(norm_linear, "use_prenorm", norm_linear.use_prenorm)
-    assert norm_linear.use_prenorm(64)
+    monkeypatch.setattr(norm_prologue, "use_prenorm", norm_prologue.use_prenorm)
+    assert norm_prologue.use_prenorm(64)
     args = ["--out", str(tmp_path / "s"), "--model", "tiny-llama", "--dtype", "float32", "--rows", "20"]
     args += ["--long-rows", "1", "--long-prompts", "8", "--strategies", "fused", "--new-tokens", "2"]
     args += ["--long-new-tokens", "2", "--repeats", "1", "--no-kernels", "--rope-table", "never", "--prenorm", "never"]
     assert _script().main(args) == 0
-    assert forward.step_rope_tables(None, {}, None, None, None) == {} and not norm_linear.use_prenorm(64)
+    assert forward.step_rope_tables(None, {}, None, None, None) == {} and not norm_prologue.use_prenorm(64)
 
 
 def test_the_sweeps_variants_run_in_one_process_each_with_its_rule(tmp_path, monkeypatch):

@@ -10,18 +10,12 @@ import torch
 
 from overlapdecode.fused import forward
 from overlapdecode.fused.kernels import dense as dense_gemm
-from overlapdecode.fused.kernels import norm_linear as norm_linear_module
+from overlapdecode.fused.kernels import norm_prologue
 from overlapdecode.fused.kernels.embed import embed, embed_ref
 from overlapdecode.fused.kernels.greedy import GreedyFinish, StepLog, greedy_choice, greedy_finish_ref
 from overlapdecode.fused.kernels.linear_residual import Tickets, linear_residual, linear_residual_ref, split_k
-from overlapdecode.fused.kernels.norm_linear import (
-    NormSums,
-    norm_linear,
-    norm_linear_ref,
-    norm_ref,
-    normalized_rows,
-    sums_args,
-)
+from overlapdecode.fused.kernels.norm_linear import norm_linear, norm_linear_ref
+from overlapdecode.fused.kernels.norm_prologue import NormSums, norm_ref, normalized_rows, sums_args
 from overlapdecode.fused.kernels.norm_qkv import norm_qkv, norm_qkv_ref
 from overlapdecode.fused.kernels.rope import rope_cos_sin, rope_table, rope_table_ref
 from overlapdecode.fused.kernels.swap_ab import use_prenorm
@@ -568,10 +562,8 @@ def test_whole_step_kernels_vs_reference(name, B, monkeypatch):
     normalising = []
     if B > 16:
         monkeypatch.setattr(dense_gemm, "DENSE_ROWS", 17)
-        rows = norm_linear_module.normalized_rows
-        monkeypatch.setattr(
-            norm_linear_module, "normalized_rows", lambda *a, **k: normalising.append(1) or rows(*a, **k)
-        )
+        rows = norm_prologue.normalized_rows
+        monkeypatch.setattr(norm_prologue, "normalized_rows", lambda *a, **k: normalising.append(1) or rows(*a, **k))
     model = od.load_model(name, device=DEV)
     fm = FusedModel(model, kernels="triton", compile_prefill=False)
     S = 16
@@ -941,7 +933,7 @@ def test_residual_norm_writes_h_and_the_next_norm_of_it(B, K, N, pieces, style, 
     """kernels/residual_norm.py: the dense O/down epilogue over whole rows writes h exactly as linear_residual's
     dense epilogue does, and h normalised by the norm that reads it next (each family's rounding; GPT-2's
     LayerNorm) as norm_ref computes it, recorded for that h and that norm only; RMSNorm sums as one block."""
-    from overlapdecode.fused.kernels.norm_linear import NormedRows, norm_ref
+    from overlapdecode.fused.kernels.norm_prologue import NormedRows, norm_ref
     from overlapdecode.fused.kernels.residual_norm import linear_residual_norm
 
     monkeypatch.setattr(dense_gemm, "pieces_for", lambda n, K, sms: pieces)  # (`pieces` of K: added in order)
@@ -970,7 +962,7 @@ def test_residual_norm_falls_back_where_its_kernel_does_not_serve(monkeypatch):
     """Where the launch is not dense, has no norm after it, has at most 16 rows (no swapped reader), rows wider
     than MAX_N or the kernel switched off (ENABLED), linear_residual_norm is linear_residual and records nothing."""
     from overlapdecode.fused.kernels import residual_norm as rn
-    from overlapdecode.fused.kernels.norm_linear import NormedRows
+    from overlapdecode.fused.kernels.norm_prologue import NormedRows
 
     torch.manual_seed(5)
     cases = [(19, 24, False, True, {}), (19, 24, True, False, {}), (16, 24, True, True, {})]
@@ -1094,7 +1086,7 @@ def test_moe_experts_gpt_oss(B, E, top_k, H, I, block_n, block_k):
     expert counts not a power of two, widths not multiples of the tiles; each flag changes the sum, and the
     prefill's dense form gives the same one."""
     from overlapdecode.fused.kernels.moe import moe_dense_ref, moe_experts, moe_experts_ref
-    from overlapdecode.fused.kernels.norm_linear import norm_ref
+    from overlapdecode.fused.kernels.norm_prologue import norm_ref
 
     torch.manual_seed(B * E + top_k)
     h, nw, router = rnd(B, H), rnd(H, scale=0.3) + 1, rnd(E, H, scale=0.5)
@@ -1161,10 +1153,8 @@ def test_whole_step_of_each_family_kernels_vs_reference(name, B, dense, monkeypa
             return part, pieces
 
         monkeypatch.setattr(dense_gemm, "dense_product", counted)
-        rows = norm_linear_module.normalized_rows
-        monkeypatch.setattr(
-            norm_linear_module, "normalized_rows", lambda *a, **k: normalising.append(1) or rows(*a, **k)
-        )
+        rows = norm_prologue.normalized_rows
+        monkeypatch.setattr(norm_prologue, "normalized_rows", lambda *a, **k: normalising.append(1) or rows(*a, **k))
     model = family_model(name, device=DEV)
     fm = FusedModel(model, kernels="triton", compile_prefill=False)
     W = fm.weights
@@ -1361,7 +1351,7 @@ def test_moe_experts(B, E, top_k, H, I, block_n, block_k, renorm):
     top-k 1 to 8 and all of them, widths not multiples of the tiles, one row and several whose choices overlap; the
     prefill's dense form gives the same sum."""
     from overlapdecode.fused.kernels.moe import moe_dense_ref, moe_experts, moe_experts_ref, route_ref
-    from overlapdecode.fused.kernels.norm_linear import norm_ref
+    from overlapdecode.fused.kernels.norm_prologue import norm_ref
 
     torch.manual_seed(B * E + top_k)
     h, nw, router = rnd(B, H), rnd(H, scale=0.3) + 1, rnd(E, H, scale=0.5)

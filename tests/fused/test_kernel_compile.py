@@ -29,7 +29,8 @@ from overlapdecode.fused.kernels.embed import _embed_kernel  # noqa: E402
 from overlapdecode.fused.kernels.greedy import _greedy_kernel  # noqa: E402
 from overlapdecode.fused.kernels.linear_residual import _linear_split_kernel  # noqa: E402
 from overlapdecode.fused.kernels.moe import _down_kernel, _gate_up_kernel  # noqa: E402
-from overlapdecode.fused.kernels.norm_linear import NORM_NONE, _norm_linear_kernel, _norm_rows_kernel  # noqa: E402
+from overlapdecode.fused.kernels.norm_linear import _norm_linear_kernel  # noqa: E402
+from overlapdecode.fused.kernels.norm_prologue import NORM_NONE, _norm_rows_kernel  # noqa: E402
 from overlapdecode.fused.kernels.norm_qkv import _norm_qkv_kernel, swapped_qkv_tiles  # noqa: E402
 from overlapdecode.fused.kernels.residual_norm import _residual_norm_kernel  # noqa: E402
 from overlapdecode.fused.kernels.rope import _rope_table_kernel  # noqa: E402
@@ -372,7 +373,7 @@ def test_swapped_tiles_compile_to_tensor_core_mmas_without_spills(name, rows, ta
         SPLIT=2,
     )
     constants["HALF" if fn == "norm_qkv" else "BLOCK_N"] = tiles["block_n"]
-    if fn != "linear_residual" and use_prenorm(rows):  # rows normalised beforehand (norm_linear.normalized_rows)
+    if fn != "linear_residual" and use_prenorm(rows):  # rows normalised beforehand (norm_prologue.normalized_rows)
         constants.update(LAYER=NORM_NONE, NB_PAD=0)
     text = ptx(kernel, types, constants, num_warps=tiles["num_warps"], num_stages=tiles["num_stages"])
     if tiles["block_n"] * accs >= 64:
@@ -757,11 +758,12 @@ PROJECTIONS = {
 @pytest.mark.parametrize("rows", [1, 64])
 def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
     """Each projection's kernel with int4, int8 or fp8 weights (bfloat16 activations, PDL LATE) compiles for sm_90: the
-    row-block tiles (1 row) and the swapped tiles (64 rows) that quantized launches take from 17 rows, those on
+    row-block tiles (1 row) and the swapped tiles (64 rows) that quantized launches take from 17 rows, both over rows
+    normalised beforehand (swap_ab.use_prenorm), the swapped ones on
     tensor cores (warpgroup MMAs from 64 weight rows per program), reading nothing before the PDL wait, with few
     spills; the codes arrive in 16-byte copies, never byte by byte (packed.py's layout). A group of 96 (no power of
     two) takes the per-weight group numbers."""
-    from overlapdecode.fused.kernels.norm_linear import NORM_NONE
+    from overlapdecode.fused.kernels.norm_prologue import NORM_NONE
     from overlapdecode.fused.kernels.norm_qkv import swapped_qkv_tiles
     from overlapdecode.fused.kernels.packed_weights import QUANT_CODES
     from overlapdecode.fused.kernels.swap_ab import swap_tiles
@@ -781,11 +783,11 @@ def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
         tiles = swapped_qkv_tiles(rows, N, K, 2, 132) if fn == "norm_qkv" else swap_tiles(rows, N, K, 2, accs, 132)
         constants.update(SWAP=True, BLOCK_M=tiles["block_m"], BLOCK_K=tiles["block_k"], K_CHUNK=K // 2, SPLIT=2)
         constants["HALF" if fn == "norm_qkv" else "BLOCK_N"] = tiles["block_n"]
-        if fn != "linear_residual":  # rows normalised beforehand, as every swapped launch's (swap_ab.use_prenorm)
-            constants.update(LAYER=NORM_NONE, NB_PAD=0)
         warps, stages = tiles["num_warps"], tiles["num_stages"]
     elif "K_CHUNK" in constants:
         constants.update(K_CHUNK=K, SPLIT=1)
+    if fn != "linear_residual":  # rows normalised beforehand, as every quantized launch's (swap_ab.use_prenorm)
+        constants.update(LAYER=NORM_NONE, NB_PAD=0)
     text = ptx(kernel, types, constants, aligned=True, num_warps=warps, num_stages=stages)
     lines = text.splitlines()
     wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)

@@ -63,6 +63,26 @@ def test_norm_linear(scheme, group_size, B, K, N, act, layer, block_k):
     torch.testing.assert_close(got, ref, **TOL)
 
 
+def test_quantized_launches_multiply_rows_normalised_beforehand(monkeypatch):
+    """norm_linear and norm_qkv with packed weights normalise x in a launch of its own (norm_prologue.normalized_rows)
+    at every row count, 16-bit weights only from 17 rows (swap_ab.use_prenorm), and give their references' output
+    either way."""
+    from overlapdecode.fused.kernels import norm_prologue
+
+    calls = []
+    real = norm_prologue.normalized_rows
+    monkeypatch.setattr(norm_prologue, "normalized_rows", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    torch.manual_seed(3)
+    x, nw = rnd(1, 40) + 0.5, rnd(40, scale=0.3) + 1
+    for w in (
+        packed_weight(24, 40, "int4", 16, seed=5),
+        dequantize(packed_weight(24, 40, "int4", 16, seed=5)).contiguous(),
+    ):
+        got = norm_linear(x, nw, None, 1e-5, w, None, "none", torch.float32)
+        torch.testing.assert_close(got, norm_linear_ref(x, nw, None, 1e-5, w, None, "none", torch.float32), **TOL)
+    assert calls == [1]  # the packed launch only
+
+
 @pytest.mark.parametrize("scheme,group_size", SCHEMES)
 @pytest.mark.parametrize(
     "B,K,N,programs", [(1, 100, 24, 1), (3, 136, 40, 64), (7, 72, 9, 1), (16, 56, 20, 1), (17, 150, 17, 1000)]

@@ -23,7 +23,8 @@ from .kernels.decode_attention import with_sink_softmax
 from .kernels.embed import embed_rows
 from .kernels.linear_residual import linear_residual_ref, require_cache_group
 from .kernels.moe import moe_dense_ref
-from .kernels.norm_linear import norm_linear_ref, norm_ref
+from .kernels.norm_linear import norm_linear_ref
+from .kernels.norm_prologue import norm_ref
 from .kernels.norm_qkv import qk_norm_ref
 from .kernels.norm_residual import norm_residual_ref
 from .kernels.rope import apply_rope, rope_cos_sin

@@ -135,7 +135,8 @@ def triton_ops(device: torch.device, pdl: bool = False, tiles: dict | None = Non
     from .kernels.greedy import greedy_choice
     from .kernels.linear_residual import Tickets
     from .kernels.moe import moe_experts
-    from .kernels.norm_linear import NormedRows, NormSums, norm_linear
+    from .kernels.norm_linear import norm_linear
+    from .kernels.norm_prologue import NormedRows, NormSums
     from .kernels.norm_qkv import norm_qkv
     from .kernels.norm_residual import norm_residual
     from .kernels.qk_norm_rope import qk_norm_rope

@@ -18,7 +18,7 @@ caller that names the GEMV's tile form (`swap`) gets it, not the dense form. Flo
 the kernels multiply float32 on the CUDA cores (no tensor cores at "ieee" precision), where cuBLAS's float32 GEMM
 is faster from 2 rows on (GPT-2 shape, the step at 2, 4, 8 and 16 rows: docs/KERNELS.md, "Float32 weights"); at one
 row the kernels' broadcast product (swap_ab.row_tile) reads the weights at less cost. The rows reach cuBLAS normalised
-(norm_linear.normalized_rows, one launch, as every swapped launch's rows already are, or handed over normalised by
+(norm_prologue.normalized_rows, one launch, as every swapped launch's rows already are, or handed over normalised by
 the O or down epilogue before it: residual_norm.py).
 
 The product in pieces of K (`pieces_for`): cuBLAS tiles a product of 64-128 rows into few output tiles where

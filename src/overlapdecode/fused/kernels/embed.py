@@ -87,7 +87,7 @@ def _embed_kernel(
 def embed(wte, wpe, ids, pos, pad, scale: float | None = None, block: int = 1024, pdl: bool = False, norm_sums=None):
     """The Triton kernel of `embed_ref` (tables contiguous (rows, H); ids, pos, pad (B,) of any stride: the
     decode loop's tokens and positions are columns of its (B, 3) state); `scale`: as there, a constexpr of the
-    launch; `pdl`: programmatic dependent launch (pdl.py); `norm_sums` (norm_linear.NormSums): record h's sums of
+    launch; `pdl`: programmatic dependent launch (pdl.py); `norm_sums` (norm_prologue.NormSums): record h's sums of
     squares per block there (of the scaled values), for the first RMSNorm."""
     require_contiguous(wte=wte, wpe=wpe)
     B = ids.shape[0]

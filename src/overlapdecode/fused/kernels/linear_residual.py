@@ -20,11 +20,10 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from . import dense as dense_gemm
-from .packed_weights import load_weights, refuse_dense, weight_launch
+from .packed_weights import refuse_dense, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
-    acc_dot,
     acc_rows,
     acc_zeros,
     fit_k,
@@ -202,8 +201,9 @@ def _linear_split_kernel(
             kk = k_lo + k0 + ks
             k_ok = kk < k_hi
             xv = tl.load(x_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            wt = load_weights(w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
-            acc = acc_dot(acc, xv, wt, SWAP)
+            acc = weights_dot(
+                acc, xv, w_ptr, s_ptr, z_ptr, cols, col_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+            )
         pdl_release(PDL)
         acc = acc_rows(acc, SWAP)  # (BLOCK_M, BLOCK_N) from here on
     finish = True
@@ -254,7 +254,7 @@ def linear_residual(
     `programs`: the grid size split-K aims at (default 2 x the SMs, or swapped swap_tiles's: one per SM); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: programmatic
     dependent launch (pdl.py; sm_90+); `out`: a contiguous tensor like `residual` to write the
-    result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_linear.NormSums): record the
+    result into (a symmetric-memory buffer under tp), returned. `norm_sums` (norm_prologue.NormSums): record the
     output rows' sums of squares per column block there, for the RMSNorm that reads the output next. `dense`: the
     product by cuBLAS and this kernel's epilogue alone (dense.py; None: dense.use_dense's rule). `then_norm`: the norm
     that reads the output next, as for linear_residual_ref: not applied here (residual_norm.linear_residual_norm, the

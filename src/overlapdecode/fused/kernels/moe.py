@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .linear_residual import require_32bit
-from .norm_linear import STYLES, norm_ref
+from .norm_prologue import STYLES, norm_ref
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 

@@ -30,8 +30,8 @@ from .linear_residual import (
     split_k,
     take_tickets,
 )
-from .norm_linear import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
-from .packed_weights import load_weights, refuse_dense, weight_launch
+from .norm_prologue import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
+from .packed_weights import load_weights, refuse_dense, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .rope import apply_rope, rope_cos_sin, rope_cos_sin_tile
 from .swap_ab import (
@@ -88,7 +88,7 @@ def norm_qkv_ref(
     """x (B, H), pos/slot (B,) -> q (B, Hq, D); writes K and V (B, Hkv, D) at `slot` of each row's cache
     (`cache_group`: row b's is cache row b // cache_group; k_cache holds B / cache_group rows).
     `norm_w` None: no norm; `q_norm`, `k_norm` (D,): per-head RMSNorms of Q and K before RoPE; `norm_style`: the
-    RMSNorms' rounding (norm_linear.norm_ref); inv_freq of R/2 < D/2 frequencies: partial rotary (the first R dims).
+    RMSNorms' rounding (norm_prologue.norm_ref); inv_freq of R/2 < D/2 frequencies: partial rotary (the first R dims).
     `rope_table` (the kernel's precomputed cos and sin, rope_table_ref's): not read; the same values are computed
     here from inv_freq and pos."""
     B = x.shape[0]
@@ -338,9 +338,17 @@ def _norm_qkv_kernel(
             m = row_ok[:, None] & k_ok[None, :]
             xn = norm_tile(x_ptr, nw_ptr, nb_ptr, rows, kk, k_ok, m, mean, rstd, K, LAYER, dtype)
             if SWAP:
-                wp = load_weights(w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
-                accp = acc_dot(accp, xn, wp, SWAP)
-            else:
+                accp = weights_dot(
+                    accp, xn, w_ptr, s_ptr, z_ptr, w_rows, w_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+                )
+            elif QUANT == 2:  # int4: each half by weights_dot (as two planes of codes where it takes them)
+                acc1 = weights_dot(
+                    acc1, xn, w_ptr, s_ptr, z_ptr, w1, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+                )
+                acc2 = weights_dot(
+                    acc2, xn, w_ptr, s_ptr, z_ptr, w2, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype, SWAP
+                )
+            else:  # both halves' tiles loaded before either product
                 wa = load_weights(w_ptr, s_ptr, z_ptr, w1, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
                 wb = load_weights(w_ptr, s_ptr, z_ptr, w2, dim_ok, k_lo + k0, k_hi, K, BLOCK_K, QUANT, GROUP, dtype)
                 acc1 = acc_dot(acc1, xn, wa, SWAP)
@@ -458,7 +466,7 @@ def norm_qkv(
     the row-block kernel's (K tiles of 256, 4 warps, 3 stages) or swap_ab.swap_tiles's. `norm_sums`: where x's RMSNorm sums of
     squares may have been recorded by its writer (NormSums). `norm_w` None (no norm), `q_norm`, `k_norm`,
     `norm_style` and a partial rotary inv_freq: as in norm_qkv_ref; with `q_norm` a program owns one whole head
-    (`half` at least D/2). `prenorm`: whether a swapped launch multiplies rows normalised beforehand (None:
+    (`half` at least D/2). `prenorm`: whether a swapped or quantized launch multiplies rows normalised beforehand (None:
     swap_ab.use_prenorm). `rope_table`: rope_table's (B, rotary dims) cos and sin for these rows' positions, read
     instead of computed (None: computed in the epilogue from inv_freq, rope_scale and pos, which a table replaces:
     it must have been made from the same ones, in x's dtype). `dense`: the product by cuBLAS on the normalised
@@ -508,7 +516,17 @@ def norm_qkv(
         swapped, prenorm = False, True
         half = block_k = programs = num_warps = num_stages = None  # tile keywords are the GEMV's, not the epilogue's
     x, norm_w, norm_b, (sums, nb, nb_pad) = swapped_operand(
-        x, norm_w, norm_b, eps, norm_style, (sums, nb, nb_pad), pdl, swapped or product, prenorm, normed_rows
+        x,
+        norm_w,
+        norm_b,
+        eps,
+        norm_style,
+        (sums, nb, nb_pad),
+        pdl,
+        swapped or product,
+        prenorm,
+        normed_rows,
+        packed["QUANT"] > 0,
     )
     if swapped:
         plan = swapped_qkv_tiles(B, halves, K, x.element_size(), sm_count(x.device))

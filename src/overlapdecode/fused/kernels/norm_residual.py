@@ -15,12 +15,12 @@ import triton
 import triton.language as tl
 
 from .linear_residual import require_contiguous
-from .norm_linear import STYLES, norm_ref
+from .norm_prologue import STYLES, norm_ref
 from .pdl import pdl_launch, pdl_release, pdl_start
 
 
 def norm_residual_ref(x, norm_w, eps: float, residual, style: str = "rms"):
-    """residual + RMSNorm(x) (norm_linear.norm_ref's `style`: Llama's, Gemma's or OLMo2's rounding), the sum rounded
+    """residual + RMSNorm(x) (norm_prologue.norm_ref's `style`: Llama's, Gemma's or OLMo2's rounding), the sum rounded
     to the dtype."""
     return residual + norm_ref(x, norm_w, None, eps, style)
 

@@ -12,7 +12,11 @@ product): w' = (q - z) * s has the same bits as the torch twins' dequantize-then
 int4: the tile's BLOCK_K / 2 bytes of a row are contiguous (16-byte loads of 32 weights), unpacked by a mask and a
 shift into the low and high codes, made floats by their bits (an OR, no integer-to-float conversion: `_int4_tile`),
 in the model's dtype where it is 16-bit (float32 otherwise), interleaved back in K order (`tl.join` then
-`tl.reshape`) and reshaped to (rows, groups, group) for the zeros and scales. Where GROUP is a power
+`tl.reshape`) and reshaped to (rows, groups, group) for the zeros and scales. The projections take their tile
+through `weights_dot`, which in a 16-bit model with a power-of-two group skips that interleave: the low and the high
+codes stay two planes (the tile's even and odd columns), each multiplied with the same columns of x, and on a GPU
+four bytes become eight floats in nine instructions of inline PTX (`_codes_as_floats`), each pair landing in the
+32-bit register an MMA operand reads. Where GROUP is a power
 of two, a K tile (BLOCK_K, a power of two, starting at a multiple of BLOCK_K) holds whole groups or lies in one, so
 each row reads BLOCK_K / GROUP (or 1) scales and zeros per tile; another GROUP reads them per weight (correct, not
 meant to be fast). The dense form (dense.py, cuBLAS's product from 17 rows) has no place to dequantize: quantized
@@ -22,13 +26,18 @@ function.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from ...quant.packed import PackedWeight
+from .swap_ab import acc_dot
 
 QUANT_CODES = {"int8": 1, "int4": 2, "fp8": 3}
+# Triton's interpreter runs no inline assembly: there the int4 codes become floats by the same bits in Triton's ops
+INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def is_packed(w) -> bool:
@@ -150,3 +159,114 @@ def _int4_tile(
         z = tl.load(z_ptr + at, mask=mask, other=0.0).to(math) + MAGIC
         w = (q - z) * s
     return w
+
+
+@triton.jit
+def weights_dot(
+    acc,
+    x,
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    rows,
+    rows_ok,
+    k0,
+    k_end,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,
+    dtype: tl.constexpr,
+    SWAP: tl.constexpr,
+):
+    """acc + x @ W^T over the K tile at k0 (swap_ab.acc_dot's orientation) for the weight rows `rows`: x (rows of
+    the batch, BLOCK_K) in the model's dtype, W's tile as `load_weights` gives it. int4 in a 16-bit model (its group
+    numbers in its dtype, GROUP a power of two) takes the tile as two planes instead, the low and the high codes
+    of its bytes (the even and the odd columns, `_int4_planes`), each against the same columns of x: the codes are
+    never interleaved back into K order, which cost a byte permute per pair of weights."""
+    SIXTEEN: tl.constexpr = dtype == tl.bfloat16 or dtype == tl.float16
+    if QUANT == 2 and SIXTEEN and (GROUP & (GROUP - 1)) == 0 and BLOCK_K >= 32:
+        if s_ptr.dtype.element_ty == dtype and z_ptr.dtype.element_ty == dtype:
+            lo, hi = _int4_planes(w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, K, BLOCK_K, GROUP, dtype)
+            x_even, x_odd = tl.split(tl.reshape(x, (x.shape[0], BLOCK_K // 2, 2)))
+            acc = acc_dot(acc, x_even, lo, SWAP)
+            acc = acc_dot(acc, x_odd, hi, SWAP)
+        else:
+            w = load_weights(w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, k_end, K, BLOCK_K, QUANT, GROUP, dtype)
+            acc = acc_dot(acc, x, w, SWAP)
+    else:
+        w = load_weights(w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, k_end, K, BLOCK_K, QUANT, GROUP, dtype)
+        acc = acc_dot(acc, x, w, SWAP)
+    return acc
+
+
+@triton.jit
+def _int4_planes(
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    rows,
+    rows_ok,
+    k0,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr,
+    dtype: tl.constexpr,
+):
+    """The int4 tile at k0 as two (rows, BLOCK_K / 2) planes in `dtype` (16-bit), dequantized: the low codes of the
+    tile's bytes (columns k0, k0 + 2, ...) and the high ones (k0 + 1, k0 + 3, ...). Each code c becomes MAGIC + c by
+    its bits as in `_int4_tile`; on a GPU four bytes at a time (`_codes_as_floats`: a shift, then per pair of
+    codes a byte permute and one three-input logic op), so that each pair comes out in the one 32-bit register an
+    MMA operand takes, whatever the layout's order of the bytes. A plane's column j is k0 + 2j (+ 1), in group
+    (k0 + 2j) // GROUP: a plane holds BLOCK_K / 2 / SUB columns of each group it meets."""
+    NG: tl.constexpr = (K + GROUP - 1) // GROUP  # groups per row
+    R: tl.constexpr = rows.shape[0]
+    KP: tl.constexpr = (K + 1) // 2  # bytes per row
+    HALF: tl.constexpr = BLOCK_K // 2
+    kb = k0 // 2 + tl.arange(0, HALF)
+    byte = tl.load(w_ptr + rows[:, None] * KP + kb[None, :], mask=rows_ok[:, None] & (kb < KP)[None, :], other=0)
+    MAGIC: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
+    if INTERPRETED:
+        BITS: tl.constexpr = 0x4300 if dtype == tl.bfloat16 else 0x6400
+        lo = ((byte & 0xF).to(tl.int16) | BITS).to(dtype, bitcast=True)
+        hi = ((byte >> 4).to(tl.int16) | BITS).to(dtype, bitcast=True)
+    else:
+        lo, hi = _codes_as_floats(byte, dtype)
+    SUB: tl.constexpr = (GROUP if GROUP < BLOCK_K else BLOCK_K) // 2  # a plane's columns per group in the tile
+    g = k0 // GROUP + tl.arange(0, HALF // SUB)
+    gm = rows_ok[:, None] & (g < NG)[None, :]
+    s = tl.load(s_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0)[:, :, None]
+    z = (tl.load(z_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0) + MAGIC)[:, :, None]
+    lo = tl.reshape((tl.reshape(lo, (R, HALF // SUB, SUB)) - z) * s, (R, HALF))
+    hi = tl.reshape((tl.reshape(hi, (R, HALF // SUB, SUB)) - z) * s, (R, HALF))
+    return lo, hi
+
+
+# `_codes_as_floats`'s PTX: $4 holds four bytes, $0 $1 the low codes of bytes 0-1 and 2-3, $2 $3 the high ones
+_PAIRS_PTX = """{{
+.reg .b32 h, t;
+shr.b32 h, $4, 4;
+prmt.b32 t, $4, 0, 0x1100; lop3.b32 $0, t, 0x000F000F, {bits}, 0xEA;
+prmt.b32 t, $4, 0, 0x3322; lop3.b32 $1, t, 0x000F000F, {bits}, 0xEA;
+prmt.b32 t, h, 0, 0x1100; lop3.b32 $2, t, 0x000F000F, {bits}, 0xEA;
+prmt.b32 t, h, 0, 0x3322; lop3.b32 $3, t, 0x000F000F, {bits}, 0xEA;
+}}"""
+PAIRS_BF16: tl.constexpr = tl.constexpr(_PAIRS_PTX.format(bits="0x43004300"))
+PAIRS_F16: tl.constexpr = tl.constexpr(_PAIRS_PTX.format(bits="0x64006400"))
+
+
+@triton.jit
+def _codes_as_floats(byte, dtype: tl.constexpr):
+    """(MAGIC + low code, MAGIC + high code) of each byte as floats of `dtype` (bfloat16: MAGIC 128, bits 0x4300 |
+    c; float16: 1024, 0x6400 | c), four bytes an instance: h = bytes >> 4 puts each high code in its byte's low
+    nibble; per output pair, a byte permute brings two bytes' low nibbles into the two halves and one LOP3 keeps
+    the nibbles and sets the exponent bits ((t & 0x000F000F) | BITS: lookup table 0xEA)."""
+    if dtype == tl.bfloat16:
+        pairs = tl.inline_asm_elementwise(
+            PAIRS_BF16, "=r,=r,=r,=r,r", [byte], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
+    else:
+        pairs = tl.inline_asm_elementwise(
+            PAIRS_F16, "=r,=r,=r,=r,r", [byte], dtype=(tl.float16, tl.float16), is_pure=True, pack=4
+        )
+    return pairs

@@ -23,7 +23,7 @@ def qk_norm_rope_ref(
 ):
     """After a norm_qkv without RoPE: q (B, Hq, D) and each row's K at `slot` of k_cache (B / cache_group, Hkv, S, D;
     row b's is cache row b // cache_group) normalised over the whole projection (weights (Hq * D,) and (Hkv * D,),
-    norm_linear.norm_ref's `style`: OLMo2's "rms_f32"), then rotated; q is returned, K rewritten in place."""
+    norm_prologue.norm_ref's `style`: OLMo2's "rms_f32"), then rotated; q is returned, K rewritten in place."""
     B, Hq, D = q.shape
     require_cache_group(cache_group, B, k_cache)
     rows = torch.arange(B, device=q.device) // cache_group

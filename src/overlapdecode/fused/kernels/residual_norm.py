@@ -4,9 +4,9 @@ What it computes: for rows of the float32 product P = x @ w.T (B, N) (dense.py),
 reads the output next (the MLP's norm after the O projection, the next layer's or the final norm after down):
 
     h = linear_residual_ref's epilogue of P  (bias, rounding, Granite's residual scale, + residual)
-    xn = norm(h)                              as norm_linear.normalized_rows computes it, rounded as HF's norms
+    xn = norm(h)                              as norm_prologue.normalized_rows computes it, rounded as HF's norms
 
-and writes both; `xn` is recorded in a NormedRows for the launch that multiplies it (norm_linear.swapped_operand),
+and writes both; `xn` is recorded in a NormedRows for the launch that multiplies it (norm_prologue.swapped_operand),
 which then skips its own `normalized_rows` launch.
 
 Why: from DENSE_ROWS rows a layer ran eleven launches, five of them a few microseconds of row-wise work each (two
@@ -30,7 +30,7 @@ import triton.language as tl
 
 from . import dense as dense_gemm
 from .linear_residual import linear_residual, require_32bit, residual_finish
-from .norm_linear import NormedRows, NormSums, norm_code, norm_values
+from .norm_prologue import NormedRows, NormSums, norm_code, norm_values
 from .packed_weights import is_packed
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import ROW_TILE

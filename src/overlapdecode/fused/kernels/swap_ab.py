@@ -52,13 +52,15 @@ def use_swap(rows: int, swap: bool | None = None) -> bool:
     return rows > ROW_TILE if swap is None else bool(swap)
 
 
-def use_prenorm(rows: int) -> bool:
-    """Whether a swapped launch over `rows` rows multiplies rows normalised beforehand (norm_linear.normalized_rows,
+def use_prenorm(rows: int, packed: bool = False) -> bool:
+    """Whether a launch over `rows` rows multiplies rows normalised beforehand (norm_prologue.normalized_rows,
     one launch more) instead of normalising each K tile in registers: wherever the launch would swap by default
     (from ROW_TILE + 1 rows), since then x reaches shared memory by asynchronous copies like the weights, where the
     register-normalised tile is stored there by the program in every K step (results/h200/llama-1b-prenorm-rows;
-    docs/KERNELS.md, "Rows normalised beforehand")."""
-    return rows > ROW_TILE
+    docs/KERNELS.md, "Rows normalised beforehand"); and at any row count for `packed` (quantized) weights, whose
+    row-block loops are bound by their instructions, not by memory: those stores and the tile's normalisation are
+    about a sixth of their K step (scripts/sass_counts.py --prenorm)."""
+    return rows > ROW_TILE or packed
 
 
 def row_tile(rows: int, elt_bytes: int) -> int:
