@@ -81,6 +81,19 @@ def test_quantized_launches_multiply_rows_normalised_beforehand(monkeypatch):
         got = norm_linear(x, nw, None, 1e-5, w, None, "none", torch.float32)
         torch.testing.assert_close(got, norm_linear_ref(x, nw, None, 1e-5, w, None, "none", torch.float32), **TOL)
     assert calls == [1]  # the packed launch only
+    Hq, Hkv, D, S = 2, 1, 8, 5
+    inv_freq = 1.0 / (500.0 ** (torch.arange(0, D, 2, device=DEV).float() / D))
+    pos, slot = torch.tensor([7], device=DEV), torch.tensor([3], device=DEV)
+    for w in (
+        packed_weight((Hq + 2 * Hkv) * D, 40, "int4", 16, seed=6),
+        dequantize(packed_weight((Hq + 2 * Hkv) * D, 40, "int4", 16, seed=6)).contiguous(),
+    ):
+        caches = [torch.zeros(1, Hkv, S, D, device=DEV) for _ in range(4)]
+        q_ref = norm_qkv_ref(x, nw, None, 1e-5, w, None, inv_freq, 1.0, pos, slot, caches[0], caches[1], Hq, Hkv, D)
+        args = (x, nw, None, 1e-5, w, None, inv_freq, 1.0, pos, slot, caches[2], caches[3], Hq, Hkv, D)
+        torch.testing.assert_close(norm_qkv(*args, tickets=Tickets(DEV)), q_ref, **TOL)
+        torch.testing.assert_close(caches[2], caches[0], **TOL)
+    assert calls == [1, 1]  # again the packed launch only
 
 
 @pytest.mark.parametrize("scheme,group_size", SCHEMES)
