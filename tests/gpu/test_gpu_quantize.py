@@ -160,7 +160,7 @@ def test_load_model_quantize_keeps_the_device_at_the_packed_size(scheme, tmp_pat
     def packed_bytes(m) -> int:
         if scheme in ("int8", "fp8"):
             return m.out_features * m.in_features + 2 * m.out_features
-        return m.out_features * (m.in_features + 1) // 2 + 2 * 2 * m.out_features * -(-m.in_features // 128)
+        return m.out_features * ((m.in_features + 1) // 2) + 2 * 2 * m.out_features * -(-m.in_features // 128)
 
     assert sum(p.untyped_storage().nbytes() for m in layers for p in m.parameters()) == sum(map(packed_bytes, layers))
     nbytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
