@@ -6,11 +6,12 @@
 #    process a file (a file's failure or hang cannot take the next file's GPU state with it), each under a time limit
 #    of --file-limit seconds (default 600) -> DIR/gpu-tests.log, appended as each test ends (a run cut short keeps
 #    what finished), each test's seconds (pytest's durations, for splitting a file across runs by node id), each
-#    file's exit status and seconds on a line `== FILE rc=N Ns`, then the totals. --workers N (N > 1, needs
-#    pytest-xdist): a file's tests in N processes on the one GPU, for the tests' compiles (CPU work: Triton, ptxas,
-#    inductor) to run side by side; no test times anything, and each process owns its own CUDA state. A test that
-#    ran out of GPU memory beside the other processes (some allocate tens of GiB) runs again alone, in one process,
-#    and its outcome there is its outcome; any other failure stands. The totals count each test's last outcome
+#    file's exit status and seconds on a line `== FILE rc=N Ns`, then the totals; each failure's traceback ->
+#    DIR/failures.log as the test ends (tests/support/failure_log.py: a run its time limit cuts keeps why its tests
+#    failed). --workers N (N > 1, needs pytest-xdist): a file's tests in N processes on the one GPU, for the tests'
+#    compiles (CPU work: Triton, ptxas, inductor) to run side by side; no test times anything, and each process owns
+#    its own CUDA state. A test that ran out of GPU memory beside the other processes (some allocate tens of GiB)
+#    runs again alone, in one process, and its outcome there is its outcome; any other failure stands. The totals count each test's last outcome
 #    (pytest's junit reports, DIR/junit-*.xml)
 # 2. the eager stream paths under PyTorch's CUDA sanitizer (TORCH_CUDA_SANITIZER=1), which raises on any
 #    cross-stream access without an ordering event; it includes a planted race that must be reported, so the
@@ -60,13 +61,14 @@ if [ "$only" != sanitizer ]; then
     if [ -d "$path" ]; then files+=("$path"/test_*.py); else files+=("$path"); fi
   done
   : > "$out/gpu-tests.log"
+  failures=(-p support.failure_log --failure-log "$out/failures.log")
   n=0 reports=()  # each run's junit report, present or not (a run its time limit cut writes none)
   for file in "${files[@]}"; do
     t=$SECONDS n=$((n + 1))
     junit="$out/junit-$n.xml"
     reports+=("$junit")
     timeout -k 10 "$file_limit" python3 -m pytest -v -m cuda "$file" "${parallel[@]}" -p no:cacheprovider -rA \
-      --tb=short --durations=0 --junitxml="$junit" \
+      --tb=short --durations=0 --junitxml="$junit" "${failures[@]}" \
       >> "$out/gpu-tests.log" 2>&1
     rc=$?
     if [ "$rc" -eq 1 ] && [ "$workers" -gt 1 ] && [ -f "$junit" ]; then
@@ -79,7 +81,7 @@ if [ "$only" != sanitizer ]; then
         [ "$left" -gt 10 ] || left=10
         reports+=("$out/junit-$n-alone.xml")
         timeout -k 10 "$left" python3 -m pytest -v -m cuda "${oom[@]}" -p no:cacheprovider -rA --tb=short \
-          --durations=0 --junitxml="${reports[-1]}" >> "$out/gpu-tests.log" 2>&1
+          --durations=0 --junitxml="${reports[-1]}" "${failures[@]}" >> "$out/gpu-tests.log" 2>&1
         alone=$?
         # the file passes if the tests run alone were its only failures and pass alone
         python3 scripts/junit_outcomes.py --only-out-of-memory "$junit" && rc=$alone

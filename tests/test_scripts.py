@@ -265,6 +265,9 @@ def test_gpu_tests_sh_runs_the_tests_out_of_gpu_memory_again_alone(tmp_path):
     assert f"== {fine} rc=0 " in log and f"== {broken} rc=1 " in log, log[-3000:]
     assert "TestGroup::test_big_in_a_class[2] PASSED" in log  # the node id of a class's test, run alone
     assert "== totals: 8 passed, 1 failed, 0 skipped, 0 errors" in log, log[-3000:]
+    failures = (out / "failures.log").read_text()  # each failure as it ended: the out-of-memory ones, test_wrong
+    assert f"== {broken.name}::test_wrong (call)" in failures and "assert False" in failures, failures[-3000:]
+    assert failures.count("CUDA out of memory") == 6  # 3 a file beside the other worker, none alone
     # a run cut by its time limit writes no report: the totals say so rather than leave its tests out unsaid
     totals = _script("junit_outcomes").totals(
         [str(out / n) for n in ("junit-1.xml", "junit-1-alone.xml", "junit-9.xml")]
@@ -273,6 +276,27 @@ def test_gpu_tests_sh_runs_the_tests_out_of_gpu_memory_again_alone(tmp_path):
         totals
         == "4 passed, 0 failed, 0 skipped, 0 errors; 1 run(s) with no report (cut by their time limit: see the log)"
     )
+
+
+def test_gpu_tests_sh_keeps_the_failures_of_a_run_its_time_limit_cuts(tmp_path):
+    """A file whose run its --file-limit ends writes no junit report and no pytest summary: the failures.log still
+    holds the traceback of the test that failed before the cut."""
+    script = os.path.join(SCRIPTS, "gpu_tests.sh")
+    cut = tmp_path / "test_fake_cut.py"
+    cut.write_text(
+        "import time\n\nimport pytest\n\n\n@pytest.mark.cuda\ndef test_a_fails():\n    assert 1 == 2, 'planted'\n\n\n"
+        "@pytest.mark.cuda\ndef test_b_hangs():\n    time.sleep(600)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(PYTHONPATH=os.pathsep.join(sys.path), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    out = tmp_path / "gpu"
+    args = ["bash", script, "--out", str(out), "--only", "tests", "--file-limit", "10", "--tests", str(cut)]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    log = (out / "gpu-tests.log").read_text()
+    assert f"== {cut} rc=124 " in log and "planted" not in log, log[-3000:]  # cut before pytest's summary
+    failures = (out / "failures.log").read_text()
+    assert f"== {cut.name}::test_a_fails (call)" in failures and "AssertionError: planted" in failures, failures
 
 
 def test_scale_sweep_sh_takes_out_and_refuses_an_earlier_run(tmp_path):
