@@ -107,6 +107,53 @@ def test_call_timeline_analyses_a_saved_trace_into_out(tmp_path):
         timeline.main(["--analyse", str(trace), "--out", str(tmp_path / "analysis")])
 
 
+LAYER = (("_norm_qkv_kernel", 4.0), ("_split_kernel", 2.0), ("_linear_split_kernel", 3.0))
+LAYER += (("_norm_linear_kernel", 10.0), ("_linear_split_kernel", 6.0))
+STEP = (("_embed_kernel", 1.0),) + 2 * LAYER + (("_norm_linear_kernel", 50.0), ("_greedy_kernel", 2.0))
+
+
+def test_call_timeline_reads_each_kernels_role_bytes_and_floor(tmp_path):
+    """Two layers a step: each kernel takes its role in launch order (linear_residual O then down; norm_linear
+    gate/up, then the LM head after the last layer), and with the bytes and copy bandwidth of the run's
+    timeline.json its bandwidth, floor and what it adds over that floor; a layer's row sums its roles."""
+    events, t = [], 0.0
+    for _ in range(160):
+        for name, dur in STEP:
+            events.append({"cat": "kernel", "name": name, "ts": t, "dur": dur})
+            t += dur + 1.0  # 1 us before each kernel
+    run = tmp_path / "run"
+    run.mkdir()
+    with gzip.open(run / "trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    qkv, o, up, down, head = (
+        "norm + QKV + RoPE + cache write",
+        "O + residual",
+        "norm + gate/up",
+        "down + residual",
+        ("norm + LM head"),
+    )
+    nbytes = {qkv: 8e6, "attention": 1e6, o: 6e6, up: 40e6, down: 20e6, head: 200e6, "embedding": 4e3}
+    (run / "timeline.json").write_text(json.dumps({"role bytes": nbytes, "copy bandwidth GB/s": 4000.0}))
+    _script("call_timeline").main(["--analyse", str(run / "trace.json.gz"), "--out", str(tmp_path / "a")])
+    result = json.loads((tmp_path / "a" / "step-kernels.json").read_text())
+    assert result["layers"] == 2 and result["kernels per step"] == len(STEP)
+    assert [k["role"] for k in result["kernels"][1:6]] == [qkv, "attention", o, up, down]
+    got = {r["role"]: r for r in result["roles"]}
+    assert got[head]["launches per step"] == 1 and got[o]["launches per step"] == 2
+    assert got[up] == {
+        "role": up, "launches per step": 2, "median us": 10.0, "adds us": 11.0, "MB": 40.0, "TB/s": 4.0,
+        "floor us": 10.0, "over floor us": 1.0,
+    }  # fmt: skip
+    assert got[down]["floor us"] == 5.0 and got[down]["over floor us"] == 2.0
+    layer = got["a layer"]
+    assert layer["launches per step"] == 5 and layer["adds us"] == 30.0 and layer["floor us"] == 18.75
+    assert layer["over floor us"] == 11.25
+    assert (
+        "| norm + gate/up | 2 | 10.0 | 11.0 | 40.0 | 4.0 | 10.0 | 1.0 |"
+        in (tmp_path / "a" / "step-table.md").read_text()
+    )
+
+
 @pytest.mark.parametrize("S, rule", [(16384 + 64, 32), (8192 + 64, 4), (96 + 64, 3), (96 + 64, 1)])
 def test_attention_sweep_names_each_launch_by_its_splits_and_stages(S, rule):
     """Every candidate states its num_stages (the kernel's default is pipeline_stages, not 2): `rule` is the rule's
