@@ -313,7 +313,7 @@ def test_gpu_tests_sh_runs_the_tests_out_of_gpu_memory_again_alone(tmp_path):
     assert "TestGroup::test_big_in_a_class[2] PASSED" in log  # the node id of a class's test, run alone
     assert "== totals: 8 passed, 1 failed, 0 skipped, 0 errors" in log, log[-3000:]
     failures = (out / "failures.log").read_text()  # each failure as it ended: the out-of-memory ones, test_wrong
-    assert f"== {broken.name}::test_wrong (call)" in failures and "assert False" in failures, failures[-3000:]
+    assert f"{broken.name}::test_wrong (call)" in failures and "assert False" in failures, failures[-3000:]
     assert failures.count("CUDA out of memory") == 6  # 3 a file beside the other worker, none alone
     # a run cut by its time limit writes no report: the totals say so rather than leave its tests out unsaid
     totals = _script("junit_outcomes").totals(
@@ -343,7 +343,7 @@ def test_gpu_tests_sh_keeps_the_failures_of_a_run_its_time_limit_cuts(tmp_path):
     log = (out / "gpu-tests.log").read_text()
     assert f"== {cut} rc=124 " in log and "planted" not in log, log[-3000:]  # cut before pytest's summary
     failures = (out / "failures.log").read_text()
-    assert f"== {cut.name}::test_a_fails (call)" in failures and "AssertionError: planted" in failures, failures
+    assert f"{cut.name}::test_a_fails (call)" in failures and "AssertionError: planted" in failures, failures
 
 
 def test_scale_sweep_sh_takes_out_and_refuses_an_earlier_run(tmp_path):
