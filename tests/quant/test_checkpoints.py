@@ -189,6 +189,32 @@ def test_the_compiled_presets_give_hugging_faces_tokens(case, tmp_path):
         assert torch.equal(out, ref), (case, preset)
 
 
+def test_the_gpu_greedy_check_accepts_a_float16_divergence_only_within_the_logits_own_error(tmp_path, monkeypatch):
+    """tests/gpu's greedy check in a 16-bit model, here on CPU: the compiled preset on a float16 GPTQ act-order model
+    parts from Hugging Face at a gap (2.4e-4) inside float16's own error against float32, and passes with no other
+    near-tie rule; a token changed where Hugging Face's choice is clearest fails it."""
+    from support import greedy_checks
+
+    write_checkpoint(tmp_path, method="gptq", group_size=32, act_order=True)
+    model = od.load_model(str(tmp_path), dtype="float16", device="cpu")
+    ids, mask = make_batch(4, 0, 16, low=0, high=model.config.vocab_size - 1, device="cpu")
+    monkeypatch.setattr(greedy_checks, "near_ties", lambda scores: [])  # only the float32 reference's rule
+
+    def compiled(n):
+        return od.generate(model, ids, attention_mask=mask, max_new_tokens=n, strategy="compiled", eos_token_id=[])
+
+    hf = greedy_checks.assert_hf_greedy_tokens(model, ids, mask, compiled, "compiled float16", n=64)
+    P = ids.shape[1]
+    assert not torch.equal(compiled(64), hf.sequences)  # it does part: the rule was needed
+    top2 = torch.stack(hf.logits, 1).float().topk(2, dim=-1).values
+    clear = int((top2[..., 0] - top2[..., 1]).amin(0).argmax())  # the step whose choice is clearest in every row
+    wrong = hf.sequences.clone()
+    wrong[0, P + clear] = (wrong[0, P + clear] + 1) % model.config.vocab_size
+    monkeypatch.setattr(greedy_checks, "hf_greedy", lambda *a: hf)
+    with pytest.raises(AssertionError, match=f"diverged at step {clear} with no near tie before"):
+        greedy_checks.assert_hf_greedy_tokens(model, ids, mask, lambda n: wrong, "a wrong token", n=64)
+
+
 def test_model_facts_say_fused_does_not_serve_act_order(tmp_path):
     write_checkpoint(tmp_path / "ordered", method="gptq", act_order=True)
     write_checkpoint(tmp_path / "plain", method="gptq")
