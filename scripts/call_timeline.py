@@ -113,7 +113,8 @@ ROLE_OF = {
     "_finish_kernel": "token choice",
 }
 O, DOWN, UP, HEAD = "O + residual", "down + residual", "norm + gate/up", "norm + LM head"
-LAYER_ROLES = (ROLE_OF["_norm_qkv_kernel"], "attention", "attention combine", O, UP, DOWN)
+LAYER_ROLES = (ROLE_OF["_norm_qkv_kernel"], "attention", O, UP, DOWN)  # the roles whose bytes role_bytes counts
+SMALL_READS = ("attention combine", "_norm_rows_kernel")  # launches that read activations only, no weights
 
 
 def roles(names: list[str]) -> list[str]:
@@ -159,7 +160,8 @@ def role_bytes(weights, rows: int, positions: int, kv_bytes: int) -> dict:
 
 def by_role(rows: list[dict], layers: int, nbytes: dict | None, bandwidth_gbs: float | None) -> list[dict]:
     """Per role, over its launches in a step: launches, median us, median us it adds (its duration plus the gap
-    before it), and where the bytes are known its bandwidth and floor; the last row sums a layer's roles."""
+    before it), and where the bytes are known its bandwidth and floor; the last row is a layer's share of the
+    step (every kernel between the embedding and the LM head's, over the layers)."""
     out = []
     for role in dict.fromkeys(r["role"] for r in rows):
         mine = [r for r in rows if r["role"] == role]
@@ -177,11 +179,19 @@ def by_role(rows: list[dict], layers: int, nbytes: dict | None, bandwidth_gbs: f
                 row["floor us"] = round(b / bandwidth_gbs / 1e3, 2)
                 row["over floor us"] = round(row["adds us"] - row["floor us"], 2)
         out.append(row)
-    layer = [r for r in out if r["role"] in LAYER_ROLES and r["launches per step"] == layers]
-    total = {"role": "a layer", "launches per step": len(layer)}
-    for key in ("median us", "adds us", "MB", "floor us", "over floor us"):
-        if layer and all(key in r for r in layer):
-            total[key] = round(sum(r[key] for r in layer), 2)
+    # a layer: the kernels from the one after the embedding to the last layer's down projection (a launch that
+    # normalises rows before a projection included), their sums over the layers
+    span = rows[1 : max((i for i, r in enumerate(rows) if r["role"] == DOWN), default=0) + 1]
+    total = {"role": "a layer", "launches per step": round(len(span) / layers, 2) if layers else 0}
+    if span and layers:
+        total["median us"] = round(sum(r["median us"] for r in span) / layers, 2)
+        total["adds us"] = round(sum(r["median us"] + r["median gap before it us"] for r in span) / layers, 2)
+        read = [(nbytes or {}).get(r["role"]) for r in span if r["role"] in LAYER_ROLES]
+        if read and None not in read and all(r["role"] in LAYER_ROLES + SMALL_READS for r in span):
+            total["MB"] = round(sum(read) / layers / 1e6, 2)
+            if bandwidth_gbs:
+                total["floor us"] = round(sum(read) / layers / bandwidth_gbs / 1e3, 2)
+                total["over floor us"] = round(total["adds us"] - total["floor us"], 2)
     return out + [total]
 
 

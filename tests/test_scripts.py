@@ -107,9 +107,10 @@ def test_call_timeline_analyses_a_saved_trace_into_out(tmp_path):
         timeline.main(["--analyse", str(trace), "--out", str(tmp_path / "analysis")])
 
 
-LAYER = (("_norm_qkv_kernel", 4.0), ("_split_kernel", 2.0), ("_linear_split_kernel", 3.0))
+LAYER = (("_norm_rows_kernel", 1.0), ("_norm_qkv_kernel", 4.0), ("_split_kernel", 2.0), ("_linear_split_kernel", 3.0))
 LAYER += (("_norm_linear_kernel", 10.0), ("_linear_split_kernel", 6.0))
-STEP = (("_embed_kernel", 1.0),) + 2 * LAYER + (("_norm_linear_kernel", 50.0), ("_greedy_kernel", 2.0))
+STEP = (("_embed_kernel", 1.0),) + 2 * LAYER + (("_norm_rows_kernel", 1.0), ("_norm_linear_kernel", 50.0))
+STEP += (("_greedy_kernel", 2.0),)
 
 
 def test_call_timeline_reads_each_kernels_role_bytes_and_floor(tmp_path):
@@ -137,7 +138,7 @@ def test_call_timeline_reads_each_kernels_role_bytes_and_floor(tmp_path):
     _script("call_timeline").main(["--analyse", str(run / "trace.json.gz"), "--out", str(tmp_path / "a")])
     result = json.loads((tmp_path / "a" / "step-kernels.json").read_text())
     assert result["layers"] == 2 and result["kernels per step"] == len(STEP)
-    assert [k["role"] for k in result["kernels"][1:6]] == [qkv, "attention", o, up, down]
+    assert [k["role"] for k in result["kernels"][2:7]] == [qkv, "attention", o, up, down]
     got = {r["role"]: r for r in result["roles"]}
     assert got[head]["launches per step"] == 1 and got[o]["launches per step"] == 2
     assert got[up] == {
@@ -145,9 +146,9 @@ def test_call_timeline_reads_each_kernels_role_bytes_and_floor(tmp_path):
         "floor us": 10.0, "over floor us": 1.0,
     }  # fmt: skip
     assert got[down]["floor us"] == 5.0 and got[down]["over floor us"] == 2.0
-    layer = got["a layer"]
-    assert layer["launches per step"] == 5 and layer["adds us"] == 30.0 and layer["floor us"] == 18.75
-    assert layer["over floor us"] == 11.25
+    layer = got["a layer"]  # its normalising launch in it, the head's not
+    assert layer["launches per step"] == 6 and layer["adds us"] == 32.0 and layer["floor us"] == 18.75
+    assert layer["over floor us"] == 13.25 and got["_norm_rows_kernel"]["launches per step"] == 3
     assert (
         "| norm + gate/up | 2 | 10.0 | 11.0 | 40.0 | 4.0 | 10.0 | 1.0 |"
         in (tmp_path / "a" / "step-table.md").read_text()
