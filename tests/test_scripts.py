@@ -153,6 +153,10 @@ def test_call_timeline_reads_each_kernels_role_bytes_and_floor(tmp_path):
         "| norm + gate/up | 2 | 10.0 | 11.0 | 40.0 | 4.0 | 10.0 | 1.0 |"
         in (tmp_path / "a" / "step-table.md").read_text()
     )
+    # a kernel whose bytes are not counted (a mixture of experts' own) leaves the layer without a floor, not a low one
+    rows = [dict(k, role="_gate_up_kernel") if k["role"] == up else k for k in result["kernels"]]
+    layer = _script("call_timeline").by_role(rows, 2, nbytes, 4000.0)[-1]
+    assert layer["adds us"] == 32.0 and "floor us" not in layer and "MB" not in layer
 
 
 @pytest.mark.parametrize("S, rule", [(16384 + 64, 32), (8192 + 64, 4), (96 + 64, 3), (96 + 64, 1)])
