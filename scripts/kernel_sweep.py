@@ -125,7 +125,10 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
     # to qkv, o_proj and down only; for qkv block_n is HALF, the dimensions of each half of a head
     # at batch > 1 also 128 columns per program: fewer programs re-read the (B, K) activations from L2
     widths = (16, 32, 64) if B == 1 else (16, 32, 64, 128)
-    tiles = [(bn, bk, w, st) for bn in widths for bk in (64, 128, 256) for w in (2, 4, 8) for st in (2, 3, 4, 5)]
+    # int4 codes are a quarter of bfloat16's bytes a tile: K tiles of 512 (4 groups of 128) and 8 programs an SM
+    # bring the bytes in flight back to what bfloat16's tiles hold
+    depths, mults = ((128, 256, 512), (1, 2, 4, 8)) if quantize == "int4" else ((64, 128, 256), (1, 2, 4))
+    tiles = [(bn, bk, w, st) for bn in widths for bk in depths for w in (2, 4, 8) for st in (2, 3, 4, 5)]
     if shape == "gpt2":  # latency-bound: more, shorter programs; no LM head (a few % of its step)
         tiles = [(bn, bk, w, st) for bn in (16, 32) for bk in (64, 128, 256) for w in (2, 4) for st in (2, 3, 4)]
         kernels.pop("lm_head")
@@ -135,9 +138,10 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
         nbytes = weight_bytes(packed(r(N, K), quantize, group_size))
         sets = rotated(lambda: (packed(r(N, K), quantize, group_size),), nbytes)
         t_kernel = time.time()
-        configs = [(*t, m) for t in tiles for m in ((1, 2, 4) if name in ("qkv", "o_proj", "down") else (1,))]
+        configs = [(*t, m) for t in tiles for m in (mults if name in ("qkv", "o_proj", "down") else (1,))]
         random.Random(0).shuffle(configs)  # under the time budget, a spread of the grid, not one corner
-        for bn, bk, nw_, ns, mult in [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)] + configs:
+        first = [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)] + ([(16, 512, 4, 3, 4)] if quantize == "int4" else [])
+        for bn, bk, nw_, ns, mult in first + configs:
             if name == "qkv" and bn > D // 2:
                 continue  # norm_qkv's tile is HALF = block_n dimensions of each half of a head
             if name in ("gate_up", "fc", "lm_head") and bk * bn > 32 * 256:
