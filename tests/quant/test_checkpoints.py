@@ -14,6 +14,7 @@ import torch
 import overlapdecode as od
 from overlapdecode.quant import Int4Linear, dequantize
 from overlapdecode.quant.checkpoints import AWQ_ORDER, unpack_columns, unpack_rows
+from overlapdecode.quant.model import MARKER
 from support.helpers import make_batch
 from support.int4_checkpoints import (
     pack_awq,
@@ -213,6 +214,61 @@ def test_the_gpu_greedy_check_accepts_a_float16_divergence_only_within_the_logit
     monkeypatch.setattr(greedy_checks, "hf_greedy", lambda *a: hf)
     with pytest.raises(AssertionError, match=f"diverged at step {clear} with no near tie before"):
         greedy_checks.assert_hf_greedy_tokens(model, ids, mask, lambda n: wrong, "a wrong token", n=64)
+
+
+# --- a quantized model saved, then loaded -----------------------------------------------------------------
+
+
+def _same_model(a, b) -> None:
+    """The same layers, the same numbers (and dtypes) in each, the same config marker."""
+    assert [type(m).__name__ for m in a.modules()] == [type(m).__name__ for m in b.modules()]
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
+    assert getattr(a.config, MARKER) == getattr(b.config, MARKER)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+@pytest.mark.parametrize("scheme,group_size", [("int4", 24), ("int8", 128), ("fp8", 128)])
+def test_a_quantized_model_saved_loads_back_as_it_was(name, scheme, group_size, tmp_path):
+    """save_pretrained of an od.quantize'd model writes its packed numbers and config.json's marker; load_model
+    reads them back quantized (Hugging Face's from_pretrained would not: the shapes are the packed ones), the same
+    numbers, so the same tokens; loaded in another dtype, the scales and zeros take it."""
+    model = od.quantize(od.load_model(name, device="cpu"), scheme, group_size)
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())[MARKER]["scheme"] == scheme
+    back = od.load_model(str(tmp_path), device="cpu")
+    _same_model(model, back)
+    ids, mask = make_batch(2, seed=3)
+    run = lambda m: od.generate(m, ids, attention_mask=mask, max_new_tokens=8, strategy="static", eos_token_id=[])  # noqa: E731
+    assert torch.equal(run(back), run(model))
+    half = od.load_model(str(tmp_path), device="cpu", dtype="bfloat16")
+    assert half.lm_head.scales.dtype == torch.bfloat16 and half.lm_head.weight.dtype == model.lm_head.weight.dtype
+
+
+def test_an_awq_or_gptq_model_loaded_then_saved_loads_back_as_it_was(checkpoint, tmp_path):
+    """An AWQ/GPTQ checkpoint, once loaded, saves as overlapdecode's own format (act-order's column order with it)."""
+    _, path, _, _ = checkpoint
+    model = od.load_model(path, device="cpu")
+    model.save_pretrained(tmp_path)
+    _same_model(model, od.load_model(str(tmp_path), device="cpu"))
+
+
+def test_a_saved_quantized_model_refuses_what_does_not_fit_it(tmp_path):
+    model = od.quantize(od.load_model("tiny-llama", device="cpu"), "int4", 16)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"quantize: .* is quantized already \(overlapdecode int4\)"):
+        od.load_model(str(tmp_path), device="cpu", quantize="int8")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config[MARKER]["group_size"] = 32  # the files hold groups of 16: twice the scales this config says
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"\.scales: shape \(\d+, 4\) in the files, \(\d+, 2\) for int4"):
+        od.load_model(str(tmp_path), device="cpu")
+    config[MARKER] = {"scheme": "int3"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"config.json's {MARKER} is not one load_model reads"):
+        od.load_model(str(tmp_path), device="cpu")
 
 
 def test_model_facts_say_fused_does_not_serve_act_order(tmp_path):

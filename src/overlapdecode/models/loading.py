@@ -272,7 +272,8 @@ def load_model(
     A directory holding an AWQ (GEMM) or GPTQ int4 checkpoint (its config's quantization_config) is read as one
     (prequantized.py): its quantized layers become Int4Linear layers of the same weights, without quantize=. A
     variant that is not read (bits other than 4, other kernels' layouts...) is a ValueError naming it, before any
-    weight is read.
+    weight is read. A quantized model that save_pretrained wrote (its config.json names its scheme) loads back
+    quantized, as it was saved.
     """
     check_model_path(name_or_path)
     torch_dtype = parse_dtype(dtype)
@@ -315,6 +316,10 @@ def load_model(
 
     path = os.path.expanduser(name_or_path)
     config = pretrained_config(name_or_path)
+    saved = getattr(config, quant_model.MARKER, None)
+    if saved is not None:  # a quantized model save_pretrained wrote
+        _check_prequantized(name_or_path, f"overlapdecode {dict(saved).get('scheme')}", config, quantize, tp)
+        return prequantized.load_saved(path, config, torch_dtype, device, attn_implementation)
     fmt = quant_checkpoints.read_format(config, f"name_or_path {name_or_path}: its quantization_config")
     if fmt is not None:
         _check_prequantized(name_or_path, fmt, config, quantize, tp)
@@ -335,8 +340,9 @@ def load_model(
 
 
 def _check_prequantized(name_or_path: str, fmt, config, quantize, tp: int) -> None:
-    """What load_model refuses of an AWQ or GPTQ checkpoint, before anything is read: quantizing it again, tensor
-    parallelism, a mixture of experts, a hub name (its files are read from a directory)."""
+    """What load_model refuses of a quantized checkpoint (`fmt`: AWQ, GPTQ or a saved quantized model), before
+    anything is read: quantizing it again, tensor parallelism, a mixture of experts, a hub name (its files are read
+    from a directory)."""
     if quantize is not None:
         raise ValueError(f"quantize: {name_or_path} is quantized already ({fmt}); load it without quantize")
     if tp > 1:

@@ -157,3 +157,4 @@ def _quantize_as_drawn(model, place, dtype, seed: int, std: float, scheme: str, 
             made[id(layer)] = quant_model.quantized_layer(layer, scheme, group_size)
         setattr(parent, attr, made[id(layer)])
     quant_model.untie(model)
+    quant_model.mark(model, scheme, group_size)

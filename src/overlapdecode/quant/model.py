@@ -1,5 +1,6 @@
 """Quantize a Hugging Face causal LM in place: every linear layer of the decoder and the LM head becomes an
-Int4Linear, Int8Linear or Fp8Linear (modules.py); embeddings, norms and biases stay as they are.
+Int4Linear, Int8Linear or Fp8Linear (modules.py); embeddings, norms and biases stay as they are. The config
+records the scheme (`MARKER`), so that a saved quantized model loads back as one (load_model).
 
 A tied LM head (GPT-2's, Llama-3.2-1B's) is quantized as the head while the embedding table keeps its
 full-precision weight: the two are untied (config.tie_word_embeddings off), so that Hugging Face never ties them
@@ -17,6 +18,15 @@ from .packed import SCHEMES
 
 # config fields naming routed experts (as bench/worker.py reads them)
 _EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+# the config field that says a model's layers are quantized: save_pretrained writes it into config.json and
+# load_model reads the directory back as such (models/prequantized.py `load_saved`)
+MARKER = "overlapdecode_quantization"
+
+
+def mark(model, scheme: str, group_size: int | None) -> None:
+    """Record in `model.config` that its quantized layers are `scheme` (int4: `group_size` input features a group,
+    None for a whole row). Hugging Face's own from_pretrained does not read such a directory (its shapes differ)."""
+    setattr(model.config, MARKER, {"scheme": scheme, "group_size": group_size if scheme == "int4" else None})
 
 
 def check_scheme(scheme, group_size, name: str = "scheme") -> None:
@@ -100,6 +110,7 @@ def quantize_layers(model, layers, scheme: str, group_size: int, device: torch.d
             made[id(layer)] = quantized_layer(layer, scheme, group_size, device)
         setattr(parent, attr, made[id(layer)])
     untie(model)
+    mark(model, scheme, group_size)
     return model if device is None else model.to(device)
 
 

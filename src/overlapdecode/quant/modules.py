@@ -91,6 +91,18 @@ class RowScaledLinear(nn.Module):
         self.zeros = None  # symmetric: no zero points
         self.bias = None if bias is None else _frozen(bias.detach())
 
+    @classmethod
+    def from_packed(cls, w: PackedWeight, bias: torch.Tensor | None = None) -> RowScaledLinear:
+        """A layer of numbers already quantized (a saved model's)."""
+        if w.scheme != cls.scheme:
+            raise ValueError(f"w: a {cls.scheme} PackedWeight expected, got {w.scheme}")
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.out_features, layer.in_features = w.shape
+        layer.weight, layer.scales, layer.zeros = _frozen(w.q), _frozen(w.scales), None
+        layer.bias = None if bias is None else _frozen(bias.detach())
+        return layer
+
     @property
     def group_size(self) -> int:
         return self.in_features
