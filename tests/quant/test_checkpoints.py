@@ -265,10 +265,11 @@ def test_a_saved_quantized_model_refuses_what_does_not_fit_it(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"\.scales: shape \(\d+, 4\) in the files, \(\d+, 2\) for int4"):
         od.load_model(str(tmp_path), device="cpu")
-    config[MARKER] = {"scheme": "int3"}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=f"config.json's {MARKER} is not one load_model reads"):
-        od.load_model(str(tmp_path), device="cpu")
+    for marker in ({"scheme": "int3"}, "int4"):
+        config[MARKER] = marker
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ValueError, match=f"config.json's {MARKER} is not one load_model reads"):
+            od.load_model(str(tmp_path), device="cpu")
 
 
 def test_model_facts_say_fused_does_not_serve_act_order(tmp_path):

@@ -316,10 +316,10 @@ def load_model(
 
     path = os.path.expanduser(name_or_path)
     config = pretrained_config(name_or_path)
-    saved = getattr(config, quant_model.MARKER, None)
+    saved = prequantized.saved_format(config, name_or_path)
     if saved is not None:  # a quantized model save_pretrained wrote
-        _check_prequantized(name_or_path, f"overlapdecode {dict(saved).get('scheme')}", config, quantize, tp)
-        return prequantized.load_saved(path, config, torch_dtype, device, attn_implementation)
+        _check_prequantized(name_or_path, f"overlapdecode {saved[0]}", config, quantize, tp)
+        return prequantized.load_saved(path, config, *saved, torch_dtype, device, attn_implementation)
     fmt = quant_checkpoints.read_format(config, f"name_or_path {name_or_path}: its quantization_config")
     if fmt is not None:
         _check_prequantized(name_or_path, fmt, config, quantize, tp)

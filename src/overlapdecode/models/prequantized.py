@@ -26,7 +26,7 @@ from torch import nn
 from ..quant import checkpoints
 from ..quant import model as quant_model
 from ..quant.modules import QUANTIZED, Fp8Linear, Int4Linear, Int8Linear
-from ..quant.packed import PackedWeight
+from ..quant.packed import SCHEMES, PackedWeight
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
@@ -118,15 +118,32 @@ def load_checkpoint(path: str, config, fmt, dtype: torch.dtype, device: torch.de
     return model
 
 
-def load_saved(path: str, config, dtype: torch.dtype, device: torch.device, attn_implementation: str):
-    """A quantized model that save_pretrained wrote (od.quantize's, load_model's, or an AWQ/GPTQ checkpoint's once
-    loaded): its config's `quant_model.MARKER` names the scheme and group size, each quantized layer NAME holds
-    NAME.weight (the codes), NAME.scales, int4's NAME.zeros (and NAME.act_order where a GPTQ act-order checkpoint
-    made it) in the packed layout (quant/packed.py); scales and zeros in `dtype`, as they are kept."""
-    marker = getattr(config, quant_model.MARKER)
+def saved_format(config, path: str) -> tuple[str, int | None] | None:
+    """(scheme, group size) of a quantized model that save_pretrained wrote, from its config's `quant_model.MARKER`
+    (group size None: int8, fp8, or int4 groups of a whole row); None for a config without it; a ValueError naming
+    the field for one that load_model does not read."""
+    marker = getattr(config, quant_model.MARKER, None)
+    if marker is None:
+        return None
     scheme, group = (marker.get("scheme"), marker.get("group_size")) if isinstance(marker, dict) else (None, None)
-    if scheme not in ("int4", "int8", "fp8") or not (group is None or (type(group) is int and group >= 1)):
+    if scheme not in SCHEMES or not (group is None or (type(group) is int and group >= 1)):
         raise ValueError(f"path {path}: config.json's {quant_model.MARKER} is not one load_model reads: {marker!r}")
+    return scheme, group
+
+
+def load_saved(
+    path: str,
+    config,
+    scheme: str,
+    group: int | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    attn_implementation: str,
+):
+    """A quantized model that save_pretrained wrote (od.quantize's, load_model's, or an AWQ/GPTQ checkpoint's once
+    loaded), of `scheme` and `group` (`saved_format`): each quantized layer NAME holds NAME.weight (the codes),
+    NAME.scales, int4's NAME.zeros (and NAME.act_order where a GPTQ act-order checkpoint made it) in the packed
+    layout (quant/packed.py); scales and zeros in `dtype`, as they are kept."""
 
     def layer(name: str, K: int, N: int, read, files) -> tuple[nn.Module, list[str]]:
         wanted = ["weight", "scales"] + (["zeros"] if scheme == "int4" else [])
