@@ -44,8 +44,10 @@ import statistics
 
 import torch
 from ab import timed_call  # scripts/ is on the path when run as a script
+from kernel_sweep import weight_bytes
 
 import overlapdecode as od
+from overlapdecode.bench.report.figures import read_ms
 from overlapdecode.bench.worker import device_bandwidth_gbs
 from overlapdecode.fused.layout import fuse_weights
 
@@ -134,10 +136,7 @@ def roles(names: list[str]) -> list[str]:
 
 
 def _nbytes(t) -> int:
-    if t is None:
-        return 0
-    parts = t.tensors() if hasattr(t, "tensors") else [t]  # a PackedWeight: codes, scales, zeros
-    return sum(p.numel() * p.element_size() for p in parts)
+    return 0 if t is None else weight_bytes(t)  # a PackedWeight: its codes and group numbers
 
 
 def role_bytes(weights, rows: int, positions: int, kv_bytes: int) -> dict:
@@ -176,7 +175,7 @@ def by_role(rows: list[dict], layers: int, nbytes: dict | None, bandwidth_gbs: f
             row["MB"] = round(b / 1e6, 2)
             row["TB/s"] = round(b / row["median us"] / 1e6, 2) if row["median us"] > 0 else None
             if bandwidth_gbs:
-                row["floor us"] = round(b / bandwidth_gbs / 1e3, 2)
+                row["floor us"] = round(read_ms(b, bandwidth_gbs) * 1e3, 2)
                 row["over floor us"] = round(row["adds us"] - row["floor us"], 2)
         out.append(row)
     # a layer: the kernels from the one after the embedding to the last layer's down projection (a launch that
@@ -190,7 +189,7 @@ def by_role(rows: list[dict], layers: int, nbytes: dict | None, bandwidth_gbs: f
         if read and None not in read and all(r["role"] in LAYER_ROLES + SMALL_READS for r in span):
             total["MB"] = round(sum(read) / layers / 1e6, 2)
             if bandwidth_gbs:
-                total["floor us"] = round(sum(read) / layers / bandwidth_gbs / 1e3, 2)
+                total["floor us"] = round(read_ms(sum(read) / layers, bandwidth_gbs) * 1e3, 2)
                 total["over floor us"] = round(total["adds us"] - total["floor us"], 2)
     return out + [total]
 
