@@ -11,8 +11,8 @@
 #    failed). --workers N (N > 1, needs pytest-xdist): a file's tests in N processes on the one GPU, for the tests'
 #    compiles (CPU work: Triton, ptxas, inductor) to run side by side; no test times anything, and each process owns
 #    its own CUDA state. A test that ran out of GPU memory beside the other processes (some allocate tens of GiB)
-#    runs again alone, in one process, and its outcome there is its outcome; any other failure stands. The totals count each test's last outcome
-#    (pytest's junit reports, DIR/junit-*.xml)
+#    runs again alone, in one process, and its outcome there is its outcome; any other failure stands. The totals
+#    count each test's last outcome (pytest's junit reports, DIR/junit-*.xml)
 # 2. the eager stream paths under PyTorch's CUDA sanitizer (TORCH_CUDA_SANITIZER=1), which raises on any
 #    cross-stream access without an ordering event; it includes a planted race that must be reported, so the
 #    run shows the sanitizer was active -> DIR/sanitizer.log
