@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import overlapdecode as od
-from support.helpers import make_batch
+from support.helpers import hf_positions, make_batch
 
 DEV = "cuda"
 EAGER = [
@@ -73,7 +73,7 @@ def first_divergence_is_a_near_tie(model, ids, mask, out, ref):
     assert col >= P
     prefix = ref[row : row + 1, :col]
     m = torch.cat([mask[row : row + 1], torch.ones((1, col - P), dtype=mask.dtype, device=DEV)], 1)
-    pos = (m.cumsum(-1) - 1).clamp(min=0)
+    pos = hf_positions(m)
     with torch.no_grad():
         logits = model(input_ids=prefix, attention_mask=m, position_ids=pos).logits[0, -1].float()
     top2 = logits.topk(2).values

@@ -9,7 +9,7 @@ import copy
 import torch
 
 from support.fused_steps import hf_greedy
-from support.helpers import make_batch
+from support.helpers import hf_positions, make_batch
 
 DEV = "cuda"
 TIE = 1e-4  # top-two logits closer than this: a step where two correct float32 decoders may choose differently
@@ -45,8 +45,8 @@ def own_error_ties(model, ids, mask, hf, upto: int) -> list[int]:
     seq = hf.sequences
     full = torch.cat([mask, mask.new_ones(seq.shape[0], seq.shape[1] - mask.shape[1])], 1)
     reference = copy.deepcopy(model).float()
-    with torch.no_grad():  # positions as generate() gives them to left-padded rows
-        logits = reference(input_ids=seq, attention_mask=full, position_ids=(full.cumsum(-1) - 1).clamp(min=0)).logits
+    with torch.no_grad():
+        logits = reference(input_ids=seq, attention_mask=full, position_ids=hf_positions(full)).logits
     del reference
     P, got = ids.shape[1], torch.stack(hf.logits[: upto + 1], 1).float()  # (B, upto + 1, V)
     err = (got - logits[:, P - 1 : P + upto].float()).abs().amax(-1).amax(0).cummax(0).values  # (upto + 1,)

@@ -43,6 +43,11 @@ def hf_generate(model, ids, mask, max_new_tokens, eos, pad):
     )
 
 
+def hf_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a (left-padded) mask as Hugging Face's generate() gives them to a whole-sequence forward."""
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
 @torch.no_grad()
 def naive_generate(model, ids, mask, max_new_tokens, eos, pad):
     """The no-cache oracle: re-run the whole sequence each step, positions as Hugging Face makes them."""
@@ -50,7 +55,7 @@ def naive_generate(model, ids, mask, max_new_tokens, eos, pad):
     seq, m = ids.clone(), mask.clone()
     finished = torch.zeros(ids.shape[0], dtype=torch.bool)
     for _ in range(max_new_tokens):
-        pos = (m.cumsum(-1) - 1).masked_fill(m == 0, 0)
+        pos = hf_positions(m)
         logits = model(input_ids=seq, attention_mask=m, position_ids=pos).logits[:, -1]
         tok = logits.argmax(-1)
         tok = torch.where(finished, pad, tok)
@@ -103,7 +108,7 @@ def assert_inside_hf_kept_sets(model, out, mask, prompt_len, setting, model_devi
     full_mask = torch.cat([mask, torch.ones(out.shape[0], out.shape[1] - prompt_len, dtype=mask.dtype)], 1)
     for t in range(prompt_len, out.shape[1]):
         m = full_mask[:, :t]
-        pos = (m.cumsum(-1) - 1).masked_fill(m == 0, 0)
+        pos = hf_positions(m)
         logits = (
             model(
                 input_ids=out[:, :t].to(model_device),
