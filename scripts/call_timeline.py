@@ -7,7 +7,8 @@
 2. One profiled 200-token call (torch.profiler, CPU and CUDA activity): from its Chrome trace, the host time before
    the GPU's first kernel, the prefill's GPU span (first kernel to the end of the first greedy choice kernel,
    which ends step 0; a sampled call's finish kernel), the gap to the first decode step's first kernel, each
-   decode step's span (the end of one greedy choice kernel to the next's), the GPU's idle gaps, and the time from the last kernel to the call's end.
+   decode step's span (the end of one greedy choice kernel to the next's), the GPU's idle gaps, and the time from
+   the last kernel to the call's end.
    The profiler adds host time per operation; the GPU spans are the kernels' own. "Decode step spans" run from
    the end of one greedy choice kernel to the next's, so the first includes the host's gap after the prefill.
 3. From that trace, the decode steps' kernels (steps 50 to 149): per position in the step, the kernel's median
