@@ -186,6 +186,7 @@ def weights_dot(
     never interleaved back into K order, which cost a byte permute per pair of weights."""
     SIXTEEN: tl.constexpr = dtype == tl.bfloat16 or dtype == tl.float16
     if QUANT == 2 and SIXTEEN and (GROUP & (GROUP - 1)) == 0 and BLOCK_K >= 32:
+        # nested: s_ptr and z_ptr are None for 16-bit weights, so their dtypes are read inside the int4 branch only
         if s_ptr.dtype.element_ty == dtype and z_ptr.dtype.element_ty == dtype:
             lo, hi = _int4_planes(w_ptr, s_ptr, z_ptr, rows, rows_ok, k0, K, BLOCK_K, GROUP, dtype)
             x_even, x_odd = tl.split(tl.reshape(x, (x.shape[0], BLOCK_K // 2, 2)))
