@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from . import dense as dense_gemm
-from .packed_weights import packed_k, refuse_dense, weight_launch, weights_dot
+from .packed_weights import refuse_dense, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
@@ -284,7 +284,7 @@ def linear_residual(
         tiles = dict(
             block_m=block_m,
             block_n=32,
-            block_k=packed_k(fit_k(block_m, 32, 128), packed),
+            block_k=fit_k(block_m, 32, 128),
             num_warps=4,
             num_stages=3,
             programs=2 * sm_count(x.device),

@@ -31,7 +31,7 @@ from .linear_residual import (
     take_tickets,
 )
 from .norm_prologue import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
-from .packed_weights import load_weights, packed_k, refuse_dense, weight_launch, weights_dot
+from .packed_weights import load_weights, refuse_dense, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .rope import apply_rope, rope_cos_sin, rope_cos_sin_tile
 from .swap_ab import (
@@ -535,7 +535,7 @@ def norm_qkv(
         plan = dict(
             block_m=block_m,
             block_n=block_n,
-            block_k=packed_k(fit_k(block_m, block_n, 256), packed),
+            block_k=fit_k(block_m, block_n, 256),
             num_warps=4,
             num_stages=3,
         )

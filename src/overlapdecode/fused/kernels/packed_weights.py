@@ -59,20 +59,8 @@ def weight_launch(w) -> tuple[torch.Tensor, dict]:
         )
     if w.zeros is not None and (w.zeros.shape != w.scales.shape or not w.zeros.is_contiguous()):
         raise ValueError(f"w: the zeros must be contiguous {tuple(w.scales.shape)}, got {tuple(w.zeros.shape)}")
-    if w.scheme == "int4" and any(t.data_ptr() % 4 for t in (w.scales, w.zeros)):  # read as 32-bit words
-        raise ValueError("w: an int4 weight's scales and zeros must start at a multiple of 4 bytes")
     codes = w.q.view(torch.uint8) if w.scheme == "fp8" else w.q  # fp8: bytes, so that a masked load reads 0
     return codes, dict(s_ptr=w.scales, z_ptr=w.zeros, QUANT=QUANT_CODES[w.scheme], GROUP=w.group_size)
-
-
-def packed_k(block_k: int, launch: dict) -> int:
-    """A row-block launch's K tile for its weight (`launch`: weight_launch's keywords): `block_k`, or for int4 codes
-    in groups of a power of two up to 256, at least two groups, so that the group numbers arrive as the 32-bit
-    words `_group_pairs` reads, copied ahead with the codes."""
-    group = launch["GROUP"]
-    if launch["QUANT"] == QUANT_CODES["int4"] and group & (group - 1) == 0 and group <= 256:
-        return max(block_k, 2 * group)
-    return block_k
 
 
 def refuse_dense(dense: bool | None) -> None:
@@ -246,38 +234,13 @@ def _int4_planes(
     else:
         lo, hi = _codes_as_floats(byte, dtype)
     SUB: tl.constexpr = (GROUP if GROUP < BLOCK_K else BLOCK_K) // 2  # a plane's columns per group in the tile
-    NT: tl.constexpr = HALF // SUB  # groups in the tile
-    if NT % 2 == 0 and NG % 2 == 0:  # pairs of groups: their numbers as 32-bit words, which the pipeline copies
-        s = _group_pairs(s_ptr, rows, rows_ok, k0 // GROUP, NG, NT, dtype)[:, :, None]
-        z = (_group_pairs(z_ptr, rows, rows_ok, k0 // GROUP, NG, NT, dtype) + MAGIC)[:, :, None]
-    else:
-        g = k0 // GROUP + tl.arange(0, NT)
-        gm = rows_ok[:, None] & (g < NG)[None, :]
-        s = tl.load(s_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0)[:, :, None]
-        z = (tl.load(z_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0) + MAGIC)[:, :, None]
+    g = k0 // GROUP + tl.arange(0, HALF // SUB)
+    gm = rows_ok[:, None] & (g < NG)[None, :]
+    s = tl.load(s_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0)[:, :, None]
+    z = (tl.load(z_ptr + rows[:, None] * NG + g[None, :], mask=gm, other=0.0) + MAGIC)[:, :, None]
     lo = tl.reshape((tl.reshape(lo, (R, HALF // SUB, SUB)) - z) * s, (R, HALF))
     hi = tl.reshape((tl.reshape(hi, (R, HALF // SUB, SUB)) - z) * s, (R, HALF))
     return lo, hi
-
-
-@triton.jit
-def _group_pairs(ptr, rows, rows_ok, g0, NG: tl.constexpr, NT: tl.constexpr, dtype: tl.constexpr):
-    """The (rows, NT) group numbers of `dtype` (16-bit) at groups g0 .. g0 + NT - 1 of each row (NG a row, both
-    even, g0 even), read as NT / 2 32-bit words a row, each two neighbouring groups' numbers (the lower address in
-    the low half): a load of 2 bytes an element is one the software pipeline cannot copy ahead asynchronously
-    (its copies take 4 bytes at least), so each K tile waited out a memory round trip for its group numbers after
-    its codes had arrived; words are copied ahead with the codes."""
-    W: tl.constexpr = NT // 2
-    R: tl.constexpr = rows.shape[0]
-    gw = g0 // 2 + tl.arange(0, W)
-    words = tl.load(
-        ptr.to(tl.pointer_type(tl.int32)) + rows[:, None] * (NG // 2) + gw[None, :],
-        mask=rows_ok[:, None] & (gw < NG // 2)[None, :],
-        other=0,
-    )
-    lo = (words & 0xFFFF).to(tl.int16).to(dtype, bitcast=True)
-    hi = (words >> 16).to(tl.int16).to(dtype, bitcast=True)
-    return tl.reshape(tl.join(lo, hi), (R, NT))
 
 
 # `_codes_as_floats`'s PTX: $4 holds four bytes, $0 $1 the low codes of bytes 0-1 and 2-3, $2 $3 the high ones
