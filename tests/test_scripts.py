@@ -462,3 +462,15 @@ def test_sass_counts_reads_the_main_loop_and_refuses_an_existing_out(tmp_path, c
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "exists: choose a new path" in err and len(err.strip().splitlines()) == 1
     assert kept.read_text() == "mine"
+
+
+def test_gemv_counters_answers_a_bad_keyword_in_one_line():
+    """scripts/gemv_counters.py takes tile keywords as KEY=INTEGER; anything else is one line, before any GPU work."""
+    script = os.path.join(SCRIPTS, "gemv_counters.py")
+    for arg in ("block_k=x", "colour=3", "block_k"):
+        done = subprocess.run([sys.executable, script, arg], capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip() == (
+            f"gemv_counters.py: {arg!r}: expected KEY=INTEGER with KEY one of block_n, block_k, num_warps, "
+            "num_stages, programs"
+        )
