@@ -124,7 +124,9 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
     # (block_n, block_k, num_warps, num_stages, programs / SMs); programs is the split-K target and applies
     # to qkv, o_proj and down only; for qkv block_n is HALF, the dimensions of each half of a head
     # at batch > 1 also 128 columns per program: fewer programs re-read the (B, K) activations from L2
-    widths = (16, 32, 64) if B == 1 else (16, 32, 64, 128)
+    # int4 also at 128 columns: each warp's K-tile instructions spent on its x fragment are shared by more weights
+    # (sm_90 loop: 0.175 warp instructions a weight at 32 columns, 0.108 at 128; scripts/sass_counts.py)
+    widths = (16, 32, 64) if B == 1 and quantize != "int4" else (16, 32, 64, 128)
     # int4 codes are a quarter of bfloat16's bytes a tile: K tiles of 512 (4 groups of 128) and 8 programs an SM
     # bring the bytes in flight back to what bfloat16's tiles hold
     depths, mults = ((128, 256, 512), (1, 2, 4, 8)) if quantize == "int4" else ((64, 128, 256), (1, 2, 4))
@@ -140,11 +142,13 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
         t_kernel = time.time()
         configs = [(*t, m) for t in tiles for m in (mults if name in ("qkv", "o_proj", "down") else (1,))]
         random.Random(0).shuffle(configs)  # under the time budget, a spread of the grid, not one corner
-        first = [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)] + ([(16, 512, 4, 3, 4)] if quantize == "int4" else [])
+        first = [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)]
+        if quantize == "int4":  # timed before the random spread: wider tiles, 8 warps, more programs
+            first += [(bn, 128, w, 3, m) for bn in (64, 128) for w in (4, 8) for m in (2, 4)] + [(16, 512, 4, 3, 4)]
         for bn, bk, nw_, ns, mult in first + configs:
             if name == "qkv" and bn > D // 2:
                 continue  # norm_qkv's tile is HALF = block_n dimensions of each half of a head
-            if name in ("gate_up", "fc", "lm_head") and bk * bn > 32 * 256:
+            if name in ("gate_up", "fc", "lm_head") and bk * bn > (128 * 128 if quantize == "int4" else 32 * 256):
                 continue  # too many registers for the silu_mul pair / little to learn
             cfg = dict(block_n=bn, block_k=bk, num_warps=nw_, num_stages=ns, programs=mult * sms)
             if name == "qkv":
