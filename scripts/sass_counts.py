@@ -2,15 +2,18 @@
 kernel's main loop spends per K tile, before a GPU times it.
 
     python3 scripts/sass_counts.py --out F.json [--quantize int4|int8|fp8|none] [--group-size G]
-                                   [--kernels qkv,o,gate/up,down,head] [--prenorm]
+                                   [--kernels qkv,o,gate/up,down,head] [--prenorm] [--tile BLOCK_N:BLOCK_K:WARPS]
 
 Each kernel is compiled by Triton for sm_90 (H100/H200) at the Llama-1B shape, one row (the row-block tiles, the
 launch configuration tests/fused/test_kernel_compile.py checks there, whose case table this reads), and
 disassembled with the nvdisasm that Triton's wheel ships. --prenorm: the norm kernels (QKV, gate/up, the head) as a
 launch over rows normalised beforehand compiles them (no norm left to the kernel: norm_prologue.normalized_rows),
 as quantized launches take them (swap_ab.use_prenorm). Per kernel: the opcodes of the whole kernel and of its
-main loop (the longest block that a backward branch closes), by count. Static counts, one K tile's instructions:
-not a time (the GPU's issue rate, pipes and memory decide that), but what a change to the loop removes or adds.
+main loop (the longest block that a backward branch closes), by count, its warp instructions a weight (the loop's
+count x warps / the tile's weights: a warp's x fragment is shared by more weights in wider tiles), and the
+registers a thread (cuobjdump). --tile compiles another row-block tile (4 warps otherwise). Static counts, one K
+tile's instructions: not a time (the GPU's issue rate, pipes and memory decide that), but what a change to the
+loop removes or adds.
 The JSON goes to --out (a new file: an earlier result is never overwritten) and a table to stdout.
 """
 
@@ -42,7 +45,17 @@ def parse_args(argv=None):
     ap.add_argument("--group-size", type=int, default=128, help="int4 group (default: 128)")
     ap.add_argument("--kernels", default="qkv,o,gate/up,down,head", help="default: %(default)s")
     ap.add_argument("--prenorm", action="store_true", help="the norm kernels over rows normalised beforehand")
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--tile",
+        metavar="BLOCK_N:BLOCK_K:WARPS",
+        help="compile this row-block tile instead of the case table's (BLOCK_N: norm_qkv's HALF), e.g. 128:128:4",
+    )
+    args = ap.parse_args(argv)
+    if args.tile is not None:
+        parts = args.tile.split(":")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 and int(p) & (int(p) - 1) == 0 for p in parts):
+            ap.error(f"--tile: expected three powers of two BLOCK_N:BLOCK_K:WARPS, got {args.tile!r}")
+    return args
 
 
 def _compile_cases():
@@ -79,6 +92,12 @@ def main_loop(lines: list[str]) -> list[str]:
     return best
 
 
+def tile_weights(name: str, block_n: int, block_k: int) -> int:
+    """The weights of one K tile of kernel `name`: gate/up and QKV pair two row blocks in a tile (gate and up; the
+    two halves of a head's dimensions)."""
+    return block_n * block_k * (2 if name in ("qkv", "gate/up") else 1)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if os.path.exists(args.out):
@@ -91,6 +110,7 @@ def main(argv=None) -> dict:
     from overlapdecode.fused.kernels.packed_weights import QUANT_CODES
 
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    cuobjdump = os.path.join(os.path.dirname(nvdisasm), "cuobjdump")
     names = args.kernels.split(",")
     unknown = [n for n in names if n not in cases.PROJECTIONS]
     if unknown:
@@ -115,29 +135,45 @@ def main(argv=None) -> dict:
             constants.update(LAYER=NORM_NONE, NB_PAD=0)
         if "K_CHUNK" in constants:
             constants.update(K_CHUNK=K, SPLIT=1)
+        warps = 4
+        if args.tile is not None:
+            block_n, block_k, warps = map(int, args.tile.split(":"))
+            constants.update({"HALF" if fn == "norm_qkv" else "BLOCK_N": block_n, "BLOCK_K": block_k})
         signature = {n: types.get(n, "constexpr") for n in kernel.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names) if signature[n][0] == "*"}
         src = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
-        compiled = triton.compile(src, target=cases.SM90, options=dict(num_warps=4, num_stages=3))
+        compiled = triton.compile(src, target=cases.SM90, options=dict(num_warps=warps, num_stages=3))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(compiled.asm["cubin"])
             f.flush()
             lines = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+            usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
         lines = lines.splitlines()
         whole, loop = opcodes(lines), opcodes(main_loop(lines))
+        block_n = constants.get("BLOCK_N", constants.get("HALF"))
+        weights = tile_weights(name, block_n, constants["BLOCK_K"])
+        registers = re.search(r"REG:(\d+)", usage)
         result["kernels"][name] = {
             "block_k": constants.get("BLOCK_K"),
-            "block_n": constants.get("BLOCK_N", constants.get("HALF")),
+            "block_n": block_n,
+            "num_warps": warps,
+            "registers": int(registers.group(1)) if registers else None,
             "total": sum(whole.values()),
             "loop": sum(loop.values()),
+            "loop warp instructions a weight": round(sum(loop.values()) * warps / weights, 4),
             "loop opcodes": dict(loop.most_common()),
             "opcodes": dict(whole.most_common()),
         }
-    print("| kernel | BLOCK_K | total | loop | " + " | ".join(OPS_SHOWN) + " |")
-    print("|---|---|---|---|" + "---|" * len(OPS_SHOWN))
+    print(
+        "| kernel | BLOCK_N | BLOCK_K | warps | registers | total | loop | a weight | " + " | ".join(OPS_SHOWN) + " |"
+    )
+    print("|---|---|---|---|---|---|---|---|" + "---|" * len(OPS_SHOWN))
     for name, k in result["kernels"].items():
         ops = " | ".join(str(k["loop opcodes"].get(op, 0)) for op in OPS_SHOWN)
-        print(f"| {name} | {k['block_k']} | {k['total']} | {k['loop']} | {ops} |")
+        print(
+            f"| {name} | {k['block_n']} | {k['block_k']} | {k['num_warps']} | {k['registers']} | {k['total']} | "
+            f"{k['loop']} | {k['loop warp instructions a weight']} | {ops} |"
+        )
     with open(args.out, "x") as f:
         json.dump(result, f, indent=1)
     return result

@@ -464,6 +464,24 @@ def test_sass_counts_reads_the_main_loop_and_refuses_an_existing_out(tmp_path, c
     assert kept.read_text() == "mine"
 
 
+def test_sass_counts_takes_a_tile_of_powers_of_two_and_counts_its_weights(capsys):
+    """--tile BLOCK_N:BLOCK_K:WARPS compiles another row-block tile; anything but three powers of two is one line.
+    A K tile's weights double where two row blocks share it (gate/up, QKV)."""
+    sass = _script("sass_counts")
+    out = "/nonexistent/never-written.json"
+    assert sass.parse_args(["--out", out, "--tile", "128:128:8"]).tile == "128:128:8"
+    assert sass.parse_args(["--out", out]).tile is None
+    for bad in ("128:128", "96:128:4", "128:128:0", "a:b:c", "128:128:4:1"):
+        with pytest.raises(SystemExit) as exit_:
+            sass.parse_args(["--out", out, "--tile", bad])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and err[-1].endswith(
+            f"--tile: expected three powers of two BLOCK_N:BLOCK_K:WARPS, got {bad!r}"
+        )
+    assert sass.tile_weights("down", 32, 128) == 4096 and sass.tile_weights("gate/up", 32, 256) == 16384
+    assert sass.tile_weights("qkv", 32, 256) == 16384 and sass.tile_weights("head", 128, 128) == 16384
+
+
 def test_gemv_counters_answers_a_bad_keyword_in_one_line():
     """scripts/gemv_counters.py takes tile keywords as KEY=INTEGER; anything else is one line, before any GPU work."""
     script = os.path.join(SCRIPTS, "gemv_counters.py")
