@@ -143,7 +143,7 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
         configs = [(*t, m) for t in tiles for m in (mults if name in ("qkv", "o_proj", "down") else (1,))]
         random.Random(0).shuffle(configs)  # under the time budget, a spread of the grid, not one corner
         first = [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)]
-        if quantize == "int4":  # timed before the random spread: wider tiles, 8 warps, more programs
+        if quantize == "int4" and not quick:  # timed before the random spread: wider tiles, 8 warps, more programs
             first += [(bn, 128, w, 3, m) for bn in (64, 128) for w in (4, 8) for m in (2, 4)] + [(16, 512, 4, 3, 4)]
         for bn, bk, nw_, ns, mult in first + configs:
             if name == "qkv" and bn > D // 2:
