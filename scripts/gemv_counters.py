@@ -25,12 +25,17 @@ SHAPES = {"llama-8b": (4096, 14336), "llama-1b": (2048, 8192)}  # hidden, MLP wi
 KEYS = ("block_n", "block_k", "num_warps", "num_stages", "programs")
 
 
+POWERS_OF_TWO = ("block_n", "block_k", "num_warps")  # Triton's tiles and warps
+
+
 def parse(argv: list[str]) -> dict:
     tiles = {}
     for arg in argv:
         key, _, value = arg.partition("=")
-        if key not in KEYS or not value.isdigit():
-            raise SystemExit(f"gemv_counters.py: {arg!r}: expected KEY=INTEGER with KEY one of {', '.join(KEYS)}")
+        if key not in KEYS or not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"gemv_counters.py: {arg!r}: expected KEY=INTEGER >= 1 with KEY one of {', '.join(KEYS)}")
+        if key in POWERS_OF_TWO and int(value) & (int(value) - 1):
+            raise SystemExit(f"gemv_counters.py: {arg!r}: {key} must be a power of two")
         tiles[key] = int(value)
     return tiles
 

@@ -125,7 +125,8 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
     # to qkv, o_proj and down only; for qkv block_n is HALF, the dimensions of each half of a head
     # at batch > 1 also 128 columns per program: fewer programs re-read the (B, K) activations from L2
     # int4 also at 128 columns: each warp's K-tile instructions spent on its x fragment are shared by more weights
-    # (sm_90 loop: 0.175 warp instructions a weight at 32 columns, 0.108 at 128; scripts/sass_counts.py)
+    # (sm_90 loop of O and down: 0.175-0.176 warp instructions a weight at 32 columns, 0.107-0.108 at 128;
+    # scripts/sass_counts.py --tile)
     widths = (16, 32, 64) if B == 1 and quantize != "int4" else (16, 32, 64, 128)
     # int4 codes are a quarter of bfloat16's bytes a tile: K tiles of 512 (4 groups of 128) and 8 programs an SM
     # bring the bytes in flight back to what bfloat16's tiles hold
@@ -145,7 +146,13 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
         first = [(32, 128, 4, 3, 2), (32, 256, 4, 3, 4)]
         if quantize == "int4" and not quick:  # timed before the random spread: wider tiles, 8 warps, more programs
             first += [(bn, 128, w, 3, m) for bn in (64, 128) for w in (4, 8) for m in (2, 4)] + [(16, 512, 4, 3, 4)]
+        if name not in ("qkv", "o_proj", "down"):  # programs is split-K's target: the others' launches ignore it
+            first = [(bn, bk, w, st, 1) for bn, bk, w, st, _ in first]
+        timed = set()
         for bn, bk, nw_, ns, mult in first + configs:
+            if (bn, bk, nw_, ns, mult) in timed:
+                continue  # the first tiles come again in the spread
+            timed.add((bn, bk, nw_, ns, mult))
             if name == "qkv" and bn > D // 2:
                 continue  # norm_qkv's tile is HALF = block_n dimensions of each half of a head
             if name in ("gate_up", "fc", "lm_head") and bk * bn > (128 * 128 if quantize == "int4" else 32 * 256):

@@ -30,6 +30,7 @@ import sys
 import tempfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+QKV_HALF_MOST = 32  # norm_qkv's HALF: half of the Llama-1B head's 64 dimensions at most (the case table's D)
 OPS_SHOWN = ("I2F", "F2FP", "LOP3", "PRMT", "SHF", "IMAD", "FADD", "FMUL", "FFMA", "HADD2", "HMUL2", "HFMA2", "HMMA")
 
 
@@ -55,6 +56,8 @@ def parse_args(argv=None):
         parts = args.tile.split(":")
         if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 and int(p) & (int(p) - 1) == 0 for p in parts):
             ap.error(f"--tile: expected three powers of two BLOCK_N:BLOCK_K:WARPS, got {args.tile!r}")
+        if "qkv" in args.kernels.split(",") and int(parts[0]) > QKV_HALF_MOST:
+            ap.error(f"--tile: qkv's BLOCK_N (HALF) is at most D / 2 = {QKV_HALF_MOST}, got {parts[0]}; leave qkv out")
     return args
 
 
@@ -115,6 +118,7 @@ def main(argv=None) -> dict:
     unknown = [n for n in names if n not in cases.PROJECTIONS]
     if unknown:
         fail(f"sass_counts.py: --kernels: unknown {unknown}; choose from {sorted(cases.PROJECTIONS)}")
+    assert cases.PROJECTIONS["qkv"][4]["D"] // 2 == QKV_HALF_MOST, "the case table's head dimension changed"
     result = {"command": " ".join(["python3 scripts/sass_counts.py", *(argv or sys.argv[1:])]), "kernels": {}}
     for name in names:
         fn, N, K, accs, extra = cases.PROJECTIONS[name]

@@ -469,7 +469,8 @@ def test_sass_counts_takes_a_tile_of_powers_of_two_and_counts_its_weights(capsys
     A K tile's weights double where two row blocks share it (gate/up, QKV)."""
     sass = _script("sass_counts")
     out = "/nonexistent/never-written.json"
-    assert sass.parse_args(["--out", out, "--tile", "128:128:8"]).tile == "128:128:8"
+    assert sass.parse_args(["--out", out, "--kernels", "o,down", "--tile", "128:128:8"]).tile == "128:128:8"
+    assert sass.parse_args(["--out", out, "--tile", "32:256:4"]).tile == "32:256:4"  # qkv at its own HALF
     assert sass.parse_args(["--out", out]).tile is None
     for bad in ("128:128", "96:128:4", "128:128:0", "a:b:c", "128:128:4:1"):
         with pytest.raises(SystemExit) as exit_:
@@ -478,6 +479,12 @@ def test_sass_counts_takes_a_tile_of_powers_of_two_and_counts_its_weights(capsys
         assert exit_.value.code == 2 and err[-1].endswith(
             f"--tile: expected three powers of two BLOCK_N:BLOCK_K:WARPS, got {bad!r}"
         )
+    with pytest.raises(SystemExit) as exit_:  # norm_qkv's HALF is at most half a head
+        sass.parse_args(["--out", out, "--kernels", "qkv,down", "--tile", "64:128:4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    assert err[-1].endswith("--tile: qkv's BLOCK_N (HALF) is at most D / 2 = 32, got 64; leave qkv out")
+    assert sass.parse_args(["--out", out, "--kernels", "down", "--tile", "64:128:4"]).tile == "64:128:4"
     assert sass.tile_weights("down", 32, 128) == 4096 and sass.tile_weights("gate/up", 32, 256) == 16384
     assert sass.tile_weights("qkv", 32, 256) == 16384 and sass.tile_weights("head", 128, 128) == 16384
 
@@ -485,10 +492,14 @@ def test_sass_counts_takes_a_tile_of_powers_of_two_and_counts_its_weights(capsys
 def test_gemv_counters_answers_a_bad_keyword_in_one_line():
     """scripts/gemv_counters.py takes tile keywords as KEY=INTEGER; anything else is one line, before any GPU work."""
     script = os.path.join(SCRIPTS, "gemv_counters.py")
-    for arg in ("block_k=x", "colour=3", "block_k"):
+    for arg in ("block_k=x", "colour=3", "block_k", "programs=0", "block_n=96", "num_warps=3"):
         done = subprocess.run([sys.executable, script, arg], capture_output=True, text=True, timeout=120)
         assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
-        assert done.stderr.strip() == (
-            f"gemv_counters.py: {arg!r}: expected KEY=INTEGER with KEY one of block_n, block_k, num_warps, "
-            "num_stages, programs"
-        )
+        key = arg.partition("=")[0]
+        if arg in ("block_n=96", "num_warps=3"):
+            assert done.stderr.strip() == f"gemv_counters.py: {arg!r}: {key} must be a power of two"
+        else:
+            assert done.stderr.strip() == (
+                f"gemv_counters.py: {arg!r}: expected KEY=INTEGER >= 1 with KEY one of block_n, block_k, num_warps, "
+                "num_stages, programs"
+            )
