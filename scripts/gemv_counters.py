@@ -23,8 +23,6 @@ from kernel_sweep import packed  # noqa: E402
 
 SHAPES = {"llama-8b": (4096, 14336), "llama-1b": (2048, 8192)}  # hidden, MLP width
 KEYS = ("block_n", "block_k", "num_warps", "num_stages", "programs")
-
-
 POWERS_OF_TWO = ("block_n", "block_k", "num_warps")  # Triton's tiles and warps
 
 

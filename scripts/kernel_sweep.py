@@ -129,7 +129,8 @@ def sweep(shape: str, B: int, quick: bool, budget: float, quantize: str | None =
     # scripts/sass_counts.py --tile)
     widths = (16, 32, 64) if B == 1 and quantize != "int4" else (16, 32, 64, 128)
     # int4 codes are a quarter of bfloat16's bytes a tile: K tiles of 512 (4 groups of 128) and 8 programs an SM
-    # bring the bytes in flight back to what bfloat16's tiles hold
+    # hold as many bytes in flight as bfloat16's tiles (the int4 GEMVs read as issue-bound under Nsight Compute,
+    # results/h100/llama-int4-gemv-counters; the sweep times both directions)
     depths, mults = ((128, 256, 512), (1, 2, 4, 8)) if quantize == "int4" else ((64, 128, 256), (1, 2, 4))
     tiles = [(bn, bk, w, st) for bn in widths for bk in depths for w in (2, 4, 8) for st in (2, 3, 4, 5)]
     if shape == "gpt2":  # latency-bound: more, shorter programs; no LM head (a few % of its step)
