@@ -168,7 +168,7 @@ EMBEDDED_NAME = re.compile(r"`((?:[a-z0-9.]+-)+random|tiny-[a-z0-9]+)`")
 
 
 def test_the_readme_lists_the_embedded_models_of_the_code():
-    """The README named 16 embedded models, `generate --help` 10 and od.EMBEDDED 20."""
+    """The README once named 16 embedded models, `generate --help` 10 and od.EMBEDDED 20: one list now."""
     from overlapdecode.models.embedded import EMBEDDED, EMBEDDED_MODELS
 
     text = _readme()

@@ -318,6 +318,8 @@ def test_the_cache_goes_under_the_forwards_own_keyword(name):
 # published models' figures (qwen3-moe-random: Qwen3-30B-A3B's layer at 12 layers and 32 experts)
 FAMILY_SHAPES = {
     "qwen3-0.6b-random": ("Qwen3ForCausalLM", 596_049_920, 28, 16, 8, 128, True, 151936, 151645, 151643),
+    "qwen3-1.7b-random": ("Qwen3ForCausalLM", 1_720_574_976, 28, 16, 8, 128, True, 151936, 151645, 151643),
+    "qwen2.5-7b-random": ("Qwen2ForCausalLM", 7_615_616_512, 28, 28, 4, 128, False, 152064, 151643, 151643),
     "gemma3-1b-random": ("Gemma3ForCausalLM", 999_885_952, 26, 4, 1, 256, True, 262144, 1, 2),
     "qwen3-moe-random": ("Qwen3MoeForCausalLM", 2_661_602_304, 12, 32, 4, 128, False, 151936, 151645, 151643),
 }
@@ -335,7 +337,10 @@ def test_other_family_shapes_are_the_published_ones(name):
     attn = model.model.layers[0].self_attn
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (layers, heads, kv)
     assert attn.q_proj.weight.shape == (heads * head_dim, cfg.hidden_size)
-    assert attn.q_norm.weight.shape == (head_dim,)  # both families normalise each head's queries and keys
+    if cls == "Qwen2ForCausalLM":  # Q/K/V biases, no per-head norms
+        assert attn.q_proj.bias.shape == (heads * head_dim,) and not hasattr(attn, "q_norm")
+    else:  # Qwen3 and Gemma 3 normalise each head's queries and keys
+        assert attn.q_norm.weight.shape == (head_dim,)
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     assert (cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id) == (vocab, eos, bos)
     assert loading.embedded_config(name) is not loading.embedded_config(name)  # each caller its own

@@ -493,18 +493,23 @@ def test_random_shards_concatenate_to_the_unsharded_model(tp):
 
 @pytest.mark.parametrize(
     "name, params",
-    [("llama-1b-random", 1_235_814_400), ("llama-8b-random", 8_030_261_248), ("llama-70b-random", 70_553_706_496)],
+    [
+        ("llama-1b-random", 1_235_814_400),
+        ("llama-3b-random", 3_212_749_824),
+        ("llama-8b-random", 8_030_261_248),
+        ("llama-70b-random", 70_553_706_496),
+    ],
 )
 def test_real_size_shapes_are_llama_3s_and_shard_in_whole_tiles(name, params):
     """The embedded real-size shapes (never drawn on CPU: too large) have Llama-3's parameter counts, admit
-    tp 2, 4 and 8 and refuse 16 (8 KV heads), and every shard boundary of those tp falls between the tiles
-    random_init draws, so their shards are drawn directly and concatenate to the tp=1 weights."""
+    tp 2, 4 and 8 and refuse 16 (8 KV heads; 24 query heads at 3B), and every shard boundary of those tp falls
+    between the tiles random_init draws, so their shards are drawn directly and concatenate to the tp=1 weights."""
     config = models.embedded_config(name)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     assert sum(p.numel() for p in model.parameters()) == params
     assert tensor_parallel.max_tp(config) == 8
-    with pytest.raises(ValueError, match="tp=16 does not divide the model's 8 KV heads"):
+    with pytest.raises(ValueError, match=r"tp=16 does not divide the model's (8 KV|24 attention) heads"):
         tensor_parallel.check_config(config, 16)
     splits = tensor_parallel.param_splits(model)
     assert len(splits) == 7 * config.num_hidden_layers

@@ -10,6 +10,7 @@ from __future__ import annotations
 EMBEDDED_MODELS = {
     "gpt2-random": "GPT-2 124M",
     "llama-1b-random": "Llama-3.2-1B",
+    "llama-3b-random": "Llama-3.2-3B",
     "llama-8b-random": "Llama-3-8B",
     "llama-70b-random": "Llama-3-70B",
     "smollm2-360m-random": "SmolLM2-360M",
@@ -17,6 +18,8 @@ EMBEDDED_MODELS = {
     "qwen2.5-1.5b-random": "Qwen2.5-1.5B",
     "smollm2-1.7b-random": "SmolLM2-1.7B",
     "qwen3-0.6b-random": "Qwen3-0.6B",
+    "qwen3-1.7b-random": "Qwen3-1.7B",
+    "qwen2.5-7b-random": "Qwen2.5-7B",
     "gemma3-1b-random": "Gemma-3-1B",
     "qwen3-moe-random": "12 of Qwen3-30B-A3B's 48 layers, 32 of its 128 experts",
     "phi3-mini-random": "Phi-3.5-mini",

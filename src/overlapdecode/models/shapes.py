@@ -24,25 +24,16 @@ from transformers import (
     SmolLM3Config,
 )
 
+# Llama-3.2's RoPE: the llama3 scaling of a base trained at 8192 positions, to 131072
+_LLAMA32_ROPE = dict(
+    rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
 # Real-size Llama shapes: (hidden, layers, heads, kv heads, intermediate, tied embeddings, rope theta, rope
-# scaling). Llama-3.2-1B, Llama-3-8B, Llama-3-70B; vocabulary 128256. Random weights, made on the device.
+# scaling). Llama-3.2-1B, Llama-3.2-3B, Llama-3-8B, Llama-3-70B; vocabulary 128256. Random weights, made on the
+# device.
 LLAMA_SHAPES = {
-    "llama-1b-random": (
-        2048,
-        16,
-        32,
-        8,
-        8192,
-        True,
-        500000.0,
-        dict(
-            rope_type="llama3",
-            factor=32.0,
-            low_freq_factor=1.0,
-            high_freq_factor=4.0,
-            original_max_position_embeddings=8192,
-        ),
-    ),
+    "llama-1b-random": (2048, 16, 32, 8, 8192, True, 500000.0, _LLAMA32_ROPE),
+    "llama-3b-random": (3072, 28, 24, 8, 8192, True, 500000.0, _LLAMA32_ROPE),
     "llama-8b-random": (4096, 32, 32, 8, 14336, False, 500000.0, None),
     "llama-70b-random": (8192, 80, 64, 8, 28672, False, 500000.0, None),
 }
@@ -91,6 +82,43 @@ FAMILY_SHAPES = {
             rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
             bos_token_id=151643,
             eos_token_id=151645,
+        ),
+    ),
+    # Qwen3-1.7B: 1.7B parameters (tied), Qwen3-0.6B's structure 2048 wide over 28 layers
+    "qwen3-1.7b-random": (
+        Qwen3Config,
+        dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+            bos_token_id=151643,
+            eos_token_id=151645,
+        ),
+    ),
+    # Qwen2.5-7B: 7.6B parameters (untied), 28 query heads of 128 and 4 KV heads, Q/K/V biases
+    "qwen2.5-7b-random": (
+        Qwen2Config,
+        dict(
+            vocab_size=152064,
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+            bos_token_id=151643,
+            eos_token_id=151643,
         ),
     ),
     # Gemma-3-1B: 1.0B parameters (tied), one KV head of 256; every sixth layer global (RoPE base 1M), the others
