@@ -5,7 +5,7 @@ the figures): ms/step, tok/s, MBU and the per-layer toll with the KV bytes each 
         [--rows 1,16,32,64,128] [--prompts 32] [--long-rows 1,8] [--long-prompts 4096,8192,16384]
         [--strategies fused,interleaved] [--new-tokens 64] [--long-new-tokens 32] [--repeats 3]
         [--time-budget 120] [--no-kernels] [--prenorm rule|never|always] [--rope-table rule|never]
-        [--variants rule,dense:qkv+o,...] [--rounds 1]
+        [--variants rule,dense:qkv+o,...] [--rounds 1] [--quantize int4|int8|fp8 [--group-size 128]]
 
 It made the step figures of docs/KERNELS.md over rows and prompt lengths; each results/h200 folder's README gives
 its exact command, e.g. (results/h200/llama-1b-scale-paired, "Swapped tiles from 17 rows on"):
@@ -22,7 +22,8 @@ point (traces/). A point that runs out of memory is recorded as such. On CPU it 
 MBU or toll; no kernel counts): `--model tiny-llama --dtype float32`. `--prenorm never` / `always`: the swapped launches
 normalise their rows in registers / by one launch beforehand at every row count (swap_ab.use_prenorm's rule
 replaced), to measure that rule; `--rope-table never`: every QKV launch computes RoPE's sin and cos itself
-(forward.step_rope_tables replaced by no tables), to measure the step's rotary table.
+(forward.step_rope_tables replaced by no tables), to measure the step's rotary table. `--quantize`: the weights
+quantized at load (od.load_model's `quantize`, int4 in groups of --group-size), MBU and toll over the packed bytes.
 
 `--variants`: an A/B in one process: at each point `fused` runs once per variant (each with its own Decoder, so
 its own CUDA graphs), the variants in the order given, `--rounds` times over. A variant is `rule` (the code as it
@@ -159,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rope-table", choices=("rule", "never"), default="rule", help="default: %(default)s")
     ap.add_argument("--variants", type=_variants, default=None, help="an A/B of rules in one process (see above)")
     ap.add_argument("--rounds", type=int, default=1, help="passes over --variants at each point")
+    ap.add_argument("--quantize", choices=("int4", "int8", "fp8"), help="the weights quantized at load")
+    ap.add_argument("--group-size", type=int, default=128, help="int4's group (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
@@ -183,7 +186,7 @@ def main(argv=None) -> int:
         os.makedirs(traces, exist_ok=True)
 
     start = time.monotonic()
-    model = od.load_model(args.model, dtype=args.dtype)
+    model = od.load_model(args.model, dtype=args.dtype, quantize=args.quantize, group_size=args.group_size)
     device = next(model.parameters()).device
     bandwidth = device_bandwidth_gbs(device)
     wbytes = weight_bytes(model)  # the whole model's; a point's figures count the experts its rows can reach

@@ -234,3 +234,26 @@ def test_the_option_variants_make_their_decoders_with_those_fused_options(tmp_pa
     for bad in ("pdl:3", "pdl:on"):
         with pytest.raises(SystemExit):
             _script().main(args + ["--variants", bad])
+
+
+def test_the_sweep_quantizes_the_model_it_loads(tmp_path, monkeypatch):
+    """--quantize int4 --group-size 32: every point measures the model load_model quantized (its down projection
+    an Int4Linear in groups of 32), and the step's bytes are the packed ones (fewer than the float32 model's)."""
+    from overlapdecode.facts import step_weight_bytes
+    from overlapdecode.quant.modules import Int4Linear
+
+    seen = []
+
+    def fake_point(decoder, model, name, rows, prompt_len, n, repeats, bandwidth, step_bytes, traces):
+        down = model.model.layers[0].mlp.down_proj
+        seen.append((type(down), down.group_size, step_bytes))
+        return dict(strategy=name, rows=rows, prompt_len=prompt_len, ms_per_step=1.0, tok_s=1.0, kv_bytes=0, ttft_ms=1)
+
+    monkeypatch.setattr(scale, "measure_point", fake_point)
+    args = ["--out", str(tmp_path / "q"), "--model", "tiny-llama", "--dtype", "float32", "--rows", "1"]
+    args += ["--prompts", "8", "--long-rows", "1", "--long-prompts", "8", "--strategies", "fused"]
+    args += ["--new-tokens", "2", "--long-new-tokens", "2", "--repeats", "1", "--no-kernels"]
+    assert _script().main(args + ["--quantize", "int4", "--group-size", "32"]) == 0
+    full = od.load_model("tiny-llama", dtype="float32", device="cpu")
+    assert [s[:2] for s in seen] == [(Int4Linear, 32)] * 2
+    assert seen[0][2] < step_weight_bytes(full, 1)
