@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from . import dense as dense_gemm
-from .packed_weights import refuse_dense, weight_launch, weights_dot
+from .packed_weights import packed_columns, refuse_dense, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
@@ -281,10 +281,12 @@ def linear_residual(
         tiles = swap_tiles(B, N, K, x.element_size(), 1, sm_count(x.device))
     else:
         block_m = row_tile(B, w.element_size())
+        block_k = block_k or fit_k(block_m, 32, 128)
+        wide = packed_columns(packed, N, K, block_k, sm_count(x.device), splits=True)
         tiles = dict(
             block_m=block_m,
-            block_n=32,
-            block_k=fit_k(block_m, 32, 128),
+            block_n=wide or 32,
+            block_k=block_k,
             num_warps=4,
             num_stages=3,
             programs=2 * sm_count(x.device),

@@ -31,7 +31,7 @@ from .norm_prologue import (
     sums_args,
     swapped_operand,
 )
-from .packed_weights import weight_launch, weights_dot
+from .packed_weights import packed_columns, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     acc_rows,
@@ -343,7 +343,9 @@ def norm_linear(
         tiles = swap_tiles(B, n_out, K, x.element_size(), accs, sm_count(x.device))
     else:
         block_m = row_tile(B, w.element_size())
-        tiles = dict(block_m=block_m, block_n=32, block_k=fit_k(block_m, 32, 256), num_warps=4, num_stages=3)
+        block_k = block_k or fit_k(block_m, 32, 256)
+        wide = packed_columns(packed, n_out, K, block_k, sm_count(x.device), splits=False)
+        tiles = dict(block_m=block_m, block_n=wide or 32, block_k=block_k, num_warps=4, num_stages=3)
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]
