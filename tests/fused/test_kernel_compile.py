@@ -799,3 +799,42 @@ def test_quantized_projections_compile_for_sm90(scheme, group_size, name, rows):
         assert not re.search(r"cvt\.rn\.(f32|f16|bf16)\.[su](8|16)\b", text)  # of a byte or a half-word
     assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", text)
     assert spill_bytes(text) <= 256
+
+
+@pytest.mark.parametrize("name", sorted(PROJECTIONS))
+@pytest.mark.parametrize("shape", ["llama-1b", "llama-8b"])
+def test_int4_row_block_launches_compile_at_the_columns_packed_columns_gives(name, shape):
+    """The row-block tiles int4 launches take at one row (packed_weights.packed_columns on 132 SMs: up to 128
+    columns a program) compile for sm_90 with tensor-core MMAs, 16-byte copies of the codes and few spills, at the
+    Llama-1B and 8B shapes (rows normalised beforehand; QKV keeps its head-wide tile)."""
+    from overlapdecode.fused.kernels.norm_prologue import NORM_NONE
+    from overlapdecode.fused.kernels.packed_weights import packed_columns
+    from overlapdecode.fused.kernels.swap_ab import split_k
+
+    fn, N, K, accs, extra = PROJECTIONS[name]
+    if shape == "llama-8b":  # N per accumulator and K at the 8B shape (QKV: 32 + 2 x 8 heads of 128, in halves)
+        N, K = {"qkv": (3072, 4096), "o": (4096, 4096), "gate/up": (14336, 4096), "down": (4096, 14336)}.get(
+            name, (N, 4096)
+        )
+        extra = dict(extra, D=128, ROT=128) if name == "qkv" else extra
+    kernel, types, constants = CASES[fn]
+    types = dict(types, w_ptr="*u8", s_ptr="*bf16", z_ptr="*bf16")
+    constants = {k: v for k, v in constants.items() if k not in ("s_ptr", "z_ptr", "QUANT", "GROUP")}
+    launch = dict(QUANT=2, GROUP=128)
+    constants = dict(constants, **extra, **launch, PDL=3, K=K)
+    block_k = constants["BLOCK_K"]
+    if fn == "linear_residual":
+        columns = packed_columns(launch, N, K, block_k, 132, splits=True)
+        split = split_k(triton.cdiv(N, columns), K, block_k, 264)
+        constants.update(BLOCK_N=columns, K_CHUNK=triton.cdiv(triton.cdiv(K, split), block_k) * block_k, SPLIT=split)
+    elif fn == "norm_linear":
+        constants.update(BLOCK_N=packed_columns(launch, N, K, block_k, 132, splits=False))
+    else:  # norm_qkv: HALF stays the head's (at most 32), no split
+        constants.update(HALF=min(32, constants["D"] // 2), K_CHUNK=K, SPLIT=1)
+    if fn != "linear_residual":
+        constants.update(LAYER=NORM_NONE, NB_PAD=0)
+    text = ptx(kernel, types, constants, aligned=True, num_warps=4, num_stages=3)
+    assert "mma.sync.aligned" in text or "wgmma.mma_async" in text
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", text)
+    assert not re.search(r"ld\.global[.\w]*\.[bu]8\b", text)
+    assert spill_bytes(text) <= 256
