@@ -250,7 +250,8 @@ def linear_residual(
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N) or None (the
     branch alone, which records no norm sums); `res_scale`: as there, a constexpr of the launch.
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on where not dense); the tile keywords left None are
-    the row-block kernel's defaults (32 x 128, 4 warps, 3 stages) or, swapped, swap_ab.swap_tiles's.
+    the row-block kernel's defaults (32 x 128, 4 warps, 3 stages; int4 weights up to 128 columns,
+    packed_weights.packed_columns) or, swapped, swap_ab.swap_tiles's.
     `programs`: the grid size split-K aims at (default 2 x the SMs, or swapped swap_tiles's: one per SM); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: programmatic
     dependent launch (pdl.py; sm_90+); `out`: a contiguous tensor like `residual` to write the

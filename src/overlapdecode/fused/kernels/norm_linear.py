@@ -319,7 +319,7 @@ def norm_linear(
     """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
     there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) is the one near the best at both Llama shapes of scripts/kernel_sweep.py
-    (docs/KERNELS.md, "Tiles").
+    (docs/KERNELS.md, "Tiles"); int4 weights take up to 128 columns (packed_weights.packed_columns).
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on), whose tile keywords left None are
     swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default swap_tiles's, one program
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
