@@ -141,7 +141,7 @@ def _patched(variant: str | None, model):
     elif key == "attention-direct":
         target, name, new = decode_attention, "direct_tiles", lambda *shape: None
     elif key == "int4-columns":  # both launches that read the rule, by the names they imported it under
-        with _replaced([(linear_residual, "packed_columns"), (norm_linear, "packed_columns")], lambda *a: None):
+        with _replaced([(linear_residual, "packed_columns"), (norm_linear, "packed_columns")], lambda *a, **k: None):
             yield
         return
     else:
