@@ -32,8 +32,7 @@ from 17 rows, kernels/dense.py, the others not), `rope-table:never`, `prenorm:ne
 `two-per-sm:off` (swap_ab.swap_tiles's pipelines as deep as one program per SM allows), `residual-norm:off` (the
 dense O and down epilogues leave the next norm to its own launch, residual_norm.ENABLED), `dense-pieces:off`
 (every dense product over the whole of K, dense.pieces_for), `attention-direct:off` (64 keys on 4 warps at many
-rows too, decode_attention.direct_tiles), `int4-columns:32` (int4 row-block launches at 32 columns,
-packed_weights.packed_columns); and a FusedModel option: `pdl:off` (no programmatic dependent launch,
+rows too, decode_attention.direct_tiles); and a FusedModel option: `pdl:off` (no programmatic dependent launch,
 kernels/pdl.py). Each row of the table names its variant.
 """
 
@@ -80,13 +79,12 @@ def _variants(text: str) -> list[str]:
             or (key == "rope-table" and value == "never")
             or (key == "prenorm" and value in ("never", "always"))
             or (key in ("two-per-sm", "residual-norm", "dense-pieces", "attention-direct") and value == "off")
-            or v == "int4-columns:32"
             or v in OPTION_VARIANTS
         )
         if not ok:
             raise argparse.ArgumentTypeError(
                 f"unknown variant {v!r}: rule, dense:none, dense:<qkv+o+down>, rope-table:never, prenorm:never|always, "
-                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off, int4-columns:32, pdl:off"
+                "two-per-sm:off, residual-norm:off, dense-pieces:off, attention-direct:off, pdl:off"
             )
     if not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"expected distinct comma-separated variants, got {text!r}")
@@ -108,15 +106,7 @@ def _dense_shapes(model, kinds) -> set:
 def _patched(variant: str | None, model):
     """The rule a variant replaces, replaced where the step reads it, for the duration (None or rule: nothing)."""
     from overlapdecode.fused import forward
-    from overlapdecode.fused.kernels import (
-        decode_attention,
-        dense,
-        linear_residual,
-        norm_linear,
-        norm_prologue,
-        residual_norm,
-        swap_ab,
-    )
+    from overlapdecode.fused.kernels import decode_attention, dense, norm_prologue, residual_norm, swap_ab
 
     key, _, value = (variant or "rule").partition(":")
     if key == "dense":
@@ -140,28 +130,15 @@ def _patched(variant: str | None, model):
         target, name, new = dense, "pieces_for", lambda n_out, K, sms: 1
     elif key == "attention-direct":
         target, name, new = decode_attention, "direct_tiles", lambda *shape: None
-    elif key == "int4-columns":  # both launches that read the rule, by the names they imported it under
-        with _replaced([(linear_residual, "packed_columns"), (norm_linear, "packed_columns")], lambda *a, **k: None):
-            yield
-        return
     else:
         yield
         return
-    with _replaced([(target, name)], new):
-        yield
-
-
-@contextlib.contextmanager
-def _replaced(places, new):
-    """Each (module, name) of `places` set to `new` for the duration, then put back."""
-    old = [getattr(m, n) for m, n in places]
-    for m, n in places:
-        setattr(m, n, new)
+    old = getattr(target, name)
+    setattr(target, name, new)
     try:
         yield
     finally:
-        for (m, n), o in zip(places, old):
-            setattr(m, n, o)
+        setattr(target, name, old)
 
 
 def main(argv=None) -> int:

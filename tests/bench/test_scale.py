@@ -257,22 +257,3 @@ def test_the_sweep_quantizes_the_model_it_loads(tmp_path, monkeypatch):
     full = od.load_model("tiny-llama", dtype="float32", device="cpu")
     assert [s[:2] for s in seen] == [(Int4Linear, 32)] * 2
     assert seen[0][2] < step_weight_bytes(full, 1)
-
-
-def test_the_int4_columns_variant_keeps_int4_launches_at_32_columns_while_it_runs(tmp_path, monkeypatch):
-    """int4-columns:32: both launches that read packed_weights.packed_columns see None (the kernels' 32-column
-    default) while the variant runs; the rule otherwise (at the 8B shape: down 128 columns, gate/up 64)."""
-    from overlapdecode.fused.kernels import linear_residual, norm_linear
-
-    launch = dict(QUANT=2)
-    seen = _probes_per_variant(
-        tmp_path,
-        monkeypatch,
-        "rule,int4-columns:32",
-        lambda: (
-            linear_residual.packed_columns(launch, 4096, 14336, 128, 132, True),
-            norm_linear.packed_columns(launch, 14336, 4096, 256, 132, False),
-        ),
-    )
-    assert seen == [(128, 64), (None, None)] * 2
-    assert linear_residual.packed_columns(launch, 4096, 14336, 128, 132, True) == 128

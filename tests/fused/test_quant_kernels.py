@@ -238,22 +238,3 @@ def test_generate_of_decoder_families_with_the_kernels_equals_the_references(nam
         kv.append(torch.stack(cache.k + cache.v))
     assert torch.equal(outs[1], outs[0])
     torch.testing.assert_close(kv[1], kv[0], **TOL)
-
-
-def test_int4_row_block_columns_are_the_widest_that_give_every_sm_a_program():
-    """packed_weights.packed_columns: int4 row-block launches take 128, 64 or 32 columns a program, the widest whose
-    grid (K split as split_k splits it, where the kernel splits) still has a program for each of the SMs; other
-    weights keep the kernel's default (None). Llama shapes on 132 SMs."""
-    from overlapdecode.fused.kernels.packed_weights import packed_columns
-
-    int4, int8, plain = dict(QUANT=2, GROUP=128), dict(QUANT=1, GROUP=4096), dict(QUANT=0, GROUP=0)
-    assert packed_columns(int4, 4096, 14336, 128, 132, splits=True) == 128  # 8B down: 32 tiles split 16 ways
-    assert packed_columns(int4, 4096, 4096, 128, 132, splits=True) == 128  # 8B O: split 8 ways
-    assert packed_columns(int4, 2048, 8192, 128, 132, splits=True) == 128  # 1B down: split 16 ways
-    assert packed_columns(int4, 2048, 2048, 128, 132, splits=True) == 32  # 1B O: 64 and 128 programs at 128, 64
-    assert packed_columns(int4, 14336, 4096, 256, 132, splits=False) == 64  # 8B gate/up: 112 tiles of 128
-    assert packed_columns(int4, 8192, 2048, 256, 132, splits=False) == 32  # 1B gate/up: 128 tiles of 64
-    assert packed_columns(int4, 128256, 2048, 256, 132, splits=False) == 128  # the LM head
-    assert packed_columns(int4, 40, 72, 16, 1, splits=False) == 128  # the interpreter's one "SM"
-    assert packed_columns(int8, 4096, 4096, 128, 132, splits=True) is None
-    assert packed_columns(plain, 4096, 4096, 128, 132, splits=True) is None

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from . import dense as dense_gemm
-from .packed_weights import packed_columns, refuse_dense, weight_launch, weights_dot
+from .packed_weights import refuse_dense, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
@@ -250,8 +250,7 @@ def linear_residual(
     """The Triton kernel of `linear_residual_ref`: x (B, K), w (N, K) row-major, residual (B, N) or None (the
     branch alone, which records no norm sums); `res_scale`: as there, a constexpr of the launch.
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on where not dense); the tile keywords left None are
-    the row-block kernel's defaults (32 x 128, 4 warps, 3 stages; int4 weights up to 128 columns,
-    packed_weights.packed_columns) or, swapped, swap_ab.swap_tiles's.
+    the row-block kernel's defaults (32 x 128, 4 warps, 3 stages) or, swapped, swap_ab.swap_tiles's.
     `programs`: the grid size split-K aims at (default 2 x the SMs, or swapped swap_tiles's: one per SM); `tickets`: the counters of the split
     (default: fresh zeros, which costs a fill per call; the fused step passes its own); `pdl`: programmatic
     dependent launch (pdl.py; sm_90+); `out`: a contiguous tensor like `residual` to write the
@@ -282,12 +281,10 @@ def linear_residual(
         tiles = swap_tiles(B, N, K, x.element_size(), 1, sm_count(x.device))
     else:
         block_m = row_tile(B, w.element_size())
-        block_k = block_k or fit_k(block_m, 32, 128)
-        wide = packed_columns(packed, N, K, block_k, sm_count(x.device), splits=True)
         tiles = dict(
             block_m=block_m,
-            block_n=wide or 32,
-            block_k=block_k,
+            block_n=32,
+            block_k=fit_k(block_m, 32, 128),
             num_warps=4,
             num_stages=3,
             programs=2 * sm_count(x.device),

@@ -31,7 +31,7 @@ from .norm_prologue import (
     sums_args,
     swapped_operand,
 )
-from .packed_weights import packed_columns, weight_launch, weights_dot
+from .packed_weights import weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     acc_rows,
@@ -319,7 +319,7 @@ def norm_linear(
     """The Triton kernel of `norm_linear_ref` (`norm_w` None: no norm; `norm_style`, `logit_div`, `softcap`: as
     there, constexprs of the launch): x (B, K) contiguous, w (N or 2N, K) row-major. The default
     tile (32 x 256, 4 warps, 3 stages) is the one near the best at both Llama shapes of scripts/kernel_sweep.py
-    (docs/KERNELS.md, "Tiles"); int4 weights take up to 128 columns (packed_weights.packed_columns).
+    (docs/KERNELS.md, "Tiles").
     `swap`: the swapped tile (swap_ab.py; default from 17 rows on), whose tile keywords left None are
     swap_ab.swap_tiles's, and whose K is split until the grid reaches `programs` (default swap_tiles's, one program
     per SM; the row-block tile never splits) with the counters of `tickets` (linear_residual.Tickets; default fresh zeros).
@@ -343,9 +343,7 @@ def norm_linear(
         tiles = swap_tiles(B, n_out, K, x.element_size(), accs, sm_count(x.device))
     else:
         block_m = row_tile(B, w.element_size())
-        block_k = block_k or fit_k(block_m, 32, 256)
-        wide = packed_columns(packed, n_out, K, block_k, sm_count(x.device), splits=False)
-        tiles = dict(block_m=block_m, block_n=wide or 32, block_k=block_k, num_warps=4, num_stages=3)
+        tiles = dict(block_m=block_m, block_n=32, block_k=fit_k(block_m, 32, 256), num_warps=4, num_stages=3)
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]

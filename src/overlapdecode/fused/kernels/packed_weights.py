@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ...quant.packed import PackedWeight
-from .swap_ab import acc_dot, split_k
+from .swap_ab import acc_dot
 
 QUANT_CODES = {"int8": 1, "int4": 2, "fp8": 3}
 # Triton's interpreter runs no inline assembly: there the int4 codes become floats by the same bits in Triton's ops
@@ -61,22 +61,6 @@ def weight_launch(w) -> tuple[torch.Tensor, dict]:
         raise ValueError(f"w: the zeros must be contiguous {tuple(w.scales.shape)}, got {tuple(w.zeros.shape)}")
     codes = w.q.view(torch.uint8) if w.scheme == "fp8" else w.q  # fp8: bytes, so that a masked load reads 0
     return codes, dict(s_ptr=w.scales, z_ptr=w.zeros, QUANT=QUANT_CODES[w.scheme], GROUP=w.group_size)
-
-
-def packed_columns(launch: dict, n_out: int, K: int, block_k: int, sms: int, splits: bool) -> int | None:
-    """The columns a row-block program takes of int4 weights (`launch`: weight_launch's keywords), or None (any
-    other weight: the kernel's default). Each warp's K tile spends about as many instructions on its slice of the x
-    tile as on dequantizing its weights (sm_90: splitting x into the columns the two code planes meet), so a wider
-    tile shares that among more weights: 0.175 warp instructions a weight at 32 columns, 0.142 at 64, 0.107 at 128
-    (O and down, scripts/sass_counts.py --tile). The widest of 128, 64 and 32 whose launch still gives every SM a
-    program (`n_out` columns a row block, K split where the kernel `splits`, as split_k would at 2 programs an SM)."""
-    if launch["QUANT"] != QUANT_CODES["int4"]:
-        return None
-    for columns in (128, 64):
-        blocks = triton.cdiv(n_out, columns)
-        if blocks * (split_k(blocks, K, block_k, 2 * sms) if splits else 1) >= sms:
-            return columns
-    return 32
 
 
 def refuse_dense(dense: bool | None) -> None:
