@@ -163,8 +163,28 @@ def test_the_kernels_dequantize_to_the_twins_bits_in_16_bit(dtype, scheme, group
     w = packed_weight(N, K, scheme, group_size, seed=3)
     w = w._replace(scales=w.scales.to(dtype), zeros=None if w.zeros is None else w.zeros.to(dtype))
     x = torch.eye(K, device=DEV, dtype=dtype)[first : first + rows]  # row r picks weight column first + r
+    if scheme == "int4" and block_k < 32 and DEV == "cuda":  # packed_weights.check_block_k
+        with pytest.raises(ValueError, match="^block_k: int4 weights in a 16-bit model take K tiles of at least 32"):
+            linear_residual(x, w, None, None, block_k=block_k)
+        return
     got = linear_residual(x, w, None, None, block_k=block_k)
     assert torch.equal(got, dequantize(w)[:, first : first + rows].t().contiguous())
+
+
+def test_int4_k_tiles_under_32_are_refused_in_16_bit_on_a_gpu_only():
+    """packed_weights.check_block_k: K tiles of 16 over int4 codes in a 16-bit model on a GPU are refused naming
+    `block_k` (compiled, they doubled every weight); float32 models, other schemes, 32 and the CPU pass."""
+    from types import SimpleNamespace
+
+    from overlapdecode.fused.kernels.packed_weights import QUANT_CODES, check_block_k
+
+    gpu16, int4 = SimpleNamespace(dtype=torch.bfloat16, is_cuda=True), dict(QUANT=QUANT_CODES["int4"])
+    with pytest.raises(ValueError, match=r"^block_k: .* got 16$"):
+        check_block_k(int4, 16, gpu16)
+    check_block_k(int4, 32, gpu16)
+    check_block_k(dict(QUANT=QUANT_CODES["int8"]), 16, gpu16)
+    check_block_k(int4, 16, SimpleNamespace(dtype=torch.float32, is_cuda=True))
+    check_block_k(int4, 16, SimpleNamespace(dtype=torch.float16, is_cuda=False))
 
 
 def test_dense_is_refused_naming_the_option():

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ...quant.packed import dense_weight
 from . import dense as dense_gemm
-from .packed_weights import refuse_dense, weight_launch, weights_dot
+from .packed_weights import check_block_k, refuse_dense, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     ROW_TILE,
@@ -294,6 +294,7 @@ def linear_residual(
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]
+    check_block_k(packed, block_k, x)
     num_warps = num_warps or tiles["num_warps"]
     num_stages = num_stages or tiles["num_stages"]
     n_blocks = triton.cdiv(N, block_n)

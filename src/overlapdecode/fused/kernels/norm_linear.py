@@ -31,7 +31,7 @@ from .norm_prologue import (
     sums_args,
     swapped_operand,
 )
-from .packed_weights import weight_launch, weights_dot
+from .packed_weights import check_block_k, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .swap_ab import (
     acc_rows,
@@ -347,6 +347,7 @@ def norm_linear(
     block_m = tiles["block_m"]
     block_n = block_n or tiles["block_n"]
     block_k = block_k or tiles["block_k"]
+    check_block_k(packed, block_k, x)
     n_blocks, row_blocks = triton.cdiv(n_out, block_n), triton.cdiv(B, block_m)
     split = 1
     if swapped:

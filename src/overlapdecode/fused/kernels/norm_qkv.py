@@ -31,7 +31,7 @@ from .linear_residual import (
     take_tickets,
 )
 from .norm_prologue import NormedRows, NormSums, norm_code, norm_ref, norm_stats, norm_tile, sums_args, swapped_operand
-from .packed_weights import load_weights, refuse_dense, weight_launch, weights_dot
+from .packed_weights import check_block_k, load_weights, refuse_dense, weight_launch, weights_dot
 from .pdl import pdl_launch, pdl_release, pdl_start
 from .rope import apply_rope, rope_cos_sin, rope_cos_sin_tile
 from .swap_ab import (
@@ -553,6 +553,7 @@ def norm_qkv(
         half = half or plan["block_n"]
         tiles = triton.cdiv(halves, half)
     block_k = block_k or plan["block_k"]
+    check_block_k(packed, block_k, x)
     q = torch.empty((B, n_heads, head_dim), dtype=x.dtype, device=x.device)
     if programs is None:  # row-block: no split; swapped: swap_tiles's target
         programs = plan["programs"] if swapped and x.is_cuda else 1

@@ -63,6 +63,16 @@ def weight_launch(w) -> tuple[torch.Tensor, dict]:
     return codes, dict(s_ptr=w.scales, z_ptr=w.zeros, QUANT=QUANT_CODES[w.scheme], GROUP=w.group_size)
 
 
+def check_block_k(launch: dict, block_k: int, x: torch.Tensor) -> None:
+    """int4 codes in a 16-bit model on a GPU take K tiles of 32 or more: compiled by Triton 3.6 for sm_90, a K
+    tile of 16 (its interleaved path, `_int4_tile`) gave every weight twice its value (the bit-for-bit test of
+    tests/fused/test_quant_kernels.py on an H100), where the interpreter and every K tile of 32 and more (both
+    paths) are exact. No default tile is that small; a `block_k` asked for by name is refused, before any launch."""
+    sixteen = x.dtype in (torch.float16, torch.bfloat16)
+    if launch["QUANT"] == QUANT_CODES["int4"] and sixteen and x.is_cuda and block_k < 32:
+        raise ValueError(f"block_k: int4 weights in a 16-bit model take K tiles of at least 32 on a GPU, got {block_k}")
+
+
 def refuse_dense(dense: bool | None) -> None:
     """A quantized launch never runs the dense form; asked for it by name, a ValueError naming `dense`."""
     if dense:
