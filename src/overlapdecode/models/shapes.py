@@ -64,45 +64,28 @@ _GEMMA2_2B_LAYERS = 26
 # gpt-oss-20b has 24 layers: half of them, alternating as it does, keep 11.0B parameters (22 GB in bfloat16, 44 GB
 # in the bench's default float32: one 80 GB GPU with room for the caches); a decode step's time is per layer
 _GPT_OSS_LAYERS = 12
+# Qwen3-0.6B's config; Qwen3-1.7B's differs in its widths alone (loading.embedded_config copies each config's
+# arguments, so the two share nothing a caller can change)
+_QWEN3_0_6B = dict(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+    bos_token_id=151643,
+    eos_token_id=151645,
+)
 FAMILY_SHAPES = {
     # Qwen3-0.6B: 596M parameters (tied embeddings), 16 query heads of 128 over a hidden size of 1024
-    "qwen3-0.6b-random": (
-        Qwen3Config,
-        dict(
-            vocab_size=151936,
-            hidden_size=1024,
-            intermediate_size=3072,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
-            bos_token_id=151643,
-            eos_token_id=151645,
-        ),
-    ),
+    "qwen3-0.6b-random": (Qwen3Config, _QWEN3_0_6B),
     # Qwen3-1.7B: 1.7B parameters (tied), Qwen3-0.6B's structure 2048 wide over 28 layers
-    "qwen3-1.7b-random": (
-        Qwen3Config,
-        dict(
-            vocab_size=151936,
-            hidden_size=2048,
-            intermediate_size=6144,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
-            bos_token_id=151643,
-            eos_token_id=151645,
-        ),
-    ),
+    "qwen3-1.7b-random": (Qwen3Config, dict(_QWEN3_0_6B, hidden_size=2048, intermediate_size=6144)),
     # Qwen2.5-7B: 7.6B parameters (untied), 28 query heads of 128 and 4 KV heads, Q/K/V biases
     "qwen2.5-7b-random": (
         Qwen2Config,
